@@ -1,0 +1,153 @@
+package delay
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/topology"
+)
+
+// TierHeader is the header the ttl-tiers backend routes on: the tier's name (see
+// TierName). The delay exchange is a headers exchange that binds each tier queue on it.
+const TierHeader = "amqpretry-tier"
+
+// ttlTiers parks a message in one of a ladder of quorum queues, each with a queue-level
+// TTL and no consumers. FIFO order is expiry order within a queue, so there is no
+// head-of-line blocking. An expired message is dead-lettered (at least once) to the
+// delivery exchange with the routing key it was published with, the name of the queue
+// that failed, which is bound there under its own name: it goes back to that queue only.
+//
+// Names, with the default prefix:
+//
+//	amqpretry.delay          headers exchange, where copies are published
+//	amqpretry.delay.<tier>   one quorum queue per tier (amqpretry.delay.5s, ...)
+//	amqpretry.deliver        direct exchange, the tiers' dead-letter exchange
+//	amqpretry.parking        fanout exchange and queue: the delivery exchange's alternate
+//	                         exchange, where a retry whose queue is gone is kept
+//
+// A requested delay snaps to the shortest tier at least as long; a delay longer than the
+// longest tier gets the longest tier (the one case where a retry comes back early).
+type ttlTiers struct {
+	h      *Handoff
+	logger watermill.LoggerAdapter
+	names  names
+	tiers  []time.Duration // ascending
+}
+
+// names are the exchange and queue names shared by the RabbitMQ backends.
+type names struct{ prefix string }
+
+func (n names) delayExchange() string            { return n.prefix + ".delay" }
+func (n names) tierQueue(t time.Duration) string { return n.prefix + ".delay." + TierName(t) }
+func (n names) deliverExchange() string          { return n.prefix + ".deliver" }
+func (n names) parking() string                  { return n.prefix + ".parking" }
+
+// delivery is the delivery exchange, with the parking exchange and queue as its
+// alternate exchange: a dead letter that matches no binding is parked, never stuck at
+// the head of a delay queue (at-least-once dead lettering would retry it forever).
+func (n names) delivery(kind string) topology.Topology {
+	return topology.Topology{
+		Exchanges: []topology.Exchange{
+			{Name: n.parking(), Kind: amqp.ExchangeFanout},
+			{Name: n.deliverExchange(), Kind: kind, Args: amqp.Table{topology.AlternateExchangeArg: n.parking()}},
+		},
+		Queues:   []topology.Queue{{Name: n.parking()}},
+		Bindings: []topology.Binding{{Exchange: n.parking(), Destination: n.parking()}},
+	}
+}
+
+// delayQueueArgs are the arguments of a queue that holds messages for ttl and then
+// dead-letters them, at least once, to dlx.
+func delayQueueArgs(ttl time.Duration, dlx string) amqp.Table {
+	return amqp.Table{
+		topology.QueueTypeArg:          topology.QueueTypeQuorum,
+		topology.MessageTTLArg:         ttl.Milliseconds(),
+		topology.DeadLetterExchangeArg: dlx,
+		topology.DeadLetterStrategyArg: topology.DeadLetterAtLeastOnce,
+		topology.OverflowArg:           topology.OverflowRejectPublish,
+	}
+}
+
+func newTTLTiers(cfg Config) (*ttlTiers, error) {
+	tiers := slices.Clone(cfg.Tiers)
+	slices.Sort(tiers)
+	b := &ttlTiers{h: cfg.Handoff, logger: cfg.Logger, names: names{cfg.Prefix}, tiers: tiers}
+	if err := b.h.Declare(b.Topology()); err != nil {
+		return nil, fmt.Errorf("declare %s topology: %w", BackendTTLTiers, err)
+	}
+	return b, nil
+}
+
+// Topology: the delay exchange, one queue per tier, the delivery exchange and parking.
+func (b *ttlTiers) Topology() topology.Topology {
+	t := b.names.delivery(amqp.ExchangeDirect)
+	t.Exchanges = append(t.Exchanges, topology.Exchange{Name: b.names.delayExchange(), Kind: amqp.ExchangeHeaders})
+	for _, tier := range b.tiers {
+		q := b.names.tierQueue(tier)
+		t.Queues = append(t.Queues, topology.Queue{Name: q, Args: delayQueueArgs(tier, b.names.deliverExchange())})
+		t.Bindings = append(t.Bindings, topology.Binding{
+			Exchange: b.names.delayExchange(), Destination: q,
+			Args: amqp.Table{"x-match": "all", TierHeader: TierName(tier)},
+		})
+	}
+	return t
+}
+
+func (b *ttlTiers) Name() string { return BackendTTLTiers }
+
+// Effective snaps requested to the shortest tier at least as long, or the longest tier.
+func (b *ttlTiers) Effective(requested time.Duration) (time.Duration, error) {
+	i, _ := slices.BinarySearch(b.tiers, requested)
+	return b.tiers[min(i, len(b.tiers)-1)], nil
+}
+
+// WorkQueue binds queue to the delivery exchange under its own name.
+func (b *ttlTiers) WorkQueue(queue string) topology.Topology {
+	t := b.names.delivery(amqp.ExchangeDirect)
+	t.Bindings = append(t.Bindings, topology.Binding{Exchange: b.names.deliverExchange(), Destination: queue, Key: queue})
+	return t
+}
+
+func (b *ttlTiers) Publish(queue string, msgs ...*message.Message) error {
+	if queue == "" {
+		return fmt.Errorf("%s: empty destination queue", BackendTTLTiers)
+	}
+	for _, msg := range msgs {
+		requested, err := Requested(msg)
+		if err != nil {
+			return err
+		}
+		tier, _ := b.Effective(requested)
+		if requested > tier {
+			b.logger.Info("Delay longer than the longest tier, using the longest", watermill.LogFields{
+				"message_uuid": msg.UUID, "requested_delay": requested.String(), "effective_delay": tier.String(),
+			})
+		}
+		stamp(msg, requested, tier, time.Now())
+		headers := amqp.Table{TierHeader: TierName(tier)}
+		if err := b.h.PublishMessage(msg.Context(), b.names.delayExchange(), queue, msg, headers); err != nil {
+			return fmt.Errorf("park message %s in %s for queue %q: %w", msg.UUID, b.names.tierQueue(tier), queue, err)
+		}
+	}
+	return nil
+}
+
+func (b *ttlTiers) Close() error { return nil }
+
+// TierName spells a tier the short way: 1s, 5s, 2m, 1h30m, 250ms.
+func TierName(t time.Duration) string {
+	s := t.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}

@@ -1,0 +1,103 @@
+// Package brokertest gives integration tests a real RabbitMQ: its address, unique names
+// and clean-up. Tests that need the broker call Dial; where no broker answers they are
+// skipped, except under CI=true, where a missing broker fails the run.
+package brokertest
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/topology"
+)
+
+// DefaultURI is used when AMQP_URI is unset.
+const DefaultURI = "amqp://guest:guest@127.0.0.1:5672/"
+
+// URI returns AMQP_URI, or DefaultURI.
+func URI() string {
+	if u := os.Getenv("AMQP_URI"); u != "" {
+		return u
+	}
+	return DefaultURI
+}
+
+// Dial connects to the test broker, or skips the test (fails it under CI=true) when
+// none answers. The connection is closed when the test ends.
+func Dial(t testing.TB) *amqp.Connection {
+	t.Helper()
+	conn, err := amqp.Dial(URI())
+	if err != nil {
+		msg := fmt.Sprintf("no RabbitMQ at AMQP_URI (%s): %v", redact(URI()), err)
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg + "; under CI=true a missing broker is a failure")
+		}
+		t.Skip(msg + "; start one with `docker compose up -d` or set AMQP_URI")
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+func redact(uri string) string {
+	uri, _, _ = strings.Cut(uri, "@")
+	if i := strings.LastIndex(uri, ":"); i > len("amqp://") {
+		return uri[:i] + ":xxxxx@…"
+	}
+	return uri
+}
+
+var seq atomic.Int64
+
+// Prefix returns a name prefix unique to this test run and call, and deletes every
+// queue and exchange named by it (as recorded with Track) when the test ends.
+func Prefix(t testing.TB) string {
+	t.Helper()
+	name := strings.NewReplacer("/", "-", " ", "-").Replace(t.Name())
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	return fmt.Sprintf("amqpretry-test.%s.%d.%d", name, time.Now().UnixNano()%1e9, seq.Add(1))
+}
+
+// Cleanup deletes the given queues and exchanges when the test ends, on a connection
+// of its own.
+func Cleanup(t testing.TB, queues, exchanges []string) {
+	t.Helper()
+	t.Cleanup(func() {
+		conn, err := amqp.Dial(URI())
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		for _, q := range queues {
+			if ch, err := conn.Channel(); err == nil {
+				_, _ = ch.QueueDelete(q, false, false, false)
+				_ = ch.Close()
+			}
+		}
+		for _, e := range exchanges {
+			if ch, err := conn.Channel(); err == nil {
+				_ = ch.ExchangeDelete(e, false, false)
+				_ = ch.Close()
+			}
+		}
+	})
+}
+
+// CleanupTopology deletes the queues and exchanges of t when the test ends.
+func CleanupTopology(tb testing.TB, t topology.Topology) {
+	tb.Helper()
+	var queues, exchanges []string
+	for _, q := range t.Queues {
+		queues = append(queues, q.Name)
+	}
+	for _, e := range t.Exchanges {
+		exchanges = append(exchanges, e.Name)
+	}
+	Cleanup(tb, queues, exchanges)
+}

@@ -1,0 +1,202 @@
+package middleware
+
+import (
+	"errors"
+	"maps"
+	"strings"
+	"testing"
+	"time"
+
+	wdelay "github.com/ThreeDotsLabs/watermill/components/delay"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// recorder is a message.Publisher that keeps what it is given, or fails.
+type recorder struct {
+	topics []string
+	msgs   []*message.Message
+	err    error
+}
+
+func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
+	if r.err != nil {
+		return r.err
+	}
+	for _, m := range msgs {
+		r.topics = append(r.topics, topic)
+		r.msgs = append(r.msgs, m)
+	}
+	return nil
+}
+func (r *recorder) Close() error { return nil }
+
+func newTestRetry(t *testing.T, policy Policy) (*Retry, *recorder, *recorder) {
+	t.Helper()
+	delayPub, poisonPub := &recorder{}, &recorder{}
+	r, err := NewRetry(RetryConfig{
+		Policy: policy, Delay: delayPub, Poison: poisonPub, PoisonTopic: "poison",
+		Queue: func(string) string { return "work" },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, delayPub, poisonPub
+}
+
+func failing(err error) message.HandlerFunc {
+	return func(*message.Message) ([]*message.Message, error) { return nil, err }
+}
+
+func TestRetrySchedulesNextAttemptWithoutTouchingTheOriginal(t *testing.T) {
+	r, delayPub, poisonPub := newTestRetry(t, Policy{MaxAttempts: 3, Delays: []time.Duration{time.Second, 5 * time.Second}})
+	msg := message.NewMessage("uuid-1", []byte("payload"))
+	msg.Metadata.Set("user", "kept")
+	before := maps.Clone(msg.Metadata)
+
+	if _, err := r.Middleware(failing(errors.New("boom")))(msg); err != nil {
+		t.Fatalf("a confirmed hand-off must let the router ack, got %v", err)
+	}
+	if !maps.Equal(msg.Metadata, before) {
+		t.Errorf("incoming metadata changed: %v -> %v", before, msg.Metadata)
+	}
+	if len(delayPub.msgs) != 1 || len(poisonPub.msgs) != 0 {
+		t.Fatalf("delay got %d, poison got %d; want 1 and 0", len(delayPub.msgs), len(poisonPub.msgs))
+	}
+	cp := delayPub.msgs[0]
+	if delayPub.topics[0] != "work" {
+		t.Errorf("retry went to %q, want the failing queue", delayPub.topics[0])
+	}
+	if cp.UUID != msg.UUID || string(cp.Payload) != "payload" || cp.Metadata.Get("user") != "kept" {
+		t.Errorf("copy lost the message: %+v", cp)
+	}
+	if got := Attempt(cp); got != 2 {
+		t.Errorf("copy attempt = %d, want 2", got)
+	}
+	if got := cp.Metadata.Get(wdelay.DelayedForKey); got != "1s" {
+		t.Errorf("requested delay %q, want 1s", got)
+	}
+	if cp.Metadata.Get(ErrorKey) != "boom" || cp.Metadata.Get(FirstFailureKey) == "" {
+		t.Errorf("copy misses the failure record: %v", cp.Metadata)
+	}
+}
+
+func TestRetryPoisonsAfterLastAttempt(t *testing.T) {
+	r, delayPub, poisonPub := newTestRetry(t, Policy{MaxAttempts: 3})
+	msg := message.NewMessage("uuid-2", nil)
+	msg.Metadata.Set(AttemptKey, "3")
+	if _, err := r.Middleware(failing(errors.New("still broken")))(msg); err != nil {
+		t.Fatal(err)
+	}
+	if len(delayPub.msgs) != 0 || len(poisonPub.msgs) != 1 || poisonPub.topics[0] != "poison" {
+		t.Fatalf("want exactly one poisoned message, got delay=%d poison=%v", len(delayPub.msgs), poisonPub.topics)
+	}
+	md := poisonPub.msgs[0].Metadata
+	for k, want := range map[string]string{
+		PoisonReasonKey: PoisonMaxAttempts, AttemptKey: "3", MaxAttemptsKey: "3",
+		ErrorKey: "still broken", ErrorTypesKey: "*errors.errorString", QueueKey: "work",
+	} {
+		if md.Get(k) != want {
+			t.Errorf("%s = %q, want %q", k, md.Get(k), want)
+		}
+	}
+	if msg.Metadata.Get(PoisonReasonKey) != "" {
+		t.Error("the incoming message was modified")
+	}
+}
+
+func TestRetryPermanentPoisonsAtOnce(t *testing.T) {
+	r, delayPub, poisonPub := newTestRetry(t, Policy{MaxAttempts: 10})
+	if _, err := r.Middleware(failing(Permanent(errors.New("invalid"))))(message.NewMessage("u", nil)); err != nil {
+		t.Fatal(err)
+	}
+	if len(delayPub.msgs) != 0 || len(poisonPub.msgs) != 1 {
+		t.Fatalf("delay=%d poison=%d, want 0 and 1", len(delayPub.msgs), len(poisonPub.msgs))
+	}
+	if got := poisonPub.msgs[0].Metadata.Get(PoisonReasonKey); got != PoisonPermanent {
+		t.Errorf("reason %q, want %q", got, PoisonPermanent)
+	}
+}
+
+func TestRetryAfterAndClassifyOverride(t *testing.T) {
+	delayPub, poisonPub := &recorder{}, &recorder{}
+	var seen ClassifyParams
+	r, err := NewRetry(RetryConfig{
+		Delay: delayPub, Poison: poisonPub, PoisonTopic: "p", Queue: func(string) string { return "q" },
+		Classify: func(p ClassifyParams) Decision {
+			seen = p
+			if strings.Contains(p.Err.Error(), "fatal") {
+				return Decision{Permanent: true}
+			}
+			return p.Default
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Middleware(failing(RetryAfter(errors.New("429"), 42*time.Second)))(message.NewMessage("a", nil)); err != nil {
+		t.Fatal(err)
+	}
+	if got := delayPub.msgs[0].Metadata.Get(wdelay.DelayedForKey); got != "42s" {
+		t.Errorf("RetryAfter delay %q, want 42s", got)
+	}
+	if seen.Attempt != 1 || seen.Default.Delay != 42*time.Second {
+		t.Errorf("classifier params %+v", seen)
+	}
+	if _, err := r.Middleware(failing(errors.New("fatal")))(message.NewMessage("b", nil)); err != nil {
+		t.Fatal(err)
+	}
+	if len(poisonPub.msgs) != 1 {
+		t.Errorf("classifier's Permanent decision was not honoured")
+	}
+}
+
+func TestRetryHandoffFailureFailsTheHandler(t *testing.T) {
+	r, delayPub, poisonPub := newTestRetry(t, Policy{MaxAttempts: 2})
+	delayPub.err = errors.New("channel closed")
+	poisonPub.err = errors.New("channel closed")
+	handlerErr := errors.New("boom")
+
+	_, err := r.Middleware(failing(handlerErr))(message.NewMessage("a", nil))
+	if !errors.Is(err, ErrHandoff) || !errors.Is(err, handlerErr) {
+		t.Fatalf("retry hand-off failure: got %v, want ErrHandoff joined with the handler error", err)
+	}
+	last := message.NewMessage("b", nil)
+	last.Metadata.Set(AttemptKey, "2")
+	_, err = r.Middleware(failing(handlerErr))(last)
+	if !errors.Is(err, ErrHandoff) || !strings.Contains(err.Error(), `"poison"`) {
+		t.Fatalf("poison hand-off failure: got %v, want ErrHandoff naming the poison topic", err)
+	}
+}
+
+func TestRetrySuccessPassesThrough(t *testing.T) {
+	r, delayPub, _ := newTestRetry(t, Policy{})
+	out := []*message.Message{message.NewMessage("out", nil)}
+	got, err := r.Middleware(func(*message.Message) ([]*message.Message, error) { return out, nil })(message.NewMessage("in", nil))
+	if err != nil || len(got) != 1 || got[0] != out[0] || len(delayPub.msgs) != 0 {
+		t.Fatalf("success path changed: %v %v", got, err)
+	}
+}
+
+func TestRetryConfigValidateNamesTheField(t *testing.T) {
+	_, err := NewRetry(RetryConfig{Policy: Policy{MaxAttempts: -2}})
+	for _, field := range []string{"invalid config", "Policy", "MaxAttempts", "Delay", "Poison", "PoisonTopic"} {
+		if err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("NewRetry error %v does not name %s", err, field)
+		}
+	}
+}
+
+func TestAttempt(t *testing.T) {
+	for _, tt := range []struct {
+		value string
+		want  int
+	}{{"", 1}, {"1", 1}, {"4", 4}, {"0", 1}, {"-3", 1}, {"x", 1}} {
+		msg := message.NewMessage("u", nil)
+		if tt.value != "" {
+			msg.Metadata.Set(AttemptKey, tt.value)
+		}
+		if got := Attempt(msg); got != tt.want {
+			t.Errorf("Attempt(%q) = %d, want %d", tt.value, got, tt.want)
+		}
+	}
+}
