@@ -21,7 +21,9 @@ type Config struct {
 	// Subscriber is the watermill-amqp config the router's subscriber is built from
 	// (any of the queue or pub/sub configs). Retry reads the broker URI, TLS settings
 	// and the topic-to-queue mapping from it, and SubscriberConfig returns it ready to
-	// use. Required unless Delay.Backend is "memory".
+	// use. Required unless Delay.Backend is "memory"; with the memory backend and no
+	// URI, everything stays in-process (Delay.Memory, for example a GoChannel, receives
+	// the retries and the poisoned messages).
 	Subscriber wamqp.Config
 	// Delay chooses the delay backend by name and configures it. Default: ttl-tiers with
 	// the default tiers. Delay.Handoff is filled in by New.
@@ -60,17 +62,20 @@ func (c *Config) setDefaults() {
 	}
 }
 
-func (c Config) usesBroker() bool { return c.Delay.Backend != delay.BackendMemory }
+// usesBroker: with a broker URI, the poison queue and the topic-to-queue mapping are
+// RabbitMQ's, whatever the backend (the memory backend then delays in this process and
+// publishes to the broker). Without one, only the memory backend works, in-process.
+func (c Config) usesBroker() bool { return c.Subscriber.Connection.AmqpURI != "" }
 
 // Validate reports every invalid field, each named. The Delay fields are checked by
 // delay.New.
 func (c Config) Validate() error {
 	var errs []error
+	if !c.usesBroker() && c.Delay.Backend != delay.BackendMemory {
+		errs = append(errs, fmt.Errorf("Subscriber.Connection.AmqpURI: required for the %s backend", c.Delay.Backend))
+	}
 	if c.usesBroker() {
 		s := c.Subscriber
-		if s.Connection.AmqpURI == "" {
-			errs = append(errs, errors.New("Subscriber.Connection.AmqpURI: required"))
-		}
 		if s.Queue.GenerateName == nil {
 			errs = append(errs, errors.New("Subscriber.Queue.GenerateName: required"))
 		}
@@ -82,6 +87,9 @@ func (c Config) Validate() error {
 		default:
 			errs = append(errs, fmt.Errorf("Subscriber.Marshaler: %T cannot read dead-lettered messages; use amqp.DefaultMarshaler or xdeath.Marshaler", s.Marshaler))
 		}
+	}
+	if err := c.Policy.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("Policy: %w", err))
 	}
 	if c.ConfirmTimeout < 0 {
 		errs = append(errs, fmt.Errorf("ConfirmTimeout: %s is negative", c.ConfirmTimeout))
@@ -176,6 +184,9 @@ func (r *Retry) SubscriberConfig() wamqp.Config {
 	}
 	return c
 }
+
+// PoisonQueue is the queue (or, in-process, the topic) of poisoned messages.
+func (r *Retry) PoisonQueue() string { return r.cfg.PoisonQueue }
 
 // Backend returns the delay backend, a message.Publisher that any code can use to
 // schedule a delayed message to a queue.

@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -19,7 +18,7 @@ func Permanent(err error) error {
 
 type permanentError struct{ err error }
 
-func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
+func (e *permanentError) Error() string { return e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
 
 // IsPermanent reports whether err, or any error it wraps, was marked by Permanent.
@@ -43,9 +42,7 @@ type retryAfterError struct {
 	after time.Duration
 }
 
-func (e *retryAfterError) Error() string {
-	return fmt.Sprintf("retry after %s: %s", e.after, e.err.Error())
-}
+func (e *retryAfterError) Error() string { return e.err.Error() }
 func (e *retryAfterError) Unwrap() error { return e.err }
 
 // RetryAfterDelay returns the delay asked for by RetryAfter in err's chain, if any.

@@ -54,8 +54,10 @@ func (p *Policy) setDefaults() {
 	}
 }
 
-// Validate reports every invalid field, each named.
+// Validate reports every invalid field, each named. Zero fields are checked as their
+// defaults.
 func (p Policy) Validate() error {
+	p.setDefaults()
 	var errs []error
 	if p.MaxAttempts < 1 {
 		errs = append(errs, fmt.Errorf("MaxAttempts: %d, must be at least 1", p.MaxAttempts))

@@ -33,7 +33,7 @@ func Dial(t testing.TB) *amqp.Connection {
 	t.Helper()
 	conn, err := amqp.Dial(URI())
 	if err != nil {
-		msg := fmt.Sprintf("no RabbitMQ at AMQP_URI (%s): %v", redact(URI()), err)
+		msg := fmt.Sprintf("no RabbitMQ at AMQP_URI (%s): %v", Redact(URI()), err)
 		if os.Getenv("CI") == "true" {
 			t.Fatal(msg + "; under CI=true a missing broker is a failure")
 		}
@@ -43,7 +43,8 @@ func Dial(t testing.TB) *amqp.Connection {
 	return conn
 }
 
-func redact(uri string) string {
+// Redact hides the password of uri.
+func Redact(uri string) string {
 	uri, _, _ = strings.Cut(uri, "@")
 	if i := strings.LastIndex(uri, ":"); i > len("amqp://") {
 		return uri[:i] + ":xxxxx@…"

@@ -1,0 +1,516 @@
+package amqpretry_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/topology"
+	"github.com/amqpretry/amqpretry/xdeath"
+)
+
+func testLogger() watermill.LoggerAdapter {
+	if os.Getenv("AMQPRETRY_TEST_LOG") != "" {
+		return watermill.NewStdLogger(true, false)
+	}
+	return watermill.NopLogger{}
+}
+
+// delivery is one call of a handler.
+type delivery struct {
+	at  time.Time
+	msg *message.Message
+}
+
+// recorder is a handler that records every call and fails as fail says.
+type recorder struct {
+	mu    sync.Mutex
+	calls []delivery
+	fail  func(msg *message.Message) error
+	seen  chan struct{}
+}
+
+func newRecorder(fail func(msg *message.Message) error) *recorder {
+	return &recorder{fail: fail, seen: make(chan struct{}, 10_000)}
+}
+
+func (r *recorder) handle(msg *message.Message) error {
+	r.mu.Lock()
+	r.calls = append(r.calls, delivery{at: time.Now(), msg: msg.Copy()})
+	r.mu.Unlock()
+	r.seen <- struct{}{}
+	if r.fail != nil {
+		return r.fail(msg)
+	}
+	return nil
+}
+
+func (r *recorder) snapshot() []delivery {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.calls)
+}
+
+// waitCalls waits for n calls in all.
+func (r *recorder) waitCalls(t *testing.T, n int, timeout time.Duration) []delivery {
+	t.Helper()
+	deadline := time.After(timeout)
+	for len(r.snapshot()) < n {
+		select {
+		case <-r.seen:
+		case <-deadline:
+			t.Fatalf("handler ran %d times within %s, want %d", len(r.snapshot()), timeout, n)
+		}
+	}
+	return r.snapshot()
+}
+
+// setup is one test's broker-side world: a unique prefix, topic and Config.
+type setup struct {
+	prefix string
+	topic  string
+	cfg    amqpretry.Config
+}
+
+func newSetup(t *testing.T, backend string) setup {
+	t.Helper()
+	brokertest.Dial(t)
+	prefix := brokertest.Prefix(t)
+	s := setup{prefix: prefix, topic: prefix + ".work"}
+	s.cfg = amqpretry.Config{
+		Subscriber: wamqp.NewDurableQueueConfig(brokertest.URI()),
+		Delay: delay.Config{
+			Backend: backend,
+			Prefix:  prefix,
+			Tiers:   []time.Duration{500 * time.Millisecond, 2 * time.Second, 4 * time.Second},
+			Memory:  newQueuePublisher(t),
+		},
+		Logger: testLogger(),
+	}
+	brokertest.Cleanup(t, []string{s.topic, prefix + ".poison"}, nil)
+	return s
+}
+
+func newQueuePublisher(t *testing.T) message.Publisher {
+	t.Helper()
+	pub, err := wamqp.NewPublisher(wamqp.NewDurableQueueConfig(brokertest.URI()), watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	return pub
+}
+
+// newRetry builds the Retry, skipping a backend this broker cannot run.
+func newRetry(t *testing.T, cfg amqpretry.Config) *amqpretry.Retry {
+	t.Helper()
+	r, err := amqpretry.New(cfg)
+	if err != nil {
+		var missing interface{ PluginMissing() bool }
+		if errors.As(err, &missing) || strings.Contains(err.Error(), "rabbitmq_delayed_message_exchange") {
+			t.Skipf("backend %s cannot run on this broker: %v", cfg.Delay.Backend, err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	brokertest.CleanupTopology(t, r.Backend().Topology())
+	return r
+}
+
+// run starts a router with one consumer handler on topic, retried by r.
+func run(t *testing.T, r *amqpretry.Retry, topic string, h message.NoPublishHandlerFunc) {
+	t.Helper()
+	sub, err := wamqp.NewSubscriber(r.SubscriberConfig(), testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	router.AddConsumerHandler("handler-"+topic, topic, sub, h).AddMiddleware(r.Middleware)
+	go func() { _ = router.Run(context.Background()) }()
+	<-router.Running()
+	t.Cleanup(func() {
+		_ = router.Close()
+		_ = sub.Close()
+	})
+}
+
+func publish(t *testing.T, topic string, uuid string) {
+	t.Helper()
+	pub, err := wamqp.NewPublisher(wamqp.NewDurableQueueConfig(brokertest.URI()), watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	if err := pub.Publish(topic, message.NewMessage(uuid, []byte("payload of "+uuid))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+var errFlaky = errors.New("flaky downstream")
+
+// TestScenarioFailThreeTimesThenSucceed is the retry scenario every backend must pass,
+// changing only the backend name.
+func TestScenarioFailThreeTimesThenSucceed(t *testing.T) {
+	policyDelays := []time.Duration{300 * time.Millisecond, 1500 * time.Millisecond, 3 * time.Second}
+	const precision = 1500 * time.Millisecond
+	for _, backend := range delay.Backends() {
+		t.Run(backend, func(t *testing.T) {
+			s := newSetup(t, backend)
+			s.cfg.Policy = middleware.Policy{MaxAttempts: 5, Delays: policyDelays}
+			r := newRetry(t, s.cfg)
+			rec := newRecorder(func(msg *message.Message) error {
+				if middleware.Attempt(msg) <= 3 {
+					return errFlaky
+				}
+				return nil
+			})
+			run(t, r, s.topic, rec.handle)
+			publish(t, s.topic, "m1")
+
+			calls := rec.waitCalls(t, 4, 30*time.Second)
+			time.Sleep(time.Second) // a fifth call would be a bug
+			if calls = rec.snapshot(); len(calls) != 4 {
+				t.Fatalf("handled %d times, want 4", len(calls))
+			}
+			for i, c := range calls {
+				if got := middleware.Attempt(c.msg); got != i+1 {
+					t.Errorf("call %d saw attempt %d", i+1, got)
+				}
+				if c.msg.UUID != "m1" || string(c.msg.Payload) != "payload of m1" {
+					t.Errorf("call %d got message %s %q", i+1, c.msg.UUID, c.msg.Payload)
+				}
+			}
+			for i := 1; i < len(calls); i++ {
+				want, err := r.Backend().Effective(policyDelays[i-1])
+				if err != nil {
+					t.Fatal(err)
+				}
+				md := calls[i].msg.Metadata
+				if got := md.Get(delay.EffectiveDelayKey); got != want.String() {
+					t.Errorf("retry %d: effective delay %s, want %s (policy %s after snapping)", i, got, want, policyDelays[i-1])
+				}
+				gap := calls[i].at.Sub(calls[i-1].at)
+				if gap < want-50*time.Millisecond || gap > want+precision {
+					t.Errorf("retry %d came %s after the failure, want %s (+ up to %s)", i, gap, want, precision)
+				}
+			}
+			if backend == delay.BackendTTLTiers {
+				// The retries were dead-lettered by the broker (x-death is an array):
+				// the subscriber consumed them instead of nacking them forever.
+				info, err := xdeath.FromMetadata(calls[1].msg.Metadata)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(info.Deaths) == 0 || info.Deaths[0].Reason != "expired" {
+					t.Errorf("retry carries no expired x-death entry: %+v", info)
+				}
+			}
+		})
+	}
+}
+
+func poisoned(t *testing.T, queue string, timeout time.Duration) *message.Message {
+	t.Helper()
+	ch, err := brokertest.Dial(t).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	deadline := time.Now().Add(timeout)
+	for {
+		d, ok, err := ch.Get(queue, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			msg, err := xdeath.Marshaler{}.Unmarshal(d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return msg
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing in poison queue %s within %s", queue, timeout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func TestPoisonAfterMaxAttemptsWithEnvelope(t *testing.T) {
+	s := newSetup(t, delay.BackendTTLTiers)
+	s.cfg.Policy = middleware.Policy{MaxAttempts: 3, Delays: []time.Duration{500 * time.Millisecond}}
+	r := newRetry(t, s.cfg)
+	rec := newRecorder(func(*message.Message) error { return fmt.Errorf("charge card: %w", errFlaky) })
+	run(t, r, s.topic, rec.handle)
+	publish(t, s.topic, "doomed")
+
+	msg := poisoned(t, s.prefix+".poison", 30*time.Second)
+	if n := len(rec.snapshot()); n != 3 {
+		t.Errorf("handled %d times before poisoning, want 3", n)
+	}
+	md := msg.Metadata
+	for k, want := range map[string]string{
+		middleware.PoisonReasonKey:       middleware.PoisonMaxAttempts,
+		middleware.AttemptKey:            "3",
+		middleware.MaxAttemptsKey:        "3",
+		middleware.ErrorKey:              "charge card: flaky downstream",
+		middleware.ErrorTypesKey:         "*fmt.wrapError > *errors.errorString",
+		middleware.HandlerKey:            "handler-" + s.topic,
+		middleware.TopicKey:              s.topic,
+		middleware.QueueKey:              s.topic,
+		middleware.OriginalExchangeKey:   "",
+		middleware.OriginalRoutingKeyKey: s.topic,
+	} {
+		if got := md.Get(k); got != want {
+			t.Errorf("envelope %s = %q, want %q", k, got, want)
+		}
+	}
+	first, err1 := time.Parse(time.RFC3339Nano, md.Get(middleware.FirstFailureKey))
+	last, err2 := time.Parse(time.RFC3339Nano, md.Get(middleware.LastFailureKey))
+	if err := errors.Join(err1, err2); err != nil || !last.After(first) {
+		t.Errorf("first/last failure %v / %v (%v)", first, last, err)
+	}
+	if msg.UUID != "doomed" || string(msg.Payload) != "payload of doomed" {
+		t.Errorf("poisoned message is %s %q", msg.UUID, msg.Payload)
+	}
+}
+
+func TestPermanentErrorPoisonsOnFirstFailure(t *testing.T) {
+	s := newSetup(t, delay.BackendTTLTiers)
+	r := newRetry(t, s.cfg)
+	rec := newRecorder(func(*message.Message) error { return middleware.Permanent(errors.New("malformed order")) })
+	run(t, r, s.topic, rec.handle)
+	publish(t, s.topic, "bad")
+
+	msg := poisoned(t, s.prefix+".poison", 30*time.Second)
+	if got := msg.Metadata.Get(middleware.PoisonReasonKey); got != middleware.PoisonPermanent {
+		t.Errorf("reason %q, want permanent", got)
+	}
+	time.Sleep(time.Second)
+	if n := len(rec.snapshot()); n != 1 {
+		t.Errorf("handled %d times, want 1", n)
+	}
+}
+
+func TestRetryAfterIsHonoured(t *testing.T) {
+	s := newSetup(t, delay.BackendTTLTiers)
+	s.cfg.Policy = middleware.Policy{Delays: []time.Duration{time.Millisecond}}
+	r := newRetry(t, s.cfg)
+	rec := newRecorder(func(msg *message.Message) error {
+		if middleware.Attempt(msg) == 1 {
+			return middleware.RetryAfter(errors.New("429 too many requests"), 1800*time.Millisecond)
+		}
+		return nil
+	})
+	run(t, r, s.topic, rec.handle)
+	publish(t, s.topic, "throttled")
+
+	calls := rec.waitCalls(t, 2, 30*time.Second)
+	md := calls[1].msg.Metadata
+	if md.Get(delay.RequestedDelayKey) != "1.8s" || md.Get(delay.EffectiveDelayKey) != "2s" {
+		t.Errorf("requested/effective = %s/%s, want 1.8s/2s", md.Get(delay.RequestedDelayKey), md.Get(delay.EffectiveDelayKey))
+	}
+	if gap := calls[1].at.Sub(calls[0].at); gap < 2*time.Second-50*time.Millisecond {
+		t.Errorf("retry came back after %s, before the Retry-After", gap)
+	}
+}
+
+// TestFanoutRetryReachesOnlyTheFailingQueue: a pub/sub topic with two subscriber
+// queues; only one handler fails, and only its queue sees the retry.
+func TestFanoutRetryReachesOnlyTheFailingQueue(t *testing.T) {
+	brokertest.Dial(t)
+	prefix := brokertest.Prefix(t)
+	topic := prefix + ".events"
+	recs := map[string]*recorder{}
+	for _, group := range []string{"billing", "shipping"} {
+		sub := wamqp.NewDurablePubSubConfig(brokertest.URI(), wamqp.GenerateQueueNameTopicNameWithSuffix(group))
+		r := newRetry(t, amqpretry.Config{
+			Subscriber: sub,
+			Delay:      delay.Config{Prefix: prefix, Tiers: []time.Duration{500 * time.Millisecond}},
+			Logger:     testLogger(),
+		})
+		fails := group == "billing"
+		recs[group] = newRecorder(func(msg *message.Message) error {
+			if fails && middleware.Attempt(msg) == 1 {
+				return errFlaky
+			}
+			return nil
+		})
+		run(t, r, topic, recs[group].handle)
+		brokertest.Cleanup(t, []string{topic + "_" + group}, nil)
+	}
+	brokertest.Cleanup(t, []string{prefix + ".poison"}, []string{topic})
+
+	pub, err := wamqp.NewPublisher(wamqp.NewDurablePubSubConfig(brokertest.URI(), nil), watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	if err := pub.Publish(topic, message.NewMessage("evt", nil)); err != nil {
+		t.Fatal(err)
+	}
+	recs["billing"].waitCalls(t, 2, 30*time.Second)
+	time.Sleep(2 * time.Second) // a stray retry to shipping would have arrived by now
+	if n := len(recs["billing"].snapshot()); n != 2 {
+		t.Errorf("billing handled %d times, want 2", n)
+	}
+	if n := len(recs["shipping"].snapshot()); n != 1 {
+		t.Errorf("shipping handled %d times, want 1: a retry leaked to another subscriber group", n)
+	}
+}
+
+// TestUnconfirmedHandoffNacksAndNothingIsLost removes the delay exchange under a running
+// router: the hand-off publish makes the broker close the hand-off channel (404) before
+// any confirm, the original is nacked and redelivered, and once the exchange is back the
+// message is retried and handled.
+func TestUnconfirmedHandoffNacksAndNothingIsLost(t *testing.T) {
+	s := newSetup(t, delay.BackendTTLTiers)
+	s.cfg.Policy = middleware.Policy{Delays: []time.Duration{500 * time.Millisecond}}
+	r := newRetry(t, s.cfg)
+
+	conn := brokertest.Dial(t)
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDelete(s.prefix+".delay", false, false); err != nil {
+		t.Fatal(err)
+	}
+
+	rec := newRecorder(func(msg *message.Message) error {
+		if middleware.Attempt(msg) == 1 {
+			return errFlaky
+		}
+		return nil
+	})
+	run(t, r, s.topic, rec.handle)
+	publish(t, s.topic, "survivor")
+
+	// The original keeps coming back while the hand-off cannot be confirmed.
+	rec.waitCalls(t, 3, 30*time.Second)
+	if err := topology.Declare(ch, r.Backend().Topology()); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		calls := rec.snapshot()
+		last := calls[len(calls)-1]
+		if middleware.Attempt(last.msg) == 2 {
+			firstTries := 0
+			for _, c := range calls {
+				if middleware.Attempt(c.msg) == 1 {
+					firstTries++
+				}
+			}
+			t.Logf("attempt 1 was delivered %d times before the hand-off went through", firstTries)
+			if firstTries < 2 {
+				t.Errorf("the original was not redelivered after the failed hand-off")
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("message never handled on attempt 2; %d calls", len(calls))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := queueLength(t, s.prefix+".parking"); n != 0 {
+		t.Errorf("%d messages parked", n)
+	}
+}
+
+func queueLength(t *testing.T, queue string) int {
+	t.Helper()
+	ch, err := brokertest.Dial(t).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q.Messages
+}
+
+func TestTopologyClashNamesQueueAndArgument(t *testing.T) {
+	s := newSetup(t, delay.BackendTTLTiers)
+	ch, err := brokertest.Dial(t).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clash := s.prefix + ".delay.500ms"
+	if _, err := ch.QueueDeclare(clash, true, false, false, false, amqp.Table{"x-message-ttl": int32(1234)}); err != nil {
+		t.Fatal(err)
+	}
+	brokertest.Cleanup(t, []string{clash}, []string{s.prefix + ".delay", s.prefix + ".deliver", s.prefix + ".parking"})
+	_, err = amqpretry.New(s.cfg)
+	if !errors.Is(err, topology.ErrMismatch) {
+		t.Fatalf("New = %v, want ErrMismatch", err)
+	}
+	for _, want := range []string{clash, "x-message-ttl"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
+	}
+}
+
+func TestCredentialsNeverInErrors(t *testing.T) {
+	for _, uri := range []string{
+		"amqp://guest:s3cr3t@127.0.0.1:1/",        // nothing listens
+		"amqp://guest:s3cr3t@127.0.0.1:notaport/", // unparseable
+	} {
+		_, err := amqpretry.New(amqpretry.Config{Subscriber: wamqp.NewDurableQueueConfig(uri)})
+		if err == nil {
+			t.Fatalf("New(%s) succeeded", uri)
+		}
+		if strings.Contains(err.Error(), "s3cr3t") {
+			t.Errorf("error leaks the password: %v", err)
+		}
+	}
+}
+
+func TestInvalidConfigNamesTheField(t *testing.T) {
+	uri := "amqp://guest:guest@127.0.0.1:1/" // validation fails before any dial
+	queueCfg := wamqp.NewDurableQueueConfig(uri)
+	noRequeue := queueCfg
+	noRequeue.Consume.NoRequeueOnNack = true
+	tests := []struct {
+		name  string
+		cfg   amqpretry.Config
+		field string
+	}{
+		{"no broker", amqpretry.Config{}, "Subscriber.Connection.AmqpURI"},
+		{"no requeue", amqpretry.Config{Subscriber: noRequeue}, "Subscriber.Consume.NoRequeueOnNack"},
+		{"bad policy", amqpretry.Config{Subscriber: queueCfg, Policy: middleware.Policy{MaxAttempts: -1}}, "MaxAttempts"},
+		{"unknown backend", amqpretry.Config{Subscriber: queueCfg, Delay: delay.Config{Backend: "carrier-pigeon"}}, "Backend"},
+		{"duplicate tier", amqpretry.Config{Subscriber: queueCfg, Delay: delay.Config{Tiers: []time.Duration{time.Second, time.Second}}}, "Tiers[1]"},
+		{"memory without publisher", amqpretry.Config{Delay: delay.Config{Backend: delay.BackendMemory}}, "Memory"},
+		{"negative confirm timeout", amqpretry.Config{Subscriber: queueCfg, ConfirmTimeout: -time.Second}, "ConfirmTimeout"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := amqpretry.New(tt.cfg)
+			if err == nil || !strings.Contains(err.Error(), "invalid config") || !strings.Contains(err.Error(), tt.field) {
+				t.Fatalf("New = %v, want an invalid config error naming %s", err, tt.field)
+			}
+		})
+	}
+}
