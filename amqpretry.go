@@ -88,6 +88,9 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("Subscriber.Marshaler: %T cannot read dead-lettered messages; use amqp.DefaultMarshaler or xdeath.Marshaler", s.Marshaler))
 		}
 	}
+	if err := c.Delay.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("Delay: %w", err))
+	}
 	if err := c.Policy.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("Policy: %w", err))
 	}
@@ -141,6 +144,9 @@ func New(cfg Config) (*Retry, error) {
 		return nil, errors.Join(err, r.Close())
 	}
 	r.backend = backend
+	if err := checkPolicyFits(cfg, backend); err != nil {
+		return nil, errors.Join(err, r.Close())
+	}
 	r.middleware, err = middleware.NewRetry(middleware.RetryConfig{
 		Policy:      cfg.Policy,
 		Classify:    cfg.Classify,
@@ -153,10 +159,46 @@ func New(cfg Config) (*Retry, error) {
 	if err != nil {
 		return nil, errors.Join(err, r.Close())
 	}
+	r.warnWorkQueue()
 	cfg.Logger.Info("Broker-side retry ready", watermill.LogFields{
 		"delay_backend": backend.Name(), "poison_queue": cfg.PoisonQueue, "max_attempts": cfg.Policy.MaxAttempts,
 	})
 	return r, nil
+}
+
+// checkPolicyFits refuses a policy whose longest delay the backend cannot hold (a
+// refused delay could never be handed off), and logs where the backend shortens it.
+func checkPolicyFits(cfg Config, backend delay.Backend) error {
+	longest := cfg.Policy.Longest()
+	effective, err := backend.Effective(longest)
+	if err != nil {
+		return fmt.Errorf("invalid config: Policy: longest delay %s does not fit the %s backend: %w", longest, backend.Name(), err)
+	}
+	if effective < longest {
+		cfg.Logger.Info("The policy's longest delay is longer than the backend holds; those retries come back early", watermill.LogFields{
+			"delay_backend": backend.Name(), "policy_longest_delay": longest.String(), "effective_delay": effective.String(),
+		})
+	}
+	return nil
+}
+
+// warnWorkQueue logs what could cut retries short on the user's work queues.
+func (r *Retry) warnWorkQueue() {
+	if r.cfg.Delay.Handoff == nil {
+		return
+	}
+	conn, err := r.cfg.Delay.Handoff.Connection()
+	if err != nil {
+		return
+	}
+	version, _ := conn.Properties["version"].(string)
+	maxAttempts := r.cfg.Policy.MaxAttempts
+	if maxAttempts == 0 {
+		maxAttempts = middleware.DefaultMaxAttempts
+	}
+	if w := delay.WorkQueueWarning(version, r.cfg.Subscriber.Queue.Arguments, maxAttempts); w != "" {
+		r.cfg.Logger.Error("Work queues may lose retries", errors.New(w), watermill.LogFields{"rabbitmq_version": version})
+	}
 }
 
 func amqpConfig(c wamqp.ConnectionConfig) amqp.Config {

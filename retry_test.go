@@ -460,7 +460,7 @@ func TestTopologyClashNamesQueueAndArgument(t *testing.T) {
 	if _, err := ch.QueueDeclare(clash, true, false, false, false, amqp.Table{"x-message-ttl": int32(1234)}); err != nil {
 		t.Fatal(err)
 	}
-	brokertest.Cleanup(t, []string{clash}, []string{s.prefix + ".delay", s.prefix + ".deliver", s.prefix + ".parking"})
+	brokertest.Cleanup(t, []string{clash, s.prefix + ".parking"}, []string{s.prefix + ".delay", s.prefix + ".deliver", s.prefix + ".parking"})
 	_, err = amqpretry.New(s.cfg)
 	if !errors.Is(err, topology.ErrMismatch) {
 		t.Fatalf("New = %v, want ErrMismatch", err)
@@ -513,4 +513,20 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestPolicyLongerThanTheBackendHoldsIsRefused(t *testing.T) {
+	s := newSetup(t, delay.BackendBinaryLevels)
+	s.cfg.Delay.Levels = 4 // holds up to 15 s
+	s.cfg.Policy = middleware.Policy{Delays: []time.Duration{time.Second, 20 * time.Second}}
+	_, err := amqpretry.New(s.cfg)
+	if !errors.Is(err, delay.ErrDelayTooLong) || !strings.Contains(err.Error(), "Policy") || !strings.Contains(err.Error(), "20s") {
+		t.Fatalf("New = %v, want an invalid config error naming Policy and the 20s delay", err)
+	}
+	var queues, exchanges []string
+	for l := range 4 {
+		queues = append(queues, fmt.Sprintf("%s.level.%d", s.prefix, l))
+	}
+	exchanges = append(queues, s.prefix+".levels.deliver", s.prefix+".parking")
+	brokertest.Cleanup(t, append(queues, s.prefix+".parking"), exchanges)
 }

@@ -25,7 +25,9 @@ const maxTTL = 315_360_000_000 * time.Millisecond
 // Config chooses and configures a delay backend. Switching backends is a change of the
 // Backend string only.
 type Config struct {
-	// Backend names the backend. Default: "ttl-tiers".
+	// Backend names the backend: "ttl-tiers", "binary-levels", "delayed-exchange" (needs
+	// the rabbitmq_delayed_message_exchange plugin) or "memory" (tests only).
+	// Default: "ttl-tiers".
 	Backend string
 	// Prefix starts the name of every queue and exchange the backend declares, so that
 	// several applications can share a vhost. Default: "amqpretry".
@@ -34,6 +36,11 @@ type Config struct {
 	// whole number of milliseconds, at least 1 ms, at most ten years; no duplicates.
 	// Default: DefaultTiers (1s 5s 30s 2m 10m 1h).
 	Tiers []time.Duration
+	// Levels is the number of levels of the binary-levels backend, which holds delays
+	// up to 2^Levels - 1 seconds. 1 to 29 (a 30th level would hold messages 2^29 s,
+	// longer than RabbitMQ's ten-year maximum TTL). To change it, change Prefix too.
+	// Default: DefaultLevels (28: about 8.5 years).
+	Levels int
 
 	// Handoff is the confirmed publishing connection the RabbitMQ backends use.
 	// Required for every backend but memory.
@@ -56,26 +63,34 @@ func (c *Config) setDefaults() {
 	if len(c.Tiers) == 0 {
 		c.Tiers = DefaultTiers
 	}
+	if c.Levels == 0 {
+		c.Levels = DefaultLevels
+	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}
 }
 
-// Validate reports every invalid field, each named.
+// Validate reports every invalid field, each named. Zero fields are checked as their
+// defaults. Handoff is not checked here (callers may validate before they connect); New
+// requires it for the RabbitMQ backends.
 func (c Config) Validate() error {
+	c.setDefaults()
 	var errs []error
 	switch c.Backend {
 	case BackendMemory:
 		if c.Memory == nil {
 			errs = append(errs, errors.New("Memory: required for the memory backend"))
 		}
-	case BackendTTLTiers:
-		if c.Handoff == nil {
-			errs = append(errs, fmt.Errorf("Handoff: required for the %s backend", c.Backend))
-		}
-		errs = append(errs, validateTiers(c.Tiers))
+	case BackendTTLTiers, BackendBinaryLevels, BackendDelayedExchange:
 	default:
 		errs = append(errs, fmt.Errorf("Backend: unknown backend %q (known: %s)", c.Backend, strings.Join(Backends(), ", ")))
+	}
+	switch {
+	case c.Backend == BackendTTLTiers:
+		errs = append(errs, validateTiers(c.Tiers))
+	case c.Backend == BackendBinaryLevels && (c.Levels < 1 || c.Levels > maxLevels):
+		errs = append(errs, fmt.Errorf("Levels: %d is outside 1 to %d (a level holding 2^%d s would need a TTL longer than RabbitMQ's ten-year maximum)", c.Levels, maxLevels, maxLevels))
 	}
 	if strings.ContainsAny(c.Prefix, "*# ") {
 		errs = append(errs, fmt.Errorf("Prefix: %q must not contain '*', '#' or spaces", c.Prefix))
@@ -85,7 +100,7 @@ func (c Config) Validate() error {
 
 // Backends lists the backend names Config.Backend accepts.
 func Backends() []string {
-	return []string{BackendTTLTiers, BackendMemory}
+	return []string{BackendTTLTiers, BackendBinaryLevels, BackendDelayedExchange, BackendMemory}
 }
 
 func validateTiers(tiers []time.Duration) error {
@@ -103,15 +118,27 @@ func validateTiers(tiers []time.Duration) error {
 }
 
 // New validates cfg, builds the backend it names and declares what the backend needs on
-// the publishing side (idempotently).
+// the publishing side (idempotently). For a RabbitMQ backend it first runs the
+// capability check (Probe) and logs the broker's version, whether the delayed-message
+// plugin is enabled and the backend chosen; the delayed-exchange backend fails with
+// ErrPluginMissing where the plugin is not enabled.
 func New(cfg Config) (Backend, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid config: %w", err)
 	}
-	switch cfg.Backend {
-	case BackendMemory:
+	if cfg.Backend == BackendMemory {
 		return newMemory(cfg), nil
+	}
+	if cfg.Handoff == nil {
+		return nil, fmt.Errorf("invalid config: Handoff: required for the %s backend", cfg.Backend)
+	}
+	c, pluginErr := checkBroker(cfg)
+	switch cfg.Backend {
+	case BackendBinaryLevels:
+		return newBinaryLevels(cfg)
+	case BackendDelayedExchange:
+		return newDelayedExchange(cfg, c, pluginErr)
 	default: // BackendTTLTiers
 		return newTTLTiers(cfg)
 	}

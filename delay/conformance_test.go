@@ -37,7 +37,23 @@ var conformanceTiers = []time.Duration{time.Second, 2 * time.Second, 3 * time.Se
 
 var backendCases = []backendCase{
 	{name: delay.BackendTTLTiers, precision: time.Second, durable: true},
+	{name: delay.BackendBinaryLevels, precision: time.Second, durable: true},
+	{name: delay.BackendDelayedExchange, precision: 500 * time.Millisecond, durable: true, skip: skipWithoutPlugin},
 	{name: delay.BackendMemory, precision: 500 * time.Millisecond, durable: false},
+}
+
+// skipWithoutPlugin skips where the delayed-message plugin is not enabled, and fails
+// where the probe cannot tell.
+func skipWithoutPlugin(t *testing.T, h *delay.Handoff) string {
+	t.Helper()
+	c, err := delay.Probe(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.DelayedMessagePlugin {
+		return "RabbitMQ " + c.Version + " has no rabbitmq_delayed_message_exchange plugin enabled (rabbitmq-plugins enable rabbitmq_delayed_message_exchange)"
+	}
+	return ""
 }
 
 // rig is one backend wired to a fresh work queue on the real broker.
@@ -186,7 +202,7 @@ func TestConformanceMixedDelaysComeBackInDueOrder(t *testing.T) {
 func TestConformanceNoHeadOfLineBlocking(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, bc backendCase) {
 		r := newRig(t, bc)
-		const long = 200
+		const long = 500
 		for i := range long {
 			r.schedule(r.queue, "long-"+strconv.Itoa(i), 10*time.Minute)
 		}

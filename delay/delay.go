@@ -1,6 +1,7 @@
 package delay
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -25,9 +26,15 @@ const (
 
 // Backend names, the values of Config.Backend.
 const (
-	BackendTTLTiers = "ttl-tiers"
-	BackendMemory   = "memory"
+	BackendTTLTiers        = "ttl-tiers"
+	BackendBinaryLevels    = "binary-levels"
+	BackendDelayedExchange = "delayed-exchange"
+	BackendMemory          = "memory"
 )
+
+// ErrDelayTooLong is returned (wrapped, with the delay and the backend's maximum) by
+// Effective and Publish for a delay longer than the backend can hold.
+var ErrDelayTooLong = errors.New("delay too long")
 
 // Backend parks messages and brings each back to a queue after its delay.
 //
@@ -47,7 +54,7 @@ type Backend interface {
 	// Topology is what the backend declares on the publishing side (New declares it).
 	Topology() topology.Topology
 	// Effective returns the delay the backend applies for a requested one, or an error
-	// if the backend cannot honour it.
+	// (wrapping ErrDelayTooLong for a delay past its maximum) if it cannot honour it.
 	Effective(requested time.Duration) (time.Duration, error)
 }
 

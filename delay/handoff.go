@@ -50,9 +50,11 @@ type HandoffConfig struct {
 // persistent, mandatory, carries a fresh MessageId and no expiration, goes out on a
 // channel of its own connection (never the consuming one) in confirm mode, and returns
 // only when the broker has confirmed it and not returned it. Only then may the caller
-// ack the original. Handoff is safe for concurrent use: concurrent publishes share one
-// channel with deferred confirmations. After a channel or connection failure the next
-// publish opens a new one.
+// ack the original. (The delayed-exchange backend alone publishes non-mandatory, since
+// the plugin returns every mandatory publish; it proves routability by binding first.)
+// Handoff is safe for concurrent use: concurrent publishes share one channel with
+// deferred confirmations. After a channel or connection failure the next publish opens
+// a new one.
 type Handoff struct {
 	cfg HandoffConfig
 
@@ -107,9 +109,9 @@ func (h *Handoff) channel() (*pubChannel, error) {
 		return h.pc, nil
 	}
 	if h.conn == nil || h.conn.IsClosed() {
-		conn, err := amqp.DialConfig(h.cfg.URI, h.cfg.AMQP)
+		conn, err := h.dial()
 		if err != nil {
-			return nil, fmt.Errorf("connect to %s: %w", Redact(h.cfg.URI), redactErr(err))
+			return nil, err
 		}
 		h.conn = conn
 		h.cfg.Logger.Debug("Hand-off connection opened", watermill.LogFields{"amqp_uri": Redact(h.cfg.URI)})
@@ -128,6 +130,15 @@ func (h *Handoff) channel() (*pubChannel, error) {
 		returned: map[string]amqp.Return{},
 	}
 	return h.pc, nil
+}
+
+// dial opens a new connection to the broker.
+func (h *Handoff) dial() (*amqp.Connection, error) {
+	conn, err := amqp.DialConfig(h.cfg.URI, h.cfg.AMQP)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", Redact(h.cfg.URI), redactErr(err))
+	}
+	return conn, nil
 }
 
 // Connection returns the hand-off connection (for example to read the broker's server
@@ -158,6 +169,10 @@ func (h *Handoff) Declare(t topology.Topology) error {
 // PublishMessage marshals msg (without mutating it), adds headers, and publishes it to
 // exchange with routing key key as Publish does.
 func (h *Handoff) PublishMessage(ctx context.Context, exchange, key string, msg *message.Message, headers amqp.Table) error {
+	return h.publishMessage(ctx, exchange, key, msg, headers, true)
+}
+
+func (h *Handoff) publishMessage(ctx context.Context, exchange, key string, msg *message.Message, headers amqp.Table, mandatory bool) error {
 	p, err := h.cfg.Marshaler.Marshal(msg)
 	if err != nil {
 		return fmt.Errorf("marshal message %s: %w", msg.UUID, err)
@@ -169,12 +184,18 @@ func (h *Handoff) PublishMessage(ctx context.Context, exchange, key string, msg 
 		}
 		maps.Copy(p.Headers, headers)
 	}
-	return h.Publish(ctx, exchange, key, p)
+	return h.publish(ctx, exchange, key, p, mandatory)
 }
 
 // Publish publishes p to exchange with routing key key and waits for the broker's
 // confirm. It returns nil only if the broker confirmed the message and did not return it.
 func (h *Handoff) Publish(ctx context.Context, exchange, key string, p amqp.Publishing) error {
+	return h.publish(ctx, exchange, key, p, true)
+}
+
+// publish is Publish with the mandatory flag as a parameter. Non-mandatory, a publish
+// that no queue takes is confirmed as well: the caller must know it is routable.
+func (h *Handoff) publish(ctx context.Context, exchange, key string, p amqp.Publishing, mandatory bool) error {
 	p.DeliveryMode = amqp.Persistent
 	p.Expiration = ""
 	p.MessageId = watermill.NewULID()
@@ -186,7 +207,7 @@ func (h *Handoff) Publish(ctx context.Context, exchange, key string, p amqp.Publ
 	ctx, cancel := context.WithTimeout(ctx, h.cfg.ConfirmTimeout)
 	defer cancel()
 
-	dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, p)
+	dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, mandatory, false, p)
 	if err != nil {
 		return fmt.Errorf("publish to exchange %q with key %q: %w", exchange, key, err)
 	}

@@ -40,28 +40,6 @@ type ttlTiers struct {
 	tiers  []time.Duration // ascending
 }
 
-// names are the exchange and queue names shared by the RabbitMQ backends.
-type names struct{ prefix string }
-
-func (n names) delayExchange() string            { return n.prefix + ".delay" }
-func (n names) tierQueue(t time.Duration) string { return n.prefix + ".delay." + TierName(t) }
-func (n names) deliverExchange() string          { return n.prefix + ".deliver" }
-func (n names) parking() string                  { return n.prefix + ".parking" }
-
-// delivery is the delivery exchange, with the parking exchange and queue as its
-// alternate exchange: a dead letter that matches no binding is parked, never stuck at
-// the head of a delay queue (at-least-once dead lettering would retry it forever).
-func (n names) delivery(kind string) topology.Topology {
-	return topology.Topology{
-		Exchanges: []topology.Exchange{
-			{Name: n.parking(), Kind: amqp.ExchangeFanout},
-			{Name: n.deliverExchange(), Kind: kind, Args: amqp.Table{topology.AlternateExchangeArg: n.parking()}},
-		},
-		Queues:   []topology.Queue{{Name: n.parking()}},
-		Bindings: []topology.Binding{{Exchange: n.parking(), Destination: n.parking()}},
-	}
-}
-
 // delayQueueArgs are the arguments of a queue that holds messages for ttl and then
 // dead-letters them, at least once, to dlx.
 func delayQueueArgs(ttl time.Duration, dlx string) amqp.Table {
@@ -74,7 +52,7 @@ func delayQueueArgs(ttl time.Duration, dlx string) amqp.Table {
 	}
 }
 
-func newTTLTiers(cfg Config) (*ttlTiers, error) {
+func newTTLTiers(cfg Config) (Backend, error) {
 	tiers := slices.Clone(cfg.Tiers)
 	slices.Sort(tiers)
 	b := &ttlTiers{h: cfg.Handoff, logger: cfg.Logger, names: names{cfg.Prefix}, tiers: tiers}
@@ -86,7 +64,7 @@ func newTTLTiers(cfg Config) (*ttlTiers, error) {
 
 // Topology: the delay exchange, one queue per tier, the delivery exchange and parking.
 func (b *ttlTiers) Topology() topology.Topology {
-	t := b.names.delivery(amqp.ExchangeDirect)
+	t := b.names.delivery(b.names.deliverExchange(), amqp.ExchangeDirect)
 	t.Exchanges = append(t.Exchanges, topology.Exchange{Name: b.names.delayExchange(), Kind: amqp.ExchangeHeaders})
 	for _, tier := range b.tiers {
 		q := b.names.tierQueue(tier)
@@ -109,7 +87,7 @@ func (b *ttlTiers) Effective(requested time.Duration) (time.Duration, error) {
 
 // WorkQueue binds queue to the delivery exchange under its own name.
 func (b *ttlTiers) WorkQueue(queue string) topology.Topology {
-	t := b.names.delivery(amqp.ExchangeDirect)
+	t := b.names.delivery(b.names.deliverExchange(), amqp.ExchangeDirect)
 	t.Bindings = append(t.Bindings, topology.Binding{Exchange: b.names.deliverExchange(), Destination: queue, Key: queue})
 	return t
 }

@@ -26,8 +26,8 @@ const (
 	// ErrorTypesKey holds the Go types of the latest error's chain, outermost first,
 	// separated by " > " (at most MaxErrorTypes of them).
 	ErrorTypesKey = "amqpretry-error-types"
-	// PoisonReasonKey says why a message was poisoned: PoisonPermanent or
-	// PoisonMaxAttempts.
+	// PoisonReasonKey says why a message was poisoned: PoisonPermanent,
+	// PoisonMaxAttempts or PoisonDelayTooLong.
 	PoisonReasonKey = "amqpretry-poison-reason"
 	// HandlerKey, TopicKey and QueueKey name the handler that failed, the topic it
 	// subscribed to and the queue the message came from.
@@ -44,6 +44,9 @@ const (
 const (
 	PoisonPermanent   = "permanent"
 	PoisonMaxAttempts = "max-attempts"
+	// PoisonDelayTooLong: the delay backend refused the delay asked for (a RetryAfter
+	// longer than the backend holds, see delay.ErrDelayTooLong).
+	PoisonDelayTooLong = "delay-too-long"
 )
 
 // Bounds of the failure envelope, which keep it far below RabbitMQ's frame_max

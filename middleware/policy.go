@@ -3,6 +3,7 @@ package middleware
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -33,9 +34,12 @@ type Policy struct {
 	NoJitter bool
 }
 
+// DefaultMaxAttempts is Policy.MaxAttempts's default.
+const DefaultMaxAttempts = 5
+
 func (p *Policy) setDefaults() {
 	if p.MaxAttempts == 0 {
-		p.MaxAttempts = 5
+		p.MaxAttempts = DefaultMaxAttempts
 	}
 	if p.InitialInterval == 0 {
 		p.InitialInterval = time.Second
@@ -80,6 +84,16 @@ func (p Policy) Validate() error {
 		errs = append(errs, fmt.Errorf("Jitter: %g, must be in [0, 1)", p.Jitter))
 	}
 	return errors.Join(errs...)
+}
+
+// Longest returns the longest delay the policy can ask for (zero fields count as their
+// defaults): the longest of Delays, or MaxInterval.
+func (p Policy) Longest() time.Duration {
+	p.setDefaults()
+	if len(p.Delays) > 0 {
+		return slices.Max(p.Delays)
+	}
+	return p.MaxInterval
 }
 
 // Delay returns the delay before the attempt after attempt number failed (from 1).

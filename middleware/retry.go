@@ -137,24 +137,12 @@ func (r *Retry) handleFailure(msg *message.Message, err error) error {
 	cp.SetContext(ctx)
 	f.record(cp.Metadata)
 
-	if decision.Permanent || f.attempt >= r.cfg.Policy.MaxAttempts {
-		reason := PoisonMaxAttempts
-		if decision.Permanent {
-			reason = PoisonPermanent
-		}
-		cp.Metadata.Set(PoisonReasonKey, reason)
-		cp.Metadata.Set(AttemptKey, strconv.Itoa(f.attempt))
-		cp.Metadata.Set(MaxAttemptsKey, strconv.Itoa(r.cfg.Policy.MaxAttempts))
-		fields["poison_reason"] = reason
-		if perr := r.cfg.Poison.Publish(r.cfg.PoisonTopic, cp); perr != nil {
-			r.cfg.Logger.Error("Could not poison message, nacking it for redelivery", perr, fields)
-			return errors.Join(err, fmt.Errorf("%w: poison topic %q: %w", ErrHandoff, r.cfg.PoisonTopic, perr))
-		}
-		r.cfg.Logger.Info("Message poisoned", fields)
-		return nil
-	}
-
-	if f.queue == "" {
+	switch {
+	case decision.Permanent:
+		return r.poison(err, cp, f, PoisonPermanent, fields)
+	case f.attempt >= r.cfg.Policy.MaxAttempts:
+		return r.poison(err, cp, f, PoisonMaxAttempts, fields)
+	case f.queue == "":
 		return errors.Join(err, fmt.Errorf("%w: no subscribed topic in the message context (is the middleware on a router handler?)", ErrHandoff))
 	}
 	wait := decision.Delay
@@ -164,11 +152,30 @@ func (r *Retry) handleFailure(msg *message.Message, err error) error {
 	cp.Metadata.Set(AttemptKey, strconv.Itoa(f.attempt+1))
 	wdelay.Message(cp, wdelay.For(wait))
 	if perr := r.cfg.Delay.Publish(f.queue, cp); perr != nil {
+		if errors.Is(perr, delay.ErrDelayTooLong) {
+			// Handing it off again would be refused again: poison it, saying why.
+			cp.Metadata.Set(ErrorKey, truncate(perr.Error()+"; handler error: "+err.Error(), MaxErrorBytes))
+			return r.poison(err, cp, f, PoisonDelayTooLong, fields)
+		}
 		r.cfg.Logger.Error("Could not hand off retry, nacking message for redelivery", perr, fields)
 		return errors.Join(err, fmt.Errorf("%w: queue %q: %w", ErrHandoff, f.queue, perr))
 	}
 	fields["requested_delay"] = cp.Metadata.Get(delay.RequestedDelayKey)
 	fields["effective_delay"] = cp.Metadata.Get(delay.EffectiveDelayKey)
 	r.cfg.Logger.Info("Retry scheduled", fields)
+	return nil
+}
+
+// poison hands cp, the copy of a message that failed for good, to the poison topic.
+func (r *Retry) poison(err error, cp *message.Message, f failure, reason string, fields watermill.LogFields) error {
+	cp.Metadata.Set(PoisonReasonKey, reason)
+	cp.Metadata.Set(AttemptKey, strconv.Itoa(f.attempt))
+	cp.Metadata.Set(MaxAttemptsKey, strconv.Itoa(r.cfg.Policy.MaxAttempts))
+	fields["poison_reason"] = reason
+	if perr := r.cfg.Poison.Publish(r.cfg.PoisonTopic, cp); perr != nil {
+		r.cfg.Logger.Error("Could not poison message, nacking it for redelivery", perr, fields)
+		return errors.Join(err, fmt.Errorf("%w: poison topic %q: %w", ErrHandoff, r.cfg.PoisonTopic, perr))
+	}
+	r.cfg.Logger.Info("Message poisoned", fields)
 	return nil
 }

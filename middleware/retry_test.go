@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"errors"
+	"fmt"
 	"maps"
 	"strings"
 	"testing"
@@ -9,6 +10,8 @@ import (
 
 	wdelay "github.com/ThreeDotsLabs/watermill/components/delay"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/amqpretry/amqpretry/delay"
 )
 
 // recorder is a message.Publisher that keeps what it is given, or fails.
@@ -198,5 +201,32 @@ func TestAttempt(t *testing.T) {
 		if got := Attempt(msg); got != tt.want {
 			t.Errorf("Attempt(%q) = %d, want %d", tt.value, got, tt.want)
 		}
+	}
+}
+
+// tooLong is a delay publisher that refuses every delay, as a backend does past its
+// maximum.
+type tooLong struct{ recorder }
+
+func (p *tooLong) Publish(string, ...*message.Message) error {
+	return fmt.Errorf("park for queue %q: %w", "work", delay.ErrDelayTooLong)
+}
+
+func TestRetryPoisonsADelayTheBackendRefuses(t *testing.T) {
+	poisonPub := &recorder{}
+	r, err := NewRetry(RetryConfig{
+		Delay: &tooLong{}, Poison: poisonPub, PoisonTopic: "poison", Queue: func(string) string { return "work" },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Middleware(failing(RetryAfter(errors.New("429"), 100*365*24*time.Hour)))(message.NewMessage("a", nil)); err != nil {
+		t.Fatalf("a refused delay must not loop through nack-requeue: %v", err)
+	}
+	if len(poisonPub.msgs) != 1 || poisonPub.msgs[0].Metadata.Get(PoisonReasonKey) != PoisonDelayTooLong {
+		t.Fatalf("want one message poisoned as %s, got %v", PoisonDelayTooLong, poisonPub.msgs)
+	}
+	if got := poisonPub.msgs[0].Metadata.Get(ErrorKey); !strings.Contains(got, "delay too long") || !strings.Contains(got, "429") {
+		t.Errorf("envelope error %q should say both why the delay was refused and the handler's error", got)
 	}
 }
