@@ -159,22 +159,13 @@ func (b *binaryLevels) Publish(queue string, msgs ...*message.Message) error {
 	if err := b.checkQueue(queue); err != nil {
 		return err
 	}
-	for _, msg := range msgs {
-		requested, err := Requested(msg)
-		if err != nil {
-			return err
-		}
-		effective, err := b.Effective(requested)
-		if err != nil {
-			return fmt.Errorf("message %s for queue %q: %w", msg.UUID, queue, err)
-		}
-		stamp(msg, requested, effective, time.Now())
-		top := b.names.level(b.levels - 1)
+	top := b.names.level(b.levels - 1)
+	return schedule(b, queue, msgs, func(msg *message.Message, _, effective time.Duration) error {
 		if err := b.h.PublishMessage(msg.Context(), top, b.routingKey(effective, queue), msg, nil); err != nil {
-			return fmt.Errorf("park message %s in exchange %s for queue %q: %w", msg.UUID, top, queue, err)
+			return fmt.Errorf("exchange %s: %w", top, err)
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 func (b *binaryLevels) Close() error { return nil }

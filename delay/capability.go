@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/topology"
+	"github.com/amqpretry/amqpretry/xdeath"
 )
 
 // Capabilities is what the capability check found out about the broker.
@@ -176,7 +177,7 @@ func WorkQueueWarning(brokerVersion string, args amqp.Table, maxAttempts int) st
 		return fmt.Sprintf("quorum queue without %s: RabbitMQ 4.0+ applies a limit of %d deliveries, so a message whose hand-off fails %d times in a row is dead-lettered or dropped instead of retried; declare %s explicitly (-1 for no limit)",
 			deliveryLimitArg, defaultDeliveryLimit, defaultDeliveryLimit, deliveryLimitArg)
 	}
-	limit, ok := integer(raw)
+	limit, ok := xdeath.Integer(raw)
 	switch {
 	case !ok:
 		return fmt.Sprintf("quorum queue with %s %v of type %T: RabbitMQ expects an integer", deliveryLimitArg, raw, raw)
@@ -185,27 +186,4 @@ func WorkQueueWarning(brokerVersion string, args amqp.Table, maxAttempts int) st
 			deliveryLimitArg, limit, maxAttempts, limit, maxAttempts)
 	}
 	return ""
-}
-
-// integer converts an AMQP table integer of any width.
-func integer(v any) (int64, bool) {
-	switch n := v.(type) {
-	case int:
-		return int64(n), true
-	case int8:
-		return int64(n), true
-	case int16:
-		return int64(n), true
-	case int32:
-		return int64(n), true
-	case int64:
-		return n, true
-	case uint8:
-		return int64(n), true
-	case uint16:
-		return int64(n), true
-	case uint32:
-		return int64(n), true
-	}
-	return 0, false
 }

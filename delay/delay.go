@@ -89,6 +89,29 @@ func stamp(msg *message.Message, requested, effective time.Duration, now time.Ti
 	delete(msg.Metadata, delay.DelayedUntilKey)
 }
 
+// schedule is the part of Publish every backend shares: for each message it reads the
+// requested delay, asks b for the effective one, stamps the message and parks it.
+func schedule(b Backend, queue string, msgs []*message.Message, park func(msg *message.Message, requested, effective time.Duration) error) error {
+	if queue == "" {
+		return fmt.Errorf("%s: empty destination queue", b.Name())
+	}
+	for _, msg := range msgs {
+		requested, err := Requested(msg)
+		if err != nil {
+			return err
+		}
+		effective, err := b.Effective(requested)
+		if err != nil {
+			return fmt.Errorf("message %s for queue %q: %w", msg.UUID, queue, err)
+		}
+		stamp(msg, requested, effective, time.Now())
+		if err := park(msg, requested, effective); err != nil {
+			return fmt.Errorf("park message %s for queue %q (%s backend): %w", msg.UUID, queue, b.Name(), err)
+		}
+	}
+	return nil
+}
+
 // Due returns the due time a backend wrote on msg (DueKey).
 func Due(msg *message.Message) (time.Time, error) {
 	v := msg.Metadata.Get(DueKey)

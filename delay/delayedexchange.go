@@ -131,28 +131,18 @@ func (b *delayedExchange) bind(queue string) error {
 }
 
 func (b *delayedExchange) Publish(queue string, msgs ...*message.Message) error {
-	if queue == "" {
-		return fmt.Errorf("%s: empty destination queue", BackendDelayedExchange)
-	}
-	if err := b.bind(queue); err != nil {
-		return err
-	}
-	for _, msg := range msgs {
-		requested, err := Requested(msg)
-		if err != nil {
+	return schedule(b, queue, msgs, func(msg *message.Message, _, effective time.Duration) error {
+		// The plugin cannot report an unroutable delayed message: the binding, declared
+		// (and so checked) before the first publish to a queue, proves the route.
+		if err := b.bind(queue); err != nil {
 			return err
 		}
-		effective, err := b.Effective(requested)
-		if err != nil {
-			return fmt.Errorf("message %s for queue %q: %w", msg.UUID, queue, err)
-		}
-		stamp(msg, requested, effective, time.Now())
 		headers := amqp.Table{delayHeader: effective.Milliseconds()}
 		if err := b.h.publishMessage(msg.Context(), b.names.delayedExchange(), queue, msg, headers, false); err != nil {
-			return fmt.Errorf("park message %s in exchange %s for queue %q: %w", msg.UUID, b.names.delayedExchange(), queue, err)
+			return fmt.Errorf("exchange %s: %w", b.names.delayedExchange(), err)
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 func (b *delayedExchange) Close() error { return nil }

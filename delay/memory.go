@@ -47,12 +47,7 @@ func (m *memory) Publish(queue string, msgs ...*message.Message) error {
 	if m.closed {
 		return errMemoryClosed
 	}
-	for _, msg := range msgs {
-		d, err := Requested(msg)
-		if err != nil {
-			return err
-		}
-		stamp(msg, d, d, time.Now())
+	return schedule(m, queue, msgs, func(msg *message.Message, _, d time.Duration) error {
 		var t *time.Timer
 		t = time.AfterFunc(d, func() {
 			m.mu.Lock()
@@ -64,8 +59,8 @@ func (m *memory) Publish(queue string, msgs ...*message.Message) error {
 			}
 		})
 		m.timers[t] = struct{}{}
-	}
-	return nil
+		return nil
+	})
 }
 
 // Close stops every pending timer: those messages are lost.

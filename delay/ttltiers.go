@@ -93,27 +93,18 @@ func (b *ttlTiers) WorkQueue(queue string) topology.Topology {
 }
 
 func (b *ttlTiers) Publish(queue string, msgs ...*message.Message) error {
-	if queue == "" {
-		return fmt.Errorf("%s: empty destination queue", BackendTTLTiers)
-	}
-	for _, msg := range msgs {
-		requested, err := Requested(msg)
-		if err != nil {
-			return err
-		}
-		tier, _ := b.Effective(requested)
+	return schedule(b, queue, msgs, func(msg *message.Message, requested, tier time.Duration) error {
 		if requested > tier {
 			b.logger.Info("Delay longer than the longest tier, using the longest", watermill.LogFields{
 				"message_uuid": msg.UUID, "requested_delay": requested.String(), "effective_delay": tier.String(),
 			})
 		}
-		stamp(msg, requested, tier, time.Now())
 		headers := amqp.Table{TierHeader: TierName(tier)}
 		if err := b.h.PublishMessage(msg.Context(), b.names.delayExchange(), queue, msg, headers); err != nil {
-			return fmt.Errorf("park message %s in %s for queue %q: %w", msg.UUID, b.names.tierQueue(tier), queue, err)
+			return fmt.Errorf("queue %s: %w", b.names.tierQueue(tier), err)
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 func (b *ttlTiers) Close() error { return nil }

@@ -255,7 +255,7 @@ func (p *parser) count(t amqp.Table, path string) int64 {
 	if !ok {
 		return 0
 	}
-	n, ok := toInt64(v)
+	n, ok := Integer(v)
 	switch {
 	case !ok:
 		p.fail(path, "integer", typeName(v))
@@ -301,8 +301,9 @@ func (p *parser) routingKeys(t amqp.Table, path string) []string {
 	return out
 }
 
-// toInt64 converts any Go integer type to int64 if it fits.
-func toInt64(v interface{}) (int64, bool) {
+// Integer converts an AMQP table integer of any width (any Go integer type) to int64,
+// if it fits.
+func Integer(v any) (int64, bool) {
 	switch n := v.(type) {
 	case int8:
 		return int64(n), true
