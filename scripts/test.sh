@@ -59,7 +59,7 @@ step "quickstart, in-process (no broker)"
 env -u AMQP_URI go run ./_examples/quickstart
 
 if [ "$broker" = ok ]; then
-  for backend in ttl-tiers binary-levels; do
+  for backend in ttl-tiers binary-levels memory; do
     step "quickstart on RabbitMQ, DELAY_BACKEND=$backend"
     DELAY_BACKEND=$backend go run ./_examples/quickstart
   done

@@ -88,6 +88,13 @@ func run() error {
 		fmt.Println("AMQP_URI is unset: running in-process on GoChannel with the memory delay backend (not durable).")
 	} else {
 		cfg.Subscriber = wamqp.NewDurableQueueConfig(uri)
+		amqpPub, err := wamqp.NewPublisher(cfg.Subscriber, logger)
+		if err != nil {
+			return err
+		}
+		defer amqpPub.Close()
+		pub = amqpPub
+		cfg.Delay.Memory = amqpPub // used only by DELAY_BACKEND=memory: waits in-process, then publishes to the queue
 	}
 
 	retry, err := amqpretry.New(cfg)
@@ -102,9 +109,6 @@ func run() error {
 			return err
 		}
 		if poisonSub, err = wamqp.NewSubscriber(retry.SubscriberConfig(), logger); err != nil {
-			return err
-		}
-		if pub, err = wamqp.NewPublisher(cfg.Subscriber, logger); err != nil {
 			return err
 		}
 		cleanup = func() { deleteQueue(uri, topic) }

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/amqpretry/amqpretry/delay"
+)
+
+// report is everything a run measured: the JSON figures and the details behind them,
+// for the table and the plot.
+type report struct {
+	results  Results
+	sz       sizes
+	mode     string
+	broker   string // RabbitMQ version
+	elapsed  time.Duration
+	tp       *throughputDetail
+	rp       *retryPathDetail
+	lateness []namedLateness
+	// latenessSkipped are the backends that could not be built.
+	latenessSkipped []string
+	headOfLine      []namedValue
+	rss             *rssDetail
+	failures        []error
+}
+
+type namedLateness struct {
+	name string
+	d    *latenessDetail
+}
+
+type namedValue struct {
+	name  string
+	value float64
+}
+
+func (r *report) noteFailure(err error) { r.failures = append(r.failures, err) }
+
+// latenessGoal is the issue's p99 goal per backend, in ms; 0 means none.
+func latenessGoal(backend string) float64 {
+	switch backend {
+	case delay.BackendTTLTiers, "delayed-exchange":
+		return 100
+	case "binary-levels":
+		return 1000
+	}
+	return 0
+}
+
+func holds(ok bool) string {
+	if ok {
+		return "yes"
+	}
+	return "NO"
+}
+
+func (r *report) table() string {
+	var b strings.Builder
+	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "figure\tvalue\tgoal\tholds\tmeasured")
+	if r.tp != nil {
+		for i, t := range r.tp.sets {
+			name, vsName := "healthy_throughput_ratio", "vs_inprocess_retry"
+			goal, vsGoal := ">= 0.8", ">= 100"
+			ok, vsOK := holds(t.healthyRatio() >= 0.8), holds(t.vsInprocess() >= 100)
+			if i > 0 { // not the issue's figure: shown for comparison
+				name = fmt.Sprintf("  same, %d handlers (not in JSON)", t.handlers)
+				vsName = name
+				goal, vsGoal, ok, vsOK = "", "", "", ""
+			}
+			fmt.Fprintf(w, "%s\t%.3f\t%s\t%s\t%.0f msg/s never-failing with 10%% failing twice vs %.0f msg/s without failures (%d msgs, %d handler(s), prefetch 1)\n",
+				name, t.healthyRatio(), goal, ok, t.healthyRate, t.noFailRate, t.n, t.handlers)
+			scaled := ""
+			if t.inprocN != t.n {
+				scaled = fmt.Sprintf("; in-process side scaled to %d msgs, same 10%% mix", t.inprocN)
+			}
+			fmt.Fprintf(w, "%s\t%.1f\t%s\t%s\t%.0f msg/s handled with broker retry vs %.1f msg/s with Watermill middleware.Retry (%d handler(s)%s)\n",
+				vsName, t.vsInprocess(), vsGoal, vsOK, t.oursHandledRate, t.inprocHandledRate, t.handlers, scaled)
+		}
+	}
+	if v := r.results.RetryPathRatio; v != nil && r.rp != nil {
+		fmt.Fprintf(w, "retry_path_ratio\t%.3f\t>= 0.5\t%s\t%.0f retries scheduled/s vs %.0f/s raw amqp091-go confirmed publish+consume+ack into a tier-like queue (medians of %d rounds, %d msgs, %d consumers, 1 confirm channel)\n",
+			*v, holds(*v >= 0.5), r.rp.oursRate, r.rp.rawRate, len(r.rp.rawRates), r.rp.n, r.rp.concurrency)
+		fmt.Fprintf(w, "  vs raw into a classic queue (not in JSON)\t%.3f\t\t\t%.0f/s raw amqp091-go into a plain durable classic queue\n",
+			r.rp.oursRate/r.rp.classicRate, r.rp.classicRate)
+	}
+	for _, name := range delay.Backends() {
+		key := "lateness_ms " + name
+		switch v := r.results.LatenessMS[name].(type) {
+		case quantiles:
+			goal, ok := "-", "-"
+			if g := latenessGoal(name); g > 0 {
+				goal, ok = fmt.Sprintf("p99 <= %.0f", g), holds(v.P99 <= g)
+			}
+			fmt.Fprintf(w, "%s\tp99 %.1f\t%s\t%s\tp50 %.1f, p95 %.1f, max %.1f ms over %d retries of 1-10 s\n",
+				key, v.P99, goal, ok, v.P50, v.P95, v.Max, r.sz.latenessN)
+		case skipped:
+			fmt.Fprintf(w, "%s\tskipped\t\t\t%s\n", key, short(v.Skipped))
+		case map[string]string:
+			fmt.Fprintf(w, "%s\tfailed\t\t\t%s\n", key, short(v["error"]))
+		}
+	}
+	keys := append(delay.Backends(), baselineKey(r.sz.baselineDelay))
+	for _, name := range keys {
+		key := "head_of_line_ms " + name
+		switch v := r.results.HeadOfLineMS[name].(type) {
+		case float64:
+			fmt.Fprintf(w, "%s\t%.1f\t-\t-\t1 s retry behind %d retries of %s\n", key, v, r.sz.holLong, delay.TierName(r.longFor(name)))
+		case skipped:
+			fmt.Fprintf(w, "%s\tskipped\t\t\t%s\n", key, short(v.Skipped))
+		case map[string]string:
+			fmt.Fprintf(w, "%s\tfailed\t\t\t%s\n", key, short(v["error"]))
+		}
+	}
+	if v := r.results.RSSGrowthMB; v != nil && r.rss != nil {
+		fmt.Fprintf(w, "rss_growth_mb\t%.1f\t< 20\t%s\tVmRSS %.1f -> %.1f MiB after GC, %d retries waiting in ttl-tiers\n",
+			*v, holds(*v < 20), r.rss.before, r.rss.after, r.rss.n)
+	}
+	_ = w.Flush()
+	fmt.Fprintf(&b, "\n%s mode, RabbitMQ %s, %d CPUs, run time %s\n", r.mode, r.broker, numCPU(), r.elapsed.Round(time.Second))
+	if r.tp != nil {
+		for _, t := range r.tp.sets {
+			fmt.Fprintf(&b, "%d handler(s): no-failure runs %.0f and %.0f msg/s; mean gap between failed attempts 1->2, 2->3: broker retry %s, %s (includes the queue ahead of the retry); in-process %s, %s (policy 100 ms, 200 ms)\n",
+				t.handlers, t.noFailRates[0], t.noFailRates[1],
+				t.oursGaps[0].Round(time.Millisecond), t.oursGaps[1].Round(time.Millisecond),
+				t.inprocGaps[0].Round(time.Millisecond), t.inprocGaps[1].Round(time.Millisecond))
+		}
+	}
+	for _, err := range r.failures {
+		fmt.Fprintf(&b, "failure: %v\n", err)
+	}
+	return b.String()
+}
+
+func (r *report) longFor(key string) time.Duration {
+	if key == baselineKey(r.sz.baselineDelay) {
+		return r.sz.baselineDelay
+	}
+	return r.sz.holLongDelay
+}
+
+// short cuts a reason for the table, without the quoted names; the JSON keeps it whole.
+func short(s string) string {
+	const n = 140
+	s = quoted.ReplaceAllString(s, `"…"`)
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "… (full text in the JSON)"
+}
+
+var quoted = regexp.MustCompile(`"[^"]*"`)

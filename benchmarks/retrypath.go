@@ -1,0 +1,329 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/topology"
+)
+
+// Retry path: every message fails, so every delivery is a hand-off (publish the copy to
+// the delay backend, wait for the confirm, then ack). Both sides consume N messages
+// prefilled in a durable classic queue with C consumers at prefetch 1 and publish on ONE
+// confirm channel of a second connection, waiting for each deferred confirmation before
+// the ack:
+//
+//   - ours: one router, C handlers on the same queue (watermill-amqp processes one
+//     message at a time per subscription), our middleware with ttl-tiers (one 10 min
+//     tier, so no retry comes back during the run) sharing one delay.Handoff;
+//   - raw: C goroutines with a plain amqp091-go loop: consume, publish a copy through
+//     the default exchange to a queue declared with exactly a tier queue's arguments
+//     (quorum, 10 min TTL, at-least-once dead-lettering, reject-publish), wait for the
+//     confirm, ack. This is the JSON's reference: the same broker work without the
+//     library. The same loop into a plain durable classic queue is printed beside it,
+//     to show what the tier queue's arguments cost the broker.
+//
+// The rate is N over the time from the first delivery to the N-th confirmed hand-off.
+// The two sides run alternately, retryPathRounds times each, on fresh queues; the
+// ratio is that of their medians, which keeps a burst of other load on the shared broker
+// from deciding it.
+
+type retryPathDetail struct {
+	n, concurrency int
+	oursRates      []float64 // retries scheduled per second, each round
+	rawRates       []float64 // confirmed publish + consume + ack per second, each round
+	classicRates   []float64 // the same into a classic queue, each round
+	oursRate       float64   // median
+	rawRate        float64   // median
+	classicRate    float64   // median
+}
+
+const (
+	retryPathDelay  = 10 * time.Minute
+	retryPathRounds = 3
+)
+
+func runRetryPath(ctx context.Context, e *env, rep *report) error {
+	d := &retryPathDetail{n: e.sz.retryPathN, concurrency: e.sz.concurrency}
+	for round := range retryPathRounds {
+		raw, err := e.rawRetryPath(ctx, round, d.n, d.concurrency, true)
+		if err != nil {
+			return fmt.Errorf("raw loop: %w", err)
+		}
+		classic, err := e.rawRetryPath(ctx, round, d.n, d.concurrency, false)
+		if err != nil {
+			return fmt.Errorf("raw loop, classic queue: %w", err)
+		}
+		ours, err := e.oursRetryPath(ctx, round, d.n, d.concurrency)
+		if err != nil {
+			return fmt.Errorf("middleware: %w", err)
+		}
+		d.rawRates, d.oursRates = append(d.rawRates, raw), append(d.oursRates, ours)
+		d.classicRates = append(d.classicRates, classic)
+		fmt.Printf("   round %d: raw amqp091-go %6.0f/s into a tier-like queue, %6.0f/s into a classic queue; broker retry %6.0f retries scheduled/s (%d messages, %d consumers)\n",
+			round+1, raw, classic, ours, d.n, d.concurrency)
+	}
+	d.rawRate, d.oursRate, d.classicRate = median(d.rawRates), median(d.oursRates), median(d.classicRates)
+	rep.rp = d
+	rep.results.RetryPathRatio = ptr(round(d.oursRate/d.rawRate, 3))
+	return nil
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func (e *env) oursRetryPath(ctx context.Context, round, n, handlers int) (float64, error) {
+	conn, err := e.dial()
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close() //nolint:errcheck
+	topic := e.name("rp", fmt.Sprintf("ours-%d", round))
+	if err := e.declare(conn, queueTopology(topic)); err != nil {
+		return 0, err
+	}
+	if err := prefill(ctx, conn, topic, benchMessages("rp", n)); err != nil {
+		return 0, err
+	}
+
+	poison := e.name("rp-poison")
+	e.reg.queue(poison)
+	r, err := amqpretry.New(amqpretry.Config{
+		Subscriber:  wamqp.NewDurableQueueConfig(e.uri),
+		Delay:       delay.Config{Backend: delay.BackendTTLTiers, Prefix: e.name(fmt.Sprintf("rp-delay-%d", round)), Tiers: []time.Duration{retryPathDelay}},
+		Policy:      middleware.Policy{MaxAttempts: 2, Delays: []time.Duration{retryPathDelay}},
+		PoisonQueue: poison,
+	})
+	if err != nil {
+		return 0, err
+	}
+	defer r.Close() //nolint:errcheck
+	e.reg.topology(r.Backend().Topology())
+
+	var (
+		mu        sync.Mutex
+		first     time.Time
+		last      time.Time
+		scheduled int
+		finished  = make(chan struct{})
+	)
+	// count sits outside our middleware: a nil error from it is a confirmed hand-off.
+	count := func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			mu.Lock()
+			if first.IsZero() {
+				first = time.Now()
+			}
+			mu.Unlock()
+			out, err := h(msg)
+			if err == nil {
+				mu.Lock()
+				if scheduled++; scheduled == n {
+					last = time.Now()
+					close(finished)
+				}
+				mu.Unlock()
+			}
+			return out, err
+		}
+	}
+	logger := watermill.NopLogger{}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, logger)
+	if err != nil {
+		return 0, err
+	}
+	router.AddMiddleware(count, r.Middleware)
+	sub, err := wamqp.NewSubscriber(r.SubscriberConfig(), logger)
+	if err != nil {
+		return 0, err
+	}
+	defer sub.Close() //nolint:errcheck
+	fail := func(*message.Message) error { return errPlanned }
+	for i := range handlers {
+		router.AddConsumerHandler(fmt.Sprintf("bench-%d", i), topic, sub, fail)
+	}
+	runErr := make(chan error, 1)
+	go func() { runErr <- router.Run(ctx) }()
+	select {
+	case <-finished:
+	case err := <-runErr:
+		return 0, fmt.Errorf("router stopped: %w", err)
+	case <-ctx.Done():
+	case <-time.After(5 * time.Minute):
+	}
+	if err := router.Close(); err != nil {
+		return 0, err
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if scheduled < n {
+		return 0, fmt.Errorf("%d of %d retries scheduled", scheduled, n)
+	}
+	// Sanity: the copies wait in the tier queue.
+	tier := e.name(fmt.Sprintf("rp-delay-%d", round), "delay", delay.TierName(retryPathDelay))
+	if depth, err := queueDepth(conn, tier); err != nil || depth < n {
+		return 0, fmt.Errorf("tier queue %s holds %d messages, want %d (%v)", tier, depth, n, err)
+	}
+	return float64(n) / last.Sub(first).Seconds(), nil
+}
+
+// rawRetryPath runs the plain loop into a queue with a tier queue's arguments, or
+// (tierLike false) into a plain durable classic queue.
+func (e *env) rawRetryPath(ctx context.Context, round, n, consumers int, tierLike bool) (float64, error) {
+	conn, err := e.dial()
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close() //nolint:errcheck
+	pubConn, err := e.dial()
+	if err != nil {
+		return 0, err
+	}
+	defer pubConn.Close() //nolint:errcheck
+
+	kind := "classic"
+	if tierLike {
+		kind = "tier"
+	}
+	src, dst := e.name("rp", fmt.Sprintf("raw-%s-src-%d", kind, round)), e.name("rp", fmt.Sprintf("raw-%s-dst-%d", kind, round))
+	t := topology.Topology{Queues: []topology.Queue{{Name: src}, {Name: dst}}}
+	if tierLike {
+		dlx := e.name("rp", fmt.Sprintf("raw-dlx-%d", round))
+		t.Exchanges = []topology.Exchange{{Name: dlx, Kind: amqp.ExchangeDirect}}
+		t.Queues[1].Args = amqp.Table{ // as delay's ttl-tiers declares a tier queue
+			topology.QueueTypeArg:          topology.QueueTypeQuorum,
+			topology.MessageTTLArg:         retryPathDelay.Milliseconds(),
+			topology.DeadLetterExchangeArg: dlx,
+			topology.DeadLetterStrategyArg: topology.DeadLetterAtLeastOnce,
+			topology.OverflowArg:           topology.OverflowRejectPublish,
+		}
+	}
+	if err := e.declare(conn, t); err != nil {
+		return 0, err
+	}
+	if err := prefill(ctx, conn, src, benchMessages("raw", n)); err != nil {
+		return 0, err
+	}
+
+	pub, err := pubConn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	if err := pub.Confirm(false); err != nil {
+		return 0, err
+	}
+	returns := pub.NotifyReturn(make(chan amqp.Return, 64))
+	go func() {
+		for range returns { // drained so that the reader never blocks; none expected
+		}
+	}()
+
+	var (
+		mu       sync.Mutex
+		first    time.Time
+		last     time.Time
+		done     int
+		finished = make(chan struct{})
+	)
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, consumers)
+	for i := range consumers {
+		ch, err := conn.Channel()
+		if err != nil {
+			return 0, err
+		}
+		if err := ch.Qos(1, 0, false); err != nil {
+			return 0, err
+		}
+		deliveries, err := ch.Consume(src, fmt.Sprintf("raw-%d", i), false, false, false, false, nil)
+		if err != nil {
+			return 0, err
+		}
+		go func() {
+			for {
+				var dlv amqp.Delivery
+				select {
+				case <-runCtx.Done():
+					return
+				case d, open := <-deliveries:
+					if !open {
+						return
+					}
+					dlv = d
+				}
+				mu.Lock()
+				if first.IsZero() {
+					first = time.Now()
+				}
+				mu.Unlock()
+				dc, err := pub.PublishWithDeferredConfirmWithContext(runCtx, "", dst, true, false, amqp.Publishing{
+					Headers: dlv.Headers, Body: dlv.Body, DeliveryMode: amqp.Persistent, MessageId: dlv.MessageId,
+				})
+				if err == nil {
+					var ok bool
+					if ok, err = dc.WaitContext(runCtx); err == nil && !ok {
+						err = errors.New("publish nacked")
+					}
+				}
+				if err == nil {
+					err = dlv.Ack(false)
+				}
+				if err != nil {
+					errc <- err
+					return
+				}
+				mu.Lock()
+				if done++; done == n {
+					last = time.Now()
+					close(finished)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	select {
+	case <-finished:
+	case err := <-errc:
+		return 0, err
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-time.After(5 * time.Minute):
+		mu.Lock()
+		defer mu.Unlock()
+		return 0, fmt.Errorf("raw loop: %d of %d within 5 minutes", done, n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return float64(n) / last.Sub(first).Seconds(), nil
+}
+
+// benchMessages returns n small messages with distinct UUIDs.
+func benchMessages(tag string, n int) []*message.Message {
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(fmt.Sprintf("%s-%06d", tag, i), []byte(`{"order":"12345","amount":"42.00"}`))
+	}
+	return msgs
+}

@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	wdelay "github.com/ThreeDotsLabs/watermill/components/delay"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/topology"
+	"github.com/amqpretry/amqpretry/xdeath"
+)
+
+// rig is one delay backend on its own hand-off connection, wired to a fresh work queue.
+type rig struct {
+	h     *delay.Handoff
+	b     delay.Backend
+	queue string
+}
+
+// newRig builds the backend called name as delay.New does for any backend, changing
+// nothing but the name. A backend that cannot be built on this broker returns a
+// non-empty skip reason (for delayed-exchange without its plugin: delay.ErrPluginMissing;
+// any construction error counts). err is for everything else.
+func (e *env) newRig(name, scope string, tiers []time.Duration) (r *rig, skip string, err error) {
+	h, err := delay.Dial(delay.HandoffConfig{URI: e.uri})
+	if err != nil {
+		return nil, "", err
+	}
+	prefix := e.name(scope, name)
+	b, err := delay.New(delay.Config{Backend: name, Prefix: prefix, Tiers: tiers, Handoff: h, Memory: h.QueuePublisher()})
+	if err != nil {
+		_ = h.Close()
+		e.reg.markUnsure() // it may have declared part of its topology
+		return nil, err.Error(), nil
+	}
+	e.reg.topology(b.Topology())
+	r = &rig{h: h, b: b, queue: prefix + ".work"}
+	conn, err := h.Connection()
+	if err == nil {
+		err = e.declare(conn, queueTopology(r.queue).Merge(b.WorkQueue(r.queue)))
+	}
+	if err != nil {
+		r.close()
+		return nil, "", err
+	}
+	return r, "", nil
+}
+
+func (r *rig) close() {
+	_ = r.b.Close()
+	_ = r.h.Close()
+}
+
+// schedule hands one message for the rig's queue to the backend with delay d, through
+// the message.Publisher interface and Watermill's delay metadata.
+func (r *rig) schedule(id string, d time.Duration) error {
+	msg := message.NewMessage(id, []byte(id))
+	wdelay.Message(msg, wdelay.For(d))
+	if err := r.b.Publish(r.queue, msg); err != nil {
+		return fmt.Errorf("schedule %s for %s: %w", id, d, err)
+	}
+	return nil
+}
+
+// arrival is a message read back from a work queue and when it was read.
+type arrival struct {
+	msg *message.Message
+	at  time.Time
+}
+
+// consumer reads a queue on a connection of its own, stamping each delivery with the
+// time it was read, before it is unmarshalled and acked.
+type consumer struct {
+	conn     *amqp.Connection
+	arrivals chan arrival
+	errs     chan error
+}
+
+func (e *env) consume(queue string, buffer int) (*consumer, error) {
+	conn, err := e.dial()
+	if err != nil {
+		return nil, err
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.Qos(1000, 0, false)
+	}
+	var deliveries <-chan amqp.Delivery
+	if err == nil {
+		deliveries, err = ch.Consume(queue, "", false, false, false, false, nil)
+	}
+	if err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("consume %s: %w", queue, err)
+	}
+	c := &consumer{conn: conn, arrivals: make(chan arrival, buffer), errs: make(chan error, 1)}
+	go func() {
+		for d := range deliveries {
+			at := time.Now()
+			msg, err := xdeath.Marshaler{}.Unmarshal(d)
+			if err == nil {
+				err = d.Ack(false)
+			}
+			if err != nil {
+				c.errs <- fmt.Errorf("delivery from %s: %w", queue, err)
+				return
+			}
+			select {
+			case c.arrivals <- arrival{msg: msg, at: at}:
+			default: // the buffer holds every message a scenario expects
+			}
+		}
+	}()
+	return c, nil
+}
+
+func (c *consumer) close() { _ = c.conn.Close() }
+
+// next returns the next arrival, or an error at the deadline.
+func (c *consumer) next(ctx context.Context, deadline <-chan time.Time) (arrival, error) {
+	select {
+	case a := <-c.arrivals:
+		return a, nil
+	case err := <-c.errs:
+		return arrival{}, err
+	case <-ctx.Done():
+		return arrival{}, ctx.Err()
+	case <-deadline:
+		return arrival{}, errTimeout
+	}
+}
+
+var errTimeout = errors.New("timed out")
+
+func queueTopology(q string) topology.Topology {
+	return topology.Topology{Queues: []topology.Queue{{Name: q}}}
+}
