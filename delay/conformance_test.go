@@ -298,7 +298,7 @@ func TestConformanceSurvivesBrokerRestart(t *testing.T) {
 		}
 		r := newRig(t, bc)
 		for i := range 3 {
-			r.schedule(r.queue, "durable-"+strconv.Itoa(i), 8*time.Second)
+			r.schedule(r.queue, "durable-"+strconv.Itoa(i), 5*time.Second) // a tier of conformanceTiers; still waiting when the broker stops
 		}
 		restartBroker(t)
 		got := collect(t, r.queue, 3, time.Minute)
