@@ -116,7 +116,7 @@ func New(cfg Config) (*Retry, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid config: %w", err)
 	}
-	r := &Retry{cfg: cfg}
+	r := &Retry{}
 	poison := cfg.Delay.Memory
 	queueOf := func(topic string) string { return topic }
 	if cfg.usesBroker() {
@@ -144,6 +144,7 @@ func New(cfg Config) (*Retry, error) {
 		return nil, errors.Join(err, r.Close())
 	}
 	r.backend = backend
+	r.cfg = cfg // with the hand-off in Delay.Handoff
 	if err := checkPolicyFits(cfg, backend); err != nil {
 		return nil, errors.Join(err, r.Close())
 	}
@@ -161,7 +162,7 @@ func New(cfg Config) (*Retry, error) {
 	}
 	r.warnWorkQueue()
 	cfg.Logger.Info("Broker-side retry ready", watermill.LogFields{
-		"delay_backend": backend.Name(), "poison_queue": cfg.PoisonQueue, "max_attempts": cfg.Policy.MaxAttempts,
+		"delay_backend": backend.Name(), "poison_queue": cfg.PoisonQueue, "max_attempts": r.middleware.Policy().MaxAttempts,
 	})
 	return r, nil
 }
@@ -192,11 +193,7 @@ func (r *Retry) warnWorkQueue() {
 		return
 	}
 	version, _ := conn.Properties["version"].(string)
-	maxAttempts := r.cfg.Policy.MaxAttempts
-	if maxAttempts == 0 {
-		maxAttempts = middleware.DefaultMaxAttempts
-	}
-	if w := delay.WorkQueueWarning(version, r.cfg.Subscriber.Queue.Arguments, maxAttempts); w != "" {
+	if w := delay.WorkQueueWarning(version, r.cfg.Subscriber.Queue.Arguments, r.middleware.Policy().MaxAttempts); w != "" {
 		r.cfg.Logger.Error("Work queues may lose retries", errors.New(w), watermill.LogFields{"rabbitmq_version": version})
 	}
 }

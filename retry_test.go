@@ -431,23 +431,9 @@ func TestUnconfirmedHandoffNacksAndNothingIsLost(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if n := queueLength(t, s.prefix+".parking"); n != 0 {
+	if n := brokertest.QueueLength(t, s.prefix+".parking"); n != 0 {
 		t.Errorf("%d messages parked", n)
 	}
-}
-
-func queueLength(t *testing.T, queue string) int {
-	t.Helper()
-	ch, err := brokertest.Dial(t).Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ch.Close()
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return q.Messages
 }
 
 func TestTopologyClashNamesQueueAndArgument(t *testing.T) {
@@ -529,4 +515,18 @@ func TestPolicyLongerThanTheBackendHoldsIsRefused(t *testing.T) {
 	}
 	exchanges = append(queues, s.prefix+".levels.deliver", s.prefix+".parking")
 	brokertest.Cleanup(t, append(queues, s.prefix+".parking"), exchanges)
+}
+
+func TestLowDeliveryLimitOnQuorumWorkQueueIsWarned(t *testing.T) {
+	s := newSetup(t, delay.BackendTTLTiers)
+	logs := watermill.NewCaptureLogger()
+	s.cfg.Logger = logs
+	s.cfg.Subscriber.Queue.Arguments = amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int32(2)}
+	newRetry(t, s.cfg)
+	for _, m := range logs.Captured()[watermill.ErrorLogLevel] {
+		if m.Msg == "Work queues may lose retries" && strings.Contains(m.Err.Error(), "x-delivery-limit 2") {
+			return
+		}
+	}
+	t.Fatalf("no warning about x-delivery-limit 2 below 5 attempts; error logs: %+v", logs.Captured()[watermill.ErrorLogLevel])
 }

@@ -68,12 +68,7 @@ type rig struct {
 // newRig builds the backend named bc.name, changing nothing else in the config.
 func newRig(t *testing.T, bc backendCase) *rig {
 	t.Helper()
-	brokertest.Dial(t)
-	h, err := delay.Dial(delay.HandoffConfig{URI: brokertest.URI()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = h.Close() })
+	h := dialTestHandoff(t)
 	if bc.skip != nil {
 		if why := bc.skip(t, h); why != "" {
 			t.Skip(why)
@@ -104,6 +99,19 @@ func (r *rig) declareWorkQueue(q string) {
 		r.t.Fatal(err)
 	}
 	brokertest.CleanupTopology(r.t, topology.Topology{Queues: []topology.Queue{{Name: q}}})
+}
+
+// dialTestHandoff connects a Handoff to the test broker (or skips, see brokertest.Dial)
+// and closes it when the test ends.
+func dialTestHandoff(t *testing.T) *delay.Handoff {
+	t.Helper()
+	brokertest.Dial(t)
+	h, err := delay.Dial(delay.HandoffConfig{URI: brokertest.URI()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+	return h
 }
 
 // schedule hands one message for queue with the given delay, through the plain
@@ -262,25 +270,11 @@ func TestConformanceOnlyTheFailingQueue(t *testing.T) {
 		}
 		time.Sleep(2 * time.Second) // a stray copy would have arrived by now
 		for _, q := range []string{r.queue, other} {
-			if n := messagesIn(t, q); n != 0 {
+			if n := brokertest.QueueLength(t, q); n != 0 {
 				t.Errorf("queue %s holds %d extra messages", q, n)
 			}
 		}
 	})
-}
-
-func messagesIn(t *testing.T, queue string) int {
-	t.Helper()
-	ch, err := brokertest.Dial(t).Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ch.Close()
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return q.Messages
 }
 
 // TestConformanceSurvivesBrokerRestart restarts the broker, so it runs only when

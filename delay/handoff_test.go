@@ -16,12 +16,7 @@ import (
 
 func dialHandoff(t *testing.T) (*delay.Handoff, string) {
 	t.Helper()
-	brokertest.Dial(t)
-	h, err := delay.Dial(delay.HandoffConfig{URI: brokertest.URI()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = h.Close() })
+	h := dialTestHandoff(t)
 	q := brokertest.Prefix(t) + ".q"
 	if err := h.Declare(topology.Topology{Queues: []topology.Queue{{Name: q}}}); err != nil {
 		t.Fatal(err)
@@ -49,7 +44,7 @@ func TestHandoffFailuresAreReportedAndRecovered(t *testing.T) {
 	if err := h.PublishMessage(ctx, "", q, msg(), nil); err != nil {
 		t.Fatalf("publish after a closed channel: %v", err)
 	}
-	if n := messagesIn(t, q); n != 1 {
+	if n := brokertest.QueueLength(t, q); n != 1 {
 		t.Fatalf("queue %s holds %d messages, want exactly the confirmed one", q, n)
 	}
 }

@@ -90,6 +90,9 @@ func NewRetry(cfg RetryConfig) (*Retry, error) {
 	return &Retry{cfg: cfg}, nil
 }
 
+// Policy returns the policy in force, defaults applied.
+func (r *Retry) Policy() Policy { return r.cfg.Policy }
+
 // Attempt returns which attempt this delivery of msg is, from 1 (AttemptKey; a missing
 // or unreadable value counts as the first).
 func Attempt(msg *message.Message) int {

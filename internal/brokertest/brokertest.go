@@ -102,3 +102,18 @@ func CleanupTopology(tb testing.TB, t topology.Topology) {
 	}
 	Cleanup(tb, queues, exchanges)
 }
+
+// QueueLength returns how many messages are ready in queue.
+func QueueLength(t testing.TB, queue string) int {
+	t.Helper()
+	ch, err := Dial(t).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q.Messages
+}
