@@ -5,6 +5,7 @@ package brokertest
 
 import (
 	"fmt"
+	"net/url"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -45,11 +46,11 @@ func Dial(t testing.TB) *amqp.Connection {
 
 // Redact hides the password of uri.
 func Redact(uri string) string {
-	uri, _, _ = strings.Cut(uri, "@")
-	if i := strings.LastIndex(uri, ":"); i > len("amqp://") {
-		return uri[:i] + ":xxxxx@…"
+	u, err := url.Parse(uri)
+	if err != nil {
+		return "(unparseable amqp uri)"
 	}
-	return uri
+	return u.Redacted()
 }
 
 var seq atomic.Int64
