@@ -1,7 +1,6 @@
 package delay_test
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,7 +12,6 @@ import (
 
 	wdelay "github.com/ThreeDotsLabs/watermill/components/delay"
 	"github.com/ThreeDotsLabs/watermill/message"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
@@ -323,16 +321,7 @@ func restartBroker(t *testing.T) {
 			t.Fatalf("rabbitmqctl %s: %v\n%s", step[0], err, out)
 		}
 	}
-	deadline := time.Now().Add(time.Minute)
-	for {
-		conn, err := amqp.Dial(brokertest.URI())
-		if err == nil {
-			_ = conn.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(errors.Join(errors.New("broker did not come back within a minute"), err))
-		}
-		time.Sleep(200 * time.Millisecond)
+	if err := brokertest.Wait(time.Minute); err != nil {
+		t.Fatalf("broker did not come back within a minute: %v", err)
 	}
 }

@@ -118,3 +118,19 @@ func QueueLength(t testing.TB, queue string) int {
 	}
 	return q.Messages
 }
+
+// Wait returns once the broker at URI accepts a connection, or the last dial error after
+// timeout.
+func Wait(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		conn, err := amqp.Dial(URI())
+		if err == nil {
+			return conn.Close()
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

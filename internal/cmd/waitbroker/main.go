@@ -6,9 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"time"
-
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 )
@@ -16,17 +13,8 @@ import (
 func main() {
 	timeout := flag.Duration("timeout", 0, "how long to keep trying")
 	flag.Parse()
-	deadline := time.Now().Add(*timeout)
-	for {
-		conn, err := amqp.Dial(brokertest.URI())
-		if err == nil {
-			_ = conn.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			fmt.Fprintf(os.Stderr, "waitbroker: no RabbitMQ at %s: %v\n", brokertest.Redact(brokertest.URI()), err)
-			os.Exit(1)
-		}
-		time.Sleep(500 * time.Millisecond)
+	if err := brokertest.Wait(*timeout); err != nil {
+		fmt.Fprintf(os.Stderr, "waitbroker: no RabbitMQ at %s: %v\n", brokertest.Redact(brokertest.URI()), err)
+		os.Exit(1)
 	}
 }
