@@ -121,8 +121,7 @@ func newRetry(t *testing.T, cfg amqpretry.Config) *amqpretry.Retry {
 	t.Helper()
 	r, err := amqpretry.New(cfg)
 	if err != nil {
-		var missing interface{ PluginMissing() bool }
-		if errors.As(err, &missing) || strings.Contains(err.Error(), "rabbitmq_delayed_message_exchange") {
+		if errors.Is(err, delay.ErrPluginMissing) {
 			t.Skipf("backend %s cannot run on this broker: %v", cfg.Delay.Backend, err)
 		}
 		t.Fatal(err)

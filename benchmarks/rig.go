@@ -24,8 +24,8 @@ type rig struct {
 
 // newRig builds the backend called name as delay.New does for any backend, changing
 // nothing but the name. A backend that cannot be built on this broker returns a
-// non-empty skip reason (for delayed-exchange without its plugin: delay.ErrPluginMissing;
-// any construction error counts). err is for everything else.
+// non-empty skip reason (delayed-exchange without its plugin: delay.ErrPluginMissing).
+// err is for everything else.
 func (e *env) newRig(name, scope string, tiers []time.Duration) (r *rig, skip string, err error) {
 	h, err := delay.Dial(delay.HandoffConfig{URI: e.uri})
 	if err != nil {
@@ -36,7 +36,10 @@ func (e *env) newRig(name, scope string, tiers []time.Duration) (r *rig, skip st
 	if err != nil {
 		_ = h.Close()
 		e.reg.markUnsure() // it may have declared part of its topology
-		return nil, err.Error(), nil
+		if errors.Is(err, delay.ErrPluginMissing) {
+			return nil, err.Error(), nil
+		}
+		return nil, "", err
 	}
 	e.reg.topology(b.Topology())
 	r = &rig{h: h, b: b, queue: prefix + ".work"}

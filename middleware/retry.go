@@ -156,7 +156,10 @@ func (r *Retry) handleFailure(msg *message.Message, err error) error {
 	wdelay.Message(cp, wdelay.For(wait))
 	if perr := r.cfg.Delay.Publish(f.queue, cp); perr != nil {
 		if errors.Is(perr, delay.ErrDelayTooLong) {
-			// Handing it off again would be refused again: poison it, saying why.
+			// Handing it off again would be refused again: poison it, saying why, without
+			// the delay request that was refused.
+			delete(cp.Metadata, wdelay.DelayedForKey)
+			delete(cp.Metadata, wdelay.DelayedUntilKey)
 			cp.Metadata.Set(ErrorKey, truncate(perr.Error()+"; handler error: "+err.Error(), MaxErrorBytes))
 			return r.poison(err, cp, f, PoisonDelayTooLong, fields)
 		}

@@ -226,6 +226,9 @@ func TestRetryPoisonsADelayTheBackendRefuses(t *testing.T) {
 	if len(poisonPub.msgs) != 1 || poisonPub.msgs[0].Metadata.Get(PoisonReasonKey) != PoisonDelayTooLong {
 		t.Fatalf("want one message poisoned as %s, got %v", PoisonDelayTooLong, poisonPub.msgs)
 	}
+	if md := poisonPub.msgs[0].Metadata; md.Get(wdelay.DelayedForKey) != "" || md.Get(AttemptKey) != "1" {
+		t.Errorf("poisoned copy keeps the refused delay or a wrong attempt: %v", md)
+	}
 	if got := poisonPub.msgs[0].Metadata.Get(ErrorKey); !strings.Contains(got, "delay too long") || !strings.Contains(got, "429") {
 		t.Errorf("envelope error %q should say both why the delay was refused and the handler's error", got)
 	}
