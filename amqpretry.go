@@ -3,6 +3,7 @@ package amqpretry
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -37,7 +38,14 @@ type Config struct {
 	PoisonQueue string
 	// ConfirmTimeout bounds the wait for each publisher confirm. Default: 10s.
 	ConfirmTimeout time.Duration
-	// Logger. Default: watermill.NopLogger.
+	// HandoffAttempts is how many hand-offs of one message may fail in a row (broker
+	// trouble, a message the broker refuses, a mis-wired subscriber) before the message
+	// goes to the poison queue instead, reason "handoff-failed". Between failures the
+	// middleware pauses, 100ms doubling to 5s, so that nothing is redelivered at wire
+	// speed. Default: 5 (middleware.DefaultHandoffAttempts).
+	HandoffAttempts int
+	// Logger. Default: watermill.NopLogger. Poisonings and failed hand-offs are logged
+	// at ERROR (WARN for poisonings where the logger has a Warn method).
 	Logger watermill.LoggerAdapter
 }
 
@@ -67,9 +75,12 @@ func (c *Config) setDefaults() {
 // publishes to the broker). Without one, only the memory backend works, in-process.
 func (c Config) usesBroker() bool { return c.Subscriber.Connection.AmqpURI != "" }
 
-// Validate reports every invalid field, each named. The Delay fields are checked by
-// delay.New.
+// Validate reports every invalid field, each named; zero fields are checked as their
+// defaults. It touches nothing on the broker: New calls it before it connects, so an
+// invalid config has no side effects. The Delay fields are checked by delay.Config's
+// Validate, and the policy's longest delay against what the backend can hold.
 func (c Config) Validate() error {
+	c.setDefaults()
 	var errs []error
 	if !c.usesBroker() && c.Delay.Backend != delay.BackendMemory {
 		errs = append(errs, fmt.Errorf("Subscriber.Connection.AmqpURI: required for the %s backend", c.Delay.Backend))
@@ -87,15 +98,30 @@ func (c Config) Validate() error {
 		default:
 			errs = append(errs, fmt.Errorf("Subscriber.Marshaler: %T cannot read dead-lettered messages; use amqp.DefaultMarshaler or xdeath.Marshaler", s.Marshaler))
 		}
+		if len(c.PoisonQueue) > delay.MaxNameBytes {
+			errs = append(errs, fmt.Errorf("PoisonQueue: %q is %d bytes long, over AMQP's %d", c.PoisonQueue, len(c.PoisonQueue), delay.MaxNameBytes))
+		}
 	}
-	if err := c.Delay.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("Delay: %w", err))
+	delayErr := c.Delay.Validate()
+	if delayErr != nil {
+		errs = append(errs, fmt.Errorf("Delay: %w", delayErr))
 	}
-	if err := c.Policy.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("Policy: %w", err))
+	policyErr := c.Policy.Validate()
+	if policyErr != nil {
+		errs = append(errs, fmt.Errorf("Policy: %w", policyErr))
+	}
+	if delayErr == nil && policyErr == nil {
+		// A delay the backend refuses could never be handed off.
+		longest := c.Policy.Longest()
+		if _, err := c.Delay.Effective(longest); err != nil {
+			errs = append(errs, fmt.Errorf("Policy: longest delay %s does not fit the %s backend: %w", longest, c.Delay.Backend, err))
+		}
 	}
 	if c.ConfirmTimeout < 0 {
 		errs = append(errs, fmt.Errorf("ConfirmTimeout: %s is negative", c.ConfirmTimeout))
+	}
+	if c.HandoffAttempts < 0 {
+		errs = append(errs, fmt.Errorf("HandoffAttempts: %d is negative", c.HandoffAttempts))
 	}
 	return errors.Join(errs...)
 }
@@ -107,16 +133,43 @@ type Retry struct {
 	backend    delay.Backend
 	handoff    *delay.Handoff // nil on the memory backend
 	middleware *middleware.Retry
+	// id tells this Retry's deliveries apart (xdeath.SubscriberKey), and bound lists
+	// the queues its subscribers' topology builder bound, so that the middleware acts
+	// only on what it can route back. Unused in-process.
+	id    string
+	bound boundQueues
 }
 
-// New validates cfg, connects to the broker (unless the backend is memory), declares the
-// backend's topology and the poison queue, and builds the middleware.
+// boundQueues is the set of queues whose retry bindings a subscriber declared.
+type boundQueues struct {
+	mu     sync.Mutex
+	queues map[string]bool
+}
+
+func (b *boundQueues) add(queue string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.queues == nil {
+		b.queues = map[string]bool{}
+	}
+	b.queues[queue] = true
+}
+
+func (b *boundQueues) has(queue string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.queues[queue]
+}
+
+// New validates cfg, then (and only if it is valid) connects to the broker unless the
+// backend is memory, declares the backend's topology and the poison queue, and builds
+// the middleware.
 func New(cfg Config) (*Retry, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid config: %w", err)
 	}
-	r := &Retry{}
+	r := &Retry{id: watermill.NewShortUUID()}
 	poison := cfg.Delay.Memory
 	queueOf := func(topic string) string { return topic }
 	if cfg.usesBroker() {
@@ -145,20 +198,29 @@ func New(cfg Config) (*Retry, error) {
 	}
 	r.backend = backend
 	r.cfg = cfg // with the hand-off in Delay.Handoff
-	if err := checkPolicyFits(cfg, backend); err != nil {
-		return nil, errors.Join(err, r.Close())
+	mwCfg := middleware.RetryConfig{
+		Policy:          cfg.Policy,
+		Classify:        cfg.Classify,
+		Delay:           backend,
+		Poison:          poison,
+		PoisonTopic:     cfg.PoisonQueue,
+		Queue:           queueOf,
+		HandoffAttempts: cfg.HandoffAttempts,
+		Logger:          cfg.Logger,
 	}
-	r.middleware, err = middleware.NewRetry(middleware.RetryConfig{
-		Policy:      cfg.Policy,
-		Classify:    cfg.Classify,
-		Delay:       backend,
-		Poison:      poison,
-		PoisonTopic: cfg.PoisonQueue,
-		Queue:       queueOf,
-		Logger:      cfg.Logger,
-	})
+	if cfg.usesBroker() {
+		mwCfg.Subscriber = r.id
+		mwCfg.CheckQueue = r.checkQueue
+	}
+	r.middleware, err = middleware.NewRetry(mwCfg)
 	if err != nil {
 		return nil, errors.Join(err, r.Close())
+	}
+	longest := cfg.Policy.Longest()
+	if effective, _ := backend.Effective(longest); effective < longest {
+		cfg.Logger.Info("The policy's longest delay is longer than the backend holds; those retries come back early", watermill.LogFields{
+			"delay_backend": backend.Name(), "policy_longest_delay": longest.String(), "effective_delay": effective.String(),
+		})
 	}
 	r.warnWorkQueue()
 	cfg.Logger.Info("Broker-side retry ready", watermill.LogFields{
@@ -167,20 +229,13 @@ func New(cfg Config) (*Retry, error) {
 	return r, nil
 }
 
-// checkPolicyFits refuses a policy whose longest delay the backend cannot hold (a
-// refused delay could never be handed off), and logs where the backend shortens it.
-func checkPolicyFits(cfg Config, backend delay.Backend) error {
-	longest := cfg.Policy.Longest()
-	effective, err := backend.Effective(longest)
-	if err != nil {
-		return fmt.Errorf("invalid config: Policy: longest delay %s does not fit the %s backend: %w", longest, backend.Name(), err)
+// checkQueue tells whether retries can come back to queue: a subscriber built from
+// SubscriberConfig must have bound it.
+func (r *Retry) checkQueue(queue string) error {
+	if r.bound.has(queue) {
+		return nil
 	}
-	if effective < longest {
-		cfg.Logger.Info("The policy's longest delay is longer than the backend holds; those retries come back early", watermill.LogFields{
-			"delay_backend": backend.Name(), "policy_longest_delay": longest.String(), "effective_delay": effective.String(),
-		})
-	}
-	return nil
+	return fmt.Errorf("queue %q was never bound for retries by a subscriber built from this Retry's SubscriberConfig(), so a retry could not come back to it", queue)
 }
 
 // warnWorkQueue logs what could cut retries short on the user's work queues.
@@ -213,15 +268,66 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 // SubscriberConfig returns Config.Subscriber ready for amqp.NewSubscriber: its
 // marshaler reads dead-lettered messages (xdeath.Marshaler) and its topology builder
 // also binds each subscribed queue so that retries come back to it.
+//
+// The marshaler also records this Retry's identity on every message
+// (xdeath.SubscriberKey), and the topology builder the queues it binds: the middleware
+// acts only on messages that a subscriber built from this config delivered. AddHandler
+// does all of this in one call.
 func (r *Retry) SubscriberConfig() wamqp.Config {
 	c := r.cfg.Subscriber
-	if m, ok := c.Marshaler.(wamqp.DefaultMarshaler); ok {
-		c.Marshaler = xdeath.Marshaler{Inner: m}
+	switch m := c.Marshaler.(type) {
+	case wamqp.DefaultMarshaler:
+		c.Marshaler = xdeath.Marshaler{Inner: m, Subscriber: r.id}
+	case xdeath.Marshaler:
+		m.Subscriber = r.id
+		c.Marshaler = m
 	}
-	if _, ok := c.TopologyBuilder.(topology.Builder); !ok && r.backend != nil {
-		c.TopologyBuilder = topology.Builder{Inner: c.TopologyBuilder, Binder: r.backend}
+	inner := c.TopologyBuilder
+	if _, ok := inner.(topology.Builder); !ok && r.backend != nil {
+		inner = topology.Builder{Inner: inner, Binder: r.backend}
 	}
+	c.TopologyBuilder = recordingBuilder{TopologyBuilder: inner, bound: &r.bound}
 	return c
+}
+
+// recordingBuilder records each queue whose topology it built.
+type recordingBuilder struct {
+	wamqp.TopologyBuilder
+	bound *boundQueues
+}
+
+func (b recordingBuilder) BuildTopology(ch *amqp.Channel, queue, exchange string, cfg wamqp.Config, logger watermill.LoggerAdapter) error {
+	if err := b.TopologyBuilder.BuildTopology(ch, queue, exchange, cfg, logger); err != nil {
+		return err
+	}
+	b.bound.add(queue)
+	return nil
+}
+
+// AddHandler adds to router a handler named handlerName that consumes topic through a
+// new subscriber built from SubscriberConfig(), with this Retry's Middleware on it: the
+// one call that wires subscriber, handler and middleware so that they cannot be
+// mismatched. The router closes the subscriber when it stops. In-process (the memory
+// backend without a broker URI), the subscriber is Delay.Memory, which must then be a
+// message.Subscriber too (a GoChannel is).
+func (r *Retry) AddHandler(router *message.Router, handlerName, topic string, handler message.NoPublishHandlerFunc) (*message.Handler, error) {
+	var sub message.Subscriber
+	if r.cfg.usesBroker() {
+		s, err := wamqp.NewSubscriber(r.SubscriberConfig(), r.cfg.Logger)
+		if err != nil {
+			return nil, fmt.Errorf("subscriber for handler %q: %w", handlerName, err)
+		}
+		sub = s
+	} else {
+		s, ok := r.cfg.Delay.Memory.(message.Subscriber)
+		if !ok {
+			return nil, fmt.Errorf("handler %q: Delay.Memory (%T) is not a message.Subscriber", handlerName, r.cfg.Delay.Memory)
+		}
+		sub = s
+	}
+	h := router.AddConsumerHandler(handlerName, topic, sub, handler)
+	h.AddMiddleware(r.Middleware)
+	return h, nil
 }
 
 // PoisonQueue is the queue (or, in-process, the topic) of poisoned messages.

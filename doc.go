@@ -21,18 +21,23 @@
 //		Delay:      delay.Config{Backend: "ttl-tiers"}, // or from configuration
 //		Policy:     middleware.Policy{MaxAttempts: 5},
 //	})
-//	sub, err := amqp.NewSubscriber(retry.SubscriberConfig(), logger)
-//	router.AddMiddleware(retry.Middleware)
-//	router.AddConsumerHandler("orders", "orders", sub, handle)
+//	_, err = retry.AddHandler(router, "orders", "orders", handle)
 //
-// SubscriberConfig returns the subscriber config with the marshaler that reads
-// dead-lettered messages (package xdeath) and a topology builder that binds each
-// subscribed queue to the backend's delivery exchange, again after every reconnect.
+// AddHandler builds the subscriber from SubscriberConfig(), adds the handler and puts
+// the retry middleware on it, in one call that cannot be mis-wired. SubscriberConfig
+// returns the subscriber config with the marshaler that reads dead-lettered messages
+// (package xdeath) and records which Retry's subscriber delivered each message, and a
+// topology builder that binds each subscribed queue to the backend's delivery exchange,
+// again after every reconnect.
 //
-// One Retry serves the handlers whose queues Config.Subscriber names. With pub/sub
-// configs, where several subscriber groups read one fanout topic through queues of their
-// own, build one Retry per group and add its Middleware to that group's handler: each
-// retry comes back to the group that failed, never to the others.
+// A Retry acts only on messages its own subscriber config delivered. With pub/sub
+// configs, where several subscriber groups read one fanout topic through queues of
+// their own, build one Retry per group: whether each is wired with AddHandler or all
+// their middlewares are added router-wide, each retry comes back to the group that
+// failed, never to the others. A message that no Retry on its handler can route back
+// (a subscriber not built from SubscriberConfig) fails loudly with
+// middleware.ErrNotWired, naming the fix, and is poisoned after Config.HandoffAttempts
+// tries; it is never parked silently.
 //
 // # Packages
 //

@@ -30,21 +30,20 @@ func Example() {
 	}
 	defer retry.Close()
 
-	sub, err := wamqp.NewSubscriber(retry.SubscriberConfig(), logger)
-	if err != nil {
-		log.Fatal(err)
-	}
 	router, err := message.NewRouter(message.RouterConfig{}, logger)
 	if err != nil {
 		log.Fatal(err)
 	}
-	router.AddMiddleware(retry.Middleware)
-	router.AddConsumerHandler("orders", "orders", sub, func(msg *message.Message) error {
+	// The subscriber, the handler and the retry middleware, wired in one call.
+	_, err = retry.AddHandler(router, "orders", "orders", func(msg *message.Message) error {
 		if len(msg.Payload) == 0 {
 			return middleware.Permanent(errors.New("empty order")) // poisoned at once
 		}
 		return chargeCard(msg) // any other error is retried with backoff
 	})
+	if err != nil {
+		log.Fatal(err)
+	}
 	_ = router.Run(context.Background())
 }
 

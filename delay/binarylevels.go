@@ -69,14 +69,6 @@ const maxLevels = 29
 // longer one: it wraps its length byte and sends another key.
 const maxRoutingKey = 255
 
-func newBinaryLevels(cfg Config) (Backend, error) {
-	b := &binaryLevels{h: cfg.Handoff, names: names{cfg.Prefix}, levels: cfg.Levels}
-	if err := b.h.Declare(b.Topology()); err != nil {
-		return nil, fmt.Errorf("declare %s topology: %w", BackendBinaryLevels, err)
-	}
-	return b, nil
-}
-
 func (b *binaryLevels) Name() string { return BackendBinaryLevels }
 
 // Topology: for each level a topic exchange and a quorum queue, the delivery exchange
@@ -161,7 +153,8 @@ func (b *binaryLevels) Publish(queue string, msgs ...*message.Message) error {
 	}
 	top := b.names.level(b.levels - 1)
 	return schedule(b, queue, msgs, func(msg *message.Message, _, effective time.Duration) error {
-		if err := b.h.PublishMessage(msg.Context(), top, b.routingKey(effective, queue), msg, nil); err != nil {
+		owned := func() topology.Topology { return b.Topology().Merge(b.WorkQueue(queue)) }
+		if err := b.h.publishOwned(msg.Context(), top, b.routingKey(effective, queue), msg, nil, true, owned); err != nil {
 			return fmt.Errorf("exchange %s: %w", top, err)
 		}
 		return nil

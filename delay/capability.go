@@ -35,8 +35,9 @@ const probeExchange = "amq.direct"
 // and tests whether the delayed-message plugin is enabled. The test redeclares the
 // built-in exchange amq.direct with type x-delayed-message, on a short-lived connection
 // of its own: a broker with the plugin knows the type and refuses the redeclaration
-// (406, a channel error); one without refuses the unknown type with a connection error
-// (503 COMMAND_INVALID), which would have closed the hand-off connection. Either way
+// (406 "inequivalent arg 'type'", a channel error); one without refuses the unknown
+// type, with a connection error on 3.x (503 COMMAND_INVALID, which would have closed
+// the hand-off connection) and a channel error on 4.x (406 "unknown exchange type"). Either way
 // nothing is declared. The broker checks the type before permissions, so the answer is
 // clear even for a user who may not configure amq.direct, except with the plugin
 // enabled (403): an error means Probe could not tell. Version is set all the same.
@@ -74,10 +75,13 @@ func probePlugin(h *Handoff) (bool, error) {
 }
 
 // pluginMissing tells whether err is the broker refusing exchange type
-// x-delayed-message as unknown.
+// x-delayed-message as unknown: 503 COMMAND_INVALID on RabbitMQ 3.x, 406
+// PRECONDITION_FAILED on 4.x. A real clash with an existing exchange is a 406 too, but
+// reads "inequivalent arg 'type'".
 func pluginMissing(err error) bool {
 	var amqpErr *amqp.Error
-	return errors.As(err, &amqpErr) && amqpErr.Code == amqp.CommandInvalid &&
+	return errors.As(err, &amqpErr) &&
+		(amqpErr.Code == amqp.CommandInvalid || amqpErr.Code == amqp.PreconditionFailed) &&
 		strings.Contains(amqpErr.Reason, "unknown exchange type '"+topology.ExchangeDelayedMessage+"'")
 }
 
@@ -86,7 +90,11 @@ func pluginMissing(err error) bool {
 // version that loses retries, and returns what Probe found (an error if it could not
 // tell about the plugin).
 func checkBroker(cfg Config) (Capabilities, error) {
-	c, err := Probe(cfg.Handoff)
+	probe := Probe
+	if cfg.Topology.OrDefault() != topology.ModeDeclare {
+		probe = func(*Handoff) (Capabilities, error) { return checkBrokerPassive(cfg) }
+	}
+	c, err := probe(cfg.Handoff)
 	plugin := "not enabled"
 	switch {
 	case err != nil:

@@ -1,6 +1,8 @@
 package delay
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -94,6 +96,55 @@ func TestWorkQueueWarning(t *testing.T) {
 				t.Errorf("WorkQueueWarning = %q, want %q", got, tt.want)
 			}
 		})
+	}
+}
+
+func TestPluginMissingOnBothBrokerGenerations(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"3.x connection error", &amqp.Error{Code: amqp.CommandInvalid, Reason: "COMMAND_INVALID - unknown exchange type 'x-delayed-message'"}, true},
+		{"4.x channel error", &amqp.Error{Code: amqp.PreconditionFailed, Reason: "PRECONDITION_FAILED - unknown exchange type 'x-delayed-message'"}, true},
+		{"wrapped", fmt.Errorf("declare: %w", &amqp.Error{Code: amqp.PreconditionFailed, Reason: "PRECONDITION_FAILED - unknown exchange type 'x-delayed-message'"}), true},
+		{"type clash with an existing exchange", &amqp.Error{Code: amqp.PreconditionFailed, Reason: "PRECONDITION_FAILED - inequivalent arg 'type' for exchange 'amq.direct' in vhost '/': received 'x-delayed-message' but current is 'direct'"}, false},
+		{"another unknown type", &amqp.Error{Code: amqp.CommandInvalid, Reason: "COMMAND_INVALID - unknown exchange type 'x-other'"}, false},
+		{"access refused", &amqp.Error{Code: amqp.AccessRefused, Reason: "ACCESS_REFUSED"}, false},
+		{"nil", nil, false},
+	} {
+		if got := pluginMissing(tt.err); got != tt.want {
+			t.Errorf("%s: pluginMissing = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestMissingPluginIsErrPluginMissing: on a broker without the plugin (3.x answers 503,
+// 4.x 406), the delayed-exchange backend fails with ErrPluginMissing, never with a
+// topology mismatch that would send an operator to delete an exchange.
+func TestMissingPluginIsErrPluginMissing(t *testing.T) {
+	brokertest.Dial(t)
+	h, err := Dial(HandoffConfig{URI: brokertest.URI()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	c, err := Probe(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DelayedMessagePlugin {
+		t.Skipf("RabbitMQ %s has the plugin", c.Version)
+	}
+	_, err = New(Config{Backend: BackendDelayedExchange, Prefix: brokertest.Prefix(t), Handoff: h})
+	if !errors.Is(err, ErrPluginMissing) || !strings.Contains(err.Error(), "rabbitmq-plugins enable") {
+		t.Fatalf("RabbitMQ %s: New = %v, want ErrPluginMissing naming the fix", c.Version, err)
+	}
+	// The same answer where the declaration, not the probe, meets the missing type.
+	b := &delayedExchange{names: names{brokertest.Prefix(t)}}
+	err = h.Declare(b.Topology())
+	if !pluginMissing(err) {
+		t.Fatalf("RabbitMQ %s: declaring the exchange gave %v, which pluginMissing does not recognise", c.Version, err)
 	}
 }
 

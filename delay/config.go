@@ -9,6 +9,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/amqpretry/amqpretry/topology"
 )
 
 // DefaultPrefix starts the name of every queue and exchange a backend declares.
@@ -34,7 +36,8 @@ type Config struct {
 	Prefix string
 	// Tiers is the ladder of the ttl-tiers backend: one queue per delay. Each must be a
 	// whole number of milliseconds, at least 1 ms, at most ten years; no duplicates.
-	// Default: DefaultTiers (1s 5s 30s 2m 10m 1h).
+	// Default (nil): DefaultTiers (1s 5s 30s 2m 10m 1h). An empty, non-nil list is
+	// refused.
 	Tiers []time.Duration
 	// Levels is the number of levels of the binary-levels backend, which holds delays
 	// up to 2^Levels - 1 seconds. 1 to 29 (a 30th level would hold messages 2^29 s,
@@ -49,6 +52,14 @@ type Config struct {
 	// with the queue name as topic (for example a GoChannel). Required for memory.
 	Memory message.Publisher
 
+	// Topology says what New and the backends do with the topology they need:
+	// topology.ModeDeclare (default) declares it; topology.ModeVerify declares no queue
+	// or exchange but checks each passively (and asserts the bindings, which needs no
+	// configure permission), failing with the `amqpretry topology apply ...` command
+	// that creates what is missing; topology.ModeNone does neither. In the verify and
+	// none modes the capability probe, which needs configure permission, is skipped.
+	Topology topology.Mode
+
 	// Logger. Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 }
@@ -60,7 +71,7 @@ func (c *Config) setDefaults() {
 	if c.Prefix == "" {
 		c.Prefix = DefaultPrefix
 	}
-	if len(c.Tiers) == 0 {
+	if c.Tiers == nil {
 		c.Tiers = DefaultTiers
 	}
 	if c.Levels == 0 {
@@ -87,15 +98,59 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("Backend: unknown backend %q (known: %s)", c.Backend, strings.Join(Backends(), ", ")))
 	}
 	switch {
+	case c.Backend == BackendTTLTiers && len(c.Tiers) == 0:
+		errs = append(errs, errors.New("Tiers: empty; leave it nil for the default ladder"))
 	case c.Backend == BackendTTLTiers:
 		errs = append(errs, validateTiers(c.Tiers))
 	case c.Backend == BackendBinaryLevels && (c.Levels < 1 || c.Levels > maxLevels):
 		errs = append(errs, fmt.Errorf("Levels: %d is outside 1 to %d (a level holding 2^%d s would need a TTL longer than RabbitMQ's ten-year maximum)", c.Levels, maxLevels, maxLevels))
 	}
+	if err := c.Topology.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("Topology: %w", err))
+	}
 	if strings.ContainsAny(c.Prefix, "*# ") {
 		errs = append(errs, fmt.Errorf("Prefix: %q must not contain '*', '#' or spaces", c.Prefix))
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if b := build(c); b != nil {
+		return validateNames("Prefix", b.Topology())
+	}
+	return nil
+}
+
+// MaxNameBytes is the longest queue or exchange name AMQP carries. amqp091-go does
+// not refuse a longer one: it wraps the length byte and sends another name.
+const MaxNameBytes = 255
+
+// validateNames refuses a topology with a name over MaxNameBytes, blaming field.
+func validateNames(field string, t topology.Topology) error {
+	names := make([]string, 0, len(t.Exchanges)+len(t.Queues))
+	for _, e := range t.Exchanges {
+		names = append(names, e.Name)
+	}
+	for _, q := range t.Queues {
+		names = append(names, q.Name)
+	}
+	for _, n := range names {
+		if len(n) > MaxNameBytes {
+			return fmt.Errorf("%s: makes the name %q %d bytes long, over AMQP's %d", field, n, len(n), MaxNameBytes)
+		}
+	}
+	return nil
+}
+
+// Effective returns the delay the configured backend applies for requested, or an
+// error wrapping ErrDelayTooLong, without touching the broker: a policy can be checked
+// against the backend before anything is declared. Call it on a valid Config.
+func (c Config) Effective(requested time.Duration) (time.Duration, error) {
+	c.setDefaults()
+	b := build(c)
+	if b == nil {
+		return 0, fmt.Errorf("Backend: unknown backend %q", c.Backend)
+	}
+	return b.Effective(requested)
 }
 
 // Backends lists the backend names Config.Backend accepts.
@@ -133,13 +188,39 @@ func New(cfg Config) (Backend, error) {
 	if cfg.Handoff == nil {
 		return nil, fmt.Errorf("invalid config: Handoff: required for the %s backend", cfg.Backend)
 	}
+	b := build(cfg)
 	c, pluginErr := checkBroker(cfg)
-	switch cfg.Backend {
-	case BackendBinaryLevels:
-		return newBinaryLevels(cfg)
-	case BackendDelayedExchange:
-		return newDelayedExchange(cfg, c, pluginErr)
-	default: // BackendTTLTiers
-		return newTTLTiers(cfg)
+	if de, ok := b.(*delayedExchange); ok {
+		if pluginErr == nil && !c.DelayedMessagePlugin {
+			return nil, de.errPluginMissing()
+		}
+		warn(cfg.Logger, "The delayed-exchange backend may lose retries that come due while the broker stops (the plugin routes them fire-and-forget); ttl-tiers and binary-levels do not", nil,
+			watermill.LogFields{"delay_backend": cfg.Backend})
 	}
+	if err := ensure(cfg, b.Topology()); err != nil { // declare, verify or nothing (cfg.Topology)
+		if de, ok := b.(*delayedExchange); ok && pluginMissing(err) {
+			return nil, fmt.Errorf("%w: %w", de.errPluginMissing(), err)
+		}
+		return nil, fmt.Errorf("declare %s topology: %w", cfg.Backend, err)
+	}
+	return b, nil
+}
+
+// build returns the backend cfg names, without touching the broker, or nil for an
+// unknown name. cfg has its defaults.
+func build(cfg Config) Backend {
+	n := names{cfg.Prefix}
+	switch cfg.Backend {
+	case BackendTTLTiers:
+		tiers := slices.Clone(cfg.Tiers)
+		slices.Sort(tiers)
+		return &ttlTiers{h: cfg.Handoff, logger: cfg.Logger, names: n, tiers: tiers}
+	case BackendBinaryLevels:
+		return &binaryLevels{h: cfg.Handoff, names: n, levels: cfg.Levels}
+	case BackendDelayedExchange:
+		return &delayedExchange{h: cfg.Handoff, names: n, bound: map[string]bool{}}
+	case BackendMemory:
+		return newMemory(cfg)
+	}
+	return nil
 }

@@ -58,22 +58,6 @@ const delayHeader = "x-delay"
 // maxPluginDelay is the longest delay the plugin honours (an Erlang timer's maximum).
 const maxPluginDelay = (1<<32 - 1) * time.Millisecond
 
-// newDelayedExchange declares the exchange. The capability check told whether the
-// plugin is there (pluginErr != nil: it could not tell, and the declaration does).
-func newDelayedExchange(cfg Config, c Capabilities, pluginErr error) (Backend, error) {
-	b := &delayedExchange{h: cfg.Handoff, names: names{cfg.Prefix}, bound: map[string]bool{}}
-	if pluginErr == nil && !c.DelayedMessagePlugin {
-		return nil, b.errPluginMissing()
-	}
-	if err := b.h.Declare(b.Topology()); err != nil {
-		if pluginMissing(err) {
-			return nil, fmt.Errorf("%w: %w", b.errPluginMissing(), err)
-		}
-		return nil, fmt.Errorf("declare %s topology: %w", BackendDelayedExchange, err)
-	}
-	return b, nil
-}
-
 func (b *delayedExchange) errPluginMissing() error {
 	return fmt.Errorf("%s: cannot declare exchange %q of type %s: %w on the broker; enable it on every node with `rabbitmq-plugins enable %s`, or use the %s backend, which needs no plugin",
 		BackendDelayedExchange, b.names.delayedExchange(), topology.ExchangeDelayedMessage, ErrPluginMissing, pluginName, BackendBinaryLevels)
@@ -138,7 +122,8 @@ func (b *delayedExchange) Publish(queue string, msgs ...*message.Message) error 
 			return err
 		}
 		headers := amqp.Table{delayHeader: effective.Milliseconds()}
-		if err := b.h.publishMessage(msg.Context(), b.names.delayedExchange(), queue, msg, headers, false); err != nil {
+		owned := func() topology.Topology { return b.WorkQueue(queue) }
+		if err := b.h.publishOwned(msg.Context(), b.names.delayedExchange(), queue, msg, headers, false, owned); err != nil {
 			return fmt.Errorf("exchange %s: %w", b.names.delayedExchange(), err)
 		}
 		return nil

@@ -24,6 +24,10 @@ var (
 	ErrNotConfirmed = errors.New("publish not confirmed by the broker")
 	// ErrReturned: the broker returned the mandatory publish as unroutable.
 	ErrReturned = errors.New("publish returned unroutable")
+	// ErrTooLarge: the message's properties and headers do not fit in one frame of the
+	// size the connection negotiated (frame_max, 128 KiB by default). The broker would
+	// close the whole connection over it, so it is never sent.
+	ErrTooLarge = errors.New("message headers larger than the broker's frame_max")
 )
 
 // DefaultConfirmTimeout bounds the wait for a publisher confirm.
@@ -65,11 +69,14 @@ type Handoff struct {
 
 // pubChannel is one confirm-mode channel and the returns it has seen.
 type pubChannel struct {
-	ch      *amqp.Channel
-	returns chan amqp.Return
+	ch       *amqp.Channel
+	returns  chan amqp.Return
+	frameMax int // negotiated; 0 means no limit
+	closes   chan *amqp.Error
 
 	mu       sync.Mutex
 	returned map[string]amqp.Return // by MessageId
+	closeErr *amqp.Error            // why the broker closed ch, once known
 }
 
 // returnsBuffer must exceed the publishes that can be in flight between two drains;
@@ -127,6 +134,8 @@ func (h *Handoff) channel() (*pubChannel, error) {
 	h.pc = &pubChannel{
 		ch:       ch,
 		returns:  ch.NotifyReturn(make(chan amqp.Return, returnsBuffer)),
+		frameMax: h.conn.Config.FrameSize,
+		closes:   ch.NotifyClose(make(chan *amqp.Error, 1)),
 		returned: map[string]amqp.Return{},
 	}
 	return h.pc, nil
@@ -172,6 +181,34 @@ func (h *Handoff) PublishMessage(ctx context.Context, exchange, key string, msg 
 	return h.publishMessage(ctx, exchange, key, msg, headers, true)
 }
 
+// publishOwned is publishMessage for a route that leads to objects the library
+// declares, owned. When the broker answers that the route is gone (the publish is
+// returned unroutable, or the exchange does not exist), it declares owned again and
+// publishes once more: a poison queue, tier queue or exchange deleted while the
+// application runs comes back at the first message that needs it, instead of every
+// message failing and being redelivered. If the declaration fails (for example without
+// configure permission), the first error is returned with the declaration's.
+func (h *Handoff) publishOwned(ctx context.Context, exchange, key string, msg *message.Message, headers amqp.Table, mandatory bool, owned func() topology.Topology) error {
+	err := h.publishMessage(ctx, exchange, key, msg, headers, mandatory)
+	if err == nil || !routeGone(err) {
+		return err
+	}
+	if derr := h.Declare(owned()); derr != nil {
+		return errors.Join(err, fmt.Errorf("declare the route again: %w", derr))
+	}
+	warn(h.cfg.Logger, "Route of a hand-off was gone; declared it again", err, watermill.LogFields{
+		"message_uuid": msg.UUID, "exchange": exchange, "routing_key": key,
+	})
+	return h.publishMessage(ctx, exchange, key, msg, headers, mandatory)
+}
+
+// routeGone tells whether a publish failed because its exchange or destination does
+// not exist.
+func routeGone(err error) bool {
+	var amqpErr *amqp.Error
+	return errors.Is(err, ErrReturned) || errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound
+}
+
 func (h *Handoff) publishMessage(ctx context.Context, exchange, key string, msg *message.Message, headers amqp.Table, mandatory bool) error {
 	p, err := h.cfg.Marshaler.Marshal(msg)
 	if err != nil {
@@ -204,6 +241,9 @@ func (h *Handoff) publish(ctx context.Context, exchange, key string, p amqp.Publ
 	if err != nil {
 		return err
 	}
+	if err := fitsFrame(p, pc.frameMax); err != nil {
+		return fmt.Errorf("publish to exchange %q with key %q: %w", exchange, key, err)
+	}
 	ctx, cancel := context.WithTimeout(ctx, h.cfg.ConfirmTimeout)
 	defer cancel()
 
@@ -218,12 +258,52 @@ func (h *Handoff) publish(ctx context.Context, exchange, key string, p amqp.Publ
 	switch {
 	case err != nil:
 		return fmt.Errorf("publish to exchange %q with key %q: %w: %w", exchange, key, ErrNotConfirmed, err)
+	case !ok && pc.closeReason() != nil:
+		return fmt.Errorf("publish to exchange %q with key %q: %w: %w", exchange, key, ErrNotConfirmed, pc.closeReason())
 	case !ok:
 		return fmt.Errorf("publish to exchange %q with key %q: %w", exchange, key, ErrNotConfirmed)
 	case returned:
 		return fmt.Errorf("publish to exchange %q with key %q: %w: %d %s", exchange, key, ErrReturned, ret.ReplyCode, ret.ReplyText)
 	}
 	return nil
+}
+
+// fitsFrame checks that p's content header frame fits in frameMax bytes (0: no
+// limit): frame header and end (8 bytes), class, weight and body size (12), property
+// flags (2), every short-string property at its full length plus its length byte, the
+// delivery mode and priority (2), the timestamp (8), and the headers table.
+func fitsFrame(p amqp.Publishing, frameMax int) error {
+	if frameMax <= 0 {
+		return nil
+	}
+	headers, err := xdeath.WireSize(p.Headers)
+	if err != nil {
+		return fmt.Errorf("headers: %w", err)
+	}
+	size := 8 + 12 + 2 + 2 + 8 + headers
+	for _, s := range []string{p.ContentType, p.ContentEncoding, p.CorrelationId, p.ReplyTo, p.Expiration, p.MessageId, p.Type, p.UserId, p.AppId} {
+		size += 1 + len(s)
+	}
+	if size > frameMax {
+		return fmt.Errorf("%w: header frame of %d bytes (headers table %d) over frame_max %d", ErrTooLarge, size, headers, frameMax)
+	}
+	return nil
+}
+
+// closeReason returns the error the broker closed the channel with, if it has. The
+// channel sends it to its close listener before it nacks the pending confirms, so it
+// is there when a confirm comes back negative.
+func (pc *pubChannel) closeReason() *amqp.Error {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if pc.closeErr == nil {
+		select {
+		case e := <-pc.closes:
+			pc.closeErr = e
+		default:
+		}
+	}
+	return pc.closeErr
 }
 
 // takeReturn moves every buffered return into the map and takes the one for id.
@@ -257,7 +337,9 @@ func (h *Handoff) Close() error {
 }
 
 // QueuePublisher returns a message.Publisher that hands each message to the queue named
-// by the topic, through the default exchange. The poison queue is fed this way.
+// by the topic, through the default exchange. The poison queue is fed this way. A
+// queue that is gone (the publish is returned) is declared again, durable and classic,
+// and the message published once more.
 func (h *Handoff) QueuePublisher() message.Publisher {
 	return queuePublisher{h}
 }
@@ -265,8 +347,9 @@ func (h *Handoff) QueuePublisher() message.Publisher {
 type queuePublisher struct{ h *Handoff }
 
 func (q queuePublisher) Publish(queue string, msgs ...*message.Message) error {
+	owned := func() topology.Topology { return topology.Topology{Queues: []topology.Queue{{Name: queue}}} }
 	for _, msg := range msgs {
-		if err := q.h.PublishMessage(msg.Context(), "", queue, msg, nil); err != nil {
+		if err := q.h.publishOwned(msg.Context(), "", queue, msg, nil, true, owned); err != nil {
 			return err
 		}
 	}
@@ -275,10 +358,12 @@ func (q queuePublisher) Publish(queue string, msgs ...*message.Message) error {
 
 func (q queuePublisher) Close() error { return nil }
 
-// Redact returns uri with its password replaced by "xxxxx".
+// Redact returns uri with its password replaced by "xxxxx", or a placeholder when uri
+// is not an amqp:// or amqps:// URI with a host (url.Parse takes many malformed URIs,
+// such as "amqp//user:pass@host/", for a path that still holds the password).
 func Redact(uri string) string {
 	u, err := url.Parse(uri)
-	if err != nil {
+	if err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" || u.Opaque != "" {
 		return "(unparseable amqp uri)"
 	}
 	return u.Redacted()

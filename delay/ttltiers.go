@@ -52,16 +52,6 @@ func delayQueueArgs(ttl time.Duration, dlx string) amqp.Table {
 	}
 }
 
-func newTTLTiers(cfg Config) (Backend, error) {
-	tiers := slices.Clone(cfg.Tiers)
-	slices.Sort(tiers)
-	b := &ttlTiers{h: cfg.Handoff, logger: cfg.Logger, names: names{cfg.Prefix}, tiers: tiers}
-	if err := b.h.Declare(b.Topology()); err != nil {
-		return nil, fmt.Errorf("declare %s topology: %w", BackendTTLTiers, err)
-	}
-	return b, nil
-}
-
 // Topology: the delay exchange, one queue per tier, the delivery exchange and parking.
 func (b *ttlTiers) Topology() topology.Topology {
 	t := b.names.delivery(b.names.deliverExchange(), amqp.ExchangeDirect)
@@ -95,12 +85,13 @@ func (b *ttlTiers) WorkQueue(queue string) topology.Topology {
 func (b *ttlTiers) Publish(queue string, msgs ...*message.Message) error {
 	return schedule(b, queue, msgs, func(msg *message.Message, requested, tier time.Duration) error {
 		if requested > tier {
-			b.logger.Info("Delay longer than the longest tier, using the longest", watermill.LogFields{
+			warn(b.logger, "Delay longer than the longest tier, using the longest: the retry comes back early", nil, watermill.LogFields{
 				"message_uuid": msg.UUID, "requested_delay": requested.String(), "effective_delay": tier.String(),
 			})
 		}
 		headers := amqp.Table{TierHeader: TierName(tier)}
-		if err := b.h.PublishMessage(msg.Context(), b.names.delayExchange(), queue, msg, headers); err != nil {
+		owned := func() topology.Topology { return b.Topology().Merge(b.WorkQueue(queue)) }
+		if err := b.h.publishOwned(msg.Context(), b.names.delayExchange(), queue, msg, headers, true, owned); err != nil {
 			return fmt.Errorf("queue %s: %w", b.names.tierQueue(tier), err)
 		}
 		return nil

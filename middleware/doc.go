@@ -15,9 +15,20 @@
 //
 // The middleware returns nil, so that the router acks the original, only when that
 // publish returned nil; RabbitMQ backends return only once the broker has confirmed the
-// copy. If the publish fails, the middleware returns the handler's error joined with
+// copy. If the publish fails, the middleware pauses (100ms, doubling to 5s, for each
+// failure of the same message in a row), then returns the handler's error joined with
 // ErrHandoff and the router nacks the original, which watermill-amqp requeues (keep
-// Consume.NoRequeueOnNack false). The incoming message is never modified.
+// Consume.NoRequeueOnNack false). After RetryConfig.HandoffAttempts such failures the
+// message is poisoned instead (PoisonHandoffFailed). A copy the broker would refuse as
+// larger than its frame_max (delay.ErrTooLarge) has its envelope trimmed, then is
+// poisoned (PoisonTooLarge) without its largest headers (DroppedHeadersKey). The
+// incoming message's metadata and payload are never modified.
+//
+// # Several Retry middlewares
+//
+// With RetryConfig.Subscriber set, a Retry acts only on messages its own subscriber
+// delivered (xdeath.SubscriberKey), leaves those of another Retry on the same handler to
+// it, and fails the others with ErrNotWired, naming the fix.
 //
 // # The attempt count
 //

@@ -1,11 +1,12 @@
 package middleware
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/amqpretry/amqpretry/xdeath"
 )
 
 // Metadata keys of the retry middleware. None starts with "x-": RabbitMQ owns that
@@ -38,6 +39,9 @@ const (
 	// of the first delivery (later deliveries come from the delay backend).
 	OriginalExchangeKey   = "amqpretry-original-exchange"
 	OriginalRoutingKeyKey = "amqpretry-original-routing-key"
+	// DroppedHeadersKey lists, on a poisoned copy that was too large for the broker's
+	// frame_max, the headers left out to make it fit: "name (N bytes)", comma-separated.
+	DroppedHeadersKey = "amqpretry-dropped-headers"
 )
 
 // Values of PoisonReasonKey.
@@ -47,6 +51,12 @@ const (
 	// PoisonDelayTooLong: the delay backend refused the delay asked for (a RetryAfter
 	// longer than the backend holds, see delay.ErrDelayTooLong).
 	PoisonDelayTooLong = "delay-too-long"
+	// PoisonHandoffFailed: RetryConfig.HandoffAttempts hand-offs of the message failed
+	// in a row (ErrorKey holds the last hand-off error and the handler's).
+	PoisonHandoffFailed = "handoff-failed"
+	// PoisonTooLarge: the retry copy, even with a trimmed envelope, is larger than the
+	// broker's frame_max (see DroppedHeadersKey).
+	PoisonTooLarge = "too-large"
 )
 
 // Bounds of the failure envelope, which keep it far below RabbitMQ's frame_max
@@ -121,12 +131,42 @@ func (f failure) record(md map[string]string) {
 	md[QueueKey] = truncate(f.queue, maxNameBytes)
 }
 
+// trimmedErrorBytes bounds the error text of an envelope trimmed to fit frame_max.
+const trimmedErrorBytes = 256
+
+// trimEnvelope shortens the envelope of a copy too large for the broker: the error
+// text to trimmedErrorBytes, the error types left out.
+func trimEnvelope(md map[string]string) {
+	md[ErrorKey] = truncate(md[ErrorKey], trimmedErrorBytes)
+	delete(md, ErrorTypesKey)
+}
+
+// dropLargestHeader removes the largest metadata entry that is not ours (our
+// "amqpretry-" keys are kept, but for the raw headers the marshaler keeps for the
+// sender) and names it under DroppedHeadersKey. It returns false when there is nothing
+// left to drop.
+func dropLargestHeader(md map[string]string) bool {
+	largest, size := "", -1
+	for k, v := range md {
+		ours := strings.HasPrefix(k, "amqpretry-") && k != xdeath.RawHeadersKey
+		if !ours && len(k)+len(v) > size {
+			largest, size = k, len(k)+len(v)
+		}
+	}
+	if size < 0 {
+		return false
+	}
+	delete(md, largest)
+	note := fmt.Sprintf("%s (%d bytes)", truncate(largest, maxNameBytes), size)
+	if prev := md[DroppedHeadersKey]; prev != "" {
+		note = prev + ", " + note
+	}
+	md[DroppedHeadersKey] = truncate(note, MaxErrorBytes)
+	return true
+}
+
 func setIfAbsent(md map[string]string, k, v string) {
 	if _, ok := md[k]; !ok {
 		md[k] = v
 	}
 }
-
-// ErrHandoff wraps a failed hand-off; the middleware returns it joined with the
-// handler's error so that the router nacks the original with requeue.
-var ErrHandoff = errors.New("retry hand-off failed, message nacked for redelivery")

@@ -35,6 +35,27 @@ type RetryConfig struct {
 	// Config.Queue.GenerateName). Default: the topic itself.
 	Queue func(topic string) string
 
+	// Subscriber identifies the subscriber configuration whose deliveries this Retry
+	// handles: the value its marshaler records under xdeath.SubscriberKey
+	// (xdeath.Marshaler.Subscriber). amqpretry sets both. When set, a failed message
+	// that another subscriber delivered is left to that subscriber's Retry if its
+	// middleware is also on the handler, so several Retry middlewares added router-wide
+	// each serve their own group; a message no Retry on the handler owns fails with
+	// ErrNotWired. Default: "" (every message is this Retry's).
+	Subscriber string
+	// CheckQueue, if set, is asked before each retry whether a retry can come back to
+	// the queue (for amqpretry: whether this Retry's topology builder bound it). An error
+	// fails the message with ErrNotWired instead of parking the retry where nobody
+	// looks. Default: nil (no check).
+	CheckQueue func(queue string) error
+	// HandoffAttempts is how many hand-offs of one message may fail in a row before it
+	// goes to the poison topic instead (PoisonHandoffFailed). After each failure the
+	// middleware waits (100ms, doubling, at most 5s) before it returns the error that
+	// makes the router nack the message, so that a hand-off that keeps failing is never
+	// redelivered at wire speed. A poisoning that fails is retried the same way, without
+	// limit: only the broker can take the message. Default: 5.
+	HandoffAttempts int
+
 	// Logger. Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 }
@@ -47,7 +68,13 @@ func (c *RetryConfig) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}
+	if c.HandoffAttempts == 0 {
+		c.HandoffAttempts = DefaultHandoffAttempts
+	}
 }
+
+// DefaultHandoffAttempts is RetryConfig.HandoffAttempts's default.
+const DefaultHandoffAttempts = 5
 
 // Validate reports every invalid field, each named.
 func (c RetryConfig) Validate() error {
@@ -64,6 +91,9 @@ func (c RetryConfig) Validate() error {
 	if c.PoisonTopic == "" {
 		errs = append(errs, errors.New("PoisonTopic: required"))
 	}
+	if c.HandoffAttempts < 0 {
+		errs = append(errs, fmt.Errorf("HandoffAttempts: %d is negative", c.HandoffAttempts))
+	}
 	return errors.Join(errs...)
 }
 
@@ -76,9 +106,10 @@ func (c RetryConfig) Validate() error {
 // hand-off fails, Retry returns the handler's error joined with ErrHandoff, the router
 // nacks the original and the broker redelivers it (watermill-amqp requeues on nack unless
 // Consume.NoRequeueOnNack is set, which must stay false). The incoming message is never
-// modified.
+// modified (Retry adds itself to its context, see RetryConfig.Subscriber).
 type Retry struct {
-	cfg RetryConfig
+	cfg      RetryConfig
+	failures failureCounts
 }
 
 // NewRetry validates cfg and returns the middleware.
@@ -106,8 +137,12 @@ func Attempt(msg *message.Message) int {
 // Middleware implements message.HandlerMiddleware.
 func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
+		if r.cfg.Subscriber != "" {
+			joinChain(msg, r.cfg.Subscriber)
+		}
 		produced, err := h(msg)
 		if err == nil {
+			r.failures.forget(msg.UUID)
 			return produced, nil
 		}
 		return nil, r.handleFailure(msg, err)
@@ -127,6 +162,13 @@ func (r *Retry) handleFailure(msg *message.Message, err error) error {
 		exchange: msg.Metadata.Get(xdeath.DeliveryExchangeKey),
 		key:      msg.Metadata.Get(xdeath.DeliveryRoutingKeyKey),
 	}
+	if errors.Is(err, ErrHandoff) {
+		return err // a Retry nearer the handler has dealt with it
+	}
+	werr := r.checkWiring(msg, f)
+	if errors.Is(werr, errOtherRetry) {
+		return err // that Retry, also on this handler, decides
+	}
 	decision := DefaultClassify(err)
 	if r.cfg.Classify != nil {
 		decision = r.cfg.Classify(ClassifyParams{Err: err, Message: msg, Attempt: f.attempt, Default: decision})
@@ -141,6 +183,8 @@ func (r *Retry) handleFailure(msg *message.Message, err error) error {
 	f.record(cp.Metadata)
 
 	switch {
+	case werr != nil:
+		return r.handoffFailed(err, werr, cp, f, fields, true)
 	case decision.Permanent:
 		return r.poison(err, cp, f, PoisonPermanent, fields)
 	case f.attempt >= r.cfg.Policy.MaxAttempts:
@@ -153,35 +197,106 @@ func (r *Retry) handleFailure(msg *message.Message, err error) error {
 		wait = r.cfg.Policy.Delay(f.attempt)
 	}
 	cp.Metadata.Set(AttemptKey, strconv.Itoa(f.attempt+1))
-	wdelay.Message(cp, wdelay.For(wait))
-	if perr := r.cfg.Delay.Publish(f.queue, cp); perr != nil {
-		if errors.Is(perr, delay.ErrDelayTooLong) {
-			// Handing it off again would be refused again: poison it, saying why, without
-			// the delay request that was refused.
-			delete(cp.Metadata, wdelay.DelayedForKey)
-			delete(cp.Metadata, wdelay.DelayedUntilKey)
-			cp.Metadata.Set(ErrorKey, truncate(perr.Error()+"; handler error: "+err.Error(), MaxErrorBytes))
-			return r.poison(err, cp, f, PoisonDelayTooLong, fields)
-		}
-		r.cfg.Logger.Error("Could not hand off retry, nacking message for redelivery", perr, fields)
-		return errors.Join(err, fmt.Errorf("%w: queue %q: %w", ErrHandoff, f.queue, perr))
+	perr := r.publishRetry(f.queue, cp, wait)
+	if errors.Is(perr, delay.ErrTooLarge) {
+		trimEnvelope(cp.Metadata)
+		perr = r.publishRetry(f.queue, cp, wait)
 	}
-	fields["requested_delay"] = cp.Metadata.Get(delay.RequestedDelayKey)
-	fields["effective_delay"] = cp.Metadata.Get(delay.EffectiveDelayKey)
-	r.cfg.Logger.Info("Retry scheduled", fields)
+	switch {
+	case perr == nil:
+		r.failures.forget(msg.UUID)
+		fields["requested_delay"] = cp.Metadata.Get(delay.RequestedDelayKey)
+		fields["effective_delay"] = cp.Metadata.Get(delay.EffectiveDelayKey)
+		r.cfg.Logger.Info("Retry scheduled", fields)
+		return nil
+	case errors.Is(perr, delay.ErrDelayTooLong), errors.Is(perr, delay.ErrTooLarge):
+		// Handing it off again would be refused again: poison it, saying why.
+		reason, note := PoisonDelayTooLong, perr.Error()
+		if errors.Is(perr, delay.ErrTooLarge) {
+			// Short: the envelope of this copy is trimmed to fit.
+			reason, note = PoisonTooLarge, "retry copy larger than the broker's frame_max even with a trimmed envelope"
+			fields["handoff_err"] = perr.Error()
+		}
+		cp.Metadata.Set(ErrorKey, truncate(note+"; handler error: "+err.Error(), MaxErrorBytes))
+		return r.poison(err, cp, f, reason, fields)
+	}
+	return r.handoffFailed(err, perr, cp, f, fields, true)
+}
+
+// publishRetry asks the delay publisher to bring cp back to queue after wait.
+func (r *Retry) publishRetry(queue string, cp *message.Message, wait time.Duration) error {
+	wdelay.Message(cp, wdelay.For(wait))
+	return r.cfg.Delay.Publish(queue, cp)
+}
+
+// errOtherRetry: the message is another Retry's, and that Retry is on the handler too.
+var errOtherRetry = errors.New("message of another retry middleware on this handler")
+
+// checkWiring tells whether this Retry may hand off msg: nil, errOtherRetry, or an
+// error wrapping ErrNotWired that names the fix.
+func (r *Retry) checkWiring(msg *message.Message, f failure) error {
+	if r.cfg.Subscriber == "" {
+		return nil
+	}
+	switch owner := msg.Metadata.Get(xdeath.SubscriberKey); {
+	case owner == r.cfg.Subscriber:
+	case owner == "":
+		return fmt.Errorf("%w: message %s on handler %q was not delivered by a subscriber built from this Retry's SubscriberConfig(), so where its retry must go is unknown; build the subscriber from Retry.SubscriberConfig(), or add the handler with Retry.AddHandler", ErrNotWired, msg.UUID, f.handler)
+	case inChain(msg, owner):
+		return errOtherRetry
+	default:
+		return fmt.Errorf("%w: message %s on handler %q was delivered by the subscriber of another amqpretry.Retry, whose middleware is not on this handler; add that Retry's Middleware to the handler, or add the handler with its AddHandler", ErrNotWired, msg.UUID, f.handler)
+	}
+	if r.cfg.CheckQueue != nil {
+		if err := r.cfg.CheckQueue(f.queue); err != nil {
+			return fmt.Errorf("%w: handler %q: %w", ErrNotWired, f.handler, err)
+		}
+	}
 	return nil
 }
 
-// poison hands cp, the copy of a message that failed for good, to the poison topic.
+// poison hands cp, the copy of a message that failed for good, to the poison topic. A
+// copy too large for the broker loses its envelope's longer fields first, then the
+// largest headers that are not ours, named under DroppedHeadersKey, until it fits.
 func (r *Retry) poison(err error, cp *message.Message, f failure, reason string, fields watermill.LogFields) error {
+	for _, k := range []string{delay.RequestedDelayKey, delay.EffectiveDelayKey, delay.DueKey, delay.TierHeader, wdelay.DelayedForKey, wdelay.DelayedUntilKey} {
+		delete(cp.Metadata, k)
+	}
 	cp.Metadata.Set(PoisonReasonKey, reason)
 	cp.Metadata.Set(AttemptKey, strconv.Itoa(f.attempt))
 	cp.Metadata.Set(MaxAttemptsKey, strconv.Itoa(r.cfg.Policy.MaxAttempts))
 	fields["poison_reason"] = reason
-	if perr := r.cfg.Poison.Publish(r.cfg.PoisonTopic, cp); perr != nil {
-		r.cfg.Logger.Error("Could not poison message, nacking it for redelivery", perr, fields)
-		return errors.Join(err, fmt.Errorf("%w: poison topic %q: %w", ErrHandoff, r.cfg.PoisonTopic, perr))
+	perr := r.cfg.Poison.Publish(r.cfg.PoisonTopic, cp)
+	if errors.Is(perr, delay.ErrTooLarge) {
+		trimEnvelope(cp.Metadata)
+		perr = r.cfg.Poison.Publish(r.cfg.PoisonTopic, cp)
 	}
-	r.cfg.Logger.Info("Message poisoned", fields)
+	for errors.Is(perr, delay.ErrTooLarge) && dropLargestHeader(cp.Metadata) {
+		perr = r.cfg.Poison.Publish(r.cfg.PoisonTopic, cp)
+	}
+	if perr != nil {
+		return r.handoffFailed(err, fmt.Errorf("poison topic %q: %w", r.cfg.PoisonTopic, perr), cp, f, fields, false)
+	}
+	r.failures.forget(cp.UUID)
+	if dropped := cp.Metadata.Get(DroppedHeadersKey); dropped != "" {
+		fields["dropped_headers"] = dropped
+	}
+	warn(r.cfg.Logger, "Message poisoned", err, fields)
 	return nil
+}
+
+// handoffFailed handles a hand-off that failed with perr: it poisons the message once
+// HandoffAttempts hand-offs of it have failed in a row (if mayPoison), and otherwise
+// waits a while, then returns the error that makes the router nack it for redelivery.
+func (r *Retry) handoffFailed(err, perr error, cp *message.Message, f failure, fields watermill.LogFields, mayPoison bool) error {
+	n := r.failures.add(cp.UUID)
+	fields["handoff_failures"] = n
+	r.cfg.Logger.Error("Could not hand off message, nacking it for redelivery", perr, fields)
+	if mayPoison && n >= r.cfg.HandoffAttempts {
+		note := fmt.Sprintf("%d hand-offs failed in a row, the last: %v; handler error: %v", n, perr, err)
+		cp.Metadata.Set(ErrorKey, truncate(note, MaxErrorBytes))
+		return r.poison(err, cp, f, PoisonHandoffFailed, fields)
+	}
+	pause(cp.Context(), handoffBackoff(n))
+	return errors.Join(err, fmt.Errorf("%w: queue %q: %w", ErrHandoff, f.queue, perr))
 }

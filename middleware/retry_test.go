@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/xdeath"
 )
 
 // recorder is a message.Publisher that keeps what it is given, or fails.
@@ -231,5 +233,143 @@ func TestRetryPoisonsADelayTheBackendRefuses(t *testing.T) {
 	}
 	if got := poisonPub.msgs[0].Metadata.Get(ErrorKey); !strings.Contains(got, "delay too long") || !strings.Contains(got, "429") {
 		t.Errorf("envelope error %q should say both why the delay was refused and the handler's error", got)
+	}
+}
+
+// tooLarge is a publisher that refuses, as the hand-off does past frame_max, any
+// message with a metadata entry longer than limit bytes, and keeps the others.
+type tooLarge struct {
+	recorder
+	limit int
+}
+
+func (p *tooLarge) Publish(topic string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		for k, v := range m.Metadata {
+			if len(k)+len(v) > p.limit {
+				return fmt.Errorf("publish: %w: %s", delay.ErrTooLarge, k)
+			}
+		}
+	}
+	return p.recorder.Publish(topic, msgs...)
+}
+
+func TestCopyTooLargeIsPoisonedWithTheHeadersThatFit(t *testing.T) {
+	delayPub, poisonPub := &tooLarge{limit: 1000}, &tooLarge{limit: 1000}
+	r, err := NewRetry(RetryConfig{Delay: delayPub, Poison: poisonPub, PoisonTopic: "poison", Queue: func(string) string { return "work" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := message.NewMessage("big", nil)
+	msg.Metadata.Set("huge", strings.Repeat("h", 5000))
+	msg.Metadata.Set("small", "kept")
+	before := maps.Clone(msg.Metadata)
+	if _, err := r.Middleware(failing(errors.New(strings.Repeat("e", 1500))))(msg); err != nil {
+		t.Fatalf("a poisoned copy lets the router ack, got %v", err)
+	}
+	if !maps.Equal(msg.Metadata, before) {
+		t.Error("incoming metadata changed")
+	}
+	if len(delayPub.msgs) != 0 || len(poisonPub.msgs) != 1 {
+		t.Fatalf("delay got %d, poison got %d; want 0 and 1", len(delayPub.msgs), len(poisonPub.msgs))
+	}
+	md := poisonPub.msgs[0].Metadata
+	for k, want := range map[string]string{
+		PoisonReasonKey:   PoisonTooLarge,
+		DroppedHeadersKey: "huge (5004 bytes)",
+		"small":           "kept",
+	} {
+		if got := md.Get(k); got != want {
+			t.Errorf("%s = %q, want %q", k, got, want)
+		}
+	}
+	if len(md.Get(ErrorKey)) > trimmedErrorBytes || !strings.Contains(md.Get(ErrorKey), "frame_max") {
+		t.Errorf("error not trimmed or reason lost: %q", md.Get(ErrorKey))
+	}
+}
+
+func TestHandoffFailingForOneMessagePausesThenPoisons(t *testing.T) {
+	delayPub, poisonPub := &recorder{err: errors.New("nacked")}, &recorder{}
+	r, err := NewRetry(RetryConfig{Delay: delayPub, Poison: poisonPub, PoisonTopic: "poison", Queue: func(string) string { return "work" }, HandoffAttempts: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := message.NewMessage("stuck", nil)
+	h := r.Middleware(failing(errFlakyUnit))
+	var pauses []time.Duration
+	for i := range 2 {
+		start := time.Now()
+		_, err := h(msg)
+		pauses = append(pauses, time.Since(start))
+		if !errors.Is(err, ErrHandoff) || !errors.Is(err, errFlakyUnit) {
+			t.Fatalf("failure %d: %v, want ErrHandoff joined with the handler's error", i+1, err)
+		}
+	}
+	if pauses[0] < 100*time.Millisecond || pauses[1] < 200*time.Millisecond {
+		t.Errorf("pauses %v, want at least 100ms then 200ms", pauses)
+	}
+	if _, err := h(msg); err != nil {
+		t.Fatalf("third failure: %v, want the message poisoned and acked", err)
+	}
+	if len(poisonPub.msgs) != 1 || poisonPub.msgs[0].Metadata.Get(PoisonReasonKey) != PoisonHandoffFailed {
+		t.Fatalf("poisoned %d, want 1 with reason handoff-failed", len(poisonPub.msgs))
+	}
+	if e := poisonPub.msgs[0].Metadata.Get(ErrorKey); !strings.Contains(e, "3 hand-offs failed") || !strings.Contains(e, "nacked") {
+		t.Errorf("poison error %q", e)
+	}
+}
+
+var errFlakyUnit = errors.New("flaky")
+
+// stamped returns a message delivered by the subscriber of the Retry named owner.
+func stamped(owner string) *message.Message {
+	msg := message.NewMessage("m-"+owner, nil)
+	if owner != "" {
+		msg.Metadata.Set(xdeath.SubscriberKey, owner)
+	}
+	return msg
+}
+
+func TestEachRetryActsOnlyOnItsOwnSubscribersMessages(t *testing.T) {
+	pubs := map[string]*recorder{}
+	retries := map[string]*Retry{}
+	for _, id := range []string{"billing", "shipping"} {
+		pubs[id] = &recorder{}
+		r, err := NewRetry(RetryConfig{Delay: pubs[id], Poison: &recorder{}, PoisonTopic: "poison", Subscriber: id,
+			Queue: func(string) string { return "q-" + id }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		retries[id] = r
+	}
+	for _, order := range [][]string{{"billing", "shipping"}, {"shipping", "billing"}} {
+		h := message.HandlerFunc(failing(errFlakyUnit))
+		for _, id := range slices.Backward(order) { // order[0] outermost
+			h = retries[id].Middleware(h)
+		}
+		for _, owner := range []string{"billing", "shipping"} {
+			pubs["billing"].msgs, pubs["shipping"].msgs = nil, nil
+			if _, err := h(stamped(owner)); err != nil {
+				t.Fatalf("order %v, owner %s: %v", order, owner, err)
+			}
+			for id, p := range pubs {
+				if want := map[bool]int{true: 1, false: 0}[id == owner]; len(p.msgs) != want {
+					t.Errorf("order %v, owner %s: %s's Retry handed off %d, want %d", order, owner, id, len(p.msgs), want)
+				}
+			}
+		}
+	}
+
+	// A message of a subscriber whose Retry is not on the handler, or of no Retry's
+	// subscriber, is nobody's to route: it fails loudly, once, naming the fix.
+	h := retries["billing"].Middleware(retries["shipping"].Middleware(failing(errFlakyUnit)))
+	for _, owner := range []string{"elsewhere", ""} {
+		_, err := h(stamped(owner))
+		if !errors.Is(err, ErrNotWired) || !errors.Is(err, errFlakyUnit) || strings.Count(err.Error(), ErrNotWired.Error()) != 1 {
+			t.Errorf("owner %q: %v, want one ErrNotWired joined with the handler's error", owner, err)
+		}
+		if !strings.Contains(err.Error(), "AddHandler") {
+			t.Errorf("owner %q: %v does not name the fix", owner, err)
+		}
 	}
 }

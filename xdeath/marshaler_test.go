@@ -193,59 +193,96 @@ func TestMarshalerInnerOptions(t *testing.T) {
 	}
 }
 
-func TestUnmarshalErrors(t *testing.T) {
-	// A non-string UUID header fails as it does with the DefaultMarshaler.
-	d := amqp.Delivery{Headers: amqp.Table{wamqp.DefaultMessageUUIDHeaderKey: int64(1)}}
-	_, want := wamqp.DefaultMarshaler{}.Unmarshal(d)
-	if _, err := (Marshaler{}).Unmarshal(d); err == nil || err.Error() != want.Error() {
-		t.Errorf("Unmarshal error = %v, want %v", err, want)
+// nested returns v inside n tables.
+func nested(n int, v interface{}) interface{} {
+	for range n {
+		v = amqp.Table{"k": v}
+	}
+	return v
+}
+
+func TestUnmarshalKeepsHeadersTheTypedEncodingCannotCarry(t *testing.T) {
+	tests := map[string]amqp.Table{
+		"non-string UUID":                 {wamqp.DefaultMessageUUIDHeaderKey: int64(1), "plain": "p"},
+		"non-UTF-8 name, non-string":      {"\xff": int64(1), "n": int32(2)},
+		"non-UTF-8 key in a nested table": {"h": amqp.Table{"\xfe": "v"}},
+		"nesting deeper than MaxDepth":    {"deep": nested(MaxDepth+5, int64(7)), "shallow": nested(2, true)},
+		"deep array":                      {"a": []interface{}{nested(MaxDepth+1, []byte{})}},
+	}
+	for name, headers := range tests {
+		t.Run(name, func(t *testing.T) {
+			msg, err := Marshaler{}.Unmarshal(amqp.Delivery{Headers: headers})
+			if err != nil {
+				t.Fatalf("Unmarshal: %v", err)
+			}
+			if msg.Metadata[RawHeadersKey] == "" {
+				t.Fatalf("no %s in %v", RawHeadersKey, msg.Metadata)
+			}
+			p, err := Marshaler{}.Marshal(msg)
+			if err != nil {
+				t.Fatalf("Marshal: %v", err)
+			}
+			want := maps.Clone(headers)
+			if _, ok := want[wamqp.DefaultMessageUUIDHeaderKey]; !ok {
+				want[wamqp.DefaultMessageUUIDHeaderKey] = ""
+			}
+			if !sameValue(p.Headers, want) {
+				t.Errorf("round trip gave\n%#v\nwant\n%#v", p.Headers, want)
+			}
+		})
 	}
 
-	d = amqp.Delivery{Headers: amqp.Table{"\xff": int64(1)}}
+	// A Go type amqp091-go never reads off the wire cannot be carried at all.
+	d := amqp.Delivery{Headers: amqp.Table{"h": amqp.Table{"\xff": uint64(1)}}}
 	if _, err := (Marshaler{}).Unmarshal(d); !errors.Is(err, ErrUnsupported) {
-		t.Errorf("Unmarshal of a non-UTF-8 header name error = %v, want ErrUnsupported", err)
-	}
-
-	d = amqp.Delivery{Headers: amqp.Table{"h": amqp.Table{"k": uint64(1)}}}
-	_, err := Marshaler{}.Unmarshal(d)
-	if !errors.Is(err, ErrUnsupported) || err.Error() != "unsupported value: h.k: type uint64" {
-		t.Errorf("Unmarshal of an unsupported type error = %v", err)
+		t.Errorf("Unmarshal of an unsupported type error = %v, want ErrUnsupported", err)
 	}
 }
 
-func TestMarshalErrors(t *testing.T) {
+func TestMarshalToleratesChangedMetadata(t *testing.T) {
 	tests := []struct {
 		name string
 		md   message.Metadata
-		want string
+		want amqp.Table
 	}{
 		{
-			name: "malformed typed-headers list",
-			md:   message.Metadata{TypedHeadersKey: "x"},
-			want: "malformed value: amqpretry-typed-headers: want JSON array of strings: invalid character 'x' looking for beginning of value",
+			name: "malformed typed-headers list: every value is a string",
+			md:   message.Metadata{TypedHeadersKey: "x", "n": `{"int32":5}`},
+			want: amqp.Table{"n": `{"int32":5}`},
 		},
 		{
-			name: "malformed typed value",
-			md:   message.Metadata{"n": "1", TypedHeadersKey: `["n"]`},
-			want: "malformed value: n: json: cannot unmarshal number into Go value of type map[string]json.RawMessage",
+			name: "a handler changed a typed value to a plain string",
+			md:   message.Metadata{"n": "6", TypedHeadersKey: `["n"]`},
+			want: amqp.Table{"n": "6"},
+		},
+		{
+			name: "raw headers that are not base64",
+			md:   message.Metadata{RawHeadersKey: "%%%", "a": "b"},
+			want: amqp.Table{"a": "b"},
+		},
+		{
+			name: "raw headers that are not a table",
+			md:   message.Metadata{RawHeadersKey: "AAAA/w==", "a": "b"},
+			want: amqp.Table{"a": "b"},
+		},
+		{
+			name: "a malformed broker-owned header is dropped before decoding",
+			md:   message.Metadata{HeaderDeath: "garbage", TypedHeadersKey: `["x-death"]`},
+			want: amqp.Table{},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			msg := message.NewMessage("u", nil)
 			msg.Metadata = tt.md
-			_, err := Marshaler{}.Marshal(msg)
-			if !errors.Is(err, ErrMalformed) || err.Error() != tt.want {
-				t.Errorf("Marshal error = %v, want %q", err, tt.want)
+			p, err := Marshaler{}.Marshal(msg)
+			if err != nil {
+				t.Fatalf("Marshal: %v", err)
+			}
+			tt.want[wamqp.DefaultMessageUUIDHeaderKey] = "u"
+			if !reflect.DeepEqual(p.Headers, tt.want) {
+				t.Errorf("headers = %#v, want %#v", p.Headers, tt.want)
 			}
 		})
-	}
-
-	// Broker-owned headers are dropped before decoding, so a malformed one
-	// does not matter.
-	msg := message.NewMessage("u", nil)
-	msg.Metadata = message.Metadata{HeaderDeath: "garbage", TypedHeadersKey: `["x-death"]`}
-	if _, err := (Marshaler{}).Marshal(msg); err != nil {
-		t.Errorf("Marshal with a malformed broker-owned header: %v", err)
 	}
 }

@@ -121,7 +121,11 @@ func Header(md message.Metadata, key string) (value interface{}, ok bool, err er
 // isReserved reports whether key is a metadata key of this package rather
 // than an AMQP header.
 func isReserved(key string) bool {
-	return key == TypedHeadersKey || key == DeliveryExchangeKey || key == DeliveryRoutingKeyKey
+	switch key {
+	case TypedHeadersKey, DeliveryExchangeKey, DeliveryRoutingKeyKey, SubscriberKey, RawHeadersKey:
+		return true
+	}
+	return false
 }
 
 // typedKeys parses the TypedHeadersKey list of md.

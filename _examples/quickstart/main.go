@@ -76,15 +76,15 @@ func run() error {
 		Logger: logger,
 	}
 	var (
-		sub, poisonSub message.Subscriber
-		pub            message.Publisher
-		cleanup        = func() {}
+		poisonSub message.Subscriber
+		pub       message.Publisher
+		cleanup   = func() {}
 	)
 	if uri == "" {
 		goChannel := gochannel.NewGoChannel(gochannel.Config{}, logger)
 		cfg.Delay.Backend = delay.BackendMemory
 		cfg.Delay.Memory = goChannel
-		sub, poisonSub, pub = goChannel, goChannel, goChannel
+		poisonSub, pub = goChannel, goChannel
 		fmt.Println("AMQP_URI is unset: running in-process on GoChannel with the memory delay backend (not durable).")
 	} else {
 		cfg.Subscriber = wamqp.NewDurableQueueConfig(uri)
@@ -105,9 +105,6 @@ func run() error {
 
 	if uri != "" {
 		fmt.Printf("RabbitMQ at %s, delay backend %s.\n", delay.Redact(uri), retry.Backend().Name())
-		if sub, err = wamqp.NewSubscriber(retry.SubscriberConfig(), logger); err != nil {
-			return err
-		}
 		if poisonSub, err = wamqp.NewSubscriber(retry.SubscriberConfig(), logger); err != nil {
 			return err
 		}
@@ -130,8 +127,9 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	router.AddMiddleware(retry.Middleware)
-	router.AddConsumerHandler("orders", topic, sub, func(msg *message.Message) error {
+	// One call wires the subscriber (from retry.SubscriberConfig()), the handler and
+	// the retry middleware, so that they cannot be mismatched.
+	_, err = retry.AddHandler(router, "orders", topic, func(msg *message.Message) error {
 		o, ok := byID[msg.UUID]
 		if !ok {
 			return nil // another run's message
@@ -153,6 +151,9 @@ func run() error {
 		done <- struct{}{}
 		return nil
 	})
+	if err != nil {
+		return err
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

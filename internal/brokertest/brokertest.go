@@ -44,6 +44,10 @@ func Dial(t testing.TB) *amqp.Connection {
 	return conn
 }
 
+// CI tells whether the tests run under CI=true, where a missing broker or tool is a
+// failure, never a skip.
+func CI() bool { return os.Getenv("CI") == "true" }
+
 // Redact hides the password of uri.
 func Redact(uri string) string {
 	u, err := url.Parse(uri)

@@ -1,0 +1,151 @@
+package brokertest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// CtlEnv names the command that runs rabbitmqctl against the broker at AMQP_URI, as
+// space-separated words: "rabbitmqctl" (the default) for the machine's broker,
+// "scripts/rabbitmq4.sh ctl" for the RabbitMQ 4.x one the test script starts.
+const CtlEnv = "AMQPRETRY_RABBITMQCTL"
+
+// RestartEnv opts in to tests that stop, restart or cut the connections of the broker
+// under test: they run only when it is "1". scripts/test.sh sets it under CI=true;
+// elsewhere it never restarts a broker unless asked to.
+const RestartEnv = "AMQPRETRY_BROKER_RESTART"
+
+// CtlCommand returns the words of the rabbitmqctl command for the broker under test.
+func CtlCommand() []string {
+	if words := strings.Fields(os.Getenv(CtlEnv)); len(words) > 0 {
+		return words
+	}
+	return []string{"rabbitmqctl"}
+}
+
+// Ctl runs rabbitmqctl args against the broker under test and returns its combined
+// output. It first makes sure, once per process, that the command reaches the node
+// listening on AMQP_URI's port, and refuses otherwise: a policy, a closed connection or
+// a restart meant for the broker under test never lands on another one (such as the
+// machine's own broker while AMQP_URI names the RabbitMQ 4.x node).
+func Ctl(ctx context.Context, args ...string) ([]byte, error) {
+	if err := checkNode(ctx); err != nil {
+		return nil, err
+	}
+	return runCtl(ctx, args...)
+}
+
+func runCtl(ctx context.Context, args ...string) ([]byte, error) {
+	words := CtlCommand()
+	out, err := exec.CommandContext(ctx, words[0], append(words[1:], args...)...).CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("%s %s: %w\n%s", strings.Join(words, " "), strings.Join(args, " "), err, out)
+	}
+	return out, nil
+}
+
+// checked holds the rabbitmqctl command and AMQP_URI pairs found to match.
+var checked sync.Map
+
+// errOtherNode says that the rabbitmqctl command reaches a node other than AMQP_URI's.
+var errOtherNode = errors.New("not the broker at AMQP_URI")
+
+// checkNode returns nil if the rabbitmqctl command reaches the node that listens for
+// AMQP on AMQP_URI's port.
+func checkNode(ctx context.Context) error {
+	words := CtlCommand()
+	key := strings.Join(words, " ") + "\x00" + URI()
+	if _, ok := checked.Load(key); ok {
+		return nil
+	}
+	ports, err := ctlAMQPPorts(ctx)
+	if err != nil {
+		return fmt.Errorf("rabbitmqctl does not reach the broker: %w", err)
+	}
+	if want := uriPort(URI()); !slices.Contains(ports, want) {
+		return fmt.Errorf("%w: %q reaches a node listening for AMQP on %v, not on %d of AMQP_URI (%s); set %s to the rabbitmqctl command of the broker at AMQP_URI",
+			errOtherNode, strings.Join(words, " "), ports, want, Redact(URI()), CtlEnv)
+	}
+	checked.Store(key, true)
+	return nil
+}
+
+// RequireRestart skips t unless RestartEnv is "1", the rabbitmqctl command works and the
+// node it reaches is the broker at AMQP_URI (it listens for AMQP on the URI's port), so
+// that a test never restarts some other broker: say, the machine's own while AMQP_URI
+// names the RabbitMQ 4.x node. Under CI=true a command that does not work or reaches
+// another node fails t instead. Tests that disturb the broker call it first.
+func RequireRestart(t testing.TB) {
+	t.Helper()
+	if os.Getenv(RestartEnv) != "1" {
+		t.Skipf("disturbs the broker under test: set %s=1 (scripts/test.sh does under CI=true) and run packages serially", RestartEnv)
+	}
+	words := CtlCommand()
+	if _, err := exec.LookPath(words[0]); err != nil {
+		t.Skipf("needs %s (%s): %v", words[0], CtlEnv, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := checkNode(ctx); err != nil {
+		msg := fmt.Sprintf("%s=1 but %v", RestartEnv, err)
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+}
+
+// ctlAMQPPorts returns the ports on which the node that the rabbitmqctl command reaches
+// listens for AMQP.
+func ctlAMQPPorts(ctx context.Context) ([]int, error) {
+	out, err := runCtl(ctx, "-q", "status", "--formatter", "json")
+	if err != nil {
+		return nil, err
+	}
+	var status struct {
+		Listeners []struct {
+			Port     int    `json:"port"`
+			Protocol string `json:"protocol"`
+		} `json:"listeners"`
+	}
+	if i := bytes.IndexByte(out, '{'); i > 0 {
+		out = out[i:] // past any warning printed before the document
+	}
+	if err := json.Unmarshal(out, &status); err != nil {
+		return nil, fmt.Errorf("reading rabbitmqctl status: %w\n%s", err, out)
+	}
+	var ports []int
+	for _, l := range status.Listeners {
+		if l.Protocol == "amqp" || l.Protocol == "amqp/ssl" {
+			ports = append(ports, l.Port)
+		}
+	}
+	return ports, nil
+}
+
+// uriPort returns the port of an AMQP URI, with the scheme's default.
+func uriPort(uri string) int {
+	u, err := url.Parse(uri)
+	if err != nil {
+		return 0
+	}
+	if p, err := strconv.Atoi(u.Port()); err == nil {
+		return p
+	}
+	if u.Scheme == "amqps" {
+		return 5671
+	}
+	return 5672
+}
