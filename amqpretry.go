@@ -44,6 +44,13 @@ type Config struct {
 	// middleware pauses, 100ms doubling to 5s, so that nothing is redelivered at wire
 	// speed. Default: 5 (middleware.DefaultHandoffAttempts).
 	HandoffAttempts int
+	// Observe, if set, is told every delivery, success, retry, poisoning and failed
+	// hand-off (middleware.Event), for metrics: give it the Observe method of the
+	// github.com/amqpretry/amqpretry/metrics module's Metrics. Default: nil.
+	Observe func(middleware.Event)
+	// RetryLogEvery samples the INFO line per scheduled retry: 0 or 1 logs every one,
+	// N one in N, a negative value none. Default: 0.
+	RetryLogEvery int
 	// Logger. Default: watermill.NopLogger. Poisonings and failed hand-offs are logged
 	// at ERROR (WARN for poisonings where the logger has a Warn method).
 	Logger watermill.LoggerAdapter
@@ -206,6 +213,8 @@ func New(cfg Config) (*Retry, error) {
 		PoisonTopic:     cfg.PoisonQueue,
 		Queue:           queueOf,
 		HandoffAttempts: cfg.HandoffAttempts,
+		Observe:         cfg.Observe,
+		RetryLogEvery:   cfg.RetryLogEvery,
 		Logger:          cfg.Logger,
 	}
 	if cfg.usesBroker() {
@@ -337,8 +346,15 @@ func (r *Retry) PoisonQueue() string { return r.cfg.PoisonQueue }
 // schedule a delayed message to a queue.
 func (r *Retry) Backend() delay.Backend { return r.backend }
 
-// Close closes the backend and the hand-off connection. Close the router first.
+// Close closes the backend and the hand-off connection, and logs what this Retry did
+// since New: retries, poisoned messages, failed hand-offs. Close the router first.
 func (r *Retry) Close() error {
+	if r.middleware != nil {
+		st := r.middleware.Stats()
+		r.cfg.Logger.Info("Broker-side retry closed", watermill.LogFields{
+			"retries": st.Retries, "poisoned": st.Poisoned, "handoff_failures": st.HandoffFailure,
+		})
+	}
 	var errs []error
 	if r.backend != nil {
 		errs = append(errs, r.backend.Close())
@@ -347,4 +363,33 @@ func (r *Retry) Close() error {
 		errs = append(errs, r.handoff.Close())
 	}
 	return errors.Join(errs...)
+}
+
+// Stats returns what the middleware did since New.
+func (r *Retry) Stats() middleware.Stats { return r.middleware.Stats() }
+
+// Queues names the queues where this Retry's messages wait: for monitoring (see the
+// metrics module's WatchQueues).
+type Queues struct {
+	// Delay are the backend's delay queues (tiers or levels); none for
+	// delayed-exchange and memory.
+	Delay []string
+	// Parking is the parking queue, "" for the backends without one.
+	Parking string
+	// Poison is the poison queue.
+	Poison string
+}
+
+// Queues names the queues where this Retry's messages wait.
+func (r *Retry) Queues() Queues {
+	q := Queues{Poison: r.cfg.PoisonQueue}
+	parking := r.cfg.Delay.Prefix + ".parking"
+	for _, dq := range r.backend.Topology().Queues {
+		if dq.Name == parking {
+			q.Parking = parking
+			continue
+		}
+		q.Delay = append(q.Delay, dq.Name)
+	}
+	return q
 }

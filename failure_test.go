@@ -416,8 +416,8 @@ func TestHeadersNearFrameMaxArePoisonedWithTheHeadersThatFit(t *testing.T) {
 }
 
 // TestPoisoningIsLoggedAtError: watermill.LoggerAdapter has no WARN level, so a
-// poisoning is logged at ERROR (alerting on errors sees it); a logger with a Warn
-// method gets it at WARN.
+// poisoning is logged at ERROR (alerting on errors sees it; a logger with a Warn
+// method gets it at WARN), and Close logs what the Retry did.
 func TestPoisoningIsLoggedAtError(t *testing.T) {
 	s := newSetup(t, delay.BackendTTLTiers)
 	logs := watermill.NewCaptureLogger()
@@ -426,10 +426,49 @@ func TestPoisoningIsLoggedAtError(t *testing.T) {
 	run(t, r, s.topic, func(*message.Message) error { return middleware.Permanent(errors.New("malformed")) })
 	publish(t, s.topic, "bad")
 	poisoned(t, r.PoisonQueue(), 30*time.Second)
+	found := false
 	for _, l := range logs.Captured()[watermill.ErrorLogLevel] {
-		if l.Msg == "Message poisoned" && l.Fields["poison_reason"] == middleware.PoisonPermanent {
+		found = found || l.Msg == "Message poisoned" && l.Fields["poison_reason"] == middleware.PoisonPermanent
+	}
+	if !found {
+		t.Errorf("no ERROR line for the poisoning: %+v", logs.Captured()[watermill.ErrorLogLevel])
+	}
+	// Close sums up.
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range logs.Captured()[watermill.InfoLogLevel] {
+		if l.Msg == "Broker-side retry closed" {
+			if l.Fields["poisoned"] != int64(1) || l.Fields["retries"] != int64(0) || l.Fields["handoff_failures"] != int64(0) {
+				t.Errorf("summary %v, want 1 poisoned and nothing else", l.Fields)
+			}
 			return
 		}
 	}
-	t.Errorf("no ERROR line for the poisoning: %+v", logs.Captured()[watermill.ErrorLogLevel])
+	t.Error("no summary line at Close")
+}
+
+// TestTraceContextSurvivesRetryAndPoison: W3C trace context in the metadata travels
+// with every retry and with the poisoned copy, so a trace spans the whole story.
+func TestTraceContextSurvivesRetryAndPoison(t *testing.T) {
+	s := newSetup(t, delay.BackendTTLTiers)
+	s.cfg.Policy = middleware.Policy{MaxAttempts: 2, Delays: []time.Duration{500 * time.Millisecond}}
+	r := newRetry(t, s.cfg)
+	rec := newRecorder(func(*message.Message) error { return errFlaky })
+	run(t, r, s.topic, rec.handle)
+	const traceparent, tracestate = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "vendor=opaque"
+	pub := newQueuePublisher(t)
+	msg := message.NewMessage("traced", nil)
+	msg.Metadata.Set("traceparent", traceparent)
+	msg.Metadata.Set("tracestate", tracestate)
+	if err := pub.Publish(s.topic, msg); err != nil {
+		t.Fatal(err)
+	}
+	poisonedMsg := poisoned(t, r.PoisonQueue(), 30*time.Second)
+	calls := rec.waitCalls(t, 2, 10*time.Second)
+	for i, m := range []*message.Message{calls[0].msg, calls[1].msg, poisonedMsg} {
+		if m.Metadata.Get("traceparent") != traceparent || m.Metadata.Get("tracestate") != tracestate {
+			t.Errorf("hop %d lost the trace context: %q %q", i, m.Metadata.Get("traceparent"), m.Metadata.Get("tracestate"))
+		}
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"net/url"
 	"sync"
 	"time"
@@ -376,4 +377,33 @@ func redactErr(err error) error {
 		return fmt.Errorf("%s: %w", uerr.Op, uerr.Err)
 	}
 	return err
+}
+
+// Causes of a failed hand-off, as FailureCause names them.
+const (
+	CauseReturned   = "returned"   // unroutable, returned by the broker
+	CauseNacked     = "nacked"     // the broker nacked the publish
+	CauseTimeout    = "timeout"    // no confirm within ConfirmTimeout
+	CauseConnection = "connection" // the channel or connection failed or closed
+	CauseTooLarge   = "too-large"  // larger than frame_max, never sent
+	CauseOther      = "other"
+)
+
+// FailureCause names why a hand-off failed, from a small fixed set (the Cause
+// constants), for metrics labels and logs.
+func FailureCause(err error) string {
+	var amqpErr *amqp.Error
+	switch {
+	case errors.Is(err, ErrReturned):
+		return CauseReturned
+	case errors.Is(err, ErrTooLarge):
+		return CauseTooLarge
+	case errors.Is(err, context.DeadlineExceeded):
+		return CauseTimeout
+	case errors.As(err, &amqpErr), errors.Is(err, amqp.ErrClosed), errors.As(err, new(*net.OpError)):
+		return CauseConnection
+	case errors.Is(err, ErrNotConfirmed):
+		return CauseNacked
+	}
+	return CauseOther
 }

@@ -55,6 +55,14 @@ type RetryConfig struct {
 	// redelivered at wire speed. A poisoning that fails is retried the same way, without
 	// limit: only the broker can take the message. Default: 5.
 	HandoffAttempts int
+	// Observe, if set, is told every delivery, success, retry, poisoning and failed
+	// hand-off (see Event), for metrics. It runs on the handler's goroutine: keep it
+	// fast. Default: nil.
+	Observe func(Event)
+	// RetryLogEvery samples the INFO line logged per scheduled retry: 0 or 1 logs every
+	// one, N logs one in N, a negative value none. Poisonings and failed hand-offs are
+	// always logged. Default: 0.
+	RetryLogEvery int
 
 	// Logger. Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
@@ -94,6 +102,7 @@ func (c RetryConfig) Validate() error {
 	if c.HandoffAttempts < 0 {
 		errs = append(errs, fmt.Errorf("HandoffAttempts: %d is negative", c.HandoffAttempts))
 	}
+
 	return errors.Join(errs...)
 }
 
@@ -110,6 +119,7 @@ func (c RetryConfig) Validate() error {
 type Retry struct {
 	cfg      RetryConfig
 	failures failureCounts
+	stats    stats
 }
 
 // NewRetry validates cfg and returns the middleware.
@@ -140,9 +150,16 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if r.cfg.Subscriber != "" {
 			joinChain(msg, r.cfg.Subscriber)
 		}
+		observe := r.cfg.Observe != nil && r.owns(msg)
+		if observe {
+			r.observeDelivery(msg, r.cfg.Queue(message.SubscribeTopicFromCtx(msg.Context())))
+		}
 		produced, err := h(msg)
 		if err == nil {
 			r.failures.forget(msg.UUID)
+			if observe {
+				r.observe(Event{Kind: EventSucceeded, Queue: r.cfg.Queue(message.SubscribeTopicFromCtx(msg.Context())), Attempt: Attempt(msg)})
+			}
 			return produced, nil
 		}
 		return nil, r.handleFailure(msg, err)
@@ -197,6 +214,7 @@ func (r *Retry) handleFailure(msg *message.Message, err error) error {
 		wait = r.cfg.Policy.Delay(f.attempt)
 	}
 	cp.Metadata.Set(AttemptKey, strconv.Itoa(f.attempt+1))
+	start := time.Now()
 	perr := r.publishRetry(f.queue, cp, wait)
 	if errors.Is(perr, delay.ErrTooLarge) {
 		trimEnvelope(cp.Metadata)
@@ -205,9 +223,18 @@ func (r *Retry) handleFailure(msg *message.Message, err error) error {
 	switch {
 	case perr == nil:
 		r.failures.forget(msg.UUID)
-		fields["requested_delay"] = cp.Metadata.Get(delay.RequestedDelayKey)
-		fields["effective_delay"] = cp.Metadata.Get(delay.EffectiveDelayKey)
-		r.cfg.Logger.Info("Retry scheduled", fields)
+		n := r.stats.retries.Add(1)
+		requested, effective := cp.Metadata.Get(delay.RequestedDelayKey), cp.Metadata.Get(delay.EffectiveDelayKey)
+		if r.cfg.Observe != nil {
+			e := Event{Kind: EventRetryScheduled, Queue: f.queue, Attempt: f.attempt, Err: err, Handoff: time.Since(start)}
+			e.Requested, _ = time.ParseDuration(requested)
+			e.Effective, _ = time.ParseDuration(effective)
+			r.observe(e)
+		}
+		if r.sampled(n) {
+			fields["requested_delay"], fields["effective_delay"] = requested, effective
+			r.cfg.Logger.Info("Retry scheduled", fields)
+		}
 		return nil
 	case errors.Is(perr, delay.ErrDelayTooLong), errors.Is(perr, delay.ErrTooLarge):
 		// Handing it off again would be refused again: poison it, saying why.
@@ -227,6 +254,12 @@ func (r *Retry) handleFailure(msg *message.Message, err error) error {
 func (r *Retry) publishRetry(queue string, cp *message.Message, wait time.Duration) error {
 	wdelay.Message(cp, wdelay.For(wait))
 	return r.cfg.Delay.Publish(queue, cp)
+}
+
+// owns tells whether msg is this Retry's to count: delivered by its subscriber, or any
+// message when RetryConfig.Subscriber is not set.
+func (r *Retry) owns(msg *message.Message) bool {
+	return r.cfg.Subscriber == "" || msg.Metadata.Get(xdeath.SubscriberKey) == r.cfg.Subscriber
 }
 
 // errOtherRetry: the message is another Retry's, and that Retry is on the handler too.
@@ -266,6 +299,7 @@ func (r *Retry) poison(err error, cp *message.Message, f failure, reason string,
 	cp.Metadata.Set(AttemptKey, strconv.Itoa(f.attempt))
 	cp.Metadata.Set(MaxAttemptsKey, strconv.Itoa(r.cfg.Policy.MaxAttempts))
 	fields["poison_reason"] = reason
+	start := time.Now()
 	perr := r.cfg.Poison.Publish(r.cfg.PoisonTopic, cp)
 	if errors.Is(perr, delay.ErrTooLarge) {
 		trimEnvelope(cp.Metadata)
@@ -278,6 +312,8 @@ func (r *Retry) poison(err error, cp *message.Message, f failure, reason string,
 		return r.handoffFailed(err, fmt.Errorf("poison topic %q: %w", r.cfg.PoisonTopic, perr), cp, f, fields, false)
 	}
 	r.failures.forget(cp.UUID)
+	r.stats.poisoned.Add(1)
+	r.observe(Event{Kind: EventPoisoned, Queue: f.queue, Attempt: f.attempt, Reason: reason, Err: err, Handoff: time.Since(start)})
 	if dropped := cp.Metadata.Get(DroppedHeadersKey); dropped != "" {
 		fields["dropped_headers"] = dropped
 	}
@@ -290,6 +326,8 @@ func (r *Retry) poison(err error, cp *message.Message, f failure, reason string,
 // waits a while, then returns the error that makes the router nack it for redelivery.
 func (r *Retry) handoffFailed(err, perr error, cp *message.Message, f failure, fields watermill.LogFields, mayPoison bool) error {
 	n := r.failures.add(cp.UUID)
+	r.stats.failures.Add(1)
+	r.observe(Event{Kind: EventHandoffFailed, Queue: f.queue, Attempt: f.attempt, Err: perr})
 	fields["handoff_failures"] = n
 	r.cfg.Logger.Error("Could not hand off message, nacking it for redelivery", perr, fields)
 	if mayPoison && n >= r.cfg.HandoffAttempts {

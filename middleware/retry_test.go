@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	wdelay "github.com/ThreeDotsLabs/watermill/components/delay"
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -370,6 +371,31 @@ func TestEachRetryActsOnlyOnItsOwnSubscribersMessages(t *testing.T) {
 		}
 		if !strings.Contains(err.Error(), "AddHandler") {
 			t.Errorf("owner %q: %v does not name the fix", owner, err)
+		}
+	}
+}
+
+func TestRetryLogSampling(t *testing.T) {
+	for _, tt := range []struct {
+		every  int
+		logged int // of 10 retries
+	}{{0, 10}, {1, 10}, {3, 4}, {10, 1}, {-1, 0}} {
+		logs := watermill.NewCaptureLogger()
+		r, err := NewRetry(RetryConfig{Delay: &recorder{}, Poison: &recorder{}, PoisonTopic: "p", RetryLogEvery: tt.every, Logger: logs,
+			Policy: Policy{MaxAttempts: 100}, Queue: func(string) string { return "work" }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 10 {
+			if _, err := r.Middleware(failing(errFlakyUnit))(message.NewMessage(fmt.Sprint(i), nil)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := len(logs.Captured()[watermill.InfoLogLevel]); n != tt.logged {
+			t.Errorf("RetryLogEvery %d: %d lines for 10 retries, want %d", tt.every, n, tt.logged)
+		}
+		if st := r.Stats(); st.Retries != 10 {
+			t.Errorf("Stats().Retries = %d, want 10", st.Retries)
 		}
 	}
 }

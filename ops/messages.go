@@ -113,7 +113,7 @@ type Message struct {
 	Payload  []byte            `json:"payload,omitempty"`
 }
 
-// keyQueue parses a binary-levels routing key: one 0/1 word per level, then the queue.
+// levelsKey parses a binary-levels routing key: one 0/1 word per level, then the queue.
 var levelsKey = regexp.MustCompile(`^(?:[01]\.)+(.+)$`)
 
 // message reads the envelope of d.

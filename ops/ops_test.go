@@ -182,7 +182,11 @@ func TestTopologyVerifyThenApply(t *testing.T) {
 	}
 	bad := r.prefix + ".delay.3s"
 	brokertest.Cleanup(t, []string{bad}, nil)
-	if _, err := ch.QueueDeclare(bad, true, false, false, false, amqp.Table{topology.QueueTypeArg: topology.QueueTypeQuorum, topology.MessageTTLArg: int64(9000)}); err != nil {
+	if _, err := ch.QueueDeclare(bad, true, false, false, false, amqp.Table{
+		topology.QueueTypeArg: topology.QueueTypeQuorum, topology.MessageTTLArg: int64(9000),
+		topology.DeadLetterExchangeArg: r.prefix + ".deliver", topology.DeadLetterStrategyArg: topology.DeadLetterAtLeastOnce,
+		topology.OverflowArg: topology.OverflowRejectPublish,
+	}); err != nil {
 		t.Fatal(err)
 	}
 	o2, err := ops.New(other)
@@ -195,7 +199,7 @@ func TestTopologyVerifyThenApply(t *testing.T) {
 		t.Fatal(err)
 	}
 	problems := res.Report.Problems()
-	if len(problems) != 1 || problems[0].Name != bad || problems[0].Status != topology.StatusMismatch || problems[0].Arg == "" {
+	if len(problems) != 1 || problems[0].Name != bad || problems[0].Status != topology.StatusMismatch || problems[0].Arg != topology.MessageTTLArg {
 		t.Fatalf("want one mismatch on %s naming an argument, got %+v", bad, problems)
 	}
 	if !errors.Is(res.Err(), topology.ErrMismatch) {

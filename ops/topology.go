@@ -2,7 +2,6 @@ package ops
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/amqpretry/amqpretry/delay"
@@ -153,6 +152,3 @@ func (o *Ops) Verify(ctx context.Context, opts VerifyOptions, workQueues ...stri
 	res.Report.Findings = append(r.Findings, wr.Findings...)
 	return res, nil
 }
-
-// ErrVerify is returned (wrapped) by the command's verify when something is missing.
-var ErrVerify = errors.New("topology verification failed")

@@ -130,8 +130,9 @@ type run struct {
 	version  string
 	logPath  string
 
-	work, results, poison, parking string
-	delayQueues                    []string // empty for delayed-exchange: its retries wait inside the plugin
+	work, results, poison string
+	parking               string   // "" for delayed-exchange, which has none
+	delayQueues           []string // empty for delayed-exchange: its retries wait inside the plugin
 
 	uuids    []string
 	fates    map[string]noloss.Fate
@@ -175,9 +176,10 @@ func newRun(t *testing.T, bin, backend string, n, sabotage int) *run {
 	if err := retry.Close(); err != nil {
 		t.Fatal(err)
 	}
-	r.parking = r.prefix + ".parking"
 	for _, q := range topo.Queues {
-		if q.Name != r.parking {
+		if q.Name == r.prefix+".parking" {
+			r.parking = q.Name
+		} else {
 			r.delayQueues = append(r.delayQueues, q.Name)
 		}
 	}
@@ -201,6 +203,16 @@ func newRun(t *testing.T, bin, backend string, n, sabotage int) *run {
 		r.fates[id] = noloss.FateFor(i)
 	}
 	return r
+}
+
+// queues are the queues that must be empty at the end: the work queue, the parking
+// queue (delayed-exchange has none) and the delay queues.
+func (r *run) queues() []string {
+	qs := []string{r.work}
+	if r.parking != "" {
+		qs = append(qs, r.parking)
+	}
+	return append(qs, r.delayQueues...)
 }
 
 func (r *run) elapsed() float64 { return time.Since(r.start).Seconds() }
@@ -263,7 +275,7 @@ func (r *run) run() {
 	for _, p := range acc.problems(r.fates) {
 		t.Errorf("%s", p)
 	}
-	for _, q := range append([]string{r.work, r.parking}, r.delayQueues...) {
+	for _, q := range r.queues() {
 		if c := r.count(q); c != 0 {
 			t.Errorf("queue %s holds %d messages at the end, want 0", q, c)
 		}
@@ -537,7 +549,7 @@ func (r *run) brokerHolds() int {
 	if err != nil {
 		r.fatal("%v", err)
 	}
-	ours := append([]string{r.work, r.parking}, r.delayQueues...)
+	ours := r.queues()
 	total := 0
 	for _, line := range strings.Split(string(out), "\n") {
 		f := strings.Fields(line)
@@ -558,7 +570,7 @@ func (r *run) brokerHolds() int {
 func (r *run) awaitQuiet() {
 	for r.ctx.Err() == nil {
 		total := 0
-		for _, q := range append([]string{r.work, r.parking}, r.delayQueues...) {
+		for _, q := range r.queues() {
 			total += r.count(q)
 		}
 		if total == 0 {
@@ -743,20 +755,24 @@ func (p *consumerProc) stop() {
 	}
 }
 
-// consumerLog returns the consumer's error lines (the last 20) and its last lines.
+// consumerLog returns the consumer's sabotage lines, its last 20 error lines (without
+// the expected poisonings of the 1% permanent messages) and its last 20 lines.
 func consumerLog(path string) string {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return err.Error()
 	}
 	all := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	var errs []string
+	var sabotage, errs []string
 	for _, l := range all {
-		if strings.Contains(l, "level=ERROR") {
+		switch {
+		case strings.Contains(l, "SABOTAGE"):
+			sabotage = append(sabotage, l)
+		case strings.Contains(l, "level=ERROR") && !strings.Contains(l, `msg="Message poisoned"`):
 			errs = append(errs, l)
 		}
 	}
-	return fmt.Sprintf("%d error lines, the last %d:\n%s\nlast %d lines:\n%s",
-		len(errs), min(20, len(errs)), strings.Join(errs[max(0, len(errs)-20):], "\n"),
-		min(20, len(all)), strings.Join(all[max(0, len(all)-20):], "\n"))
+	last := func(lines []string) string { return strings.Join(lines[max(0, len(lines)-20):], "\n") }
+	return fmt.Sprintf("%d sabotage lines:\n%s\n%d error lines (poisonings left out), the last %d:\n%s\nthe last %d lines:\n%s",
+		len(sabotage), strings.Join(sabotage, "\n"), len(errs), min(20, len(errs)), last(errs), min(20, len(all)), last(all))
 }

@@ -1,0 +1,186 @@
+// Example: broker-side retries with Prometheus metrics.
+//
+// It runs ORDERS orders (default 200, published at RATE a second, default 200) through a Watermill router whose handler fails some of them (30%
+// once, 10% twice, 2% for good), on RabbitMQ at AMQP_URI with the backend named by
+// DELAY_BACKEND (default ttl-tiers), or in-process on a GoChannel with the memory
+// backend when AMQP_URI is unset. With METRICS_ADDR=host:port it serves /metrics while it
+// runs (and METRICS_HOLD=30s keeps serving that long after). At the end it prints the
+// final metrics in Prometheus text format.
+//
+//	cd metrics && go run ./example
+//	AMQP_URI=amqp://guest:guest@127.0.0.1:5672/ METRICS_ADDR=127.0.0.1:9464 go run ./example
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/metrics"
+	"github.com/amqpretry/amqpretry/middleware"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "metrics example:", err)
+		os.Exit(1)
+	}
+}
+
+// failures decides, from the order's id, how many attempts fail (-1: for good).
+func failures(id string) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	switch p := h.Sum32() % 100; {
+	case p < 2:
+		return -1
+	case p < 12:
+		return 2
+	case p < 42:
+		return 1
+	}
+	return 0
+}
+
+func run() error {
+	n := 200
+	if v := os.Getenv("ORDERS"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil {
+			return fmt.Errorf("ORDERS: %w", err)
+		}
+	}
+	logger := watermill.NopLogger{}
+	uri := os.Getenv("AMQP_URI")
+	runID := watermill.NewShortUUID()[:8]
+	topic := "metrics-example.orders." + runID
+
+	cfg := amqpretry.Config{
+		Delay: delay.Config{
+			Backend: os.Getenv("DELAY_BACKEND"),
+			Prefix:  "amqpretry-metrics-example",
+			Tiers:   []time.Duration{time.Second, 2 * time.Second},
+		},
+		Policy:        middleware.Policy{MaxAttempts: 4, Delays: []time.Duration{time.Second, 2 * time.Second}},
+		RetryLogEvery: -1,
+		Logger:        logger,
+	}
+	var pub message.Publisher
+	if uri == "" {
+		goChannel := gochannel.NewGoChannel(gochannel.Config{}, logger)
+		cfg.Delay.Backend, cfg.Delay.Memory, pub = delay.BackendMemory, goChannel, goChannel
+	} else {
+		cfg.Subscriber = wamqp.NewDurableQueueConfig(uri)
+		amqpPub, err := wamqp.NewPublisher(cfg.Subscriber, logger)
+		if err != nil {
+			return err
+		}
+		defer amqpPub.Close()
+		pub = amqpPub
+		cfg.Delay.Memory = amqpPub
+	}
+	backend := cfg.Delay.Backend
+	if backend == "" {
+		backend = delay.BackendTTLTiers
+	}
+
+	reg := prometheus.NewRegistry()
+	mx, err := metrics.New(metrics.Config{Registerer: reg, Backend: backend})
+	if err != nil {
+		return err
+	}
+	cfg.Observe = mx.Observe
+	retry, err := amqpretry.New(cfg)
+	if err != nil {
+		return err
+	}
+	defer retry.Close()
+
+	handler := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	if addr := os.Getenv("METRICS_ADDR"); addr != "" {
+		srv := &http.Server{Addr: addr, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if uri != "" {
+				_ = mx.RefreshQueues(uri, retry.Queues())
+			}
+			handler.ServeHTTP(w, r)
+		}), ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.ListenAndServe() }()
+		defer srv.Close()
+		fmt.Fprintf(os.Stderr, "serving http://%s/metrics\n", addr)
+	}
+
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, logger)
+	if err != nil {
+		return err
+	}
+	var done atomic.Int64
+	_, err = retry.AddHandler(router, "orders", topic, func(msg *message.Message) error {
+		f := failures(msg.UUID)
+		switch {
+		case f < 0:
+			done.Add(1)
+			return middleware.Permanent(errors.New("malformed order"))
+		case middleware.Attempt(msg) <= f:
+			return errors.New("payment service timeout")
+		}
+		done.Add(1)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = router.Run(ctx) }()
+	<-router.Running()
+	defer router.Close()
+
+	rate := 200 // orders a second, so that the lateness measured is the backend's, not a backlog's
+	if v := os.Getenv("RATE"); v != "" {
+		if rate, err = strconv.Atoi(v); err != nil || rate < 1 {
+			return fmt.Errorf("RATE: %q, want a positive integer", v)
+		}
+	}
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	for i := range n {
+		<-tick.C
+		if err := pub.Publish(topic, message.NewMessage(fmt.Sprintf("%s-%d", runID, i), nil)); err != nil {
+			return err
+		}
+	}
+	for deadline := time.Now().Add(time.Minute); done.Load() < int64(n); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d orders done within a minute of the last publish", done.Load(), n)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the last poisonings are recorded after the handler returns
+	if uri != "" {
+		if err := mx.RefreshQueues(uri, retry.Queues()); err != nil {
+			return err
+		}
+	}
+	if hold, err := time.ParseDuration(os.Getenv("METRICS_HOLD")); err == nil {
+		time.Sleep(hold)
+	}
+	rec := httptest.NewRecorder()
+	handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	fmt.Print(rec.Body.String())
+	return nil
+}
