@@ -38,6 +38,16 @@ type Config struct {
 	PoisonQueue string
 	// ConfirmTimeout bounds the wait for each publisher confirm. Default: 10s.
 	ConfirmTimeout time.Duration
+	// Topology says what the library does with the queues, exchanges and bindings it
+	// needs (the backend's, the poison queue, each work queue's retry binding):
+	// topology.ModeDeclare declares them, idempotently, and declares a deleted one
+	// again when a hand-off finds it gone; topology.ModeVerify, for a user without
+	// configure permission, declares no queue or exchange but checks each passively
+	// (and asserts the bindings, which needs only read and write permission), failing
+	// at start-up or subscribe with the `amqpretry topology apply ...` command that
+	// creates what is missing; topology.ModeNone touches nothing. It sets
+	// Delay.Topology. Default: topology.ModeDeclare.
+	Topology topology.Mode
 	// HandoffAttempts is how many hand-offs of one message may fail in a row (broker
 	// trouble, a message the broker refuses, a mis-wired subscriber) before the message
 	// goes to the poison queue instead, reason "handoff-failed". Between failures the
@@ -74,6 +84,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Subscriber.Marshaler == nil {
 		c.Subscriber.Marshaler = wamqp.DefaultMarshaler{}
+	}
+	if c.Delay.Topology == "" {
+		c.Delay.Topology = c.Topology
 	}
 }
 
@@ -130,6 +143,11 @@ func (c Config) Validate() error {
 	if c.HandoffAttempts < 0 {
 		errs = append(errs, fmt.Errorf("HandoffAttempts: %d is negative", c.HandoffAttempts))
 	}
+	if err := c.Topology.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("Topology: %w", err))
+	} else if c.Delay.Topology.OrDefault() != c.Topology.OrDefault() {
+		errs = append(errs, fmt.Errorf("Delay.Topology: %q differs from Topology %q; set Topology only", c.Delay.Topology, c.Topology))
+	}
 	return errors.Join(errs...)
 }
 
@@ -185,6 +203,7 @@ func New(cfg Config) (*Retry, error) {
 				URI:            cfg.Subscriber.Connection.AmqpURI,
 				AMQP:           amqpConfig(cfg.Subscriber.Connection),
 				ConfirmTimeout: cfg.ConfirmTimeout,
+				Topology:       cfg.Topology,
 				Logger:         cfg.Logger,
 			})
 			if err != nil {
@@ -193,8 +212,11 @@ func New(cfg Config) (*Retry, error) {
 			r.handoff = h
 			cfg.Delay.Handoff = h
 		}
-		if err := cfg.Delay.Handoff.Declare(topology.Topology{Queues: []topology.Queue{{Name: cfg.PoisonQueue}}}); err != nil {
-			return nil, errors.Join(err, r.Close())
+		if err := cfg.Delay.Handoff.Ensure(cfg.Topology, topology.Topology{Queues: []topology.Queue{{Name: cfg.PoisonQueue}}}); err != nil {
+			if errors.Is(err, topology.ErrMissing) {
+				err = fmt.Errorf("%w; create it with `%s --poison-queue %s` as a user with configure permission", err, delay.ApplyCommand(cfg.Delay), cfg.PoisonQueue)
+			}
+			return nil, errors.Join(fmt.Errorf("poison queue (topology mode %s): %w", cfg.Topology.OrDefault(), err), r.Close())
 		}
 		poison = cfg.Delay.Handoff.QueuePublisher()
 		queueOf = cfg.Subscriber.Queue.GenerateName
@@ -219,6 +241,10 @@ func New(cfg Config) (*Retry, error) {
 	}
 	if cfg.usesBroker() {
 		mwCfg.Subscriber = r.id
+		mwCfg.Owner = func(msg *message.Message) string { return msg.Metadata.Get(xdeath.SubscriberKey) }
+		mwCfg.Origin = func(msg *message.Message) (string, string) {
+			return msg.Metadata.Get(xdeath.DeliveryExchangeKey), msg.Metadata.Get(xdeath.DeliveryRoutingKeyKey)
+		}
 		mwCfg.CheckQueue = r.checkQueue
 	}
 	r.middleware, err = middleware.NewRetry(mwCfg)
@@ -293,7 +319,7 @@ func (r *Retry) SubscriberConfig() wamqp.Config {
 	}
 	inner := c.TopologyBuilder
 	if _, ok := inner.(topology.Builder); !ok && r.backend != nil {
-		inner = topology.Builder{Inner: inner, Binder: r.backend}
+		inner = topology.Builder{Inner: inner, Binder: r.backend, Mode: r.cfg.Topology}
 	}
 	c.TopologyBuilder = recordingBuilder{TopologyBuilder: inner, bound: &r.bound}
 	return c

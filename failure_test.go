@@ -83,7 +83,12 @@ func TestRouterWideMiddlewaresOfTwoGroupsEachRetryTheirOwn(t *testing.T) {
 			}
 			brokertest.Cleanup(t, []string{prefix + ".poison"}, []string{topic})
 
-			var routerWide []message.HandlerMiddleware
+			// Outermost, each group's recorder learns when a delivery is handled to the end.
+			routerWide := []message.HandlerMiddleware{func(h message.HandlerFunc) message.HandlerFunc {
+				return func(msg *message.Message) ([]*message.Message, error) {
+					return recs[message.HandlerNameFromCtx(msg.Context())].settle(h)(msg)
+				}
+			}}
 			newRouter(t, func(router *message.Router) {
 				for _, group := range groups {
 					r := retries[group]
@@ -115,9 +120,9 @@ func TestRouterWideMiddlewaresOfTwoGroupsEachRetryTheirOwn(t *testing.T) {
 				}
 			}
 			for _, group := range groups {
-				recs[group].waitCalls(t, 2*events, 30*time.Second)
+				recs[group].waitSettled(t, 2*events, 30*time.Second)
+				wantStats(t, retries[group], events, 0) // so no third delivery can come
 			}
-			time.Sleep(time.Second) // a stray third delivery would arrive within a tier
 			for _, group := range groups {
 				got := attemptsByUUID(recs[group].snapshot())
 				if len(got) != events {
@@ -270,7 +275,7 @@ func TestHandoffThatKeepsFailingBacksOffThenPoisons(t *testing.T) {
 		}
 		return errFlaky
 	})
-	run(t, r, s.topic, rec.handle)
+	runRecorded(t, r, s.topic, rec)
 	start := time.Now()
 	publish(t, s.topic, "stuck")
 	publish(t, s.topic, "canary")
@@ -294,7 +299,12 @@ func TestHandoffThatKeepsFailingBacksOffThenPoisons(t *testing.T) {
 	if took < 1500*time.Millisecond {
 		t.Errorf("poisoned after %s: the failed hand-offs did not pause", took)
 	}
-	time.Sleep(500 * time.Millisecond)
+	// Five deliveries of the stuck message and the canary's, handled to the end: one
+	// poisoning, five failed hand-offs, no retry, so nothing more can come.
+	rec.waitSettled(t, middleware.DefaultHandoffAttempts+1, 10*time.Second)
+	if st := r.Stats(); st.Poisoned != 1 || st.HandoffFailure != middleware.DefaultHandoffAttempts || st.Retries != 0 {
+		t.Errorf("stats %+v, want 1 poisoned after %d failed hand-offs", st, middleware.DefaultHandoffAttempts)
+	}
 	if n := brokertest.QueueLength(t, r.PoisonQueue()); n != 0 {
 		t.Errorf("%d more messages in the poison queue, want the one taken", n)
 	}
@@ -304,6 +314,7 @@ func TestHandoffThatKeepsFailingBacksOffThenPoisons(t *testing.T) {
 // as a producer outside Watermill would.
 func publishRaw(t *testing.T, queue, uuid string, headers amqp.Table) {
 	t.Helper()
+	brokertest.QueueLength(t, queue) // fails if the subscriber has not declared it
 	ch, err := brokertest.Dial(t).Channel()
 	if err != nil {
 		t.Fatal(err)
@@ -351,8 +362,6 @@ func TestUndecodableHeadersReachTheHandlerAndSurviveEveryHop(t *testing.T) {
 	})
 	run(t, r, s.topic, rec.handle)
 	odd := amqp.Table{"\xff\xfe": int64(7), "deep": nestedTable(70, int32(1)), "plain": "kept"}
-	// The work queue is declared by the subscriber; wait for it before publishing raw.
-	time.Sleep(500 * time.Millisecond)
 	publishRaw(t, s.topic, "odd", odd)
 	publishRaw(t, s.topic, "canary", nil)
 
@@ -390,7 +399,6 @@ func TestHeadersNearFrameMaxArePoisonedWithTheHeadersThatFit(t *testing.T) {
 		return errFlaky
 	})
 	run(t, r, s.topic, rec.handle)
-	time.Sleep(500 * time.Millisecond)
 	big := strings.Repeat("b", 130_900) // frame_max 131,072: fits alone, not with an envelope
 	publishRaw(t, s.topic, "huge", amqp.Table{"big": big, "small": "kept"})
 	publishRaw(t, s.topic, "canary", nil)
@@ -426,9 +434,13 @@ func TestPoisoningIsLoggedAtError(t *testing.T) {
 	run(t, r, s.topic, func(*message.Message) error { return middleware.Permanent(errors.New("malformed")) })
 	publish(t, s.topic, "bad")
 	poisoned(t, r.PoisonQueue(), 30*time.Second)
+	// The broker may deliver the poisoned copy before the middleware has read its
+	// confirm and logged.
 	found := false
-	for _, l := range logs.Captured()[watermill.ErrorLogLevel] {
-		found = found || l.Msg == "Message poisoned" && l.Fields["poison_reason"] == middleware.PoisonPermanent
+	for deadline := time.Now().Add(5 * time.Second); !found && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		for _, l := range logs.Captured()[watermill.ErrorLogLevel] {
+			found = found || l.Msg == "Message poisoned" && l.Fields["poison_reason"] == middleware.PoisonPermanent
+		}
 	}
 	if !found {
 		t.Errorf("no ERROR line for the poisoning: %+v", logs.Captured()[watermill.ErrorLogLevel])

@@ -37,16 +37,52 @@ type delivery struct {
 	msg *message.Message
 }
 
-// recorder is a handler that records every call and fails as fail says.
+// recorder is a handler that records every call and fails as fail says. Its settle
+// middleware, put outside the retry middleware, counts the deliveries whose whole
+// handling (hand-off or poisoning included) is over.
 type recorder struct {
-	mu    sync.Mutex
-	calls []delivery
-	fail  func(msg *message.Message) error
-	seen  chan struct{}
+	mu      sync.Mutex
+	calls   []delivery
+	fail    func(msg *message.Message) error
+	seen    chan struct{}
+	settled chan struct{}
 }
 
 func newRecorder(fail func(msg *message.Message) error) *recorder {
-	return &recorder{fail: fail, seen: make(chan struct{}, 10_000)}
+	return &recorder{fail: fail, seen: make(chan struct{}, 10_000), settled: make(chan struct{}, 10_000)}
+}
+
+// settle is a middleware that reports each delivery once everything inside it returned.
+func (r *recorder) settle(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		defer func() { r.settled <- struct{}{} }()
+		return h(msg)
+	}
+}
+
+// waitSettled waits until n deliveries were handled to the end. A retry or poisoning
+// of them has then been handed off (and counted in Retry.Stats), so no sleep is needed
+// to know that nothing more is on its way.
+func (r *recorder) waitSettled(t *testing.T, n int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.After(timeout)
+	for i := range n {
+		select {
+		case <-r.settled:
+		case <-deadline:
+			t.Fatalf("%d of %d deliveries settled within %s", i, n, timeout)
+		}
+	}
+}
+
+// wantStats fails unless r handed off exactly retries retries and poisoned exactly
+// poisoned messages, with no failed hand-off: any further delivery of the message would
+// need one of them.
+func wantStats(t *testing.T, r *amqpretry.Retry, retries, poisoned int64) {
+	t.Helper()
+	if st := r.Stats(); st.Retries != retries || st.Poisoned != poisoned || st.HandoffFailure != 0 {
+		t.Errorf("stats %+v, want %d retries, %d poisoned, no failed hand-off", st, retries, poisoned)
+	}
 }
 
 func (r *recorder) handle(msg *message.Message) error {
@@ -131,8 +167,20 @@ func newRetry(t *testing.T, cfg amqpretry.Config) *amqpretry.Retry {
 	return r
 }
 
+// runRecorded is run with rec's handler, and rec's settle middleware outside r's.
+func runRecorded(t *testing.T, r *amqpretry.Retry, topic string, rec *recorder) {
+	t.Helper()
+	runWith(t, r, topic, rec.handle, rec.settle)
+}
+
 // run starts a router with one consumer handler on topic, retried by r.
 func run(t *testing.T, r *amqpretry.Retry, topic string, h message.NoPublishHandlerFunc) {
+	t.Helper()
+	runWith(t, r, topic, h)
+}
+
+// runWith is run with extra handler middlewares outside r's.
+func runWith(t *testing.T, r *amqpretry.Retry, topic string, h message.NoPublishHandlerFunc, outer ...message.HandlerMiddleware) {
 	t.Helper()
 	sub, err := wamqp.NewSubscriber(r.SubscriberConfig(), testLogger())
 	if err != nil {
@@ -142,7 +190,7 @@ func run(t *testing.T, r *amqpretry.Retry, topic string, h message.NoPublishHand
 	if err != nil {
 		t.Fatal(err)
 	}
-	router.AddConsumerHandler("handler-"+topic, topic, sub, h).AddMiddleware(r.Middleware)
+	router.AddConsumerHandler("handler-"+topic, topic, sub, h).AddMiddleware(append(outer, r.Middleware)...)
 	go func() { _ = router.Run(context.Background()) }()
 	<-router.Running()
 	t.Cleanup(func() {
@@ -181,12 +229,13 @@ func TestScenarioFailThreeTimesThenSucceed(t *testing.T) {
 				}
 				return nil
 			})
-			run(t, r, s.topic, rec.handle)
+			runRecorded(t, r, s.topic, rec)
 			publish(t, s.topic, "m1")
 
-			calls := rec.waitCalls(t, 4, 30*time.Second)
-			time.Sleep(time.Second) // a fifth call would be a bug
-			if calls = rec.snapshot(); len(calls) != 4 {
+			rec.waitSettled(t, 4, 30*time.Second)
+			wantStats(t, r, 3, 0) // so no fifth delivery can come
+			calls := rec.snapshot()
+			if len(calls) != 4 {
 				t.Fatalf("handled %d times, want 4", len(calls))
 			}
 			for i, c := range calls {
@@ -203,7 +252,7 @@ func TestScenarioFailThreeTimesThenSucceed(t *testing.T) {
 					t.Fatal(err)
 				}
 				md := calls[i].msg.Metadata
-				if got := md.Get(delay.EffectiveDelayKey); got != want.String() {
+				if got := md.Get(middleware.EffectiveDelayKey); got != want.String() {
 					t.Errorf("retry %d: effective delay %s, want %s (policy %s after snapping)", i, got, want, policyDelays[i-1])
 				}
 				gap := calls[i].at.Sub(calls[i-1].at)
@@ -302,14 +351,15 @@ func TestPermanentErrorPoisonsOnFirstFailure(t *testing.T) {
 	s := newSetup(t, delay.BackendTTLTiers)
 	r := newRetry(t, s.cfg)
 	rec := newRecorder(func(*message.Message) error { return middleware.Permanent(errors.New("malformed order")) })
-	run(t, r, s.topic, rec.handle)
+	runRecorded(t, r, s.topic, rec)
 	publish(t, s.topic, "bad")
 
 	msg := poisoned(t, s.prefix+".poison", 30*time.Second)
 	if got := msg.Metadata.Get(middleware.PoisonReasonKey); got != middleware.PoisonPermanent {
 		t.Errorf("reason %q, want permanent", got)
 	}
-	time.Sleep(time.Second)
+	rec.waitSettled(t, 1, 10*time.Second)
+	wantStats(t, r, 0, 1)
 	if n := len(rec.snapshot()); n != 1 {
 		t.Errorf("handled %d times, want 1", n)
 	}
@@ -330,8 +380,8 @@ func TestRetryAfterIsHonoured(t *testing.T) {
 
 	calls := rec.waitCalls(t, 2, 30*time.Second)
 	md := calls[1].msg.Metadata
-	if md.Get(delay.RequestedDelayKey) != "1.8s" || md.Get(delay.EffectiveDelayKey) != "2s" {
-		t.Errorf("requested/effective = %s/%s, want 1.8s/2s", md.Get(delay.RequestedDelayKey), md.Get(delay.EffectiveDelayKey))
+	if md.Get(middleware.RequestedDelayKey) != "1.8s" || md.Get(middleware.EffectiveDelayKey) != "2s" {
+		t.Errorf("requested/effective = %s/%s, want 1.8s/2s", md.Get(middleware.RequestedDelayKey), md.Get(middleware.EffectiveDelayKey))
 	}
 	if gap := calls[1].at.Sub(calls[0].at); gap < 2*time.Second-50*time.Millisecond {
 		t.Errorf("retry came back after %s, before the Retry-After", gap)
@@ -345,6 +395,7 @@ func TestFanoutRetryReachesOnlyTheFailingQueue(t *testing.T) {
 	prefix := brokertest.Prefix(t)
 	topic := prefix + ".events"
 	recs := map[string]*recorder{}
+	retries := map[string]*amqpretry.Retry{}
 	for _, group := range []string{"billing", "shipping"} {
 		sub := wamqp.NewDurablePubSubConfig(brokertest.URI(), wamqp.GenerateQueueNameTopicNameWithSuffix(group))
 		r := newRetry(t, amqpretry.Config{
@@ -359,7 +410,8 @@ func TestFanoutRetryReachesOnlyTheFailingQueue(t *testing.T) {
 			}
 			return nil
 		})
-		run(t, r, topic, recs[group].handle)
+		retries[group] = r
+		runRecorded(t, r, topic, recs[group])
 		brokertest.Cleanup(t, []string{topic + "_" + group}, nil)
 	}
 	brokertest.Cleanup(t, []string{prefix + ".poison"}, []string{topic})
@@ -372,8 +424,13 @@ func TestFanoutRetryReachesOnlyTheFailingQueue(t *testing.T) {
 	if err := pub.Publish(topic, message.NewMessage("evt", nil)); err != nil {
 		t.Fatal(err)
 	}
-	recs["billing"].waitCalls(t, 2, 30*time.Second)
-	time.Sleep(2 * time.Second) // a stray retry to shipping would have arrived by now
+	recs["billing"].waitSettled(t, 2, 30*time.Second)
+	recs["shipping"].waitSettled(t, 1, 30*time.Second)
+	wantStats(t, retries["billing"], 1, 0)
+	wantStats(t, retries["shipping"], 0, 0)
+	if n := brokertest.QueueLength(t, prefix+".delay.500ms"); n != 0 {
+		t.Errorf("%d retries still waiting", n)
+	}
 	if n := len(recs["billing"].snapshot()); n != 2 {
 		t.Errorf("billing handled %d times, want 2", n)
 	}

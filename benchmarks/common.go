@@ -21,6 +21,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -369,4 +370,9 @@ func (e *env) brokerVersion() string {
 		return v
 	}
 	return "unknown"
+}
+
+// dueOf returns the due time recorded on msg (middleware.DueKey).
+func dueOf(msg *message.Message) (time.Time, error) {
+	return time.Parse(time.RFC3339Nano, msg.Metadata.Get(middleware.DueKey))
 }

@@ -87,7 +87,7 @@ func (e *env) headOfLineOne(ctx context.Context, name string) (time.Duration, st
 }
 
 // waitProbe reads arrivals until the probe; its lateness is measured from due, or from
-// the delay.DueKey metadata when due is nil.
+// the middleware.DueKey metadata when due is nil.
 func waitProbe(ctx context.Context, c *consumer, id string, deadline <-chan time.Time, due *time.Time) (time.Duration, error) {
 	for {
 		a, err := c.next(ctx, deadline)
@@ -98,7 +98,7 @@ func waitProbe(ctx context.Context, c *consumer, id string, deadline <-chan time
 			continue // the baseline's long messages, expired ahead of the probe
 		}
 		if due == nil {
-			d, err := delay.Due(a.msg)
+			d, err := dueOf(a.msg)
 			if err != nil {
 				return 0, err
 			}

@@ -11,7 +11,7 @@ import (
 // Lateness: for every backend delay.Backends() lists, N retries with delays 1 s to 10 s
 // (retry i waits (i mod 10) + 1 s), scheduled from several goroutines through the
 // backend's Publish, read back from the work queue by a plain consumer. Lateness is the
-// time a retry was read minus its due time, the delay.DueKey the backend wrote (the
+// time a retry was read minus its due time, the middleware.DueKey schedule recorded (the
 // hand-off time plus the effective delay). ttl-tiers gets tiers 1s..10s, so its
 // effective delay is the requested one.
 
@@ -85,7 +85,7 @@ func (e *env) latenessOne(ctx context.Context, name string) (*latenessDetail, st
 			continue
 		}
 		seen[a.msg.UUID] = true
-		due, err := delay.Due(a.msg)
+		due, err := dueOf(a.msg)
 		if err != nil {
 			return nil, "", err
 		}

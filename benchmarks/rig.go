@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/topology"
 	"github.com/amqpretry/amqpretry/xdeath"
 )
@@ -60,10 +61,16 @@ func (r *rig) close() {
 }
 
 // schedule hands one message for the rig's queue to the backend with delay d, through
-// the message.Publisher interface and Watermill's delay metadata.
+// the message.Publisher interface and Watermill's delay metadata. It records the due
+// time under middleware.DueKey, as the retry middleware does (backends write none).
 func (r *rig) schedule(id string, d time.Duration) error {
 	msg := message.NewMessage(id, []byte(id))
 	wdelay.Message(msg, wdelay.For(d))
+	effective, err := r.b.Effective(d)
+	if err != nil {
+		return err
+	}
+	msg.Metadata.Set(middleware.DueKey, time.Now().Add(effective).UTC().Format(time.RFC3339Nano))
 	if err := r.b.Publish(r.queue, msg); err != nil {
 		return fmt.Errorf("schedule %s for %s: %w", id, d, err)
 	}

@@ -3,25 +3,14 @@ package delay
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/components/delay"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry/topology"
-)
-
-// Metadata keys a backend writes on every message it parks. Their values are Go
-// duration strings (time.Duration.String) and an RFC 3339 time with nanoseconds, UTC.
-const (
-	// RequestedDelayKey holds the delay that was asked for.
-	RequestedDelayKey = "amqpretry-requested-delay"
-	// EffectiveDelayKey holds the delay the backend applies (after snapping to a tier,
-	// rounding to a level, and so on).
-	EffectiveDelayKey = "amqpretry-effective-delay"
-	// DueKey holds the time the message is due back: the hand-off time plus the
-	// effective delay.
-	DueKey = "amqpretry-due"
 )
 
 // Backend names, the values of Config.Backend.
@@ -31,6 +20,9 @@ const (
 	BackendDelayedExchange = "delayed-exchange"
 	BackendMemory          = "memory"
 )
+
+// errShutdownWindow is what New logs when the delayed-exchange backend is chosen.
+var errShutdownWindow = errors.New("retries due while the broker stops may be lost")
 
 // ErrDelayTooLong is returned (wrapped, with the delay and the backend's maximum) by
 // Effective and Publish for a delay longer than the backend can hold.
@@ -42,9 +34,10 @@ var ErrDelayTooLong = errors.New("delay too long")
 // queue the message must come back to (and only that queue), and the delay is read from
 // Watermill's delay metadata (components/delay: delay.Message(msg, delay.For(d))), so any
 // code that holds a message.Publisher can schedule a delayed message. A message without
-// delay metadata is delayed by zero, which a backend may round up. Publish writes
-// RequestedDelayKey, EffectiveDelayKey and DueKey into each message's metadata and
-// returns only once the broker has confirmed that it holds every message.
+// delay metadata is delayed by zero, which a backend may round up. Publish does not
+// modify the messages, and returns only once the broker has confirmed that it holds
+// every message. (The retry middleware records the delays on its copies itself:
+// middleware.RequestedDelayKey, EffectiveDelayKey, DueKey.)
 type Backend interface {
 	message.Publisher
 	topology.WorkQueueBinder
@@ -79,18 +72,8 @@ func Requested(msg *message.Message) (time.Duration, error) {
 	return 0, nil
 }
 
-// stamp records the requested and effective delay and the due time on msg, and removes
-// Watermill's delay keys: from here on our keys describe the delay.
-func stamp(msg *message.Message, requested, effective time.Duration, now time.Time) {
-	msg.Metadata.Set(RequestedDelayKey, requested.String())
-	msg.Metadata.Set(EffectiveDelayKey, effective.String())
-	msg.Metadata.Set(DueKey, now.Add(effective).UTC().Format(time.RFC3339Nano))
-	delete(msg.Metadata, delay.DelayedForKey)
-	delete(msg.Metadata, delay.DelayedUntilKey)
-}
-
 // schedule is the part of Publish every backend shares: for each message it reads the
-// requested delay, asks b for the effective one, stamps the message and parks it.
+// requested delay, asks b for the effective one and parks it.
 func schedule(b Backend, queue string, msgs []*message.Message, park func(msg *message.Message, requested, effective time.Duration) error) error {
 	if queue == "" {
 		return fmt.Errorf("%s: empty destination queue", b.Name())
@@ -104,7 +87,6 @@ func schedule(b Backend, queue string, msgs []*message.Message, park func(msg *m
 		if err != nil {
 			return fmt.Errorf("message %s for queue %q: %w", msg.UUID, queue, err)
 		}
-		stamp(msg, requested, effective, time.Now())
 		if err := park(msg, requested, effective); err != nil {
 			return fmt.Errorf("park message %s for queue %q (%s backend): %w", msg.UUID, queue, b.Name(), err)
 		}
@@ -112,11 +94,55 @@ func schedule(b Backend, queue string, msgs []*message.Message, park func(msg *m
 	return nil
 }
 
-// Due returns the due time a backend wrote on msg (DueKey).
-func Due(msg *message.Message) (time.Time, error) {
-	v := msg.Metadata.Get(DueKey)
-	if v == "" {
-		return time.Time{}, fmt.Errorf("message %s: no %s metadata", msg.UUID, DueKey)
+// New validates cfg, builds the backend it names and declares what the backend needs on
+// the publishing side (idempotently). For a RabbitMQ backend it first runs the
+// capability check (Probe) and logs the broker's version, whether the delayed-message
+// plugin is enabled and the backend chosen; the delayed-exchange backend fails with
+// ErrPluginMissing where the plugin is not enabled.
+func New(cfg Config) (Backend, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid config: %w", err)
 	}
-	return time.Parse(time.RFC3339Nano, v)
+	if cfg.Backend == BackendMemory {
+		return newMemory(cfg), nil
+	}
+	if cfg.Handoff == nil {
+		return nil, fmt.Errorf("invalid config: Handoff: required for the %s backend", cfg.Backend)
+	}
+	b := build(cfg)
+	c, pluginErr := checkBroker(cfg)
+	if de, ok := b.(*delayedExchange); ok {
+		if pluginErr == nil && !c.DelayedMessagePlugin {
+			return nil, de.errPluginMissing()
+		}
+		cfg.Logger.Error("The delayed-exchange backend may lose retries that come due while the broker stops (the plugin routes them fire-and-forget); ttl-tiers and binary-levels do not", errShutdownWindow,
+			watermill.LogFields{"delay_backend": cfg.Backend})
+	}
+	if err := ensure(cfg, b.Topology()); err != nil { // declare, verify or nothing (cfg.Topology)
+		if de, ok := b.(*delayedExchange); ok && pluginMissing(err) {
+			return nil, fmt.Errorf("%w: %w", de.errPluginMissing(), err)
+		}
+		return nil, fmt.Errorf("%s topology (mode %s): %w", cfg.Backend, cfg.Topology.OrDefault(), err)
+	}
+	return b, nil
+}
+
+// build returns the backend cfg names, without touching the broker, or nil for an
+// unknown name. cfg has its defaults.
+func build(cfg Config) Backend {
+	n := names{cfg.Prefix}
+	switch cfg.Backend {
+	case BackendTTLTiers:
+		tiers := slices.Clone(cfg.Tiers)
+		slices.Sort(tiers)
+		return &ttlTiers{h: cfg.Handoff, logger: cfg.Logger, names: n, tiers: tiers}
+	case BackendBinaryLevels:
+		return &binaryLevels{h: cfg.Handoff, names: n, levels: cfg.Levels}
+	case BackendDelayedExchange:
+		return &delayedExchange{h: cfg.Handoff, names: n, bound: map[string]bool{}}
+	case BackendMemory:
+		return newMemory(cfg)
+	}
+	return nil
 }

@@ -5,9 +5,8 @@
 //
 // A Backend is a Watermill message.Publisher: Publish(queue, msgs...) reads each
 // message's delay from Watermill's own delay metadata (components/delay:
-// delay.Message(msg, delay.For(d))), parks it, writes RequestedDelayKey,
-// EffectiveDelayKey and DueKey into its metadata, and returns only once the broker has
-// confirmed it holds the message. New builds the backend named by Config.Backend, so a
+// delay.Message(msg, delay.For(d))), parks it without modifying it, and returns only
+// once the broker has confirmed it holds the message. New builds the backend named by Config.Backend, so a
 // deployment switches backends by configuration alone:
 //
 //	ttl-tiers         a ladder of quorum queues with queue-level TTLs (default);

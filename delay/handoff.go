@@ -12,9 +12,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	wdelay "github.com/ThreeDotsLabs/watermill/components/delay"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/redact"
 	"github.com/amqpretry/amqpretry/topology"
 	"github.com/amqpretry/amqpretry/xdeath"
 )
@@ -27,9 +29,15 @@ var (
 	ErrReturned = errors.New("publish returned unroutable")
 	// ErrTooLarge: the message's properties and headers do not fit in one frame of the
 	// size the connection negotiated (frame_max, 128 KiB by default). The broker would
-	// close the whole connection over it, so it is never sent.
-	ErrTooLarge = errors.New("message headers larger than the broker's frame_max")
+	// close the whole connection over it, so it is never sent. Its TooLarge method lets
+	// the retry middleware recognise it without importing this package.
+	ErrTooLarge error = tooLargeError{}
 )
+
+type tooLargeError struct{}
+
+func (tooLargeError) Error() string  { return "message headers larger than the broker's frame_max" }
+func (tooLargeError) TooLarge() bool { return true }
 
 // DefaultConfirmTimeout bounds the wait for a publisher confirm.
 const DefaultConfirmTimeout = 10 * time.Second
@@ -47,6 +55,10 @@ type HandoffConfig struct {
 	// Marshaler turns a Watermill message into a publishing. It must never send back
 	// broker-owned headers. Default: xdeath.Marshaler{}.
 	Marshaler wamqp.Marshaler
+	// Topology says whether a route found gone when publishing (a deleted queue or
+	// exchange of the library's) is declared again, once: only in topology.ModeDeclare.
+	// Default: topology.ModeDeclare.
+	Topology topology.Mode
 	// Logger. Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 }
@@ -164,16 +176,25 @@ func (h *Handoff) Connection() (*amqp.Connection, error) {
 
 // Declare declares t on a short-lived channel of the hand-off connection.
 func (h *Handoff) Declare(t topology.Topology) error {
+	return h.Ensure(topology.ModeDeclare, t)
+}
+
+// Ensure applies t on a short-lived channel of the hand-off connection as mode says:
+// declares it, verifies it (topology.Verify) or, for topology.ModeNone, does nothing.
+func (h *Handoff) Ensure(mode topology.Mode, t topology.Topology) error {
+	if mode.OrDefault() == topology.ModeNone {
+		return nil
+	}
 	conn, err := h.Connection()
 	if err != nil {
 		return err
 	}
 	ch, err := conn.Channel()
 	if err != nil {
-		return fmt.Errorf("open declare channel: %w", err)
+		return fmt.Errorf("open %s channel: %w", mode.OrDefault(), err)
 	}
 	defer ch.Close() //nolint:errcheck // a failed declare has closed it already
-	return topology.Declare(ch, t)
+	return topology.Ensure(ch, mode, t)
 }
 
 // PublishMessage marshals msg (without mutating it), adds headers, and publishes it to
@@ -185,19 +206,19 @@ func (h *Handoff) PublishMessage(ctx context.Context, exchange, key string, msg 
 // publishOwned is publishMessage for a route that leads to objects the library
 // declares, owned. When the broker answers that the route is gone (the publish is
 // returned unroutable, or the exchange does not exist), it declares owned again and
-// publishes once more: a poison queue, tier queue or exchange deleted while the
+// publishes once more (in topology.ModeDeclare only): a poison queue, tier queue or exchange deleted while the
 // application runs comes back at the first message that needs it, instead of every
 // message failing and being redelivered. If the declaration fails (for example without
 // configure permission), the first error is returned with the declaration's.
 func (h *Handoff) publishOwned(ctx context.Context, exchange, key string, msg *message.Message, headers amqp.Table, mandatory bool, owned func() topology.Topology) error {
 	err := h.publishMessage(ctx, exchange, key, msg, headers, mandatory)
-	if err == nil || !routeGone(err) {
+	if err == nil || !routeGone(err) || h.cfg.Topology.OrDefault() != topology.ModeDeclare {
 		return err
 	}
 	if derr := h.Declare(owned()); derr != nil {
 		return errors.Join(err, fmt.Errorf("declare the route again: %w", derr))
 	}
-	warn(h.cfg.Logger, "Route of a hand-off was gone; declared it again", err, watermill.LogFields{
+	h.cfg.Logger.Error("Route of a hand-off was gone; declared it again", err, watermill.LogFields{
 		"message_uuid": msg.UUID, "exchange": exchange, "routing_key": key,
 	})
 	return h.publishMessage(ctx, exchange, key, msg, headers, mandatory)
@@ -215,6 +236,13 @@ func (h *Handoff) publishMessage(ctx context.Context, exchange, key string, msg 
 	if err != nil {
 		return fmt.Errorf("marshal message %s: %w", msg.UUID, err)
 	}
+	// The tier a retry waited in last is no header of the message: only the ttl-tiers
+	// backend sets it, anew, on each publish (headers below). Watermill's delay keys
+	// are the backend's instructions, spent once parked: sent on, they would delay the
+	// message again wherever it is republished.
+	for _, k := range []string{TierHeader, wdelay.DelayedForKey, wdelay.DelayedUntilKey} {
+		delete(p.Headers, k)
+	}
 	if len(headers) > 0 {
 		p.Headers = maps.Clone(p.Headers)
 		if p.Headers == nil {
@@ -225,14 +253,10 @@ func (h *Handoff) publishMessage(ctx context.Context, exchange, key string, msg 
 	return h.publish(ctx, exchange, key, p, mandatory)
 }
 
-// Publish publishes p to exchange with routing key key and waits for the broker's
-// confirm. It returns nil only if the broker confirmed the message and did not return it.
-func (h *Handoff) Publish(ctx context.Context, exchange, key string, p amqp.Publishing) error {
-	return h.publish(ctx, exchange, key, p, true)
-}
-
-// publish is Publish with the mandatory flag as a parameter. Non-mandatory, a publish
-// that no queue takes is confirmed as well: the caller must know it is routable.
+// publish publishes p to exchange with routing key key and waits for the broker's
+// confirm. It returns nil only if the broker confirmed the message and, when mandatory,
+// did not return it. Non-mandatory, a publish that no queue takes is confirmed as well:
+// the caller must know it is routable.
 func (h *Handoff) publish(ctx context.Context, exchange, key string, p amqp.Publishing, mandatory bool) error {
 	p.DeliveryMode = amqp.Persistent
 	p.Expiration = ""
@@ -360,15 +384,8 @@ func (q queuePublisher) Publish(queue string, msgs ...*message.Message) error {
 func (q queuePublisher) Close() error { return nil }
 
 // Redact returns uri with its password replaced by "xxxxx", or a placeholder when uri
-// is not an amqp:// or amqps:// URI with a host (url.Parse takes many malformed URIs,
-// such as "amqp//user:pass@host/", for a path that still holds the password).
-func Redact(uri string) string {
-	u, err := url.Parse(uri)
-	if err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" || u.Opaque != "" {
-		return "(unparseable amqp uri)"
-	}
-	return u.Redacted()
-}
+// is not an amqp:// or amqps:// URI with a host.
+func Redact(uri string) string { return redact.URI(uri) }
 
 // redactErr keeps a URI parse error from carrying the password.
 func redactErr(err error) error {

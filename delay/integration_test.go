@@ -34,10 +34,7 @@ func TestBinaryLevelsLongDelays(t *testing.T) {
 		r.schedule(r.queue, id, d)
 	}
 	for _, a := range collect(t, r.queue, len(delays), 90*time.Second) {
-		due, err := delay.Due(a.msg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		due := dueOf(t, a.msg)
 		t.Logf("%s delay came back %s after its due time", a.msg.UUID, a.at.Sub(due).Round(time.Millisecond))
 		checkOnTime(t, bc, a)
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	wdelay "github.com/ThreeDotsLabs/watermill/components/delay"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry/topology"
@@ -48,6 +49,10 @@ func (m *memory) Publish(queue string, msgs ...*message.Message) error {
 		return errMemoryClosed
 	}
 	return schedule(m, queue, msgs, func(msg *message.Message, _, d time.Duration) error {
+		// A copy without Watermill's delay keys, as a RabbitMQ backend delivers it.
+		msg = msg.Copy()
+		delete(msg.Metadata, wdelay.DelayedForKey)
+		delete(msg.Metadata, wdelay.DelayedUntilKey)
 		var t *time.Timer
 		t = time.AfterFunc(d, func() {
 			m.mu.Lock()

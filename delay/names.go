@@ -42,3 +42,15 @@ func (n names) delivery(exchange, kind string) topology.Topology {
 		Bindings: []topology.Binding{{Exchange: n.parking(), Destination: n.parking()}},
 	}
 }
+
+// delayQueueArgs are the arguments of a queue that holds messages for ttl and then
+// dead-letters them, at least once, to dlx.
+func delayQueueArgs(ttl time.Duration, dlx string) amqp.Table {
+	return amqp.Table{
+		topology.QueueTypeArg:          topology.QueueTypeQuorum,
+		topology.MessageTTLArg:         ttl.Milliseconds(),
+		topology.DeadLetterExchangeArg: dlx,
+		topology.DeadLetterStrategyArg: topology.DeadLetterAtLeastOnce,
+		topology.OverflowArg:           topology.OverflowRejectPublish,
+	}
+}

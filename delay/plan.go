@@ -172,30 +172,12 @@ func (b *delayedExchange) ApplyCommand(queues ...string) string {
 // says (declare, verify or nothing). In the verify mode, a missing object is named
 // with the command that creates it.
 func ensure(cfg Config, t topology.Topology) error {
-	mode := cfg.Topology.OrDefault()
-	if mode == topology.ModeNone {
-		return nil
+	err := cfg.Handoff.Ensure(cfg.Topology, t)
+	if errors.Is(err, topology.ErrMissing) {
+		return fmt.Errorf("%w; create it with `%s` as a user with configure permission (topology mode %s declares nothing)",
+			err, ApplyCommand(cfg), topology.ModeVerify)
 	}
-	if mode == topology.ModeDeclare {
-		return cfg.Handoff.Declare(t)
-	}
-	conn, err := cfg.Handoff.Connection()
-	if err != nil {
-		return err
-	}
-	ch, err := conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open verify channel: %w", err)
-	}
-	defer ch.Close() //nolint:errcheck // a failed check has closed it already
-	if err := topology.Verify(ch, t); err != nil {
-		if errors.Is(err, topology.ErrMissing) {
-			return fmt.Errorf("%w; create it with `%s` as a user with configure permission (topology mode %s declares nothing)",
-				err, ApplyCommand(cfg), topology.ModeVerify)
-		}
-		return err
-	}
-	return nil
+	return err
 }
 
 // checkBrokerPassive is the capability check of the verify and none modes: the

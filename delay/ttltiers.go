@@ -40,18 +40,6 @@ type ttlTiers struct {
 	tiers  []time.Duration // ascending
 }
 
-// delayQueueArgs are the arguments of a queue that holds messages for ttl and then
-// dead-letters them, at least once, to dlx.
-func delayQueueArgs(ttl time.Duration, dlx string) amqp.Table {
-	return amqp.Table{
-		topology.QueueTypeArg:          topology.QueueTypeQuorum,
-		topology.MessageTTLArg:         ttl.Milliseconds(),
-		topology.DeadLetterExchangeArg: dlx,
-		topology.DeadLetterStrategyArg: topology.DeadLetterAtLeastOnce,
-		topology.OverflowArg:           topology.OverflowRejectPublish,
-	}
-}
-
 // Topology: the delay exchange, one queue per tier, the delivery exchange and parking.
 func (b *ttlTiers) Topology() topology.Topology {
 	t := b.names.delivery(b.names.deliverExchange(), amqp.ExchangeDirect)
@@ -85,7 +73,7 @@ func (b *ttlTiers) WorkQueue(queue string) topology.Topology {
 func (b *ttlTiers) Publish(queue string, msgs ...*message.Message) error {
 	return schedule(b, queue, msgs, func(msg *message.Message, requested, tier time.Duration) error {
 		if requested > tier {
-			warn(b.logger, "Delay longer than the longest tier, using the longest: the retry comes back early", nil, watermill.LogFields{
+			b.logger.Error("Delay longer than the longest tier, using the longest: the retry comes back early", ErrDelayTooLong, watermill.LogFields{
 				"message_uuid": msg.UUID, "requested_delay": requested.String(), "effective_delay": tier.String(),
 			})
 		}

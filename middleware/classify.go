@@ -70,15 +70,18 @@ type ClassifyParams struct {
 	Message *message.Message
 	// Attempt is the attempt that failed, from 1.
 	Attempt int
-	// Default is the decision from the error's own marks (Permanent, RetryAfter).
+	// Default is the decision from the error's own marks (Permanent, RetryAfter):
+	// DefaultClassify's. It is zero when DefaultClassify itself is given the params.
 	Default Decision
 }
 
-// DefaultClassify decides from the marks Permanent and RetryAfter in err's chain; any
-// other error is retried on the policy's schedule.
-func DefaultClassify(err error) Decision {
-	d := Decision{Permanent: IsPermanent(err)}
-	if after, ok := RetryAfterDelay(err); ok {
+// DefaultClassify is Classify's default: it decides from the marks Permanent and
+// RetryAfter in the error's chain; any other error is retried on the policy's
+// schedule. A Classify function may call it, or use ClassifyParams.Default, which holds
+// its answer.
+func DefaultClassify(p ClassifyParams) Decision {
+	d := Decision{Permanent: IsPermanent(p.Err)}
+	if after, ok := RetryAfterDelay(p.Err); ok {
 		d.Delay = after
 	}
 	return d

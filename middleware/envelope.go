@@ -2,11 +2,10 @@ package middleware
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
-
-	"github.com/amqpretry/amqpretry/xdeath"
 )
 
 // Metadata keys of the retry middleware. None starts with "x-": RabbitMQ owns that
@@ -16,8 +15,6 @@ const (
 	// on the first delivery. The middleware keeps it itself, never from x-death or
 	// x-delivery-count, which restart whenever a copy is republished.
 	AttemptKey = "amqpretry-attempt"
-	// MaxAttemptsKey holds the policy's MaxAttempts, on poisoned messages.
-	MaxAttemptsKey = "amqpretry-max-attempts"
 	// FirstFailureKey and LastFailureKey hold the times (RFC 3339, UTC) of the first
 	// and the latest failure.
 	FirstFailureKey = "amqpretry-first-failure"
@@ -27,9 +24,6 @@ const (
 	// ErrorTypesKey holds the Go types of the latest error's chain, outermost first,
 	// separated by " > " (at most MaxErrorTypes of them).
 	ErrorTypesKey = "amqpretry-error-types"
-	// PoisonReasonKey says why a message was poisoned: PoisonPermanent,
-	// PoisonMaxAttempts or PoisonDelayTooLong.
-	PoisonReasonKey = "amqpretry-poison-reason"
 	// HandlerKey, TopicKey and QueueKey name the handler that failed, the topic it
 	// subscribed to and the queue the message came from.
 	HandlerKey = "amqpretry-handler"
@@ -39,25 +33,22 @@ const (
 	// of the first delivery (later deliveries come from the delay backend).
 	OriginalExchangeKey   = "amqpretry-original-exchange"
 	OriginalRoutingKeyKey = "amqpretry-original-routing-key"
-	// DroppedHeadersKey lists, on a poisoned copy that was too large for the broker's
-	// frame_max, the headers left out to make it fit: "name (N bytes)", comma-separated.
-	DroppedHeadersKey = "amqpretry-dropped-headers"
+	// RequestedDelayKey and EffectiveDelayKey hold the delay asked for before this
+	// attempt and the delay the backend applied (snapped to a tier, rounded, ...), as
+	// Go durations; DueKey holds the time the retry was due back (RFC 3339 with
+	// nanoseconds, UTC): hand-off time plus the effective delay. Set on retries.
+	RequestedDelayKey = "amqpretry-requested-delay"
+	EffectiveDelayKey = "amqpretry-effective-delay"
+	DueKey            = "amqpretry-due"
 )
 
-// Values of PoisonReasonKey.
-const (
-	PoisonPermanent   = "permanent"
-	PoisonMaxAttempts = "max-attempts"
-	// PoisonDelayTooLong: the delay backend refused the delay asked for (a RetryAfter
-	// longer than the backend holds, see delay.ErrDelayTooLong).
-	PoisonDelayTooLong = "delay-too-long"
-	// PoisonHandoffFailed: RetryConfig.HandoffAttempts hand-offs of the message failed
-	// in a row (ErrorKey holds the last hand-off error and the handler's).
-	PoisonHandoffFailed = "handoff-failed"
-	// PoisonTooLarge: the retry copy, even with a trimmed envelope, is larger than the
-	// broker's frame_max (see DroppedHeadersKey).
-	PoisonTooLarge = "too-large"
-)
+// stampRetry records, on the copy of a retry, its attempt number and its delays.
+func stampRetry(md map[string]string, attempt int, requested, effective time.Duration, now time.Time) {
+	md[AttemptKey] = strconv.Itoa(attempt)
+	md[RequestedDelayKey] = requested.String()
+	md[EffectiveDelayKey] = effective.String()
+	md[DueKey] = now.Add(effective).UTC().Format(time.RFC3339Nano)
+}
 
 // Bounds of the failure envelope, which keep it far below RabbitMQ's frame_max
 // (128 KiB by default; all headers must fit in one frame).
@@ -129,40 +120,6 @@ func (f failure) record(md map[string]string) {
 	md[HandlerKey] = truncate(f.handler, maxNameBytes)
 	md[TopicKey] = truncate(f.topic, maxNameBytes)
 	md[QueueKey] = truncate(f.queue, maxNameBytes)
-}
-
-// trimmedErrorBytes bounds the error text of an envelope trimmed to fit frame_max.
-const trimmedErrorBytes = 256
-
-// trimEnvelope shortens the envelope of a copy too large for the broker: the error
-// text to trimmedErrorBytes, the error types left out.
-func trimEnvelope(md map[string]string) {
-	md[ErrorKey] = truncate(md[ErrorKey], trimmedErrorBytes)
-	delete(md, ErrorTypesKey)
-}
-
-// dropLargestHeader removes the largest metadata entry that is not ours (our
-// "amqpretry-" keys are kept, but for the raw headers the marshaler keeps for the
-// sender) and names it under DroppedHeadersKey. It returns false when there is nothing
-// left to drop.
-func dropLargestHeader(md map[string]string) bool {
-	largest, size := "", -1
-	for k, v := range md {
-		ours := strings.HasPrefix(k, "amqpretry-") && k != xdeath.RawHeadersKey
-		if !ours && len(k)+len(v) > size {
-			largest, size = k, len(k)+len(v)
-		}
-	}
-	if size < 0 {
-		return false
-	}
-	delete(md, largest)
-	note := fmt.Sprintf("%s (%d bytes)", truncate(largest, maxNameBytes), size)
-	if prev := md[DroppedHeadersKey]; prev != "" {
-		note = prev + ", " + note
-	}
-	md[DroppedHeadersKey] = truncate(note, MaxErrorBytes)
-	return true
 }
 
 func setIfAbsent(md map[string]string, k, v string) {

@@ -90,7 +90,7 @@ func TestClassifyMarks(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := DefaultClassify(tt.err); got != tt.want {
+			if got := DefaultClassify(ClassifyParams{Err: tt.err}); got != tt.want {
 				t.Errorf("DefaultClassify = %+v, want %+v", got, tt.want)
 			}
 		})

@@ -3,6 +3,7 @@ package middleware
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -104,6 +105,24 @@ func inChain(msg *message.Message, id string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Contains(c.ids, id)
+}
+
+// handoffFailed handles a hand-off that failed with perr: it poisons the message once
+// HandoffAttempts hand-offs of it have failed in a row (if mayPoison), and otherwise
+// waits a while, then returns the error that makes the router nack it for redelivery.
+func (r *Retry) handoffFailed(err, perr error, cp *message.Message, f failure, fields watermill.LogFields, mayPoison bool) error {
+	n := r.failures.add(cp.UUID)
+	r.stats.failures.Add(1)
+	r.observe(Event{Kind: EventHandoffFailed, Queue: f.queue, Attempt: f.attempt, Err: perr})
+	fields["handoff_failures"] = n
+	r.cfg.Logger.Error("Could not hand off message, nacking it for redelivery", perr, fields)
+	if mayPoison && n >= r.cfg.HandoffAttempts {
+		note := fmt.Sprintf("%d hand-offs failed in a row, the last: %v; handler error: %v", n, perr, err)
+		cp.Metadata.Set(ErrorKey, truncate(note, MaxErrorBytes))
+		return r.poison(err, cp, f, PoisonHandoffFailed, fields)
+	}
+	pause(cp.Context(), handoffBackoff(n))
+	return errors.Join(err, fmt.Errorf("%w: queue %q: %w", ErrHandoff, f.queue, perr))
 }
 
 // warner is a logger with a WARN level. watermill.LoggerAdapter has none: where the

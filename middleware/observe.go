@@ -5,8 +5,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/amqpretry/amqpretry/delay"
 )
 
 // EventKind says what an Event reports.
@@ -81,7 +79,7 @@ func (r *Retry) observe(e Event) {
 // observeDelivery reports a delivery, with its lateness when it is a retry.
 func (r *Retry) observeDelivery(msg *message.Message, queue string) {
 	e := Event{Kind: EventDelivered, Queue: queue, Attempt: Attempt(msg)}
-	if due := msg.Metadata.Get(delay.DueKey); due != "" && e.Attempt > 1 {
+	if due := msg.Metadata.Get(DueKey); due != "" && e.Attempt > 1 {
 		if t, err := time.Parse(time.RFC3339Nano, due); err == nil {
 			e.Late, e.Lateness = true, time.Since(t)
 		}

@@ -25,13 +25,24 @@ type Policy struct {
 	// Multiplier grows the delay after each attempt; fractions are kept (1.5 means
 	// 1s, 1.5s, 2.25s). Default: 2. Must be at least 1.
 	Multiplier float64
-	// MaxInterval caps each delay, jitter included. Default: 10m.
+	// MaxInterval caps each delay of the exponential schedule, jitter included. It does
+	// not cap Delays or a RetryAfter, which are taken as given (the backend still
+	// refuses a delay it cannot hold). Default: 10m.
 	MaxInterval time.Duration
 	// Jitter randomises each delay by up to this fraction either way, so that messages
 	// that failed together do not come back together. Default: 0.2. Must be in [0, 1).
 	Jitter float64
 	// NoJitter turns jitter off (Jitter is then ignored). Default: false.
 	NoJitter bool
+	// Immediate is how many retries run at once, in this process, when a message fails
+	// on its first delivery, before any broker-side delayed retry: for blips such as a
+	// deadlock victim or a 50 ms network hiccup. They count towards MaxAttempts and
+	// Attempt numbers them like the others (the first delayed retry is attempt
+	// Immediate+2, after the schedule's first delay). An error marked Permanent or
+	// RetryAfter, or decided so by Classify, skips them. Default: 0.
+	Immediate int
+	// ImmediateInterval is the pause before each immediate retry. Default: 0.
+	ImmediateInterval time.Duration
 }
 
 // DefaultMaxAttempts is Policy.MaxAttempts's default.
@@ -83,6 +94,12 @@ func (p Policy) Validate() error {
 	if p.Jitter < 0 || p.Jitter >= 1 {
 		errs = append(errs, fmt.Errorf("Jitter: %g, must be in [0, 1)", p.Jitter))
 	}
+	if p.Immediate < 0 {
+		errs = append(errs, fmt.Errorf("Immediate: %d is negative", p.Immediate))
+	}
+	if p.ImmediateInterval < 0 {
+		errs = append(errs, fmt.Errorf("ImmediateInterval: %s is negative", p.ImmediateInterval))
+	}
 	return errors.Join(errs...)
 }
 
@@ -96,8 +113,11 @@ func (p Policy) Longest() time.Duration {
 	return p.MaxInterval
 }
 
-// Delay returns the delay before the attempt after attempt number failed (from 1).
+// Delay returns the delay before the delayed retry after the failed-th delayed round
+// (from 1: Delay(1) is the first delay, InitialInterval for the exponential schedule).
+// Zero fields count as their defaults.
 func (p Policy) Delay(failed int) time.Duration {
+	p.setDefaults()
 	failed = max(failed, 1)
 	if len(p.Delays) > 0 {
 		return p.Delays[min(failed, len(p.Delays))-1]
@@ -116,4 +136,10 @@ func (p Policy) Delay(failed int) time.Duration {
 		d = b.NextBackOff()
 	}
 	return min(d, p.MaxInterval)
+}
+
+// delayAfter returns the delay after attempt number attempt failed, past the immediate
+// retries: the first delayed retry gets Delay(1).
+func (p Policy) delayAfter(attempt int) time.Duration {
+	return p.Delay(attempt - min(p.Immediate, attempt-1))
 }

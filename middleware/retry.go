@@ -9,23 +9,31 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wdelay "github.com/ThreeDotsLabs/watermill/components/delay"
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/xdeath"
 )
+
+// Delayer parks a copy of a failed message and brings it back, after a delay, to the
+// queue named by the topic it is published to. Every delay.Backend is one.
+type Delayer interface {
+	// Publish parks msgs, reading the delay from Watermill's delay metadata
+	// (components/delay), and returns once they are safe (for RabbitMQ, confirmed).
+	message.Publisher
+	// Effective returns the delay actually applied for a requested one (snapped to a
+	// tier, rounded to a second, ...), or an error if it cannot be held at all.
+	Effective(requested time.Duration) (time.Duration, error)
+}
 
 // RetryConfig configures Retry.
 type RetryConfig struct {
 	// Policy: how many attempts and how long apart. Defaults: see Policy.
 	Policy Policy
 	// Classify decides, for any error, whether to poison now and whether to override
-	// the policy's delay. Default: the error's own marks (Permanent, RetryAfter), which
-	// it receives as ClassifyParams.Default.
+	// the policy's delay. Default: DefaultClassify, the error's own marks (Permanent,
+	// RetryAfter), whose answer it receives as ClassifyParams.Default.
 	Classify func(ClassifyParams) Decision
 
-	// Delay parks the copy of a failed message and brings it back to the queue named by
-	// the topic it is published to (a delay.Backend). Required.
-	Delay message.Publisher
+	// Delay parks the copy of a failed message and brings it back to its queue (a
+	// delay.Backend). Required.
+	Delay Delayer
 	// Poison receives messages that failed for good, on PoisonTopic. Required.
 	Poison message.Publisher
 	// PoisonTopic is the topic (for RabbitMQ, the queue) of poisoned messages. Required.
@@ -36,13 +44,20 @@ type RetryConfig struct {
 	Queue func(topic string) string
 
 	// Subscriber identifies the subscriber configuration whose deliveries this Retry
-	// handles: the value its marshaler records under xdeath.SubscriberKey
-	// (xdeath.Marshaler.Subscriber). amqpretry sets both. When set, a failed message
-	// that another subscriber delivered is left to that subscriber's Retry if its
-	// middleware is also on the handler, so several Retry middlewares added router-wide
-	// each serve their own group; a message no Retry on the handler owns fails with
-	// ErrNotWired. Default: "" (every message is this Retry's).
+	// handles, and Owner tells which subscriber delivered a message (amqpretry sets
+	// both, from xdeath.Marshaler.Subscriber and xdeath.SubscriberKey). When Subscriber
+	// is set, a failed message that another subscriber delivered is left to that
+	// subscriber's Retry if its middleware is also on the handler, so several Retry
+	// middlewares added router-wide each serve their own group; a message no Retry on
+	// the handler owns fails with ErrNotWired. Default: "" (every message is this
+	// Retry's).
 	Subscriber string
+	Owner      func(msg *message.Message) string
+	// Origin, if set, tells the exchange and routing key a message was delivered with,
+	// recorded as OriginalExchangeKey and OriginalRoutingKeyKey on its first failure
+	// (amqpretry reads them from xdeath.DeliveryExchangeKey and
+	// xdeath.DeliveryRoutingKeyKey). Default: nil (recorded empty).
+	Origin func(msg *message.Message) (exchange, routingKey string)
 	// CheckQueue, if set, is asked before each retry whether a retry can come back to
 	// the queue (for amqpretry: whether this Retry's topology builder bound it). An error
 	// fails the message with ErrNotWired instead of parking the retry where nobody
@@ -72,6 +87,9 @@ func (c *RetryConfig) setDefaults() {
 	c.Policy.setDefaults()
 	if c.Queue == nil {
 		c.Queue = func(topic string) string { return topic }
+	}
+	if c.Owner == nil {
+		c.Owner = func(*message.Message) string { return "" }
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
@@ -155,48 +173,66 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			r.observeDelivery(msg, r.cfg.Queue(message.SubscribeTopicFromCtx(msg.Context())))
 		}
 		produced, err := h(msg)
+		run := msg
+		for err != nil && r.retryNow(run, err) {
+			pause(msg.Context(), r.cfg.Policy.ImmediateInterval)
+			next := run.Copy()
+			next.SetContext(run.Context())
+			next.Metadata.Set(AttemptKey, strconv.Itoa(Attempt(run)+1))
+			run = next
+			produced, err = h(run)
+		}
 		if err == nil {
 			r.failures.forget(msg.UUID)
 			if observe {
-				r.observe(Event{Kind: EventSucceeded, Queue: r.cfg.Queue(message.SubscribeTopicFromCtx(msg.Context())), Attempt: Attempt(msg)})
+				r.observe(Event{Kind: EventSucceeded, Queue: r.cfg.Queue(message.SubscribeTopicFromCtx(msg.Context())), Attempt: Attempt(run)})
 			}
 			return produced, nil
 		}
-		return nil, r.handleFailure(msg, err)
+		return nil, r.handleFailure(run, err)
 	}
 }
 
-func (r *Retry) handleFailure(msg *message.Message, err error) error {
-	ctx := msg.Context()
-	topic := message.SubscribeTopicFromCtx(ctx)
-	f := failure{
-		err:      err,
-		attempt:  Attempt(msg),
-		at:       time.Now(),
-		handler:  message.HandlerNameFromCtx(ctx),
-		topic:    topic,
-		queue:    r.cfg.Queue(topic),
-		exchange: msg.Metadata.Get(xdeath.DeliveryExchangeKey),
-		key:      msg.Metadata.Get(xdeath.DeliveryRoutingKeyKey),
+// retryNow tells whether run, which failed with err, gets an immediate retry: on its
+// first delivery, within Policy.Immediate and MaxAttempts, if it is this Retry's and
+// its error asks for no delay and is not permanent.
+func (r *Retry) retryNow(run *message.Message, err error) bool {
+	attempt := Attempt(run)
+	if attempt > r.cfg.Policy.Immediate || attempt >= r.cfg.Policy.MaxAttempts || !r.owns(run) || errors.Is(err, ErrHandoff) {
+		return false
 	}
+	d := r.decide(run, err, attempt)
+	return !d.Permanent && d.Delay <= 0
+}
+
+// decide classifies err: the error's marks, then Classify if set.
+func (r *Retry) decide(msg *message.Message, err error, attempt int) Decision {
+	p := ClassifyParams{Err: err, Message: msg, Attempt: attempt}
+	p.Default = DefaultClassify(p)
+	if r.cfg.Classify == nil {
+		return p.Default
+	}
+	return r.cfg.Classify(p)
+}
+
+// handleFailure decides what becomes of msg after the handler failed with err, sizes
+// the delay with the backend, stamps the copy and publishes it: data flows one way.
+func (r *Retry) handleFailure(msg *message.Message, err error) error {
 	if errors.Is(err, ErrHandoff) {
 		return err // a Retry nearer the handler has dealt with it
 	}
+	f := r.failureOf(msg, err)
 	werr := r.checkWiring(msg, f)
 	if errors.Is(werr, errOtherRetry) {
 		return err // that Retry, also on this handler, decides
 	}
-	decision := DefaultClassify(err)
-	if r.cfg.Classify != nil {
-		decision = r.cfg.Classify(ClassifyParams{Err: err, Message: msg, Attempt: f.attempt, Default: decision})
-	}
-
+	decision := r.decide(msg, err, f.attempt)
 	fields := watermill.LogFields{
-		"message_uuid": msg.UUID, "handler": f.handler, "topic": topic, "queue": f.queue,
+		"message_uuid": msg.UUID, "handler": f.handler, "topic": f.topic, "queue": f.queue,
 		"attempt": f.attempt, "max_attempts": r.cfg.Policy.MaxAttempts, "err": err.Error(),
 	}
 	cp := msg.Copy()
-	cp.SetContext(ctx)
+	cp.SetContext(msg.Context())
 	f.record(cp.Metadata)
 
 	switch {
@@ -209,132 +245,68 @@ func (r *Retry) handleFailure(msg *message.Message, err error) error {
 	case f.queue == "":
 		return errors.Join(err, fmt.Errorf("%w: no subscribed topic in the message context (is the middleware on a router handler?)", ErrHandoff))
 	}
-	wait := decision.Delay
-	if wait <= 0 {
-		wait = r.cfg.Policy.Delay(f.attempt)
+
+	// Decide and size.
+	requested := decision.Delay
+	if requested <= 0 {
+		requested = r.cfg.Policy.delayAfter(f.attempt)
 	}
-	cp.Metadata.Set(AttemptKey, strconv.Itoa(f.attempt+1))
+	effective, serr := r.cfg.Delay.Effective(requested)
+	if serr != nil {
+		// Handing it off would be refused: poison it, saying why.
+		cp.Metadata.Set(ErrorKey, truncate(serr.Error()+"; handler error: "+err.Error(), MaxErrorBytes))
+		return r.poison(err, cp, f, PoisonDelayTooLong, fields)
+	}
+	// Stamp and publish.
 	start := time.Now()
-	perr := r.publishRetry(f.queue, cp, wait)
-	if errors.Is(perr, delay.ErrTooLarge) {
+	stampRetry(cp.Metadata, f.attempt+1, requested, effective, start)
+	wdelay.Message(cp, wdelay.For(effective))
+	perr := r.cfg.Delay.Publish(f.queue, cp)
+	if tooLarge(perr) {
 		trimEnvelope(cp.Metadata)
-		perr = r.publishRetry(f.queue, cp, wait)
+		perr = r.cfg.Delay.Publish(f.queue, cp)
 	}
 	switch {
 	case perr == nil:
 		r.failures.forget(msg.UUID)
 		n := r.stats.retries.Add(1)
-		requested, effective := cp.Metadata.Get(delay.RequestedDelayKey), cp.Metadata.Get(delay.EffectiveDelayKey)
-		if r.cfg.Observe != nil {
-			e := Event{Kind: EventRetryScheduled, Queue: f.queue, Attempt: f.attempt, Err: err, Handoff: time.Since(start)}
-			e.Requested, _ = time.ParseDuration(requested)
-			e.Effective, _ = time.ParseDuration(effective)
-			r.observe(e)
-		}
+		r.observe(Event{Kind: EventRetryScheduled, Queue: f.queue, Attempt: f.attempt, Err: err,
+			Requested: requested, Effective: effective, Handoff: time.Since(start)})
 		if r.sampled(n) {
-			fields["requested_delay"], fields["effective_delay"] = requested, effective
+			fields["requested_delay"], fields["effective_delay"] = requested.String(), effective.String()
 			r.cfg.Logger.Info("Retry scheduled", fields)
 		}
 		return nil
-	case errors.Is(perr, delay.ErrDelayTooLong), errors.Is(perr, delay.ErrTooLarge):
-		// Handing it off again would be refused again: poison it, saying why.
-		reason, note := PoisonDelayTooLong, perr.Error()
-		if errors.Is(perr, delay.ErrTooLarge) {
-			// Short: the envelope of this copy is trimmed to fit.
-			reason, note = PoisonTooLarge, "retry copy larger than the broker's frame_max even with a trimmed envelope"
-			fields["handoff_err"] = perr.Error()
-		}
-		cp.Metadata.Set(ErrorKey, truncate(note+"; handler error: "+err.Error(), MaxErrorBytes))
-		return r.poison(err, cp, f, reason, fields)
+	case tooLarge(perr):
+		// Handing it off again would be refused again: poison it, saying why, briefly:
+		// the envelope of this copy is trimmed to fit.
+		fields["handoff_err"] = perr.Error()
+		cp.Metadata.Set(ErrorKey, truncate("retry copy larger than the broker's frame_max even with a trimmed envelope; handler error: "+err.Error(), MaxErrorBytes))
+		return r.poison(err, cp, f, PoisonTooLarge, fields)
 	}
 	return r.handoffFailed(err, perr, cp, f, fields, true)
 }
 
-// publishRetry asks the delay publisher to bring cp back to queue after wait.
-func (r *Retry) publishRetry(queue string, cp *message.Message, wait time.Duration) error {
-	wdelay.Message(cp, wdelay.For(wait))
-	return r.cfg.Delay.Publish(queue, cp)
+// failureOf describes the failed attempt of msg.
+func (r *Retry) failureOf(msg *message.Message, err error) failure {
+	ctx := msg.Context()
+	f := failure{
+		err:     err,
+		attempt: Attempt(msg),
+		at:      time.Now(),
+		handler: message.HandlerNameFromCtx(ctx),
+		topic:   message.SubscribeTopicFromCtx(ctx),
+	}
+	f.queue = r.cfg.Queue(f.topic)
+	if r.cfg.Origin != nil {
+		f.exchange, f.key = r.cfg.Origin(msg)
+	}
+	return f
 }
 
-// owns tells whether msg is this Retry's to count: delivered by its subscriber, or any
-// message when RetryConfig.Subscriber is not set.
-func (r *Retry) owns(msg *message.Message) bool {
-	return r.cfg.Subscriber == "" || msg.Metadata.Get(xdeath.SubscriberKey) == r.cfg.Subscriber
-}
-
-// errOtherRetry: the message is another Retry's, and that Retry is on the handler too.
-var errOtherRetry = errors.New("message of another retry middleware on this handler")
-
-// checkWiring tells whether this Retry may hand off msg: nil, errOtherRetry, or an
-// error wrapping ErrNotWired that names the fix.
-func (r *Retry) checkWiring(msg *message.Message, f failure) error {
-	if r.cfg.Subscriber == "" {
-		return nil
-	}
-	switch owner := msg.Metadata.Get(xdeath.SubscriberKey); {
-	case owner == r.cfg.Subscriber:
-	case owner == "":
-		return fmt.Errorf("%w: message %s on handler %q was not delivered by a subscriber built from this Retry's SubscriberConfig(), so where its retry must go is unknown; build the subscriber from Retry.SubscriberConfig(), or add the handler with Retry.AddHandler", ErrNotWired, msg.UUID, f.handler)
-	case inChain(msg, owner):
-		return errOtherRetry
-	default:
-		return fmt.Errorf("%w: message %s on handler %q was delivered by the subscriber of another amqpretry.Retry, whose middleware is not on this handler; add that Retry's Middleware to the handler, or add the handler with its AddHandler", ErrNotWired, msg.UUID, f.handler)
-	}
-	if r.cfg.CheckQueue != nil {
-		if err := r.cfg.CheckQueue(f.queue); err != nil {
-			return fmt.Errorf("%w: handler %q: %w", ErrNotWired, f.handler, err)
-		}
-	}
-	return nil
-}
-
-// poison hands cp, the copy of a message that failed for good, to the poison topic. A
-// copy too large for the broker loses its envelope's longer fields first, then the
-// largest headers that are not ours, named under DroppedHeadersKey, until it fits.
-func (r *Retry) poison(err error, cp *message.Message, f failure, reason string, fields watermill.LogFields) error {
-	for _, k := range []string{delay.RequestedDelayKey, delay.EffectiveDelayKey, delay.DueKey, delay.TierHeader, wdelay.DelayedForKey, wdelay.DelayedUntilKey} {
-		delete(cp.Metadata, k)
-	}
-	cp.Metadata.Set(PoisonReasonKey, reason)
-	cp.Metadata.Set(AttemptKey, strconv.Itoa(f.attempt))
-	cp.Metadata.Set(MaxAttemptsKey, strconv.Itoa(r.cfg.Policy.MaxAttempts))
-	fields["poison_reason"] = reason
-	start := time.Now()
-	perr := r.cfg.Poison.Publish(r.cfg.PoisonTopic, cp)
-	if errors.Is(perr, delay.ErrTooLarge) {
-		trimEnvelope(cp.Metadata)
-		perr = r.cfg.Poison.Publish(r.cfg.PoisonTopic, cp)
-	}
-	for errors.Is(perr, delay.ErrTooLarge) && dropLargestHeader(cp.Metadata) {
-		perr = r.cfg.Poison.Publish(r.cfg.PoisonTopic, cp)
-	}
-	if perr != nil {
-		return r.handoffFailed(err, fmt.Errorf("poison topic %q: %w", r.cfg.PoisonTopic, perr), cp, f, fields, false)
-	}
-	r.failures.forget(cp.UUID)
-	r.stats.poisoned.Add(1)
-	r.observe(Event{Kind: EventPoisoned, Queue: f.queue, Attempt: f.attempt, Reason: reason, Err: err, Handoff: time.Since(start)})
-	if dropped := cp.Metadata.Get(DroppedHeadersKey); dropped != "" {
-		fields["dropped_headers"] = dropped
-	}
-	warn(r.cfg.Logger, "Message poisoned", err, fields)
-	return nil
-}
-
-// handoffFailed handles a hand-off that failed with perr: it poisons the message once
-// HandoffAttempts hand-offs of it have failed in a row (if mayPoison), and otherwise
-// waits a while, then returns the error that makes the router nack it for redelivery.
-func (r *Retry) handoffFailed(err, perr error, cp *message.Message, f failure, fields watermill.LogFields, mayPoison bool) error {
-	n := r.failures.add(cp.UUID)
-	r.stats.failures.Add(1)
-	r.observe(Event{Kind: EventHandoffFailed, Queue: f.queue, Attempt: f.attempt, Err: perr})
-	fields["handoff_failures"] = n
-	r.cfg.Logger.Error("Could not hand off message, nacking it for redelivery", perr, fields)
-	if mayPoison && n >= r.cfg.HandoffAttempts {
-		note := fmt.Sprintf("%d hand-offs failed in a row, the last: %v; handler error: %v", n, perr, err)
-		cp.Metadata.Set(ErrorKey, truncate(note, MaxErrorBytes))
-		return r.poison(err, cp, f, PoisonHandoffFailed, fields)
-	}
-	pause(cp.Context(), handoffBackoff(n))
-	return errors.Join(err, fmt.Errorf("%w: queue %q: %w", ErrHandoff, f.queue, perr))
+// tooLarge tells whether a publish was refused as larger than the broker's frame_max
+// (delay.ErrTooLarge says so with a TooLarge method).
+func tooLarge(err error) bool {
+	var t interface{ TooLarge() bool }
+	return errors.As(err, &t) && t.TooLarge()
 }

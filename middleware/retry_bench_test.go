@@ -2,6 +2,7 @@ package middleware_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -22,6 +23,8 @@ type discard struct{}
 
 func (discard) Publish(string, ...*message.Message) error { return nil }
 func (discard) Close() error                              { return nil }
+
+func (discard) Effective(d time.Duration) (time.Duration, error) { return d, nil }
 
 func benchMessage() *message.Message {
 	msg := message.NewMessage("01J0BENCHMARKMESSAGE00000", []byte(`{"order":"12345","amount":"42.00"}`))

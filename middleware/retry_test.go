@@ -14,7 +14,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/xdeath"
 )
 
 // recorder is a message.Publisher that keeps what it is given, or fails.
@@ -35,6 +34,9 @@ func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
 	return nil
 }
 func (r *recorder) Close() error { return nil }
+
+// Effective applies every delay as asked.
+func (r *recorder) Effective(d time.Duration) (time.Duration, error) { return d, nil }
 
 func newTestRetry(t *testing.T, policy Policy) (*Retry, *recorder, *recorder) {
 	t.Helper()
@@ -211,8 +213,8 @@ func TestAttempt(t *testing.T) {
 // maximum.
 type tooLong struct{ recorder }
 
-func (p *tooLong) Publish(string, ...*message.Message) error {
-	return fmt.Errorf("park for queue %q: %w", "work", delay.ErrDelayTooLong)
+func (p *tooLong) Effective(d time.Duration) (time.Duration, error) {
+	return 0, fmt.Errorf("%s: %w", d, delay.ErrDelayTooLong)
 }
 
 func TestRetryPoisonsADelayTheBackendRefuses(t *testing.T) {
@@ -237,14 +239,14 @@ func TestRetryPoisonsADelayTheBackendRefuses(t *testing.T) {
 	}
 }
 
-// tooLarge is a publisher that refuses, as the hand-off does past frame_max, any
+// refusesLarge is a publisher that refuses, as the hand-off does past frame_max, any
 // message with a metadata entry longer than limit bytes, and keeps the others.
-type tooLarge struct {
+type refusesLarge struct {
 	recorder
 	limit int
 }
 
-func (p *tooLarge) Publish(topic string, msgs ...*message.Message) error {
+func (p *refusesLarge) Publish(topic string, msgs ...*message.Message) error {
 	for _, m := range msgs {
 		for k, v := range m.Metadata {
 			if len(k)+len(v) > p.limit {
@@ -256,7 +258,7 @@ func (p *tooLarge) Publish(topic string, msgs ...*message.Message) error {
 }
 
 func TestCopyTooLargeIsPoisonedWithTheHeadersThatFit(t *testing.T) {
-	delayPub, poisonPub := &tooLarge{limit: 1000}, &tooLarge{limit: 1000}
+	delayPub, poisonPub := &refusesLarge{limit: 1000}, &refusesLarge{limit: 1000}
 	r, err := NewRetry(RetryConfig{Delay: delayPub, Poison: poisonPub, PoisonTopic: "poison", Queue: func(string) string { return "work" }})
 	if err != nil {
 		t.Fatal(err)
@@ -326,7 +328,7 @@ var errFlakyUnit = errors.New("flaky")
 func stamped(owner string) *message.Message {
 	msg := message.NewMessage("m-"+owner, nil)
 	if owner != "" {
-		msg.Metadata.Set(xdeath.SubscriberKey, owner)
+		msg.Metadata.Set("test-owner", owner)
 	}
 	return msg
 }
@@ -337,6 +339,7 @@ func TestEachRetryActsOnlyOnItsOwnSubscribersMessages(t *testing.T) {
 	for _, id := range []string{"billing", "shipping"} {
 		pubs[id] = &recorder{}
 		r, err := NewRetry(RetryConfig{Delay: pubs[id], Poison: &recorder{}, PoisonTopic: "poison", Subscriber: id,
+			Owner: func(m *message.Message) string { return m.Metadata.Get("test-owner") },
 			Queue: func(string) string { return "q-" + id }})
 		if err != nil {
 			t.Fatal(err)

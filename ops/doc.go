@@ -3,9 +3,10 @@
 //
 //   - Status: depth and age of the oldest message of every delay queue, the parking
 //     queue and the poison queue; the broker's version, the delayed-message plugin and
-//     the capability warnings; flags a stuck delay queue (its head past its due time:
-//     dead lettering out of it has stalled) and a non-empty parking queue. See PeekMode
-//     for how a quorum delay queue is read without spending its delivery-limit.
+//     the capability warnings; flags a stuck delay queue (its head past its due time,
+//     or expired messages held for dead lettering that do not move, which only the
+//     broker's own counts show: StatusOptions.Counts) and a non-empty parking queue. See
+//     PeekMode for how a quorum delay queue is read without spending its delivery-limit.
 //   - PlanTopology, Apply, Verify: the declarations of a backend and its work queues,
 //     built from the backends' own Topology and WorkQueue (delay.NewPlanner); Apply
 //     declares them idempotently, Verify checks them without declaring anything.

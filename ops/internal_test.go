@@ -2,6 +2,9 @@ package ops
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 )
@@ -63,5 +66,27 @@ func TestPacer(t *testing.T) {
 	}
 	if d := time.Since(start); d < 90*time.Millisecond || d > 500*time.Millisecond {
 		t.Errorf("11 actions at 100/s took %s, want about 100ms", d)
+	}
+}
+
+func TestManagementCounts(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		user, pass, ok := r.BasicAuth()
+		if !ok || user != "ops" || pass != "pw" || r.URL.EscapedPath() != "/api/queues/%2F" {
+			http.Error(w, "no", http.StatusUnauthorized)
+			return
+		}
+		_, _ = w.Write([]byte(`[{"name":"p.delay.1s","messages":3,"messages_ready":1,"messages_unacknowledged":0}]`))
+	}))
+	defer srv.Close()
+	counts, err := ManagementCounts(srv.URL, "ops", "pw", "/", nil)(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := counts["p.delay.1s"]; c.Backlog() != 2 {
+		t.Errorf("counts: %+v", counts)
+	}
+	if _, err := ManagementCounts(srv.URL, "ops", "wrong", "/", nil)(context.Background()); err == nil || strings.Contains(err.Error(), "wrong") {
+		t.Errorf("bad password: %v", err)
 	}
 }

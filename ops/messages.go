@@ -137,7 +137,7 @@ func (o *Ops) message(d amqp.Delivery, full bool) (Message, error) {
 	m.Redriven, _ = strconv.Atoi(md.Get(RedriveCountKey))
 	m.FirstFailure, _ = time.Parse(time.RFC3339Nano, md.Get(middleware.FirstFailureKey))
 	m.LastFailure, _ = time.Parse(time.RFC3339Nano, md.Get(middleware.LastFailureKey))
-	m.Due, _ = time.Parse(time.RFC3339Nano, md.Get(delay.DueKey))
+	m.Due, _ = time.Parse(time.RFC3339Nano, md.Get(middleware.DueKey))
 	switch {
 	case !m.LastFailure.IsZero():
 		m.Time = m.LastFailure
@@ -175,6 +175,8 @@ type ListOptions struct {
 
 // ListResult is the outcome of List.
 type ListResult struct {
+	// Queue listed, its Depth when the listing started, the messages Scanned, and the
+	// matching Messages in queue order.
 	Queue    string    `json:"queue"`
 	Depth    int       `json:"depth"`
 	Scanned  int       `json:"scanned"`
@@ -271,6 +273,7 @@ type MoveOptions struct {
 
 // Unroutable is a message whose queue does not exist: it stays where it was.
 type Unroutable struct {
+	// UUID of the message, the Queue it should go to, and why it could not.
 	UUID   string `json:"uuid"`
 	Queue  string `json:"queue"`
 	Reason string `json:"reason"`
@@ -278,8 +281,11 @@ type Unroutable struct {
 
 // MoveResult is the outcome of Redrive and Purge.
 type MoveResult struct {
+	// Queue the messages were taken from.
 	Queue string `json:"queue"`
+	// Progress: the final counts.
 	Progress
+	// DryRun: nothing was changed.
 	DryRun bool `json:"dry_run"`
 	// Messages acted on (or, in a dry run, that would be), without metadata.
 	Messages []Message `json:"messages"`

@@ -98,10 +98,16 @@ func (r *rig) poison(msgs ...poisoned) {
 		md.Set(middleware.MaxAttemptsKey, "5")
 		md.Set(middleware.FirstFailureKey, at.Add(-time.Minute).UTC().Format(time.RFC3339Nano))
 		md.Set(middleware.LastFailureKey, at.UTC().Format(time.RFC3339Nano))
+		md.Set("traceparent", traceparentOf(p.uuid))
 		if err := r.h.PublishMessage(context.Background(), "", r.ops.PoisonQueue(), msg, nil); err != nil {
 			r.t.Fatal(err)
 		}
 	}
+}
+
+// traceparentOf gives each poisoned message a W3C trace context of its own.
+func traceparentOf(uuid string) string {
+	return fmt.Sprintf("00-%032x-00f067aa0ba902b7-01", []byte(uuid))
 }
 
 func (r *rig) list(queue string) []string {
@@ -334,6 +340,9 @@ func TestRedrivePoison(t *testing.T) {
 			}
 			if msg.Metadata.Get(middleware.ErrorKey) != "timeout" {
 				t.Errorf("%s: failure envelope lost: %v", msg.UUID, msg.Metadata)
+			}
+			if msg.Metadata.Get("traceparent") != traceparentOf(msg.UUID) {
+				t.Errorf("%s: trace context lost by the redrive: %q", msg.UUID, msg.Metadata.Get("traceparent"))
 			}
 		}
 		if !slices.Equal(got, want) {

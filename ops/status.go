@@ -139,6 +139,7 @@ func VHost(uri string) string {
 
 // QueueStatus is what Status found about one queue.
 type QueueStatus struct {
+	// Name of the queue.
 	Name string `json:"name"`
 	// Role is RoleDelay, RoleParking or RolePoison.
 	Role string `json:"role"`
@@ -388,17 +389,17 @@ func (o *Ops) queueStatus(qs *QueueStatus, peek bool, opts StatusOptions) error 
 			qs.Note = fmt.Sprintf("head delivered %d times: peeks count as deliveries on this broker; on RabbitMQ 4.0+ a quorum queue dead-letters a message after 20 (an early retry)", n)
 		}
 	}
-	due, dueOK := headerTime(d.Headers, delay.DueKey)
+	due, dueOK := headerTime(d.Headers, middleware.DueKey)
 	if dueOK {
 		qs.HeadDue = due
 	}
 	switch qs.Role {
 	case RoleDelay:
 		if !dueOK {
-			qs.Note = strings.TrimPrefix(qs.Note+"; head has no "+delay.DueKey+" header: age unknown", "; ")
+			qs.Note = strings.TrimPrefix(qs.Note+"; head has no "+middleware.DueKey+" header: age unknown", "; ")
 			return nil
 		}
-		effective, _ := time.ParseDuration(headerString(d.Headers, delay.EffectiveDelayKey))
+		effective, _ := time.ParseDuration(headerString(d.Headers, middleware.EffectiveDelayKey))
 		qs.OldestAge, qs.AgeKnown = now.Sub(due.Add(-effective)), true
 		qs.Stuck = now.Sub(due) > opts.StuckMargin
 	case RoleParking:

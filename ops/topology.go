@@ -10,6 +10,7 @@ import (
 
 // Plan is every declaration the library needs for one backend and a set of work queues.
 type Plan struct {
+	// Backend and Prefix the plan is for.
 	Backend string `json:"backend"`
 	Prefix  string `json:"prefix"`
 	// Topology: the backend's exchanges, queues and bindings, the poison queue, and the
@@ -50,6 +51,7 @@ func (o *Ops) Plan(workQueues ...string) (Plan, error) { return PlanTopology(o.c
 
 // ApplyResult says what Apply did.
 type ApplyResult struct {
+	// Plan that was applied.
 	Plan Plan `json:"plan"`
 	// CreatedWorkQueues lists the work queues that did not exist and were created.
 	CreatedWorkQueues []string `json:"created_work_queues"`
@@ -105,6 +107,7 @@ type VerifyOptions struct {
 
 // VerifyResult is the outcome of Verify.
 type VerifyResult struct {
+	// Plan that was checked, and the Report: one finding per declaration.
 	Plan   Plan            `json:"plan"`
 	Report topology.Report `json:"report"`
 }

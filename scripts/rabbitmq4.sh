@@ -136,6 +136,9 @@ chroot_pids() {
 build() {
   need_root
   local tmp="$ROOT.partial" m t0=$SECONDS
+  if [ -e "$ROOT" ]; then
+    die "$ROOT exists but is not a finished chroot (no $READY); remove it (rm -rf --one-file-system $ROOT) or set AMQPRETRY_RABBITMQ4_ROOT"
+  fi
   if [ -e "$tmp" ]; then
     log "removing an unfinished chroot at $tmp"
     unmount_all "$tmp"
@@ -227,8 +230,16 @@ ctl() {
 
 running() { ctl -q ping >/dev/null 2>&1; }
 
+# One start or stop at a time (two test runs may start the node together).
+lock() {
+  mkdir -p "$(dirname "$ROOT")"
+  exec 9>"$ROOT.lock"
+  flock 9
+}
+
 start() {
   need_root
+  lock
   [ -f "$ROOT/$READY" ] || build
   mount_proc "$ROOT"
   if running; then
@@ -255,6 +266,7 @@ start() {
 
 stop() {
   need_root
+  lock
   if [ ! -d "$ROOT" ]; then log "no chroot at $ROOT"; return; fi
   if [ -f "$ROOT/$READY" ] && running; then
     log "stopping $NODE"

@@ -125,6 +125,7 @@ func (f Finding) String() string {
 // Report is the outcome of Check: one finding per declaration, in the order of the
 // Topology.
 type Report struct {
+	// Findings, one per declaration.
 	Findings []Finding `json:"findings"`
 }
 

@@ -2,7 +2,10 @@
 //
 // With AMQP_URI unset it runs in this process on Watermill's GoChannel and the memory
 // delay backend: no broker needed. With AMQP_URI set it runs the same flow on RabbitMQ
-// with the backend named by DELAY_BACKEND (default ttl-tiers).
+// with the backend named by DELAY_BACKEND (default ttl-tiers). TOPOLOGY=verify (or none)
+// runs it as a user without configure permission would: nothing is declared, and the
+// work queue, named by QUEUE, must have been created with everything else by
+// `amqpretry topology apply --prefix amqpretry-quickstart --tiers 1s,2s,4s --queue $QUEUE`.
 //
 // It prints, for each message, its attempts, the delay before each retry (requested →
 // effective) and where it ended, and exits non-zero if any message is unaccounted for.
@@ -27,6 +30,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/topology"
 )
 
 // order is one message and how its handler behaves.
@@ -65,6 +69,13 @@ func run() error {
 	uri := os.Getenv("AMQP_URI")
 	runID := watermill.NewShortUUID()[:8]
 	topic := "quickstart.orders." + runID
+	if q := os.Getenv("QUEUE"); q != "" {
+		topic = q // a queue config: the topic is the queue
+	}
+	mode, err := topology.ParseMode(os.Getenv("TOPOLOGY"))
+	if err != nil {
+		return fmt.Errorf("TOPOLOGY: %w", err)
+	}
 
 	cfg := amqpretry.Config{
 		Delay: delay.Config{
@@ -72,8 +83,9 @@ func run() error {
 			Prefix:  "amqpretry-quickstart",
 			Tiers:   []time.Duration{time.Second, 2 * time.Second, 4 * time.Second},
 		},
-		Policy: middleware.Policy{MaxAttempts: 4, InitialInterval: time.Second, Multiplier: 2, NoJitter: true},
-		Logger: logger,
+		Policy:   middleware.Policy{MaxAttempts: 4, InitialInterval: time.Second, Multiplier: 2, NoJitter: true},
+		Topology: mode,
+		Logger:   logger,
 	}
 	var (
 		poisonSub message.Subscriber
@@ -108,7 +120,9 @@ func run() error {
 		if poisonSub, err = wamqp.NewSubscriber(retry.SubscriberConfig(), logger); err != nil {
 			return err
 		}
-		cleanup = func() { deleteQueue(uri, topic) }
+		if mode == topology.ModeDeclare && os.Getenv("QUEUE") == "" {
+			cleanup = func() { deleteQueue(uri, topic) }
+		}
 	}
 	defer cleanup()
 
@@ -139,7 +153,7 @@ func run() error {
 		out := outcomes[msg.UUID]
 		out.attempts = attempt
 		if attempt > 1 {
-			out.delays = append(out.delays, msg.Metadata.Get(delay.RequestedDelayKey)+"→"+msg.Metadata.Get(delay.EffectiveDelayKey))
+			out.delays = append(out.delays, msg.Metadata.Get(middleware.RequestedDelayKey)+"→"+msg.Metadata.Get(middleware.EffectiveDelayKey))
 		}
 		mu.Unlock()
 		if o.failures < 0 || attempt <= o.failures {

@@ -23,6 +23,7 @@ func (c *cli) status(args []string) (int, error) {
 	margin := fs.Duration("stuck-margin", ops.DefaultStuckMargin, "a delay queue whose head is this much past its due time is STUCK")
 	peek := fs.String("peek", string(ops.PeekAuto), "read the head of the delay queues: auto (not on RabbitMQ 4.0-4.2, where a peek spends a delivery), always, never")
 	ctl := fs.String("rabbitmqctl", "auto", "command that runs rabbitmqctl for the broker, to see expired messages held for dead lettering (invisible over AMQP): auto (rabbitmqctl, if on PATH and the broker is on this host), off, or a command line")
+	mgmt := fs.String("management-url", "", "RabbitMQ management API (http://host:15672) to read the broker's counts from instead of rabbitmqctl; credentials from AMQP_URI")
 	if _, err := parse(fs, args); err != nil {
 		return exitUsage, err
 	}
@@ -32,7 +33,15 @@ func (c *cli) status(args []string) (int, error) {
 	}
 	defer o.Close()
 	opts := ops.StatusOptions{StuckMargin: *margin, Peek: ops.PeekMode(*peek)}
-	if words := c.rabbitmqctl(*ctl); len(words) > 0 {
+	switch words := c.rabbitmqctl(*ctl); {
+	case *mgmt != "":
+		u, err := url.Parse(c.uri)
+		if err != nil {
+			return exitUsage, fmt.Errorf("%w: AMQP_URI cannot be parsed", errUsage)
+		}
+		pass, _ := u.User.Password()
+		opts.Counts = ops.ManagementCounts(*mgmt, u.User.Username(), pass, ops.VHost(c.uri), nil)
+	case len(words) > 0:
 		opts.Counts = ops.RabbitmqctlCounts(words, ops.VHost(c.uri))
 	}
 	s, err := o.Status(c.ctx, opts)

@@ -5,7 +5,6 @@ package brokertest
 
 import (
 	"fmt"
-	"net/url"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -14,6 +13,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/redact"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -48,14 +48,8 @@ func Dial(t testing.TB) *amqp.Connection {
 // failure, never a skip.
 func CI() bool { return os.Getenv("CI") == "true" }
 
-// Redact hides the password of uri.
-func Redact(uri string) string {
-	u, err := url.Parse(uri)
-	if err != nil {
-		return "(unparseable amqp uri)"
-	}
-	return u.Redacted()
-}
+// Redact hides the password of uri, as the library does.
+func Redact(uri string) string { return redact.URI(uri) }
 
 var seq atomic.Int64
 
