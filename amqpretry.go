@@ -151,8 +151,9 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Retry is the common case in one value: build it with New, give the router's
-// subscriber SubscriberConfig(), add Middleware to the router, Close it after the router.
+// Retry is the common case in one value: build it with New, add each handler with
+// AddHandler (or build its subscriber from SubscriberConfig() and add Middleware to it
+// or to the router), Close it after the router.
 type Retry struct {
 	cfg        Config
 	backend    delay.Backend

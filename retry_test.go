@@ -13,6 +13,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	wdelay "github.com/ThreeDotsLabs/watermill/components/delay"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -344,6 +345,12 @@ func TestPoisonAfterMaxAttemptsWithEnvelope(t *testing.T) {
 	}
 	if msg.UUID != "doomed" || string(msg.Payload) != "payload of doomed" {
 		t.Errorf("poisoned message is %s %q", msg.UUID, msg.Payload)
+	}
+	// Nothing of the last retry hop is left on it.
+	for _, k := range []string{delay.TierHeader, middleware.DueKey, middleware.RequestedDelayKey, middleware.EffectiveDelayKey, wdelay.DelayedForKey, wdelay.DelayedUntilKey} {
+		if v, ok := md[k]; ok {
+			t.Errorf("poisoned copy keeps %s = %q from its last retry", k, v)
+		}
 	}
 }
 

@@ -199,7 +199,7 @@ EOF
 listeners.tcp.1 = 127.0.0.1:$AMQP_PORT
 EOF
   echo '[].' >"$tmp/etc/rabbitmq/enabled_plugins"
-  head -c 48 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' | head -c 32 >"$tmp/var/lib/rabbitmq/.erlang.cookie"
+  od -An -tx1 -N16 /dev/urandom | tr -d ' \n' | tr a-f A-F >"$tmp/var/lib/rabbitmq/.erlang.cookie"
   chmod 400 "$tmp/var/lib/rabbitmq/.erlang.cookie"
   in_root "$tmp" chown -R rabbitmq:rabbitmq /var/lib/rabbitmq /var/log/rabbitmq /etc/rabbitmq
   unmount_all "$tmp"
