@@ -148,7 +148,7 @@ func TestRouterWideMiddlewaresOfTwoGroupsEachRetryTheirOwn(t *testing.T) {
 // is poisoned with that error. A canary behind it is handled meanwhile.
 func TestSubscriberNotBuiltFromSubscriberConfigFailsLoudly(t *testing.T) {
 	s := newSetup(t, delay.BackendTTLTiers)
-	logs := watermill.NewCaptureLogger()
+	logs := &logCapture{}
 	s.cfg.Logger = logs
 	r := newRetry(t, s.cfg)
 
@@ -189,7 +189,7 @@ func TestSubscriberNotBuiltFromSubscriberConfigFailsLoudly(t *testing.T) {
 		t.Errorf("canary handled %d times, want 1", n)
 	}
 	notWired := 0
-	for _, l := range logs.Captured()[watermill.ErrorLogLevel] {
+	for _, l := range logs.at(watermill.ErrorLogLevel) {
 		if errors.Is(l.Err, middleware.ErrNotWired) {
 			notWired++
 		}
@@ -260,14 +260,20 @@ func TestHandoffThatKeepsFailingBacksOffThenPoisons(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	t.Cleanup(func() { _, _ = brokertest.Ctl(ctx, "clear_policy", policy) })
-	time.Sleep(time.Second) // policies apply asynchronously
-	// One message in the tier puts it over its limit of 0 for 10 s; it is parked after.
-	blocker := message.NewMessage("blocker", nil)
-	wdelay.Message(blocker, wdelay.For(10*time.Second))
-	if err := r.Backend().Publish(s.prefix+".nowhere", blocker); err != nil {
-		t.Fatal(err)
-	}
 	brokertest.Cleanup(t, []string{s.prefix + ".parking"}, nil)
+	// One message in the tier puts it over its limit of 0 for 10 s (it is parked
+	// after). The policy applies asynchronously: publish until the tier refuses one.
+	for i := 0; ; i++ {
+		blocker := message.NewMessage(fmt.Sprintf("blocker-%d", i), nil)
+		wdelay.Message(blocker, wdelay.For(10*time.Second))
+		if err := r.Backend().Publish(s.prefix+".nowhere", blocker); err != nil {
+			break // refused: the tier is full
+		}
+		if i == 50 {
+			t.Fatal("the tier queue still takes publishes 10 s after its max-length 0 policy")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 
 	rec := newRecorder(func(msg *message.Message) error {
 		if msg.UUID == "canary" {
@@ -428,7 +434,7 @@ func TestHeadersNearFrameMaxArePoisonedWithTheHeadersThatFit(t *testing.T) {
 // method gets it at WARN), and Close logs what the Retry did.
 func TestPoisoningIsLoggedAtError(t *testing.T) {
 	s := newSetup(t, delay.BackendTTLTiers)
-	logs := watermill.NewCaptureLogger()
+	logs := &logCapture{}
 	s.cfg.Logger = logs
 	r := newRetry(t, s.cfg)
 	run(t, r, s.topic, func(*message.Message) error { return middleware.Permanent(errors.New("malformed")) })
@@ -438,18 +444,18 @@ func TestPoisoningIsLoggedAtError(t *testing.T) {
 	// confirm and logged.
 	found := false
 	for deadline := time.Now().Add(5 * time.Second); !found && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		for _, l := range logs.Captured()[watermill.ErrorLogLevel] {
+		for _, l := range logs.at(watermill.ErrorLogLevel) {
 			found = found || l.Msg == "Message poisoned" && l.Fields["poison_reason"] == middleware.PoisonPermanent
 		}
 	}
 	if !found {
-		t.Errorf("no ERROR line for the poisoning: %+v", logs.Captured()[watermill.ErrorLogLevel])
+		t.Errorf("no ERROR line for the poisoning: %+v", logs.at(watermill.ErrorLogLevel))
 	}
 	// Close sums up.
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range logs.Captured()[watermill.InfoLogLevel] {
+	for _, l := range logs.at(watermill.InfoLogLevel) {
 		if l.Msg == "Broker-side retry closed" {
 			if l.Fields["poisoned"] != int64(1) || l.Fields["retries"] != int64(0) || l.Fields["handoff_failures"] != int64(0) {
 				t.Errorf("summary %v, want 1 poisoned and nothing else", l.Fields)

@@ -25,6 +25,46 @@ import (
 	"github.com/amqpretry/amqpretry/xdeath"
 )
 
+// logCapture is a logger that keeps every line, safe to read while the router logs
+// (watermill's CaptureLoggerAdapter hands out its map unguarded).
+type logCapture struct {
+	mu    sync.Mutex
+	lines []watermill.CapturedMessage
+}
+
+func (c *logCapture) capture(level watermill.LogLevel, msg string, err error, fields watermill.LogFields) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lines = append(c.lines, watermill.CapturedMessage{Level: level, Msg: msg, Err: err, Fields: fields.Copy()})
+}
+
+func (c *logCapture) Error(msg string, err error, f watermill.LogFields) {
+	c.capture(watermill.ErrorLogLevel, msg, err, f)
+}
+func (c *logCapture) Info(msg string, f watermill.LogFields) {
+	c.capture(watermill.InfoLogLevel, msg, nil, f)
+}
+func (c *logCapture) Debug(msg string, f watermill.LogFields) {
+	c.capture(watermill.DebugLogLevel, msg, nil, f)
+}
+func (c *logCapture) Trace(msg string, f watermill.LogFields) {
+	c.capture(watermill.TraceLogLevel, msg, nil, f)
+}
+func (c *logCapture) With(watermill.LogFields) watermill.LoggerAdapter { return c }
+
+// at returns a copy of the lines logged at level.
+func (c *logCapture) at(level watermill.LogLevel) []watermill.CapturedMessage {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []watermill.CapturedMessage
+	for _, l := range c.lines {
+		if l.Level == level {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 func testLogger() watermill.LoggerAdapter {
 	if os.Getenv("AMQPRETRY_TEST_LOG") != "" {
 		return watermill.NewStdLogger(true, false)
@@ -285,17 +325,27 @@ func poisoned(t *testing.T, queue string, timeout time.Duration) *message.Messag
 	return msg
 }
 
-// poisonedDelivery takes the next message from queue, as it is on the wire.
+// poisonedDelivery takes the next message from queue, as it is on the wire. The queue
+// may not exist yet (a test deleted it for the library to declare again).
 func poisonedDelivery(t *testing.T, queue string, timeout time.Duration) amqp.Delivery {
 	t.Helper()
-	ch, err := brokertest.Dial(t).Channel()
+	conn := brokertest.Dial(t)
+	ch, err := conn.Channel()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ch.Close()
+	defer func() { _ = ch.Close() }()
 	deadline := time.Now().Add(timeout)
 	for {
 		d, ok, err := ch.Get(queue, true)
+		var amqpErr *amqp.Error
+		if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound && time.Now().Before(deadline) {
+			if ch, err = conn.Channel(); err != nil { // the 404 closed the channel
+				t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -581,14 +631,14 @@ func TestInvalidConfigTouchesNothingOnTheBroker(t *testing.T) {
 
 func TestLowDeliveryLimitOnQuorumWorkQueueIsWarned(t *testing.T) {
 	s := newSetup(t, delay.BackendTTLTiers)
-	logs := watermill.NewCaptureLogger()
+	logs := &logCapture{}
 	s.cfg.Logger = logs
 	s.cfg.Subscriber.Queue.Arguments = amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int32(2)}
 	newRetry(t, s.cfg)
-	for _, m := range logs.Captured()[watermill.ErrorLogLevel] {
+	for _, m := range logs.at(watermill.ErrorLogLevel) {
 		if m.Msg == "Work queues may lose retries" && strings.Contains(m.Err.Error(), "x-delivery-limit 2") {
 			return
 		}
 	}
-	t.Fatalf("no warning about x-delivery-limit 2 below 5 attempts; error logs: %+v", logs.Captured()[watermill.ErrorLogLevel])
+	t.Fatalf("no warning about x-delivery-limit 2 below 5 attempts; error logs: %+v", logs.at(watermill.ErrorLogLevel))
 }

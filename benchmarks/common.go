@@ -33,6 +33,8 @@ type env struct {
 	reg    *registry
 	sz     sizes
 	mode   string
+	// noSweep: the broker is not the one the machine's rabbitmqctl reaches (-also).
+	noSweep bool
 }
 
 // name returns a queue or exchange name under the run's prefix.
@@ -175,6 +177,9 @@ func (e *env) cleanup(sweep bool) error {
 // sweep lists the broker's queues and exchanges under the run's prefix with
 // rabbitmqctl, when the broker is on this machine and the tool works; else nothing.
 func (e *env) sweep() (queues, exchanges []string) {
+	if e.noSweep {
+		return nil, nil
+	}
 	u, err := url.Parse(e.uri)
 	if err != nil || (u.Hostname() != "127.0.0.1" && u.Hostname() != "localhost") {
 		return nil, nil

@@ -20,6 +20,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -30,13 +31,25 @@ const defaultURI = "amqp://guest:guest@127.0.0.1:5672/"
 
 // Results holds exactly the figures of the issue; it is the JSON file.
 type Results struct {
-	HealthyThroughputRatio *float64       `json:"healthy_throughput_ratio"`
+	HealthyThroughputRatio *float64 `json:"healthy_throughput_ratio"`
+	// HealthyCeilingRatio: per handler work ("0ms", "1ms"), healthy msg/s with our
+	// middleware over that with the ceiling middleware (ceiling.go).
+	HealthyCeilingRatio map[string]float64 `json:"healthy_ceiling_ratio"`
+	// VsInprocessRetry: the median of the rounds' steady-state ratios,
+	// VsInprocessRetryRounds.
 	VsInprocessRetry       *float64       `json:"vs_inprocess_retry"`
+	VsInprocessRetryRounds []float64      `json:"vs_inprocess_retry_rounds"`
 	RetryPathRatio         *float64       `json:"retry_path_ratio"`
 	LatenessMS             map[string]any `json:"lateness_ms"`
 	HeadOfLineMS           map[string]any `json:"head_of_line_ms"`
 	RSSGrowthMB            *float64       `json:"rss_growth_mb"`
+	// Brokers: with -also, every broker's figures under its version (the top level
+	// is AMQP_URI's).
+	Brokers map[string]*Results `json:"brokers,omitempty"`
 }
+
+// current is the environment being run, which the watchdog cleans.
+var current atomic.Pointer[env]
 
 // skipped is the entry of a backend that could not be built on this broker.
 type skipped struct {
@@ -50,6 +63,8 @@ type sizes struct {
 	// are those at 1 handler.
 	throughputHandlers []int
 	inprocessN         int           // messages of the in-process retry run
+	vsRounds           int           // rounds of broker retry against in-process retry
+	ceilingRounds      int           // rounds of ours, ceiling and plain consumer per handler work
 	retryPathN         int           // messages per retry-path run
 	concurrency        int           // handlers (ours) and consumer goroutines (raw) on the retry path
 	latenessN          int           // retries per backend, delays 1-10 s
@@ -65,6 +80,8 @@ func modeSizes(quick bool) sizes {
 		throughputN:        5000,
 		throughputHandlers: []int{1, 4},
 		inprocessN:         5000,
+		vsRounds:           3,
+		ceilingRounds:      3,
 		retryPathN:         5000,
 		concurrency:        16,
 		latenessN:          1000,
@@ -76,8 +93,10 @@ func modeSizes(quick bool) sizes {
 	}
 	if quick {
 		// In-process retry sleeps 300 ms per failing message inside the one handler:
-		// 5,000 messages would take 150 s. 1,000 keep the 10% mix and take 30 s.
-		s.inprocessN = 1000
+		// 5,000 messages would take 150 s per round. 500 keep the 10% mix and take 15 s;
+		// its steady-state window holds 400 of them, 40 failing.
+		s.inprocessN = 500
+		s.ceilingRounds = 2
 		// The baseline queue releases nothing until its head expires.
 		s.baselineDelay = 20 * time.Second
 	}
@@ -89,10 +108,16 @@ func main() {
 	jsonPath := flag.String("json", "", "write the figures as JSON to this file")
 	pngPath := flag.String("png", "", "write the plot here (default: beside -json, else results/quick.png or results/full.png)")
 	textPath := flag.String("text", "", "also write the results table to this file (default: beside -json, with .txt)")
-	only := flag.String("only", "", "comma-separated scenarios to run (throughput,retrypath,lateness,headofline,rss); default all")
+	only := flag.String("only", "", "comma-separated scenarios to run (throughput,ceiling,retrypath,lateness,headofline,rss); default all")
 	concurrency := flag.Int("concurrency", 16, "handlers (broker retry) and consumer goroutines (raw loop) on the retry path")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process to this file")
-	handlers := flag.String("throughput-handlers", "1,4", "handler counts of the throughput runs; the JSON figures are those at 1")
+	handlers := flag.String("throughput-handlers", "1", "handler counts of the throughput runs; the JSON figures are those at 1")
+	scale := flag.Bool("scale", false, "run only the scale scenario (1,000,000 retries waiting per backend; long) and write its JSON to -json (default results/scale.json)")
+	ctl := flag.String("rabbitmqctl", "rabbitmqctl", "command (split on spaces) that runs rabbitmqctl against the broker of AMQP_URI, for -scale's broker memory")
+	flag.IntVar(&scaleWaiting, "scale-waiting", 1_000_000, "-scale: retries waiting per backend")
+	flag.IntVar(&scaleSameSecond, "scale-same-second", 100_000, "-scale: retries coming due within the same second")
+	also := flag.String("also", "", "comma-separated AMQP URIs of more brokers to run the same suite against after AMQP_URI (JSON: one section per broker version under \"brokers\")")
+	flag.IntVar(&ceilingPad, "ceiling-pad", 0, "experiment: add a header of this many bytes to the ceiling middleware's copies")
 	flag.Parse()
 
 	uri := os.Getenv("AMQP_URI")
@@ -135,6 +160,7 @@ func main() {
 		sz:     sz,
 		mode:   mode,
 	}
+	current.Store(e)
 	// A second interrupt, or a scenario that ignores the first, still gets the broker
 	// cleaned: after a grace period the watchdog deletes everything and exits.
 	done := make(chan struct{})
@@ -148,7 +174,7 @@ func main() {
 		case <-done:
 		case <-time.After(20 * time.Second):
 			fmt.Fprintln(os.Stderr, "interrupted: deleting the run's queues and exchanges")
-			_ = e.cleanup(true)
+			_ = current.Load().cleanup(true)
 			os.Exit(130)
 		}
 	}()
@@ -164,24 +190,86 @@ func main() {
 		}
 	}
 	started := time.Now()
+	if *scale {
+		mode = "scale"
+	}
 	fmt.Printf("amqpretry benchmarks, %s mode, broker %s, names %s.*\n", mode, delay.Redact(uri), e.prefix)
 	fmt.Printf("delay backends: %s\n\n", strings.Join(delay.Backends(), ", "))
+	if *scale {
+		res, runErr := runScale(ctx, e, strings.Fields(*ctl))
+		pprof.StopCPUProfile()
+		close(done)
+		cleanErr := e.cleanup(true)
+		if *jsonPath == "" {
+			*jsonPath = filepath.Join("results", "scale.json")
+		}
+		err := errors.Join(runErr, cleanErr)
+		if res != nil {
+			if werr := writeJSON(*jsonPath, res); werr != nil {
+				err = errors.Join(err, werr)
+			} else {
+				fmt.Printf("wrote %s (%s)\n", *jsonPath, time.Since(started).Round(time.Second))
+			}
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "error:", err)
+			os.Exit(1)
+		}
+		return
+	}
 
-	rep, runErr := run(ctx, e, *only)
-	rep.elapsed = time.Since(started)
+	// -also: the same suite against more brokers, one after the other; the JSON's top
+	// level stays that of AMQP_URI, and "brokers" holds every broker's figures under its
+	// version.
+	envs := []*env{e}
+	for _, u := range strings.Split(*also, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			envs = append(envs, &env{uri: u, prefix: e.prefix, reg: &registry{}, sz: sz, mode: mode, noSweep: true})
+		}
+	}
+	var (
+		reps []*report
+		errs []error
+	)
+	for i, ev := range envs {
+		if i > 0 {
+			fmt.Printf("\n== broker %s\n", delay.Redact(ev.uri))
+		}
+		current.Store(ev)
+		t0 := time.Now()
+		rep, runErr := run(ctx, ev, *only)
+		rep.elapsed = time.Since(t0)
+		if runErr != nil {
+			errs = append(errs, runErr)
+		}
+		if err := ev.cleanup(true); err != nil { // a last sweep, whatever happened
+			errs = append(errs, fmt.Errorf("cleanup: %w", err))
+		}
+		reps = append(reps, rep)
+		if ctx.Err() != nil {
+			break
+		}
+	}
 	pprof.StopCPUProfile() // a no-op without -cpuprofile
 	close(done)
-	cleanErr := e.cleanup(true) // a last sweep, whatever happened
 
-	text := rep.table()
+	results := reps[0].results
+	if len(reps) > 1 {
+		results.Brokers = map[string]*Results{}
+	}
+	var text string
+	for i, rep := range reps {
+		if len(reps) > 1 {
+			text += fmt.Sprintf("== RabbitMQ %s (%s)\n", rep.broker, delay.Redact(envs[i].uri))
+		}
+		text += rep.table()
+	}
+	if len(reps) > 1 {
+		for _, rep := range reps {
+			results.Brokers[rep.broker] = &rep.results
+		}
+	}
 	fmt.Print("\n" + text)
-	var errs []error
-	if runErr != nil {
-		errs = append(errs, runErr)
-	}
-	if cleanErr != nil {
-		errs = append(errs, fmt.Errorf("cleanup: %w", cleanErr))
-	}
 	if *textPath != "" {
 		if err := os.WriteFile(*textPath, []byte(text), 0o644); err != nil {
 			errs = append(errs, err)
@@ -190,16 +278,22 @@ func main() {
 		}
 	}
 	if *jsonPath != "" {
-		if err := writeJSON(*jsonPath, rep.results); err != nil {
+		if err := writeJSON(*jsonPath, results); err != nil {
 			errs = append(errs, err)
 		} else {
 			fmt.Printf("wrote %s\n", *jsonPath)
 		}
 	}
-	if err := plotReport(*pngPath, rep); err != nil {
-		errs = append(errs, fmt.Errorf("plot: %w", err))
-	} else {
-		fmt.Printf("wrote %s\n", *pngPath)
+	for i, rep := range reps {
+		path := *pngPath
+		if i > 0 {
+			path = strings.TrimSuffix(path, ".png") + "-rabbitmq-" + rep.broker + ".png"
+		}
+		if err := plotReport(path, rep); err != nil {
+			errs = append(errs, fmt.Errorf("plot: %w", err))
+		} else {
+			fmt.Printf("wrote %s\n", path)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)
@@ -227,6 +321,7 @@ func run(ctx context.Context, e *env, only string) (*report, error) {
 		run  func(context.Context, *env, *report) error
 	}{
 		{"throughput", runThroughput},
+		{"ceiling", runCeiling},
 		{"retrypath", runRetryPath},
 		{"lateness", runLateness},
 		{"headofline", runHeadOfLine},
@@ -258,7 +353,7 @@ func run(ctx context.Context, e *env, only string) (*report, error) {
 	return rep, errors.Join(errs...)
 }
 
-func writeJSON(path string, r Results) error {
+func writeJSON(path string, r any) error {
 	b, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return err

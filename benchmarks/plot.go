@@ -240,6 +240,15 @@ func bars(title, ylabel string, categories []string, series []barSeries, format 
 
 func throughputPlot(r *report) *plot.Plot {
 	const title = "Throughput, 10% of messages failing twice (100 ms, x2)"
+	if r.ceil != nil {
+		var series []barSeries
+		for _, row := range r.ceil.rows {
+			series = append(series, barSeries{fmt.Sprintf("%s handler work", row.work), []float64{mean(row.ours), mean(row.ceiling), mean(row.plain)}})
+		}
+		return bars(fmt.Sprintf("Healthy msg/s, 10%% failing twice, 1 handler (means of %d rounds)", len(r.ceil.rows[0].ours)), "msg/s of never-failing messages",
+			[]string{"router + our middleware", "router + ceiling middleware", "plain amqp091-go consumer"},
+			series, "%.0f")
+	}
 	if r.tp == nil || len(r.tp.sets) == 0 {
 		return notMeasured(title)
 	}
@@ -267,8 +276,8 @@ func retryPathPlot(r *report) *plot.Plot {
 		return notMeasured(title)
 	}
 	return bars(fmt.Sprintf("%s (%d consumers, one confirm channel)", title, r.rp.concurrency), "per second",
-		[]string{"raw amqp091-go into a\nclassic queue", "raw amqp091-go into a\ntier-like queue (reference)", "broker retry:\nretries scheduled"},
-		[]barSeries{{"", []float64{r.rp.classicRate, r.rp.rawRate, r.rp.oursRate}}}, "%.0f")
+		[]string{"raw amqp091-go into a\nclassic queue", "raw amqp091-go into a\ntier-like queue (reference)", "router + ceiling\nmiddleware", "broker retry:\nretries scheduled"},
+		[]barSeries{{"", []float64{r.rp.classicRate, r.rp.rawRate, r.rp.ceilingRate, r.rp.oursRate}}}, "%.0f")
 }
 
 // wholeTicks are the default ticks labelled without decimals.

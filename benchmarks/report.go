@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -20,6 +22,7 @@ type report struct {
 	elapsed  time.Duration
 	tp       *throughputDetail
 	rp       *retryPathDetail
+	ceil     *ceilingDetail
 	lateness []namedLateness
 	// latenessSkipped are the backends that could not be built.
 	latenessSkipped []string
@@ -78,15 +81,25 @@ func (r *report) table() string {
 			if t.inprocN != t.n {
 				scaled = fmt.Sprintf("; in-process side scaled to %d msgs, same 10%% mix", t.inprocN)
 			}
-			fmt.Fprintf(w, "%s\t%.1f\t%s\t%s\t%.0f msg/s handled with broker retry vs %.1f msg/s with Watermill middleware.Retry (%d handler(s)%s)\n",
-				vsName, t.vsInprocess(), vsGoal, vsOK, t.oursHandledRate, t.inprocHandledRate, t.handlers, scaled)
+			fmt.Fprintf(w, "%s\t%.1f\t%s\t%s\tsteady state (messages %.0f%%-%.0f%% done), median of %d rounds %s: broker retry %s msg/s vs Watermill middleware.Retry %s msg/s (%d handler(s)%s); whole runs, round 1: %.0f vs %.1f msg/s, ratio %.1f\n",
+				vsName, t.vsInprocess(), vsGoal, vsOK, 100*steadyFrom, 100*steadyTo, len(t.oursSteady), spread(t.vsInprocessRounds(), 1),
+				joinf(t.oursSteady, 0), joinf(t.inprocSteady, 1), t.handlers, scaled, t.oursHandledRate, t.inprocHandledRate, t.vsInprocessWhole())
+		}
+	}
+	if r.ceil != nil {
+		for _, row := range r.ceil.rows {
+			fmt.Fprintf(w, "healthy_ceiling_ratio %s\t%.3f\t>= 0.9\t%s\thealthy msg/s, means of %d rounds: ours %.0f vs ceiling %.0f (per round: %s vs %s); plain amqp091-go consumer %.0f (%s) (%d msgs, 1 handler, %s handler work)\n",
+				row.key(), row.ratio(), holds(row.ratio() >= 0.9), len(row.ours), mean(row.ours), mean(row.ceiling),
+				joinf(row.ours, 0), joinf(row.ceiling, 0), mean(row.plain), joinf(row.plain, 0), row.n, row.work)
 		}
 	}
 	if v := r.results.RetryPathRatio; v != nil && r.rp != nil {
-		fmt.Fprintf(w, "retry_path_ratio\t%.3f\t>= 0.5\t%s\t%.0f retries scheduled/s vs %.0f/s raw amqp091-go confirmed publish+consume+ack into a tier-like queue (medians of %d rounds, %d msgs, %d consumers, 1 confirm channel)\n",
-			*v, holds(*v >= 0.5), r.rp.oursRate, r.rp.rawRate, len(r.rp.rawRates), r.rp.n, r.rp.concurrency)
+		fmt.Fprintf(w, "retry_path_ratio\t%.3f\t>= 0.9\t%s\t%.0f retries scheduled/s vs %.0f/s raw amqp091-go confirmed publish+consume+ack into a tier-like queue (medians of %d rounds, %d msgs, %d consumers, 1 confirm channel)\n",
+			*v, holds(*v >= 0.9), r.rp.oursRate, r.rp.rawRate, len(r.rp.rawRates), r.rp.n, r.rp.concurrency)
 		fmt.Fprintf(w, "  vs raw into a classic queue (not in JSON)\t%.3f\t\t\t%.0f/s raw amqp091-go into a plain durable classic queue\n",
 			r.rp.oursRate/r.rp.classicRate, r.rp.classicRate)
+		fmt.Fprintf(w, "  vs router + ceiling middleware (not in JSON)\t%.3f\t\t\t%.0f/s the same router with the ceiling middleware (per round: ours %s, ceiling %s, raw %s); router + ceiling vs raw %.3f\n",
+			r.rp.oursRate/r.rp.ceilingRate, r.rp.ceilingRate, joinf(r.rp.oursRates, 0), joinf(r.rp.ceilingRates, 0), joinf(r.rp.rawRates, 0), r.rp.ceilingRate/r.rp.rawRate)
 	}
 	for _, name := range delay.Backends() {
 		key := "lateness_ms " + name
@@ -134,6 +147,22 @@ func (r *report) table() string {
 		fmt.Fprintf(&b, "failure: %v\n", err)
 	}
 	return b.String()
+}
+
+// joinf formats xs with the given digits, separated by slashes.
+func joinf(xs []float64, digits int) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = strconv.FormatFloat(x, 'f', digits, 64)
+	}
+	return strings.Join(parts, "/")
+}
+
+// spread says how far the values of xs lie from their median, in percent.
+func spread(xs []float64, digits int) string {
+	m := median(xs)
+	lo, hi := slices.Min(xs), slices.Max(xs)
+	return fmt.Sprintf("%s (%+.1f%% .. %+.1f%% of the median)", joinf(xs, digits), 100*(lo/m-1), 100*(hi/m-1))
 }
 
 func (r *report) longFor(key string) time.Duration {

@@ -33,7 +33,10 @@ import (
 //     (quorum, 10 min TTL, at-least-once dead-lettering, reject-publish), wait for the
 //     confirm, ack. This is the JSON's reference: the same broker work without the
 //     library. The same loop into a plain durable classic queue is printed beside it,
-//     to show what the tier queue's arguments cost the broker.
+//     to show what the tier queue's arguments cost the broker;
+//   - router + ceiling: the router of "ours" with the ceiling middleware of ceiling.go
+//     in place of ours (printed beside: router against raw is what Watermill and
+//     watermill-amqp cost, ours against it what our middleware costs).
 //
 // The rate is N over the time from the first delivery to the N-th confirmed hand-off.
 // The two sides run alternately, retryPathRounds times each, on fresh queues; the
@@ -48,6 +51,8 @@ type retryPathDetail struct {
 	oursRate       float64   // median
 	rawRate        float64   // median
 	classicRate    float64   // median
+	ceilingRates   []float64 // the router with the ceiling middleware (ceiling.go), each round
+	ceilingRate    float64   // median
 }
 
 const (
@@ -66,16 +71,20 @@ func runRetryPath(ctx context.Context, e *env, rep *report) error {
 		if err != nil {
 			return fmt.Errorf("raw loop, classic queue: %w", err)
 		}
-		ours, err := e.oursRetryPath(ctx, round, d.n, d.concurrency)
+		ours, err := e.oursRetryPath(ctx, round, d.n, d.concurrency, false)
 		if err != nil {
 			return fmt.Errorf("middleware: %w", err)
 		}
+		ceil, err := e.oursRetryPath(ctx, round, d.n, d.concurrency, true)
+		if err != nil {
+			return fmt.Errorf("ceiling middleware: %w", err)
+		}
 		d.rawRates, d.oursRates = append(d.rawRates, raw), append(d.oursRates, ours)
-		d.classicRates = append(d.classicRates, classic)
-		fmt.Printf("   round %d: raw amqp091-go %6.0f/s into a tier-like queue, %6.0f/s into a classic queue; broker retry %6.0f retries scheduled/s (%d messages, %d consumers)\n",
-			round+1, raw, classic, ours, d.n, d.concurrency)
+		d.classicRates, d.ceilingRates = append(d.classicRates, classic), append(d.ceilingRates, ceil)
+		fmt.Printf("   round %d: raw amqp091-go %6.0f/s into a tier-like queue, %6.0f/s into a classic queue; router + ceiling middleware %6.0f/s; broker retry %6.0f retries scheduled/s (%d messages, %d consumers)\n",
+			round+1, raw, classic, ceil, ours, d.n, d.concurrency)
 	}
-	d.rawRate, d.oursRate, d.classicRate = median(d.rawRates), median(d.oursRates), median(d.classicRates)
+	d.rawRate, d.oursRate, d.classicRate, d.ceilingRate = median(d.rawRates), median(d.oursRates), median(d.classicRates), median(d.ceilingRates)
 	rep.rp = d
 	rep.results.RetryPathRatio = ptr(round(d.oursRate/d.rawRate, 3))
 	return nil
@@ -90,13 +99,20 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-func (e *env) oursRetryPath(ctx context.Context, round, n, handlers int) (float64, error) {
+// oursRetryPath runs the router with our middleware or, with ceil, with the ceiling
+// middleware of ceiling.go in its place (same router, subscriber and topology).
+func (e *env) oursRetryPath(ctx context.Context, round, n, handlers int, ceil bool) (float64, error) {
 	conn, err := e.dial()
 	if err != nil {
 		return 0, err
 	}
 	defer conn.Close() //nolint:errcheck
-	topic := e.name("rp", fmt.Sprintf("ours-%d", round))
+	kind := "ours"
+	if ceil {
+		kind = "ceil"
+	}
+	topic := e.name("rp", fmt.Sprintf("%s-%d", kind, round))
+	prefix := e.name(fmt.Sprintf("rp-%s-delay-%d", kind, round))
 	if err := e.declare(conn, queueTopology(topic)); err != nil {
 		return 0, err
 	}
@@ -108,7 +124,7 @@ func (e *env) oursRetryPath(ctx context.Context, round, n, handlers int) (float6
 	e.reg.queue(poison)
 	r, err := amqpretry.New(amqpretry.Config{
 		Subscriber:  wamqp.NewDurableQueueConfig(e.uri),
-		Delay:       delay.Config{Backend: delay.BackendTTLTiers, Prefix: e.name(fmt.Sprintf("rp-delay-%d", round)), Tiers: []time.Duration{retryPathDelay}},
+		Delay:       delay.Config{Backend: delay.BackendTTLTiers, Prefix: prefix, Tiers: []time.Duration{retryPathDelay}},
 		Policy:      middleware.Policy{MaxAttempts: 2, Delays: []time.Duration{retryPathDelay}},
 		PoisonQueue: poison,
 	})
@@ -150,7 +166,16 @@ func (e *env) oursRetryPath(ctx context.Context, round, n, handlers int) (float6
 	if err != nil {
 		return 0, err
 	}
-	router.AddMiddleware(count, r.Middleware)
+	if ceil {
+		c, err := e.newCeiling(prefix, []time.Duration{retryPathDelay})
+		if err != nil {
+			return 0, err
+		}
+		defer c.close()
+		router.AddMiddleware(count, c.middleware)
+	} else {
+		router.AddMiddleware(count, r.Middleware)
+	}
 	sub, err := wamqp.NewSubscriber(r.SubscriberConfig(), logger)
 	if err != nil {
 		return 0, err
@@ -181,7 +206,7 @@ func (e *env) oursRetryPath(ctx context.Context, round, n, handlers int) (float6
 		return 0, fmt.Errorf("%d of %d retries scheduled", scheduled, n)
 	}
 	// Sanity: the copies wait in the tier queue.
-	tier := e.name(fmt.Sprintf("rp-delay-%d", round), "delay", delay.TierName(retryPathDelay))
+	tier := prefix + ".delay." + delay.TierName(retryPathDelay)
 	if depth, err := queueDepth(conn, tier); err != nil || depth < n {
 		return 0, fmt.Errorf("tier queue %s holds %d messages, want %d (%v)", tier, depth, n, err)
 	}

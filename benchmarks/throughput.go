@@ -47,10 +47,12 @@ const (
 	noFailures variant = iota
 	brokerRetry
 	inprocessRetry
+	ceilingRetry // see ceiling.go
+	plainRetry   // see ceiling.go; no router
 )
 
 func (v variant) String() string {
-	return [...]string{"no-failures", "broker-retry", "inprocess-retry"}[v]
+	return [...]string{"no-failures", "broker-retry", "inprocess-retry", "ceiling", "plain-amqp091"}[v]
 }
 
 // throughputSet is one set of runs at a number of handlers.
@@ -64,10 +66,25 @@ type throughputSet struct {
 	inprocHandledRate float64          // msg/s, all messages, in-process retry
 	oursGaps          [2]time.Duration // mean time from failed attempt 1 to 2, and 2 to 3
 	inprocGaps        [2]time.Duration
+	// steady-state handled rates (runStats.steadyRate), one per round, ours and
+	// in-process alternately
+	oursSteady, inprocSteady []float64
 }
 
-func (t throughputSet) healthyRatio() float64 { return t.healthyRate / t.noFailRate }
-func (t throughputSet) vsInprocess() float64  { return t.oursHandledRate / t.inprocHandledRate }
+func (t throughputSet) healthyRatio() float64     { return t.healthyRate / t.noFailRate }
+func (t throughputSet) vsInprocessWhole() float64 { return t.oursHandledRate / t.inprocHandledRate }
+
+// vsInprocessRounds are the steady-state ratios of the rounds.
+func (t throughputSet) vsInprocessRounds() []float64 {
+	r := make([]float64, len(t.oursSteady))
+	for i := range r {
+		r[i] = t.oursSteady[i] / t.inprocSteady[i]
+	}
+	return r
+}
+
+// vsInprocess is the median of the rounds' steady-state ratios.
+func (t throughputSet) vsInprocess() float64 { return median(t.vsInprocessRounds()) }
 
 // throughputDetail: sets[0] is the figure of the issue (one handler, as Watermill's
 // own measurement); sets[1] shows what several handlers on the queue change.
@@ -79,6 +96,8 @@ type throughputDetail struct {
 type runStats struct {
 	mu          sync.Mutex
 	n           int
+	work        time.Duration // handler work per call (a sleep)
+	doneAt      []time.Time   // first success of each message, in order
 	first       time.Time
 	last        time.Time // last first-time success
 	lastHealthy time.Time
@@ -89,7 +108,14 @@ type runStats struct {
 	finished    chan struct{}
 }
 
+func newRunStats(n int, work time.Duration) *runStats {
+	return &runStats{n: n, work: work, attempts: map[string][]time.Time{}, done: map[string]struct{}{}, finished: make(chan struct{})}
+}
+
 func (s *runStats) handle(msg *message.Message) error {
+	if s.work > 0 {
+		time.Sleep(s.work)
+	}
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -109,6 +135,7 @@ func (s *runStats) handle(msg *message.Message) error {
 		return nil
 	}
 	s.done[msg.UUID] = struct{}{}
+	s.doneAt = append(s.doneAt, now)
 	s.last = now
 	if !failing {
 		s.healthy++
@@ -127,6 +154,17 @@ func (s *runStats) handledRate() float64 {
 func (s *runStats) healthyRate() float64 {
 	return float64(s.healthy) / s.lastHealthy.Sub(s.first).Seconds()
 }
+
+// steadyRate is the handled rate over the window from the first success of the
+// steadyFrom-th fraction of the messages to that of the steadyTo-th: without the
+// warm-up, and without the tail where only retries of the last failing messages are
+// left.
+func (s *runStats) steadyRate() float64 {
+	i, j := int(steadyFrom*float64(len(s.doneAt))), int(steadyTo*float64(len(s.doneAt)))-1
+	return float64(j-i) / s.doneAt[j].Sub(s.doneAt[i]).Seconds()
+}
+
+const steadyFrom, steadyTo = 0.1, 0.9
 
 // gaps returns the mean time between attempts 1 and 2, and 2 and 3, of failing messages.
 func (s *runStats) gaps() (g [2]time.Duration) {
@@ -164,6 +202,9 @@ func runThroughput(ctx context.Context, e *env, rep *report) error {
 		if handlers == 1 {
 			rep.results.HealthyThroughputRatio = ptr(round(t.healthyRatio(), 3))
 			rep.results.VsInprocessRetry = ptr(round(t.vsInprocess(), 1))
+			for _, x := range t.vsInprocessRounds() {
+				rep.results.VsInprocessRetryRounds = append(rep.results.VsInprocessRetryRounds, round(x, 1))
+			}
 		}
 	}
 	return nil
@@ -172,41 +213,62 @@ func runThroughput(ctx context.Context, e *env, rep *report) error {
 func (e *env) throughputSet(ctx context.Context, handlers int) (*throughputSet, error) {
 	t := &throughputSet{handlers: handlers, n: e.sz.throughputN, inprocN: e.sz.inprocessN}
 	fmt.Printf("   %d handler(s) on the queue:\n", handlers)
-	// No-failure runs before and after the broker-retry run: their mean is the
+	// No-failure runs before and after the first broker-retry run: their mean is the
 	// reference, which evens out drift from other load on the broker.
-	base, err := e.routerRun(ctx, noFailures, t.n, handlers)
+	base, err := e.routerRun(ctx, noFailures, t.n, handlers, 0)
 	if err != nil {
 		return nil, err
 	}
 	t.noFailRates[0] = base.handledRate()
-	ours, err := e.routerRun(ctx, brokerRetry, t.n, handlers)
-	if err != nil {
-		return nil, err
+	for round := range e.sz.vsRounds {
+		ours, err := e.routerRun(ctx, brokerRetry, t.n, handlers, 0)
+		if err != nil {
+			return nil, err
+		}
+		if round == 0 {
+			t.healthyRate, t.oursHandledRate, t.oursGaps = ours.healthyRate(), ours.handledRate(), ours.gaps()
+			if base, err = e.routerRun(ctx, noFailures, t.n, handlers, 0); err != nil {
+				return nil, err
+			}
+			t.noFailRates[1] = base.handledRate()
+			t.noFailRate = (t.noFailRates[0] + t.noFailRates[1]) / 2
+			fmt.Printf("     no failures:      %6.0f msg/s (%.0f before, %.0f after; %d messages)\n", t.noFailRate, t.noFailRates[0], t.noFailRates[1], t.n)
+			fmt.Printf("     broker retry:     %6.0f msg/s handled, %6.0f msg/s of the never-failing: ratio %.3f (attempt gaps %s, %s)\n",
+				t.oursHandledRate, t.healthyRate, t.healthyRatio(), t.oursGaps[0].Round(time.Millisecond), t.oursGaps[1].Round(time.Millisecond))
+		}
+		inproc, err := e.routerRun(ctx, inprocessRetry, t.inprocN, handlers, 0)
+		if err != nil {
+			return nil, err
+		}
+		if round == 0 {
+			t.inprocHandledRate, t.inprocGaps = inproc.handledRate(), inproc.gaps()
+		}
+		t.oursSteady = append(t.oursSteady, ours.steadyRate())
+		t.inprocSteady = append(t.inprocSteady, inproc.steadyRate())
+		fmt.Printf("     round %d: steady state (messages %.0f%%-%.0f%% done): broker retry %6.0f msg/s, in-process retry %5.1f msg/s (%d messages): ratio %.1f; whole run %.1f\n",
+			round+1, 100*steadyFrom, 100*steadyTo, last(t.oursSteady), last(t.inprocSteady), t.inprocN,
+			last(t.oursSteady)/last(t.inprocSteady), ours.handledRate()/inproc.handledRate())
 	}
-	t.healthyRate, t.oursHandledRate, t.oursGaps = ours.healthyRate(), ours.handledRate(), ours.gaps()
-	if base, err = e.routerRun(ctx, noFailures, t.n, handlers); err != nil {
-		return nil, err
-	}
-	t.noFailRates[1] = base.handledRate()
-	t.noFailRate = (t.noFailRates[0] + t.noFailRates[1]) / 2
-	fmt.Printf("     no failures:      %6.0f msg/s (%.0f before, %.0f after; %d messages)\n", t.noFailRate, t.noFailRates[0], t.noFailRates[1], t.n)
-	fmt.Printf("     broker retry:     %6.0f msg/s handled, %6.0f msg/s of the never-failing: ratio %.3f (attempt gaps %s, %s)\n",
-		t.oursHandledRate, t.healthyRate, t.healthyRatio(), t.oursGaps[0].Round(time.Millisecond), t.oursGaps[1].Round(time.Millisecond))
-
-	inproc, err := e.routerRun(ctx, inprocessRetry, t.inprocN, handlers)
-	if err != nil {
-		return nil, err
-	}
-	t.inprocHandledRate, t.inprocGaps = inproc.handledRate(), inproc.gaps()
-	fmt.Printf("     in-process retry: %6.1f msg/s handled (%d messages; attempt gaps %s, %s): ours %.1fx\n",
-		t.inprocHandledRate, t.inprocN, t.inprocGaps[0].Round(time.Millisecond), t.inprocGaps[1].Round(time.Millisecond), t.vsInprocess())
 	return t, nil
+}
+
+// throughputMessages returns n messages, every tenth marked to fail unless v is
+// noFailures.
+func throughputMessages(v variant, n int) []*message.Message {
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(fmt.Sprintf("tp-%s-%05d", v, i), []byte(`{"order":"12345","amount":"42.00"}`))
+		if v != noFailures && i%10 == 0 {
+			msgs[i].Metadata.Set(failKey, "1")
+		}
+	}
+	return msgs
 }
 
 // routerRun publishes n messages to a fresh queue, runs one router handler over it with
 // the variant's middleware on the given number of handlers (each its own subscription
 // on the queue) until every message has succeeded, and returns the stats.
-func (e *env) routerRun(ctx context.Context, v variant, n, handlers int) (*runStats, error) {
+func (e *env) routerRun(ctx context.Context, v variant, n, handlers int, work time.Duration) (*runStats, error) {
 	conn, err := e.dial()
 	if err != nil {
 		return nil, err
@@ -219,14 +281,7 @@ func (e *env) routerRun(ctx context.Context, v variant, n, handlers int) (*runSt
 	if err := e.declare(conn, queueTopology(topic)); err != nil {
 		return nil, err
 	}
-	msgs := make([]*message.Message, n)
-	for i := range msgs {
-		msgs[i] = message.NewMessage(fmt.Sprintf("tp-%s-%05d", v, i), []byte(`{"order":"12345","amount":"42.00"}`))
-		if v != noFailures && i%10 == 0 {
-			msgs[i].Metadata.Set(failKey, "1")
-		}
-	}
-	if err := prefill(ctx, conn, topic, msgs); err != nil {
+	if err := prefill(ctx, conn, topic, throughputMessages(v, n)); err != nil {
 		return nil, fmt.Errorf("prefill %s: %w", topic, err)
 	}
 
@@ -237,7 +292,7 @@ func (e *env) routerRun(ctx context.Context, v variant, n, handlers int) (*runSt
 	}
 	subCfg := cfg
 	switch v {
-	case brokerRetry:
+	case brokerRetry, ceilingRetry:
 		r, err := amqpretry.New(amqpretry.Config{
 			Subscriber:  cfg,
 			Delay:       delay.Config{Backend: delay.BackendTTLTiers, Prefix: e.name("tp-delay"), Tiers: throughputTiers},
@@ -251,7 +306,16 @@ func (e *env) routerRun(ctx context.Context, v variant, n, handlers int) (*runSt
 		e.reg.topology(r.Backend().Topology())
 		e.reg.queue(e.name("tp-poison"))
 		subCfg = r.SubscriberConfig()
-		router.AddMiddleware(r.Middleware)
+		if v == brokerRetry {
+			router.AddMiddleware(r.Middleware)
+			break
+		}
+		c, err := e.newCeiling(e.name("tp-delay"), throughputTiers)
+		if err != nil {
+			return nil, err
+		}
+		defer c.close()
+		router.AddMiddleware(c.middleware)
 	case inprocessRetry:
 		router.AddMiddleware(inprocessPolicy.Middleware)
 	}
@@ -261,7 +325,7 @@ func (e *env) routerRun(ctx context.Context, v variant, n, handlers int) (*runSt
 	}
 	defer sub.Close() //nolint:errcheck
 
-	st := &runStats{n: n, attempts: map[string][]time.Time{}, done: map[string]struct{}{}, finished: make(chan struct{})}
+	st := newRunStats(n, work)
 	for i := range handlers {
 		router.AddConsumerHandler(fmt.Sprintf("bench-%d", i), topic, sub, st.handle)
 	}

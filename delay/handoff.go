@@ -244,9 +244,9 @@ func (h *Handoff) publishMessage(ctx context.Context, exchange, key string, msg 
 		delete(p.Headers, k)
 	}
 	if len(headers) > 0 {
-		p.Headers = maps.Clone(p.Headers)
+		// p.Headers is the marshaler's own, already edited above: no clone.
 		if p.Headers == nil {
-			p.Headers = amqp.Table{}
+			p.Headers = make(amqp.Table, len(headers))
 		}
 		maps.Copy(p.Headers, headers)
 	}

@@ -3,6 +3,7 @@ package middleware
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"time"
 
@@ -231,8 +232,7 @@ func (r *Retry) handleFailure(msg *message.Message, err error) error {
 		"message_uuid": msg.UUID, "handler": f.handler, "topic": f.topic, "queue": f.queue,
 		"attempt": f.attempt, "max_attempts": r.cfg.Policy.MaxAttempts, "err": err.Error(),
 	}
-	cp := msg.Copy()
-	cp.SetContext(msg.Context())
+	cp := copyForEnvelope(msg)
 	f.record(cp.Metadata)
 
 	switch {
@@ -285,6 +285,19 @@ func (r *Retry) handleFailure(msg *message.Message, err error) error {
 		return r.poison(err, cp, f, PoisonTooLarge, fields)
 	}
 	return r.handoffFailed(err, perr, cp, f, fields, true)
+}
+
+// envelopeRoom is how many keys the envelope, the retry stamps and Watermill's delay
+// metadata add to a copy at most.
+const envelopeRoom = 16
+
+// copyForEnvelope copies msg, with its context, into metadata sized for the envelope:
+// message.Copy's map would grow several times while it is stamped.
+func copyForEnvelope(msg *message.Message) *message.Message {
+	cp := message.NewMessageWithContext(msg.Context(), msg.UUID, msg.Payload)
+	cp.Metadata = make(message.Metadata, len(msg.Metadata)+envelopeRoom)
+	maps.Copy(cp.Metadata, msg.Metadata)
+	return cp
 }
 
 // failureOf describes the failed attempt of msg.

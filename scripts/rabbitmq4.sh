@@ -29,7 +29,7 @@
 set -euo pipefail
 
 ROOT="${AMQPRETRY_RABBITMQ4_ROOT:-/var/lib/amqpretry/rabbitmq4}"
-ROOT="${ROOT%/}"
+ROOT=$(realpath -m "$ROOT") # as /proc/PID/root shows it
 SUITE=trixie
 NODE=amqpretry4@localhost
 AMQP_PORT=5674
@@ -225,16 +225,17 @@ ctl() {
   need_root
   # start mounts /proc and stop unmounts it: without it the node cannot be running.
   mountpoint -q "$ROOT/proc" || die "$NODE is not running (start it with: $0 start)"
-  as_rabbitmq sh -c 'cd /var/lib/rabbitmq && exec /usr/lib/rabbitmq/bin/rabbitmqctl "$@"' rabbitmqctl -n "$NODE" "$@"
+  as_rabbitmq sh -c 'cd /var/lib/rabbitmq && exec /usr/lib/rabbitmq/bin/rabbitmqctl "$@"' rabbitmqctl -n "$NODE" "$@" 9>&-
 }
 
 running() { ctl -q ping >/dev/null 2>&1; }
 
-# One start or stop at a time (two test runs may start the node together).
+# One start or stop at a time (two test runs may start the node together). The node
+# must not inherit the lock's descriptor: it would hold the lock for its lifetime.
 lock() {
   mkdir -p "$(dirname "$ROOT")"
   exec 9>"$ROOT.lock"
-  flock 9
+  flock -w 600 9 || die "another start or stop holds $ROOT.lock"
 }
 
 start() {
@@ -249,13 +250,14 @@ start() {
   local t0=$SECONDS
   log "starting $NODE ($(cat "$ROOT/$READY")) on 127.0.0.1:$AMQP_PORT"
   as_rabbitmq sh -c 'cd /var/lib/rabbitmq && exec /usr/lib/rabbitmq/bin/rabbitmq-server -detached' \
-    >/dev/null 2>&1 </dev/null
+    >/dev/null 2>&1 </dev/null 9>&-
   local i
   for i in $(seq 120); do
     if running; then break; fi
     if [ "$i" = 120 ]; then
       tail -n 40 "$ROOT/var/log/rabbitmq/$NODE.log" >&2 2>/dev/null || true
-      die "$NODE did not answer within 60 s; logs in $ROOT/var/log/rabbitmq"
+      if [ -z "$(chroot_pids)" ]; then unmount_all "$ROOT"; fi
+      die "$NODE did not answer within 60 s (is another copy of it running, or are ports $AMQP_PORT, $DIST_PORT, $EPMD_PORT taken?); logs in $ROOT/var/log/rabbitmq"
     fi
     sleep 0.5
   done

@@ -84,6 +84,12 @@ fi
 
 step "go vet"
 go vet ./... ./_examples/quickstart
+(cd metrics && go vet ./...)
+
+step "staticcheck"
+# Pinned: the module proxy serves exact versions. staticcheck.conf says what is off.
+go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+(cd metrics && go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...)
 
 step "shell scripts parse"
 for f in scripts/*.sh .ci/run; do bash -n "$f"; done
@@ -121,6 +127,9 @@ fi
 # themselves.
 step "go test -race (all packages, fuzz corpus included) on the broker at AMQP_URI"
 go test -race -count=1 -p 1 -timeout 30m ./...
+
+step "metrics module: go test -race (a module of its own, on the broker at AMQP_URI)"
+(cd metrics && go test -race -count=1 ./...)
 
 step "quickstart, in-process (no broker)"
 env -u AMQP_URI go run ./_examples/quickstart
