@@ -151,6 +151,8 @@ func (e *env) cleanup(sweep bool) error {
 	}
 	conn, err := e.dial()
 	if err != nil {
+		e.reg.queue(queues...) // for the next attempt
+		e.reg.exchange(exchanges...)
 		return fmt.Errorf("delete %d queues and %d exchanges: %w", len(queues), len(exchanges), err)
 	}
 	defer conn.Close() //nolint:errcheck

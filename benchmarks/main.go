@@ -108,7 +108,7 @@ func main() {
 	jsonPath := flag.String("json", "", "write the figures as JSON to this file")
 	pngPath := flag.String("png", "", "write the plot here (default: beside -json, else results/quick.png or results/full.png)")
 	textPath := flag.String("text", "", "also write the results table to this file (default: beside -json, with .txt)")
-	only := flag.String("only", "", "comma-separated scenarios to run (throughput,ceiling,retrypath,lateness,headofline,rss); default all")
+	only := flag.String("only", "", "comma-separated scenarios to run (throughput,ceiling,retrypath,lateness,headofline,rss), with -scale backends; default all")
 	concurrency := flag.Int("concurrency", 16, "handlers (broker retry) and consumer goroutines (raw loop) on the retry path")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process to this file")
 	handlers := flag.String("throughput-handlers", "1", "handler counts of the throughput runs; the JSON figures are those at 1")
@@ -196,10 +196,17 @@ func main() {
 	fmt.Printf("amqpretry benchmarks, %s mode, broker %s, names %s.*\n", mode, delay.Redact(uri), e.prefix)
 	fmt.Printf("delay backends: %s\n\n", strings.Join(delay.Backends(), ", "))
 	if *scale {
-		res, runErr := runScale(ctx, e, strings.Fields(*ctl))
+		res, runErr := runScale(ctx, e, strings.Fields(*ctl), *only)
 		pprof.StopCPUProfile()
 		close(done)
 		cleanErr := e.cleanup(true)
+		// The broker may be restarting (a shared one): its queues hold up to a million
+		// messages each, so keep trying for a few minutes.
+		for try := 0; cleanErr != nil && try < 18; try++ {
+			fmt.Fprintln(os.Stderr, "cleanup:", cleanErr, "- trying again in 10 s")
+			time.Sleep(10 * time.Second)
+			cleanErr = e.cleanup(true)
+		}
 		if *jsonPath == "" {
 			*jsonPath = filepath.Join("results", "scale.json")
 		}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os/exec"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -90,12 +92,17 @@ type ScaleResults struct {
 	Seconds  float64        `json:"run_seconds"`
 }
 
-func runScale(ctx context.Context, e *env, ctl []string) (*ScaleResults, error) {
+// runScale runs the scale scenario for every broker backend, or only for those only
+// names (comma-separated; "" is all).
+func runScale(ctx context.Context, e *env, ctl []string, only string) (*ScaleResults, error) {
 	res := &ScaleResults{Broker: e.brokerVersion(), Date: time.Now().UTC().Format(time.RFC3339), Backends: map[string]any{}}
 	start := time.Now()
 	for _, name := range delay.Backends() {
 		if name == delay.BackendMemory {
 			continue // no broker side: its retries wait in this process
+		}
+		if only != "" && !slices.Contains(strings.Split(only, ","), name) {
+			continue
 		}
 		fmt.Printf("== scale %s\n", name)
 		r, skip, err := e.scaleOne(ctx, name, ctl)
@@ -181,7 +188,10 @@ func (e *env) scaleOne(ctx context.Context, name string, ctl []string) (*ScaleRe
 		fill = func(n int) (float64, error) { return e.fillLevel(ctx, r, &seq, n) }
 	}
 	t0 := time.Now()
-	fillRate := res.HandoffRateNone
+	fillRate := res.HandoffRateNone // the same-second retries go in as the fill does
+	if name == delay.BackendBinaryLevels {
+		fillRate = math.Inf(1)
+	}
 	for seq < scaleWaiting {
 		n := min(100_000, scaleWaiting-seq)
 		rate, err := fill(n)
@@ -332,7 +342,7 @@ func (e *env) sameSecond(ctx context.Context, r *rig, rate float64) (any, float6
 	var mu sync.Mutex
 	outside := 0
 	err = parallel(ctx, n, scaleWorkers, func(i int) error {
-		d := T.Sub(time.Now()).Truncate(time.Second) + time.Second // due in [T, T+1s)
+		d := time.Until(T).Truncate(time.Second) + time.Second // due in [T, T+1s)
 		if d < time.Second {
 			d = time.Second
 			mu.Lock()
