@@ -53,7 +53,8 @@ type HandoffConfig struct {
 	// ConfirmTimeout bounds the wait for each publisher confirm. Default: 10s.
 	ConfirmTimeout time.Duration
 	// Marshaler turns a Watermill message into a publishing. It must never send back
-	// broker-owned headers. Default: xdeath.Marshaler{}.
+	// broker-owned headers, and must return a Headers table of its own (the hand-off
+	// edits it). Default: xdeath.Marshaler{}.
 	Marshaler wamqp.Marshaler
 	// Topology says whether a route found gone when publishing (a deleted queue or
 	// exchange of the library's) is declared again, once: only in topology.ModeDeclare.
