@@ -19,7 +19,6 @@ import (
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/ops"
 	"github.com/amqpretry/amqpretry/topology"
-	"github.com/amqpretry/amqpretry/xdeath"
 )
 
 var testTiers = []time.Duration{time.Second, 2 * time.Second}
@@ -121,31 +120,6 @@ func (r *rig) list(queue string) []string {
 		ids[i] = m.UUID
 	}
 	return ids
-}
-
-// drain takes every message of queue.
-func drain(t *testing.T, queue string) []*message.Message {
-	t.Helper()
-	ch, err := brokertest.Dial(t).Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ch.Close()
-	var out []*message.Message
-	for {
-		d, ok, err := ch.Get(queue, true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !ok {
-			return out
-		}
-		msg, err := xdeath.Marshaler{}.Unmarshal(d)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, msg)
-	}
 }
 
 func TestTopologyVerifyThenApply(t *testing.T) {
@@ -330,7 +304,7 @@ func TestRedrivePoison(t *testing.T) {
 	check := func(queue string, want ...string) {
 		t.Helper()
 		var got []string
-		for _, msg := range drain(t, queue) {
+		for _, msg := range brokertest.Drain(t, queue) {
 			got = append(got, msg.UUID)
 			if msg.Metadata.Get(middleware.AttemptKey) != "" || msg.Metadata.Get(middleware.PoisonReasonKey) != "" {
 				t.Errorf("%s: attempt %q, reason %q left after a redrive with reset", msg.UUID, msg.Metadata.Get(middleware.AttemptKey), msg.Metadata.Get(middleware.PoisonReasonKey))
@@ -357,7 +331,7 @@ func TestRedrivePoison(t *testing.T) {
 	if _, err := r.ops.RedrivePoison(context.Background(), ops.MoveOptions{Filter: ops.Filter{IDs: []string{"k1"}}}); err != nil {
 		t.Fatal(err)
 	}
-	got := drain(t, orders)
+	got := brokertest.Drain(t, orders)
 	if len(got) != 1 || got[0].Metadata.Get(middleware.AttemptKey) != "5" {
 		t.Errorf("redrive without reset: %v", got)
 	}
@@ -435,7 +409,7 @@ func TestParkingRedrive(t *testing.T) {
 	if err != nil || res.Done != 1 {
 		t.Fatalf("parking redrive: %v %+v", err, res)
 	}
-	got := drain(t, queue)
+	got := brokertest.Drain(t, queue)
 	if len(got) != 1 || got[0].UUID != "parked-1" || got[0].Metadata.Get(middleware.AttemptKey) != "2" {
 		t.Fatalf("work queue got %v", got)
 	}

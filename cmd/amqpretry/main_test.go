@@ -20,7 +20,6 @@ import (
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/ops"
-	"github.com/amqpretry/amqpretry/xdeath"
 )
 
 // binary is the command built once for the tests that kill it.
@@ -109,31 +108,6 @@ func (e *env) poison(n int) {
 		if err := e.h.PublishMessage(context.Background(), "", e.prefix+".poison", msg, nil); err != nil {
 			e.t.Fatal(err)
 		}
-	}
-}
-
-// drain takes every message of queue.
-func drain(t *testing.T, queue string) []*message.Message {
-	t.Helper()
-	ch, err := brokertest.Dial(t).Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ch.Close()
-	var out []*message.Message
-	for {
-		d, ok, err := ch.Get(queue, true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !ok {
-			return out
-		}
-		msg, err := xdeath.Marshaler{}.Unmarshal(d)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, msg)
 	}
 }
 
@@ -241,7 +215,7 @@ func TestRedriveKilledMidRun(t *testing.T) {
 	seen := map[string]int{}
 	redriven := 0
 	for _, q := range e.queues {
-		for _, msg := range drain(t, q) {
+		for _, msg := range brokertest.Drain(t, q) {
 			seen[msg.UUID]++
 			redriven++
 			if got := msg.Metadata.Get(middleware.QueueKey); got != q {
@@ -252,7 +226,7 @@ func TestRedriveKilledMidRun(t *testing.T) {
 	var left []*message.Message
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		left = drain(t, poison)
+		left = brokertest.Drain(t, poison)
 		if redriven+len(left) >= total || time.Now().After(deadline) {
 			break
 		}
@@ -341,7 +315,7 @@ func TestRedriveInterrupted(t *testing.T) {
 	}
 	seen := map[string]int{}
 	for _, q := range append([]string{e.prefix + ".poison"}, e.queues...) {
-		for _, msg := range drain(t, q) {
+		for _, msg := range brokertest.Drain(t, q) {
 			seen[msg.UUID]++
 		}
 	}
@@ -366,7 +340,7 @@ func TestWindowKeepsOrder(t *testing.T) {
 		t.Fatalf("redrive with a small window (%d):\n%s", code, out)
 	}
 	var got []string
-	for _, msg := range drain(t, e.prefix+".poison") {
+	for _, msg := range brokertest.Drain(t, e.prefix+".poison") {
 		got = append(got, msg.UUID)
 	}
 	// m0000, m0002, m0004 were held (not matching); m0001, m0003 redriven before the

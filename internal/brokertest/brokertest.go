@@ -11,10 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/redact"
 	"github.com/amqpretry/amqpretry/topology"
+	"github.com/amqpretry/amqpretry/xdeath"
 )
 
 // DefaultURI is used when AMQP_URI is unset.
@@ -130,5 +132,31 @@ func Wait(timeout time.Duration) error {
 			return err
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// Drain takes every message of queue, as a subscriber built by the library reads it
+// (xdeath.Marshaler), and fails the test on any error.
+func Drain(t testing.TB, queue string) []*message.Message {
+	t.Helper()
+	ch, err := Dial(t).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	var out []*message.Message
+	for {
+		d, ok, err := ch.Get(queue, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return out
+		}
+		msg, err := xdeath.Marshaler{}.Unmarshal(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, msg)
 	}
 }
