@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -118,6 +119,12 @@ type ceiling struct {
 	exchange string
 	tiers    []time.Duration // the tier of the n-th failure; the last for any later one
 
+	// envelope, when set, makes this the ceiling carrying our envelope: every copy
+	// also gets these headers (a copy our hand-off published, as the broker stored it)
+	// and goes out as ours does, mandatory with a fresh MessageId. Same wire and broker
+	// work as ours; what is left between the two is our client code.
+	envelope amqp.Table
+
 	mu       sync.Mutex
 	failures map[string]int
 }
@@ -154,10 +161,18 @@ func (c *ceiling) tier(uuid string) time.Duration {
 // publish publishes the copy to the tier's queue through the delay exchange (routing
 // key: the work queue, which the tier dead-letters back to) and waits for the confirm.
 func (c *ceiling) publish(ctx context.Context, queue string, tier time.Duration, headers amqp.Table, body []byte) error {
+	p := amqp.Publishing{Headers: headers, Body: body, DeliveryMode: amqp.Persistent}
+	mandatory := c.envelope != nil
+	if mandatory {
+		for k, v := range c.envelope {
+			if _, own := headers[k]; !own {
+				headers[k] = v
+			}
+		}
+		p.MessageId = watermill.NewULID()
+	}
 	headers[delay.TierHeader] = delay.TierName(tier)
-	dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, c.exchange, queue, false, false, amqp.Publishing{
-		Headers: headers, Body: body, DeliveryMode: amqp.Persistent,
-	})
+	dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, c.exchange, queue, mandatory, false, p)
 	if err != nil {
 		return err
 	}
@@ -191,15 +206,8 @@ func ceilingHeaders(msg *message.Message) amqp.Table {
 			headers[k] = v
 		}
 	}
-	if ceilingPad > 0 {
-		headers["bench-pad"] = strings.Repeat("p", ceilingPad)
-	}
 	return headers
 }
-
-// ceilingPad (-ceiling-pad, an experiment) adds a header of that many bytes to the
-// ceiling's copies, to see what the size of our envelope costs the broker.
-var ceilingPad int
 
 // plainRun is the throughput scenario's failing mix through a plain amqp091-go
 // consumer and the ceiling's publisher, without a router: consume at prefetch 1, run

@@ -35,6 +35,8 @@ type env struct {
 	mode   string
 	// noSweep: the broker is not the one the machine's rabbitmqctl reaches (-also).
 	noSweep bool
+	// dlxPrefetch: the broker's dead_letter_worker_consumer_prefetch during -scale.
+	dlxPrefetch string
 }
 
 // name returns a queue or exchange name under the run's prefix.

@@ -84,6 +84,10 @@ func (r *report) table() string {
 			fmt.Fprintf(w, "%s\t%.1f\t%s\t%s\tsteady state (messages %.0f%%-%.0f%% done), median of %d rounds %s: broker retry %s msg/s vs Watermill middleware.Retry %s msg/s (%d handler(s)%s); whole runs, round 1: %.0f vs %.1f msg/s, ratio %.1f\n",
 				vsName, t.vsInprocess(), vsGoal, vsOK, 100*steadyFrom, 100*steadyTo, len(t.oursSteady), spread(t.vsInprocessRounds(), 1),
 				joinf(t.oursSteady, 0), joinf(t.inprocSteady, 1), t.handlers, scaled, t.oursHandledRate, t.inprocHandledRate, t.vsInprocessWhole())
+			if i == 0 {
+				fmt.Fprintf(w, "  the same with the ceiling middleware\t%.1f\t\t\tits bound: steady-state msg/s of the ceiling middleware in the same rounds %s over in-process (median of the rounds' ratios)\n",
+					t.ceilingVsInprocess(), joinf(t.ceilSteady, 0))
+			}
 		}
 	}
 	if r.ceil != nil {
@@ -100,6 +104,8 @@ func (r *report) table() string {
 			r.rp.oursRate/r.rp.classicRate, r.rp.classicRate)
 		fmt.Fprintf(w, "  vs router + ceiling middleware (not in JSON)\t%.3f\t\t\t%.0f/s the same router with the ceiling middleware (per round: ours %s, ceiling %s, raw %s); router + ceiling vs raw %.3f\n",
 			r.rp.oursRate/r.rp.ceilingRate, r.rp.ceilingRate, joinf(r.rp.oursRates, 0), joinf(r.rp.ceilingRates, 0), joinf(r.rp.rawRates, 0), r.rp.ceilingRate/r.rp.rawRate)
+		fmt.Fprintf(w, "  vs router + ceiling carrying our envelope (not in JSON)\t%.3f\t\t\t%.0f/s the same, each copy with our copy's %d headers (%d bytes on the wire), mandatory, with a MessageId (per round: %s); it vs router + ceiling %.3f (what the envelope costs), vs raw %.3f\n",
+			r.rp.oursRate/r.rp.envelopeRate, r.rp.envelopeRate, r.rp.envelopeN, r.rp.envelopeBytes, joinf(r.rp.envelopeRates, 0), r.rp.envelopeRate/r.rp.ceilingRate, r.rp.envelopeRate/r.rp.rawRate)
 	}
 	for _, name := range delay.Backends() {
 		key := "lateness_ms " + name

@@ -17,6 +17,7 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/topology"
+	"github.com/amqpretry/amqpretry/xdeath"
 )
 
 // Retry path: every message fails, so every delivery is a hand-off (publish the copy to
@@ -36,7 +37,12 @@ import (
 //     to show what the tier queue's arguments cost the broker;
 //   - router + ceiling: the router of "ours" with the ceiling middleware of ceiling.go
 //     in place of ours (printed beside: router against raw is what Watermill and
-//     watermill-amqp cost, ours against it what our middleware costs).
+//     watermill-amqp cost, ours against it what our middleware costs);
+//   - router + ceiling carrying our envelope: the same, but every copy also carries the
+//     headers table of a copy ours published in the same round (read back from its tier
+//     queue) and goes out mandatory with a MessageId, as ours does. Against router +
+//     ceiling, that is what our envelope costs the broker and the wire; ours against it
+//     is what our client code costs.
 //
 // The rate is N over the time from the first delivery to the N-th confirmed hand-off.
 // The two sides run alternately, retryPathRounds times each, on fresh queues; the
@@ -53,6 +59,10 @@ type retryPathDetail struct {
 	classicRate    float64   // median
 	ceilingRates   []float64 // the router with the ceiling middleware (ceiling.go), each round
 	ceilingRate    float64   // median
+	envelopeRates  []float64 // the same carrying our envelope, each round
+	envelopeRate   float64   // median
+	envelopeBytes  int       // our copy's headers table on the wire
+	envelopeN      int       // and its number of headers
 }
 
 const (
@@ -71,20 +81,30 @@ func runRetryPath(ctx context.Context, e *env, rep *report) error {
 		if err != nil {
 			return fmt.Errorf("raw loop, classic queue: %w", err)
 		}
-		ours, err := e.oursRetryPath(ctx, round, d.n, d.concurrency, false)
+		ours, envelope, err := e.oursRetryPath(ctx, round, d.n, d.concurrency, false, nil)
 		if err != nil {
 			return fmt.Errorf("middleware: %w", err)
 		}
-		ceil, err := e.oursRetryPath(ctx, round, d.n, d.concurrency, true)
+		ceil, _, err := e.oursRetryPath(ctx, round, d.n, d.concurrency, true, nil)
 		if err != nil {
 			return fmt.Errorf("ceiling middleware: %w", err)
 		}
+		env, _, err := e.oursRetryPath(ctx, round, d.n, d.concurrency, true, envelope)
+		if err != nil {
+			return fmt.Errorf("ceiling middleware carrying our envelope: %w", err)
+		}
+		if d.envelopeBytes, err = xdeath.WireSize(envelope); err != nil {
+			return err
+		}
+		d.envelopeN = len(envelope)
 		d.rawRates, d.oursRates = append(d.rawRates, raw), append(d.oursRates, ours)
 		d.classicRates, d.ceilingRates = append(d.classicRates, classic), append(d.ceilingRates, ceil)
-		fmt.Printf("   round %d: raw amqp091-go %6.0f/s into a tier-like queue, %6.0f/s into a classic queue; router + ceiling middleware %6.0f/s; broker retry %6.0f retries scheduled/s (%d messages, %d consumers)\n",
-			round+1, raw, classic, ceil, ours, d.n, d.concurrency)
+		d.envelopeRates = append(d.envelopeRates, env)
+		fmt.Printf("   round %d: raw amqp091-go %6.0f/s into a tier-like queue, %6.0f/s into a classic queue; router + ceiling middleware %6.0f/s, carrying our envelope %6.0f/s; broker retry %6.0f retries scheduled/s (%d messages, %d consumers)\n",
+			round+1, raw, classic, ceil, env, ours, d.n, d.concurrency)
 	}
 	d.rawRate, d.oursRate, d.classicRate, d.ceilingRate = median(d.rawRates), median(d.oursRates), median(d.classicRates), median(d.ceilingRates)
+	d.envelopeRate = median(d.envelopeRates)
 	rep.rp = d
 	rep.results.RetryPathRatio = ptr(round(d.oursRate/d.rawRate, 3))
 	return nil
@@ -100,24 +120,30 @@ func median(xs []float64) float64 {
 }
 
 // oursRetryPath runs the router with our middleware or, with ceil, with the ceiling
-// middleware of ceiling.go in its place (same router, subscriber and topology).
-func (e *env) oursRetryPath(ctx context.Context, round, n, handlers int, ceil bool) (float64, error) {
+// middleware of ceiling.go in its place (same router, subscriber and topology),
+// carrying envelope on its copies when that is not nil. Ours also returns the headers
+// of one of its copies as the tier queue holds them, without those the ceiling sets
+// itself (the tier and the message UUID).
+func (e *env) oursRetryPath(ctx context.Context, round, n, handlers int, ceil bool, envelope amqp.Table) (float64, amqp.Table, error) {
 	conn, err := e.dial()
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	defer conn.Close() //nolint:errcheck
 	kind := "ours"
-	if ceil {
+	switch {
+	case ceil && envelope != nil:
+		kind = "ceilenv"
+	case ceil:
 		kind = "ceil"
 	}
 	topic := e.name("rp", fmt.Sprintf("%s-%d", kind, round))
 	prefix := e.name(fmt.Sprintf("rp-%s-delay-%d", kind, round))
 	if err := e.declare(conn, queueTopology(topic)); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	if err := prefill(ctx, conn, topic, benchMessages("rp", n)); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 
 	poison := e.name("rp-poison")
@@ -129,7 +155,7 @@ func (e *env) oursRetryPath(ctx context.Context, round, n, handlers int, ceil bo
 		PoisonQueue: poison,
 	})
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	defer r.Close() //nolint:errcheck
 	e.reg.topology(r.Backend().Topology())
@@ -164,21 +190,22 @@ func (e *env) oursRetryPath(ctx context.Context, round, n, handlers int, ceil bo
 	logger := watermill.NopLogger{}
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, logger)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	if ceil {
 		c, err := e.newCeiling(prefix, []time.Duration{retryPathDelay})
 		if err != nil {
-			return 0, err
+			return 0, nil, err
 		}
 		defer c.close()
+		c.envelope = envelope
 		router.AddMiddleware(count, c.middleware)
 	} else {
 		router.AddMiddleware(count, r.Middleware)
 	}
 	sub, err := wamqp.NewSubscriber(r.SubscriberConfig(), logger)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	defer sub.Close() //nolint:errcheck
 	fail := func(*message.Message) error { return errPlanned }
@@ -190,27 +217,54 @@ func (e *env) oursRetryPath(ctx context.Context, round, n, handlers int, ceil bo
 	select {
 	case <-finished:
 	case err := <-runErr:
-		return 0, fmt.Errorf("router stopped: %w", err)
+		return 0, nil, fmt.Errorf("router stopped: %w", err)
 	case <-ctx.Done():
 	case <-time.After(5 * time.Minute):
 	}
 	if err := router.Close(); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	if err := ctx.Err(); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	if scheduled < n {
-		return 0, fmt.Errorf("%d of %d retries scheduled", scheduled, n)
+		return 0, nil, fmt.Errorf("%d of %d retries scheduled", scheduled, n)
 	}
 	// Sanity: the copies wait in the tier queue.
 	tier := prefix + ".delay." + delay.TierName(retryPathDelay)
 	if depth, err := queueDepth(conn, tier); err != nil || depth < n {
-		return 0, fmt.Errorf("tier queue %s holds %d messages, want %d (%v)", tier, depth, n, err)
+		return 0, nil, fmt.Errorf("tier queue %s holds %d messages, want %d (%v)", tier, depth, n, err)
 	}
-	return float64(n) / last.Sub(first).Seconds(), nil
+	rate := float64(n) / last.Sub(first).Seconds()
+	if ceil {
+		return rate, nil, nil
+	}
+	sample, err := peekHeaders(conn, tier)
+	if err != nil {
+		return 0, nil, fmt.Errorf("read a copy back from %s: %w", tier, err)
+	}
+	delete(sample, delay.TierHeader)
+	delete(sample, wamqp.DefaultMessageUUIDHeaderKey)
+	return rate, sample, nil
+}
+
+// peekHeaders returns the headers of the first message of queue, which it leaves there.
+func peekHeaders(conn *amqp.Connection, queue string) (amqp.Table, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	defer ch.Close() //nolint:errcheck // closing the channel requeues the unacked message
+	d, ok, err := ch.Get(queue, false)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("queue %s is empty", queue)
+	}
+	return d.Headers, nil
 }
 
 // rawRetryPath runs the plain loop into a queue with a tier queue's arguments, or

@@ -86,17 +86,33 @@ type ScaleResult struct {
 // ScaleResults is the -scale JSON: the broker version and one entry per backend
 // (skipped ones as {"skipped": reason}).
 type ScaleResults struct {
-	Broker   string         `json:"broker"`
-	Date     string         `json:"date"`
-	Backends map[string]any `json:"backends"`
-	Seconds  float64        `json:"run_seconds"`
+	Broker string `json:"broker"`
+	Date   string `json:"date"`
+	// DeadLetterRate: the broker's own at-least-once dead-letter rate (deadletter.go),
+	// with DLXPrefetch the broker's dead_letter_worker_consumer_prefetch.
+	DeadLetterRate float64        `json:"broker_dead_letter_rate_per_s"`
+	DLXPrefetch    string         `json:"dead_letter_worker_consumer_prefetch"`
+	Backends       map[string]any `json:"backends"`
+	Seconds        float64        `json:"run_seconds"`
 }
 
 // runScale runs the scale scenario for every broker backend, or only for those only
 // names (comma-separated; "" is all).
 func runScale(ctx context.Context, e *env, ctl []string, only string) (*ScaleResults, error) {
-	res := &ScaleResults{Broker: e.brokerVersion(), Date: time.Now().UTC().Format(time.RFC3339), Backends: map[string]any{}}
+	res := &ScaleResults{Broker: e.brokerVersion(), Date: time.Now().UTC().Format(time.RFC3339), Backends: map[string]any{}, DLXPrefetch: e.dlxPrefetch}
 	start := time.Now()
+	fmt.Println("== the broker's own dead-letter rate")
+	rate, err := e.deadLetterRate(ctx, scaleSameSecond)
+	if cerr := e.cleanup(false); cerr != nil { // the broker may be restarting a crashed part
+		time.Sleep(scaleSettle)
+		if cerr = e.cleanup(false); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		return res, fmt.Errorf("dead-letter rate: %w", err)
+	}
+	res.DeadLetterRate = round(rate, 0)
 	for _, name := range delay.Backends() {
 		if name == delay.BackendMemory {
 			continue // no broker side: its retries wait in this process
@@ -202,7 +218,8 @@ func (e *env) scaleOne(ctx context.Context, name string, ctl []string) (*ScaleRe
 		fmt.Printf("   %7d waiting (last %d at %.0f/s)\n", seq, n, rate)
 	}
 	res.FillSeconds = round(time.Since(t0).Seconds(), 0)
-	if err := e.waitDepth(ctx, r, name, scaleWaiting); err != nil {
+	res.Waiting = seq // at least scaleWaiting: the warm-up and the first rate batch wait too
+	if err := e.waitDepth(ctx, r, name, seq); err != nil {
 		return nil, "", err
 	}
 	rssAfter, err := rssBytes()
@@ -221,10 +238,10 @@ func (e *env) scaleOne(ctx context.Context, name string, ctl []string) (*ScaleRe
 		return nil, "", err
 	}
 	res.BrokerMemoryBefore, res.BrokerMemoryAfter = memBefore, memAfter
-	res.BrokerTotalBytesPerRetry = round(float64(memAfter-memBefore)/float64(scaleWaiting), 1)
+	res.BrokerTotalBytesPerRetry = round(float64(memAfter-memBefore)/float64(res.Waiting), 1)
 	res.BrokerMemoryMoved = moved(catBefore, catAfter)
 	res.QueuesMemoryBefore, res.QueuesMemoryAfter = qmemBefore, qmemAfter
-	res.BrokerBytesPerRetry = round(float64(qmemAfter-qmemBefore)/float64(scaleWaiting), 1)
+	res.BrokerBytesPerRetry = round(float64(qmemAfter-qmemBefore)/float64(res.Waiting), 1)
 	fmt.Printf("   client VmRSS %.1f -> %.1f MiB; the backend's queues %d -> %d bytes: %.1f bytes per waiting retry; whole broker %d -> %d bytes: %.1f per waiting retry (%s)\n",
 		res.ClientRSSBeforeMB, res.ClientRSSAfterMB, qmemBefore, qmemAfter, res.BrokerBytesPerRetry,
 		memBefore, memAfter, res.BrokerTotalBytesPerRetry, res.BrokerMemoryMoved)

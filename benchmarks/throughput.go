@@ -67,8 +67,9 @@ type throughputSet struct {
 	oursGaps          [2]time.Duration // mean time from failed attempt 1 to 2, and 2 to 3
 	inprocGaps        [2]time.Duration
 	// steady-state handled rates (runStats.steadyRate), one per round, ours and
-	// in-process alternately
-	oursSteady, inprocSteady []float64
+	// in-process alternately, and the ceiling middleware's (ceiling.go) in the same
+	// rounds: what the same at-least-once work reaches without our code
+	oursSteady, inprocSteady, ceilSteady []float64
 }
 
 func (t throughputSet) healthyRatio() float64     { return t.healthyRate / t.noFailRate }
@@ -85,6 +86,16 @@ func (t throughputSet) vsInprocessRounds() []float64 {
 
 // vsInprocess is the median of the rounds' steady-state ratios.
 func (t throughputSet) vsInprocess() float64 { return median(t.vsInprocessRounds()) }
+
+// ceilingVsInprocess is the same median with the ceiling middleware in place of ours:
+// the bound of vsInprocess.
+func (t throughputSet) ceilingVsInprocess() float64 {
+	r := make([]float64, len(t.ceilSteady))
+	for i := range r {
+		r[i] = t.ceilSteady[i] / t.inprocSteady[i]
+	}
+	return median(r)
+}
 
 // throughputDetail: sets[0] is the figure of the issue (one handler, as Watermill's
 // own measurement); sets[1] shows what several handlers on the queue change.
@@ -205,6 +216,7 @@ func runThroughput(ctx context.Context, e *env, rep *report) error {
 			for _, x := range t.vsInprocessRounds() {
 				rep.results.VsInprocessRetryRounds = append(rep.results.VsInprocessRetryRounds, round(x, 1))
 			}
+			rep.results.VsInprocessRetryCeiling = ptr(round(t.ceilingVsInprocess(), 1))
 		}
 	}
 	return nil
@@ -240,14 +252,19 @@ func (e *env) throughputSet(ctx context.Context, handlers int) (*throughputSet, 
 		if err != nil {
 			return nil, err
 		}
+		ceil, err := e.routerRun(ctx, ceilingRetry, t.n, handlers, 0)
+		if err != nil {
+			return nil, err
+		}
 		if round == 0 {
 			t.inprocHandledRate, t.inprocGaps = inproc.handledRate(), inproc.gaps()
 		}
 		t.oursSteady = append(t.oursSteady, ours.steadyRate())
 		t.inprocSteady = append(t.inprocSteady, inproc.steadyRate())
-		fmt.Printf("     round %d: steady state (messages %.0f%%-%.0f%% done): broker retry %6.0f msg/s, in-process retry %5.1f msg/s (%d messages): ratio %.1f; whole run %.1f\n",
+		t.ceilSteady = append(t.ceilSteady, ceil.steadyRate())
+		fmt.Printf("     round %d: steady state (messages %.0f%%-%.0f%% done): broker retry %6.0f msg/s, in-process retry %5.1f msg/s (%d messages): ratio %.1f; whole run %.1f; ceiling %6.0f msg/s: ratio %.1f\n",
 			round+1, 100*steadyFrom, 100*steadyTo, last(t.oursSteady), last(t.inprocSteady), t.inprocN,
-			last(t.oursSteady)/last(t.inprocSteady), ours.handledRate()/inproc.handledRate())
+			last(t.oursSteady)/last(t.inprocSteady), ours.handledRate()/inproc.handledRate(), last(t.ceilSteady), last(t.ceilSteady)/last(t.inprocSteady))
 	}
 	return t, nil
 }
