@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -123,7 +124,8 @@ func median(xs []float64) float64 {
 // middleware of ceiling.go in its place (same router, subscriber and topology),
 // carrying envelope on its copies when that is not nil. Ours also returns the headers
 // of one of its copies as the tier queue holds them, without those the ceiling sets
-// itself (the tier and the message UUID).
+// itself (the tier and the message UUID) and those the broker adds when it delivers
+// (x-*).
 func (e *env) oursRetryPath(ctx context.Context, round, n, handlers int, ceil bool, envelope amqp.Table) (float64, amqp.Table, error) {
 	conn, err := e.dial()
 	if err != nil {
@@ -247,6 +249,11 @@ func (e *env) oursRetryPath(ctx context.Context, round, n, handlers int, ceil bo
 	}
 	delete(sample, delay.TierHeader)
 	delete(sample, wamqp.DefaultMessageUUIDHeaderKey)
+	for k := range sample { // the broker's own, added on the way out (3.10: x-delivery-count)
+		if strings.HasPrefix(k, "x-") {
+			delete(sample, k)
+		}
+	}
 	return rate, sample, nil
 }
 
