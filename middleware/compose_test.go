@@ -107,3 +107,45 @@ func TestImmediateRetriesShareTheAttemptCount(t *testing.T) {
 		t.Errorf("permanent: %d calls, %d poisoned; want 1, 1", len(c.attempts), len(poisonPub.msgs))
 	}
 }
+
+// TestClassifyRunsOncePerFailure: with immediate retries on, the decision that ends them
+// is the one the failure path uses; Classify (user code, maybe with side effects) is not
+// asked twice about the same error.
+func TestClassifyRunsOncePerFailure(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		err   error
+		calls int // handler calls
+	}{
+		{"permanent", Permanent(errFlakyUnit), 1},
+		{"retry-after", RetryAfter(errFlakyUnit, time.Minute), 1},
+		{"transient", errFlakyUnit, 3}, // 2 immediate retries, then handed off
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			classified := 0
+			delayPub, poisonPub := &recorder{}, &recorder{}
+			r, err := NewRetry(RetryConfig{
+				Policy: Policy{MaxAttempts: 5, Immediate: 2, Delays: []time.Duration{time.Second}},
+				Classify: func(p ClassifyParams) Decision {
+					classified++
+					return p.Default
+				},
+				Delay: delayPub, Poison: poisonPub, PoisonTopic: "poison",
+				Queue: func(string) string { return "work" },
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := &counting{do: func(int) error { return tc.err }}
+			if _, err := r.Middleware(c.handle)(message.NewMessage(tc.name, nil)); err != nil {
+				t.Fatal(err)
+			}
+			if len(c.attempts) != tc.calls || classified != tc.calls {
+				t.Errorf("%d handler calls, Classify asked %d times; want %d and %d", len(c.attempts), classified, tc.calls, tc.calls)
+			}
+			if len(delayPub.msgs)+len(poisonPub.msgs) != 1 {
+				t.Errorf("%d delayed + %d poisoned, want exactly one copy", len(delayPub.msgs), len(poisonPub.msgs))
+			}
+		})
+	}
+}

@@ -175,7 +175,12 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		produced, err := h(msg)
 		run := msg
-		for err != nil && r.retryNow(run, err) {
+		var decided *Decision // err's, when retryNow classified it
+		for err != nil {
+			var again bool
+			if again, decided = r.retryNow(run, err); !again {
+				break
+			}
 			pause(msg.Context(), r.cfg.Policy.ImmediateInterval)
 			next := run.Copy()
 			next.SetContext(run.Context())
@@ -190,20 +195,21 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			}
 			return produced, nil
 		}
-		return nil, r.handleFailure(run, err)
+		return nil, r.handleFailure(run, err, decided)
 	}
 }
 
 // retryNow tells whether run, which failed with err, gets an immediate retry: on its
 // first delivery, within Policy.Immediate and MaxAttempts, if it is this Retry's and
-// its error asks for no delay and is not permanent.
-func (r *Retry) retryNow(run *message.Message, err error) bool {
+// its error asks for no delay and is not permanent. It returns the decision when it
+// classified err, so that Classify runs once per failure.
+func (r *Retry) retryNow(run *message.Message, err error) (bool, *Decision) {
 	attempt := Attempt(run)
 	if attempt > r.cfg.Policy.Immediate || attempt >= r.cfg.Policy.MaxAttempts || !r.owns(run) || errors.Is(err, ErrHandoff) {
-		return false
+		return false, nil
 	}
 	d := r.decide(run, err, attempt)
-	return !d.Permanent && d.Delay <= 0
+	return !d.Permanent && d.Delay <= 0, &d
 }
 
 // decide classifies err: the error's marks, then Classify if set.
@@ -216,9 +222,10 @@ func (r *Retry) decide(msg *message.Message, err error, attempt int) Decision {
 	return r.cfg.Classify(p)
 }
 
-// handleFailure decides what becomes of msg after the handler failed with err, sizes
-// the delay with the backend, stamps the copy and publishes it: data flows one way.
-func (r *Retry) handleFailure(msg *message.Message, err error) error {
+// handleFailure decides what becomes of msg after the handler failed with err (unless
+// decided already holds err's decision), sizes the delay with the backend, stamps the
+// copy and publishes it: data flows one way.
+func (r *Retry) handleFailure(msg *message.Message, err error, decided *Decision) error {
 	if errors.Is(err, ErrHandoff) {
 		return err // a Retry nearer the handler has dealt with it
 	}
@@ -227,7 +234,11 @@ func (r *Retry) handleFailure(msg *message.Message, err error) error {
 	if errors.Is(werr, errOtherRetry) {
 		return err // that Retry, also on this handler, decides
 	}
-	decision := r.decide(msg, err, f.attempt)
+	if decided == nil {
+		d := r.decide(msg, err, f.attempt)
+		decided = &d
+	}
+	decision := *decided
 	fields := watermill.LogFields{
 		"message_uuid": msg.UUID, "handler": f.handler, "topic": f.topic, "queue": f.queue,
 		"attempt": f.attempt, "max_attempts": r.cfg.Policy.MaxAttempts, "err": err.Error(),
