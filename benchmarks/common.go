@@ -217,6 +217,14 @@ func (e *env) sweep() (queues, exchanges []string) {
 // prefill publishes msgs to queue through the default exchange, persistent and
 // confirmed, as watermill-amqp's publisher would marshal them.
 func prefill(ctx context.Context, conn *amqp.Connection, queue string, msgs []*message.Message) error {
+	return publishConfirmed(ctx, conn, queue, len(msgs), func(i int) (amqp.Publishing, error) {
+		return wamqp.DefaultMarshaler{}.Marshal(msgs[i])
+	})
+}
+
+// publishConfirmed publishes next(0) .. next(n-1) to queue through the default
+// exchange on a confirm channel of its own, waiting for the confirms 1,000 at a time.
+func publishConfirmed(ctx context.Context, conn *amqp.Connection, queue string, n int, next func(i int) (amqp.Publishing, error)) error {
 	ch, err := conn.Channel()
 	if err != nil {
 		return err
@@ -233,14 +241,14 @@ func prefill(ctx context.Context, conn *amqp.Connection, queue string, msgs []*m
 				return err
 			}
 			if !ok {
-				return fmt.Errorf("prefill of %s nacked", queue)
+				return fmt.Errorf("publish to %s nacked", queue)
 			}
 		}
 		pending = pending[:0]
 		return nil
 	}
-	for _, m := range msgs {
-		p, err := wamqp.DefaultMarshaler{}.Marshal(m)
+	for i := range n {
+		p, err := next(i)
 		if err != nil {
 			return err
 		}

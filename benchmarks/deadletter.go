@@ -64,34 +64,17 @@ func (e *env) deadLetterRate(ctx context.Context, n int) (float64, error) {
 	// T leaves room for the fill at 2,000/s, the slowest this broker goes.
 	ahead := time.Duration(n/2000+10) * time.Second
 	T := time.Now().Add(ahead)
-	pub, err := conn.Channel()
-	if err == nil {
-		err = pub.Confirm(false)
-	}
-	if err != nil {
-		return 0, err
-	}
-	defer pub.Close() //nolint:errcheck
-	var pending []*amqp.DeferredConfirmation
-	for i := 0; i < n; i++ {
+	err = publishConfirmed(ctx, conn, src, n, func(i int) (amqp.Publishing, error) {
 		p := deadLetterPayload
 		ms := time.Until(T).Milliseconds()
 		if ms < 1 {
-			return 0, fmt.Errorf("fill of %s: %d of %d published in %s", src, i, n, ahead)
+			return p, fmt.Errorf("fill of %s: %d of %d published in %s", src, i, n, ahead)
 		}
 		p.Expiration = strconv.FormatInt(ms, 10)
-		dc, err := pub.PublishWithDeferredConfirmWithContext(ctx, "", src, false, false, p)
-		if err != nil {
-			return 0, err
-		}
-		if pending = append(pending, dc); len(pending) == 1000 || i == n-1 {
-			for _, dc := range pending {
-				if ok, err := dc.WaitContext(ctx); err != nil || !ok {
-					return 0, fmt.Errorf("fill of %s: publish not confirmed (%v)", src, err)
-				}
-			}
-			pending = pending[:0]
-		}
+		return p, nil
+	})
+	if err != nil {
+		return 0, err
 	}
 	// RabbitMQ 4.0.5 leaves messages whose per-message TTL ran out in a quorum queue
 	// without consumers until something reaches the queue (3.10.8 dead-letters them on

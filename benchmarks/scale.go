@@ -162,7 +162,7 @@ func (e *env) scaleOne(ctx context.Context, name string, ctl []string) (*ScaleRe
 			r.close()
 		}
 	}()
-	res := &ScaleResult{Waiting: scaleWaiting, SameSecondN: scaleSameSecond, BrokerMemorySource: "queues: rabbitmqctl list_queues name memory (the backend's queues); total: rabbitmqctl status memory.total.erlang (erlang:memory(total))"}
+	res := &ScaleResult{SameSecondN: scaleSameSecond, BrokerMemorySource: "queues: rabbitmqctl list_queues name memory (the backend's queues); total: rabbitmqctl status memory.total.erlang (erlang:memory(total))"}
 
 	rssBefore, err := rssBytes()
 	if err != nil {
