@@ -1,50 +1,48 @@
-// Package amqpretry turns a Watermill handler error into a delayed redelivery parked in
-// RabbitMQ, instead of a sleep inside the handler.
-//
-// When a handler fails, the retry middleware hands a copy of the message to a delay
-// backend, which parks it in the broker and lets the broker bring it back, after the
-// backoff, to the queue that failed and only to it. The original is acked only once the
-// broker has confirmed the copy; if the hand-off cannot be confirmed the original is
-// nacked and requeued, so nothing is lost. The attempt number travels in the message's
-// own metadata (middleware.AttemptKey); when attempts run out, or the error is marked
-// middleware.Permanent, the message goes to a poison queue with a failure envelope.
-//
-// Healthy messages keep flowing while failed ones wait in the broker: nothing waits in
-// the process, no memory is held per waiting message, and waiting messages survive a
-// restart of the application (and of the broker, with the durable backends).
+// Package amqpretry turns a Watermill handler error into a delayed redelivery held by
+// RabbitMQ, instead of a sleep inside the handler. Every user imports it: it holds the
+// configuration (Config, Policy), what a handler returns to steer its retries
+// (Permanent, RetryAfter) and what it reads (Attempt). The transport package of your
+// watermill-amqp major, github.com/amqpretry/amqpretry/wamqp3 (or wamqp2), builds the
+// middleware from it; that is the one other import of the common case.
 //
 // # The common case
 //
-//	amqpCfg := amqp.NewDurableQueueConfig(uri) // or a pub/sub config
-//	retry, err := amqpretry.New(amqpretry.Config{
-//		Subscriber: amqpCfg,
-//		Delay:      delay.Config{Backend: "ttl-tiers"}, // or from configuration
-//		Policy:     middleware.Policy{MaxAttempts: 5},
+//	amqpCfg := amqp.NewDurableQueueConfig(uri) // watermill-amqp v3; pub/sub configs work too
+//	retry, err := wamqp3.New(amqpCfg, amqpretry.Config{
+//		Backend: os.Getenv("DELAY_BACKEND"), // "" is ttl-tiers
+//		Policy:  amqpretry.Policy{MaxAttempts: 5},
 //	})
-//	_, err = retry.AddHandler(router, "orders", "orders", handle)
+//	if err != nil { ... }
+//	defer retry.Close() // after the router
+//	_, err = retry.AddHandler(router, "orders", "orders", func(msg *message.Message) error {
+//		if bad(msg) {
+//			return amqpretry.Permanent(errors.New("malformed order")) // poisoned at once
+//		}
+//		return process(msg) // any other error is retried with backoff
+//	})
 //
-// AddHandler builds the subscriber from SubscriberConfig(), adds the handler and puts
-// the retry middleware on it, in one call that cannot be mis-wired. SubscriberConfig
-// returns the subscriber config with the marshaler that reads dead-lettered messages
-// (package xdeath) and records which Retry's subscriber delivered each message, and a
-// topology builder that binds each subscribed queue to the backend's delivery exchange,
-// again after every reconnect.
+// # What happens on an error
 //
-// A Retry acts only on messages its own subscriber config delivered. With pub/sub
-// configs, where several subscriber groups read one fanout topic through queues of
-// their own, build one Retry per group: whether each is wired with AddHandler or all
-// their middlewares are added router-wide, each retry comes back to the group that
-// failed, never to the others. A message that no Retry on its handler can route back
-// (a subscriber not built from SubscriberConfig) fails loudly with
-// middleware.ErrNotWired, naming the fix, and is poisoned after Config.HandoffAttempts
-// tries; it is never parked silently.
+// The error is classified: Permanent poisons the message at once; RetryAfter asks for
+// its own delay; anything else is retried after the Policy's delay. Config.Classify may
+// decide for any error. For a retry, a copy of the message with the next attempt number
+// and the failure envelope (package middleware) is handed to the delay backend (package
+// delay) on a connection of its own; the original is acked only once the broker has
+// confirmed the copy, and nacked for redelivery when it cannot be (at-least-once:
+// nothing lost, a duplicate possible). The broker brings the copy back to the queue that
+// failed, and only to it, after the delay. On RabbitMQ 4.3 the delayed-retry backend (or
+// Config.DelayedRetries, for the first retries) copies nothing: the failed delivery
+// stays in the work queue and the broker holds it for the queue's delay. After the last
+// attempt, or on a permanent error, the message goes to the poison queue with its
+// envelope.
 //
 // # Packages
 //
-//   - middleware: the retry middleware on its own (Policy, Permanent, RetryAfter,
-//     Classify, the failure envelope's metadata keys).
-//   - delay: the delay backends behind one interface, chosen by name (ttl-tiers,
-//     binary-levels, delayed-exchange, memory), and the confirmed hand-off.
-//   - topology: declarations, idempotent, with errors that name what clashes.
-//   - xdeath: x-death parsing and the marshaler that accepts every broker header.
+//   - wamqp3, wamqp2: New, AddHandler, SubscriberConfig for watermill-amqp v3 or v2.
+//   - delay: the backends' names and errors.
+//   - middleware: the failure Envelope (reading the poison queue), Events and Stats.
+//   - topology: the least-privilege Mode and the declarations of Config.Plan.
+//   - xdeath: a marshaler that reads dead-lettered messages, and x-death parsing.
+//   - ops: status, topology, poison and parking queues, from Go (the amqpretry command
+//     is built on it).
 package amqpretry

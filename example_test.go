@@ -3,27 +3,27 @@ package amqpretry_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log"
+	"net/http"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	amqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/wamqp3"
 )
 
-// Adding broker-side retry to a Watermill router on RabbitMQ.
+// Broker-side retry on a Watermill router, with watermill-amqp v3.
 func Example() {
 	logger := watermill.NewStdLogger(false, false)
-	amqpCfg := wamqp.NewDurableQueueConfig("amqp://guest:guest@localhost:5672/")
-
-	retry, err := amqpretry.New(amqpretry.Config{
-		Subscriber: amqpCfg,
-		Delay:      delay.Config{Backend: delay.BackendTTLTiers},
-		Policy:     middleware.Policy{MaxAttempts: 5},
-		Logger:     logger,
+	amqpCfg := amqp.NewDurableQueueConfig("amqp://guest:guest@localhost:5672/")
+	retry, err := wamqp3.New(amqpCfg, amqpretry.Config{
+		Policy: amqpretry.Policy{MaxAttempts: 5},
+		Logger: logger,
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -35,16 +35,109 @@ func Example() {
 		log.Fatal(err)
 	}
 	// The subscriber, the handler and the retry middleware, wired in one call.
-	_, err = retry.AddHandler(router, "orders", "orders", func(msg *message.Message) error {
-		if len(msg.Payload) == 0 {
-			return middleware.Permanent(errors.New("empty order")) // poisoned at once
-		}
-		return chargeCard(msg) // any other error is retried with backoff
-	})
-	if err != nil {
+	if _, err := retry.AddHandler(router, "orders", "orders", chargeCard); err != nil {
 		log.Fatal(err)
 	}
 	_ = router.Run(context.Background())
 }
 
 func chargeCard(*message.Message) error { return nil }
+
+var errMalformed = errors.New("malformed order")
+
+// A handler marks an error that no retry can fix: the message is poisoned at once,
+// with its failure envelope.
+func ExamplePermanent() {
+	_ = func(msg *message.Message) error {
+		if len(msg.Payload) == 0 {
+			return amqpretry.Permanent(errMalformed)
+		}
+		return nil
+	}
+}
+
+// A handler honours the Retry-After of a throttled API: the next attempt comes after
+// that delay instead of the policy's.
+func ExampleRetryAfter() {
+	_ = func(msg *message.Message) error {
+		resp, err := http.Post("https://api.example.com/charge", "application/json", nil)
+		if err != nil {
+			return err // retried with the policy's backoff
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode == http.StatusTooManyRequests {
+			return amqpretry.RetryAfter(errors.New("429 too many requests"), 30*time.Second)
+		}
+		return nil
+	}
+}
+
+// Attempt tells a handler which attempt it is on, from 1.
+func ExampleAttempt() {
+	_ = func(msg *message.Message) error {
+		if amqpretry.Attempt(msg) > 3 {
+			log.Printf("message %s: attempt %d", msg.UUID, amqpretry.Attempt(msg))
+		}
+		return nil
+	}
+}
+
+// Classify decides for errors the handler does not mark: here, errors of a library
+// that are never worth a retry, and a back-off for a busy database.
+func ExampleConfig_classify() {
+	errBusy := errors.New("database busy")
+	_ = amqpretry.Config{
+		Classify: func(p amqpretry.ClassifyParams) amqpretry.Decision {
+			switch {
+			case errors.Is(p.Err, errMalformed):
+				return amqpretry.Decision{Permanent: true}
+			case errors.Is(p.Err, errBusy):
+				return amqpretry.Decision{Delay: time.Duration(p.Attempt) * 10 * time.Second}
+			}
+			return p.Default // the error's own marks, then the policy
+		},
+	}
+}
+
+// Each backend is chosen by name; the rest of the code does not change.
+func ExampleConfig_backends() {
+	_ = []amqpretry.Config{
+		// A ladder of delay queues; a delay snaps up to the next tier.
+		{Backend: delay.TTLTiers, Tiers: []time.Duration{time.Second, 10 * time.Second, time.Minute, 10 * time.Minute}},
+		// Any delay up to 2^Levels-1 seconds, in 1 s steps.
+		{Backend: delay.BinaryLevels, Levels: 20},
+		// RabbitMQ 4.3: retries held in the (quorum) work queue, 2s apart, no copy.
+		{Backend: delay.DelayedRetry, DelayedRetryDelay: 2 * time.Second, Policy: amqpretry.Policy{MaxAttempts: 4}},
+		// RabbitMQ 4.3: the first two retries held in the work queue, later ones on
+		// ttl-tiers with exponential backoff.
+		{Backend: delay.TTLTiers, DelayedRetries: 2, DelayedRetryDelay: 200 * time.Millisecond},
+	}
+}
+
+// Plan lists what a configuration needs on the broker, without a broker: for an
+// administrator, or for a definitions file.
+func ExampleConfig_Plan() {
+	plan, err := amqpretry.Config{Tiers: []time.Duration{time.Second, time.Minute}}.Plan("orders")
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, q := range plan.Queues {
+		fmt.Println(q.Name, q.Args["x-queue-type"])
+	}
+	// Output:
+	// amqpretry.parking quorum
+	// amqpretry.delay.1s quorum
+	// amqpretry.delay.1m quorum
+	// amqpretry.poison quorum
+}
+
+// Connecting to a three-node cluster: each connection goes to a node that answers, and
+// moves to another when its node is lost.
+func ExampleCluster() {
+	nodes := amqpretry.Cluster("rabbit-1:5672", "rabbit-2:5672", "rabbit-3:5672")
+	amqpCfg := amqp.NewDurableQueueConfig("amqp://app:secret@rabbit-1:5672/")
+	amqpCfg.Connection.AmqpConfig = nodes // the subscriber and the library's hand-off
+	pubCfg := amqp.NewDurableQueueConfig("amqp://app:secret@rabbit-1:5672/")
+	pubCfg.Connection.AmqpConfig = nodes // your publishers
+	_, _ = wamqp3.New(amqpCfg, amqpretry.Config{})
+}

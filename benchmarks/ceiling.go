@@ -9,11 +9,13 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/keys"
 )
 
 // Ceiling: the healthy throughput of our middleware against a CEILING, a minimal
@@ -171,7 +173,7 @@ func (c *ceiling) publish(ctx context.Context, queue string, tier time.Duration,
 		}
 		p.MessageId = watermill.NewULID()
 	}
-	headers[delay.TierHeader] = delay.TierName(tier)
+	headers[keys.Tier] = tierName(tier)
 	dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, c.exchange, queue, mandatory, false, p)
 	if err != nil {
 		return err
@@ -227,19 +229,12 @@ func (e *env) plainRun(ctx context.Context, n int, work time.Duration) (*runStat
 	if err := prefill(ctx, conn, topic, throughputMessages(plainRetry, n)); err != nil {
 		return nil, fmt.Errorf("prefill %s: %w", topic, err)
 	}
-	h, err := delay.Dial(delay.HandoffConfig{URI: e.uri})
-	if err != nil {
-		return nil, err
-	}
-	defer h.Close() //nolint:errcheck
 	prefix := e.name("tp-delay")
-	b, err := delay.New(delay.Config{Backend: delay.BackendTTLTiers, Prefix: prefix, Tiers: throughputTiers, Handoff: h})
+	b, err := backend.Lookup(backend.Spec{Name: delay.TTLTiers, Prefix: prefix, Tiers: throughputTiers})
 	if err != nil {
 		return nil, err
 	}
-	defer b.Close() //nolint:errcheck
-	e.reg.topology(b.Topology())
-	if err := e.declare(conn, b.WorkQueue(topic)); err != nil {
+	if err := e.declare(conn, backend.Plan(b, topic)); err != nil {
 		return nil, err
 	}
 	c, err := e.newCeiling(prefix, throughputTiers)

@@ -17,11 +17,13 @@ import (
 	"sync"
 	"time"
 
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/keys"
+	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -64,7 +66,7 @@ func (e *env) declare(conn *amqp.Connection, t topology.Topology) error {
 		return err
 	}
 	defer ch.Close() //nolint:errcheck // a failed declare closed it already
-	return topology.Declare(ch, t)
+	return declare.Declare(ch, t)
 }
 
 // registry records every queue and exchange the run declares.
@@ -389,7 +391,13 @@ func (e *env) brokerVersion() string {
 	return "unknown"
 }
 
-// dueOf returns the due time recorded on msg (middleware.DueKey).
+// dueOf returns the due time recorded on msg (keys.Due).
 func dueOf(msg *message.Message) (time.Time, error) {
-	return time.Parse(time.RFC3339Nano, msg.Metadata.Get(middleware.DueKey))
+	return time.Parse(time.RFC3339Nano, msg.Metadata.Get(keys.Due))
 }
+
+// tierName spells a tier as the library names its queue and routing header.
+func tierName(d time.Duration) string { return names.Tier(d) }
+
+// deadLetterRoutingKeyArg is the queue argument RabbitMQ dead-letters with.
+const deadLetterRoutingKeyArg = "x-dead-letter-routing-key"

@@ -4,7 +4,7 @@ go 1.23.0
 
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
-	github.com/ThreeDotsLabs/watermill-amqp/v2 v2.1.3
+	github.com/ThreeDotsLabs/watermill-amqp/v3 v3.0.1
 	github.com/amqpretry/amqpretry v0.0.0-00010101000000-000000000000
 	github.com/rabbitmq/amqp091-go v1.10.0
 	gonum.org/v1/plot v0.15.2

@@ -6,17 +6,17 @@ import (
 	"strconv"
 	"time"
 
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
 // Head of line: L retries of a long delay (10 min) are scheduled first, then one 1 s
 // retry, the probe. The figure is the probe's lateness: the time it was read from the
-// work queue minus its due time. Every backend delay.Backends() lists is measured
+// work queue minus its due time. Every backend benchBackends() lists is measured
 // (ttl-tiers with tiers 1s and 10m), and so is the baseline the seeds describe: ONE
 // classic wait queue with per-message TTL (`expiration`) dead-lettering to the work
 // queue. RabbitMQ expires messages only at the head of a queue, so the baseline's probe
@@ -26,7 +26,7 @@ import (
 const probeDelay = time.Second
 
 func runHeadOfLine(ctx context.Context, e *env, rep *report) error {
-	for _, name := range delay.Backends() {
+	for _, name := range benchBackends() {
 		late, skip, err := e.headOfLineOne(ctx, name)
 		switch {
 		case err != nil:
@@ -39,7 +39,7 @@ func runHeadOfLine(ctx context.Context, e *env, rep *report) error {
 		default:
 			rep.results.HeadOfLineMS[name] = ms(late)
 			rep.headOfLine = append(rep.headOfLine, namedValue{name, ms(late)})
-			fmt.Printf("   %-18s 1 s retry behind %d of %s: %.1f ms late\n", name, e.sz.holLong, delay.TierName(e.sz.holLongDelay), ms(late))
+			fmt.Printf("   %-18s 1 s retry behind %d of %s: %.1f ms late\n", name, e.sz.holLong, tierName(e.sz.holLongDelay), ms(late))
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -53,12 +53,12 @@ func runHeadOfLine(ctx context.Context, e *env, rep *report) error {
 	rep.results.HeadOfLineMS[key] = ms(late)
 	rep.headOfLine = append(rep.headOfLine, namedValue{key, ms(late)})
 	fmt.Printf("   %-18s 1 s retry behind %d of %s in one per-message-TTL queue: %.1f ms late\n",
-		"baseline", e.sz.holLong, delay.TierName(e.sz.baselineDelay), ms(late))
+		"baseline", e.sz.holLong, tierName(e.sz.baselineDelay), ms(late))
 	return nil
 }
 
 func baselineKey(long time.Duration) string {
-	return "per-message-ttl-baseline-behind-" + delay.TierName(long)
+	return "per-message-ttl-baseline-behind-" + tierName(long)
 }
 
 func (e *env) headOfLineOne(ctx context.Context, name string) (time.Duration, string, error) {
@@ -87,7 +87,7 @@ func (e *env) headOfLineOne(ctx context.Context, name string) (time.Duration, st
 }
 
 // waitProbe reads arrivals until the probe; its lateness is measured from due, or from
-// the middleware.DueKey metadata when due is nil.
+// the keys.Due metadata when due is nil.
 func waitProbe(ctx context.Context, c *consumer, id string, deadline <-chan time.Time, due *time.Time) (time.Duration, error) {
 	for {
 		a, err := c.next(ctx, deadline)
@@ -117,7 +117,7 @@ func (e *env) headOfLineBaseline(ctx context.Context) (time.Duration, error) {
 	work, wait := e.name("hol", "baseline", "work"), e.name("hol", "baseline", "wait")
 	err = e.declare(conn, topology.Topology{Queues: []topology.Queue{
 		{Name: work},
-		{Name: wait, Args: amqp.Table{topology.DeadLetterExchangeArg: "", topology.DeadLetterRoutingKeyArg: work}},
+		{Name: wait, Args: amqp.Table{declare.DeadLetterExchangeArg: "", deadLetterRoutingKeyArg: work}},
 	}})
 	if err != nil {
 		return 0, err

@@ -4,14 +4,12 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/amqpretry/amqpretry/delay"
 )
 
-// Lateness: for every backend delay.Backends() lists, N retries with delays 1 s to 10 s
+// Lateness: for every backend benchBackends() lists, N retries with delays 1 s to 10 s
 // (retry i waits (i mod 10) + 1 s), scheduled from several goroutines through the
 // backend's Publish, read back from the work queue by a plain consumer. Lateness is the
-// time a retry was read minus its due time, the middleware.DueKey schedule recorded (the
+// time a retry was read minus its due time, the keys.Due schedule recorded (the
 // hand-off time plus the effective delay). ttl-tiers gets tiers 1s..10s, so its
 // effective delay is the requested one.
 
@@ -30,7 +28,7 @@ type latenessDetail struct {
 }
 
 func runLateness(ctx context.Context, e *env, rep *report) error {
-	for _, name := range delay.Backends() {
+	for _, name := range benchBackends() {
 		d, skip, err := e.latenessOne(ctx, name)
 		switch {
 		case err != nil:

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -24,7 +25,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/redact"
 )
 
 const defaultURI = "amqp://guest:guest@127.0.0.1:5672/"
@@ -114,12 +115,18 @@ func main() {
 	only := flag.String("only", "", "comma-separated scenarios to run (throughput,ceiling,retrypath,lateness,headofline,rss), with -scale backends; default all")
 	concurrency := flag.Int("concurrency", 16, "handlers (broker retry) and consumer goroutines (raw loop) on the retry path")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process to this file")
+	mutexProfile := flag.String("mutexprofile", "", "write a mutex contention profile of this process to this file at the end")
 	handlers := flag.String("throughput-handlers", "1", "handler counts of the throughput runs; the JSON figures are those at 1")
 	scale := flag.Bool("scale", false, "run only the scale scenario (1,000,000 retries waiting per backend; long) and write its JSON to -json (default results/scale.json)")
 	ctl := flag.String("rabbitmqctl", "rabbitmqctl", "command (split on spaces) that runs rabbitmqctl against the broker of AMQP_URI, for -scale's broker memory")
 	flag.IntVar(&scaleWaiting, "scale-waiting", 1_000_000, "-scale: retries waiting per backend")
 	flag.IntVar(&scaleSameSecond, "scale-same-second", 100_000, "-scale: retries coming due within the same second")
 	dlxPrefetch := flag.String("dlx-prefetch", "", "-scale: set the broker's dead_letter_worker_consumer_prefetch (default 32) for the run, through -rabbitmqctl eval; put back after")
+	broker43 := flag.String("broker43", "", "run only the RabbitMQ 4.3 suite (delayed retry in the work queue against a confirmed copy; native43.go) against this AMQP URI and write its JSON to -json (default results/rabbitmq-4.3.json) and its table beside it")
+	flag.IntVar(&native43N, "n43", 3000, "-broker43: messages per run")
+	h43 := flag.String("handlers43", "1,4,16", "-broker43: handler counts of the concurrency step")
+	p43 := flag.String("prefetch43", "1,50", "-broker43: prefetches of the prefetch step")
+	rounds43 := flag.Int("rounds43", 2, "-broker43: rounds of every figure (medians)")
 	also := flag.String("also", "", "comma-separated AMQP URIs of more brokers to run the same suite against after AMQP_URI (JSON: one section per broker version under \"brokers\")")
 	flag.Parse()
 
@@ -192,12 +199,16 @@ func main() {
 			os.Exit(2)
 		}
 	}
+	if *mutexProfile != "" {
+		runtime.SetMutexProfileFraction(5)
+		defer writeMutexProfile(*mutexProfile)
+	}
 	started := time.Now()
 	if *scale {
 		mode = "scale"
 	}
-	fmt.Printf("amqpretry benchmarks, %s mode, broker %s, names %s.*\n", mode, delay.Redact(uri), e.prefix)
-	fmt.Printf("delay backends: %s\n\n", strings.Join(delay.Backends(), ", "))
+	fmt.Printf("amqpretry benchmarks, %s mode, broker %s, names %s.*\n", mode, redact.URI(uri), e.prefix)
+	fmt.Printf("delay backends: %s\n\n", strings.Join(benchBackends(), ", "))
 	if *scale {
 		ctlArgs := strings.Fields(*ctl)
 		old, perr := dlxPrefetchEnv(ctlArgs, *dlxPrefetch)
@@ -244,6 +255,45 @@ func main() {
 		return
 	}
 
+	if *broker43 != "" {
+		if *jsonPath == "" {
+			*jsonPath = filepath.Join("results", "rabbitmq-4.3.json")
+		}
+		var perr error
+		if handlers43, perr = intList(*h43); perr == nil {
+			prefetch43, perr = intList(*p43)
+		}
+		if perr != nil {
+			fmt.Fprintln(os.Stderr, "error:", perr)
+			os.Exit(2)
+		}
+		e43 := &env{uri: *broker43, prefix: e.prefix, reg: &registry{}, sz: sz, mode: mode, noSweep: true}
+		current.Store(e43)
+		fmt.Printf("RabbitMQ 4.3 suite, broker %s, names %s.*\n", redact.URI(e43.uri), e43.prefix)
+		res, log, runErr := run43(ctx, e43, max(*rounds43, 1), *only)
+		pprof.StopCPUProfile()
+		close(done)
+		err := errors.Join(runErr, e43.cleanup(false))
+		text := log + "\n" + table43(res)
+		fmt.Print("\n" + table43(res))
+		if werr := writeJSON(*jsonPath, res); werr != nil {
+			err = errors.Join(err, werr)
+		}
+		txt := strings.TrimSuffix(*jsonPath, ".json") + ".txt"
+		if werr := os.WriteFile(txt, []byte(text), 0o644); werr != nil {
+			err = errors.Join(err, werr)
+		}
+		fmt.Printf("wrote %s and %s (%s)\n", *jsonPath, txt, time.Since(started).Round(time.Second))
+		if *mutexProfile != "" {
+			writeMutexProfile(*mutexProfile)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "error:", err)
+			os.Exit(1)
+		}
+		return
+	}
+
 	// -also: the same suite against more brokers, one after the other; the JSON's top
 	// level stays that of AMQP_URI, and "brokers" holds every broker's figures under its
 	// version.
@@ -259,7 +309,7 @@ func main() {
 	)
 	for i, ev := range envs {
 		if i > 0 {
-			fmt.Printf("\n== broker %s\n", delay.Redact(ev.uri))
+			fmt.Printf("\n== broker %s\n", redact.URI(ev.uri))
 		}
 		current.Store(ev)
 		t0 := time.Now()
@@ -286,7 +336,7 @@ func main() {
 	var text string
 	for i, rep := range reps {
 		if len(reps) > 1 {
-			text += fmt.Sprintf("== RabbitMQ %s (%s)\n", rep.broker, delay.Redact(envs[i].uri))
+			text += fmt.Sprintf("== RabbitMQ %s (%s)\n", rep.broker, redact.URI(envs[i].uri))
 		}
 		text += rep.table()
 	}
@@ -390,4 +440,29 @@ func writeJSON(path string, r any) error {
 		}
 	}
 	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// writeMutexProfile writes the mutex contention profile to path.
+func writeMutexProfile(path string) {
+	f, err := os.Create(path)
+	if err == nil {
+		err = pprof.Lookup("mutex").WriteTo(f, 0)
+		_ = f.Close()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "mutexprofile:", err)
+	}
+}
+
+// intList parses a comma-separated list of positive integers.
+func intList(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		k, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || k < 1 {
+			return nil, fmt.Errorf("%q is not a positive number", f)
+		}
+		out = append(out, k)
+	}
+	return out, nil
 }

@@ -7,8 +7,6 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/amqpretry/amqpretry/delay"
-
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/font"
 	"gonum.org/v1/plot/plotter"
@@ -169,9 +167,9 @@ func headOfLinePlot(r *report) *plot.Plot {
 	for i, v := range r.headOfLine {
 		names[i] = v.name
 		if v.name == baselineKey(r.sz.baselineDelay) {
-			names[i] = fmt.Sprintf("baseline: 1 per-msg-TTL queue\n(behind %d x %s)", r.sz.holLong, delay.TierName(r.sz.baselineDelay))
+			names[i] = fmt.Sprintf("baseline: 1 per-msg-TTL queue\n(behind %d x %s)", r.sz.holLong, tierName(r.sz.baselineDelay))
 		} else {
-			names[i] = fmt.Sprintf("%s\n(behind %d x %s)", v.name, r.sz.holLong, delay.TierName(r.sz.holLongDelay))
+			names[i] = fmt.Sprintf("%s\n(behind %d x %s)", v.name, r.sz.holLong, tierName(r.sz.holLongDelay))
 		}
 		xys[i] = plotter.XY{X: float64(i), Y: math.Max(v.value, floorLog)}
 		labels[i] = fmt.Sprintf("%.0f ms", v.value)

@@ -46,7 +46,7 @@ func (r *report) noteFailure(err error) { r.failures = append(r.failures, err) }
 // latenessGoal is the p99 goal per backend, in ms; 0 means none.
 func latenessGoal(backend string) float64 {
 	switch backend {
-	case delay.BackendTTLTiers, "delayed-exchange":
+	case delay.TTLTiers, "delayed-exchange":
 		return 100
 	case "binary-levels":
 		return 1000
@@ -107,7 +107,7 @@ func (r *report) table() string {
 		fmt.Fprintf(w, "  vs router + ceiling carrying our envelope (not in JSON)\t%.3f\t\t\t%.0f/s the same, each copy with our copy's %d headers (%d bytes on the wire), mandatory, with a MessageId (per round: %s); it vs router + ceiling %.3f (what the envelope costs), vs raw %.3f\n",
 			r.rp.oursRate/r.rp.envelopeRate, r.rp.envelopeRate, r.rp.envelopeN, r.rp.envelopeBytes, joinf(r.rp.envelopeRates, 0), r.rp.envelopeRate/r.rp.ceilingRate, r.rp.envelopeRate/r.rp.rawRate)
 	}
-	for _, name := range delay.Backends() {
+	for _, name := range benchBackends() {
 		key := "lateness_ms " + name
 		switch v := r.results.LatenessMS[name].(type) {
 		case quantiles:
@@ -123,12 +123,12 @@ func (r *report) table() string {
 			fmt.Fprintf(w, "%s\tfailed\t\t\t%s\n", key, short(v["error"]))
 		}
 	}
-	keys := append(delay.Backends(), baselineKey(r.sz.baselineDelay))
+	keys := append(benchBackends(), baselineKey(r.sz.baselineDelay))
 	for _, name := range keys {
 		key := "head_of_line_ms " + name
 		switch v := r.results.HeadOfLineMS[name].(type) {
 		case float64:
-			fmt.Fprintf(w, "%s\t%.1f\t-\t-\t1 s retry behind %d retries of %s\n", key, v, r.sz.holLong, delay.TierName(r.longFor(name)))
+			fmt.Fprintf(w, "%s\t%.1f\t-\t-\t1 s retry behind %d retries of %s\n", key, v, r.sz.holLong, tierName(r.longFor(name)))
 		case skipped:
 			fmt.Fprintf(w, "%s\tskipped\t\t\t%s\n", key, short(v.Skipped))
 		case map[string]string:

@@ -10,15 +10,17 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/keys"
+	"github.com/amqpretry/amqpretry/internal/wire"
 	"github.com/amqpretry/amqpretry/topology"
-	"github.com/amqpretry/amqpretry/xdeath"
+	"github.com/amqpretry/amqpretry/wamqp3"
 )
 
 // Retry path: every message fails, so every delivery is a hand-off (publish the copy to
@@ -94,7 +96,7 @@ func runRetryPath(ctx context.Context, e *env, rep *report) error {
 		if err != nil {
 			return fmt.Errorf("ceiling middleware carrying our envelope: %w", err)
 		}
-		if d.envelopeBytes, err = xdeath.WireSize(envelope); err != nil {
+		if d.envelopeBytes, err = wire.Size(envelope); err != nil {
 			return err
 		}
 		d.envelopeN = len(envelope)
@@ -150,17 +152,21 @@ func (e *env) oursRetryPath(ctx context.Context, round, n, handlers int, ceil bo
 
 	poison := e.name("rp-poison")
 	e.reg.queue(poison)
-	r, err := amqpretry.New(amqpretry.Config{
-		Subscriber:  wamqp.NewDurableQueueConfig(e.uri),
-		Delay:       delay.Config{Backend: delay.BackendTTLTiers, Prefix: prefix, Tiers: []time.Duration{retryPathDelay}},
-		Policy:      middleware.Policy{MaxAttempts: 2, Delays: []time.Duration{retryPathDelay}},
+	rcfg := amqpretry.Config{
+		Backend:     delay.TTLTiers,
+		Prefix:      prefix,
+		Tiers:       []time.Duration{retryPathDelay},
+		Policy:      amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{retryPathDelay}},
 		PoisonQueue: poison,
-	})
+	}
+	if plan, err := rcfg.Plan(topic); err == nil {
+		e.reg.topology(plan)
+	}
+	r, err := wamqp3.New(wamqp.NewDurableQueueConfig(e.uri), rcfg)
 	if err != nil {
 		return 0, nil, err
 	}
 	defer r.Close() //nolint:errcheck
-	e.reg.topology(r.Backend().Topology())
 
 	var (
 		mu        sync.Mutex
@@ -235,7 +241,7 @@ func (e *env) oursRetryPath(ctx context.Context, round, n, handlers int, ceil bo
 		return 0, nil, fmt.Errorf("%d of %d retries scheduled", scheduled, n)
 	}
 	// Sanity: the copies wait in the tier queue.
-	tier := prefix + ".delay." + delay.TierName(retryPathDelay)
+	tier := prefix + ".delay." + tierName(retryPathDelay)
 	if depth, err := queueDepth(conn, tier); err != nil || depth < n {
 		return 0, nil, fmt.Errorf("tier queue %s holds %d messages, want %d (%v)", tier, depth, n, err)
 	}
@@ -247,7 +253,7 @@ func (e *env) oursRetryPath(ctx context.Context, round, n, handlers int, ceil bo
 	if err != nil {
 		return 0, nil, fmt.Errorf("read a copy back from %s: %w", tier, err)
 	}
-	delete(sample, delay.TierHeader)
+	delete(sample, keys.Tier)
 	delete(sample, wamqp.DefaultMessageUUIDHeaderKey)
 	for k := range sample { // the broker's own, added on the way out (3.10: x-delivery-count)
 		if strings.HasPrefix(k, "x-") {
@@ -298,11 +304,11 @@ func (e *env) rawRetryPath(ctx context.Context, round, n, consumers int, tierLik
 		dlx := e.name("rp", fmt.Sprintf("raw-dlx-%d", round))
 		t.Exchanges = []topology.Exchange{{Name: dlx, Kind: amqp.ExchangeDirect}}
 		t.Queues[1].Args = amqp.Table{ // as delay's ttl-tiers declares a tier queue
-			topology.QueueTypeArg:          topology.QueueTypeQuorum,
-			topology.MessageTTLArg:         retryPathDelay.Milliseconds(),
-			topology.DeadLetterExchangeArg: dlx,
-			topology.DeadLetterStrategyArg: topology.DeadLetterAtLeastOnce,
-			topology.OverflowArg:           topology.OverflowRejectPublish,
+			declare.QueueTypeArg:          declare.QueueTypeQuorum,
+			declare.MessageTTLArg:         retryPathDelay.Milliseconds(),
+			declare.DeadLetterExchangeArg: dlx,
+			declare.DeadLetterStrategyArg: declare.DeadLetterAtLeastOnce,
+			declare.OverflowArg:           declare.OverflowRejectPublish,
 		}
 	}
 	if err := e.declare(conn, t); err != nil {

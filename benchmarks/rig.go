@@ -11,42 +11,68 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/handoff"
+	"github.com/amqpretry/amqpretry/internal/keys"
+	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/topology"
-	"github.com/amqpretry/amqpretry/xdeath"
 )
 
 // rig is one delay backend on its own hand-off connection, wired to a fresh work queue.
 type rig struct {
-	h     *delay.Handoff
-	b     delay.Backend
+	h     *handoff.Handoff
+	b     backend.Backend
 	queue string
 }
 
-// newRig builds the backend called name as delay.New does for any backend, changing
-// nothing but the name. A backend that cannot be built on this broker returns a
-// non-empty skip reason (delayed-exchange without its plugin: delay.ErrPluginMissing).
-// err is for everything else.
+// benchBackends are the backends the per-backend scenarios measure: every backend
+// that parks a copy. The in-place ones (delayed-retry, delivery-time) hold the failed
+// delivery in its work queue and schedule nothing: delayed-retry is measured by the
+// RabbitMQ 4.3 experiments (-broker43).
+func benchBackends() []string {
+	var out []string
+	for _, name := range backend.Names() {
+		b, err := backend.Lookup(backend.Spec{Name: name, Prefix: "x", Tiers: backend.DefaultTiers(), Levels: backend.DefaultLevels, RetryDelay: backend.DefaultRetryDelay})
+		if _, inPlace := b.(backend.InPlace); err == nil && inPlace {
+			continue
+		}
+		out = append(out, name)
+	}
+	return out
+}
+
+// newRig builds the backend called name as the library does for any backend
+// (backend.New, then backend.Prepare: refuse what the broker cannot run, declare),
+// changing nothing but the name. A backend that cannot run on this broker returns a
+// non-empty skip reason (delayed-exchange without its plugin: delay.ErrPluginMissing;
+// delayed-retry before 4.3: delay.ErrUnsupported). err is for everything else.
 func (e *env) newRig(name, scope string, tiers []time.Duration) (r *rig, skip string, err error) {
-	h, err := delay.Dial(delay.HandoffConfig{URI: e.uri})
+	h, err := handoff.Dial(handoff.Config{URI: e.uri, Topology: topology.ModeDeclare})
 	if err != nil {
 		return nil, "", err
 	}
 	prefix := e.name(scope, name)
-	b, err := delay.New(delay.Config{Backend: name, Prefix: prefix, Tiers: tiers, Handoff: h, Memory: h.QueuePublisher()})
+	spec := backend.Spec{Name: name, Prefix: prefix, Tiers: tiers, Levels: backend.DefaultLevels, RetryDelay: backend.DefaultRetryDelay}
+	b, err := backend.New(spec, backend.Env{Handoff: h, Memory: queuePublisher{h}})
+	if err == nil {
+		e.reg.topology(b.Topology())
+		if err = backend.Prepare(b, h, topology.ModeDeclare); err != nil {
+			_ = b.Close()
+		}
+	}
 	if err != nil {
 		_ = h.Close()
 		e.reg.markUnsure() // it may have declared part of its topology
-		if errors.Is(err, delay.ErrPluginMissing) {
+		if errors.Is(err, delay.ErrPluginMissing) || errors.Is(err, delay.ErrUnsupported) {
 			return nil, err.Error(), nil
 		}
 		return nil, "", err
 	}
-	e.reg.topology(b.Topology())
 	r = &rig{h: h, b: b, queue: prefix + ".work"}
 	conn, err := h.Connection()
 	if err == nil {
-		err = e.declare(conn, queueTopology(r.queue).Merge(b.WorkQueue(r.queue)))
+		err = e.declare(conn, declare.Merge(queueTopology(r.queue), b.WorkQueue(r.queue)))
 	}
 	if err != nil {
 		r.close()
@@ -55,14 +81,30 @@ func (e *env) newRig(name, scope string, tiers []time.Duration) (r *rig, skip st
 	return r, "", nil
 }
 
+// queuePublisher publishes to the queue named by the topic through the hand-off:
+// where the memory backend delivers a retry when its delay is over.
+type queuePublisher struct{ h *handoff.Handoff }
+
+func (p queuePublisher) Publish(queue string, msgs ...*message.Message) error {
+	for _, msg := range msgs {
+		if err := p.h.ToQueue(msg.Context(), queue, msg); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (queuePublisher) Close() error { return nil }
+
 func (r *rig) close() {
 	_ = r.b.Close()
 	_ = r.h.Close()
 }
 
 // schedule hands one message for the rig's queue to the backend with delay d, through
-// the message.Publisher interface and Watermill's delay metadata. It records the due
-// time under middleware.DueKey, as the retry middleware does (backends write none).
+// the library's Scheduler (a message.Publisher reading Watermill's delay metadata). It
+// records the due time under the envelope's key, as the retry middleware does
+// (backends write none).
 func (r *rig) schedule(id string, d time.Duration) error {
 	msg := message.NewMessage(id, []byte(id))
 	wdelay.Message(msg, wdelay.For(d))
@@ -70,8 +112,8 @@ func (r *rig) schedule(id string, d time.Duration) error {
 	if err != nil {
 		return err
 	}
-	msg.Metadata.Set(middleware.DueKey, time.Now().Add(effective).UTC().Format(time.RFC3339Nano))
-	if err := r.b.Publish(r.queue, msg); err != nil {
+	msg.Metadata.Set(keys.Due, time.Now().Add(effective).UTC().Format(time.RFC3339Nano))
+	if err := (backend.Scheduler{Backend: r.b}).Publish(r.queue, msg); err != nil {
 		return fmt.Errorf("schedule %s for %s: %w", id, d, err)
 	}
 	return nil
@@ -112,7 +154,7 @@ func (e *env) consume(queue string, buffer int) (*consumer, error) {
 	go func() {
 		for d := range deliveries {
 			at := time.Now()
-			msg, err := xdeath.Marshaler{}.Unmarshal(d)
+			msg, err := marshal.Marshaler{}.Unmarshal(d)
 			if err == nil {
 				err = d.Ack(false)
 			}

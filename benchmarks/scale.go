@@ -16,7 +16,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/keys"
+	"github.com/amqpretry/amqpretry/topology"
 )
 
 // Scale (-scale, separate from the suite): for each broker backend (memory has no
@@ -113,8 +115,8 @@ func runScale(ctx context.Context, e *env, ctl []string, only string) (*ScaleRes
 		return res, fmt.Errorf("dead-letter rate: %w", err)
 	}
 	res.DeadLetterRate = round(rate, 0)
-	for _, name := range delay.Backends() {
-		if name == delay.BackendMemory {
+	for _, name := range benchBackends() {
+		if name == delay.Memory {
 			continue // no broker side: its retries wait in this process
 		}
 		if only != "" && !slices.Contains(strings.Split(only, ","), name) {
@@ -146,7 +148,7 @@ func runScale(ctx context.Context, e *env, ctl []string, only string) (*ScaleRes
 
 func (e *env) scaleOne(ctx context.Context, name string, ctl []string) (*ScaleResult, string, error) {
 	var tiers []time.Duration
-	if name == delay.BackendTTLTiers {
+	if name == delay.TTLTiers {
 		for d := time.Second; d <= scaleMaxTier; d += time.Second {
 			tiers = append(tiers, d)
 		}
@@ -199,13 +201,13 @@ func (e *env) scaleOne(ctx context.Context, name string, ctl []string) (*ScaleRe
 	fmt.Printf("   hand-off rate, none waiting: %.0f/s (%d)\n", res.HandoffRateNone, scaleRateN)
 	fill := batch
 	res.FillPath = "the backend's Publish"
-	if name == delay.BackendBinaryLevels {
+	if name == delay.BinaryLevels {
 		res.FillPath = "straight to the exchange of the first level the retry waits in (levelPublish), also for the same-second retries"
 		fill = func(n int) (float64, error) { return e.fillLevel(ctx, r, &seq, n) }
 	}
 	t0 := time.Now()
 	fillRate := res.HandoffRateNone // the same-second retries go in as the fill does
-	if name == delay.BackendBinaryLevels {
+	if name == delay.BinaryLevels {
 		fillRate = math.Inf(1)
 	}
 	for seq < scaleWaiting {
@@ -292,7 +294,7 @@ func (e *env) fillLevel(ctx context.Context, r *rig, seq *int, n int) (float64, 
 // in, where the chain of exchanges would have delivered it. The retry that waits is the
 // same; only its way in is shorter.
 func levelPublish(ctx context.Context, r *rig, id string, d time.Duration) error {
-	const levels = delay.DefaultLevels
+	const levels = backend.DefaultLevels
 	secs := int64(d / time.Second)
 	first := 0
 	var key strings.Builder
@@ -306,8 +308,8 @@ func levelPublish(ctx context.Context, r *rig, id string, d time.Duration) error
 	key.WriteString(r.queue)
 	exchange := strings.TrimSuffix(r.queue, ".work") + ".level." + strconv.Itoa(first)
 	msg := message.NewMessage(id, []byte(id))
-	msg.Metadata.Set(middleware.DueKey, time.Now().Add(d).UTC().Format(time.RFC3339Nano))
-	return r.h.PublishMessage(ctx, exchange, key.String(), msg, nil)
+	msg.Metadata.Set(keys.Due, time.Now().Add(d).UTC().Format(time.RFC3339Nano))
+	return r.h.Publish(ctx, exchange, key.String(), msg, nil, true, func() topology.Topology { return backend.Plan(r.b, r.queue) })
 }
 
 // waitDepth waits until the backend's queues hold want messages: every retry handed
@@ -352,7 +354,7 @@ func (e *env) sameSecond(ctx context.Context, r *rig, rate float64) (any, float6
 	}
 	defer c.close()
 	ahead := time.Duration(1.5*float64(n)/rate*float64(time.Second)) + 5*time.Second
-	if r.b.Name() == delay.BackendTTLTiers && ahead > scaleMaxTier-5*time.Second {
+	if r.b.Name() == delay.TTLTiers && ahead > scaleMaxTier-5*time.Second {
 		return nil, 0, fmt.Errorf("%d hand-offs at %.0f/s would not fit in the %s tiers", n, rate, scaleMaxTier)
 	}
 	T := time.Now().Add(ahead)
@@ -366,7 +368,7 @@ func (e *env) sameSecond(ctx context.Context, r *rig, rate float64) (any, float6
 			outside++
 			mu.Unlock()
 		}
-		if r.b.Name() == delay.BackendBinaryLevels {
+		if r.b.Name() == delay.BinaryLevels {
 			return levelPublish(ctx, r, fmt.Sprintf("same-%06d", i), d)
 		}
 		return r.schedule(fmt.Sprintf("same-%06d", i), d)

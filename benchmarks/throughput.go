@@ -8,13 +8,13 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/wamqp3"
 )
 
 // Throughput under failure: one watermill-amqp router over one durable queue
@@ -117,10 +117,11 @@ type runStats struct {
 	attempts    map[string][]time.Time // failing messages: the time of every attempt
 	done        map[string]struct{}
 	finished    chan struct{}
+	failTimes   int // attempts a failing message fails before it succeeds
 }
 
 func newRunStats(n int, work time.Duration) *runStats {
-	return &runStats{n: n, work: work, attempts: map[string][]time.Time{}, done: map[string]struct{}{}, finished: make(chan struct{})}
+	return &runStats{n: n, work: work, attempts: map[string][]time.Time{}, done: map[string]struct{}{}, finished: make(chan struct{}), failTimes: 2}
 }
 
 func (s *runStats) handle(msg *message.Message) error {
@@ -138,7 +139,7 @@ func (s *runStats) handle(msg *message.Message) error {
 	if failing {
 		ts := append(s.attempts[msg.UUID], now)
 		s.attempts[msg.UUID] = ts
-		if len(ts) <= 2 {
+		if len(ts) <= s.failTimes {
 			return errPlanned
 		}
 	}
@@ -198,7 +199,7 @@ func (s *runStats) gaps() (g [2]time.Duration) {
 // policy is the retry schedule both retry variants follow: 100 ms, then 200 ms.
 var (
 	throughputTiers  = []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond}
-	throughputPolicy = middleware.Policy{MaxAttempts: 3, InitialInterval: 100 * time.Millisecond, Multiplier: 2, NoJitter: true}
+	throughputPolicy = amqpretry.Policy{MaxAttempts: 3, InitialInterval: 100 * time.Millisecond, Multiplier: 2, NoJitter: true}
 	inprocessPolicy  = wmiddleware.Retry{MaxRetries: 2, InitialInterval: 100 * time.Millisecond, Multiplier: 2, MaxInterval: time.Second}
 )
 
@@ -310,18 +311,21 @@ func (e *env) routerRun(ctx context.Context, v variant, n, handlers int, work ti
 	subCfg := cfg
 	switch v {
 	case brokerRetry, ceilingRetry:
-		r, err := amqpretry.New(amqpretry.Config{
-			Subscriber:  cfg,
-			Delay:       delay.Config{Backend: delay.BackendTTLTiers, Prefix: e.name("tp-delay"), Tiers: throughputTiers},
+		rcfg := amqpretry.Config{
+			Backend:     delay.TTLTiers,
+			Prefix:      e.name("tp-delay"),
+			Tiers:       throughputTiers,
 			Policy:      throughputPolicy,
 			PoisonQueue: e.name("tp-poison"),
-		})
+		}
+		if plan, err := rcfg.Plan(topic); err == nil {
+			e.reg.topology(plan)
+		}
+		r, err := wamqp3.New(cfg, rcfg)
 		if err != nil {
 			return nil, err
 		}
 		defer r.Close() //nolint:errcheck
-		e.reg.topology(r.Backend().Topology())
-		e.reg.queue(e.name("tp-poison"))
 		subCfg = r.SubscriberConfig()
 		if v == brokerRetry {
 			router.AddMiddleware(r.Middleware)

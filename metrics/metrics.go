@@ -4,14 +4,25 @@
 // It is a module of its own, so that an application that does not want Prometheus does
 // not get github.com/prometheus/client_golang in its module graph through amqpretry.
 //
-//	m, err := metrics.New(metrics.Config{Registerer: prometheus.DefaultRegisterer, Backend: "ttl-tiers"})
-//	retry, err := amqpretry.New(amqpretry.Config{..., Observe: m.Observe})
-//	go m.WatchQueues(ctx, uri, metrics.QueuesOf(retry), 15*time.Second) // optional gauges
+//	m, err := metrics.New(metrics.Config{Registerer: prometheus.DefaultRegisterer})
+//	cfg := amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 5}, Observe: m.Observe}
+//	retry, err := wamqp3.New(amqp.NewDurableQueueConfig(uri), cfg)
+//	go m.WatchQueues(ctx, uri, cfg, 15*time.Second) // optional: queue-depth gauges
+//
+// Observe takes every label from the event: the backend from Event.Backend (the one
+// that took the retry: "delayed-retry" for a retry RabbitMQ 4.3 holds in the work
+// queue, the copying backend's name otherwise), the cause of a failed hand-off from
+// Event.Cause. A delivered retry whose event names no backend gets the backend that
+// took the last retry this process scheduled from the same queue after the same
+// attempt ("unknown" if none). WatchQueues takes the same amqpretry.Config the
+// application gives wamqp3.New (or wamqp2.New) and derives from it the queues to
+// watch (QueuesOf).
 //
 // # Metrics
 //
 // Counters:
-//   - amqpretry_retries_scheduled_total{queue,backend}: retries handed off and confirmed.
+//   - amqpretry_retries_scheduled_total{queue,backend}: retries handed off and confirmed,
+//     or, backend="delayed-retry", settled for the broker to hold in the work queue.
 //   - amqpretry_poisoned_total{queue,reason}: messages poisoned, by reason (permanent,
 //     max-attempts, delay-too-long, handoff-failed, too-large).
 //   - amqpretry_handoff_failures_total{queue,cause}: failed hand-offs, by cause
@@ -19,42 +30,44 @@
 //
 // Histograms:
 //   - amqpretry_handoff_seconds: publish to confirm of each confirmed hand-off (retries
-//     and poisonings).
-//   - amqpretry_redelivery_lateness_seconds{backend}: arrival of a retry minus the due
-//     time recorded on it. An early arrival (clock skew between processes, or a delay
-//     shortened to the longest tier, which the due time already accounts for) is
-//     observed as a negative value: the lowest buckets are -0.1, -0.01 and 0.
+//     copied to a delay backend, and poisonings). A retry the broker holds in place
+//     (delayed-retry, delivery-time) is not published and is not observed here.
+//   - amqpretry_redelivery_lateness_seconds{backend}: arrival of a retry minus its due
+//     time (recorded on a copy; for a retry held in the work queue, kept by the
+//     middleware that settled it). An early arrival (clock skew between processes, or
+//     a delay shortened to the longest tier, which the due time already accounts for)
+//     is observed as a negative value: the lowest buckets are -0.1, -0.01 and 0.
 //   - amqpretry_attempts{outcome}: the attempt on which a message finally succeeded
 //     (outcome="succeeded") or was poisoned (outcome="poisoned").
 //
 // Gauges, refreshed by WatchQueues on an interval (passive declarations on a connection
 // of their own):
 //   - amqpretry_waiting_retries{queue}: messages in each delay queue (tiers or levels).
+//     Retries held in a work queue by RabbitMQ 4.3 are counted in that queue, not here.
 //   - amqpretry_parked_messages{queue}: messages in the parking queue. There is no parked
 //     counter: the broker parks a retry when it comes due, out of the library's sight.
 //   - amqpretry_poison_queue_messages{queue}: messages in the poison queue.
 //
 // Labels are bounded: queue is a queue the application subscribes to (or, for the gauges,
-// one of the library's own), backend a backend name, reason and cause the sets above.
+// one of the library's own), backend a backend name (package delay), reason and cause
+// the sets above.
 package metrics
 
 import (
 	"errors"
 	"fmt"
-	"strings"
+	"strconv"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
-// CauseNotWired is the cause of a hand-off that failed because the middleware was not
-// wired to the message's subscriber (middleware.ErrNotWired).
-const CauseNotWired = "not-wired"
-
 // DefaultLatenessBuckets are the buckets of amqpretry_redelivery_lateness_seconds, in
-// seconds: early arrivals below 0, then from 5 ms (ttl-tiers is a few ms late) to 30 s.
+// seconds: early arrivals below 0, then from 5 ms (ttl-tiers and delayed-retry are a
+// few ms late) to 30 s.
 var DefaultLatenessBuckets = []float64{-0.1, -0.01, 0, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
 
 // DefaultHandoffBuckets are the buckets of amqpretry_handoff_seconds: from 250 µs (a
@@ -68,13 +81,13 @@ var DefaultAttemptBuckets = []float64{1, 2, 3, 4, 5, 7, 10, 15, 20}
 type Config struct {
 	// Registerer receives every metric. Required.
 	Registerer prometheus.Registerer
-	// Backend is the delay backend's name (retry.Backend().Name()), the backend label.
-	// Required.
-	Backend string
 	// LatenessBuckets. Default: DefaultLatenessBuckets.
 	LatenessBuckets []float64
 	// HandoffBuckets. Default: DefaultHandoffBuckets.
 	HandoffBuckets []float64
+	// AMQP is given to amqp091-go's DialConfig for the connections of WatchQueues and
+	// RefreshQueues (TLS, heartbeat, properties). Default: its zero value.
+	AMQP amqp.Config
 }
 
 func (c *Config) setDefaults() {
@@ -92,24 +105,22 @@ func (c Config) Validate() error {
 	if c.Registerer == nil {
 		errs = append(errs, errors.New("Registerer: required"))
 	}
-	if c.Backend == "" {
-		errs = append(errs, fmt.Errorf("Backend: required (one of %s)", strings.Join(delay.Backends(), ", ")))
-	}
 	return errors.Join(errs...)
 }
 
 // Metrics records middleware events. Give its Observe method to amqpretry.Config.Observe.
 type Metrics struct {
-	backend         string
+	dial            amqp.Config
 	retries         *prometheus.CounterVec
 	poisoned        *prometheus.CounterVec
 	handoffFailures *prometheus.CounterVec
 	handoff         prometheus.Histogram
-	lateness        prometheus.Observer
+	lateness        *prometheus.HistogramVec
 	attempts        *prometheus.HistogramVec
 	waiting         *prometheus.GaugeVec
 	parked          *prometheus.GaugeVec
 	poisonDepth     *prometheus.GaugeVec
+	took            tookBy
 }
 
 // New registers the metrics on cfg.Registerer.
@@ -120,15 +131,18 @@ func New(cfg Config) (*Metrics, error) {
 	}
 	const ns = "amqpretry"
 	m := &Metrics{
-		backend: cfg.Backend,
+		dial: cfg.AMQP,
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "retries_scheduled_total",
-			Help: "Retries handed off to the delay backend and confirmed by the broker."}, []string{"queue", "backend"}),
+			Help: "Retries handed off to the delay backend and confirmed by the broker, or (backend delayed-retry) held by the broker in the work queue."}, []string{"queue", "backend"}),
 		poisoned: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "poisoned_total",
 			Help: "Messages sent to the poison queue, by reason."}, []string{"queue", "reason"}),
 		handoffFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "handoff_failures_total",
 			Help: "Hand-offs that failed (the message was nacked for redelivery, or poisoned), by cause."}, []string{"queue", "cause"}),
 		handoff: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "handoff_seconds",
 			Help: "Time from publish to broker confirm of each confirmed hand-off.", Buckets: cfg.HandoffBuckets}),
+		lateness: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "redelivery_lateness_seconds",
+			Help:    "Arrival of a retry minus its due time; negative when early.",
+			Buckets: cfg.LatenessBuckets}, []string{"backend"}),
 		attempts: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "attempts",
 			Help: "The attempt on which a message finally succeeded or was poisoned.", Buckets: DefaultAttemptBuckets}, []string{"outcome"}),
 		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "waiting_retries",
@@ -138,11 +152,7 @@ func New(cfg Config) (*Metrics, error) {
 		poisonDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "poison_queue_messages",
 			Help: "Messages in the poison queue (refreshed by WatchQueues)."}, []string{"queue"}),
 	}
-	lateness := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "redelivery_lateness_seconds",
-		Help:    "Arrival of a retry minus its due time; negative when early.",
-		Buckets: cfg.LatenessBuckets}, []string{"backend"})
-	m.lateness = lateness.WithLabelValues(cfg.Backend)
-	for _, c := range []prometheus.Collector{m.retries, m.poisoned, m.handoffFailures, m.handoff, lateness, m.attempts, m.waiting, m.parked, m.poisonDepth} {
+	for _, c := range []prometheus.Collector{m.retries, m.poisoned, m.handoffFailures, m.handoff, m.lateness, m.attempts, m.waiting, m.parked, m.poisonDepth} {
 		if err := cfg.Registerer.Register(c); err != nil {
 			return nil, fmt.Errorf("register amqpretry metrics: %w", err)
 		}
@@ -155,22 +165,75 @@ func (m *Metrics) Observe(e middleware.Event) {
 	switch e.Kind {
 	case middleware.EventDelivered:
 		if e.Late {
-			m.lateness.Observe(e.Lateness.Seconds())
+			backend := e.Backend
+			if backend == "" {
+				backend = m.took.get(e.Queue, e.Attempt-1)
+			}
+			m.lateness.WithLabelValues(backend).Observe(e.Lateness.Seconds())
 		}
 	case middleware.EventSucceeded:
 		m.attempts.WithLabelValues("succeeded").Observe(float64(e.Attempt))
 	case middleware.EventRetryScheduled:
-		m.retries.WithLabelValues(e.Queue, m.backend).Inc()
-		m.handoff.Observe(e.Handoff.Seconds())
+		backend := orUnknown(e.Backend)
+		m.took.set(e.Queue, e.Attempt, backend)
+		m.retries.WithLabelValues(e.Queue, backend).Inc()
+		if e.Handoff > 0 { // a retry the broker holds in place (delayed-retry, delivery-time) is not published
+			m.handoff.Observe(e.Handoff.Seconds())
+		}
 	case middleware.EventPoisoned:
-		m.poisoned.WithLabelValues(e.Queue, e.Reason).Inc()
+		m.poisoned.WithLabelValues(e.Queue, string(e.Reason)).Inc()
 		m.handoff.Observe(e.Handoff.Seconds())
 		m.attempts.WithLabelValues("poisoned").Observe(float64(e.Attempt))
 	case middleware.EventHandoffFailed:
-		cause := delay.FailureCause(e.Err)
-		if errors.Is(e.Err, middleware.ErrNotWired) {
-			cause = CauseNotWired
+		cause := e.Cause
+		if cause == "" {
+			cause = "other"
 		}
 		m.handoffFailures.WithLabelValues(e.Queue, cause).Inc()
 	}
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
+
+// tookBy remembers, per work queue and failed attempt, the backend that took the last
+// retry scheduled from there, so that a delivered retry whose event does not name its
+// backend is labelled with the one that held it: with Config.DelayedRetries, the first
+// retries are held in the work queue and the later ones copied, by attempt. It is
+// bounded by the queues and attempts the application has (maxTook entries at most).
+type tookBy struct {
+	mu sync.RWMutex
+	m  map[string]string
+}
+
+const maxTook = 4096
+
+func tookKey(queue string, attempt int) string { return strconv.Itoa(attempt) + "\x00" + queue }
+
+func (t *tookBy) set(queue string, attempt int, backend string) {
+	k := tookKey(queue, attempt)
+	t.mu.RLock()
+	same := t.m[k] == backend
+	t.mu.RUnlock()
+	if same {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m == nil || len(t.m) >= maxTook {
+		t.m = map[string]string{}
+	}
+	t.m[k] = backend
+}
+
+// get returns the backend of the last retry scheduled after attempt from queue, or
+// "unknown" if this process scheduled none (another process did).
+func (t *tookBy) get(queue string, attempt int) string {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return orUnknown(t.m[tookKey(queue, attempt)])
 }

@@ -1,63 +1,217 @@
 package middleware
 
 import (
-	"fmt"
 	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/amqpretry/amqpretry/internal/keys"
 )
 
-// Metadata keys of the retry middleware. None starts with "x-": RabbitMQ owns that
-// space, and 4.0+ ignores or rewrites some of it on republished copies.
-const (
-	// AttemptKey holds the number of the attempt this delivery is, from 1. It is absent
-	// on the first delivery. The middleware keeps it itself, never from x-death or
-	// x-delivery-count, which restart whenever a copy is republished.
-	AttemptKey = "amqpretry-attempt"
-	// FirstFailureKey and LastFailureKey hold the times (RFC 3339, UTC) of the first
-	// and the latest failure.
-	FirstFailureKey = "amqpretry-first-failure"
-	LastFailureKey  = "amqpretry-last-failure"
-	// ErrorKey holds the text of the latest error, truncated to MaxErrorBytes.
-	ErrorKey = "amqpretry-error"
-	// ErrorTypesKey holds the Go types of the latest error's chain, outermost first,
-	// separated by " > " (at most MaxErrorTypes of them).
-	ErrorTypesKey = "amqpretry-error-types"
-	// HandlerKey, TopicKey and QueueKey name the handler that failed, the topic it
-	// subscribed to and the queue the message came from.
-	HandlerKey = "amqpretry-handler"
-	TopicKey   = "amqpretry-topic"
-	QueueKey   = "amqpretry-queue"
-	// OriginalExchangeKey and OriginalRoutingKeyKey hold the exchange and routing key
-	// of the first delivery (later deliveries come from the delay backend).
-	OriginalExchangeKey   = "amqpretry-original-exchange"
-	OriginalRoutingKeyKey = "amqpretry-original-routing-key"
-	// RequestedDelayKey and EffectiveDelayKey hold the delay asked for before this
-	// attempt and the delay the backend applied (snapped to a tier, rounded, ...), as
-	// Go durations; DueKey holds the time the retry was due back (RFC 3339 with
-	// nanoseconds, UTC): hand-off time plus the effective delay. Set on retries.
-	RequestedDelayKey = "amqpretry-requested-delay"
-	EffectiveDelayKey = "amqpretry-effective-delay"
-	DueKey            = "amqpretry-due"
-)
-
-// stampRetry records, on the copy of a retry, its attempt number and its delays.
-func stampRetry(md map[string]string, attempt int, requested, effective time.Duration, now time.Time) {
-	md[AttemptKey] = strconv.Itoa(attempt)
-	md[RequestedDelayKey] = requested.String()
-	md[EffectiveDelayKey] = effective.String()
-	md[DueKey] = now.Add(effective).UTC().Format(time.RFC3339Nano)
+// Envelope is the failure record the retry middleware writes into the metadata of
+// every copy it publishes, retried or poisoned, and that a redrive updates. Its keys
+// start with "amqpretry-" (never "x-", which RabbitMQ owns). Read it from a poisoned
+// message with ReadEnvelope; every field is bounded, so that the envelope stays a few
+// KiB, far below RabbitMQ's frame_max.
+type Envelope struct {
+	// Attempt is, on a retry, the attempt its next delivery is (from 2); on a poisoned
+	// copy, the attempt that failed last.
+	Attempt int `json:"attempt,omitempty"`
+	// MaxAttempts is the policy's limit, on a poisoned copy.
+	MaxAttempts int `json:"max_attempts,omitempty"`
+	// Reason is why the message was poisoned; "" on a retry.
+	Reason Reason `json:"reason,omitempty"`
+	// Error is the latest error's text, at most 2 KiB; ErrorTypes the Go types of its
+	// chain, outermost first, at most 16.
+	Error      string   `json:"error,omitempty"`
+	ErrorTypes []string `json:"error_types,omitempty"`
+	// FirstFailure and LastFailure are the times of the first and the latest failure.
+	FirstFailure time.Time `json:"first_failure,omitzero"`
+	LastFailure  time.Time `json:"last_failure,omitzero"`
+	// Handler, Topic and Queue are where it failed: the handler, the topic it
+	// subscribed to and the queue the message came from (where a retry or a redrive
+	// goes back to).
+	Handler string `json:"handler,omitempty"`
+	Topic   string `json:"topic,omitempty"`
+	Queue   string `json:"queue,omitempty"`
+	// OriginalExchange and OriginalRoutingKey are those of the first delivery.
+	OriginalExchange   string `json:"original_exchange,omitempty"`
+	OriginalRoutingKey string `json:"original_routing_key,omitempty"`
+	// RequestedDelay, EffectiveDelay and Due describe the retry under way: the delay
+	// asked for, the delay the backend applied, and when it was due back. Empty on a
+	// poisoned copy.
+	RequestedDelay time.Duration `json:"requested_delay_ns,omitempty"`
+	EffectiveDelay time.Duration `json:"effective_delay_ns,omitempty"`
+	Due            time.Time     `json:"due,omitzero"`
+	// DroppedHeaders names, on a copy too large for the broker's frame_max, the
+	// headers left out to make it fit: "name (N bytes)", comma-separated.
+	DroppedHeaders string `json:"dropped_headers,omitempty"`
+	// RedrivenAt, Redriven and RedrivenFrom are set by a redrive: its time, how many
+	// redrives so far, and the queue it came from (poison or parking).
+	RedrivenAt   time.Time `json:"redriven_at,omitzero"`
+	Redriven     int       `json:"redriven,omitempty"`
+	RedrivenFrom string    `json:"redriven_from,omitempty"`
 }
 
-// Bounds of the failure envelope, which keep it far below RabbitMQ's frame_max
-// (128 KiB by default; all headers must fit in one frame).
+// Reason says why a message was poisoned.
+type Reason string
+
+// Values of Reason.
 const (
-	MaxErrorBytes     = 2048
-	MaxErrorTypes     = 16
+	// ReasonPermanent: the handler's error was marked amqpretry.Permanent (or
+	// Classify decided so).
+	ReasonPermanent Reason = "permanent"
+	// ReasonMaxAttempts: the last attempt the policy allows failed.
+	ReasonMaxAttempts Reason = "max-attempts"
+	// ReasonDelayTooLong: the backend cannot hold the delay asked for (a RetryAfter
+	// longer than its longest delay).
+	ReasonDelayTooLong Reason = "delay-too-long"
+	// ReasonHandoffFailed: Config.HandoffAttempts hand-offs of the message failed in a
+	// row (Error holds the last hand-off error and the handler's).
+	ReasonHandoffFailed Reason = "handoff-failed"
+	// ReasonTooLarge: the retry copy, even with a trimmed envelope, is larger than the
+	// broker's frame_max (see DroppedHeaders).
+	ReasonTooLarge Reason = "too-large"
+)
+
+// Bounds of the envelope.
+const (
+	maxErrorBytes     = 2048
+	maxErrorTypes     = 16
 	maxErrorTypeBytes = 128
 	maxNameBytes      = 256
+	typeSeparator     = " > "
 )
+
+// ReadEnvelope reads the envelope from md. Fields whose keys are absent or unreadable
+// are zero.
+func ReadEnvelope(md message.Metadata) Envelope {
+	e := Envelope{
+		Reason: Reason(md[keys.PoisonReason]), Error: md[keys.Error],
+		Handler: md[keys.Handler], Topic: md[keys.Topic], Queue: md[keys.Queue],
+		OriginalExchange: md[keys.OriginalExchange], OriginalRoutingKey: md[keys.OriginalRoutingKey],
+		DroppedHeaders: md[keys.DroppedHeaders], RedrivenFrom: md[keys.RedrivenFrom],
+	}
+	e.Attempt = readInt(md, keys.Attempt)
+	e.MaxAttempts = readInt(md, keys.MaxAttempts)
+	e.Redriven = readInt(md, keys.RedriveCount)
+	if s := md[keys.ErrorTypes]; s != "" {
+		e.ErrorTypes = strings.Split(s, typeSeparator)
+	}
+	e.FirstFailure = readTime(md, keys.FirstFailure)
+	e.LastFailure = readTime(md, keys.LastFailure)
+	e.Due = readTime(md, keys.Due)
+	e.RedrivenAt = readTime(md, keys.RedrivenAt)
+	e.RequestedDelay = readDuration(md, keys.RequestedDelay)
+	e.EffectiveDelay = readDuration(md, keys.EffectiveDelay)
+	return e
+}
+
+// readInt and readDuration read a field, zero when absent or unreadable; an absent one
+// costs nothing (most deliveries are first attempts without an envelope).
+func readInt(md message.Metadata, key string) int {
+	s, ok := md[key]
+	if !ok {
+		return 0
+	}
+	n, _ := strconv.Atoi(s)
+	return n
+}
+
+func readDuration(md message.Metadata, key string) time.Duration {
+	s, ok := md[key]
+	if !ok {
+		return 0
+	}
+	d, _ := time.ParseDuration(s)
+	return d
+}
+
+func readTime(md message.Metadata, key string) time.Time {
+	s, ok := md[key]
+	if !ok {
+		return time.Time{}
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if u := t.UTC(); err != nil || u.Year() < 0 || u.Year() > 9999 {
+		// Unreadable, or a time Write could not write back in UTC RFC 3339 (an offset
+		// that moves it out of years 0 to 9999).
+		return time.Time{}
+	}
+	return t
+}
+
+// Write writes e into md, bounding every field, and removes the key of every zero
+// field, so that md holds exactly e: a poisoned copy keeps nothing of its last retry
+// hop, and a retried one no poison reason.
+func (e Envelope) Write(md message.Metadata) {
+	putInt(md, keys.Attempt, e.Attempt)
+	putInt(md, keys.MaxAttempts, e.MaxAttempts)
+	putInt(md, keys.RedriveCount, e.Redriven)
+	put(md, keys.PoisonReason, truncate(string(e.Reason), maxNameBytes))
+	put(md, keys.Error, truncate(e.Error, maxErrorBytes))
+	put(md, keys.ErrorTypes, joinTypes(e.ErrorTypes))
+	put(md, keys.Handler, truncate(e.Handler, maxNameBytes))
+	put(md, keys.Topic, truncate(e.Topic, maxNameBytes))
+	put(md, keys.Queue, truncate(e.Queue, maxNameBytes))
+	put(md, keys.OriginalExchange, truncate(e.OriginalExchange, maxNameBytes))
+	put(md, keys.OriginalRoutingKey, truncate(e.OriginalRoutingKey, maxNameBytes))
+	put(md, keys.DroppedHeaders, truncate(e.DroppedHeaders, maxErrorBytes))
+	put(md, keys.RedrivenFrom, truncate(e.RedrivenFrom, maxNameBytes))
+	putTime(md, keys.FirstFailure, e.FirstFailure)
+	putTime(md, keys.LastFailure, e.LastFailure)
+	putTime(md, keys.Due, e.Due)
+	putTime(md, keys.RedrivenAt, e.RedrivenAt)
+	putDuration(md, keys.RequestedDelay, e.RequestedDelay)
+	putDuration(md, keys.EffectiveDelay, e.EffectiveDelay)
+}
+
+func put(md message.Metadata, key, v string) {
+	if v == "" {
+		delete(md, key)
+		return
+	}
+	md[key] = v
+}
+
+func putInt(md message.Metadata, key string, v int) {
+	if v == 0 {
+		delete(md, key)
+		return
+	}
+	md[key] = strconv.Itoa(v)
+}
+
+func putTime(md message.Metadata, key string, t time.Time) {
+	if t.IsZero() {
+		delete(md, key)
+		return
+	}
+	md[key] = t.UTC().Format(time.RFC3339Nano)
+}
+
+func putDuration(md message.Metadata, key string, d time.Duration) {
+	if d == 0 {
+		delete(md, key)
+		return
+	}
+	md[key] = d.String()
+}
+
+// joinTypes joins at most maxErrorTypes types, each bounded.
+func joinTypes(types []string) string {
+	var b strings.Builder
+	for i, t := range types[:min(len(types), maxErrorTypes)] {
+		if i > 0 {
+			b.WriteString(typeSeparator)
+		}
+		b.WriteString(truncate(t, maxErrorTypeBytes))
+	}
+	return b.String()
+}
 
 // truncate cuts s to at most n bytes on a rune boundary, marking the cut.
 func truncate(s string, n int) string {
@@ -70,60 +224,4 @@ func truncate(s string, n int) string {
 		cut--
 	}
 	return s[:cut] + mark
-}
-
-// errorTypes lists the Go types in err's chain, depth first, at most MaxErrorTypes.
-func errorTypes(err error) string {
-	var types []string
-	var walk func(error)
-	walk = func(e error) {
-		if e == nil || len(types) >= MaxErrorTypes {
-			return
-		}
-		types = append(types, truncate(fmt.Sprintf("%T", e), maxErrorTypeBytes))
-		switch u := e.(type) {
-		case interface{ Unwrap() error }:
-			walk(u.Unwrap())
-		case interface{ Unwrap() []error }:
-			for _, inner := range u.Unwrap() {
-				walk(inner)
-			}
-		}
-	}
-	walk(err)
-	return strings.Join(types, " > ")
-}
-
-// failure is what the middleware knows about one failed attempt.
-type failure struct {
-	err      error
-	attempt  int
-	at       time.Time
-	handler  string
-	topic    string
-	queue    string
-	exchange string // of the delivery that failed
-	key      string // of the delivery that failed
-}
-
-// record writes the failure into md, the metadata of a copy (never of the incoming
-// message). The first failure's time and the original exchange and routing key are kept
-// from earlier attempts when md already has them.
-func (f failure) record(md map[string]string) {
-	at := f.at.UTC().Format(time.RFC3339Nano)
-	setIfAbsent(md, FirstFailureKey, at)
-	setIfAbsent(md, OriginalExchangeKey, truncate(f.exchange, maxNameBytes))
-	setIfAbsent(md, OriginalRoutingKeyKey, truncate(f.key, maxNameBytes))
-	md[LastFailureKey] = at
-	md[ErrorKey] = truncate(f.err.Error(), MaxErrorBytes)
-	md[ErrorTypesKey] = errorTypes(f.err)
-	md[HandlerKey] = truncate(f.handler, maxNameBytes)
-	md[TopicKey] = truncate(f.topic, maxNameBytes)
-	md[QueueKey] = truncate(f.queue, maxNameBytes)
-}
-
-func setIfAbsent(md map[string]string, k, v string) {
-	if _, ok := md[k]; !ok {
-		md[k] = v
-	}
 }

@@ -1,23 +1,58 @@
-// Package ops is the operations side of amqpretry as a Go API, for applications that
-// want an admin endpoint; the amqpretry command is a thin layer over it.
+// Package ops is the operations side of amqpretry as a Go API that returns data, for
+// applications that want an admin endpoint; the amqpretry command
+// (github.com/amqpretry/amqpretry/cmd/amqpretry) renders it.
 //
 //   - Status: depth and age of the oldest message of every delay queue, the parking
-//     queue and the poison queue; the broker's version, the delayed-message plugin and
-//     the capability warnings; flags a stuck delay queue (its head past its due time,
-//     or expired messages held for dead lettering that do not move, which only the
-//     broker's own counts show: StatusOptions.Counts) and a non-empty parking queue. See
-//     PeekMode for how a quorum delay queue is read without spending its delivery-limit.
-//   - PlanTopology, Apply, Verify: the declarations of a backend and its work queues,
-//     built from the backends' own Topology and WorkQueue (delay.NewPlanner); Apply
-//     declares them idempotently, Verify checks them without declaring anything.
-//   - List, Redrive, Purge on the poison and parking queues, with a Filter. Redrive
-//     sends each message back to the queue it failed on through the library's confirmed
-//     hand-off and acks it only after the confirm: at-least-once, nothing lost.
-//     Messages that do not match, or whose queue is gone, stay in place and in order.
+//     queue, the poison queue and the work queues named; with the broker's own counts
+//     (StatusOptions.Counts), the messages a delay queue holds for dead lettering, the
+//     retries a RabbitMQ 4.3 work queue holds in delayed retry, and the broker's file
+//     descriptors and sockets. What needs attention is a Flag: typed data, no prose.
+//   - Apply, Verify: the topology amqpretry.Config.Plan returns, declared idempotently or
+//     checked without declaring anything (topology.Finding per declaration).
+//   - List, Redrive, Purge on the poison and parking queues (Source), with a Filter.
+//     Redrive sends each message back to the queue it failed on through the library's
+//     confirmed hand-off and acks it only after the confirm: at-least-once, nothing
+//     lost. Messages that do not match, or whose queue is gone, stay in place and in
+//     order.
 //
 // Reading a queue: AMQP 0-9-1 cannot browse, so List, Redrive and Purge take messages
-// with basic.get and hold them unacknowledged, then give back those they leave with
-// basic.nack(requeue), which puts them back in their places. At most Window messages
-// are held at once (DefaultWindow); a run stops when the window is full and says so.
-// If the process dies, the broker gives every held message back itself.
+// with basic.get and hold them unacknowledged, then give back those they leave with one
+// basic.nack(multiple, requeue). A run that stops early (a limit, an interrupt) first
+// takes the rest of the messages present at its start, so that it gives back all of
+// them at once, which keeps their order (see below why giving back part of a quorum
+// queue does not). At most ListOptions.Window (MoveOptions.Window) messages are held at
+// once, 10,000 by default; a run stops when the window is full and says so: only then
+// may what it gives back end up behind what it never took. A run never looks past the
+// messages present when it started. If the process dies, the broker gives every held
+// message back itself.
+//
+// Reading for Status: AMQP 0-9-1 cannot browse, so the only way to learn the age of a
+// message is to take it (basic.get) and give it back (basic.nack with requeue). Two
+// costs, measured on RabbitMQ 3.10.8 and 4.3.6:
+//
+//   - order: a quorum queue (the delay queues; the poison and parking queues too) puts
+//     a message it gets back behind the others, not in its place: 3.10.8 at every
+//     return, 4.3.6 from the second return of the same message. Giving back every
+//     message at once keeps their order; giving back the head alone moves it to the
+//     end. In a delay queue that is a late retry: the message expires only when it
+//     reaches the head again, up to one TTL later.
+//   - deliveries: RabbitMQ 4.0 to 4.2 count every return against the quorum queue's
+//     delivery-limit, 20 by default for the delay queues (a million for the poison
+//     and parking queues); past it the broker dead-letters the message: for a delay
+//     queue, an early retry. 3.x has no default limit; 4.3 does not count nacks.
+//
+// So StatusOptions.Peek "auto" (the default) reads every message of the parking and
+// poison queues (up to 1,000; past that their age is unknown) and gives them all back
+// at once, and reads no delay queue: a stalled delay queue shows in the broker's counts
+// instead (StatusOptions.Counts), as expired messages that do not move. "always" also
+// peeks the head of each delay queue, one basic.get and one basic.nack(requeue) on a
+// channel of its own, never a reject nor a closed channel (both count as failed
+// deliveries on 4.3), at most once per delay queue per call, at the costs above; the
+// head's x-delivery-count is reported (QueueStatus.HeadDeliveryCount). "never" reads
+// nothing. Work queues are never read. After reading, and after a run, Status, List,
+// Redrive and Purge wait (two seconds at most) until the broker shows what they gave
+// back as ready again: it requeues asynchronously, and a call right after would see
+// the queue shorter.
+//
+// Every error that could quote the broker URI is redacted: the password never appears.
 package ops

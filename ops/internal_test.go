@@ -2,24 +2,29 @@ package ops
 
 import (
 	"context"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/middleware"
 )
 
 func TestFilterMatch(t *testing.T) {
 	now := time.Now()
-	m := Message{UUID: "u1", MessageID: "id1", Queue: "orders", Reason: "permanent", Error: "missing customer id", Time: now.Add(-time.Hour)}
+	m := Message{UUID: "u1", MessageID: "id1", Time: now.Add(-time.Hour)}
+	m.Queue, m.Reason, m.Error = "orders", middleware.ReasonPermanent, "missing customer id"
 	for _, tt := range []struct {
 		f    Filter
 		want bool
 	}{
 		{Filter{}, true},
-		{Filter{Queue: "orders", Reason: "permanent", Error: "customer"}, true},
+		{Filter{Queue: "orders", Reason: middleware.ReasonPermanent, Error: "customer"}, true},
 		{Filter{Queue: "billing"}, false},
-		{Filter{Reason: "max-attempts"}, false},
+		{Filter{Reason: middleware.ReasonMaxAttempts}, false},
 		{Filter{Error: "warehouse"}, false},
 		{Filter{OlderThan: 30 * time.Minute}, true},
 		{Filter{OlderThan: 2 * time.Hour}, false},
@@ -37,25 +42,6 @@ func TestFilterMatch(t *testing.T) {
 	}
 }
 
-func TestRedactIn(t *testing.T) {
-	uri := "amqp://app:hunter2@broker:5672/prod"
-	got := RedactIn("dial "+uri+": password hunter2 refused", uri)
-	if got != "dial amqp://app:xxxxx@broker:5672/prod: password xxxxx refused" {
-		t.Errorf("RedactIn: %q", got)
-	}
-	if VHost(uri) != "prod" || VHost("amqp://h/") != "/" || VHost("amqp://h") != "/" || VHost("amqp://h/%2Fx") != "/x" {
-		t.Errorf("VHost: %q %q %q", VHost(uri), VHost("amqp://h/"), VHost("amqp://h/%2Fx"))
-	}
-}
-
-func TestCountsNacks(t *testing.T) {
-	for v, want := range map[string]bool{"3.10.8": false, "3.13.7": false, "4.0.5": true, "4.2.1": true, "4.3.0": false, "5.0.0": false, "": true} {
-		if got := countsNacks(v); got != want {
-			t.Errorf("countsNacks(%q) = %v, want %v", v, got, want)
-		}
-	}
-}
-
 func TestPacer(t *testing.T) {
 	p := newPacer(100)
 	start := time.Now()
@@ -69,24 +55,73 @@ func TestPacer(t *testing.T) {
 	}
 }
 
-func TestManagementCounts(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		user, pass, ok := r.BasicAuth()
-		if !ok || user != "ops" || pass != "pw" || r.URL.EscapedPath() != "/api/queues/%2F" {
-			http.Error(w, "no", http.StatusUnauthorized)
-			return
+// TestParkedQueueFromRoutingKey: a parked retry without an envelope goes back to the
+// queue its routing key names: the whole key (ttl-tiers), or what follows exactly
+// Levels words (binary-levels), whatever the queue's name looks like. Nothing parses
+// the key back: the level count says where the name starts.
+func TestParkedQueueFromRoutingKey(t *testing.T) {
+	for _, tt := range []struct {
+		backend string
+		levels  int
+		key     string
+		want    string
+	}{
+		{delay.TTLTiers, 0, "shop.orders", "shop.orders"},
+		{delay.BinaryLevels, 3, "0.1.1.shop.orders", "shop.orders"},
+		{delay.BinaryLevels, 3, "1.0.0.1.0.queue", "1.0.queue"}, // a queue named like levels
+		{delay.BinaryLevels, 3, "0.1.", ""},                     // too short: unknown
+	} {
+		o := &Ops{}
+		if tt.backend == delay.BinaryLevels {
+			o.skip = 2 * tt.levels
 		}
-		_, _ = w.Write([]byte(`[{"name":"p.delay.1s","messages":3,"messages_ready":1,"messages_unacknowledged":0}]`))
-	}))
-	defer srv.Close()
-	counts, err := ManagementCounts(srv.URL, "ops", "pw", "/", nil)(context.Background())
-	if err != nil {
-		t.Fatal(err)
+		m, err := o.message(amqp.Delivery{Exchange: "x.deliver", RoutingKey: tt.key}, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Queue != tt.want {
+			t.Errorf("%s, %d levels, key %q: queue %q, want %q", tt.backend, tt.levels, tt.key, m.Queue, tt.want)
+		}
 	}
-	if c := counts["p.delay.1s"]; c.Backlog() != 2 {
-		t.Errorf("counts: %+v", counts)
+	// The envelope's queue wins.
+	m, err := (&Ops{skip: 6}).message(amqp.Delivery{Exchange: "x", RoutingKey: "0.1.1.a", Headers: amqp.Table{"amqpretry-queue": "b"}}, false)
+	if err != nil || m.Queue != "b" {
+		t.Errorf("envelope queue: %q, %v", m.Queue, err)
 	}
-	if _, err := ManagementCounts(srv.URL, "ops", "wrong", "/", nil)(context.Background()); err == nil || strings.Contains(err.Error(), "wrong") {
-		t.Errorf("bad password: %v", err)
+}
+
+// TestTopologyConfig: only the broker side is validated; the policy is not ops'
+// business (binary-levels with 5 levels holds 31 s, less than the default policy's
+// 10 min), but a broken broker side is refused, naming the field.
+func TestTopologyConfig(t *testing.T) {
+	if _, err := topologyConfig(amqpretry.Config{Backend: delay.BinaryLevels, Levels: 5}); err != nil {
+		t.Errorf("binary-levels with 5 levels: %v", err)
+	}
+	if _, err := topologyConfig(amqpretry.Config{Backend: delay.DelayedRetry}); err != nil {
+		t.Errorf("delayed-retry: %v", err)
+	}
+	for cfg, want := range map[*amqpretry.Config]string{
+		{Backend: delay.Memory}:                                  "memory backend has nothing on the broker",
+		{Backend: delay.BinaryLevels, Levels: 40}:                "Levels: 40",
+		{Backend: "bogus"}:                                       `unknown backend "bogus"`,
+		{Tiers: []time.Duration{}}:                               "Tiers: empty",
+		{DelayedRetryDelay: time.Microsecond, DelayedRetries: 1}: "DelayedRetryDelay",
+	} {
+		_, err := topologyConfig(*cfg)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%+v: %v, want an error naming %q", *cfg, err, want)
+		}
+	}
+}
+
+// TestNewValidatesBeforeDialling: an invalid config never dials (the URI names no
+// broker that could answer).
+func TestNewValidatesBeforeDialling(t *testing.T) {
+	_, err := New(Config{URI: "amqp://u:p@192.0.2.1:1/", Retry: amqpretry.Config{Backend: "bogus"}})
+	if err == nil || !strings.HasPrefix(err.Error(), "invalid config:") {
+		t.Errorf("New: %v", err)
+	}
+	if _, err := New(Config{}); err == nil || !strings.Contains(err.Error(), "URI: required") {
+		t.Errorf("New without URI: %v", err)
 	}
 }

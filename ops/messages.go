@@ -4,44 +4,35 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
-	"strconv"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/handoff"
+	"github.com/amqpretry/amqpretry/internal/keys"
+	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/middleware"
-	"github.com/amqpretry/amqpretry/xdeath"
 )
 
-// Metadata keys a redrive writes on each message it sends back.
-const (
-	// RedrivenAtKey holds the time of the latest redrive (RFC 3339, UTC).
-	RedrivenAtKey = "amqpretry-redriven-at"
-	// RedriveCountKey holds how many times the message was redriven.
-	RedriveCountKey = "amqpretry-redrive-count"
-	// RedrivenFromKey holds the queue it was redriven from (poison or parking).
-	RedrivenFromKey = "amqpretry-redriven-from"
-)
+// defaultWindow bounds how many messages a run holds unacknowledged at once.
+const defaultWindow = 10_000
 
-// DefaultWindow bounds how many messages a scan holds unacknowledged at once (those
-// that do not match the filter, those a dry run would move, those whose queue is
-// gone). They stay in place and in order; a scan stops when the window is full.
-const DefaultWindow = 10_000
+// defaultListLimit is how many messages List returns unless told otherwise.
+const defaultListLimit = 100
 
 // Filter selects messages of the poison or parking queue. Zero fields match all.
 type Filter struct {
-	// Queue: the queue the message failed on (amqpretry-queue) or, for a parked retry,
-	// the queue it was due back to.
+	// Queue: the queue the message failed on (Envelope.Queue) or, for a parked retry
+	// scheduled by other code than the middleware, the queue it was due back to.
 	Queue string `json:"queue,omitempty"`
-	// Reason: the poison reason (permanent, max-attempts, delay-too-long).
-	Reason string `json:"reason,omitempty"`
-	// Error: a substring of the error text (amqpretry-error).
+	// Reason: the poison reason.
+	Reason middleware.Reason `json:"reason,omitempty"`
+	// Error: a substring of the error text (Envelope.Error).
 	Error string `json:"error,omitempty"`
-	// OlderThan and NewerThan compare the message's time (amqpretry-last-failure, else
-	// its due time, else its AMQP timestamp) with now. A message without a time
+	// OlderThan and NewerThan compare Message.Time with now. A message without a time
 	// matches neither.
 	OlderThan time.Duration `json:"older_than_ns,omitempty"`
 	NewerThan time.Duration `json:"newer_than_ns,omitempty"`
@@ -51,6 +42,17 @@ type Filter struct {
 
 func (f Filter) empty() bool {
 	return f.Queue == "" && f.Reason == "" && f.Error == "" && f.OlderThan == 0 && f.NewerThan == 0 && len(f.IDs) == 0
+}
+
+func (f Filter) validate() error {
+	var errs []error
+	if f.OlderThan < 0 {
+		errs = append(errs, fmt.Errorf("OlderThan: %s is negative", f.OlderThan))
+	}
+	if f.NewerThan < 0 {
+		errs = append(errs, fmt.Errorf("NewerThan: %s is negative", f.NewerThan))
+	}
+	return errors.Join(errs...)
 }
 
 // match tells whether m passes f at now.
@@ -64,80 +66,44 @@ func (f Filter) match(m Message, now time.Time) bool {
 		f.NewerThan > 0 && (m.Time.IsZero() || now.Sub(m.Time) > f.NewerThan):
 		return false
 	}
-	if len(f.IDs) > 0 {
-		for _, id := range f.IDs {
-			if id == m.UUID || id == m.MessageID {
-				return true
-			}
-		}
-		return false
-	}
-	return true
+	return len(f.IDs) == 0 || slices.ContainsFunc(f.IDs, func(id string) bool { return id == m.UUID || id == m.MessageID })
 }
 
-// Message is one poisoned or parked message and its failure envelope.
+// Message is one poisoned or parked message: its failure envelope, and what the queue
+// delivered. The Envelope's Queue is where a redrive sends it: the envelope's, or, for
+// a parked retry scheduled by other code than the middleware (it has no envelope), the
+// queue its routing key names (after one word per level for binary-levels); "" when
+// unknown.
+//
+// The Envelope's fields carry no JSON tags: a JSON rendering names them itself.
 type Message struct {
+	middleware.Envelope
 	// UUID is the Watermill message UUID; MessageID the AMQP message id.
 	UUID      string `json:"uuid"`
 	MessageID string `json:"message_id,omitempty"`
-	// Queue is the queue it failed on, where a redrive sends it.
-	Queue string `json:"queue"`
-	// Reason it was poisoned (empty for a parked retry).
-	Reason string `json:"reason,omitempty"`
-	// Error and ErrorTypes of the latest failure.
-	Error      string   `json:"error,omitempty"`
-	ErrorTypes []string `json:"error_types,omitempty"`
-	// Attempt is the attempt that failed last; MaxAttempts the policy's limit.
-	Attempt     int `json:"attempt"`
-	MaxAttempts int `json:"max_attempts,omitempty"`
-	// FirstFailure and LastFailure, when recorded.
-	FirstFailure time.Time `json:"first_failure,omitzero"`
-	LastFailure  time.Time `json:"last_failure,omitzero"`
-	// Handler and Topic that failed.
-	Handler string `json:"handler,omitempty"`
-	Topic   string `json:"topic,omitempty"`
-	// Due is when a retry was due back (parked retries).
-	Due time.Time `json:"due,omitzero"`
-	// Time is what the age filters compare: LastFailure, else Due, else the AMQP
-	// timestamp.
-	Time time.Time `json:"time,omitzero"`
 	// RoutingKey of this delivery.
 	RoutingKey string `json:"routing_key"`
-	// Redriven counts earlier redrives.
-	Redriven int `json:"redriven,omitempty"`
+	// Time is what the age filters compare: LastFailure, else Due, else the AMQP
+	// timestamp; zero when none is known.
+	Time time.Time `json:"time,omitzero"`
 	// Size of the payload in bytes.
 	Size int `json:"size"`
-	// Metadata is every metadata key, typed headers encoded (see xdeath), and Payload
-	// the body: set by Show only.
-	Metadata map[string]string `json:"metadata,omitempty"`
-	Payload  []byte            `json:"payload,omitempty"`
+	// Metadata is every header as the library's marshaler reads it (non-string headers
+	// encoded), and Payload the body: set only with ListOptions.Full.
+	Metadata message.Metadata `json:"metadata,omitempty"`
+	Payload  []byte           `json:"payload,omitempty"`
 }
 
-// levelsKey parses a binary-levels routing key: one 0/1 word per level, then the queue.
-var levelsKey = regexp.MustCompile(`^(?:[01]\.)+(.+)$`)
-
-// message reads the envelope of d.
+// message reads d.
 func (o *Ops) message(d amqp.Delivery, full bool) (Message, error) {
-	msg, err := xdeath.Marshaler{}.Unmarshal(d)
+	msg, err := marshal.Marshaler{}.Unmarshal(d)
 	if err != nil {
 		return Message{}, fmt.Errorf("read message %s: %w", d.MessageId, err)
 	}
-	md := msg.Metadata
 	m := Message{
-		UUID: msg.UUID, MessageID: d.MessageId, Queue: md.Get(middleware.QueueKey),
-		Reason: md.Get(middleware.PoisonReasonKey), Error: md.Get(middleware.ErrorKey),
-		Handler: md.Get(middleware.HandlerKey), Topic: md.Get(middleware.TopicKey),
-		RoutingKey: d.RoutingKey, Size: len(d.Body),
+		Envelope: middleware.ReadEnvelope(msg.Metadata),
+		UUID:     msg.UUID, MessageID: d.MessageId, RoutingKey: d.RoutingKey, Size: len(d.Body),
 	}
-	if s := md.Get(middleware.ErrorTypesKey); s != "" {
-		m.ErrorTypes = strings.Split(s, " > ")
-	}
-	m.Attempt, _ = strconv.Atoi(md.Get(middleware.AttemptKey))
-	m.MaxAttempts, _ = strconv.Atoi(md.Get(middleware.MaxAttemptsKey))
-	m.Redriven, _ = strconv.Atoi(md.Get(RedriveCountKey))
-	m.FirstFailure, _ = time.Parse(time.RFC3339Nano, md.Get(middleware.FirstFailureKey))
-	m.LastFailure, _ = time.Parse(time.RFC3339Nano, md.Get(middleware.LastFailureKey))
-	m.Due, _ = time.Parse(time.RFC3339Nano, md.Get(middleware.DueKey))
 	switch {
 	case !m.LastFailure.IsZero():
 		m.Time = m.LastFailure
@@ -147,13 +113,10 @@ func (o *Ops) message(d amqp.Delivery, full bool) (Message, error) {
 		m.Time = d.Timestamp
 	}
 	if m.Queue == "" && d.Exchange != "" {
-		// A parked retry scheduled by other code than the middleware: its routing key
-		// names the queue (ttl-tiers), after one word per level (binary-levels).
-		m.Queue = d.RoutingKey
-		if o.cfg.Delay.Backend == delay.BackendBinaryLevels {
-			if sm := levelsKey.FindStringSubmatch(d.RoutingKey); sm != nil && strings.Count(d.RoutingKey[:len(d.RoutingKey)-len(sm[1])], ".") == o.cfg.Delay.Levels {
-				m.Queue = sm[1]
-			}
+		// Dead-lettered to a delivery exchange and parked: the routing key it was
+		// published with names the queue, after one word per level for binary-levels.
+		if len(d.RoutingKey) > o.skip {
+			m.Queue = d.RoutingKey[o.skip:]
 		}
 	}
 	if full {
@@ -165,11 +128,11 @@ func (o *Ops) message(d amqp.Delivery, full bool) (Message, error) {
 // ListOptions configures List.
 type ListOptions struct {
 	Filter
-	// Limit: at most this many messages. Default: 100; negative: no limit.
+	// Limit: at most this many messages. Default (0): 100; negative: no limit.
 	Limit int
 	// Full fills Message.Metadata and Message.Payload.
 	Full bool
-	// Window bounds the messages held during the scan. Default: DefaultWindow.
+	// Window bounds the messages held during the scan. Default (0): 10,000.
 	Window int
 }
 
@@ -181,28 +144,26 @@ type ListResult struct {
 	Depth    int       `json:"depth"`
 	Scanned  int       `json:"scanned"`
 	Messages []Message `json:"messages"`
-	// Complete is false when the scan stopped at Limit or at the window.
+	// Complete is false when the scan stopped at Limit or at the window before it saw
+	// every message present when it started.
 	Complete bool `json:"complete"`
 }
 
-// ListPoison lists the poison queue's messages that match opts, in queue order,
-// changing nothing: each is taken (basic.get) and held until the end, then every one
-// is given back (basic.nack with requeue), back in its place.
-func (o *Ops) ListPoison(ctx context.Context, opts ListOptions) (ListResult, error) {
-	return o.List(ctx, o.PoisonQueue(), opts)
-}
-
-// ListParking lists the parking queue's messages as ListPoison does.
-func (o *Ops) ListParking(ctx context.Context, opts ListOptions) (ListResult, error) {
-	return o.List(ctx, o.ParkingQueue(), opts)
-}
-
-// List lists the messages of queue (a poison or parking queue) that match opts.
-func (o *Ops) List(ctx context.Context, queue string, opts ListOptions) (ListResult, error) {
-	if opts.Limit == 0 {
-		opts.Limit = 100
+// List lists the messages of source that match opts, in queue order, changing nothing:
+// each is taken (basic.get) and held until the end, then every one is given back
+// (basic.nack with requeue), back in its place.
+func (o *Ops) List(ctx context.Context, source Source, opts ListOptions) (ListResult, error) {
+	queue, err := o.queue(source)
+	if err != nil {
+		return ListResult{}, err
 	}
 	res := ListResult{Queue: queue, Messages: []Message{}}
+	if err := errors.Join(opts.validate(), nonNegative("Window", opts.Window)); err != nil {
+		return res, fmt.Errorf("list queue %q: invalid options: %w", queue, err)
+	}
+	if opts.Limit == 0 {
+		opts.Limit = defaultListLimit
+	}
 	sc, err := o.newScan(queue, opts.Window)
 	if err != nil {
 		return res, err
@@ -210,7 +171,6 @@ func (o *Ops) List(ctx context.Context, queue string, opts ListOptions) (ListRes
 	defer sc.close()
 	res.Depth = sc.depth
 	now := time.Now()
-	res.Complete = true
 	for {
 		if err := ctx.Err(); err != nil {
 			return res, err
@@ -220,8 +180,12 @@ func (o *Ops) List(ctx context.Context, queue string, opts ListOptions) (ListRes
 			return res, nil
 		}
 		d, ok, err := sc.next()
-		if err != nil || !ok {
+		if err != nil {
 			return res, err
+		}
+		if !ok {
+			res.Complete = true
+			return res, nil
 		}
 		sc.hold(d)
 		res.Scanned++
@@ -235,20 +199,6 @@ func (o *Ops) List(ctx context.Context, queue string, opts ListOptions) (ListRes
 	}
 }
 
-// Progress counts what a redrive or purge has done so far.
-type Progress struct {
-	// Depth is the number of messages in the queue when the run started; a run never
-	// looks at more than that.
-	Depth int `json:"depth"`
-	// Scanned messages, Matched the filter, Done (redriven or purged), Skipped (did
-	// not match; left in place), Unroutable (queue gone; left in place).
-	Scanned    int `json:"scanned"`
-	Matched    int `json:"matched"`
-	Done       int `json:"done"`
-	Skipped    int `json:"skipped"`
-	Unroutable int `json:"unroutable"`
-}
-
 // MoveOptions configures Redrive and Purge.
 type MoveOptions struct {
 	Filter
@@ -259,93 +209,96 @@ type MoveOptions struct {
 	DryRun bool
 	// Rate: at most this many messages per second. Zero: as fast as confirms come.
 	Rate float64
-	// ResetAttempts (Redrive only) removes amqpretry-attempt, so the message gets the
-	// policy's full attempts again. Without it, a message poisoned at its last attempt
-	// is poisoned again at its next failure (the middleware counts on from it).
+	// ResetAttempts (Redrive only) removes the attempt count (Envelope.Attempt), so the
+	// message gets the policy's full attempts again. Without it, a message poisoned at
+	// its last attempt is poisoned again at its next failure.
 	ResetAttempts bool
 	// All (Purge only) must be set to purge with an empty Filter.
 	All bool
-	// Window bounds the messages held during the run. Default: DefaultWindow.
+	// Window bounds the messages held during the run. Default (0): 10,000.
 	Window int
-	// Progress, if set, is called after each message.
-	Progress func(Progress)
-}
-
-// Unroutable is a message whose queue does not exist: it stays where it was.
-type Unroutable struct {
-	// UUID of the message, the Queue it should go to, and why it could not.
-	UUID   string `json:"uuid"`
-	Queue  string `json:"queue"`
-	Reason string `json:"reason"`
+	// Progress, if set, is called after each message with the result so far.
+	Progress func(MoveResult)
 }
 
 // MoveResult is the outcome of Redrive and Purge.
 type MoveResult struct {
-	// Queue the messages were taken from.
+	// Queue the messages were taken from, and its Depth when the run started; a run
+	// never looks at more than that.
 	Queue string `json:"queue"`
-	// Progress: the final counts.
-	Progress
+	Depth int    `json:"depth"`
+	// Scanned messages; Matched the filter; Done (redriven or purged; in a dry run,
+	// always 0); Skipped (did not match, left in place); Unroutable (their queue does
+	// not exist or is unknown, left in place).
+	Scanned    int `json:"scanned"`
+	Matched    int `json:"matched"`
+	Done       int `json:"done"`
+	Skipped    int `json:"skipped"`
+	Unroutable int `json:"unroutable"`
 	// DryRun: nothing was changed.
 	DryRun bool `json:"dry_run"`
-	// Messages acted on (or, in a dry run, that would be), without metadata.
+	// Messages acted on (in a dry run, those that would be), without metadata, and
+	// Unrouted, the unroutable ones, left in place (Message.Queue is where each should
+	// have gone, "" when unknown).
 	Messages []Message `json:"messages"`
-	// Unrouted lists the unroutable messages, left in place.
-	Unrouted []Unroutable `json:"unroutable_messages"`
-	// Stopped says why the run ended early: "", "limit", "window", "interrupted".
+	Unrouted []Message `json:"unrouted"`
+	// Stopped says why the run ended before it saw every message present when it
+	// started: "limit" (MoveOptions.Limit matching messages were acted on), "window"
+	// (the window of held messages is full: run again to go on), "interrupted" (the
+	// context ended; the run stopped between two messages); "" when it did not.
 	Stopped string `json:"stopped,omitempty"`
 }
 
-// Stop reasons of MoveResult.
-const (
-	StoppedLimit       = "limit"
-	StoppedWindow      = "window"
-	StoppedInterrupted = "interrupted"
-)
-
-// RedrivePoison sends matching poisoned messages back to the queue each failed on.
-// See Redrive.
-func (o *Ops) RedrivePoison(ctx context.Context, opts MoveOptions) (MoveResult, error) {
-	return o.Redrive(ctx, o.PoisonQueue(), opts)
-}
-
-// RedriveParking sends matching parked retries to the queue each was due back to, once
-// it exists again. See Redrive.
-func (o *Ops) RedriveParking(ctx context.Context, opts MoveOptions) (MoveResult, error) {
-	return o.Redrive(ctx, o.ParkingQueue(), opts)
-}
-
-// Redrive sends each message of source (a poison or parking queue) that matches opts
-// back to its queue (Message.Queue), in queue order, at most opts.Rate per second.
-// Each goes through the library's confirmed hand-off (persistent, mandatory, confirm
-// awaited) to the default exchange, and is acked in source only after the confirm:
-// at-least-once, nothing lost. If the process dies between the confirm and the ack,
-// the message is both back on its queue and still in source (a duplicate, never a
-// loss). A message whose queue does not exist is returned by the broker and stays in
-// source, reported in Unroutable; so do messages that do not match, in their order.
-// A cancelled ctx stops the run between two messages. The redriven copy carries
-// RedrivenAtKey, RedriveCountKey and RedrivenFromKey; the poison reason is removed.
-func (o *Ops) Redrive(ctx context.Context, source string, opts MoveOptions) (MoveResult, error) {
+// Redrive sends each message of source that matches opts back to its queue
+// (Message.Queue), in queue order, at most opts.Rate per second. Each goes through the
+// library's confirmed hand-off (persistent, mandatory, confirm awaited) to the default
+// exchange, and is acked in source only after the confirm: at-least-once, nothing
+// lost. If the process dies between the confirm and the ack, the message is both back
+// on its queue and still in source (a duplicate, never a loss). A message whose queue
+// does not exist is returned by the broker and stays in source (MoveResult.Unrouted);
+// so do messages that do not match, in their order. A cancelled ctx stops the run
+// between two messages (Stopped "interrupted"), with a nil error. The redriven copy
+// keeps its failure envelope without the poison reason, and records the redrive
+// (Envelope.RedrivenAt, Redriven, RedrivenFrom).
+func (o *Ops) Redrive(ctx context.Context, source Source, opts MoveOptions) (MoveResult, error) {
 	return o.move(ctx, source, opts, true)
 }
 
-// PurgePoison deletes matching messages of the poison queue. See Purge.
-func (o *Ops) PurgePoison(ctx context.Context, opts MoveOptions) (MoveResult, error) {
-	return o.Purge(ctx, o.PoisonQueue(), opts)
+// Purge deletes (acks) each message of source that matches opts; the others stay in
+// place, in order. An empty filter needs opts.All.
+func (o *Ops) Purge(ctx context.Context, source Source, opts MoveOptions) (MoveResult, error) {
+	return o.move(ctx, source, opts, false)
 }
 
-// Purge deletes (acks) each message of queue that matches opts; the others stay in
-// place, in order. An empty filter needs opts.All.
-func (o *Ops) Purge(ctx context.Context, queue string, opts MoveOptions) (MoveResult, error) {
-	if opts.Filter.empty() && !opts.All {
-		return MoveResult{Queue: queue}, fmt.Errorf("purge queue %q: no filter given; set All to purge every message", queue)
+func nonNegative(field string, n int) error {
+	if n < 0 {
+		return fmt.Errorf("%s: %d is negative", field, n)
 	}
-	return o.move(ctx, queue, opts, false)
+	return nil
 }
 
 // move is Redrive (redrive true) or Purge.
-func (o *Ops) move(ctx context.Context, source string, opts MoveOptions, redrive bool) (MoveResult, error) {
-	res := MoveResult{Queue: source, DryRun: opts.DryRun, Messages: []Message{}, Unrouted: []Unroutable{}}
-	sc, err := o.newScan(source, opts.Window)
+func (o *Ops) move(ctx context.Context, source Source, opts MoveOptions, redrive bool) (MoveResult, error) {
+	queue, err := o.queue(source)
+	if err != nil {
+		return MoveResult{}, err
+	}
+	verb := "redrive"
+	if !redrive {
+		verb = "purge"
+	}
+	res := MoveResult{Queue: queue, DryRun: opts.DryRun, Messages: []Message{}, Unrouted: []Message{}}
+	errs := []error{opts.validate(), nonNegative("Limit", opts.Limit), nonNegative("Window", opts.Window)}
+	if opts.Rate < 0 {
+		errs = append(errs, fmt.Errorf("Rate: %g is negative", opts.Rate))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return res, fmt.Errorf("%s queue %q: invalid options: %w", verb, queue, err)
+	}
+	if !redrive && opts.empty() && !opts.All {
+		return res, fmt.Errorf("purge queue %q: no filter given; set MoveOptions.All to purge every message", queue)
+	}
+	sc, err := o.newScan(queue, opts.Window)
 	if err != nil {
 		return res, err
 	}
@@ -354,22 +307,21 @@ func (o *Ops) move(ctx context.Context, source string, opts MoveOptions, redrive
 	pace := newPacer(opts.Rate)
 	report := func() {
 		if opts.Progress != nil {
-			opts.Progress(res.Progress)
+			opts.Progress(res)
 		}
 	}
 	now := time.Now()
 	for {
-		if ctx.Err() != nil {
-			res.Stopped = StoppedInterrupted
+		switch {
+		case ctx.Err() != nil:
+			res.Stopped = "interrupted"
 			return res, nil
-		}
-		if opts.Limit > 0 && res.Matched >= opts.Limit {
-			res.Stopped = StoppedLimit
+		case opts.Limit > 0 && res.Matched >= opts.Limit:
+			res.Stopped = "limit"
 			return res, nil
-		}
-		if sc.full() {
+		case sc.full():
 			if !sc.done() {
-				res.Stopped = StoppedWindow
+				res.Stopped = "window"
 			}
 			return res, nil
 		}
@@ -399,21 +351,21 @@ func (o *Ops) move(ctx context.Context, source string, opts MoveOptions, redrive
 		if err := pace.wait(ctx); err != nil {
 			sc.hold(d) // interrupted before this message: it stays
 			res.Matched--
-			res.Stopped = StoppedInterrupted
+			res.Stopped = "interrupted"
 			return res, nil
 		}
 		if redrive {
-			err := o.send(ctx, source, d, m, opts.ResetAttempts)
+			err := o.send(ctx, queue, d, m, opts.ResetAttempts)
 			switch {
-			case errors.Is(err, delay.ErrReturned) || errors.Is(err, errNoQueue):
+			case errors.Is(err, handoff.ErrReturned) || errors.Is(err, errNoQueue):
 				sc.hold(d)
 				res.Unroutable++
-				res.Unrouted = append(res.Unrouted, Unroutable{UUID: m.UUID, Queue: m.Queue, Reason: err.Error()})
+				res.Unrouted = append(res.Unrouted, m)
 				report()
 				continue
 			case err != nil:
 				sc.hold(d)
-				return res, fmt.Errorf("redrive message %s to queue %q: %w", m.UUID, m.Queue, err)
+				return res, fmt.Errorf("redrive message %s to queue %q: %w", m.UUID, m.Queue, o.redact(err))
 			}
 		}
 		if err := sc.ack(d); err != nil {
@@ -425,29 +377,29 @@ func (o *Ops) move(ctx context.Context, source string, opts MoveOptions, redrive
 	}
 }
 
-var errNoQueue = errors.New("no amqpretry-queue metadata nor routing key: the queue to send it to is unknown")
+var errNoQueue = errors.New("the queue to send it to is unknown: no envelope, and no queue in its routing key")
 
 // send publishes the message of d to its queue through the hand-off.
 func (o *Ops) send(ctx context.Context, source string, d amqp.Delivery, m Message, reset bool) error {
 	if m.Queue == "" {
 		return errNoQueue
 	}
-	msg, err := xdeath.Marshaler{}.Unmarshal(d)
+	msg, err := marshal.Marshaler{}.Unmarshal(d)
 	if err != nil {
 		return err
 	}
+	env := middleware.ReadEnvelope(msg.Metadata)
 	if reset {
-		delete(msg.Metadata, middleware.AttemptKey)
+		env.Attempt = 0
 	}
-	delete(msg.Metadata, middleware.PoisonReasonKey)
-	delete(msg.Metadata, xdeath.DeliveryExchangeKey)
-	delete(msg.Metadata, xdeath.DeliveryRoutingKeyKey)
-	msg.Metadata.Set(RedrivenAtKey, time.Now().UTC().Format(time.RFC3339Nano))
-	msg.Metadata.Set(RedriveCountKey, strconv.Itoa(m.Redriven+1))
-	msg.Metadata.Set(RedrivenFromKey, source)
+	env.Reason = ""
+	env.RedrivenAt, env.Redriven, env.RedrivenFrom = time.Now().UTC(), env.Redriven+1, source
+	env.Write(msg.Metadata)
+	delete(msg.Metadata, keys.Tier) // ttl-tiers' routing header, of no use on the way back
 	// The publish is not cancelled by ctx: once started, a message is finished (its
-	// confirm awaited) so that an interrupt stops between messages.
-	return o.handoff.PublishMessage(context.WithoutCancel(ctx), "", m.Queue, msg, nil)
+	// confirm awaited) so that an interrupt stops between messages. No owned topology:
+	// a queue that is gone is never declared again by a redrive.
+	return o.handoff.Publish(context.WithoutCancel(ctx), "", m.Queue, msg, nil, true, nil)
 }
 
 // scan reads a queue with basic.get on a channel of its own, holding messages
@@ -455,22 +407,23 @@ func (o *Ops) send(ctx context.Context, source string, d amqp.Delivery, m Messag
 // return to their places, in order. If the process dies, the broker gives them back
 // itself when the connection drops.
 type scan struct {
+	o      *Ops
 	ch     *amqp.Channel
 	queue  string
 	depth  int
 	seen   int
 	held   int
 	window int
-	last   uint64 // highest delivery tag held, for the final nack
-	// empty: the queue had no more messages.
-	empty bool
+	empty  bool   // the queue had no more messages
+	last   uint64 // the highest delivery tag taken
+	acked  int
 }
 
 func (o *Ops) newScan(queue string, window int) (*scan, error) {
-	if window <= 0 {
-		window = DefaultWindow
+	if window == 0 {
+		window = defaultWindow
 	}
-	q, exists, err := o.queueDepth(queue)
+	q, exists, err := o.inspect(queue)
 	if err != nil {
 		return nil, err
 	}
@@ -481,7 +434,7 @@ func (o *Ops) newScan(queue string, window int) (*scan, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &scan{ch: ch, queue: queue, depth: q.Messages, window: window}, nil
+	return &scan{o: o, ch: ch, queue: queue, depth: q.Messages, window: window}, nil
 }
 
 // next takes the next message, or ok=false once depth messages were seen or the queue
@@ -492,25 +445,24 @@ func (s *scan) next() (amqp.Delivery, bool, error) {
 	}
 	d, ok, err := s.ch.Get(s.queue, false)
 	if err != nil {
-		return d, false, fmt.Errorf("get from queue %q: %w", s.queue, err)
+		return d, false, fmt.Errorf("get from queue %q: %w", s.queue, s.o.redact(err))
 	}
 	if !ok {
 		s.empty = true
 		return d, false, nil
 	}
 	s.seen++
+	s.last = d.DeliveryTag
 	return d, true, nil
 }
 
-func (s *scan) hold(d amqp.Delivery) {
-	s.held++
-	s.last = max(s.last, d.DeliveryTag)
-}
+func (s *scan) hold(amqp.Delivery) { s.held++ }
 
 func (s *scan) ack(d amqp.Delivery) error {
 	if err := s.ch.Ack(d.DeliveryTag, false); err != nil {
-		return fmt.Errorf("ack message in queue %q: %w", s.queue, err)
+		return fmt.Errorf("ack message in queue %q: %w", s.queue, s.o.redact(err))
 	}
+	s.acked++
 	return nil
 }
 
@@ -520,12 +472,49 @@ func (s *scan) full() bool { return s.held >= s.window }
 // done tells whether every message present at the start was seen.
 func (s *scan) done() bool { return s.empty || s.seen >= s.depth }
 
-// close gives back every held message and closes the channel.
+// close gives back every held message and closes the channel, then waits, briefly,
+// until the broker shows them ready again: it requeues them asynchronously, and a run
+// that starts before it has would see the queue shorter, or take what follows them
+// first.
+//
+// A run that stopped early (a limit, an interrupt) first takes the rest of the messages
+// present at its start, as far as the window allows, so that it gives back all of them
+// at once: a quorum queue puts a message it gets back BEHIND the messages still in it,
+// not in its place (RabbitMQ 3.10.8 at every return, 4.3.6 from the second return of a
+// message: measured), so a partial give-back would reorder the queue. Only a run
+// stopped by a full window can leave messages it never took before what it gives back.
 func (s *scan) close() {
-	if s.held > 0 && !s.ch.IsClosed() {
-		_ = s.ch.Nack(0, true, true) // tag 0 with multiple: every unacknowledged message
+	if s.held == 0 || s.ch.IsClosed() {
+		_ = s.ch.Close()
+		return
 	}
+	for !s.done() && !s.full() {
+		d, ok, err := s.next()
+		if err != nil || !ok {
+			break
+		}
+		s.hold(d)
+	}
+	_ = s.ch.Nack(s.last, true, true) // every message still held, up to the last taken
 	_ = s.ch.Close()
+	s.o.settle(s.queue, s.depth-s.acked) // what it gave back, and what it never took
+}
+
+// settleTimeout bounds the wait for messages given back to show as ready again.
+const settleTimeout = 2 * time.Second
+
+// settle waits, at most settleTimeout, until queue has at least n ready messages: the
+// broker requeues what a channel gives back asynchronously, after it has confirmed
+// the channel's close.
+func (o *Ops) settle(queue string, n int) {
+	deadline := time.Now().Add(settleTimeout)
+	for time.Now().Before(deadline) {
+		q, exists, err := o.inspect(queue)
+		if err != nil || !exists || q.Messages >= n {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // pacer spaces actions at most rate per second.

@@ -3,163 +3,189 @@ package ops
 import (
 	"errors"
 	"fmt"
-	"time"
+	"slices"
 
 	"github.com/ThreeDotsLabs/watermill"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/handoff"
+	"github.com/amqpretry/amqpretry/internal/names"
+	"github.com/amqpretry/amqpretry/internal/redact"
+	"github.com/amqpretry/amqpretry/topology"
 )
 
-// DefaultURI is the broker URI the command uses when AMQP_URI is unset.
-const DefaultURI = "amqp://guest:guest@127.0.0.1:5672/"
-
-// PoisonSuffix ends the default name of the poison queue: "<prefix>.poison", as
-// amqpretry.Config.PoisonQueue defaults.
-const PoisonSuffix = ".poison"
-
-// Config configures New. Every zero value means the library's default.
+// Config configures New.
 type Config struct {
-	// URI of the broker, amqp:// or amqps://. Required. It never appears in output or
-	// errors with its password.
+	// URI of the broker, amqp:// or amqps://. Required. It never appears in results
+	// or errors with its password.
 	URI string
-	// AMQP is passed to amqp091-go's DialConfig (TLS, heartbeat). Default: amqp091-go's.
+	// AMQP is passed to amqp091-go's DialConfig (TLS, heartbeat). Default:
+	// amqp091-go's.
 	AMQP amqp.Config
-	// Delay names the backend and its prefix, tiers or levels, as the application
-	// configures them. Delay.Handoff, Delay.Memory and Delay.Topology are ignored; the
-	// memory backend has nothing on the broker and is refused.
-	Delay delay.Config
-	// PoisonQueue is the application's poison queue. Default: "<Delay.Prefix>.poison".
-	PoisonQueue string
-	// ConfirmTimeout bounds each publisher confirm of a redrive. Default: 10s.
-	ConfirmTimeout time.Duration
+	// Retry is the application's retry configuration, its defaults from
+	// Retry.WithDefaults(). Only what names and shapes the broker side counts: Backend,
+	// Prefix, Tiers, Levels, DelayedRetries, DelayedRetryDelay, PoisonQueue, and
+	// ConfirmTimeout (each confirm of a redrive). Policy, Classify, Topology and the
+	// rest are not used (a policy the backend cannot keep is the application's error,
+	// not the topology's). The memory backend has nothing on the broker and is
+	// refused.
+	Retry amqpretry.Config
 	// Logger. Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 }
 
-func (c *Config) setDefaults() {
-	if c.Delay.Backend == "" {
-		c.Delay.Backend = delay.BackendTTLTiers
-	}
-	if c.Delay.Prefix == "" {
-		c.Delay.Prefix = delay.DefaultPrefix
-	}
-	if c.Delay.Tiers == nil {
-		c.Delay.Tiers = delay.DefaultTiers
-	}
-	if c.Delay.Levels == 0 {
-		c.Delay.Levels = delay.DefaultLevels
-	}
-	if c.PoisonQueue == "" {
-		c.PoisonQueue = c.Delay.Prefix + PoisonSuffix
-	}
-	if c.ConfirmTimeout == 0 {
-		c.ConfirmTimeout = delay.DefaultConfirmTimeout
-	}
-	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
-	}
-}
-
-// Validate reports every invalid field, each named. URI is checked by New (planning
-// needs no broker).
-func (c Config) Validate() error {
-	c.setDefaults()
-	var errs []error
-	if _, err := delay.NewPlanner(c.Delay); err != nil {
-		errs = append(errs, fmt.Errorf("Delay: %w", err))
-	}
-	if c.ConfirmTimeout < 0 {
-		errs = append(errs, fmt.Errorf("ConfirmTimeout: %s is negative", c.ConfirmTimeout))
-	}
-	return errors.Join(errs...)
-}
-
-// Ops runs the operations on one broker: status, topology, poison and parking queues.
-// It holds two connections: one to read (basic.get) and one to publish (the library's
-// confirmed hand-off), so that a publish error never closes the channel holding the
-// messages read. Methods are safe to call one at a time; Close it when done.
+// Ops runs the operations on one broker: status, topology, the poison and parking
+// queues. It holds two connections: one to read (basic.get, passive declarations) and
+// the library's confirmed hand-off to publish, so that a failed publish never closes
+// the channel holding the messages read. Call its methods one at a time; Close it when
+// done.
 type Ops struct {
-	cfg     Config
-	planner delay.Planner
-	handoff *delay.Handoff
+	uri     string
+	retry   amqpretry.Config // defaults applied; see topologyConfig
+	backend backend.Backend
+	names   names.Names
+	// skip is how many bytes of a parked message's routing key come before the name of
+	// its queue: one "0." or "1." word per level for binary-levels, else none.
+	skip    int
+	parking bool // the backend has a parking queue
+	handoff *handoff.Handoff
 	conn    *amqp.Connection
 }
 
-// New validates cfg and connects.
+// Source names the queue List, Redrive and Purge work on.
+type Source string
+
+// Values of Source.
+const (
+	// Poison is the poison queue (Config.Retry.PoisonQueue): messages that failed for
+	// good, with their failure envelope.
+	Poison Source = "poison"
+	// Parking is the parking queue (<prefix>.parking) of the backends with a delivery
+	// exchange (ttl-tiers, binary-levels): retries whose work queue was gone when they
+	// came due.
+	Parking Source = "parking"
+)
+
+// New validates cfg, touching nothing on the broker when it is invalid, then connects.
 func New(cfg Config) (*Ops, error) {
-	cfg.setDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("invalid config: %w", err)
+	retry, err := topologyConfig(cfg.Retry)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.URI == "" {
 		return nil, errors.New("invalid config: URI: required")
 	}
-	planner, err := delay.NewPlanner(cfg.Delay)
+	b, err := backend.Lookup(spec(retry))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("invalid config: %w", err)
 	}
-	amqpCfg := cfg.AMQP
-	if amqpCfg.Locale == "" {
-		amqpCfg.Locale = "en_US"
+	o := &Ops{uri: cfg.URI, retry: retry, backend: b, names: names.Names{Prefix: retry.Prefix}}
+	if retry.Backend == delay.BinaryLevels {
+		o.skip = 2 * retry.Levels
 	}
-	h, err := delay.Dial(delay.HandoffConfig{URI: cfg.URI, AMQP: amqpCfg, ConfirmTimeout: cfg.ConfirmTimeout, Logger: cfg.Logger})
+	o.parking = slices.ContainsFunc(b.Topology().Queues, func(q topology.Queue) bool { return q.Name == o.names.Parking() })
+	h, err := handoff.Dial(handoff.Config{
+		URI: cfg.URI, AMQP: cfg.AMQP, ConfirmTimeout: retry.ConfirmTimeout,
+		// A redrive never declares: a message whose queue is gone stays where it is.
+		Topology: topology.ModeNone, Logger: cfg.Logger,
+	})
 	if err != nil {
-		return nil, err
+		return nil, o.redact(err)
 	}
-	conn, err := amqp.DialConfig(cfg.URI, amqpCfg)
+	conn, err := handoff.DialConn(cfg.URI, cfg.AMQP)
 	if err != nil {
 		_ = h.Close()
-		return nil, fmt.Errorf("connect to %s: %w", delay.Redact(cfg.URI), redactErr(err, cfg.URI))
+		return nil, o.redact(err)
 	}
-	return &Ops{cfg: cfg, planner: planner, handoff: h, conn: conn}, nil
+	o.handoff, o.conn = h, conn
+	return o, nil
 }
 
-// redactErr keeps an error from carrying the URI's password.
-func redactErr(err error, uri string) error {
-	if err == nil {
-		return nil
+// topologyConfig returns r with its defaults, validated for what ops uses: the fields
+// that decide the topology (Config.Plan checks those, not the policy).
+func topologyConfig(r amqpretry.Config) (amqpretry.Config, error) {
+	r = r.WithDefaults()
+	if r.Backend == delay.Memory {
+		return r, errors.New("invalid config: Retry.Backend: the memory backend has nothing on the broker")
 	}
-	return errors.New(redactString(err.Error(), uri))
+	if _, err := r.Plan(); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+// spec is the backend r names. r has its defaults.
+func spec(r amqpretry.Config) backend.Spec {
+	return backend.Spec{Name: r.Backend, Prefix: r.Prefix, Tiers: r.Tiers, Levels: r.Levels, RetryDelay: r.DelayedRetryDelay}
 }
 
 // Close closes both connections.
 func (o *Ops) Close() error {
-	return errors.Join(o.conn.Close(), o.handoff.Close())
+	return o.redact(errors.Join(o.conn.Close(), o.handoff.Close()))
 }
 
-// PoisonQueue is the poison queue this Ops works on.
-func (o *Ops) PoisonQueue() string { return o.cfg.PoisonQueue }
+// redact keeps the URI's password out of err.
+func (o *Ops) redact(err error) error {
+	return redact.Error(err, o.uri, amqp.ErrCredentials, amqp.ErrSASL, amqp.ErrVhost, amqp.ErrSyntax, amqp.ErrClosed, topology.ErrMissing, topology.ErrMismatch)
+}
 
-// ParkingQueue is the parking queue of the backend's prefix.
-func (o *Ops) ParkingQueue() string { return delay.ParkingQueue(o.cfg.Delay.Prefix) }
-
-// Config returns the configuration with its defaults.
-func (o *Ops) Config() Config { return o.cfg }
+// queue returns the name of the queue s names.
+func (o *Ops) queue(s Source) (string, error) {
+	switch s {
+	case Poison:
+		return o.retry.PoisonQueue, nil
+	case Parking:
+		if !o.parking {
+			return "", fmt.Errorf("the %s backend has no parking queue", o.retry.Backend)
+		}
+		return o.names.Parking(), nil
+	}
+	return "", fmt.Errorf("unknown source %q (known: %s, %s)", s, Poison, Parking)
+}
 
 // channel opens a channel on the reading connection.
 func (o *Ops) channel() (*amqp.Channel, error) {
 	ch, err := o.conn.Channel()
 	if err != nil {
-		return nil, fmt.Errorf("open channel: %w", err)
+		return nil, fmt.Errorf("open channel: %w", o.redact(err))
 	}
 	return ch, nil
 }
 
-// queueDepth declares queue passively: its ready messages and consumers, or exists=false.
-func (o *Ops) queueDepth(queue string) (q amqp.Queue, exists bool, err error) {
+// inspect declares queue passively: its ready messages and consumers, or exists=false.
+func (o *Ops) inspect(queue string) (q amqp.Queue, exists bool, err error) {
 	ch, err := o.channel()
 	if err != nil {
 		return q, false, err
 	}
 	defer ch.Close() //nolint:errcheck // closed by the broker on 404
 	q, err = ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	var amqpErr *amqp.Error
 	switch {
 	case err == nil:
 		return q, true, nil
-	case errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound:
+	case declare.IsCode(err, amqp.NotFound):
 		return q, false, nil
 	}
-	return q, false, fmt.Errorf("queue %q: %w", queue, err)
+	return q, false, fmt.Errorf("queue %q: %w", queue, o.redact(err))
+}
+
+// exchangeExists declares exchange passively.
+func (o *Ops) exchangeExists(exchange, kind string) (bool, error) {
+	ch, err := o.channel()
+	if err != nil {
+		return false, err
+	}
+	defer ch.Close() //nolint:errcheck // closed by the broker on 404
+	err = ch.ExchangeDeclarePassive(exchange, kind, true, false, false, false, nil)
+	switch {
+	case err == nil:
+		return true, nil
+	case declare.IsCode(err, amqp.NotFound):
+		return false, nil
+	}
+	return false, fmt.Errorf("exchange %q: %w", exchange, o.redact(err))
 }

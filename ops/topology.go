@@ -3,155 +3,111 @@ package ops
 import (
 	"context"
 	"fmt"
+	"slices"
 
-	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
-// Plan is every declaration the library needs for one backend and a set of work queues.
-type Plan struct {
-	// Backend and Prefix the plan is for.
-	Backend string `json:"backend"`
-	Prefix  string `json:"prefix"`
-	// Topology: the backend's exchanges, queues and bindings, the poison queue, and the
-	// delivery binding of each work queue, in declaration order.
-	Topology topology.Topology `json:"topology"`
-	// WorkQueues are the application's queues the bindings lead to. Apply creates a
-	// missing one (durable, classic, no arguments, as watermill-amqp's durable configs
-	// do) and leaves an existing one as it is; Verify checks only that it exists.
-	WorkQueues []string `json:"work_queues"`
-	// ApplyCommand is the command line that applies this plan.
-	ApplyCommand string `json:"apply_command"`
-}
-
-// PlanTopology returns the plan for cfg and the work queues, without a broker.
-func PlanTopology(cfg Config, workQueues ...string) (Plan, error) {
-	cfg.setDefaults()
-	if err := cfg.Validate(); err != nil {
-		return Plan{}, fmt.Errorf("invalid config: %w", err)
-	}
-	t, err := delay.Plan(cfg.Delay, workQueues...)
+// Apply declares what Config.Retry.Plan(workQueues...) returns, idempotently: a second
+// run changes nothing. It needs configure permission. A missing work queue is created
+// first, with the plan's arguments for it (with delayed retries, a quorum queue with
+// the x-delayed-retry-* arguments), else durable and classic, as watermill-amqp's
+// durable configs declare it; created lists those it created. An existing work queue
+// the plan has arguments for is declared with them, so a queue declared otherwise (a
+// classic one where delayed retries need a quorum queue) fails: a declaration that
+// clashes with an existing object fails with an error wrapping topology.ErrMismatch
+// that names the object and the argument.
+func (o *Ops) Apply(ctx context.Context, workQueues ...string) (created []string, err error) {
+	plan, err := o.retry.Plan(workQueues...)
 	if err != nil {
-		return Plan{}, err
+		return nil, err
 	}
-	poison := topology.Topology{Queues: []topology.Queue{{Name: cfg.PoisonQueue}}}
-	t = topology.Topology{Exchanges: t.Exchanges, Queues: append(t.Queues, poison.Queues...), Bindings: t.Bindings}
-	cmd := delay.ApplyCommand(cfg.Delay, workQueues...)
-	if cfg.PoisonQueue != cfg.Delay.Prefix+PoisonSuffix {
-		cmd += " --poison-queue " + cfg.PoisonQueue
-	}
-	return Plan{
-		Backend: cfg.Delay.Backend, Prefix: cfg.Delay.Prefix, Topology: t,
-		WorkQueues: append([]string{}, workQueues...), ApplyCommand: cmd,
-	}, nil
-}
-
-// Plan returns the plan of this Ops' configuration for the work queues.
-func (o *Ops) Plan(workQueues ...string) (Plan, error) { return PlanTopology(o.cfg, workQueues...) }
-
-// ApplyResult says what Apply did.
-type ApplyResult struct {
-	// Plan that was applied.
-	Plan Plan `json:"plan"`
-	// CreatedWorkQueues lists the work queues that did not exist and were created.
-	CreatedWorkQueues []string `json:"created_work_queues"`
-}
-
-// Apply declares the plan for the work queues, idempotently: a second run changes
-// nothing. It needs configure permission. A missing work queue is created (durable,
-// classic); an existing one is left alone. A declaration that clashes with an existing
-// object fails with an error wrapping topology.ErrMismatch that names the argument.
-func (o *Ops) Apply(ctx context.Context, workQueues ...string) (ApplyResult, error) {
-	p, err := o.Plan(workQueues...)
-	if err != nil {
-		return ApplyResult{}, err
-	}
-	r := ApplyResult{Plan: p, CreatedWorkQueues: []string{}}
+	created = []string{}
 	for _, q := range workQueues {
 		if err := ctx.Err(); err != nil {
-			return r, err
+			return created, err
 		}
-		_, exists, err := o.queueDepth(q)
+		_, exists, err := o.inspect(q)
 		if err != nil {
-			return r, err
+			return created, err
 		}
-		if exists {
+		if exists || slices.Contains(created, q) {
 			continue
 		}
-		if err := o.declare(topology.Topology{Queues: []topology.Queue{{Name: q}}}); err != nil {
-			return r, err
+		if !slices.ContainsFunc(plan.Queues, func(pq topology.Queue) bool { return pq.Name == q }) {
+			plan.Queues = append(plan.Queues, topology.Queue{Name: q})
 		}
-		r.CreatedWorkQueues = append(r.CreatedWorkQueues, q)
+		created = append(created, q)
 	}
-	return r, o.declare(p.Topology)
-}
-
-func (o *Ops) declare(t topology.Topology) error {
 	ch, err := o.channel()
 	if err != nil {
-		return err
+		return created, err
 	}
 	defer ch.Close() //nolint:errcheck // a failed declaration has closed it already
-	return topology.Declare(ch, t)
+	if err := declare.Declare(ch, plan); err != nil {
+		return created, o.redact(err)
+	}
+	return created, nil
 }
 
 // VerifyOptions configures Verify.
 type VerifyOptions struct {
-	// Bind asserts each binding (idempotent; needs write permission on the destination
-	// and read on the source, no configure). Without it bindings are reported
-	// unchecked: AMQP 0-9-1 has no way to read them.
+	// Bind asserts each binding: queue.bind and exchange.bind are idempotent and need
+	// write permission on the destination and read on the source, no configure; a
+	// binding whose ends both exist is created if it was missing. Without it bindings
+	// are topology.StatusUnchecked: AMQP 0-9-1 has no way to read them.
 	Bind bool
-	// NoCompare skips the comparison of arguments (see topology.CheckOptions).
-	NoCompare bool
 }
 
-// VerifyResult is the outcome of Verify.
-type VerifyResult struct {
-	// Plan that was checked, and the Report: one finding per declaration.
-	Plan   Plan            `json:"plan"`
-	Report topology.Report `json:"report"`
-}
-
-// Err returns nil when everything checked is in place, else an error naming each
-// missing or mismatched object (and the argument that differs) and the command that
-// creates them.
-func (r VerifyResult) Err() error {
-	if err := r.Report.Err(); err != nil {
-		return fmt.Errorf("%w\ncreate what is missing with `%s`", err, r.Plan.ApplyCommand)
-	}
-	return nil
-}
-
-// Verify checks the plan without declaring anything: every exchange and queue exists
-// (passive declare) and, where the user may configure it, has the same arguments (an
-// active declaration on a throwaway channel, which is a no-op when they are equal and
-// a 406 naming the argument when not; see topology.Check). Work queues are checked for
-// existence only. It returns an error only when it cannot check; see VerifyResult.Err.
-func (o *Ops) Verify(ctx context.Context, opts VerifyOptions, workQueues ...string) (VerifyResult, error) {
-	p, err := o.Plan(workQueues...)
+// Verify checks what Config.Retry.Plan(workQueues...) returns without declaring any
+// exchange or queue, and reports on each declaration, in plan order, then on each work
+// queue (Finding.Kind "work queue"). Every exchange and queue is declared passively
+// (does it exist?) and, where it exists, again with the expected arguments on a
+// throwaway channel: a no-op when they are equal, a 406 naming the argument when not
+// (topology.StatusMismatch). That comparison needs configure permission: where it is
+// refused the finding is topology.StatusUnchecked, never StatusOK. A work queue is
+// compared only when the plan gives it arguments (delayed retries); otherwise only its
+// existence is checked. It returns an error only when it cannot check; the problems
+// are in the findings.
+func (o *Ops) Verify(ctx context.Context, opts VerifyOptions, workQueues ...string) ([]topology.Finding, error) {
+	plan, err := o.retry.Plan(workQueues...)
 	if err != nil {
-		return VerifyResult{}, err
+		return nil, err
 	}
-	res := VerifyResult{Plan: p}
-	// Work queues first: a binding to a missing one is missing too.
-	var wq topology.Topology
+	own := plan
+	own.Queues = nil
+	var compared, existing topology.Topology
+	for _, q := range plan.Queues {
+		if slices.Contains(workQueues, q.Name) {
+			compared.Queues = append(compared.Queues, q)
+		} else {
+			own.Queues = append(own.Queues, q)
+		}
+	}
 	for _, q := range workQueues {
-		wq.Queues = append(wq.Queues, topology.Queue{Name: q})
+		if !slices.ContainsFunc(compared.Queues, func(c topology.Queue) bool { return c.Name == q }) &&
+			!slices.ContainsFunc(existing.Queues, func(c topology.Queue) bool { return c.Name == q }) {
+			existing.Queues = append(existing.Queues, topology.Queue{Name: q})
+		}
 	}
-	wr, err := topology.Check(o.conn, wq, topology.CheckOptions{})
-	if err != nil {
-		return res, err
+	var out []topology.Finding
+	for _, step := range []struct {
+		t    topology.Topology
+		opts declare.CheckOptions
+	}{
+		{own, declare.CheckOptions{CompareArgs: true, Bind: opts.Bind}},
+		{compared, declare.CheckOptions{CompareArgs: true, Kind: "work queue"}},
+		{existing, declare.CheckOptions{Kind: "work queue"}},
+	} {
+		if err := ctx.Err(); err != nil {
+			return out, err
+		}
+		f, err := declare.Check(o.conn, step.t, step.opts)
+		out = append(out, f...)
+		if err != nil {
+			return out, fmt.Errorf("verify: %w", o.redact(err))
+		}
 	}
-	for i := range wr.Findings {
-		wr.Findings[i].Kind = "work queue"
-	}
-	if err := ctx.Err(); err != nil {
-		return res, err
-	}
-	r, err := topology.Check(o.conn, p.Topology, topology.CheckOptions{CompareArgs: !opts.NoCompare, Bind: opts.Bind})
-	if err != nil {
-		return res, err
-	}
-	res.Report.Findings = append(r.Findings, wr.Findings...)
-	return res, nil
+	return out, nil
 }

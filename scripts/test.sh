@@ -1,28 +1,42 @@
 #!/usr/bin/env bash
-# The whole test suite, the one command the README gives and CI runs:
-#   formatting and vet; every package's tests with the race detector against a real
-#   RabbitMQ (AMQP_URI, default amqp://guest:guest@127.0.0.1:5672/), the fuzz corpus;
-#   the quickstart in both of its modes; then the packages whose tests talk to the
-#   broker again on RabbitMQ 4.x (scripts/rabbitmq4.sh); the no-loss test on both.
-# Where no broker answers at AMQP_URI it starts one: a local rabbitmq-server if installed,
-# else `docker compose up`. Under CI=true a broker that cannot be had fails the run;
-# elsewhere the integration tests skip, saying why.
+# The whole test suite, the one command the README gives and CI runs (.ci/run).
 #
-# Opt-ins (CI=true turns all of them on):
-#   AMQPRETRY_BROKER_RESTART=1  run the tests that restart the broker or cut its
-#                               connections (rabbitmqctl, see AMQPRETRY_RABBITMQCTL);
-#                               never done to a broker unless asked
-#   RABBITMQ4=1                 also run on RabbitMQ 4.x: a node of its own on
-#                               127.0.0.1:5674 in a chroot (root; ~90 s the first time)
-#   AMQPRETRY_NOLOSS=1          run the no-loss test (internal/noloss; minutes, needs
+#   checks      gofmt, go vet and staticcheck of every module, shellcheck, the API
+#               budget (internal/cmd/apicount), the generated transport packages
+#               (internal/cmd/genglue), the README snippet on each watermill-amqp major
+#               (scripts/majors.sh)
+#   3.10        every package's tests with the race detector on the broker at AMQP_URI
+#               (default amqp://guest:guest@127.0.0.1:5672/, the machine's RabbitMQ
+#               3.10.8), the metrics and command modules, the quickstarts, Watermill's
+#               own pub/sub suites; no queue, exchange or user left behind
+#   4.0, 4.3    the same on RabbitMQ 4.0.5 and 4.3.6 (scripts/rabbitmq4.sh), with the
+#               4.3-only backends, the AMQP 1.0 module and its quickstart
+#   no-loss     thousands of messages through faults, on each broker (internal/noloss,
+#               amqp1), and on a three-node 4.3 cluster (scripts/cluster.sh)
+#
+# Where no broker answers at AMQP_URI it starts one: a local rabbitmq-server if
+# installed, else `docker compose up`. Under CI=true a broker that cannot be had fails
+# the run; elsewhere the integration tests skip, saying why. It never restarts a broker
+# unless asked to.
+#
+# Opt-ins (CI=true turns all of them on; the script prints what it skipped):
+#   AMQPRETRY_BROKER_RESTART=1  the tests that restart the broker or close its
+#                               connections (rabbitmqctl, see AMQPRETRY_RABBITMQCTL)
+#   RABBITMQ4=1                 the runs on RabbitMQ 4.0.5 and 4.3.6: nodes of their own
+#                               on 127.0.0.1:5674 and :5675, in chroots (root; a few
+#                               minutes the first time)
+#   AMQPRETRY_NOLOSS=1          the no-loss tests (minutes each; needs
 #                               AMQPRETRY_BROKER_RESTART=1) on each broker
+#   AMQPRETRY_CLUSTER=1         the no-loss test on a three-node RabbitMQ 4.3 cluster
+#                               (scripts/cluster.sh; root, with RABBITMQ4's chroot)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 export AMQP_URI="${AMQP_URI:-amqp://guest:guest@127.0.0.1:5672/}"
 CI="${CI:-}"
 rabbitmq4="$root/scripts/rabbitmq4.sh"
-uri4=$("$rabbitmq4" uri)
+uri40=$("$rabbitmq4" 4.0 uri)
+uri43=$("$rabbitmq4" 4.3 uri)
 
 # Step timings, printed at the end whether the run passes or not.
 t_all=$SECONDS
@@ -50,17 +64,18 @@ trap summary EXIT
 # The opt-ins. Under CI=true all of them; elsewhere only what the caller set.
 if [ "$CI" = "true" ]; then
   export AMQPRETRY_BROKER_RESTART="${AMQPRETRY_BROKER_RESTART:-1}"
-  RABBITMQ4=1
-  NOLOSS=1
+  RABBITMQ4=1 NOLOSS=1 CLUSTER=1
 else
-  RABBITMQ4="${RABBITMQ4:-}"
-  NOLOSS="${AMQPRETRY_NOLOSS:-}"
+  RABBITMQ4="${RABBITMQ4:-}" NOLOSS="${AMQPRETRY_NOLOSS:-}" CLUSTER="${AMQPRETRY_CLUSTER:-}"
 fi
-# The no-loss test runs in steps of its own, never inside the race-detector runs.
+# The no-loss tests run in steps of their own, never inside the race-detector runs.
 unset AMQPRETRY_NOLOSS
-# AMQP_URI naming the 4.x node: restart tests must use its rabbitmqctl, not the machine's.
-if [ "$AMQP_URI" = "$uri4" ] && [ -z "${AMQPRETRY_RABBITMQCTL:-}" ]; then
-  export AMQPRETRY_RABBITMQCTL="$rabbitmq4 ctl"
+# AMQP_URI naming a 4.x node: the restart tests must use its rabbitmqctl.
+if [ -z "${AMQPRETRY_RABBITMQCTL:-}" ]; then
+  case "$AMQP_URI" in
+    "$uri40") export AMQPRETRY_RABBITMQCTL="$rabbitmq4 4.0 ctl" ;;
+    "$uri43") export AMQPRETRY_RABBITMQCTL="$rabbitmq4 4.3 ctl" ;;
+  esac
 fi
 
 notes=()
@@ -68,52 +83,81 @@ if [ "${AMQPRETRY_BROKER_RESTART:-}" != 1 ]; then
   notes+=("SKIPPED: the restart and fault-injection tests (they stop the broker's application and close its connections with rabbitmqctl). Opt in with AMQPRETRY_BROKER_RESTART=1 ./scripts/test.sh, on a broker no one else is using; CI=true does.")
 fi
 if [ "$RABBITMQ4" != 1 ]; then
-  notes+=("SKIPPED: the RabbitMQ 4.x run. Opt in with RABBITMQ4=1 ./scripts/test.sh (root; starts a node of its own on 127.0.0.1:5674 with scripts/rabbitmq4.sh, ~90 s the first time); CI=true does.")
+  notes+=("SKIPPED: the RabbitMQ 4.0.5 and 4.3.6 runs (delayed-retry, delivery-time and the AMQP 1.0 module need 4.3). Opt in with RABBITMQ4=1 ./scripts/test.sh (root; starts nodes of their own on 127.0.0.1:5674 and :5675 with scripts/rabbitmq4.sh, minutes the first time); CI=true does.")
 fi
-if [ -d internal/noloss ] && [ "$NOLOSS" != 1 ]; then
-  notes+=("SKIPPED: the no-loss test (internal/noloss). Opt in with AMQPRETRY_NOLOSS=1 AMQPRETRY_BROKER_RESTART=1 ./scripts/test.sh; CI=true does.")
+if [ "$NOLOSS" != 1 ]; then
+  notes+=("SKIPPED: the no-loss tests. Opt in with AMQPRETRY_NOLOSS=1 AMQPRETRY_BROKER_RESTART=1 ./scripts/test.sh; CI=true does.")
+fi
+if [ "$CLUSTER" != 1 ]; then
+  notes+=("SKIPPED: the cluster no-loss test. Opt in with AMQPRETRY_CLUSTER=1 RABBITMQ4=1 ./scripts/test.sh (root; three RabbitMQ 4.3 nodes of scripts/cluster.sh); CI=true does.")
 fi
 print_notes() { if [ "${#notes[@]}" -gt 0 ]; then printf '%s\n' "${notes[@]}"; fi; }
 print_notes
 
+# Modules: the library, and the modules of its own the repository holds.
+modules=(. metrics amqp1 benchmarks internal/watermillsuite)
+gocmd() { # gocmd DIR ARGS: go in module DIR (the command module through its go.sh)
+  local dir=$1
+  shift
+  if [ "$dir" = cmd/amqpretry ]; then cmd/amqpretry/go.sh "$@"; else (cd "$dir" && go "$@"); fi
+}
+
 step "gofmt"
-unformatted=$(gofmt -l . | grep -v '^benchmarks/' || true)
+unformatted=$(gofmt -l . | grep -v '/testdata/' || true)
 if [ -n "$unformatted" ]; then
   echo "gofmt would change:"; echo "$unformatted"; exit 1
 fi
 
-step "go vet"
+step "go vet (every module)"
 go vet ./... ./_examples/quickstart
-(cd metrics && go vet ./...)
+for m in "${modules[@]:1}" cmd/amqpretry; do gocmd "$m" vet ./...; done
 
-step "staticcheck"
+step "staticcheck (every module but benchmarks)"
 # Pinned: the module proxy serves exact versions. staticcheck.conf says what is off.
-go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
-(cd metrics && go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...)
+staticcheck=honnef.co/go/tools/cmd/staticcheck@v0.8.2
+go run "$staticcheck" ./...
+for m in metrics amqp1 internal/watermillsuite; do (cd "$m" && go run "$staticcheck" ./...); done
+cmd/amqpretry/go.sh run "$staticcheck" ./...
 
-step "shell scripts parse"
-for f in scripts/*.sh .ci/run; do bash -n "$f"; done
-if command -v shellcheck >/dev/null 2>&1; then shellcheck scripts/*.sh .ci/run; fi
+step "generated transport packages up to date (internal/cmd/genglue)"
+go run ./internal/cmd/genglue
+if ! git diff --quiet -- wamqp2 wamqp3; then
+  echo "wamqp2 or wamqp3 differ from their templates in internal/glue: run go generate ./internal/glue"
+  git diff --stat -- wamqp2 wamqp3
+  exit 1
+fi
+
+step "API budget: at most 120 exported identifiers (internal/cmd/apicount)"
+go run ./internal/cmd/apicount -max 120
+
+step "the README snippet on each watermill-amqp major, alone in its module (scripts/majors.sh)"
+./scripts/majors.sh
+
+step "shell scripts"
+for f in scripts/*.sh scripts/lib/*.sh cmd/amqpretry/go.sh .ci/run; do bash -n "$f"; done
+if command -v shellcheck >/dev/null 2>&1; then shellcheck scripts/*.sh scripts/lib/*.sh cmd/amqpretry/go.sh .ci/run; fi
 
 step "broker at AMQP_URI ($AMQP_URI)"
 broker=ok
 if ! go run ./internal/cmd/waitbroker -timeout 2s 2>/dev/null; then
   broker=missing
-  if [ "$AMQP_URI" = "$uri4" ]; then
-    "$rabbitmq4" start >/dev/null || true
-  else
-    if [ "$CI" = "true" ] && ! command -v rabbitmq-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-      echo "installing rabbitmq-server from the distribution's packages"
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server >/dev/null
-    fi
-    if command -v rabbitmq-server >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-      echo "starting the local rabbitmq-server"
-      rabbitmq-server -detached || true
-    elif command -v docker >/dev/null 2>&1 && docker compose version >/dev/null 2>&1; then
-      echo "starting RabbitMQ with docker compose"
-      docker compose up -d --wait || true
-    fi
-  fi
+  case "$AMQP_URI" in
+    "$uri40") "$rabbitmq4" 4.0 start >/dev/null || true ;;
+    "$uri43") "$rabbitmq4" 4.3 start >/dev/null || true ;;
+    *)
+      if [ "$CI" = "true" ] && ! command -v rabbitmq-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        echo "installing rabbitmq-server from the distribution's packages"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server >/dev/null
+      fi
+      if command -v rabbitmq-server >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        echo "starting the local rabbitmq-server"
+        rabbitmq-server -detached || true
+      elif command -v docker >/dev/null 2>&1 && docker compose version >/dev/null 2>&1; then
+        echo "starting RabbitMQ with docker compose"
+        docker compose up -d --wait || true
+      fi
+      ;;
+  esac
   if go run ./internal/cmd/waitbroker -timeout 90s; then broker=ok; fi
 fi
 if [ "$broker" != ok ]; then
@@ -123,60 +167,139 @@ if [ "$broker" != ok ]; then
   echo "WARNING: no RabbitMQ; integration tests will skip"
 fi
 
-# Packages run one at a time (-p 1): the restart tests must have the broker to
-# themselves.
-step "go test -race (all packages, fuzz corpus included) on the broker at AMQP_URI"
-go test -race -count=1 -p 1 -timeout 30m ./...
+# fd_budget NAME CTL...: fails when a RabbitMQ 3.x broker has used more than 80% of its
+# file-handle budget (each quorum queue reserves 3; past the budget every new connection
+# hangs: docs/broker-resources.md). RabbitMQ 4.x has no such budget.
+fd_budget() {
+  local name=$1 out used limit
+  shift
+  out=$("$@" eval 'I = file_handle_cache:info(), {proplists:get_value(total_used, I), proplists:get_value(total_limit, I)}.' 2>/dev/null) || return 0
+  out=$(printf '%s' "$out" | tr -d '{} \n')
+  used=${out%,*} limit=${out#*,}
+  case "$used$limit" in *[!0-9]* | "") return 0 ;; esac
+  echo "file handles on $name: $used of $limit"
+  if [ $((used * 100)) -gt $((limit * 80)) ]; then
+    echo "FAIL: $name has used $used of its $limit file handles (more than 80%): tests would hang; see docs/broker-resources.md for what holds them and how to free them"
+    exit 1
+  fi
+}
 
-step "metrics module: go test -race (a module of its own, on the broker at AMQP_URI)"
-(cd metrics && go test -race -count=1 ./...)
+# What a broker holds (queues, exchanges, users), to check that a run leaves nothing:
+# before NAME CTL... records it, after NAME CTL... compares.
+snapdir=$(mktemp -d)
+snapshot() {
+  local rmqctl=("${@:2}")
+  {
+    "${rmqctl[@]}" -q list_queues name --no-table-headers | sed 's/^/queue /'
+    "${rmqctl[@]}" -q list_exchanges name --no-table-headers | sed 's/^/exchange /'
+    "${rmqctl[@]}" -q list_users --no-table-headers | awk '{ print "user " $1 }'
+  } 2>/dev/null | LC_ALL=C sort
+}
+before() { snapshot "$@" >"$snapdir/$1" || true; }
+after() {
+  local name=$1
+  [ -s "$snapdir/$name" ] || return 0
+  step "nothing left behind on $name"
+  local left
+  left=$(snapshot "$@" | LC_ALL=C comm -13 "$snapdir/$name" - || true)
+  if [ -n "$left" ]; then
+    echo "the tests left on $name:"; echo "$left" | head -40
+    exit 1
+  fi
+  echo "no queue, exchange or user added"
+}
+read -r -a ctl310 <<<"${AMQPRETRY_RABBITMQCTL:-rabbitmqctl}"
+
+# tests NAME URI CTL: the race-detector tests of every package and module that talk to
+# the broker at URI, run one package at a time (restart tests need the broker alone).
+tests() {
+  local name=$1 uri=$2 ctl=$3
+  step "go test -race ./... on $name"
+  AMQP_URI=$uri AMQPRETRY_RABBITMQCTL=$ctl go test -race -count=1 -p 1 -timeout 30m ./...
+  step "metrics and command modules: go test -race on $name"
+  (cd metrics && AMQP_URI=$uri AMQPRETRY_RABBITMQCTL=$ctl go test -race -count=1 ./...)
+  AMQP_URI=$uri AMQPRETRY_RABBITMQCTL=$ctl cmd/amqpretry/go.sh test -race -count=1 ./...
+}
+
+# quickstart NAME URI ARGS...: the quickstart on URI with the environment ARGS.
+quickstart() {
+  local name=$1 uri=$2
+  shift 2
+  step "quickstart on $name: $*"
+  env AMQP_URI="$uri" "$@" go run ./_examples/quickstart
+}
 
 step "quickstart, in-process (no broker)"
 env -u AMQP_URI go run ./_examples/quickstart
 
 if [ "$broker" = ok ]; then
+  fd_budget "the broker at AMQP_URI" "${ctl310[@]}"
+  before 3.10 "${ctl310[@]}"
+  tests "the broker at AMQP_URI" "$AMQP_URI" "${AMQPRETRY_RABBITMQCTL:-rabbitmqctl}"
   for backend in ttl-tiers binary-levels memory; do
-    step "quickstart on RabbitMQ, DELAY_BACKEND=$backend"
-    DELAY_BACKEND=$backend go run ./_examples/quickstart
+    quickstart "the broker at AMQP_URI" "$AMQP_URI" DELAY_BACKEND=$backend
   done
+  quickstart "the broker at AMQP_URI" "$AMQP_URI" DELAY_BACKEND=ttl-tiers WATERMILL_AMQP=2
+  step "Watermill's pub/sub suites, watermill-amqp v3 and v2, with and without our subscriber config"
+  ./scripts/watermill-suite.sh
+  after 3.10 "${ctl310[@]}"
 fi
 
-# The no-loss test: thousands of messages through retries while the broker's
-# connections are closed and its application restarted (so it needs
-# AMQPRETRY_BROKER_RESTART=1; without the race detector, which would only slow it).
+# noloss NAME URI CTL [ENV...]: the no-loss test on the broker at URI.
 noloss() {
-  step "no-loss test on $1"
-  AMQPRETRY_NOLOSS=1 go test -count=1 -timeout 30m -run TestNoLoss -v ./internal/noloss
+  local name=$1 uri=$2 ctl=$3
+  shift 3
+  step "no-loss test on $name $*"
+  env AMQP_URI="$uri" AMQPRETRY_RABBITMQCTL="$ctl" AMQPRETRY_NOLOSS=1 "$@" \
+    go test -count=1 -timeout 40m -run TestNoLoss -v ./internal/noloss
 }
-if [ "$NOLOSS" = 1 ] && [ -d internal/noloss ]; then
-  noloss "the broker at AMQP_URI"
+if [ "$NOLOSS" = 1 ] && [ "$broker" = ok ]; then
+  noloss "the broker at AMQP_URI" "$AMQP_URI" "${AMQPRETRY_RABBITMQCTL:-rabbitmqctl}"
 fi
 
 if [ "$RABBITMQ4" = 1 ]; then
-  step "RabbitMQ 4.x: scripts/rabbitmq4.sh start"
-  if ! "$rabbitmq4" start >/dev/null; then
-    echo "FAIL: could not start RabbitMQ 4.x (scripts/rabbitmq4.sh start)"; exit 1
-  fi
-  # Every package whose tests reach the broker (through internal/brokertest) runs
-  # again; the pure-logic ones ran once above.
-  pkgs=$(go list -test -f '{{if .ForTest}}{{.ForTest}}{{range .Deps}} {{.}}{{end}}{{end}}' ./... |
-    awk '$1 == "github.com/amqpretry/amqpretry/internal/brokertest" { print $1; next }
-         { for (i = 2; i <= NF; i++) if ($i == "github.com/amqpretry/amqpretry/internal/brokertest") { print $1; break } }' | sort -u)
-  if [ -z "$pkgs" ]; then pkgs=./...; fi
-  step "go test -race on RabbitMQ 4.x ($uri4): $(echo "$pkgs" | sed 's|github.com/amqpretry/amqpretry|.|' | tr '\n' ' ')"
-  # shellcheck disable=SC2086 # one word per package
-  AMQP_URI=$uri4 AMQPRETRY_RABBITMQCTL="$rabbitmq4 ctl" go test -race -count=1 -p 1 -timeout 30m $pkgs
-  for backend in ttl-tiers binary-levels; do
-    step "quickstart on RabbitMQ 4.x, DELAY_BACKEND=$backend"
-    AMQP_URI=$uri4 DELAY_BACKEND=$backend go run ./_examples/quickstart
+  for series in 4.0 4.3; do
+    step "RabbitMQ $series: scripts/rabbitmq4.sh $series start"
+    if ! uri=$("$rabbitmq4" "$series" start); then
+      echo "FAIL: could not start RabbitMQ $series (scripts/rabbitmq4.sh $series start)"; exit 1
+    fi
+    ctl="$rabbitmq4 $series ctl"
+    read -r -a ctlwords <<<"$ctl"
+    before "$series" "${ctlwords[@]}"
+    if [ "$series" = 4.3 ]; then export AMQP_URI_43=$uri; fi # the metrics module's 4.3 test
+    tests "RabbitMQ $series ($uri)" "$uri" "$ctl"
+    for backend in ttl-tiers binary-levels; do
+      quickstart "RabbitMQ $series" "$uri" DELAY_BACKEND=$backend
+    done
+    if [ "$series" = 4.3 ]; then
+      quickstart "RabbitMQ 4.3" "$uri" DELAY_BACKEND=delayed-retry
+      quickstart "RabbitMQ 4.3" "$uri" DELAY_BACKEND=ttl-tiers DELAYED_RETRIES=2 WATERMILL_AMQP=2
+      quickstart "RabbitMQ 4.3" "$uri" DELAY_BACKEND=delivery-time
+      step "amqp1 module (AMQP 1.0): go test -race on RabbitMQ 4.3"
+      (cd amqp1 && AMQP1_URI=$uri AMQP1_URI_40=$uri40 AMQP1_RABBITMQCTL="$ctl" AMQPRETRY_RABBITMQCTL="$ctl" go test -race -count=1 -timeout 20m ./...)
+    fi
+    after "$series" "${ctlwords[@]}"
+    if [ "$NOLOSS" = 1 ]; then
+      noloss "RabbitMQ $series" "$uri" "$ctl"
+      if [ "$series" = 4.0 ]; then # watermill-amqp v2 too, on one broker (issue 17)
+        noloss "RabbitMQ 4.0" "$uri" "$ctl" AMQPRETRY_NOLOSS_MAJOR=2
+      fi
+      if [ "$series" = 4.3 ]; then
+        step "no-loss test of the AMQP 1.0 retry (delivery-time) on RabbitMQ 4.3"
+        (cd amqp1 && AMQP1_URI=$uri AMQP1_RABBITMQCTL="$ctl" AMQPRETRY_RABBITMQCTL="$ctl" AMQPRETRY_BROKER_RESTART=1 AMQPRETRY_NOLOSS=1 \
+          go test -count=1 -timeout 20m -run TestNoLoss -v .)
+      fi
+    fi
   done
-  if [ "$NOLOSS" = 1 ] && [ -d internal/noloss ]; then
-    AMQP_URI=$uri4 AMQPRETRY_RABBITMQCTL="$rabbitmq4 ctl" noloss "RabbitMQ 4.x"
-  fi
 fi
 
-step "benchmarks module builds"
-(cd benchmarks 2>/dev/null && go vet ./...) || [ ! -d benchmarks ]
+if [ "$CLUSTER" = 1 ]; then
+  # The test starts the cluster (building the chroot the first time), kills and
+  # restarts its nodes, and stops it at the end.
+  step "no-loss test on a three-node RabbitMQ 4.3 cluster (scripts/cluster.sh)"
+  AMQPRETRY_NOLOSS=1 AMQPRETRY_NOLOSS_CLUSTER=1 go test -count=1 -timeout 40m -run '^TestNoLoss$' -v ./internal/noloss
+fi
+
 end_step
 echo
 print_notes

@@ -1,19 +1,9 @@
-// Package topology declares what the delay backends need, idempotently.
+// Package topology describes, as data, what the library needs on the broker: the
+// exchanges, queues and bindings of a delay backend and of each work queue's way back,
+// the topology modes, and what a check of them finds. Import it to set
+// amqpretry.Config.Topology (least privilege), to read amqpretry.Config.Plan, or to
+// match ErrMissing and ErrMismatch.
 //
-// A Topology is data: exchanges, queues (always durable) and bindings, declared in that
-// order by Declare. Declaring the same Topology twice changes nothing. When a queue or
-// exchange already exists with other arguments the broker refuses (406
-// PRECONDITION_FAILED) and Declare returns an error wrapping ErrMismatch that names the
-// queue or exchange and the argument that differs, for example:
-//
-//	declare queue "amqpretry.delay.5s": declared with different arguments:
-//	argument x-message-ttl differs from the existing declaration (delete it or align the config): ...
-//
-// Builder plugs the work-queue side into watermill-amqp: it is a TopologyBuilder that
-// declares the subscriber's own queue as before, then the bindings a delay backend needs
-// to bring retries back to that queue. The watermill-amqp Subscriber runs it on Subscribe
-// and after every reconnect.
-//
-// The exported argument names (QueueTypeArg, DeadLetterStrategyArg, ...) are the ones
-// RabbitMQ gives meaning to.
+// Plan a topology without a broker with amqpretry.Config.Plan; the amqpretry command
+// (`amqpretry topology plan|apply|verify`) and package ops apply and check it.
 package topology

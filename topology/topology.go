@@ -2,119 +2,108 @@ package topology
 
 import (
 	"errors"
-	"fmt"
-	"regexp"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// Argument names RabbitMQ gives meaning to. They are exported so that code and tests
-// spell them one way.
-const (
-	QueueTypeArg            = "x-queue-type"
-	MessageTTLArg           = "x-message-ttl"
-	DeadLetterExchangeArg   = "x-dead-letter-exchange"
-	DeadLetterStrategyArg   = "x-dead-letter-strategy"
-	DeadLetterRoutingKeyArg = "x-dead-letter-routing-key"
-	OverflowArg             = "x-overflow"
-	AlternateExchangeArg    = "alternate-exchange"
-	DelayedTypeArg          = "x-delayed-type"
-
-	QueueTypeQuorum        = "quorum"
-	DeadLetterAtLeastOnce  = "at-least-once"
-	OverflowRejectPublish  = "reject-publish"
-	ExchangeDelayedMessage = "x-delayed-message"
-)
-
-// ErrMismatch is returned (wrapped) when a queue or exchange already exists with other
-// arguments than the ones asked for (AMQP 406 PRECONDITION_FAILED).
-var ErrMismatch = errors.New("declared with different arguments")
+// Topology is a set of declarations, applied in order: exchanges, queues, then
+// bindings, so that a binding always finds both of its ends. Every exchange and queue
+// is durable.
+type Topology struct {
+	Exchanges []Exchange `json:"exchanges"`
+	Queues    []Queue    `json:"queues"`
+	Bindings  []Binding  `json:"bindings"`
+}
 
 // Exchange is one durable exchange.
 type Exchange struct {
-	Name string
-	Kind string // direct, fanout, topic, headers, x-delayed-message
-	Args amqp.Table
+	Name string     `json:"name"`
+	Kind string     `json:"kind"` // direct, fanout, topic, headers, x-delayed-message
+	Args amqp.Table `json:"args,omitempty"`
 }
 
 // Queue is one durable queue.
 type Queue struct {
-	Name string
-	Args amqp.Table
+	Name string     `json:"name"`
+	Args amqp.Table `json:"args,omitempty"`
 }
 
 // Binding binds a queue (or, with ToExchange, an exchange) to an exchange.
 type Binding struct {
-	Exchange    string
-	Destination string
-	Key         string
-	Args        amqp.Table
-	ToExchange  bool
+	Exchange    string     `json:"exchange"`
+	Destination string     `json:"destination"`
+	Key         string     `json:"key"`
+	Args        amqp.Table `json:"args,omitempty"`
+	ToExchange  bool       `json:"to_exchange,omitempty"`
 }
 
-// Topology is a set of declarations. Declare applies them in order: exchanges, queues,
-// then bindings, so a binding always finds both of its ends.
-type Topology struct {
-	Exchanges []Exchange
-	Queues    []Queue
-	Bindings  []Binding
-}
+// Mode says what the library does with the topology it needs. The zero value is
+// ModeDeclare.
+//
+// ModeVerify is for least-privilege deployments: a user with read and write but no
+// configure permission on the vhost cannot declare queues or exchanges, not even ones
+// that exist with the same arguments. An administrator creates the topology once
+// (`amqpretry topology apply ...`), and the application runs in ModeVerify.
+type Mode string
 
-// Merge returns t followed by the declarations of others.
-func (t Topology) Merge(others ...Topology) Topology {
-	out := Topology{
-		Exchanges: append([]Exchange(nil), t.Exchanges...),
-		Queues:    append([]Queue(nil), t.Queues...),
-		Bindings:  append([]Binding(nil), t.Bindings...),
-	}
-	for _, o := range others {
-		out.Exchanges = append(out.Exchanges, o.Exchanges...)
-		out.Queues = append(out.Queues, o.Queues...)
-		out.Bindings = append(out.Bindings, o.Bindings...)
-	}
-	return out
-}
+// Values of Mode.
+const (
+	// ModeDeclare declares every exchange, queue and binding, idempotently, and
+	// declares a deleted one again when a hand-off finds it gone. Needs configure
+	// permission on every name.
+	ModeDeclare Mode = "declare"
+	// ModeVerify declares no exchange or queue: it checks each passively (which needs
+	// no configure permission) and fails, naming the object and the command that
+	// creates it, when one is missing. Bindings cannot be read in AMQP 0-9-1, so it
+	// asserts them (queue.bind needs read and write permission, not configure).
+	ModeVerify Mode = "verify"
+	// ModeNone declares and checks nothing: whatever is missing shows up as errors
+	// when messages move (a returned publish, a parked retry).
+	ModeNone Mode = "none"
+)
 
-// Declare declares everything in t on ch. Declarations are idempotent: running Declare
-// again with the same Topology changes nothing. A clash with an existing declaration
-// returns an error wrapping ErrMismatch that names the queue or exchange and the
-// argument that differs; the broker closes ch in that case.
-func Declare(ch *amqp.Channel, t Topology) error {
-	for _, e := range t.Exchanges {
-		if err := ch.ExchangeDeclare(e.Name, e.Kind, true, false, false, false, e.Args); err != nil {
-			return declareError("exchange", e.Name, err)
-		}
-	}
-	for _, q := range t.Queues {
-		if _, err := ch.QueueDeclare(q.Name, true, false, false, false, q.Args); err != nil {
-			return declareError("queue", q.Name, err)
-		}
-	}
-	for _, b := range t.Bindings {
-		var err error
-		if b.ToExchange {
-			err = ch.ExchangeBind(b.Destination, b.Key, b.Exchange, false, b.Args)
-		} else {
-			err = ch.QueueBind(b.Destination, b.Key, b.Exchange, false, b.Args)
-		}
-		if err != nil {
-			return fmt.Errorf("bind %q to exchange %q with key %q: %w", b.Destination, b.Exchange, b.Key, err)
-		}
-	}
-	return nil
-}
+var (
+	// ErrMissing is wrapped when an exchange or queue that must exist does not, or a
+	// binding cannot be made because one of its ends does not exist.
+	ErrMissing = errors.New("not found")
+	// ErrMismatch is wrapped when an exchange or queue exists with other arguments
+	// than the ones asked for (AMQP 406 PRECONDITION_FAILED).
+	ErrMismatch = errors.New("declared with different arguments")
+)
 
-var inequivalentArg = regexp.MustCompile(`inequivalent arg '([^']+)'`)
+// Status is the outcome of checking one declaration.
+type Status string
 
-func declareError(kind, name string, err error) error {
-	var amqpErr *amqp.Error
-	if errors.As(err, &amqpErr) && amqpErr.Code == amqp.PreconditionFailed {
-		arg := "arguments"
-		if m := inequivalentArg.FindStringSubmatch(amqpErr.Reason); m != nil {
-			arg = "argument " + m[1]
-		}
-		return fmt.Errorf("declare %s %q: %w: %s differs from the existing declaration (delete it or align the config): %w",
-			kind, name, ErrMismatch, arg, err)
-	}
-	return fmt.Errorf("declare %s %q: %w", kind, name, err)
+// Values of Status.
+const (
+	// StatusOK: the object exists (with the same arguments, when they were compared).
+	StatusOK Status = "ok"
+	// StatusMissing: the object does not exist (or, for a binding, one of its ends).
+	StatusMissing Status = "missing"
+	// StatusMismatch: the object exists with other arguments; Finding.Arg names the
+	// one the broker complained about.
+	StatusMismatch Status = "mismatch"
+	// StatusUnchecked: the object exists but its arguments could not be compared (no
+	// configure permission), or a binding was not asserted.
+	StatusUnchecked Status = "unchecked"
+	// StatusError: the check itself failed (for example access refused).
+	StatusError Status = "error"
+)
+
+// Finding is what a check found about one exchange, queue, binding or work queue.
+type Finding struct {
+	// Kind is "exchange", "queue", "binding" or "work queue".
+	Kind string `json:"kind"`
+	// Name is the exchange or queue; for a binding, its destination.
+	Name string `json:"name"`
+	// Source and Key describe a binding: the exchange it binds to and its routing key.
+	Source string `json:"source,omitempty"`
+	Key    string `json:"key,omitempty"`
+	// Status is the outcome.
+	Status Status `json:"status"`
+	// Arg is the argument that differs, for StatusMismatch, as the broker names it
+	// ("x-message-ttl", "type", "durable").
+	Arg string `json:"arg,omitempty"`
+	// Detail is the broker's reply text, when there is one.
+	Detail string `json:"detail,omitempty"`
 }

@@ -5,7 +5,6 @@ import (
 	"sort"
 	"time"
 
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/xdeath"
@@ -45,11 +44,9 @@ func ExampleParse() {
 		fmt.Printf("%s from %s: %d time(s), first at %s\n", d.Reason, d.Queue, d.Count, d.Time.Format(time.RFC3339))
 	}
 	fmt.Println("first death queue:", info.FirstQueue)
-	fmt.Println("rejected from orders:", info.Count("orders", xdeath.ReasonRejected))
 	// Output:
 	// rejected from orders: 1 time(s), first at 2023-11-14T22:13:20Z
 	// first death queue: orders
-	// rejected from orders: 1
 }
 
 func ExampleMarshaler() {
@@ -60,15 +57,18 @@ func ExampleMarshaler() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println("attempt:", msg.Metadata.Get("attempt"))
-	fmt.Println("typed:", msg.Metadata.Get(xdeath.TypedHeadersKey))
-	fmt.Println("delivered via:", msg.Metadata.Get(xdeath.DeliveryExchangeKey))
+	fmt.Println("tenant:", msg.Metadata.Get("tenant"))
+	attempt, _, err := xdeath.Header(msg.Metadata, "attempt")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Printf("attempt: %v (%T)\n", attempt, attempt)
 
 	info, err := xdeath.FromMetadata(msg.Metadata)
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println("deaths:", info.Total())
+	fmt.Println("deaths:", len(info.Deaths), "from", info.Deaths[0].Queue)
 
 	p, err := m.Marshal(msg)
 	if err != nil {
@@ -83,43 +83,21 @@ func ExampleMarshaler() {
 		fmt.Printf("published %s: %T\n", name, p.Headers[name])
 	}
 	// Output:
-	// attempt: {"int32":3}
-	// typed: ["attempt","x-death"]
-	// delivered via: orders.dlx
-	// deaths: 1
+	// tenant: acme
+	// attempt: 3 (int32)
+	// deaths: 1 from orders
 	// published _watermill_message_uuid: string
 	// published attempt: int32
 	// published tenant: string
 }
 
-func ExampleEncodeValue() {
-	s, err := xdeath.EncodeValue(amqp.Table{
-		"retries": int32(3),
-		"price":   amqp.Decimal{Scale: 2, Value: 1999},
-		"tags":    []interface{}{"a", []byte{0xff}},
-	})
-	if err != nil {
-		panic(err)
-	}
-	fmt.Println(s)
-
-	v, err := xdeath.DecodeValue(s)
-	if err != nil {
-		panic(err)
-	}
-	fmt.Printf("%T\n", v.(amqp.Table)["retries"])
-	// Output:
-	// {"table":{"price":{"decimal":{"scale":2,"value":1999}},"retries":{"int32":3},"tags":{"array":[{"string":"a"},{"bytes":"/w=="}]}}}
-	// int32
-}
-
 func ExampleHeader() {
-	d := amqp.Delivery{Headers: amqp.Table{xdeath.HeaderDeliveryCount: int64(4)}}
-	msg, err := xdeath.Marshaler{Inner: wamqp.DefaultMarshaler{}}.Unmarshal(d)
+	d := amqp.Delivery{Headers: amqp.Table{"x-delivery-count": int64(4)}}
+	msg, err := xdeath.Marshaler{}.Unmarshal(d)
 	if err != nil {
 		panic(err)
 	}
-	v, ok, err := xdeath.Header(msg.Metadata, xdeath.HeaderDeliveryCount)
+	v, ok, err := xdeath.Header(msg.Metadata, "x-delivery-count")
 	fmt.Printf("%v %T %v %v\n", v, v, ok, err)
 	// Output:
 	// 4 int64 true <nil>

@@ -2,72 +2,29 @@ package xdeath
 
 import (
 	"errors"
-	"math"
-	"strings"
 	"testing"
-	"time"
 
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/keys"
+	"github.com/amqpretry/amqpretry/internal/marshal"
 )
 
 func mustEncode(tb testing.TB, v interface{}) string {
 	tb.Helper()
-	s, err := EncodeValue(v)
+	s, err := marshal.EncodeValue(v)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	return s
 }
 
-// FuzzDecodeValue checks that DecodeValue never panics, fails only with
-// ErrMalformed, and that whatever it decodes encodes to a canonical form
-// that decodes to the same value.
-func FuzzDecodeValue(f *testing.F) {
-	for _, v := range []interface{}{
-		nil, true, int8(-1), int16(2), int32(3), int64(-4), 5, byte(6), uint16(7), uint32(8),
-		float32(0.5), 1e-300, amqp.Decimal{Scale: 1, Value: 2}, "s", "\xff", []byte{1}, t1,
-		[]interface{}{rejectedOnce()}, amqp.Table{"a": []interface{}{amqp.Table{}, nil}},
-	} {
-		f.Add(mustEncode(f, v))
-	}
-	for _, s := range []string{
-		``, `null`, `{}`, `{"int8":1,"int8":2}`, `{"float64":"NaN"}`, `{"float32":"0x1p-2"}`,
-		`{"string-base64":"aGk="}`, `{"bytes":""}`, `{"array":[]}`, `{"table":{"\ud800":{"void":null}}}`,
-	} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		v, err := DecodeValue(s)
-		if err != nil {
-			if !errors.Is(err, ErrMalformed) {
-				t.Fatalf("DecodeValue error %v does not wrap ErrMalformed", err)
-			}
-			return
-		}
-		enc, err := EncodeValue(v)
-		if err != nil {
-			t.Fatalf("EncodeValue(%#v) of a decoded value: %v", v, err)
-		}
-		v2, err := DecodeValue(enc)
-		if err != nil {
-			t.Fatalf("DecodeValue(%s) of an encoded value: %v", enc, err)
-		}
-		if !sameValue(v, v2) {
-			t.Fatalf("round trip changed %#v to %#v", v, v2)
-		}
-		if enc2 := mustEncode(t, v2); enc2 != enc {
-			t.Fatalf("encoding not canonical: %s, then %s", enc, enc2)
-		}
-	})
-}
-
 // FuzzFromMetadata feeds arbitrary metadata to FromMetadata and Marshal:
 // neither may panic, errors must wrap ErrMalformed, and a published message
-// must carry no broker-owned header.
+// must carry no broker-owned header nor any of the marshaler's reserved keys.
 func FuzzFromMetadata(f *testing.F) {
-	death := mustEncode(f, []interface{}{rejectedOnce(), amqp.Table{FieldCount: int64(2), "extra": 1.5}})
+	death := mustEncode(f, []interface{}{rejectedOnce(), amqp.Table{fieldCount: int64(2), "extra": 1.5}})
 	f.Add(`["x-death"]`, death, ReasonRejected)
 	f.Add(`["x-death","x-first-death-reason"]`, death, `{"string":"expired"}`)
 	f.Add(`["x-first-death-reason"]`, `{"array":[]}`, `{"int64":1}`)
@@ -76,14 +33,18 @@ func FuzzFromMetadata(f *testing.F) {
 	f.Add(`["x-death"]`, `{"array":[{"table":{"routing-keys":{"array":[{"int8":1}]}}}]}`, "")
 	f.Add(`null`, `{"void":null}`, "")
 	f.Fuzz(func(t *testing.T, typed, death, reason string) {
-		md := message.Metadata{TypedHeadersKey: typed, HeaderDeath: death, HeaderFirstDeathReason: reason, "user": reason}
+		md := message.Metadata{keys.TypedHeaders: typed, headerDeath: death, headerFirstDeathReason: reason, "user": reason}
 		info, err := FromMetadata(md)
 		if err != nil {
 			if !errors.Is(err, ErrMalformed) {
 				t.Fatalf("FromMetadata error %v does not wrap ErrMalformed", err)
 			}
-		} else if info.Total() < 0 {
-			t.Fatalf("negative Total %d", info.Total())
+		} else {
+			for i, d := range info.Deaths {
+				if d.Count < 0 {
+					t.Fatalf("death %d has a negative count %d", i, d.Count)
+				}
+			}
 		}
 
 		msg := message.NewMessage("u", nil)
@@ -93,165 +54,12 @@ func FuzzFromMetadata(f *testing.F) {
 			t.Fatalf("Marshal failed on metadata: %v", err)
 		}
 		for k := range p.Headers {
-			if IsBrokerOwned(k) || isReserved(k) {
+			if keys.BrokerOwned(k) || keys.Reserved(k) {
 				t.Fatalf("published header %q", k)
 			}
 		}
-	})
-}
-
-// FuzzMarshalerRoundTrip builds an arbitrary header table from bytes and
-// checks that Unmarshal followed by Marshal gives back exactly the headers
-// that are not broker-owned, without modifying the delivery.
-func FuzzMarshalerRoundTrip(f *testing.F) {
-	f.Add([]byte{})
-	f.Add([]byte("\x05\x01a\x11\x03\x0d\x02hi\x0b\x00\x00\x00\x00\x00\x00\xf8\x7f"))
-	f.Add([]byte("\x08\x02CC\x10\x02\x0f\x01\x02\x03\x04\x05\x06\x07\x08\x0e\x03\xff\x00\x01"))
-	f.Add([]byte("\x04\x07x-death\x10\x01\x11\x02\x05count\x05\x00\x00\x00\x00\x00\x00\x00\x01\x05queue\x0d\x01q"))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		headers := (&generator{data: data}).table(0)
-		d := amqp.Delivery{Headers: headers}
-		msg, err := Marshaler{}.Unmarshal(d)
-		if err != nil {
-			t.Fatalf("Unmarshal: %v", err)
-		}
-		if !sameValue(d.Headers, (&generator{data: data}).table(0)) {
-			t.Fatal("Unmarshal modified the delivery headers")
-		}
-		p, err := Marshaler{}.Marshal(msg)
-		if err != nil {
-			t.Fatalf("Marshal: %v", err)
-		}
-		want := amqp.Table{wamqp.DefaultMessageUUIDHeaderKey: ""}
-		for k, v := range headers {
-			if !IsBrokerOwned(k) && !isReserved(k) {
-				want[k] = v
-			}
-		}
-		if !sameValue(p.Headers, want) {
-			t.Fatalf("round trip gave\n%#v\nwant\n%#v", p.Headers, want)
-		}
-	})
-}
-
-// generator turns fuzz bytes into AMQP values of every type this package
-// encodes, shaped as amqp091-go decodes them: local timestamps, nil for
-// empty arrays, non-nil byte slices. Table keys are valid UTF-8.
-type generator struct {
-	data []byte
-}
-
-func (g *generator) bytes(n int) []byte {
-	b := make([]byte, n)
-	g.data = g.data[copy(b, g.data):]
-	return b
-}
-
-func (g *generator) uint(n int) uint64 {
-	var u uint64
-	for _, c := range g.bytes(n) {
-		u = u<<8 | uint64(c)
-	}
-	return u
-}
-
-func (g *generator) string() string {
-	return string(g.bytes(int(g.uint(1) % 8)))
-}
-
-func (g *generator) table(depth int) amqp.Table {
-	t := amqp.Table{}
-	for n := g.uint(1) % 6; n > 0; n-- {
-		t[strings.ToValidUTF8(g.string(), "?")] = g.value(depth + 1)
-	}
-	return t
-}
-
-func (g *generator) value(depth int) interface{} {
-	kinds := uint64(18)
-	if depth >= 5 {
-		kinds = 16 // no more arrays and tables
-	}
-	switch g.uint(1) % kinds {
-	case 0:
-		return nil
-	case 1:
-		return g.uint(1)&1 == 1
-	case 2:
-		return int8(g.uint(1))
-	case 3:
-		return int16(g.uint(2))
-	case 4:
-		return int32(g.uint(4))
-	case 5:
-		return int64(g.uint(8))
-	case 6:
-		return int(g.uint(8))
-	case 7:
-		return uint8(g.uint(1))
-	case 8:
-		return uint16(g.uint(2))
-	case 9:
-		return uint32(g.uint(4))
-	case 10:
-		return math.Float32frombits(uint32(g.uint(4)))
-	case 11:
-		return math.Float64frombits(g.uint(8))
-	case 12:
-		return amqp.Decimal{Scale: uint8(g.uint(1)), Value: int32(g.uint(4))}
-	case 13:
-		return g.string()
-	case 14:
-		return []byte(g.string())
-	case 15:
-		return time.Unix(int64(g.uint(8)), 0)
-	case 16:
-		var a []interface{}
-		for n := g.uint(1) % 4; n > 0; n-- {
-			a = append(a, g.value(depth+1))
-		}
-		return a
-	default:
-		return g.table(depth)
-	}
-}
-
-// FuzzWireTable feeds arbitrary bytes to the wire-table reader: it must not
-// panic, its errors wrap ErrMalformed, and what it reads encodes and reads
-// back to the same table.
-func FuzzWireTable(f *testing.F) {
-	for _, t := range []amqp.Table{
-		{},
-		{"\xff": int64(1), "s": "x", "b": []byte{1}, "n": nil},
-		{"a": []interface{}{int8(-1), byte(2), int16(3), int32(4), float32(1.5), 2.5, amqp.Decimal{Scale: 2, Value: 7}, time.Unix(9, 0), true}},
-		{"deep": nested(70, amqp.Table{})},
-	} {
-		b, err := appendTable(nil, t)
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(b)
-	}
-	f.Add([]byte{0, 0, 0, 3, 1, 'k', 'Z'})
-	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
-	f.Fuzz(func(t *testing.T, data []byte) {
-		table, err := parseTable(data)
-		if err != nil {
-			if !errors.Is(err, ErrMalformed) {
-				t.Fatalf("error %v does not wrap ErrMalformed", err)
-			}
-			return
-		}
-		b, err := appendTable(nil, table)
-		if err != nil {
-			t.Fatalf("re-encode: %v", err)
-		}
-		again, err := parseTable(b)
-		if err != nil {
-			t.Fatalf("read back: %v", err)
-		}
-		if !sameValue(again, table) {
-			t.Fatalf("read back\n%#v\nwant\n%#v", again, table)
+		if p.Headers["user"] != reason {
+			t.Fatalf("user header %#v, want %q", p.Headers["user"], reason)
 		}
 	})
 }

@@ -6,12 +6,17 @@ import (
 	"maps"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/keys"
+	"github.com/amqpretry/amqpretry/internal/marshal"
+	"github.com/amqpretry/amqpretry/internal/wire"
 )
 
 // userHeaders returns headers of every type amqp091-go decodes, as a
@@ -40,24 +45,28 @@ func userHeaders() amqp.Table {
 }
 
 // deliveryHeaders returns userHeaders plus the headers RabbitMQ adds to a
-// message dead-lettered and then delivered by the delayed-message plugin,
-// plus headers named like this package's metadata keys.
+// message dead-lettered, then delivered by the delayed-message plugin from a
+// quorum queue, plus headers named like the marshaler's reserved metadata
+// keys.
 func deliveryHeaders() amqp.Table {
 	h := userHeaders()
-	h[HeaderDeath] = []interface{}{rejectedOnce()}
-	h[HeaderFirstDeathQueue] = "orders"
-	h[HeaderFirstDeathReason] = ReasonRejected
-	h[HeaderFirstDeathExchange] = "shop"
-	h[HeaderLastDeathQueue] = "orders"
-	h[HeaderLastDeathReason] = ReasonRejected
-	h[HeaderLastDeathExchange] = "shop"
-	h[HeaderDelay] = int32(-5000)
-	h[HeaderDeliveryCount] = int64(2)
-	h[HeaderCC] = []interface{}{"audit"}
-	h[HeaderBCC] = []interface{}{"secret"}
-	h[TypedHeadersKey] = `["plain"]`
-	h[DeliveryExchangeKey] = int32(1)
-	h[DeliveryRoutingKeyKey] = "forged"
+	h[headerDeath] = []interface{}{rejectedOnce()}
+	h[headerFirstDeathQueue] = "orders"
+	h[headerFirstDeathReason] = ReasonRejected
+	h[headerFirstDeathExchange] = "shop"
+	h[headerLastDeathQueue] = "orders"
+	h[headerLastDeathReason] = ReasonRejected
+	h[headerLastDeathExchange] = "shop"
+	h[keys.XDelay] = int32(-5000)
+	h[keys.XDeliveryCount] = int64(2)
+	h[keys.XAcquiredCount] = int64(1)
+	h["CC"] = []interface{}{"audit"}
+	h["BCC"] = []interface{}{"secret"}
+	h[keys.TypedHeaders] = `["plain"]`
+	h[keys.RawHeaders] = "forged"
+	h[keys.DeliveryExchange] = int32(1)
+	h[keys.DeliveryRoutingKey] = "forged"
+	h[keys.Subscriber] = "forged"
 	return h
 }
 
@@ -72,7 +81,7 @@ func delivery() amqp.Delivery {
 
 func TestDefaultMarshalerFails(t *testing.T) {
 	// The reason this package exists; if watermill-amqp starts accepting
-	// such headers, the wrapper may no longer be needed.
+	// such headers, the marshaler may no longer be needed.
 	_, err := wamqp.DefaultMarshaler{}.Unmarshal(delivery())
 	if err == nil || !strings.Contains(err.Error(), "is not a string") {
 		t.Fatalf("DefaultMarshaler.Unmarshal error = %v, want a non-string metadata error", err)
@@ -85,33 +94,47 @@ func TestMarshalerRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Unmarshal: %v", err)
 	}
-	if !sameValue(d.Headers, deliveryHeaders()) {
+	if !wire.Equal(d.Headers, deliveryHeaders()) {
 		t.Error("Unmarshal modified the delivery headers")
 	}
 	if msg.UUID != "uuid-1" || string(msg.Payload) != `{"id":1}` {
 		t.Errorf("Unmarshal UUID, payload = %q, %q", msg.UUID, msg.Payload)
 	}
+	typed := []string{"BCC", "CC", "array", "bool", "byte", "bytes", "decimal", "float32", "float64",
+		"int16", "int32", "int64", "int8", "table", "timestamp", "void",
+		"x-acquired-count", "x-death", "x-delay", "x-delivery-count"}
 	for key, want := range map[string]string{
 		"plain":               "text",
 		"json-looking":        `{"int32":1}`,
+		"not-utf8":            "\xff\xfe",
 		"int32":               `{"int32":-32}`,
-		HeaderFirstDeathQueue: "orders",
-		HeaderDeliveryCount:   `{"int64":2}`,
-		DeliveryExchangeKey:   "shop",
-		DeliveryRoutingKeyKey: "order.created",
-		TypedHeadersKey: `["BCC","CC","array","bool","byte","bytes","decimal","float32","float64",` +
-			`"int16","int32","int64","int8","table","timestamp","void","x-death","x-delay","x-delivery-count"]`,
+		headerFirstDeathQueue: "orders",
+		keys.XDeliveryCount:   `{"int64":2}`,
+		keys.TypedHeaders:     `["` + strings.Join(typed, `","`) + `"]`,
 	} {
 		if got := msg.Metadata[key]; got != want {
 			t.Errorf("metadata %q = %q, want %q", key, got, want)
 		}
+	}
+	// Exactly the headers, less the UUID and the reserved names, plus the typed list:
+	// a plain Marshaler records nothing of the delivery's route or subscriber.
+	var wantKeys []string
+	for k := range deliveryHeaders() {
+		if !keys.Reserved(k) && k != wamqp.DefaultMessageUUIDHeaderKey {
+			wantKeys = append(wantKeys, k)
+		}
+	}
+	wantKeys = append(wantKeys, keys.TypedHeaders)
+	slices.Sort(wantKeys)
+	if got := slices.Sorted(maps.Keys(msg.Metadata)); !slices.Equal(got, wantKeys) {
+		t.Errorf("metadata keys\n%q\nwant\n%q", got, wantKeys)
 	}
 
 	p, err := Marshaler{}.Marshal(msg)
 	if err != nil {
 		t.Fatalf("Marshal: %v", err)
 	}
-	if !sameValue(p.Headers, userHeaders()) {
+	if !wire.Equal(p.Headers, userHeaders()) {
 		t.Errorf("Marshal headers =\n%#v\nwant\n%#v", p.Headers, userHeaders())
 	}
 	if err := p.Headers.Validate(); err != nil {
@@ -130,7 +153,12 @@ func TestMarshalerPlainMessageLikeDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg.Metadata.Set(HeaderDeath, "forged") // broker-owned: dropped
+	for _, owned := range []string{headerDeath, headerLastDeathQueue, keys.XDelay, keys.XDeliveryCount, keys.XAcquiredCount, "CC", "BCC"} {
+		msg.Metadata.Set(owned, "forged") // broker-owned: dropped
+	}
+	for _, reserved := range []string{keys.TypedHeaders, keys.DeliveryExchange, keys.DeliveryRoutingKey, keys.Subscriber} {
+		msg.Metadata.Set(reserved, `[]`) // the marshaler's own: never published
+	}
 	got, err := Marshaler{}.Marshal(msg)
 	if err != nil {
 		t.Fatal(err)
@@ -160,23 +188,28 @@ func TestMarshalDoesNotModifyMessage(t *testing.T) {
 	}
 }
 
-func TestMarshalerInnerOptions(t *testing.T) {
+// TestMarshalerOptions: the DefaultMarshaler's options, now fields of Marshaler
+// (they were the fields of its Inner DefaultMarshaler).
+func TestMarshalerOptions(t *testing.T) {
 	var seen amqp.Table
-	m := Marshaler{Inner: wamqp.DefaultMarshaler{
+	m := Marshaler{
 		MessageUUIDHeaderKey:      "id",
 		NotPersistentDeliveryMode: true,
 		PostprocessPublishing: func(p amqp.Publishing) amqp.Publishing {
 			seen = maps.Clone(p.Headers)
-			p.Headers[HeaderDelay] = int32(1000)
+			p.Headers[keys.XDelay] = int32(1000)
 			return p
 		},
-	}}
-	msg, err := m.Unmarshal(amqp.Delivery{Headers: amqp.Table{"id": "uuid-3", "n": int64(1), HeaderDelay: int32(-10)}})
+	}
+	msg, err := m.Unmarshal(amqp.Delivery{Headers: amqp.Table{"id": "uuid-3", "n": int64(1), keys.XDelay: int32(-10)}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if msg.UUID != "uuid-3" {
 		t.Errorf("UUID = %q, want uuid-3", msg.UUID)
+	}
+	if _, ok := msg.Metadata["id"]; ok {
+		t.Errorf("the UUID header is in the metadata: %v", msg.Metadata)
 	}
 	p, err := m.Marshal(msg)
 	if err != nil {
@@ -185,7 +218,7 @@ func TestMarshalerInnerOptions(t *testing.T) {
 	if want := (amqp.Table{"id": "uuid-3", "n": int64(1)}); !reflect.DeepEqual(seen, want) {
 		t.Errorf("PostprocessPublishing saw %#v, want %#v", seen, want)
 	}
-	if want := (amqp.Table{"id": "uuid-3", "n": int64(1), HeaderDelay: int32(1000)}); !reflect.DeepEqual(p.Headers, want) {
+	if want := (amqp.Table{"id": "uuid-3", "n": int64(1), keys.XDelay: int32(1000)}); !reflect.DeepEqual(p.Headers, want) {
 		t.Errorf("headers = %#v, want %#v", p.Headers, want)
 	}
 	if p.DeliveryMode != 0 {
@@ -206,8 +239,8 @@ func TestUnmarshalKeepsHeadersTheTypedEncodingCannotCarry(t *testing.T) {
 		"non-string UUID":                 {wamqp.DefaultMessageUUIDHeaderKey: int64(1), "plain": "p"},
 		"non-UTF-8 name, non-string":      {"\xff": int64(1), "n": int32(2)},
 		"non-UTF-8 key in a nested table": {"h": amqp.Table{"\xfe": "v"}},
-		"nesting deeper than MaxDepth":    {"deep": nested(MaxDepth+5, int64(7)), "shallow": nested(2, true)},
-		"deep array":                      {"a": []interface{}{nested(MaxDepth+1, []byte{})}},
+		"nesting deeper than MaxDepth":    {"deep": nested(marshal.MaxDepth+5, int64(7)), "shallow": nested(2, true)},
+		"deep array":                      {"a": []interface{}{nested(marshal.MaxDepth+1, []byte{})}},
 	}
 	for name, headers := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -215,8 +248,8 @@ func TestUnmarshalKeepsHeadersTheTypedEncodingCannotCarry(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Unmarshal: %v", err)
 			}
-			if msg.Metadata[RawHeadersKey] == "" {
-				t.Fatalf("no %s in %v", RawHeadersKey, msg.Metadata)
+			if msg.Metadata[keys.RawHeaders] == "" {
+				t.Fatalf("no %s in %v", keys.RawHeaders, msg.Metadata)
 			}
 			p, err := Marshaler{}.Marshal(msg)
 			if err != nil {
@@ -226,15 +259,33 @@ func TestUnmarshalKeepsHeadersTheTypedEncodingCannotCarry(t *testing.T) {
 			if _, ok := want[wamqp.DefaultMessageUUIDHeaderKey]; !ok {
 				want[wamqp.DefaultMessageUUIDHeaderKey] = ""
 			}
-			if !sameValue(p.Headers, want) {
+			if !wire.Equal(p.Headers, want) {
 				t.Errorf("round trip gave\n%#v\nwant\n%#v", p.Headers, want)
 			}
 		})
 	}
 
+	// A broker-owned header kept raw is left out all the same.
+	for _, h := range []string{headerDeath, keys.XDelay, "CC"} {
+		msg, err := Marshaler{}.Unmarshal(amqp.Delivery{Headers: amqp.Table{h: nested(marshal.MaxDepth+1, int64(1)), "n": int32(1)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if msg.Metadata[keys.RawHeaders] == "" {
+			t.Fatalf("%s: no %s in %v", h, keys.RawHeaders, msg.Metadata)
+		}
+		p, err := Marshaler{}.Marshal(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := (amqp.Table{"n": int32(1), wamqp.DefaultMessageUUIDHeaderKey: ""}); !wire.Equal(p.Headers, want) {
+			t.Errorf("%s kept raw: published %#v, want %#v", h, p.Headers, want)
+		}
+	}
+
 	// A Go type amqp091-go never reads off the wire cannot be carried at all.
 	d := amqp.Delivery{Headers: amqp.Table{"h": amqp.Table{"\xff": uint64(1)}}}
-	if _, err := (Marshaler{}).Unmarshal(d); !errors.Is(err, ErrUnsupported) {
+	if _, err := (Marshaler{}).Unmarshal(d); !errors.Is(err, wire.ErrUnsupported) {
 		t.Errorf("Unmarshal of an unsupported type error = %v, want ErrUnsupported", err)
 	}
 }
@@ -247,27 +298,32 @@ func TestMarshalToleratesChangedMetadata(t *testing.T) {
 	}{
 		{
 			name: "malformed typed-headers list: every value is a string",
-			md:   message.Metadata{TypedHeadersKey: "x", "n": `{"int32":5}`},
+			md:   message.Metadata{keys.TypedHeaders: "x", "n": `{"int32":5}`},
 			want: amqp.Table{"n": `{"int32":5}`},
 		},
 		{
 			name: "a handler changed a typed value to a plain string",
-			md:   message.Metadata{"n": "6", TypedHeadersKey: `["n"]`},
+			md:   message.Metadata{"n": "6", keys.TypedHeaders: `["n"]`},
 			want: amqp.Table{"n": "6"},
 		},
 		{
+			name: "a typed value listed but gone",
+			md:   message.Metadata{"a": "b", keys.TypedHeaders: `["gone"]`},
+			want: amqp.Table{"a": "b"},
+		},
+		{
 			name: "raw headers that are not base64",
-			md:   message.Metadata{RawHeadersKey: "%%%", "a": "b"},
+			md:   message.Metadata{keys.RawHeaders: "%%%", "a": "b"},
 			want: amqp.Table{"a": "b"},
 		},
 		{
 			name: "raw headers that are not a table",
-			md:   message.Metadata{RawHeadersKey: "AAAA/w==", "a": "b"},
+			md:   message.Metadata{keys.RawHeaders: "AAAA/w==", "a": "b"},
 			want: amqp.Table{"a": "b"},
 		},
 		{
 			name: "a malformed broker-owned header is dropped before decoding",
-			md:   message.Metadata{HeaderDeath: "garbage", TypedHeadersKey: `["x-death"]`},
+			md:   message.Metadata{headerDeath: "garbage", keys.TypedHeaders: `["x-death"]`},
 			want: amqp.Table{},
 		},
 	}

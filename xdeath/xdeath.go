@@ -1,75 +1,45 @@
 package xdeath
 
 import (
-	"math"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/marshal"
+	"github.com/amqpretry/amqpretry/internal/wire"
 )
 
-// Headers that RabbitMQ sets on the messages it dead-letters or delivers.
+// Headers RabbitMQ sets on the messages it dead-letters.
 const (
-	// HeaderDeath holds the dead-letter history: an array of tables, one per
-	// {queue, reason} pair, most recent first. See Death for the fields.
-	HeaderDeath = "x-death"
-
-	HeaderFirstDeathQueue    = "x-first-death-queue"
-	HeaderFirstDeathReason   = "x-first-death-reason"
-	HeaderFirstDeathExchange = "x-first-death-exchange"
-	HeaderLastDeathQueue     = "x-last-death-queue"
-	HeaderLastDeathReason    = "x-last-death-reason"
-	HeaderLastDeathExchange  = "x-last-death-exchange"
-
-	// HeaderDelay is read by the delayed-message exchange plugin, which
-	// delivers it back as an integer.
-	HeaderDelay = "x-delay"
-
-	// HeaderDeliveryCount is set by quorum queues on redeliveries.
-	HeaderDeliveryCount = "x-delivery-count"
-
-	// HeaderCC and HeaderBCC carry sender-selected extra routing keys.
-	HeaderCC  = "CC"
-	HeaderBCC = "BCC"
-)
-
-const (
-	firstDeathPrefix = "x-first-death-"
-	lastDeathPrefix  = "x-last-death-"
+	headerDeath              = "x-death"
+	headerFirstDeathQueue    = "x-first-death-queue"
+	headerFirstDeathReason   = "x-first-death-reason"
+	headerFirstDeathExchange = "x-first-death-exchange"
+	headerLastDeathQueue     = "x-last-death-queue"
+	headerLastDeathReason    = "x-last-death-reason"
+	headerLastDeathExchange  = "x-last-death-exchange"
 )
 
 // Fields of an x-death table.
 const (
-	FieldQueue              = "queue"
-	FieldReason             = "reason"
-	FieldCount              = "count"
-	FieldTime               = "time"
-	FieldExchange           = "exchange"
-	FieldRoutingKeys        = "routing-keys"
-	FieldOriginalExpiration = "original-expiration"
+	fieldQueue              = "queue"
+	fieldReason             = "reason"
+	fieldCount              = "count"
+	fieldTime               = "time"
+	fieldExchange           = "exchange"
+	fieldRoutingKeys        = "routing-keys"
+	fieldOriginalExpiration = "original-expiration"
 )
 
-// Dead-letter reasons, as found in FieldReason and the *DeathReason headers.
+// Dead-letter reasons, as found in fieldReason and the *DeathReason headers.
 const (
 	ReasonRejected      = "rejected"       // rejected or nacked with requeue=false
 	ReasonExpired       = "expired"        // message or queue TTL elapsed
 	ReasonMaxLen        = "maxlen"         // queue length limit exceeded
 	ReasonDeliveryLimit = "delivery_limit" // quorum queue delivery-limit exceeded
 )
-
-// IsBrokerOwned reports whether header is set by RabbitMQ itself and must
-// therefore not be copied into a message published again: x-death, every
-// x-first-death-* and x-last-death-* header, x-delay, x-delivery-count, CC
-// and BCC. Names are case-sensitive, as they are on the wire.
-func IsBrokerOwned(header string) bool {
-	switch header {
-	case HeaderDeath, HeaderDelay, HeaderDeliveryCount, HeaderCC, HeaderBCC:
-		return true
-	}
-	return strings.HasPrefix(header, firstDeathPrefix) || strings.HasPrefix(header, lastDeathPrefix)
-}
 
 // Death is one entry of the x-death header: how often the message was
 // dead-lettered from Queue for Reason.
@@ -109,30 +79,6 @@ type Info struct {
 	LastQueue, LastReason, LastExchange    string
 }
 
-// Total returns the sum of the counts of all deaths, saturating at
-// math.MaxInt64.
-func (i Info) Total() int64 {
-	var total int64
-	for _, d := range i.Deaths {
-		if total > math.MaxInt64-d.Count {
-			return math.MaxInt64
-		}
-		total += d.Count
-	}
-	return total
-}
-
-// Count returns how often the message was dead-lettered from queue for
-// reason, 0 if never.
-func (i Info) Count(queue, reason string) int64 {
-	for _, d := range i.Deaths {
-		if d.Queue == queue && d.Reason == reason {
-			return d.Count
-		}
-	}
-	return 0
-}
-
 // Parse reads the dead-letter headers from an AMQP header table, such as
 // amqp091.Delivery.Headers. Absent headers leave the corresponding fields
 // zero; an absent x-death gives nil Deaths. Times are returned in UTC.
@@ -142,13 +88,13 @@ func (i Info) Count(queue, reason string) int64 {
 func Parse(headers amqp.Table) (Info, error) {
 	var info Info
 	p := parser{}
-	info.FirstQueue = p.optString(headers, HeaderFirstDeathQueue, HeaderFirstDeathQueue)
-	info.FirstReason = p.optString(headers, HeaderFirstDeathReason, HeaderFirstDeathReason)
-	info.FirstExchange = p.optString(headers, HeaderFirstDeathExchange, HeaderFirstDeathExchange)
-	info.LastQueue = p.optString(headers, HeaderLastDeathQueue, HeaderLastDeathQueue)
-	info.LastReason = p.optString(headers, HeaderLastDeathReason, HeaderLastDeathReason)
-	info.LastExchange = p.optString(headers, HeaderLastDeathExchange, HeaderLastDeathExchange)
-	if raw, ok := headers[HeaderDeath]; ok && p.err == nil {
+	info.FirstQueue = p.optString(headers, headerFirstDeathQueue, headerFirstDeathQueue)
+	info.FirstReason = p.optString(headers, headerFirstDeathReason, headerFirstDeathReason)
+	info.FirstExchange = p.optString(headers, headerFirstDeathExchange, headerFirstDeathExchange)
+	info.LastQueue = p.optString(headers, headerLastDeathQueue, headerLastDeathQueue)
+	info.LastReason = p.optString(headers, headerLastDeathReason, headerLastDeathReason)
+	info.LastExchange = p.optString(headers, headerLastDeathExchange, headerLastDeathExchange)
+	if raw, ok := headers[headerDeath]; ok && p.err == nil {
 		info.Deaths = p.deaths(raw)
 	}
 	if p.err != nil {
@@ -157,20 +103,21 @@ func Parse(headers amqp.Table) (Info, error) {
 	return info, nil
 }
 
-// FromMetadata is Parse for the metadata of a message unmarshaled by
-// Marshaler.
+// FromMetadata is Parse for the metadata of a message unmarshaled by Marshaler. (The
+// subscriber of a Retry does not carry x-death into metadata: only the string
+// x-first-death-* and x-last-death-* headers are there.)
 func FromMetadata(md message.Metadata) (Info, error) {
-	typed, err := typedKeys(md)
+	typed, err := marshal.TypedKeys(md)
 	if err != nil {
 		return Info{}, err
 	}
 	headers := amqp.Table{}
 	for _, key := range []string{
-		HeaderDeath,
-		HeaderFirstDeathQueue, HeaderFirstDeathReason, HeaderFirstDeathExchange,
-		HeaderLastDeathQueue, HeaderLastDeathReason, HeaderLastDeathExchange,
+		headerDeath,
+		headerFirstDeathQueue, headerFirstDeathReason, headerFirstDeathExchange,
+		headerLastDeathQueue, headerLastDeathReason, headerLastDeathExchange,
 	} {
-		v, ok, err := lookup(md, typed, key)
+		v, ok, err := marshal.Header(md, typed, key)
 		if err != nil {
 			return Info{}, err
 		}
@@ -189,22 +136,22 @@ type parser struct {
 
 func (p *parser) fail(path, want, got string) {
 	if p.err == nil {
-		p.err = pathError(ErrMalformed, path, "want %s, got %s", want, got)
+		p.err = wire.PathError(ErrMalformed, path, "want %s, got %s", want, got)
 	}
 }
 
 func (p *parser) deaths(raw interface{}) []Death {
 	entries, ok := raw.([]interface{})
 	if !ok {
-		p.fail(HeaderDeath, "array", typeName(raw))
+		p.fail(headerDeath, "array", marshal.TypeName(raw))
 		return nil
 	}
 	deaths := make([]Death, 0, len(entries))
 	for i, e := range entries {
-		path := indexPath(HeaderDeath, i)
+		path := marshal.IndexPath(headerDeath, i)
 		t, ok := e.(amqp.Table)
 		if !ok {
-			p.fail(path, "table", typeName(e))
+			p.fail(path, "table", marshal.TypeName(e))
 			return nil
 		}
 		deaths = append(deaths, p.death(t, path))
@@ -217,17 +164,17 @@ func (p *parser) deaths(raw interface{}) []Death {
 
 func (p *parser) death(t amqp.Table, path string) Death {
 	d := Death{
-		Queue:              p.optString(t, FieldQueue, fieldPath(path, FieldQueue)),
-		Reason:             p.optString(t, FieldReason, fieldPath(path, FieldReason)),
-		Exchange:           p.optString(t, FieldExchange, fieldPath(path, FieldExchange)),
-		Count:              p.count(t, fieldPath(path, FieldCount)),
-		Time:               p.time(t, fieldPath(path, FieldTime)),
-		RoutingKeys:        p.routingKeys(t, fieldPath(path, FieldRoutingKeys)),
-		OriginalExpiration: p.optString(t, FieldOriginalExpiration, fieldPath(path, FieldOriginalExpiration)),
+		Queue:              p.optString(t, fieldQueue, marshal.FieldPath(path, fieldQueue)),
+		Reason:             p.optString(t, fieldReason, marshal.FieldPath(path, fieldReason)),
+		Exchange:           p.optString(t, fieldExchange, marshal.FieldPath(path, fieldExchange)),
+		Count:              p.count(t, marshal.FieldPath(path, fieldCount)),
+		Time:               p.time(t, marshal.FieldPath(path, fieldTime)),
+		RoutingKeys:        p.routingKeys(t, marshal.FieldPath(path, fieldRoutingKeys)),
+		OriginalExpiration: p.optString(t, fieldOriginalExpiration, marshal.FieldPath(path, fieldOriginalExpiration)),
 	}
 	for k, v := range t {
 		switch k {
-		case FieldQueue, FieldReason, FieldExchange, FieldCount, FieldTime, FieldRoutingKeys, FieldOriginalExpiration:
+		case fieldQueue, fieldReason, fieldExchange, fieldCount, fieldTime, fieldRoutingKeys, fieldOriginalExpiration:
 			continue
 		}
 		if d.Extra == nil {
@@ -245,20 +192,20 @@ func (p *parser) optString(t amqp.Table, key, path string) string {
 	}
 	s, ok := v.(string)
 	if !ok {
-		p.fail(path, "string", typeName(v))
+		p.fail(path, "string", marshal.TypeName(v))
 	}
 	return s
 }
 
 func (p *parser) count(t amqp.Table, path string) int64 {
-	v, ok := t[FieldCount]
+	v, ok := t[fieldCount]
 	if !ok {
 		return 0
 	}
-	n, ok := Integer(v)
+	n, ok := wire.Integer(v)
 	switch {
 	case !ok:
-		p.fail(path, "integer", typeName(v))
+		p.fail(path, "integer", marshal.TypeName(v))
 	case n < 0:
 		p.fail(path, "non-negative integer", strconv.FormatInt(n, 10))
 	default:
@@ -268,63 +215,35 @@ func (p *parser) count(t amqp.Table, path string) int64 {
 }
 
 func (p *parser) time(t amqp.Table, path string) time.Time {
-	v, ok := t[FieldTime]
+	v, ok := t[fieldTime]
 	if !ok {
 		return time.Time{}
 	}
 	tm, ok := v.(time.Time)
 	if !ok {
-		p.fail(path, "timestamp", typeName(v))
+		p.fail(path, "timestamp", marshal.TypeName(v))
 	}
 	return tm.UTC()
 }
 
 func (p *parser) routingKeys(t amqp.Table, path string) []string {
-	v, ok := t[FieldRoutingKeys]
+	v, ok := t[fieldRoutingKeys]
 	if !ok {
 		return nil
 	}
 	keys, ok := v.([]interface{})
 	if !ok {
-		p.fail(path, "array", typeName(v))
+		p.fail(path, "array", marshal.TypeName(v))
 		return nil
 	}
 	out := make([]string, len(keys))
 	for i, k := range keys {
 		s, ok := k.(string)
 		if !ok {
-			p.fail(indexPath(path, i), "string", typeName(k))
+			p.fail(marshal.IndexPath(path, i), "string", marshal.TypeName(k))
 			return nil
 		}
 		out[i] = s
 	}
 	return out
-}
-
-// Integer converts an AMQP table integer of any width (any Go integer type) to int64,
-// if it fits.
-func Integer(v any) (int64, bool) {
-	switch n := v.(type) {
-	case int8:
-		return int64(n), true
-	case int16:
-		return int64(n), true
-	case int32:
-		return int64(n), true
-	case int64:
-		return n, true
-	case int:
-		return int64(n), true
-	case uint8:
-		return int64(n), true
-	case uint16:
-		return int64(n), true
-	case uint32:
-		return int64(n), true
-	case uint:
-		return int64(n), n <= math.MaxInt64
-	case uint64:
-		return int64(n), n <= math.MaxInt64
-	}
-	return 0, false
 }

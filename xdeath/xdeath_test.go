@@ -9,6 +9,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/keys"
 )
 
 var (
@@ -20,24 +22,24 @@ var (
 // rejects a message from queue "orders".
 func rejectedOnce() amqp.Table {
 	return amqp.Table{
-		FieldCount:       int64(1),
-		FieldExchange:    "shop",
-		FieldQueue:       "orders",
-		FieldReason:      ReasonRejected,
-		FieldRoutingKeys: []interface{}{"order.created"},
-		FieldTime:        t1,
+		fieldCount:       int64(1),
+		fieldExchange:    "shop",
+		fieldQueue:       "orders",
+		fieldReason:      ReasonRejected,
+		fieldRoutingKeys: []interface{}{"order.created"},
+		fieldTime:        t1,
 	}
 }
 
 func TestParse(t *testing.T) {
 	expiredTwice := amqp.Table{
-		FieldCount:              int64(2),
-		FieldExchange:           "",
-		FieldQueue:              "orders.wait",
-		FieldReason:             ReasonExpired,
-		FieldRoutingKeys:        []interface{}{"orders.wait", "cc-key"},
-		FieldTime:               t2,
-		FieldOriginalExpiration: "5000",
+		fieldCount:              int64(2),
+		fieldExchange:           "",
+		fieldQueue:              "orders.wait",
+		fieldReason:             ReasonExpired,
+		fieldRoutingKeys:        []interface{}{"orders.wait", "cc-key"},
+		fieldTime:               t2,
+		fieldOriginalExpiration: "5000",
 	}
 	tests := []struct {
 		name    string
@@ -49,10 +51,10 @@ func TestParse(t *testing.T) {
 		{
 			name: "one entry",
 			headers: amqp.Table{
-				HeaderDeath:              []interface{}{rejectedOnce()},
-				HeaderFirstDeathQueue:    "orders",
-				HeaderFirstDeathReason:   ReasonRejected,
-				HeaderFirstDeathExchange: "shop",
+				headerDeath:              []interface{}{rejectedOnce()},
+				headerFirstDeathQueue:    "orders",
+				headerFirstDeathReason:   ReasonRejected,
+				headerFirstDeathExchange: "shop",
 			},
 			want: Info{
 				Deaths: []Death{{
@@ -65,13 +67,13 @@ func TestParse(t *testing.T) {
 		{
 			name: "two entries newest first with original expiration",
 			headers: amqp.Table{
-				HeaderDeath:              []interface{}{expiredTwice, rejectedOnce()},
-				HeaderFirstDeathQueue:    "orders",
-				HeaderFirstDeathReason:   ReasonRejected,
-				HeaderFirstDeathExchange: "shop",
-				HeaderLastDeathQueue:     "orders.wait",
-				HeaderLastDeathReason:    ReasonExpired,
-				HeaderLastDeathExchange:  "",
+				headerDeath:              []interface{}{expiredTwice, rejectedOnce()},
+				headerFirstDeathQueue:    "orders",
+				headerFirstDeathReason:   ReasonRejected,
+				headerFirstDeathExchange: "shop",
+				headerLastDeathQueue:     "orders.wait",
+				headerLastDeathReason:    ReasonExpired,
+				headerLastDeathExchange:  "",
 			},
 			want: Info{
 				Deaths: []Death{
@@ -90,8 +92,8 @@ func TestParse(t *testing.T) {
 		},
 		{
 			name: "unknown fields are kept",
-			headers: amqp.Table{HeaderDeath: []interface{}{amqp.Table{
-				FieldQueue: "q", FieldCount: int64(1), "x-future": amqp.Table{"a": true}, "n": nil,
+			headers: amqp.Table{headerDeath: []interface{}{amqp.Table{
+				fieldQueue: "q", fieldCount: int64(1), "x-future": amqp.Table{"a": true}, "n": nil,
 			}}},
 			want: Info{Deaths: []Death{{
 				Queue: "q", Count: 1, Extra: amqp.Table{"x-future": amqp.Table{"a": true}, "n": nil},
@@ -99,12 +101,12 @@ func TestParse(t *testing.T) {
 		},
 		{
 			name: "any integer width for count",
-			headers: amqp.Table{HeaderDeath: []interface{}{
-				amqp.Table{FieldCount: int8(1)}, amqp.Table{FieldCount: int16(2)},
-				amqp.Table{FieldCount: int32(3)}, amqp.Table{FieldCount: 4},
-				amqp.Table{FieldCount: uint8(5)}, amqp.Table{FieldCount: uint16(6)},
-				amqp.Table{FieldCount: uint32(7)}, amqp.Table{FieldCount: uint(8)},
-				amqp.Table{FieldCount: uint64(math.MaxInt64)},
+			headers: amqp.Table{headerDeath: []interface{}{
+				amqp.Table{fieldCount: int8(1)}, amqp.Table{fieldCount: int16(2)},
+				amqp.Table{fieldCount: int32(3)}, amqp.Table{fieldCount: 4},
+				amqp.Table{fieldCount: uint8(5)}, amqp.Table{fieldCount: uint16(6)},
+				amqp.Table{fieldCount: uint32(7)}, amqp.Table{fieldCount: uint(8)},
+				amqp.Table{fieldCount: uint64(math.MaxInt64)},
 			}},
 			want: Info{Deaths: []Death{
 				{Count: 1}, {Count: 2}, {Count: 3}, {Count: 4}, {Count: 5},
@@ -113,8 +115,13 @@ func TestParse(t *testing.T) {
 		},
 		{
 			name:    "empty x-death and routing keys",
-			headers: amqp.Table{HeaderDeath: []interface{}{amqp.Table{FieldRoutingKeys: []interface{}(nil)}}},
+			headers: amqp.Table{headerDeath: []interface{}{amqp.Table{fieldRoutingKeys: []interface{}(nil)}}},
 			want:    Info{Deaths: []Death{{RoutingKeys: []string{}}}},
+		},
+		{
+			name:    "empty x-death array",
+			headers: amqp.Table{headerDeath: []interface{}(nil)},
+			want:    Info{Deaths: []Death{}},
 		},
 	}
 	for _, tt := range tests {
@@ -130,27 +137,39 @@ func TestParse(t *testing.T) {
 	}
 }
 
+func TestParseDoesNotModifyHeaders(t *testing.T) {
+	headers := amqp.Table{headerDeath: []interface{}{rejectedOnce()}, headerFirstDeathQueue: "orders"}
+	if _, err := Parse(headers); err != nil {
+		t.Fatal(err)
+	}
+	want := amqp.Table{headerDeath: []interface{}{rejectedOnce()}, headerFirstDeathQueue: "orders"}
+	if !reflect.DeepEqual(headers, want) {
+		t.Errorf("Parse modified its headers: %#v", headers)
+	}
+}
+
 func TestParseMalformed(t *testing.T) {
-	withDeath := func(entries ...interface{}) amqp.Table { return amqp.Table{HeaderDeath: entries} }
+	withDeath := func(entries ...interface{}) amqp.Table { return amqp.Table{headerDeath: entries} }
 	tests := []struct {
 		name    string
 		headers amqp.Table
 		want    string
 	}{
-		{"x-death not an array", amqp.Table{HeaderDeath: "[]"}, "x-death: want array, got string"},
+		{"x-death not an array", amqp.Table{headerDeath: "[]"}, "x-death: want array, got string"},
 		{"entry not a table", withDeath(rejectedOnce(), int32(1)), "x-death[1]: want table, got int32"},
-		{"count string", withDeath(rejectedOnce(), amqp.Table{FieldCount: "1"}), "x-death[1].count: want integer, got string"},
-		{"count negative", withDeath(amqp.Table{FieldCount: int64(-1)}), "x-death[0].count: want non-negative integer, got -1"},
-		{"count overflows", withDeath(amqp.Table{FieldCount: uint64(math.MaxInt64 + 1)}), "x-death[0].count: want integer, got uint64"},
-		{"count float", withDeath(amqp.Table{FieldCount: 1.0}), "x-death[0].count: want integer, got float64"},
-		{"queue not string", withDeath(amqp.Table{FieldQueue: []byte("q")}), "x-death[0].queue: want string, got bytes"},
-		{"reason nil", withDeath(amqp.Table{FieldReason: nil}), "x-death[0].reason: want string, got void"},
-		{"time as integer", withDeath(amqp.Table{FieldTime: int64(1700000000)}), "x-death[0].time: want timestamp, got int64"},
-		{"routing keys not array", withDeath(amqp.Table{FieldRoutingKeys: "rk"}), "x-death[0].routing-keys: want array, got string"},
-		{"routing key not string", withDeath(amqp.Table{FieldRoutingKeys: []interface{}{"a", int64(1)}}), "x-death[0].routing-keys[1]: want string, got int64"},
-		{"first death header", amqp.Table{HeaderFirstDeathQueue: int32(1)}, "x-first-death-queue: want string, got int32"},
-		{"last death header", amqp.Table{HeaderLastDeathExchange: amqp.Table{}}, "x-last-death-exchange: want string, got table"},
-		{"foreign type", amqp.Table{HeaderLastDeathReason: struct{}{}}, "x-last-death-reason: want string, got struct {}"},
+		{"count string", withDeath(rejectedOnce(), amqp.Table{fieldCount: "1"}), "x-death[1].count: want integer, got string"},
+		{"count negative", withDeath(amqp.Table{fieldCount: int64(-1)}), "x-death[0].count: want non-negative integer, got -1"},
+		{"count overflows", withDeath(amqp.Table{fieldCount: uint64(math.MaxInt64 + 1)}), "x-death[0].count: want integer, got uint64"},
+		{"count float", withDeath(amqp.Table{fieldCount: 1.0}), "x-death[0].count: want integer, got float64"},
+		{"queue not string", withDeath(amqp.Table{fieldQueue: []byte("q")}), "x-death[0].queue: want string, got bytes"},
+		{"reason nil", withDeath(amqp.Table{fieldReason: nil}), "x-death[0].reason: want string, got void"},
+		{"time as integer", withDeath(amqp.Table{fieldTime: int64(1700000000)}), "x-death[0].time: want timestamp, got int64"},
+		{"routing keys not array", withDeath(amqp.Table{fieldRoutingKeys: "rk"}), "x-death[0].routing-keys: want array, got string"},
+		{"routing key not string", withDeath(amqp.Table{fieldRoutingKeys: []interface{}{"a", int64(1)}}), "x-death[0].routing-keys[1]: want string, got int64"},
+		{"original expiration not string", withDeath(amqp.Table{fieldOriginalExpiration: int64(5000)}), "x-death[0].original-expiration: want string, got int64"},
+		{"first death header", amqp.Table{headerFirstDeathQueue: int32(1)}, "x-first-death-queue: want string, got int32"},
+		{"last death header", amqp.Table{headerLastDeathExchange: amqp.Table{}}, "x-last-death-exchange: want string, got table"},
+		{"foreign type", amqp.Table{headerLastDeathReason: struct{}{}}, "x-last-death-reason: want string, got struct {}"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -168,53 +187,12 @@ func TestParseMalformed(t *testing.T) {
 	}
 }
 
-func TestInfoCounts(t *testing.T) {
-	info := Info{Deaths: []Death{
-		{Queue: "orders.wait", Reason: ReasonExpired, Count: 3},
-		{Queue: "orders", Reason: ReasonRejected, Count: 2},
-	}}
-	if got := info.Total(); got != 5 {
-		t.Errorf("Total = %d, want 5", got)
-	}
-	if got := info.Count("orders", ReasonRejected); got != 2 {
-		t.Errorf("Count(orders, rejected) = %d, want 2", got)
-	}
-	if got := info.Count("orders", ReasonExpired); got != 0 {
-		t.Errorf("Count(orders, expired) = %d, want 0", got)
-	}
-	huge := Info{Deaths: []Death{{Count: math.MaxInt64}, {Count: 1}}}
-	if got := huge.Total(); got != math.MaxInt64 {
-		t.Errorf("Total = %d, want saturation at MaxInt64", got)
-	}
-	if got := (Info{}).Total(); got != 0 {
-		t.Errorf("zero Info Total = %d", got)
-	}
-}
-
-func TestIsBrokerOwned(t *testing.T) {
-	owned := []string{
-		HeaderDeath, HeaderFirstDeathQueue, HeaderFirstDeathReason, HeaderFirstDeathExchange,
-		HeaderLastDeathQueue, HeaderLastDeathReason, HeaderLastDeathExchange,
-		"x-first-death-future", "x-last-death-future",
-		HeaderDelay, HeaderDeliveryCount, HeaderCC, HeaderBCC,
-	}
-	for _, h := range owned {
-		if !IsBrokerOwned(h) {
-			t.Errorf("IsBrokerOwned(%q) = false", h)
-		}
-	}
-	for _, h := range []string{"", "x-deaths", "X-Death", "cc", "bcc", "x-delay-ms", "x-first-death", "attempt", TypedHeadersKey} {
-		if IsBrokerOwned(h) {
-			t.Errorf("IsBrokerOwned(%q) = true", h)
-		}
-	}
-}
-
 func TestFromMetadata(t *testing.T) {
 	headers := amqp.Table{
-		HeaderDeath:            []interface{}{rejectedOnce()},
-		HeaderFirstDeathQueue:  "orders",
-		HeaderFirstDeathReason: ReasonRejected,
+		headerDeath:            []interface{}{rejectedOnce()},
+		headerFirstDeathQueue:  "orders",
+		headerFirstDeathReason: ReasonRejected,
+		headerLastDeathQueue:   "orders",
 		"unrelated":            int32(1),
 	}
 	msg, err := Marshaler{}.Unmarshal(amqp.Delivery{Headers: headers})
@@ -224,6 +202,9 @@ func TestFromMetadata(t *testing.T) {
 	want, err := Parse(headers)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(want.Deaths) != 1 {
+		t.Fatalf("Parse found %d deaths, want 1", len(want.Deaths))
 	}
 	got, err := FromMetadata(msg.Metadata)
 	if err != nil {
@@ -247,33 +228,36 @@ func TestFromMetadataMalformed(t *testing.T) {
 	}{
 		{
 			name: "x-death as plain string",
-			md:   message.Metadata{HeaderDeath: `{"array":[]}`},
+			md:   message.Metadata{headerDeath: `{"array":[]}`},
 			want: "malformed value: x-death: want array, got string",
 		},
 		{
 			name: "typed first-death header",
-			md:   message.Metadata{HeaderFirstDeathQueue: `{"int32":1}`, TypedHeadersKey: `["x-first-death-queue"]`},
+			md:   message.Metadata{headerFirstDeathQueue: `{"int32":1}`, keys.TypedHeaders: `["x-first-death-queue"]`},
 			want: "malformed value: x-first-death-queue: want string, got int32",
 		},
 		{
 			name: "undecodable x-death",
-			md:   message.Metadata{HeaderDeath: `{"array":[{"table":{"count":{"int64":"1"}}}]}`, TypedHeadersKey: `["x-death"]`},
+			md:   message.Metadata{headerDeath: `{"array":[{"table":{"count":{"int64":"1"}}}]}`, keys.TypedHeaders: `["x-death"]`},
 			want: "malformed value: x-death[0].count: int64: json: cannot unmarshal string into Go value of type int64",
 		},
 		{
 			name: "typed-headers list",
-			md:   message.Metadata{TypedHeadersKey: `x-death`},
+			md:   message.Metadata{keys.TypedHeaders: `x-death`},
 			want: "malformed value: amqpretry-typed-headers: want JSON array of strings: invalid character 'x' looking for beginning of value",
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := FromMetadata(tt.md)
+			info, err := FromMetadata(tt.md)
 			if !errors.Is(err, ErrMalformed) {
 				t.Fatalf("FromMetadata error = %v, want ErrMalformed", err)
 			}
 			if err.Error() != tt.want {
 				t.Errorf("FromMetadata error = %q, want %q", err, tt.want)
+			}
+			if !reflect.DeepEqual(info, Info{}) {
+				t.Errorf("FromMetadata returned %#v with an error, want zero Info", info)
 			}
 		})
 	}

@@ -2,60 +2,40 @@
 //
 // With AMQP_URI unset it runs in this process on Watermill's GoChannel and the memory
 // delay backend: no broker needed. With AMQP_URI set it runs the same flow on RabbitMQ
-// with the backend named by DELAY_BACKEND (default ttl-tiers). TOPOLOGY=verify (or none)
-// runs it as a user without configure permission would: nothing is declared, and the
-// work queue, named by QUEUE, must have been created with everything else by
-// `amqpretry topology apply --prefix amqpretry-quickstart --tiers 1s,2s,4s --queue $QUEUE`.
+// with the backend named by DELAY_BACKEND (default ttl-tiers), through watermill-amqp
+// v3 (WATERMILL_AMQP=2 for v2). DELAYED_RETRIES=N holds the first N retries in the work
+// queue itself (RabbitMQ 4.3+); DELAY_BACKEND=delivery-time runs the AMQP 1.0 quickstart
+// of module amqp1 (RabbitMQ 4.3+). Every run uses names of its own (prefix
+// amqpretry-qs-<run>), so runs can share a broker, and deletes what it declared.
 //
-// It prints, for each message, its attempts, the delay before each retry (requested →
-// effective) and where it ended, and exits non-zero if any message is unaccounted for.
+// TOPOLOGY=verify (or none) runs it as a user without configure permission would:
+// nothing is declared, and PREFIX and QUEUE name what an administrator created with
+// `amqpretry topology apply --prefix $PREFIX --tiers 1s,2s,4s --queue $QUEUE`.
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
-	"sort"
-	"strings"
-	"sync"
-	"time"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
-	"github.com/ThreeDotsLabs/watermill/message"
+	amqp2 "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	amqp3 "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/internal/quickstart"
+	"github.com/amqpretry/amqpretry/internal/redact"
 	"github.com/amqpretry/amqpretry/topology"
+	"github.com/amqpretry/amqpretry/wamqp2"
+	"github.com/amqpretry/amqpretry/wamqp3"
 )
-
-// order is one message and how its handler behaves.
-type order struct {
-	id       string
-	behaves  string
-	failures int   // fail this many attempts, then succeed (-1: always fail)
-	err      error // the error to fail with
-	want     string
-}
-
-var orders = []order{
-	{"order-1", "succeeds at once", 0, nil, "handled"},
-	{"order-2", "fails once", 1, errors.New("payment service timeout"), "handled"},
-	{"order-3", "fails 3 times", 3, errors.New("inventory locked"), "handled"},
-	{"order-4", "is rate limited once (Retry-After 2s)", 1, middleware.RetryAfter(errors.New("429 too many requests"), 2*time.Second), "handled"},
-	{"order-5", "is malformed (permanent error)", -1, middleware.Permanent(errors.New("missing customer id")), "poisoned"},
-	{"order-6", "always fails", -1, errors.New("warehouse offline"), "poisoned"},
-}
-
-type outcome struct {
-	attempts int
-	delays   []string
-	ended    string
-}
 
 func main() {
 	if err := run(); err != nil {
@@ -66,181 +46,168 @@ func main() {
 
 func run() error {
 	logger := watermill.NopLogger{}
+	if os.Getenv("DELAY_BACKEND") == delay.DeliveryTime {
+		return runAMQP1()
+	}
 	uri := os.Getenv("AMQP_URI")
 	runID := watermill.NewShortUUID()[:8]
-	topic := "quickstart.orders." + runID
-	if q := os.Getenv("QUEUE"); q != "" {
-		topic = q // a queue config: the topic is the queue
+	cfg := quickstart.Config(runID, logger)
+	cfg.DelayedRetries, _ = strconv.Atoi(os.Getenv("DELAYED_RETRIES"))
+	if cfg.Backend == delay.DelayedRetry {
+		cfg.Policy = amqpretry.Policy{MaxAttempts: 4} // one delay per work queue: DelayedRetryDelay
 	}
-	mode, err := topology.ParseMode(os.Getenv("TOPOLOGY"))
-	if err != nil {
-		return fmt.Errorf("TOPOLOGY: %w", err)
-	}
+	topic := quickstart.Topic(cfg)
 
-	cfg := amqpretry.Config{
-		Delay: delay.Config{
-			Backend: os.Getenv("DELAY_BACKEND"),
-			Prefix:  "amqpretry-quickstart",
-			Tiers:   []time.Duration{time.Second, 2 * time.Second, 4 * time.Second},
-		},
-		Policy:   middleware.Policy{MaxAttempts: 4, InitialInterval: time.Second, Multiplier: 2, NoJitter: true},
-		Topology: mode,
-		Logger:   logger,
-	}
 	var (
-		poisonSub message.Subscriber
-		pub       message.Publisher
-		cleanup   = func() {}
+		s   quickstart.Setup
+		err error
 	)
 	if uri == "" {
 		goChannel := gochannel.NewGoChannel(gochannel.Config{}, logger)
-		cfg.Delay.Backend = delay.BackendMemory
-		cfg.Delay.Memory = goChannel
-		poisonSub, pub = goChannel, goChannel
+		cfg.Backend, cfg.Memory = delay.Memory, goChannel
+		s.Retry, err = wamqp3.New(amqp3.Config{}, cfg)
+		s.Publisher, s.Poison = goChannel, goChannel
 		fmt.Println("AMQP_URI is unset: running in-process on GoChannel with the memory delay backend (not durable).")
 	} else {
-		cfg.Subscriber = wamqp.NewDurableQueueConfig(uri)
-		amqpPub, err := wamqp.NewPublisher(cfg.Subscriber, logger)
-		if err != nil {
-			return err
+		quorum := cfg.Backend == delay.DelayedRetry || cfg.DelayedRetries > 0
+		major := "3"
+		if os.Getenv("WATERMILL_AMQP") == "2" {
+			major = "2"
+			s, err = withV2(uri, cfg, quorum)
+		} else {
+			s, err = withV3(uri, cfg, quorum)
 		}
-		defer amqpPub.Close()
-		pub = amqpPub
-		cfg.Delay.Memory = amqpPub // used only by DELAY_BACKEND=memory: waits in-process, then publishes to the queue
+		if err == nil {
+			fmt.Printf("RabbitMQ at %s, delay backend %s, watermill-amqp v%s.\n", redact.URI(uri), cfg.WithDefaults().Backend, major)
+		}
+		if cfg.Topology != topology.ModeVerify && cfg.Topology != topology.ModeNone {
+			s.Cleanup = func() { removeTopology(uri, cfg, topic) }
+		}
 	}
-
-	retry, err := amqpretry.New(cfg)
 	if err != nil {
 		return err
 	}
-	defer retry.Close()
-
-	if uri != "" {
-		fmt.Printf("RabbitMQ at %s, delay backend %s.\n", delay.Redact(uri), retry.Backend().Name())
-		if poisonSub, err = wamqp.NewSubscriber(retry.SubscriberConfig(), logger); err != nil {
-			return err
-		}
-		if mode == topology.ModeDeclare && os.Getenv("QUEUE") == "" {
-			cleanup = func() { deleteQueue(uri, topic) }
-		}
-	}
-	defer cleanup()
-
-	var (
-		mu       sync.Mutex
-		outcomes = map[string]*outcome{}
-		done     = make(chan struct{}, len(orders)*2)
-	)
-	byID := map[string]order{}
-	for _, o := range orders {
-		byID[runID+"-"+o.id] = o
-		outcomes[runID+"-"+o.id] = &outcome{}
-	}
-
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, logger)
-	if err != nil {
-		return err
-	}
-	// One call wires the subscriber (from retry.SubscriberConfig()), the handler and
-	// the retry middleware, so that they cannot be mismatched.
-	_, err = retry.AddHandler(router, "orders", topic, func(msg *message.Message) error {
-		o, ok := byID[msg.UUID]
-		if !ok {
-			return nil // another run's message
-		}
-		attempt := middleware.Attempt(msg)
-		mu.Lock()
-		out := outcomes[msg.UUID]
-		out.attempts = attempt
-		if attempt > 1 {
-			out.delays = append(out.delays, msg.Metadata.Get(middleware.RequestedDelayKey)+"→"+msg.Metadata.Get(middleware.EffectiveDelayKey))
-		}
-		mu.Unlock()
-		if o.failures < 0 || attempt <= o.failures {
-			return o.err
-		}
-		mu.Lock()
-		out.ended = "handled"
-		mu.Unlock()
-		done <- struct{}{}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	poisoned, err := poisonSub.Subscribe(ctx, retry.PoisonQueue())
-	if err != nil {
-		return err
-	}
-	go func() {
-		for msg := range poisoned {
-			mu.Lock()
-			if out, ok := outcomes[msg.UUID]; ok {
-				out.ended = "poisoned (" + msg.Metadata.Get(middleware.PoisonReasonKey) + ": " + msg.Metadata.Get(middleware.ErrorKey) + ")"
-				done <- struct{}{}
-			}
-			mu.Unlock()
-			msg.Ack()
-		}
-	}()
-
-	go func() { _ = router.Run(ctx) }()
-	<-router.Running()
-	defer router.Close()
-
-	start := time.Now()
-	for _, o := range orders {
-		if err := pub.Publish(topic, message.NewMessage(runID+"-"+o.id, []byte(o.behaves))); err != nil {
-			return err
-		}
-	}
-	timeout := time.After(50 * time.Second)
-wait:
-	for range orders {
-		select {
-		case <-done:
-		case <-timeout:
-			break wait
-		}
-	}
-
-	mu.Lock()
-	defer mu.Unlock()
-	ids := make([]string, 0, len(outcomes))
-	for id := range outcomes {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	var missing []string
-	for _, id := range ids {
-		o, out := byID[id], outcomes[id]
-		ended := out.ended
-		if ended == "" {
-			ended = "UNACCOUNTED FOR"
-		}
-		fmt.Printf("%-8s %-38s attempts=%d  delays=[%s]  ended: %s\n", o.id, o.behaves, out.attempts, strings.Join(out.delays, " "), ended)
-		if !strings.HasPrefix(ended, o.want) {
-			missing = append(missing, o.id)
-		}
-	}
-	fmt.Printf("done in %s\n", time.Since(start).Round(100*time.Millisecond))
-	if len(missing) > 0 {
-		return fmt.Errorf("messages not accounted for as expected: %s", strings.Join(missing, ", "))
-	}
-	return nil
+	s.PoisonQueue = cfg.WithDefaults().PoisonQueue
+	return quickstart.Run(runID, topic, s, logger)
 }
 
-// deleteQueue removes this run's work queue.
-func deleteQueue(uri, queue string) {
-	conn, err := amqp.Dial(uri)
+// runAMQP1 runs the AMQP 1.0 quickstart, which lives in module amqp1 (its
+// dependencies stay out of this module).
+func runAMQP1() error {
+	_, file, _, _ := runtime.Caller(0)
+	cmd := exec.Command("go", "run", "./examples/quickstart")
+	cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..", "amqp1")
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	fmt.Println("DELAY_BACKEND=delivery-time: running the AMQP 1.0 quickstart (module amqp1).")
+	return cmd.Run()
+}
+
+func withV3(uri string, cfg amqpretry.Config, quorum bool) (quickstart.Setup, error) {
+	amqpCfg := amqp3.NewDurableQueueConfig(uri)
+	if quorum {
+		amqpCfg.Queue.Arguments = amqp.Table{"x-queue-type": "quorum"}
+	}
+	pub, err := amqp3.NewPublisher(amqpCfg, cfg.Logger)
+	if err != nil {
+		return quickstart.Setup{}, err
+	}
+	if cfg.Backend == delay.Memory {
+		cfg.Memory = pub // the retry waits in this process, then is published to its queue
+	}
+	retry, err := wamqp3.New(amqpCfg, cfg)
+	if err != nil {
+		return quickstart.Setup{}, errors.Join(err, pub.Close())
+	}
+	// The poison queue exists: read it with a queue config and the subscriber's
+	// marshaler, declaring nothing.
+	poisonCfg := amqp3.NewDurableQueueConfig(uri)
+	poisonCfg.Marshaler = retry.SubscriberConfig().Marshaler
+	poisonCfg.TopologyBuilder = noTopology3{}
+	sub, err := amqp3.NewSubscriber(poisonCfg, cfg.Logger)
+	if err != nil {
+		return quickstart.Setup{}, errors.Join(err, retry.Close(), pub.Close())
+	}
+	return quickstart.Setup{Retry: retry, Publisher: pub, Poison: sub}, nil
+}
+
+func withV2(uri string, cfg amqpretry.Config, quorum bool) (quickstart.Setup, error) {
+	amqpCfg := amqp2.NewDurableQueueConfig(uri)
+	if quorum {
+		amqpCfg.Queue.Arguments = amqp.Table{"x-queue-type": "quorum"}
+	}
+	pub, err := amqp2.NewPublisher(amqpCfg, cfg.Logger)
+	if err != nil {
+		return quickstart.Setup{}, err
+	}
+	if cfg.Backend == delay.Memory {
+		cfg.Memory = pub // the retry waits in this process, then is published to its queue
+	}
+	retry, err := wamqp2.New(amqpCfg, cfg)
+	if err != nil {
+		return quickstart.Setup{}, errors.Join(err, pub.Close())
+	}
+	poisonCfg := amqp2.NewDurableQueueConfig(uri)
+	poisonCfg.Marshaler = retry.SubscriberConfig().Marshaler
+	poisonCfg.TopologyBuilder = noTopology2{}
+	sub, err := amqp2.NewSubscriber(poisonCfg, cfg.Logger)
+	if err != nil {
+		return quickstart.Setup{}, errors.Join(err, retry.Close(), pub.Close())
+	}
+	return quickstart.Setup{Retry: retry, Publisher: pub, Poison: sub}, nil
+}
+
+// noTopology3 and noTopology2 declare nothing: the poison queue exists.
+type noTopology3 struct{}
+
+func (noTopology3) BuildTopology(*amqp.Channel, amqp3.BuildTopologyParams, amqp3.Config, watermill.LoggerAdapter) error {
+	return nil
+}
+func (noTopology3) ExchangeDeclare(*amqp.Channel, string, amqp3.Config) error { return nil }
+
+type noTopology2 struct{}
+
+func (noTopology2) BuildTopology(*amqp.Channel, string, string, amqp2.Config, watermill.LoggerAdapter) error {
+	return nil
+}
+func (noTopology2) ExchangeDeclare(*amqp.Channel, string, amqp2.Config) error { return nil }
+
+// removeTopology deletes what this run declared, its work queue and every queue and
+// exchange of its plan, and says so.
+func removeTopology(uri string, cfg amqpretry.Config, queue string) {
+	plan, err := cfg.Plan(queue)
+	if cfg.Backend == delay.Memory { // nothing of the backend's on the broker
+		plan, err = topology.Topology{Queues: []topology.Queue{{Name: cfg.WithDefaults().PoisonQueue}}}, nil
+	}
 	if err != nil {
 		return
 	}
-	defer conn.Close()
-	if ch, err := conn.Channel(); err == nil {
-		_, _ = ch.QueueDelete(queue, false, false, false)
+	conn, err := amqp.Dial(uri)
+	if err != nil {
+		fmt.Println("left on the broker (could not connect to delete it):", len(plan.Queues)+1, "queues and", len(plan.Exchanges), "exchanges of prefix", cfg.Prefix)
+		return
 	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return
+	}
+	defer ch.Close()
+	queues, exchanges := 0, 0
+	if _, err := ch.QueueDelete(queue, false, false, false); err == nil {
+		queues++
+	}
+	for _, q := range plan.Queues {
+		if q.Name == queue {
+			continue
+		}
+		if _, err := ch.QueueDelete(q.Name, false, false, false); err == nil {
+			queues++
+		}
+	}
+	for _, e := range plan.Exchanges {
+		if err := ch.ExchangeDelete(e.Name, false, false); err == nil {
+			exchanges++
+		}
+	}
+	fmt.Printf("removed what this run declared: %d queues, %d exchanges (prefix %s)\n", queues, exchanges, cfg.Prefix)
 }

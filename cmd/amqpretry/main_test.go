@@ -8,21 +8,23 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
+	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/middleware"
-	"github.com/amqpretry/amqpretry/ops"
 )
 
-// binary is the command built once for the tests that kill it.
+// binary is the command, built once for the tests that run it as a process.
 var binary string
 
 func TestMain(m *testing.M) {
@@ -45,23 +47,26 @@ type env struct {
 	t      *testing.T
 	prefix string
 	queues []string
-	h      *delay.Handoff
+	h      *handoff.Handoff
 }
+
+var testTiers = []time.Duration{time.Second, 2 * time.Second}
 
 func newEnv(t *testing.T, queues ...string) *env {
 	t.Helper()
 	brokertest.Dial(t)
+	t.Setenv(uriEnv, brokertest.URI())
 	e := &env{t: t, prefix: brokertest.Prefix(t)}
 	for _, q := range queues {
 		e.queues = append(e.queues, e.prefix+"."+q)
 	}
-	p, err := ops.PlanTopology(ops.Config{Delay: delay.Config{Prefix: e.prefix, Tiers: []time.Duration{time.Second, 2 * time.Second}}}, e.queues...)
+	p, err := amqpretry.Config{Prefix: e.prefix, Tiers: testTiers}.Plan(e.queues...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	brokertest.CleanupTopology(t, p.Topology)
+	brokertest.CleanupTopology(t, p)
 	brokertest.Cleanup(t, e.queues, nil)
-	h, err := delay.Dial(delay.HandoffConfig{URI: brokertest.URI()})
+	h, err := handoff.Dial(handoff.Config{URI: brokertest.URI()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,8 +81,11 @@ func (e *env) flags() []string { return []string{"--prefix", e.prefix, "--tiers"
 // run runs the command in-process and returns its exit status and output.
 func (e *env) run(args ...string) (int, string, string) {
 	e.t.Helper()
+	return runArgs(append(slices.Clone(args), e.flags()...)...)
+}
+
+func runArgs(args ...string) (int, string, string) {
 	var stdout, stderr bytes.Buffer
-	args = append(args[:len(args):len(args)], e.flags()...)
 	code := run(context.Background(), args, &stdout, &stderr)
 	return code, stdout.String(), stderr.String()
 }
@@ -90,67 +98,127 @@ func (e *env) queueFlags() []string {
 	return out
 }
 
+func (e *env) apply() {
+	e.t.Helper()
+	if code, out, errOut := e.run(append([]string{"topology", "apply"}, e.queueFlags()...)...); code != exitOK {
+		e.t.Fatalf("apply exited %d:\n%s%s", code, out, errOut)
+	}
+}
+
 // poison publishes n poisoned messages, message i failing on queue i % len(queues).
 func (e *env) poison(n int) {
 	e.t.Helper()
 	for i := range n {
 		q := e.queues[i%len(e.queues)]
-		msg := message.NewMessage(fmt.Sprintf("m%04d", i), []byte("order "+strconv.Itoa(i)))
-		md := msg.Metadata
-		md.Set(middleware.QueueKey, q)
-		md.Set(middleware.HandlerKey, "h")
-		md.Set(middleware.PoisonReasonKey, middleware.PoisonMaxAttempts)
-		md.Set(middleware.ErrorKey, "warehouse offline")
-		md.Set(middleware.ErrorTypesKey, "*errors.errorString")
-		md.Set(middleware.AttemptKey, "5")
-		md.Set(middleware.MaxAttemptsKey, "5")
-		md.Set(middleware.LastFailureKey, time.Now().UTC().Format(time.RFC3339Nano))
-		if err := e.h.PublishMessage(context.Background(), "", e.prefix+".poison", msg, nil); err != nil {
+		msg := message.NewMessage(fmt.Sprintf("m%04d", i), []byte(fmt.Sprintf("order %d", i)))
+		middleware.Envelope{
+			Queue: q, Topic: q, Handler: "h", Reason: middleware.ReasonMaxAttempts, Error: "warehouse offline",
+			ErrorTypes: []string{"*errors.errorString"}, Attempt: 5, MaxAttempts: 5, LastFailure: time.Now(),
+		}.Write(msg.Metadata)
+		if err := e.h.ToQueue(context.Background(), e.prefix+".poison", msg); err != nil {
 			e.t.Fatal(err)
 		}
 	}
 }
 
 func TestTopologyVerifyFailsThenPassesAfterApply(t *testing.T) {
-	e := newEnv(t, "orders")
+	e := newEnv(t, "orders", "billing")
 	args := append([]string{"topology", "verify"}, e.queueFlags()...)
 	code, out, _ := e.run(args...)
-	if code != exitFlagged {
+	if code != exitFailed {
 		t.Fatalf("verify on a fresh prefix exited %d:\n%s", code, out)
 	}
+	// The fix names every --queue (issue 19: it named none).
+	fix := "amqpretry topology apply --backend ttl-tiers --prefix " + e.prefix + " --tiers 1s,2s --queue " + e.queues[0] + " --queue " + e.queues[1]
 	for _, want := range []string{`queue "` + e.prefix + `.delay.1s": missing`, `exchange "` + e.prefix + `.deliver": missing`,
-		`work queue "` + e.queues[0] + `": missing`, "amqpretry topology apply --backend ttl-tiers --prefix " + e.prefix + " --tiers 1s,2s --queue " + e.queues[0]} {
+		`work queue "` + e.queues[0] + `": missing`, "create what is missing with: " + fix + "\n"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("verify output lacks %q:\n%s", want, out)
 		}
 	}
-	if code, out, errOut := e.run(append([]string{"topology", "apply"}, e.queueFlags()...)...); code != exitOK {
-		t.Fatalf("apply exited %d:\n%s%s", code, out, errOut)
-	}
+	e.apply()
 	code, out, _ = e.run(append(args, "--bind")...)
-	if code != exitOK {
-		t.Fatalf("verify after apply exited %d:\n%s", code, out)
+	if code != exitOK || !strings.HasPrefix(out, "14 ok, 0 missing, 0 mismatched, 0 errors, 0 unchecked\n") {
+		t.Fatalf("verify --bind after apply exited %d:\n%s", code, out)
 	}
 	code, out, _ = e.run(append(args, "--json")...)
 	var v struct {
 		OK       bool `json:"ok"`
-		Findings []struct{ Status string }
+		Findings []struct {
+			Status string `json:"status"`
+		} `json:"findings"`
 	}
 	if err := json.Unmarshal([]byte(out), &v); err != nil || code != exitOK || !v.OK || len(v.Findings) == 0 {
 		t.Fatalf("verify --json: %d %v %s", code, err, out)
 	}
-	code, out, _ = e.run("topology", "plan", "--json", "--queue", e.queues[0])
-	var p ops.Plan
-	if err := json.Unmarshal([]byte(out), &p); err != nil || code != exitOK || len(p.Topology.Queues) != 4 {
-		t.Fatalf("plan --json: %d %v %s", code, err, out)
+}
+
+// TestVerifyUncheckedIsNotOK (issue 19): as a user without configure permission, a
+// queue whose arguments differ was called ok ("1 ok"). Arguments not compared show as
+// unchecked, in the lines and in the summary.
+func TestVerifyUncheckedIsNotOK(t *testing.T) {
+	e := newEnv(t, "orders")
+	e.apply()
+	ch, err := brokertest.Dial(t).Channel()
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer ch.Close()
+	tier := e.prefix + ".delay.2s"
+	if _, err := ch.QueueDelete(tier, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(tier, true, false, false, false, amqp.Table{"x-queue-type": "quorum", "x-message-ttl": int64(9000)}); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(uriEnv, restrictedUser(t))
+	code, out, errOut := e.run(append([]string{"topology", "verify"}, e.queueFlags()...)...)
+	if !strings.Contains(out, `queue "`+tier+`": unchecked, exists but its arguments were not compared`) {
+		t.Errorf("the mismatched queue is not reported unchecked (%d):\n%s%s", code, out, errOut)
+	}
+	// Nothing whose arguments could not be compared counts as ok: 2 delay queues, the
+	// parking and poison queues, 3 exchanges, and the 4 bindings not asserted; the work
+	// queue is only checked to exist.
+	if !strings.Contains(out, "1 ok, 0 missing, 0 mismatched, 0 errors, 11 unchecked\n") ||
+		!strings.Contains(out, "7 exchanges or queues exist but their arguments were not compared") {
+		t.Errorf("summary (%d):\n%s", code, out)
+	}
+}
+
+// restrictedUser adds a user with read and write but no configure permission on the
+// vhost, deleted at the end, and returns its URI.
+func restrictedUser(t *testing.T) string {
+	t.Helper()
+	if _, err := exec.LookPath(brokertest.CtlCommand()[0]); err != nil {
+		if brokertest.CI() {
+			t.Fatalf("needs %s: %v", brokertest.CtlCommand()[0], err)
+		}
+		t.Skipf("needs %s: %v", brokertest.CtlCommand()[0], err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	user := fmt.Sprintf("amqpretry-cli-test-%d", time.Now().UnixNano())
+	const password = "no-configure"
+	if out, err := brokertest.Ctl(ctx, "add_user", user, password); err != nil {
+		if brokertest.CI() {
+			t.Fatalf("add_user: %v\n%s", err, out)
+		}
+		t.Skipf("rabbitmqctl does not reach the broker: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, _ = brokertest.Ctl(ctx, "delete_user", user)
+	})
+	if out, err := brokertest.Ctl(ctx, "set_permissions", "-p", vhost(brokertest.URI()), user, "^$", ".*", ".*"); err != nil {
+		t.Fatalf("set_permissions: %v\n%s", err, out)
+	}
+	return strings.Replace(brokertest.URI(), "guest:guest@", user+":"+password+"@", 1)
 }
 
 func TestPoisonListShowDryRun(t *testing.T) {
 	e := newEnv(t, "orders", "billing")
-	if code, out, errOut := e.run(append([]string{"topology", "apply"}, e.queueFlags()...)...); code != exitOK {
-		t.Fatalf("apply: %s%s", out, errOut)
-	}
+	e.apply()
 	e.poison(4)
 	code, out, _ := e.run("poison", "list", "--queue", e.queues[1])
 	if code != exitOK || !strings.Contains(out, "m0001") || !strings.Contains(out, "m0003") || strings.Contains(out, "m0000") || !strings.Contains(out, "max-attempts") {
@@ -163,11 +231,16 @@ func TestPoisonListShowDryRun(t *testing.T) {
 		}
 	}
 	code, out, _ = e.run("poison", "redrive", "--dry-run")
-	if code != exitOK || !strings.Contains(out, "dry run: would have redriven 4 of 4") {
-		t.Errorf("dry run (%d):\n%s", code, out)
+	if code != exitOK || !strings.Contains(out, "dry run: would redrive 4 of 4") || !strings.Contains(out, "m0000 -> "+e.queues[0]+" (max-attempts: warehouse offline)") {
+		t.Errorf("redrive dry run (%d):\n%s", code, out)
+	}
+	// A purge dry run names what it would delete, without an arrow as if it moved it.
+	code, out, _ = e.run("poison", "purge", "--dry-run", "--queue", e.queues[0])
+	if code != exitOK || !strings.Contains(out, "dry run: would purge 2 of 4") || strings.Contains(out, "->") || !strings.Contains(out, "  m0000 (max-attempts: warehouse offline)") {
+		t.Errorf("purge dry run (%d):\n%s", code, out)
 	}
 	if n := brokertest.QueueLength(t, e.prefix+".poison"); n != 4 {
-		t.Errorf("poison queue holds %d after a dry run, want 4", n)
+		t.Errorf("poison queue holds %d after dry runs, want 4", n)
 	}
 	for _, q := range e.queues {
 		if n := brokertest.QueueLength(t, q); n != 0 {
@@ -175,10 +248,207 @@ func TestPoisonListShowDryRun(t *testing.T) {
 		}
 	}
 	code, out, _ = e.run("poison", "list", "--json")
-	var l ops.ListResult
-	if err := json.Unmarshal([]byte(out), &l); err != nil || code != exitOK || len(l.Messages) != 4 || l.Messages[0].UUID != "m0000" || l.Messages[3].UUID != "m0003" {
-		t.Errorf("list --json after dry run: %v\n%s", err, out)
+	var l listJSON
+	if err := json.Unmarshal([]byte(out), &l); err != nil || code != exitOK || len(l.Messages) != 4 || l.Messages[0].UUID != "m0000" || l.Messages[3].UUID != "m0003" || l.Messages[0].Reason != "max-attempts" {
+		t.Errorf("list --json after dry runs: %v\n%s", err, out)
 	}
+	code, out, _ = e.run("poison", "purge", "--reason", "max-attempts", "--queue", e.queues[1])
+	if code != exitOK || !strings.Contains(out, "purged 2 of 4 messages") {
+		t.Errorf("purge (%d):\n%s", code, out)
+	}
+}
+
+// TestParkedOutput (issue 19): a parked retry scheduled by other code has no envelope:
+// its attempt shows "-", not 0, and a dry run names its queue and no empty reason.
+func TestParkedOutput(t *testing.T) {
+	e := newEnv(t, "orders")
+	e.apply()
+	ch, err := brokertest.Dial(t).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	// What ttl-tiers parks: dead-lettered to the delivery exchange with the work queue
+	// as routing key, with no queue bound under it.
+	gone := e.prefix + ".gone"
+	if err := ch.Publish(e.prefix+".deliver", gone, false, false, amqp.Publishing{Body: []byte("x"), MessageId: "scheduled-1"}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for brokertest.QueueLength(t, e.prefix+".parking") != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("nothing parked")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	code, out, _ := e.run("parking", "list")
+	if code != exitOK || !regexp.MustCompile(`\s`+regexp.QuoteMeta(gone)+`\s+-\s+-\s+-\n`).MatchString(out) {
+		t.Errorf("parking list (%d):\n%s", code, out)
+	}
+	code, out, _ = e.run("parking", "redrive", "--dry-run")
+	if code != exitOK || !strings.Contains(out, " -> "+gone+" (no failure envelope)") || strings.Contains(out, "(: )") {
+		t.Errorf("parking redrive --dry-run (%d):\n%s", code, out)
+	}
+	code, out, _ = e.run("parking", "redrive")
+	if code != exitFailed || !strings.Contains(out, `left in place, queue "`+gone+`" does not exist`) {
+		t.Errorf("parking redrive to a missing queue (%d):\n%s", code, out)
+	}
+	code, out, _ = e.run("status", "--rabbitmqctl", "off")
+	if code != exitFailed || !strings.Contains(out, "PARKED 1 messages in "+e.prefix+".parking") {
+		t.Errorf("status with a parked message (%d):\n%s", code, out)
+	}
+}
+
+// TestStatus (issue 19): status exits 1 whenever something is flagged, with or without
+// --check; a missing queue shows READY "-"; --check prints only the flags.
+func TestStatus(t *testing.T) {
+	e := newEnv(t, "orders")
+	code, out, errOut := e.run("status", "--rabbitmqctl", "off", "--queue", e.queues[0])
+	if code != exitFailed {
+		t.Errorf("status on a fresh prefix exited %d:\n%s%s", code, out, errOut)
+	}
+	if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(e.prefix) + `\.poison\s+poison\s+-\s+-\s+-\s+-\s+-\s+-\s+-\s+MISSING$`).MatchString(out) {
+		t.Errorf("a missing queue does not show READY -:\n%s", out)
+	}
+	fix := "`amqpretry topology apply --backend ttl-tiers --prefix " + e.prefix + " --tiers 1s,2s --queue " + e.queues[0] + "`"
+	if !strings.Contains(out, "MISSING work queue "+e.queues[0]+": create it with "+fix) {
+		t.Errorf("no fix for the missing work queue:\n%s", out)
+	}
+	code, out, _ = e.run("status", "--check", "--rabbitmqctl", "off")
+	if code != exitFailed || !strings.HasPrefix(out, "  MISSING delay queue") || strings.Contains(out, "QUEUE") {
+		t.Errorf("status --check (%d):\n%s", code, out)
+	}
+	e.apply()
+	code, out, _ = e.run("status", "--rabbitmqctl", "off", "--queue", e.queues[0])
+	if code != exitOK || !strings.Contains(out, "nothing flagged") {
+		t.Errorf("status after apply (%d):\n%s", code, out)
+	}
+	if code, out, _ = e.run("status", "--check", "--rabbitmqctl", "off"); code != exitOK || out != "" {
+		t.Errorf("status --check with nothing flagged (%d): %q", code, out)
+	}
+}
+
+// TestStatusCounts: the broker's own counts through rabbitmqctl: the file descriptors
+// and sockets (rabbitmqctl status on 3.x, /proc of the broker on 4.x), and each queue.
+func TestStatusCounts(t *testing.T) {
+	e := newEnv(t, "orders")
+	e.apply()
+	ctl := strings.Join(brokertest.CtlCommand(), " ")
+	if _, err := exec.LookPath(brokertest.CtlCommand()[0]); err != nil {
+		t.Skipf("needs %s", ctl)
+	}
+	code, out, errOut := e.run("status", "--json", "--rabbitmqctl", ctl, "--queue", e.queues[0])
+	var s struct {
+		Counted             bool   `json:"counted"`
+		FileDescriptors     int    `json:"file_descriptors"`
+		FileDescriptorLimit int    `json:"file_descriptor_limit"`
+		CountsError         string `json:"counts_error"`
+		Queues              []struct {
+			Name    string `json:"name"`
+			Counted bool   `json:"counted"`
+		} `json:"queues"`
+		Flags []struct {
+			Kind  string `json:"kind"`
+			Count int    `json:"count"`
+			Limit int    `json:"limit"`
+		} `json:"flags"`
+	}
+	if err := json.Unmarshal([]byte(out), &s); err != nil {
+		t.Fatalf("status --json --rabbitmqctl (%d): %v\n%s%s", code, err, out, errOut)
+	}
+	// A shared broker may be near its limits for reasons of its own: that flag (and
+	// its exit status) is the only one allowed here.
+	nearLimit := false
+	for _, f := range s.Flags {
+		if f.Kind != "near-limit" {
+			t.Errorf("flag %+v", f)
+		}
+		nearLimit = true
+		t.Logf("the broker is near a limit: %+v", f)
+	}
+	if want := map[bool]int{false: exitOK, true: exitFailed}[nearLimit]; code != want {
+		t.Errorf("status exited %d, want %d:\n%s%s", code, want, out, errOut)
+	}
+	if !s.Counted || s.FileDescriptors <= 0 || s.FileDescriptorLimit <= 0 || s.CountsError != "" {
+		t.Errorf("broker counts: %+v", s)
+	}
+	for _, q := range s.Queues {
+		if !q.Counted {
+			t.Errorf("queue %s not counted", q.Name)
+		}
+	}
+	// A rabbitmqctl that reaches another node than the broker at the URI (a host may
+	// run several: this one listens on another port) is refused, not believed.
+	_, err := rabbitmqctlCounts(brokertest.CtlCommand(), "amqp://guest:guest@127.0.0.1:1/", time.Minute)(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "not on 1 of AMQP_URI") {
+		t.Errorf("counts from another node: %v", err)
+	}
+	// A command that does not answer in time is killed, and the run says so.
+	hung := filepath.Join(t.TempDir(), "hung-rabbitmqctl")
+	if err := os.WriteFile(hung, []byte("#!/bin/sh\nsleep 60\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	code, out, errOut = e.run("status", "--rabbitmqctl", hung, "--ctl-timeout", "500ms")
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("a hung rabbitmqctl held status %s", took)
+	}
+	if code != exitFailed || !strings.Contains(out+errOut, "no answer within 500ms") {
+		t.Errorf("hung rabbitmqctl (%d):\n%s%s", code, out, errOut)
+	}
+}
+
+// TestJSONKeysSnakeCase (issue 19): every --json output uses snake_case keys only
+// (topology apply mixed "Exchanges" with "work_queues").
+func TestJSONKeysSnakeCase(t *testing.T) {
+	e := newEnv(t, "orders")
+	for _, args := range [][]string{
+		append([]string{"topology", "apply", "--json"}, e.queueFlags()...),
+		append([]string{"topology", "plan", "--json"}, e.queueFlags()...),
+		append([]string{"topology", "verify", "--json"}, e.queueFlags()...),
+		{"status", "--json", "--rabbitmqctl", "off"},
+		{"poison", "list", "--json"},
+		{"poison", "show", "--json", "m0000"},
+		{"poison", "redrive", "--json", "--dry-run"},
+		{"version", "--json"},
+	} {
+		if args[1] == "list" {
+			e.poison(1)
+		}
+		code, out, errOut := e.run(args...)
+		var v any
+		if err := json.Unmarshal([]byte(out), &v); err != nil || code != exitOK {
+			t.Errorf("%v (%d): %v\n%s%s", args, code, err, out, errOut)
+			continue
+		}
+		if bad := badKeys(v, ""); len(bad) > 0 {
+			t.Errorf("%v: keys not snake_case: %v", args, bad)
+		}
+	}
+}
+
+var snake = regexp.MustCompile(`^[a-z0-9_]+$`)
+
+// badKeys returns the keys of v, recursively, that are not snake_case, leaving out the
+// values of maps keyed by data (arguments, metadata).
+func badKeys(v any, parent string) []string {
+	var out []string
+	switch v := v.(type) {
+	case map[string]any:
+		for k, x := range v {
+			if !snake.MatchString(k) {
+				out = append(out, parent+"."+k)
+			}
+			if k != "args" && k != "metadata" {
+				out = append(out, badKeys(x, k)...)
+			}
+		}
+	case []any:
+		for _, x := range v {
+			out = append(out, badKeys(x, parent)...)
+		}
+	}
+	return out
 }
 
 // TestRedriveKilledMidRun: 1,000 poisoned messages redriven at a rate limit, the
@@ -188,26 +458,24 @@ func TestPoisonListShowDryRun(t *testing.T) {
 func TestRedriveKilledMidRun(t *testing.T) {
 	const total = 1000
 	e := newEnv(t, "orders", "billing", "shipping", "email")
-	if code, out, errOut := e.run(append([]string{"topology", "apply"}, e.queueFlags()...)...); code != exitOK {
-		t.Fatalf("apply: %s%s", out, errOut)
-	}
+	e.apply()
 	e.poison(total)
 
 	cmd := exec.Command(binary, append([]string{"poison", "redrive", "--rate", "200/s"}, e.flags()...)...)
-	cmd.Env = append(os.Environ(), "AMQP_URI="+brokertest.URI())
+	cmd.Env = append(os.Environ(), uriEnv+"="+brokertest.URI())
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * time.Second)
+	time.Sleep(2500 * time.Millisecond)
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
 	t.Logf("killed command's stderr:\n%s", stderr.String())
-	if !strings.Contains(stderr.String(), "progress:") {
-		t.Errorf("no progress counts on a non-TTY stderr")
+	if !strings.Contains(stderr.String(), "progress: ") {
+		t.Errorf("no line of counts on a stderr that is not a terminal")
 	}
 
 	// The broker requeues what the dead connection held: wait until it is back.
@@ -218,26 +486,16 @@ func TestRedriveKilledMidRun(t *testing.T) {
 		for _, msg := range brokertest.Drain(t, q) {
 			seen[msg.UUID]++
 			redriven++
-			if got := msg.Metadata.Get(middleware.QueueKey); got != q {
+			if got := middleware.ReadEnvelope(msg.Metadata).Queue; got != q {
 				t.Errorf("message %s failed on %s but was redriven to %s", msg.UUID, got, q)
 			}
 		}
 	}
-	var left []*message.Message
 	deadline := time.Now().Add(10 * time.Second)
-	for {
-		left = brokertest.Drain(t, poison)
-		if redriven+len(left) >= total || time.Now().After(deadline) {
-			break
-		}
-		// Not yet requeued: put them back and look again.
-		for _, msg := range left {
-			if err := e.h.PublishMessage(context.Background(), "", poison, msg, nil); err != nil {
-				t.Fatal(err)
-			}
-		}
-		time.Sleep(200 * time.Millisecond)
+	for brokertest.QueueLength(t, poison)+redriven < total && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
 	}
+	left := brokertest.Drain(t, poison)
 	for _, msg := range left {
 		seen[msg.UUID]++
 	}
@@ -254,35 +512,11 @@ func TestRedriveKilledMidRun(t *testing.T) {
 	if redriven == 0 || len(left) == 0 {
 		t.Errorf("the kill did not land mid-run: %d redriven, %d left", redriven, len(left))
 	}
-	if redriven > 2*200+50 {
-		t.Errorf("%d redriven in 2 s at 200/s: the rate limit does not hold", redriven)
+	if redriven > 3*200 {
+		t.Errorf("%d redriven in 2.5 s at 200/s: the rate limit does not hold", redriven)
 	}
 	if dups > 1 {
 		t.Errorf("%d messages in both places, want at most 1", dups)
-	}
-}
-
-func TestCredentialsNeverPrinted(t *testing.T) {
-	const secret = "s3cret-Pa55"
-	t.Setenv(uriEnv, "amqp://guest:"+secret+"@127.0.0.1:5672/")
-	for _, args := range [][]string{{"status"}, {"status", "--json"}, {"poison", "list"}, {"topology", "verify"}} {
-		var stdout, stderr bytes.Buffer
-		code := run(context.Background(), args, &stdout, &stderr)
-		if code == exitOK {
-			t.Errorf("%v with a wrong password exited 0", args)
-		}
-		if out := stdout.String() + stderr.String(); strings.Contains(out, secret) || out == "" {
-			t.Errorf("%v printed the password or nothing:\n%s", args, out)
-		}
-	}
-}
-
-func TestUsage(t *testing.T) {
-	for _, args := range [][]string{{}, {"bogus"}, {"poison"}, {"poison", "bogus"}, {"status", "--bogus"}, {"poison", "redrive", "--rate", "x"}} {
-		var stdout, stderr bytes.Buffer
-		if code := run(context.Background(), args, &stdout, &stderr); code != exitUsage {
-			t.Errorf("%v exited %d, want %d\n%s", args, code, exitUsage, stderr.String())
-		}
 	}
 }
 
@@ -291,12 +525,10 @@ func TestUsage(t *testing.T) {
 func TestRedriveInterrupted(t *testing.T) {
 	const total = 300
 	e := newEnv(t, "orders", "billing")
-	if code, out, errOut := e.run(append([]string{"topology", "apply"}, e.queueFlags()...)...); code != exitOK {
-		t.Fatalf("apply: %s%s", out, errOut)
-	}
+	e.apply()
 	e.poison(total)
 	cmd := exec.Command(binary, append([]string{"poison", "redrive", "--rate", "100/s"}, e.flags()...)...)
-	cmd.Env = append(os.Environ(), "AMQP_URI="+brokertest.URI())
+	cmd.Env = append(os.Environ(), uriEnv+"="+brokertest.URI())
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Start(); err != nil {
@@ -324,19 +556,16 @@ func TestRedriveInterrupted(t *testing.T) {
 			t.Errorf("message m%04d found %d times, want exactly once after a clean stop", i, n)
 		}
 	}
-	t.Logf("%s", stdout.String())
 }
 
 // TestWindowKeepsOrder: with a window smaller than the run, the run stops when the
 // window is full, and what it held is back in place, in order.
 func TestWindowKeepsOrder(t *testing.T) {
 	e := newEnv(t, "orders", "billing")
-	if code, out, errOut := e.run(append([]string{"topology", "apply"}, e.queueFlags()...)...); code != exitOK {
-		t.Fatalf("apply: %s%s", out, errOut)
-	}
+	e.apply()
 	e.poison(10) // even: orders, odd: billing
 	code, out, _ := e.run("poison", "redrive", "--queue", e.queues[1], "--window", "3")
-	if code != exitOK || !strings.Contains(out, "stopped: 3 messages held (--window)") {
+	if code != exitOK || !strings.Contains(out, "stopped: 3 messages held (--window); run again to continue") {
 		t.Fatalf("redrive with a small window (%d):\n%s", code, out)
 	}
 	var got []string
@@ -344,9 +573,12 @@ func TestWindowKeepsOrder(t *testing.T) {
 		got = append(got, msg.UUID)
 	}
 	// m0000, m0002, m0004 were held (not matching); m0001, m0003 redriven before the
-	// window filled; the rest was never looked at.
-	want := []string{"m0000", "m0002", "m0004", "m0005", "m0006", "m0007", "m0008", "m0009"}
-	if strings.Join(got, ",") != strings.Join(want, ",") {
-		t.Errorf("poison queue after the run: %v, want %v", got, want)
+	// window filled; the rest was never looked at. Held and never taken each keep their
+	// order (a quorum queue may put the held behind the others).
+	heldIDs := []string{"m0000", "m0002", "m0004"}
+	held := slices.DeleteFunc(slices.Clone(got), func(id string) bool { return !slices.Contains(heldIDs, id) })
+	rest := slices.DeleteFunc(slices.Clone(got), func(id string) bool { return slices.Contains(heldIDs, id) })
+	if !slices.Equal(held, heldIDs) || !slices.Equal(rest, []string{"m0005", "m0006", "m0007", "m0008", "m0009"}) {
+		t.Errorf("poison queue after the run: %v", got)
 	}
 }

@@ -4,6 +4,7 @@
 package brokertest
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strings"
@@ -67,12 +68,16 @@ func Prefix(t testing.TB) string {
 }
 
 // Cleanup deletes the given queues and exchanges when the test ends, on a connection
-// of its own.
+// of its own; where no connection can be had (a broker out of file handles hangs every
+// new one), the queues through rabbitmqctl. It fails the test when neither works, so
+// that leftovers never go unnoticed: quorum queues left behind exhaust a RabbitMQ 3.x
+// broker's file-handle budget (docs/broker-resources.md).
 func Cleanup(t testing.TB, queues, exchanges []string) {
 	t.Helper()
 	t.Cleanup(func() {
-		conn, err := amqp.Dial(URI())
+		conn, err := amqp.DialConfig(URI(), amqp.Config{Dial: amqp.DefaultDial(10 * time.Second)})
 		if err != nil {
+			cleanupByCtl(t, queues, err)
 			return
 		}
 		defer conn.Close()
@@ -89,6 +94,22 @@ func Cleanup(t testing.TB, queues, exchanges []string) {
 			}
 		}
 	})
+}
+
+// cleanupByCtl deletes queues with rabbitmqctl, after dialErr, failing t if it cannot.
+func cleanupByCtl(t testing.TB, queues []string, dialErr error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var left []string
+	for _, q := range queues {
+		if _, err := Ctl(ctx, "delete_queue", q); err != nil {
+			left = append(left, q)
+		}
+	}
+	if len(left) > 0 {
+		t.Errorf("cleanup: no connection to the broker (%v) and rabbitmqctl failed: %d queues may be left: %s",
+			redact.Error(dialErr, URI()), len(left), strings.Join(left, ", "))
+	}
 }
 
 // CleanupTopology deletes the queues and exchanges of t when the test ends.

@@ -39,7 +39,10 @@ func CtlCommand() []string {
 // output. It first makes sure, once per process, that the command reaches the node
 // listening on AMQP_URI's port, and refuses otherwise: a policy, a closed connection or
 // a restart meant for the broker under test never lands on another one (such as the
-// machine's own broker while AMQP_URI names the RabbitMQ 4.x node).
+// machine's own broker while AMQP_URI names the RabbitMQ 4.x node). Every run is
+// bounded (a minute; three for commands that wait for a node, such as await_startup or
+// stop_app; less if ctx ends sooner): a broker that stopped answering fails the caller
+// with an error naming the command.
 func Ctl(ctx context.Context, args ...string) ([]byte, error) {
 	if err := checkNode(ctx); err != nil {
 		return nil, err
@@ -47,13 +50,63 @@ func Ctl(ctx context.Context, args ...string) ([]byte, error) {
 	return runCtl(ctx, args...)
 }
 
+// ctlTimeout bounds one rabbitmqctl run, whatever the caller's context: a broker that
+// stopped answering fails the test within it, naming the command, instead of holding
+// the test binary until go test's own timeout. The caller's deadline still applies when
+// it is the shorter. (Variables for the package's tests.)
+var ctlTimeout = time.Minute
+
+// ctlWaitTimeout bounds the commands that wait for a node to start, stop or join
+// (await_startup's own default --timeout is 300 s, so give it one to wait less).
+var ctlWaitTimeout = 3 * time.Minute
+
+// ctlWaitDelay is how long a killed rabbitmqctl's output may stay open: past it, the run
+// returns even if some process it started still holds the output pipe.
+const ctlWaitDelay = 5 * time.Second
+
+// errCtlTimeout says that a rabbitmqctl run did not finish within its bound.
+var errCtlTimeout = errors.New("no answer in time")
+
+// ctlLimit returns the bound of one rabbitmqctl run with args.
+func ctlLimit(args []string) time.Duration {
+	for _, a := range args {
+		if strings.HasPrefix(a, "-") {
+			continue // options such as -q come before the command
+		}
+		switch a {
+		case "await_startup", "await_online_nodes", "wait", "start_app", "stop_app", "stop",
+			"shutdown", "reset", "force_reset", "join_cluster", "forget_cluster_node":
+			return ctlWaitTimeout
+		}
+		return ctlTimeout
+	}
+	return ctlTimeout
+}
+
 func runCtl(ctx context.Context, args ...string) ([]byte, error) {
 	words := CtlCommand()
-	out, err := exec.CommandContext(ctx, words[0], append(words[1:], args...)...).CombinedOutput()
-	if err != nil {
-		return out, fmt.Errorf("%s %s: %w\n%s", strings.Join(words, " "), strings.Join(args, " "), err, out)
+	limit := ctlLimit(args)
+	bounded, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	cmd := exec.CommandContext(bounded, words[0], append(words[1:], args...)...)
+	// A wrapper (scripts/rabbitmq4.sh ctl) runs rabbitmqctl in a child: on timeout kill
+	// the whole process group, and stop waiting for the output of any survivor.
+	killProcessGroup(cmd)
+	cmd.WaitDelay = ctlWaitDelay
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		return out, nil
 	}
-	return out, nil
+	name := strings.Join(append(slices.Clone(words), args...), " ")
+	took := time.Since(start).Round(time.Millisecond)
+	switch {
+	case ctx.Err() != nil:
+		return out, fmt.Errorf("%s: stopped after %s, the caller's context ended: %w (%w)\n%s", name, took, context.Cause(ctx), err, out)
+	case bounded.Err() != nil:
+		return out, fmt.Errorf("%s: %w: killed after %s (limit %s); is the broker under test hung or stopped? (%w, %w)\n%s", name, errCtlTimeout, took, limit, context.Cause(bounded), err, out)
+	}
+	return out, fmt.Errorf("%s: %w\n%s", name, err, out)
 }
 
 // checked holds the rabbitmqctl command and AMQP_URI pairs found to match.

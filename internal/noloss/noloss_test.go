@@ -3,6 +3,7 @@ package noloss_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -17,11 +18,10 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/noloss"
@@ -32,38 +32,49 @@ import (
 const (
 	// EnableEnv turns the test on: "1".
 	EnableEnv = "AMQPRETRY_NOLOSS"
-	// NEnv is the number of messages per backend (default 5000).
+	// NEnv is the number of messages per variant (default 5000; 2000 in a cluster).
 	NEnv = "AMQPRETRY_NOLOSS_N"
 	// SabotageEnv, for proving the test itself, makes the consumer drop this many
 	// messages (see the consumer's -sabotage): the test must then fail with lost >= 1.
 	SabotageEnv = "AMQPRETRY_NOLOSS_SABOTAGE"
+	// BackendsEnv limits the run to these variants (noloss.Variants' names,
+	// comma-separated). Default: every one (in a cluster: clusterDefaultVariants).
+	BackendsEnv = "AMQPRETRY_NOLOSS_BACKENDS"
+	// LogsEnv names a directory to copy each consumer's log into at the end of its run.
+	LogsEnv = "AMQPRETRY_NOLOSS_LOGS"
 
 	defaultN = 5000
-	batches  = 6 // messages are published in batches, with a fault after each but the last
 )
 
-// The faults, one after each batch but the last, in this order.
-const (
-	faultClose   = "close_all_connections"
-	faultKill    = "consumer_sigkill_restart"
-	faultStopApp = "stop_app_start_app"
-)
-
-var faultPlan = []string{faultClose, faultKill, faultClose, faultStopApp, faultClose}
-
-// TestNoLoss sends N messages per durable backend through a consumer process (20% fail
-// twice then succeed, 1% fail permanently) while the broker's connections are closed
-// three times, the consumer is killed with SIGKILL and restarted once, and the broker's
-// application is stopped and started once, each fault while retries wait in the delay
-// queues. It then accounts for every message: handled (recorded by the consumer) or
-// poisoned with reason permanent, delay and parking queues empty. It prints one line
-// per backend, starting with "NOLOSS ", that the README's Reliability table is filled
-// from.
+// TestNoLoss sends N messages per variant through a consumer process (20% fail twice,
+// or three times for the two-stage form, then succeed; 1% fail permanently) while
+// faults are injected, each while retries wait (in delay queues, or in the work queue
+// itself for RabbitMQ 4.3's delayed retry), then accounts for every message: handled
+// (recorded by the consumer) or poisoned with reason permanent, every queue where
+// retries wait empty. It prints one line per variant, starting with "NOLOSS ", that the
+// README's Reliability table is filled from. Retries RabbitMQ holds in the work queue
+// are counted through rabbitmqctl (list_queues messages - ready - unacked; a passive
+// declare does not see them), as waiting before a fault and as still in the broker in
+// the accounting. A variant the broker cannot run is skipped, saying why:
+// delayed-exchange without its plugin (or on 4.3, which cannot run it), delayed-retry
+// and the two-stage form before RabbitMQ 4.3 (the library refuses them,
+// delay.ErrUnsupported).
+//
+// Against one broker (AMQP_URI, rabbitmqctl from AMQPRETRY_RABBITMQCTL) the faults are:
+// its connections closed three times, the consumer killed with SIGKILL and restarted
+// once, the broker's application stopped and started once. With
+// AMQPRETRY_NOLOSS_CLUSTER=1 it runs on the three-node cluster of scripts/cluster.sh
+// instead: see cluster_test.go.
 func TestNoLoss(t *testing.T) {
 	if os.Getenv(EnableEnv) != "1" {
-		t.Skipf("takes minutes and disturbs the broker under test: set %s=1 and %s=1", EnableEnv, brokertest.RestartEnv)
+		t.Skipf("takes minutes and disturbs the broker under test: set %s=1 and %s=1 (or %s=1 for the cluster of scripts/cluster.sh)", EnableEnv, brokertest.RestartEnv, ClusterEnv)
 	}
-	if os.Getenv("CI") == "true" {
+	o := readOptions(t)
+	if o.cluster {
+		testCluster(t, o)
+		return
+	}
+	if brokertest.CI() {
 		// brokertest.RequireRestart skips in these cases; asked for explicitly, a
 		// skip would be silent, so fail instead.
 		if os.Getenv(brokertest.RestartEnv) != "1" {
@@ -74,34 +85,72 @@ func TestNoLoss(t *testing.T) {
 		}
 	}
 	brokertest.RequireRestart(t)
-	n := defaultN
+	brokertest.Dial(t) // fails under CI=true when no broker answers
+	bin := buildConsumer(t)
+	for _, v := range o.variants(noloss.Variants()) {
+		t.Run(v.Name, func(t *testing.T) {
+			newGroup(t, single{}, bin, o, []noloss.Variant{v}).play(singlePlan)
+		})
+	}
+}
+
+// options are the test's settings, from the environment.
+type options struct {
+	n, sabotage, major int
+	only               []string // BackendsEnv
+	cluster            bool
+}
+
+func readOptions(t *testing.T) options {
+	t.Helper()
+	o := options{n: defaultN, cluster: os.Getenv(ClusterEnv) == "1"}
+	if o.cluster {
+		o.n = clusterDefaultN
+	}
 	if s := os.Getenv(NEnv); s != "" {
 		v, err := strconv.Atoi(s)
 		if err != nil || v < 1 {
 			t.Fatalf("%s=%q: want a positive number of messages", NEnv, s)
 		}
-		n = v
+		o.n = v
 	}
-	sabotage := 0
 	if s := os.Getenv(SabotageEnv); s != "" {
 		v, err := strconv.Atoi(s)
 		if err != nil || v < 0 {
 			t.Fatalf("%s=%q: want a number of messages to drop", SabotageEnv, s)
 		}
-		sabotage = v
+		o.sabotage = v
 	}
-	brokertest.Dial(t) // fails under CI=true when no broker answers
-	bin := buildConsumer(t)
-
-	for _, backend := range delay.Backends() {
-		t.Run(backend, func(t *testing.T) {
-			if backend == delay.BackendMemory {
-				t.Skip("memory backend: not durable (retries waiting in it die with the process, as the README says); nothing to prove here")
+	var err error
+	if o.major, err = noloss.ParseMajor(os.Getenv(noloss.MajorEnv)); err != nil {
+		t.Fatal(err)
+	}
+	if s := os.Getenv(BackendsEnv); s != "" {
+		for _, name := range strings.Split(s, ",") {
+			if _, ok := noloss.VariantNamed(strings.TrimSpace(name)); !ok {
+				var known []string
+				for _, v := range noloss.Variants() {
+					known = append(known, v.Name)
+				}
+				t.Fatalf("%s: unknown variant %q (known: %s)", BackendsEnv, name, strings.Join(known, ", "))
 			}
-			r := newRun(t, bin, backend, n, sabotage)
-			r.run()
-		})
+			o.only = append(o.only, strings.TrimSpace(name))
+		}
 	}
+	return o
+}
+
+// variants returns the variants to run: those of BackendsEnv, else all of def.
+func (o options) variants(def []noloss.Variant) []noloss.Variant {
+	if len(o.only) == 0 {
+		return def
+	}
+	var out []noloss.Variant
+	for _, name := range o.only {
+		v, _ := noloss.VariantNamed(name)
+		out = append(out, v)
+	}
+	return out
 }
 
 func buildConsumer(t *testing.T) string {
@@ -118,98 +167,306 @@ func buildConsumer(t *testing.T) string {
 	return bin
 }
 
-// run is one backend's run.
-type run struct {
-	t        *testing.T
-	ctx      context.Context
-	bin      string
-	backend  string
-	prefix   string
-	n        int
-	sabotage int
-	version  string
-	logPath  string
-
-	work, results, poison string
-	parking               string   // "" for delayed-exchange, which has none
-	delayQueues           []string // empty for delayed-exchange: its retries wait inside the plugin
-
-	uuids    []string
-	fates    map[string]noloss.Fate
-	consumer *consumerProc
-	faults   []string // "what@seconds(waiting=k)"
-	// resultsAtFault is how many records the results queue held after the last fault.
-	resultsAtFault int
-	start          time.Time
+// broker is what a run is played against: one broker, or the cluster.
+type broker interface {
+	// setup returns the run's connection settings (URI, and nodes in a cluster).
+	setup() noloss.Setup
+	// ctl runs rabbitmqctl on (a running node of) the broker.
+	ctl(ctx context.Context, args ...string) ([]byte, error)
+	// nodes is how many nodes the broker has.
+	nodes() int
 }
 
-func newRun(t *testing.T, bin, backend string, n, sabotage int) *run {
+// single is the broker at AMQP_URI, driven by brokertest.Ctl.
+type single struct{}
+
+func (single) setup() noloss.Setup { return noloss.Setup{URI: brokertest.URI()} }
+func (single) ctl(ctx context.Context, args ...string) ([]byte, error) {
+	return brokertest.Ctl(ctx, args...)
+}
+func (single) nodes() int { return 1 }
+
+// fault is one fault of a plan: it returns a note for the fault list ("" for none).
+type fault struct {
+	name   string
+	inject func(g *group) string
+}
+
+// The faults against one broker, one after each batch but the last, in this order.
+var singlePlan = []fault{
+	{"close_all_connections", closeAll},
+	{"consumer_sigkill_restart", killConsumer},
+	{"close_all_connections", closeAll},
+	{"stop_app_start_app", stopApp},
+	{"close_all_connections", closeAll},
+}
+
+func closeAll(g *group) string {
+	if out, err := g.b.ctl(g.ctx, "close_all_connections", fmt.Sprintf("amqpretry no-loss test, fault %d", len(g.faults)+1)); err != nil {
+		g.fatal("%v\n%s", err, out)
+	}
+	return ""
+}
+
+func killConsumer(g *group) string {
+	for _, r := range g.runs {
+		r.consumer.kill()
+		r.consumer = r.startConsumer()
+	}
+	return ""
+}
+
+func stopApp(g *group) string {
+	for _, step := range []string{"stop_app", "start_app", "await_startup"} {
+		if out, err := g.b.ctl(g.ctx, step); err != nil {
+			g.fatal("%v\n%s", err, out)
+		}
+	}
+	if err := g.runs[0].waitBroker(time.Minute); err != nil {
+		g.fatal("broker did not come back within a minute after start_app: %v", err)
+	}
+	return ""
+}
+
+// group is runs played together against one broker: each batch goes to every run,
+// and each fault, injected once, hits them all. Against one broker a group has one
+// run; in the cluster, one run per variant (the node restarts, not the messages, take
+// the time).
+type group struct {
+	t      *testing.T
+	ctx    context.Context
+	b      broker
+	bin    string
+	o      options
+	runs   []*run
+	faults []faultRecord
+	start  time.Time
+	// batch is the batch just published, of batches: a fault may publish the next.
+	batch, batches int
+}
+
+// newGroup bounds the group's runs: 6 min (10 in a cluster, which restarts nodes)
+// plus 15 ms per message. After a restart, at-least-once dead lettering may hold
+// expired retries until it retries them, minutes later (seen: 3 min on RabbitMQ
+// 3.10.8).
+func newGroup(t *testing.T, b broker, bin string, o options, variants []noloss.Variant) *group {
 	t.Helper()
-	// 6 min: after a restart, at-least-once dead lettering may hold expired retries
-	// until it retries them, minutes later (seen: 3 min on RabbitMQ 3.10.8).
-	budget := 6*time.Minute + time.Duration(n)*15*time.Millisecond
+	budget := 6*time.Minute + time.Duration(o.n*len(variants))*15*time.Millisecond
+	if b.nodes() > 1 {
+		budget += 4 * time.Minute
+	}
 	deadline := time.Now().Add(budget)
 	if d, ok := t.Deadline(); ok && d.Add(-30*time.Second).Before(deadline) {
 		deadline = d.Add(-30 * time.Second)
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	t.Cleanup(cancel)
-
-	r := &run{t: t, ctx: ctx, bin: bin, backend: backend, n: n, sabotage: sabotage, prefix: brokertest.Prefix(t)}
-	r.work, r.results = noloss.WorkQueue(r.prefix), noloss.ResultsQueue(r.prefix)
-	r.logPath = filepath.Join(t.TempDir(), "consumer.log")
-
-	// Build the configuration once here, as the consumer will: it declares the
-	// topology, tells whether this broker can run the backend, and names the queues.
-	cfg := noloss.Config(brokertest.URI(), backend, r.prefix)
-	r.poison = r.prefix + ".poison" // the default, which New declares even when it then fails
-	brokertest.Cleanup(t, []string{r.work, r.results, r.poison}, nil)
-	retry, err := amqpretry.New(cfg)
-	if errors.Is(err, delay.ErrPluginMissing) {
-		t.Skipf("%s needs the rabbitmq_delayed_message_exchange plugin, which this broker does not have: %v", backend, err)
+	g := &group{t: t, ctx: ctx, b: b, bin: bin, o: o}
+	for _, v := range variants {
+		g.runs = append(g.runs, newRun(g, v))
 	}
+	return g
+}
+
+func (g *group) elapsed() float64 { return time.Since(g.start).Seconds() }
+
+func (g *group) fatal(format string, args ...any) {
+	g.t.Helper()
+	for _, r := range g.runs {
+		g.t.Logf("%s: consumer log: %s", r.v.Name, consumerLog(r.logPath))
+	}
+	g.t.Fatalf(format, args...)
+}
+
+// play publishes the messages in batches, one fault after each batch but the last
+// once retries of every run wait, then accounts for every run.
+func (g *group) play(plan []fault) []*account {
+	g.start = time.Now()
+	for _, r := range g.runs {
+		r.consumer = r.startConsumer()
+		g.t.Cleanup(func() { r.consumer.kill() })
+		if g.b.nodes() > 1 {
+			// The consumer's subscribers have declared the work queue.
+			r.checkReplication()
+		}
+	}
+	batches := len(plan) + 1
+	for b := range batches {
+		for _, r := range g.runs {
+			lo, hi := r.batch(b, batches)
+			if err := r.publish(lo, hi); err != nil {
+				g.fatal("%s: publish batch %d: %v", r.v.Name, b+1, err)
+			}
+		}
+		if b == len(plan) {
+			break
+		}
+		g.batch, g.batches = b, batches
+		waiting := make([]int, len(g.runs))
+		for i, r := range g.runs {
+			waiting[i] = r.awaitWaitingRetries(r.batch(b, batches))
+		}
+		g.inject(plan[b], waiting)
+	}
+	g.t.Logf("all messages published, faults: %s; accounting", g.faultList())
+	var accs []*account
+	for _, r := range g.runs {
+		accs = append(accs, r.finish())
+	}
+	return accs
+}
+
+func (g *group) faultList() string {
+	var fl []string
+	for _, f := range g.faults {
+		fl = append(fl, f.String(g.start))
+	}
+	return strings.Join(fl, " ")
+}
+
+func (g *group) inject(f fault, waiting []int) {
+	g.t.Helper()
+	rec := faultRecord{name: f.name, start: time.Now(), waiting: waiting}
+	g.t.Logf("fault %d %s at %.1f s with %v retries waiting", len(g.faults)+1, f.name, g.elapsed(), waiting)
+	rec.note = f.inject(g)
+	rec.end = time.Now()
+	for _, r := range g.runs {
+		r.resultsAtFault = r.count(r.results)
+	}
+	g.faults = append(g.faults, rec)
+	g.t.Logf("fault %d %s done after %.1f s %s", len(g.faults), f.name, rec.end.Sub(rec.start).Seconds(), rec.note)
+}
+
+// run is one variant's run.
+type run struct {
+	g        *group
+	t        *testing.T
+	ctx      context.Context
+	b        broker
+	s        noloss.Setup
+	v        noloss.Variant
+	idx      int // in its group
+	n        int
+	sabotage int
+	version  string
+	logPath  string
+	scenario string // on the NOLOSS line, for a run that is not a variant's plain run
+
+	work, results, poison string
+	parking               string   // "" for delayed-exchange and delayed-retry, which have none
+	delayQueues           []string // where copies wait: none for delayed-exchange (inside the plugin) and delayed-retry
+	allQueues, exchanges  []string // everything the run declared, deleted at its end
+
+	uuids     []string
+	fates     map[string]noloss.Fate
+	published map[int]bool // messages confirmed by a fault's own publish
+	consumer  *consumerProc
+	// resultsAtFault is how many records the results queue held after the last fault.
+	resultsAtFault int
+}
+
+// faultRecord is one injected fault.
+type faultRecord struct {
+	name       string
+	note       string
+	start, end time.Time // from the first command to the broker being back
+	waiting    []int     // retries waiting in each run of the group when it started
+}
+
+func (f faultRecord) String(start time.Time) string {
+	var w []string
+	for _, n := range f.waiting {
+		w = append(w, strconv.Itoa(n))
+	}
+	s := fmt.Sprintf("%s@%.1fs+%.1fs(waiting=%s", f.name, f.start.Sub(start).Seconds(), f.end.Sub(f.start).Seconds(), strings.Join(w, "+"))
+	if f.note != "" {
+		s += "," + f.note
+	}
+	return s + ")"
+}
+
+func newRun(g *group, v noloss.Variant) *run {
+	t := g.t
+	t.Helper()
+	s := g.b.setup()
+	s.Variant, s.Major, s.Prefix = v, g.o.major, brokertest.Prefix(t)
+	r := &run{g: g, t: t, ctx: g.ctx, b: g.b, s: s, v: v, idx: len(g.runs), n: g.o.n, sabotage: g.o.sabotage, published: map[int]bool{}}
+	r.work, r.results = noloss.WorkQueue(s.Prefix), noloss.ResultsQueue(s.Prefix)
+	r.logPath = filepath.Join(t.TempDir(), "consumer.log")
+	if dir := os.Getenv(LogsEnv); dir != "" {
+		t.Cleanup(func() {
+			b, err := os.ReadFile(r.logPath)
+			if err == nil {
+				err = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s.v%d.%s.log", r.v.Name, r.s.Major, s.Prefix)), b, 0o644)
+			}
+			if err != nil && !errors.Is(err, os.ErrNotExist) { // none: the run was skipped
+				t.Logf("%s: %v", LogsEnv, err)
+			}
+		})
+	}
+
+	// Plan names everything the consumer's Retry declares, for clean-up (even when New
+	// then fails) and for the accounting.
+	plan, err := s.Config().Plan(r.work)
 	if err != nil {
 		t.Fatal(err)
 	}
-	topo := retry.Backend().Topology()
-	if retry.PoisonQueue() != r.poison {
-		t.Fatalf("poison queue %s, want %s", retry.PoisonQueue(), r.poison)
+	r.poison = s.Config().WithDefaults().PoisonQueue
+	r.allQueues = []string{r.work, r.results}
+	for _, q := range plan.Queues {
+		switch {
+		case q.Name == r.work || slices.Contains(r.allQueues, q.Name):
+		case q.Name == r.poison:
+		case q.Name == s.Prefix+".parking":
+			r.parking = q.Name
+		default:
+			r.delayQueues = append(r.delayQueues, q.Name)
+		}
+		if !slices.Contains(r.allQueues, q.Name) {
+			r.allQueues = append(r.allQueues, q.Name)
+		}
+	}
+	if !slices.Contains(r.allQueues, r.poison) {
+		r.allQueues = append(r.allQueues, r.poison)
+	}
+	for _, e := range plan.Exchanges {
+		r.exchanges = append(r.exchanges, e.Name)
+	}
+	t.Cleanup(r.deleteAll)
+
+	// Build the Retry once here, as the consumer will: it declares the topology and
+	// tells whether this broker can run the variant.
+	retry, err := noloss.New(s)
+	switch {
+	case errors.Is(err, delay.ErrPluginMissing):
+		t.Skipf("%s needs the rabbitmq_delayed_message_exchange plugin, which this broker does not have (or cannot run): %v", v.Name, err)
+	case errors.Is(err, delay.ErrUnsupported):
+		t.Skipf("%s needs RabbitMQ 4.3 or later (delayed retry of quorum queues); the library refuses it on this broker: %v", v.Name, err)
+	case err != nil:
+		t.Fatal(err)
 	}
 	if err := retry.Close(); err != nil {
 		t.Fatal(err)
 	}
-	for _, q := range topo.Queues {
-		if q.Name == r.prefix+".parking" {
-			r.parking = q.Name
-		} else {
-			r.delayQueues = append(r.delayQueues, q.Name)
-		}
-	}
-	brokertest.CleanupTopology(t, topo)
 
-	conn := brokertest.Dial(t)
+	conn := r.dial()
 	r.version, _ = conn.Properties["version"].(string)
 	ch, err := conn.Channel()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ch.QueueDeclare(r.results, true, false, false, false, nil); err != nil {
+	if _, err := ch.QueueDeclare(r.results, true, false, false, false, s.QueueArgs()); err != nil {
 		t.Fatal(err)
 	}
-	_ = conn.Close()
+	noloss.CloseConn(conn)
 	// The faults go through rabbitmqctl: make sure it drives this broker, not another
 	// one on the machine, before disturbing anything.
-	out, err := brokertest.Ctl(ctx, "-q", "list_queues", "--no-table-headers", "name")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Contains(strings.Fields(string(out)), r.results) {
-		t.Fatalf("%s (%s) does not see queue %s, just declared on the broker at AMQP_URI (%s): it drives another broker",
-			strings.Join(brokertest.CtlCommand(), " "), brokertest.CtlEnv, r.results, brokertest.Redact(brokertest.URI()))
+	if _, ok := r.listQueues()[r.results]; !ok {
+		t.Fatalf("rabbitmqctl does not see queue %s, just declared on the broker under test: it drives another broker", r.results)
 	}
 
-	r.fates = make(map[string]noloss.Fate, n)
-	for i := range n {
+	r.fates = make(map[string]noloss.Fate, r.n)
+	for i := range r.n {
 		id := watermill.NewUUID()
 		r.uuids = append(r.uuids, id)
 		r.fates[id] = noloss.FateFor(i)
@@ -217,9 +474,69 @@ func newRun(t *testing.T, bin, backend string, n, sabotage int) *run {
 	return r
 }
 
-// queues are the queues that must be empty at the end: the work queue, the parking
-// queue (delayed-exchange has none) and the delay queues.
-func (r *run) queues() []string {
+// batch returns the messages of batch b of batches: lo..hi-1.
+func (r *run) batch(b, batches int) (lo, hi int) { return b * r.n / batches, (b + 1) * r.n / batches }
+
+// dial connects as the run's connections do (through every node of a cluster),
+// trying for up to a minute.
+func (r *run) dial() *amqp.Connection {
+	r.t.Helper()
+	var err error
+	for try := 0; try < 120; try++ {
+		if try > 0 {
+			time.Sleep(500 * time.Millisecond)
+		}
+		var conn *amqp.Connection
+		if conn, err = r.s.Dial(); err == nil {
+			return conn
+		}
+	}
+	r.fatal("connect: %v", err)
+	return nil
+}
+
+// waitBroker returns once the broker accepts a connection.
+func (r *run) waitBroker(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		conn, err := r.s.Dial()
+		if err == nil {
+			noloss.CloseConn(conn)
+			return nil
+		}
+		if time.Now().After(deadline) || r.ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// deleteAll deletes every queue and exchange of the run (brokers run with few file
+// descriptors).
+func (r *run) deleteAll() {
+	conn, err := r.s.Dial()
+	if err != nil {
+		r.t.Logf("clean-up: %v", err)
+		return
+	}
+	defer noloss.CloseConn(conn)
+	for _, q := range r.allQueues {
+		if ch, err := conn.Channel(); err == nil {
+			_, _ = ch.QueueDelete(q, false, false, false)
+			_ = ch.Close()
+		}
+	}
+	for _, e := range r.exchanges {
+		if ch, err := conn.Channel(); err == nil {
+			_ = ch.ExchangeDelete(e, false, false)
+			_ = ch.Close()
+		}
+	}
+}
+
+// waitingQueues are the queues that must be empty at the end: the work queue, the
+// parking queue and the delay queues.
+func (r *run) waitingQueues() []string {
 	qs := []string{r.work}
 	if r.parking != "" {
 		qs = append(qs, r.parking)
@@ -227,27 +544,16 @@ func (r *run) queues() []string {
 	return append(qs, r.delayQueues...)
 }
 
-func (r *run) elapsed() float64 { return time.Since(r.start).Seconds() }
+// countable tells whether every retry of the run waits where the test can count it
+// (not inside the delayed-message plugin).
+func (r *run) countable() bool { return r.v.Backend != delay.DelayedExchange }
 
-func (r *run) run() {
+func (r *run) faults() []faultRecord { return r.g.faults }
+
+// finish accounts for every message, prints the NOLOSS lines and fails the test on a
+// loss or a wrong outcome.
+func (r *run) finish() *account {
 	t := r.t
-	r.start = time.Now()
-	r.consumer = r.startConsumer()
-	t.Cleanup(func() { r.consumer.kill() })
-
-	for b := range batches {
-		lo, hi := b*r.n/batches, (b+1)*r.n/batches
-		if err := r.publish(lo, hi); err != nil {
-			r.fatal("publish batch %d: %v", b+1, err)
-		}
-		if b == len(faultPlan) {
-			break
-		}
-		waiting := r.awaitWaitingRetries(lo, hi)
-		r.inject(faultPlan[b], waiting)
-	}
-	t.Logf("%s: all %d messages published, faults: %s; accounting", r.backend, r.n, strings.Join(r.faults, ", "))
-
 	acc := newAccount()
 	missing := r.collectUntilAccounted(acc)
 	if len(missing) == 0 {
@@ -257,16 +563,27 @@ func (r *run) run() {
 	}
 	r.consumer.stop()
 	r.drain(acc) // what the consumer recorded before it stopped
-	seconds := r.elapsed()
+	seconds := r.g.elapsed()
 	missing = r.missing(acc)
 
 	lost := len(missing)
 	dupUUIDs, extra := acc.duplicates()
-	fmt.Printf("NOLOSS backend=%s rabbitmq=%s n=%d faults=%d lost=%d duplicates=%d seconds=%.1f\n",
-		r.backend, r.version, r.n, len(r.faults), lost, dupUUIDs, seconds)
-	fmt.Printf("NOLOSS-DETAIL backend=%s handled=%d poisoned=%d extra_runs=%d sabotage=%d faults=%q\n",
-		r.backend, len(acc.handled), len(acc.poisoned), extra, r.sabotage, strings.Join(r.faults, " "))
+	cluster := ""
+	if r.b.nodes() > 1 {
+		cluster = fmt.Sprintf(" nodes=%d", r.b.nodes())
+	}
+	if r.scenario != "" {
+		cluster += " scenario=" + r.scenario
+	}
+	fmt.Printf("NOLOSS backend=%s rabbitmq=%s%s watermill-amqp=v%d n=%d faults=%d lost=%d duplicates=%d seconds=%.1f\n",
+		r.v.Name, r.version, cluster, r.s.Major, r.n, len(r.faults()), lost, dupUUIDs, seconds)
+	late := acc.lateness()
+	fmt.Printf("NOLOSS-DETAIL backend=%s handled=%d poisoned=%d extra_runs=%d sabotage=%d retries_timed=%d late_p50_ms=%d late_p99_ms=%d late_max_ms=%d faults=%q\n",
+		r.v.Name, len(acc.handled), len(acc.poisoned), extra, r.sabotage, len(late), pct(late, 50), pct(late, 99), pct(late, 100), r.g.faultList())
 
+	if dups := acc.duplicated(); len(dups) > 0 {
+		t.Logf("%s: %d messages handled or poisoned more than once (at-least-once), the first %d: %s", r.v.Name, len(dups), min(20, len(dups)), strings.Join(dups[:min(20, len(dups))], " "))
+	}
 	if lost > 0 {
 		shown := missing[:min(20, len(missing))]
 		var lines []string
@@ -274,8 +591,8 @@ func (r *run) run() {
 			lines = append(lines, fmt.Sprintf("  %s (fate %s)", id, r.fates[id]))
 		}
 		report := fmt.Sprintf("%s: %d of %d messages lost (neither handled nor poisoned as permanent); first %d:\n%s",
-			r.backend, lost, r.n, len(shown), strings.Join(lines, "\n"))
-		if r.backend == delay.BackendDelayedExchange && lost*100 < r.n {
+			r.v.Name, lost, r.n, len(shown), strings.Join(lines, "\n"))
+		if r.v.Backend == delay.DelayedExchange && lost*100 < r.n && r.sabotage == 0 {
 			// The plugin may drop retries that come due while the broker stops (README,
 			// Reliability): such a loss cannot be told apart from another one, so the
 			// test bounds it below 1% and prints it.
@@ -284,23 +601,30 @@ func (r *run) run() {
 			t.Error(report)
 		}
 	}
-	for _, p := range acc.problems(r.fates) {
-		t.Errorf("%s", p)
+	for _, p := range acc.problems(r.fates, r.v.Failures) {
+		t.Errorf("%s: %s", r.v.Name, p)
 	}
-	for _, q := range r.queues() {
-		if c := r.count(q); c != 0 {
+	// Nothing may be left where retries wait. rabbitmqctl's counts of quorum queues
+	// lag by seconds: a count above 0 is asked again for up to 20 s.
+	holds := r.brokerHoldsEach()
+	for deadline := time.Now().Add(20 * time.Second); sum(holds) > 0 && time.Now().Before(deadline); {
+		time.Sleep(2 * time.Second)
+		holds = r.brokerHoldsEach()
+	}
+	for _, q := range r.waitingQueues() {
+		if c := holds[q]; c != 0 {
 			t.Errorf("queue %s holds %d messages at the end, want 0", q, c)
 		}
 	}
 	if t.Failed() {
-		t.Logf("consumer log: %s", consumerLog(r.logPath))
+		t.Logf("%s: consumer log: %s", r.v.Name, consumerLog(r.logPath))
 	}
+	return acc
 }
 
 func (r *run) fatal(format string, args ...any) {
 	r.t.Helper()
-	r.t.Logf("consumer log: %s", consumerLog(r.logPath))
-	r.t.Fatalf(format, args...)
+	r.g.fatal(r.v.Name+": "+format, args...)
 }
 
 // publish sends messages lo..hi-1 to the work queue, persistent, mandatory, each
@@ -309,7 +633,9 @@ func (r *run) fatal(format string, args ...any) {
 func (r *run) publish(lo, hi int) error {
 	pending := make([]int, 0, hi-lo)
 	for i := lo; i < hi; i++ {
-		pending = append(pending, i)
+		if !r.published[i] {
+			pending = append(pending, i)
+		}
 	}
 	var err error
 	for try := 0; len(pending) > 0; try++ {
@@ -319,17 +645,20 @@ func (r *run) publish(lo, hi int) error {
 			}
 			time.Sleep(500 * time.Millisecond)
 		}
-		pending, err = r.publishOnce(pending)
+		pending, err = r.publishOnce(r.ctx, pending)
 	}
 	return nil
 }
 
-func (r *run) publishOnce(idx []int) (notConfirmed []int, err error) {
-	conn, err := amqp.Dial(brokertest.URI())
+func (r *run) publishOnce(ctx context.Context, idx []int) (notConfirmed []int, err error) {
+	conn, err := r.s.Dial()
 	if err != nil {
 		return idx, err
 	}
-	defer conn.Close()
+	defer noloss.CloseConn(conn)
+	// Every call below is bounded by ctx: a broker that does not answer (no quorum)
+	// gets its connection closed.
+	defer context.AfterFunc(ctx, func() { noloss.CloseConn(conn) })()
 	ch, err := conn.Channel()
 	if err != nil {
 		return idx, err
@@ -346,12 +675,12 @@ func (r *run) publishOnce(idx []int) (notConfirmed []int, err error) {
 			return idx, err
 		}
 		p.MessageId = r.uuids[i]
-		if confirms[k], err = ch.PublishWithDeferredConfirmWithContext(r.ctx, "", r.work, true, false, p); err != nil {
+		if confirms[k], err = ch.PublishWithDeferredConfirmWithContext(ctx, "", r.work, true, false, p); err != nil {
 			return idx[k:], err
 		}
 	}
 	for k, dc := range confirms {
-		ok, err := dc.WaitContext(r.ctx)
+		ok, err := dc.WaitContext(ctx)
 		if err != nil || !ok {
 			notConfirmed = append(notConfirmed, idx[k])
 		}
@@ -370,10 +699,10 @@ func (r *run) publishOnce(idx []int) (notConfirmed []int, err error) {
 }
 
 // awaitWaitingRetries waits until the consumer has recorded messages since the last
-// fault (it recovered and works) and retries of this batch wait in the delay queues (at
-// least 20, or every transient message of the batch if fewer), and returns how many
-// wait. For delayed-exchange, whose retries wait inside the plugin where they cannot be
-// counted, it waits for the recorded messages only and returns -1.
+// fault (it recovered and works) and retries of this batch wait (at least 20, or every
+// transient message of the batch if fewer), and returns how many wait. For
+// delayed-exchange, whose retries wait inside the plugin where they cannot be counted,
+// it waits for the recorded messages only and returns -1.
 func (r *run) awaitWaitingRetries(lo, hi int) int {
 	want := 0
 	for i := lo; i < hi; i++ {
@@ -386,62 +715,140 @@ func (r *run) awaitWaitingRetries(lo, hi int) int {
 	for {
 		waiting := -1
 		if r.count(r.results) > r.resultsAtFault {
-			if len(r.delayQueues) == 0 {
+			if !r.countable() {
 				return waiting
 			}
-			waiting = 0
-			for _, q := range r.delayQueues {
-				waiting += r.count(q)
-			}
+			waiting = r.waitingNow()
 			if waiting >= want {
 				return waiting
 			}
 		}
 		if time.Now().After(deadline) || r.ctx.Err() != nil {
 			r.fatal("a minute after publishing messages %d..%d: %d records (%d at the last fault), %d retries waiting in %v (want %d)",
-				lo, hi-1, r.count(r.results), r.resultsAtFault, waiting, r.delayQueues, want)
+				lo, hi-1, r.count(r.results), r.resultsAtFault, waiting, r.retryQueues(), want)
 		}
 		r.consumer.checkAlive(r)
 		time.Sleep(20 * time.Millisecond)
 	}
 }
 
-func (r *run) inject(fault string, waiting int) {
-	r.t.Helper()
-	at := r.elapsed()
-	switch fault {
-	case faultClose:
-		k := len(r.faults) + 1
-		if out, err := brokertest.Ctl(r.ctx, "close_all_connections", fmt.Sprintf("amqpretry no-loss test, fault %d", k)); err != nil {
-			r.fatal("%v\n%s", err, out)
-		}
-	case faultKill:
-		r.consumer.kill()
-		r.consumer = r.startConsumer()
-	case faultStopApp:
-		for _, step := range []string{"stop_app", "start_app", "await_startup"} {
-			if out, err := brokertest.Ctl(r.ctx, step); err != nil {
-				r.fatal("%v\n%s", err, out)
-			}
-		}
-		if err := brokertest.Wait(time.Minute); err != nil {
-			r.fatal("broker did not come back within a minute after start_app: %v", err)
+// retryQueues names where retries wait, for messages.
+func (r *run) retryQueues() []string {
+	qs := slices.Clone(r.delayQueues)
+	if r.v.Holds() {
+		qs = append(qs, r.work+" (held)")
+	}
+	return qs
+}
+
+// waitingNow counts the retries waiting: in the delay queues (a passive declare, which
+// is current) and, with delayed retry, held in the work queue (rabbitmqctl's messages −
+// ready − unacked: a passive declare does not see them).
+func (r *run) waitingNow() int {
+	waiting := 0
+	for _, q := range r.delayQueues {
+		waiting += r.count(q)
+	}
+	if r.v.Holds() {
+		waiting += r.listQueues()[r.work].held()
+	}
+	return waiting
+}
+
+// queueStats is a queue's line of rabbitmqctl list_queues.
+type queueStats struct {
+	Name     string   `json:"name"`
+	Type     string   `json:"type"`
+	Messages int      `json:"messages"`
+	Ready    int      `json:"messages_ready"`
+	Unacked  int      `json:"messages_unacknowledged"`
+	Leader   string   `json:"leader"`
+	Members  []string `json:"members"`
+	Online   []string `json:"online"`
+}
+
+// held is how many messages the queue holds that are neither ready nor delivered:
+// retries RabbitMQ 4.3 holds (delayed retry), or messages waiting to be dead-lettered.
+func (q queueStats) held() int { return max(q.Messages-q.Ready-q.Unacked, 0) }
+
+// listQueues runs rabbitmqctl list_queues (every queue of the vhost, with its counts;
+// in a cluster also its leader and members) and returns the run's queues.
+func (r *run) listQueues() map[string]queueStats { return r.mine(listAll(r.g)) }
+
+// mine returns the run's queues of all.
+func (r *run) mine(all []queueStats) map[string]queueStats {
+	out := map[string]queueStats{}
+	for _, q := range all {
+		if strings.HasPrefix(q.Name, r.s.Prefix+".") {
+			out[q.Name] = q
 		}
 	}
-	r.resultsAtFault = r.count(r.results)
-	r.faults = append(r.faults, fmt.Sprintf("%s@%.1fs(waiting=%d)", fault, at, waiting))
-	r.t.Logf("%s: fault %d %s at %.1f s with %d retries waiting", r.backend, len(r.faults), fault, at, waiting)
+	return out
+}
+
+// listAll runs rabbitmqctl list_queues once, for every run of g.
+func listAll(g *group) []queueStats {
+	g.t.Helper()
+	cols := []string{"name", "type", "messages", "messages_ready", "messages_unacknowledged"}
+	if g.b.nodes() > 1 {
+		cols = append(cols, "leader", "members", "online")
+	}
+	out, err := g.b.ctl(g.ctx, append([]string{"-q", "list_queues", "--formatter", "json"}, cols...)...)
+	if err != nil {
+		g.fatal("%v", err)
+	}
+	all, err := parseQueues(out)
+	if err != nil {
+		g.fatal("list_queues: %v", err)
+	}
+	return all
+}
+
+func parseQueues(out []byte) ([]queueStats, error) {
+	if i := strings.IndexByte(string(out), '['); i > 0 {
+		out = out[i:] // past any warning printed before the document
+	}
+	var all []queueStats
+	if err := json.Unmarshal(out, &all); err != nil {
+		return nil, fmt.Errorf("%w\n%s", err, out)
+	}
+	return all, nil
 }
 
 // account is what the results and poison queues said.
 type account struct {
-	handled  map[string][]int // UUID -> attempt of each record
-	poisoned map[string][]string
+	handled  map[string][]record // UUID -> each record
+	poisoned map[string][]middleware.Reason
 	unknown  []string
 }
 
+// record is one result record: the consumer handled a message.
+type record struct {
+	attempt int
+	arrived time.Time
+	late    time.Duration
+	timed   bool  // late is known: a retry
+	hops    []hop // the message's earlier retries, as far as the consumer process knew
+}
+
+// hop is one retry's delivery: when it arrived, and how late against its due time.
+type hop struct {
+	arrived time.Time
+	late    time.Duration
+}
+
+// retries returns every retry delivery of the record that is timed: the earlier hops,
+// then the delivery that succeeded.
+func (rec record) retries() []hop {
+	out := slices.Clone(rec.hops)
+	if rec.timed {
+		out = append(out, hop{rec.arrived, rec.late})
+	}
+	return out
+}
+
 func newAccount() *account {
-	return &account{handled: map[string][]int{}, poisoned: map[string][]string{}}
+	return &account{handled: map[string][]record{}, poisoned: map[string][]middleware.Reason{}}
 }
 
 // duplicates returns how many messages were handled (or poisoned) more than once, and
@@ -458,6 +865,54 @@ func (a *account) duplicates() (uuids, extra int) {
 	return uuids, extra
 }
 
+// lateness returns how late each retry was against its due time, as the first record
+// of each message tells.
+func (a *account) lateness() []time.Duration {
+	var out []time.Duration
+	for _, recs := range a.handled {
+		for _, h := range earliest(recs).retries() {
+			out = append(out, h.late)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func earliest(recs []record) record {
+	return slices.MinFunc(recs, func(a, b record) int { return a.arrived.Compare(b.arrived) })
+}
+
+// pct returns the p-th percentile of sorted durations, in ms (0 for none).
+func pct(sorted []time.Duration, p int) int64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := min(len(sorted)-1, (len(sorted)*p+99)/100-1)
+	return sorted[max(i, 0)].Milliseconds()
+}
+
+// duplicated describes each message handled or poisoned more than once: its UUID, then
+// the attempt and arrival (Unix ms) of each record, or the poison reasons.
+func (a *account) duplicated() []string {
+	var out []string
+	for id, recs := range a.handled {
+		if len(recs) > 1 {
+			var parts []string
+			for _, rec := range recs {
+				parts = append(parts, fmt.Sprintf("attempt%d@%d", rec.attempt, rec.arrived.UnixMilli()))
+			}
+			out = append(out, id+"("+strings.Join(parts, ",")+")")
+		}
+	}
+	for id, reasons := range a.poisoned {
+		if len(reasons) > 1 {
+			out = append(out, fmt.Sprintf("%s(poisoned %d times)", id, len(reasons)))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 func lens[V any](m map[string][]V) map[string]int {
 	out := make(map[string]int, len(m))
 	for k, v := range m {
@@ -468,16 +923,17 @@ func lens[V any](m map[string][]V) map[string]int {
 
 // problems lists outcomes that are not losses but are wrong: a message handled against
 // its fate, poisoned for another reason, or unknown to the run.
-func (a *account) problems(fates map[string]noloss.Fate) []string {
+func (a *account) problems(fates map[string]noloss.Fate, failures int) []string {
 	var out []string
-	for id, attempts := range a.handled {
+	for id, recs := range a.handled {
+		first := slices.MinFunc(recs, func(a, b record) int { return a.attempt - b.attempt })
 		switch fate, ok := fates[id]; {
 		case !ok:
 			out = append(out, fmt.Sprintf("results hold an unknown message %s", id))
 		case fate == noloss.FatePermanent:
 			out = append(out, fmt.Sprintf("message %s (fate permanent) was handled", id))
-		case fate == noloss.FateTransient && slices.Min(attempts) <= noloss.TransientFailures:
-			out = append(out, fmt.Sprintf("message %s (fate transient) succeeded on attempt %d", id, slices.Min(attempts)))
+		case fate == noloss.FateTransient && first.attempt <= failures:
+			out = append(out, fmt.Sprintf("message %s (fate transient) succeeded on attempt %d", id, first.attempt))
 		}
 	}
 	for id, reasons := range a.poisoned {
@@ -489,8 +945,8 @@ func (a *account) problems(fates map[string]noloss.Fate) []string {
 			out = append(out, fmt.Sprintf("message %s (fate %s) was poisoned: %v", id, fate, reasons))
 		}
 		for _, reason := range reasons {
-			if reason != middleware.PoisonPermanent {
-				out = append(out, fmt.Sprintf("message %s poisoned with reason %q, want %q", id, reason, middleware.PoisonPermanent))
+			if reason != middleware.ReasonPermanent {
+				out = append(out, fmt.Sprintf("message %s poisoned with reason %q, want %q", id, reason, middleware.ReasonPermanent))
 			}
 		}
 	}
@@ -506,7 +962,7 @@ func (r *run) missing(a *account) []string {
 	var out []string
 	for _, id := range r.uuids {
 		if r.fates[id] == noloss.FatePermanent {
-			if !slices.Contains(a.poisoned[id], middleware.PoisonPermanent) {
+			if !slices.Contains(a.poisoned[id], middleware.ReasonPermanent) {
 				out = append(out, id)
 			}
 		} else if len(a.handled[id]) == 0 {
@@ -523,9 +979,9 @@ const quietBeforeGivingUp = 15 * time.Second
 // collectUntilAccounted drains the results and poison queues until every message is
 // accounted for; it returns the messages still missing at the run's deadline, or as soon
 // as nothing is left that could account for them: after 15 s without progress, no
-// message, ready or unacked, in the work, delay or parking queues (see brokerHolds),
-// seen twice with nothing drained in between. That shortcut needs countable delay
-// queues: not delayed-exchange, which waits for the deadline.
+// message, ready, unacked or held, in the work, delay or parking queues (see
+// brokerHolds), seen twice with nothing drained in between. That shortcut needs
+// countable retries: not delayed-exchange, which waits for the deadline.
 func (r *run) collectUntilAccounted(a *account) []string {
 	lastProgress, quietSeen := time.Now(), 0
 	for {
@@ -536,19 +992,19 @@ func (r *run) collectUntilAccounted(a *account) []string {
 			return nil
 		}
 		if r.ctx.Err() != nil {
-			r.t.Logf("%s: deadline reached with %d messages unaccounted for", r.backend, len(missing))
+			r.t.Logf("%s: deadline reached with %d messages unaccounted for", r.v.Name, len(missing))
 			return missing
 		}
 		if len(a.handled)+len(a.poisoned) != before {
 			lastProgress, quietSeen = time.Now(), 0
-		} else if len(r.delayQueues) > 0 && time.Since(lastProgress) > quietBeforeGivingUp {
+		} else if r.countable() && time.Since(lastProgress) > quietBeforeGivingUp {
 			if r.brokerHolds() == 0 {
 				quietSeen++
 			} else {
 				quietSeen = 0
 			}
 			if quietSeen == 2 {
-				r.t.Logf("%s: %d messages unaccounted for and none left in the work, delay or parking queues", r.backend, len(missing))
+				r.t.Logf("%s: %d messages unaccounted for and none left in the work, delay or parking queues", r.v.Name, len(missing))
 				return missing
 			}
 		}
@@ -557,37 +1013,32 @@ func (r *run) collectUntilAccounted(a *account) []string {
 	}
 }
 
-// brokerHolds returns how many messages the work, delay and parking queues hold, by two
-// counts of each, the larger: rabbitmqctl list_queues' "messages", which includes the
-// unacked ones and, for a quorum queue, those waiting to be dead-lettered (after a
-// restart, at-least-once dead lettering may hold expired retries until its target is
-// back, and retry them minutes later; they are not "ready"), but reports quorum queues
-// from statistics seconds late; and a passive declare, which asks the queue now.
+// brokerHolds returns how many messages the work, delay and parking queues hold.
 func (r *run) brokerHolds() int {
-	out, err := brokertest.Ctl(r.ctx, "-q", "list_queues", "--no-table-headers", "name", "messages")
-	if err != nil {
-		r.fatal("%v", err)
-	}
-	listed := map[string]int{}
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		if len(f) != 2 {
-			continue
-		}
-		c, err := strconv.Atoi(f[1])
-		if err != nil {
-			r.fatal("list_queues: %q: %v", line, err)
-		}
-		listed[f[0]] = c
-	}
-	if _, ok := listed[r.work]; !ok {
-		r.fatal("rabbitmqctl list_queues does not list the work queue %s: is %s the broker at AMQP_URI?", r.work, brokertest.CtlEnv)
-	}
 	total := 0
-	for _, q := range r.queues() {
-		total += max(listed[q], r.count(q))
+	for _, c := range r.brokerHoldsEach() {
+		total += c
 	}
 	return total
+}
+
+// brokerHoldsEach returns how many messages each of the work, delay and parking queues
+// holds, by two counts of each, the larger: rabbitmqctl list_queues' "messages", which
+// includes the unacked ones and, for a quorum queue, those waiting to be dead-lettered
+// (after a restart, at-least-once dead lettering may hold expired retries until its
+// target is back, and retry them minutes later; they are not "ready") and the retries
+// RabbitMQ 4.3 holds in the work queue, but reports quorum queues from statistics
+// seconds late; and a passive declare, which asks the queue now.
+func (r *run) brokerHoldsEach() map[string]int {
+	listed := r.listQueues()
+	if _, ok := listed[r.work]; !ok {
+		r.fatal("rabbitmqctl list_queues does not list the work queue %s: is %s the broker under test?", r.work, brokertest.CtlEnv)
+	}
+	out := map[string]int{}
+	for _, q := range r.waitingQueues() {
+		out[q] = max(listed[q].Messages, r.count(q))
+	}
+	return out
 }
 
 // awaitQuiet waits until nothing is left in the work, delay and parking queues (a
@@ -595,8 +1046,11 @@ func (r *run) brokerHolds() int {
 func (r *run) awaitQuiet() {
 	for r.ctx.Err() == nil {
 		total := 0
-		for _, q := range r.queues() {
+		for _, q := range r.waitingQueues() {
 			total += r.count(q)
+		}
+		if total == 0 && r.v.Holds() {
+			total = r.listQueues()[r.work].Messages
 		}
 		if total == 0 {
 			return
@@ -609,11 +1063,11 @@ func (r *run) awaitQuiet() {
 // the recording, on a connection no fault is injected into any more: each record is
 // counted once.
 func (r *run) drain(a *account) {
-	conn, err := amqp.Dial(brokertest.URI())
-	if err != nil {
-		r.fatal("drain: %v", err)
-	}
-	defer conn.Close()
+	conn := r.dial()
+	defer noloss.CloseConn(conn)
+	// Bounded: a broker that stops answering fails the run instead of holding it.
+	watchdog := time.AfterFunc(2*time.Minute, func() { noloss.CloseConn(conn) })
+	defer watchdog.Stop()
 	ch, err := conn.Channel()
 	if err != nil {
 		r.fatal("drain: %v", err)
@@ -630,7 +1084,24 @@ func (r *run) drain(a *account) {
 		if !ok {
 			a.unknown = append(a.unknown, fmt.Sprintf("result %q without %s", d.Body, noloss.AttemptHeader))
 		}
-		a.handled[string(d.Body)] = append(a.handled[string(d.Body)], attempt)
+		rec := record{attempt: attempt}
+		if ms, ok := asInt(d.Headers[noloss.ArrivedHeader]); ok {
+			rec.arrived = time.UnixMilli(int64(ms))
+		}
+		if ms, ok := asInt(d.Headers[noloss.LateHeader]); ok {
+			rec.late, rec.timed = time.Duration(ms)*time.Millisecond, true
+		}
+		if hops, ok := d.Headers[noloss.HopsHeader].(string); ok {
+			for _, h := range strings.Split(hops, ",") {
+				at, late, _ := strings.Cut(h, ":")
+				a, err1 := strconv.ParseInt(at, 10, 64)
+				l, err2 := strconv.ParseInt(late, 10, 64)
+				if err1 == nil && err2 == nil {
+					rec.hops = append(rec.hops, hop{time.UnixMilli(a), time.Duration(l) * time.Millisecond})
+				}
+			}
+		}
+		a.handled[string(d.Body)] = append(a.handled[string(d.Body)], rec)
 		if err := d.Ack(false); err != nil {
 			r.fatal("ack: %v", err)
 		}
@@ -647,7 +1118,7 @@ func (r *run) drain(a *account) {
 		if err != nil {
 			a.unknown = append(a.unknown, fmt.Sprintf("poisoned message %s: %v", d.MessageId, err))
 		} else {
-			a.poisoned[msg.UUID] = append(a.poisoned[msg.UUID], msg.Metadata.Get(middleware.PoisonReasonKey))
+			a.poisoned[msg.UUID] = append(a.poisoned[msg.UUID], middleware.ReadEnvelope(msg.Metadata).Reason)
 		}
 		if err := d.Ack(false); err != nil {
 			r.fatal("ack: %v", err)
@@ -669,30 +1140,47 @@ func asInt(v any) (int, bool) {
 	return 0, false
 }
 
-// count returns the number of messages in queue (a passive declare), retrying through
-// a fault for up to 30 s.
+// count returns the number of ready messages in queue (a passive declare), retrying
+// through a fault for up to 30 s.
 func (r *run) count(queue string) int {
 	var err error
-	for try := 0; try < 60; try++ {
-		if try > 0 {
-			time.Sleep(500 * time.Millisecond)
+	for start := time.Now(); time.Since(start) < 30*time.Second; {
+		var n int
+		if n, err = r.tryCount(queue, 10*time.Second); err == nil {
+			return n
 		}
-		var conn *amqp.Connection
-		if conn, err = amqp.Dial(brokertest.URI()); err != nil {
-			continue
-		}
-		var ch *amqp.Channel
-		if ch, err = conn.Channel(); err == nil {
-			var q amqp.Queue
-			if q, err = ch.QueueDeclarePassive(queue, true, false, false, false, nil); err == nil {
-				_ = conn.Close()
-				return q.Messages
-			}
-		}
-		_ = conn.Close()
+		time.Sleep(500 * time.Millisecond)
 	}
 	r.fatal("count messages in %s: %v", queue, err)
 	return 0
+}
+
+// tryCount asks once for the number of ready messages in queue, within timeout.
+func (r *run) tryCount(queue string, timeout time.Duration) (int, error) {
+	conn, err := r.s.Dial()
+	if err != nil {
+		return 0, err
+	}
+	defer noloss.CloseConn(conn)
+	watchdog := time.AfterFunc(timeout, func() { noloss.CloseConn(conn) })
+	defer watchdog.Stop()
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		return 0, err
+	}
+	return q.Messages, nil
+}
+
+func sum(m map[string]int) int {
+	total := 0
+	for _, v := range m {
+		total += v
+	}
+	return total
 }
 
 // consumerProc is one run of the consumer program.
@@ -709,8 +1197,12 @@ func (r *run) startConsumer() *consumerProc {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	cmd := exec.Command(r.bin, "-backend", r.backend, "-prefix", r.prefix, "-sabotage", strconv.Itoa(r.sabotage))
-	cmd.Env = append(os.Environ(), "AMQP_URI="+brokertest.URI())
+	args := []string{"-variant", r.v.Name, "-prefix", r.s.Prefix, "-sabotage", strconv.Itoa(r.sabotage)}
+	if len(r.s.Nodes) > 0 {
+		args = append(args, "-nodes", strings.Join(r.s.Nodes, ","))
+	}
+	cmd := exec.Command(r.g.bin, args...)
+	cmd.Env = append(os.Environ(), "AMQP_URI="+r.s.URI, fmt.Sprintf("%s=%d", noloss.MajorEnv, r.s.Major))
 	cmd.Stderr = logf
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -725,7 +1217,7 @@ func (r *run) startConsumer() *consumerProc {
 		s := bufio.NewScanner(stdout)
 		signalled := false
 		for s.Scan() {
-			if s.Text() == noloss.Ready && !signalled {
+			if strings.HasPrefix(s.Text(), noloss.Ready) && !signalled {
 				close(ready)
 				signalled = true
 			}

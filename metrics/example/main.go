@@ -1,14 +1,19 @@
 // Example: broker-side retries with Prometheus metrics.
 //
-// It runs ORDERS orders (default 200, published at RATE a second, default 200) through a Watermill router whose handler fails some of them (30%
-// once, 10% twice, 2% for good), on RabbitMQ at AMQP_URI with the backend named by
-// DELAY_BACKEND (default ttl-tiers), or in-process on a GoChannel with the memory
-// backend when AMQP_URI is unset. With METRICS_ADDR=host:port it serves /metrics while it
-// runs (and METRICS_HOLD=30s keeps serving that long after). At the end it prints the
-// final metrics in Prometheus text format.
+// It runs ORDERS orders (default 200, published at RATE a second, default 200) through
+// a Watermill router whose handler fails some of them (30% once, 10% twice, 2% for
+// good), on RabbitMQ at AMQP_URI through watermill-amqp v3 (wamqp3) with the backend
+// named by DELAY_BACKEND (default ttl-tiers; delayed-retry needs RabbitMQ 4.3), and
+// DELAYED_RETRIES=N to have RabbitMQ 4.3 hold the first N retries in the work queue;
+// or in-process on a GoChannel with the memory backend when AMQP_URI is unset. With
+// METRICS_ADDR=host:port it serves /metrics while it runs (and METRICS_HOLD=30s keeps
+// serving that long after). At the end it prints the final metrics in Prometheus text
+// format, and deletes the queues and exchanges it declared (their names start with a
+// prefix of its own per run).
 //
 //	cd metrics && go run ./example
 //	AMQP_URI=amqp://guest:guest@127.0.0.1:5672/ METRICS_ADDR=127.0.0.1:9464 go run ./example
+//	AMQP_URI=amqp://guest:guest@127.0.0.1:5675/ DELAY_BACKEND=delayed-retry go run ./example
 package main
 
 import (
@@ -24,16 +29,18 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	amqp3 "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/metrics"
-	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/topology"
+	"github.com/amqpretry/amqpretry/wamqp3"
 )
 
 func main() {
@@ -69,54 +76,65 @@ func run() error {
 	logger := watermill.NopLogger{}
 	uri := os.Getenv("AMQP_URI")
 	runID := watermill.NewShortUUID()[:8]
-	topic := "metrics-example.orders." + runID
+	prefix := "amqpretry-metrics-example." + runID
+	topic := prefix + ".orders"
 
 	cfg := amqpretry.Config{
-		Delay: delay.Config{
-			Backend: os.Getenv("DELAY_BACKEND"),
-			Prefix:  "amqpretry-metrics-example",
-			Tiers:   []time.Duration{time.Second, 2 * time.Second},
-		},
-		Policy:        middleware.Policy{MaxAttempts: 4, Delays: []time.Duration{time.Second, 2 * time.Second}},
+		Backend:       os.Getenv("DELAY_BACKEND"),
+		Prefix:        prefix,
+		Tiers:         []time.Duration{time.Second, 2 * time.Second},
+		Policy:        amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{time.Second, 2 * time.Second}},
 		RetryLogEvery: -1,
 		Logger:        logger,
 	}
-	var pub message.Publisher
+	if v := os.Getenv("DELAYED_RETRIES"); v != "" {
+		var err error
+		if cfg.DelayedRetries, err = strconv.Atoi(v); err != nil {
+			return fmt.Errorf("DELAYED_RETRIES: %w", err)
+		}
+	}
+	if cfg.Backend == delay.DelayedRetry {
+		// One constant delay per work queue: RabbitMQ 4.3 holds every retry for it.
+		cfg.Policy = amqpretry.Policy{MaxAttempts: 4}
+		cfg.DelayedRetryDelay = time.Second
+	}
+	amqpCfg := amqp3.NewDurableQueueConfig(uri)
 	if uri == "" {
 		goChannel := gochannel.NewGoChannel(gochannel.Config{}, logger)
-		cfg.Delay.Backend, cfg.Delay.Memory, pub = delay.BackendMemory, goChannel, goChannel
-	} else {
-		cfg.Subscriber = wamqp.NewDurableQueueConfig(uri)
-		amqpPub, err := wamqp.NewPublisher(cfg.Subscriber, logger)
+		cfg.Backend, cfg.Memory, amqpCfg = delay.Memory, goChannel, amqp3.Config{}
+	}
+
+	reg := prometheus.NewRegistry()
+	mx, err := metrics.New(metrics.Config{Registerer: reg})
+	if err != nil {
+		return err
+	}
+	cfg.Observe = mx.Observe
+	if uri != "" {
+		defer deleteDeclared(uri, cfg, topic)
+	}
+	retry, err := wamqp3.New(amqpCfg, cfg)
+	if err != nil {
+		return err
+	}
+	defer retry.Close()
+	var pub message.Publisher = cfg.Memory
+	if uri != "" {
+		// The publisher declares the work queue as the subscriber does (with delayed
+		// retries, a quorum queue with the arguments RabbitMQ 4.3 needs).
+		amqpPub, err := amqp3.NewPublisher(retry.SubscriberConfig(), logger)
 		if err != nil {
 			return err
 		}
 		defer amqpPub.Close()
 		pub = amqpPub
-		cfg.Delay.Memory = amqpPub
 	}
-	backend := cfg.Delay.Backend
-	if backend == "" {
-		backend = delay.BackendTTLTiers
-	}
-
-	reg := prometheus.NewRegistry()
-	mx, err := metrics.New(metrics.Config{Registerer: reg, Backend: backend})
-	if err != nil {
-		return err
-	}
-	cfg.Observe = mx.Observe
-	retry, err := amqpretry.New(cfg)
-	if err != nil {
-		return err
-	}
-	defer retry.Close()
 
 	handler := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	if addr := os.Getenv("METRICS_ADDR"); addr != "" {
 		srv := &http.Server{Addr: addr, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if uri != "" {
-				_ = mx.RefreshQueues(uri, retry.Queues())
+				_ = mx.RefreshQueues(uri, cfg)
 			}
 			handler.ServeHTTP(w, r)
 		}), ReadHeaderTimeout: 5 * time.Second}
@@ -135,8 +153,8 @@ func run() error {
 		switch {
 		case f < 0:
 			done.Add(1)
-			return middleware.Permanent(errors.New("malformed order"))
-		case middleware.Attempt(msg) <= f:
+			return amqpretry.Permanent(errors.New("malformed order"))
+		case amqpretry.Attempt(msg) <= f:
 			return errors.New("payment service timeout")
 		}
 		done.Add(1)
@@ -148,7 +166,11 @@ func run() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = router.Run(ctx) }()
-	<-router.Running()
+	select {
+	case <-router.Running():
+	case <-time.After(30 * time.Second):
+		return errors.New("router not running after 30 s")
+	}
 	defer router.Close()
 
 	rate := 200 // orders a second, so that the lateness measured is the backend's, not a backlog's
@@ -172,7 +194,7 @@ func run() error {
 	}
 	time.Sleep(200 * time.Millisecond) // the last poisonings are recorded after the handler returns
 	if uri != "" {
-		if err := mx.RefreshQueues(uri, retry.Queues()); err != nil {
+		if err := mx.RefreshQueues(uri, cfg); err != nil {
 			return err
 		}
 	}
@@ -183,4 +205,35 @@ func run() error {
 	handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	fmt.Print(rec.Body.String())
 	return nil
+}
+
+// deleteDeclared deletes, within 30 s, the work queue and everything cfg declares on
+// the broker (cfg.Plan): the run's names are its own.
+func deleteDeclared(uri string, cfg amqpretry.Config, topic string) {
+	// The work queue and the poison queue whatever the plan says (an invalid plan must
+	// not leave them behind), then the plan's.
+	queues := []topology.Queue{{Name: topic}, {Name: cfg.WithDefaults().PoisonQueue}}
+	var exchanges []topology.Exchange
+	if plan, err := cfg.Plan(topic); err == nil {
+		queues, exchanges = append(queues, plan.Queues...), plan.Exchanges
+	}
+	conn, err := amqp.DialConfig(uri, amqp.Config{Dial: amqp.DefaultDial(10 * time.Second)})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "metrics example: clean-up: cannot connect; delete the queues and exchanges named", cfg.Prefix+".*")
+		return
+	}
+	defer conn.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	each := func(f func(*amqp.Channel) error) {
+		if ch, err := conn.Channel(); err == nil && time.Now().Before(deadline) {
+			_ = f(ch)
+			_ = ch.Close()
+		}
+	}
+	for _, q := range queues {
+		each(func(ch *amqp.Channel) error { _, err := ch.QueueDelete(q.Name, false, false, false); return err })
+	}
+	for _, x := range exchanges {
+		each(func(ch *amqp.Channel) error { return ch.ExchangeDelete(x.Name, false, false) })
+	}
 }

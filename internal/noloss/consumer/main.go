@@ -1,16 +1,19 @@
 // Command consumer is the consumer process of the no-loss test (internal/noloss). It
-// wires amqpretry the way the README says (amqpretry.New, then Retry.AddHandler: a
-// subscriber from SubscriberConfig with the Middleware on the handler) and handles the
-// work queue of a run:
-// each message's fate is read from its payload (noloss.FateOf), and every message
-// handled successfully is recorded, before the handler returns nil, by a persistent
-// message with its UUID published with a publisher confirm to the run's results queue.
-// A record whose delivery's ack is then lost (SIGKILL, a closed connection) shows up
-// twice: a duplicate, never a loss.
+// wires amqpretry the way the README says (wamqp3.New, or wamqp2.New with
+// AMQPRETRY_NOLOSS_MAJOR=2, then Retry.AddHandler: a subscriber from SubscriberConfig
+// with the Middleware on the handler) and handles the work queue of a run: each
+// message's fate is read from its payload (noloss.FateOf), and every message handled
+// successfully is recorded, before the handler returns nil, by a persistent message
+// with its UUID published with a publisher confirm to the run's results queue. A record
+// whose delivery's ack is then lost (SIGKILL, a closed connection, a node gone) shows up
+// twice: a duplicate, never a loss. Each record also carries when the delivery arrived
+// and, for a retry, how late it was against its due time.
 //
-// The broker URI is read from AMQP_URI (never from the command line, never printed).
-// It prints noloss.Ready on stdout once its handlers are subscribed, logs to stderr, and
-// stops cleanly on SIGTERM or SIGINT.
+// The broker URI is read from AMQP_URI (never from the command line, never printed); in
+// a cluster, -nodes lists the nodes' host:port and every connection (subscribers,
+// hand-off, records) goes through amqpretry.Cluster. It prints noloss.Ready on stdout
+// once its handlers are subscribed, logs to stderr, and stops cleanly on SIGTERM or
+// SIGINT.
 package main
 
 import (
@@ -20,6 +23,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -30,39 +34,48 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/noloss"
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
 func main() {
-	backend := flag.String("backend", "", "delay backend")
+	variant := flag.String("variant", "", "the run's variant (noloss.Variants)")
 	prefix := flag.String("prefix", "", "the run's prefix (queue and exchange names)")
+	nodes := flag.String("nodes", "", "a cluster's nodes, host:port, comma-separated (none: the broker at AMQP_URI)")
 	handlers := flag.Int("handlers", 4, "handlers (consumers) on the work queue")
 	sabotage := flag.Int("sabotage", 0, "FOR PROVING THE TEST ONLY: ack this many transient messages on their first attempt without handing them off or recording them, i.e. lose them")
 	flag.Parse()
-	if err := run(*backend, *prefix, *handlers, *sabotage); err != nil {
+	if err := run(*variant, *prefix, *nodes, *handlers, *sabotage); err != nil {
 		fmt.Fprintln(os.Stderr, "noloss-consumer:", err)
 		os.Exit(1)
 	}
 }
 
-func run(backend, prefix string, handlers, sabotage int) error {
+func run(variant, prefix, nodes string, handlers, sabotage int) error {
 	uri := os.Getenv("AMQP_URI")
-	if uri == "" || prefix == "" || handlers < 1 {
-		return errors.New("need AMQP_URI, -prefix and -handlers >= 1")
+	v, ok := noloss.VariantNamed(variant)
+	if uri == "" || prefix == "" || handlers < 1 || !ok {
+		return errors.New("need AMQP_URI, -variant (a known one), -prefix and -handlers >= 1")
+	}
+	major, err := noloss.ParseMajor(os.Getenv(noloss.MajorEnv))
+	if err != nil {
+		return err
 	}
 	logger := watermill.NewStdLoggerWithOut(os.Stderr, false, false)
+	s := noloss.Setup{URI: uri, Variant: v, Prefix: prefix, Major: major, Logger: logger}
+	if nodes != "" {
+		s.Nodes = strings.Split(nodes, ",")
+	}
 
-	cfg := noloss.Config(uri, backend, prefix)
-	cfg.Logger = logger
-	retry, err := amqpretry.New(cfg)
+	retry, err := noloss.New(s)
 	if err != nil {
 		return err
 	}
 	defer retry.Close()
-	rec := &recorder{uri: uri, queue: noloss.ResultsQueue(prefix), logger: logger}
+	rec := &recorder{setup: s, queue: noloss.ResultsQueue(prefix), logger: logger}
 	defer rec.close()
-	c := &consumer{rec: rec, sabotage: int64(sabotage), logger: logger}
+	c := &consumer{rec: rec, variant: v, heldDelay: s.HeldDelay(), sabotage: int64(sabotage), logger: logger, held: map[string]time.Time{}, hops: map[string][]string{}}
 
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, logger)
 	if err != nil {
@@ -84,7 +97,7 @@ func run(backend, prefix string, handlers, sabotage int) error {
 	go func() { done <- router.Run(ctx) }()
 	select {
 	case <-router.Running():
-		fmt.Println(noloss.Ready)
+		fmt.Printf("%s (watermill-amqp v%d)\n", noloss.Ready, major)
 	case err := <-done:
 		return fmt.Errorf("router stopped before running: %w", err)
 	}
@@ -92,57 +105,102 @@ func run(backend, prefix string, handlers, sabotage int) error {
 }
 
 type consumer struct {
-	rec      *recorder
-	sabotage int64
-	dropped  atomic.Int64
-	logger   watermill.LoggerAdapter
+	rec       *recorder
+	variant   noloss.Variant
+	heldDelay time.Duration
+	sabotage  int64
+	dropped   atomic.Int64
+	logger    watermill.LoggerAdapter
+
+	// held maps the UUID of a message whose retry RabbitMQ holds in the work queue to
+	// when that retry is due (such a retry comes back unchanged: no envelope tells).
+	// hops maps the UUID of a message to its earlier retries that failed, "arrived
+	// ms:late ms" each, for its record (lost with the process: a sample, not the
+	// accounting).
+	mu   sync.Mutex
+	held map[string]time.Time
+	hops map[string][]string
 }
 
 var errTransient = errors.New("noloss: transient failure (by the message's fate)")
 
 func (c *consumer) handle(msg *message.Message) error {
+	arrived := time.Now()
 	fate, err := noloss.FateOf(msg.Payload)
 	if err != nil {
-		return middleware.Permanent(err)
+		return amqpretry.Permanent(err)
 	}
-	attempt := middleware.Attempt(msg)
+	attempt := amqpretry.Attempt(msg)
+	due := middleware.ReadEnvelope(msg.Metadata).Due
+	c.mu.Lock()
+	if held, ok := c.held[msg.UUID]; ok {
+		if due.IsZero() {
+			due = held
+		}
+		delete(c.held, msg.UUID)
+	}
+	hops := c.hops[msg.UUID]
+	delete(c.hops, msg.UUID)
+	c.mu.Unlock()
 	switch {
 	case fate == noloss.FatePermanent:
-		return middleware.Permanent(errors.New("noloss: permanent failure (by the message's fate)"))
-	case fate == noloss.FateTransient && attempt <= noloss.TransientFailures:
+		return amqpretry.Permanent(errors.New("noloss: permanent failure (by the message's fate)"))
+	case fate == noloss.FateTransient && attempt <= c.variant.Failures:
 		if attempt == 1 && c.sabotage > 0 && c.dropped.Add(1) <= c.sabotage {
 			c.logger.Error("SABOTAGE: acking a message without handing it off or recording it", nil, watermill.LogFields{"message_uuid": msg.UUID})
 			return nil
 		}
+		c.mu.Lock()
+		if c.variant.Backend == delay.DelayedRetry || attempt <= c.variant.DelayedRetries {
+			c.held[msg.UUID] = arrived.Add(c.heldDelay)
+		}
+		if !due.IsZero() {
+			c.hops[msg.UUID] = append(hops, fmt.Sprintf("%d:%d", arrived.UnixMilli(), arrived.Sub(due).Milliseconds()))
+		}
+		c.mu.Unlock()
 		return fmt.Errorf("attempt %d: %w", attempt, errTransient)
 	}
-	return c.rec.record(msg.Context(), msg.UUID, attempt)
+	return c.rec.record(msg.Context(), msg.UUID, attempt, arrived, due, hops)
 }
 
 // recorder publishes one persistent record per handled message to the results queue,
-// on a confirm-mode channel of its own connection, reconnecting as needed.
+// on a confirm-mode channel of its own connection shared by the handlers (deferred
+// confirms), reconnecting as needed.
 type recorder struct {
-	uri, queue string
-	logger     watermill.LoggerAdapter
+	setup  noloss.Setup
+	queue  string
+	logger watermill.LoggerAdapter
 
-	mu   sync.Mutex
+	mu   sync.Mutex // guards conn and ch, never held while waiting for the broker
 	conn *amqp.Connection
 	ch   *amqp.Channel
 }
 
 // record returns once the broker has confirmed the record, trying again (with a fresh
 // connection) until it does. It gives up only when ctx ends (the router is closing);
-// the handler then fails and the message is retried, never dropped.
-func (r *recorder) record(ctx context.Context, uuid string, attempt int) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// the handler then fails and the message is retried, never dropped. due is when the
+// delivery was due, zero if unknown (a first delivery); hops are the message's earlier
+// retries, for noloss.HopsHeader.
+func (r *recorder) record(ctx context.Context, uuid string, attempt int, arrived, due time.Time, hops []string) error {
+	headers := amqp.Table{noloss.AttemptHeader: int32(attempt), noloss.ArrivedHeader: arrived.UnixMilli()}
+	if !due.IsZero() {
+		headers[noloss.LateHeader] = arrived.Sub(due).Milliseconds()
+	}
+	if len(hops) > 0 {
+		headers[noloss.HopsHeader] = strings.Join(hops, ",")
+	}
 	for {
-		err := r.publish(ctx, uuid, attempt)
+		ch, err := r.channel()
+		if err == nil {
+			err = r.publish(ctx, ch, uuid, headers)
+			if err != nil {
+				r.reset(ch)
+			}
+		}
 		if err == nil {
 			return nil
 		}
 		r.logger.Error("Could not record a handled message, trying again", err, watermill.LogFields{"message_uuid": uuid})
-		r.reset()
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("record %s: %w (last error: %w)", uuid, ctx.Err(), err)
@@ -151,29 +209,37 @@ func (r *recorder) record(ctx context.Context, uuid string, attempt int) error {
 	}
 }
 
-func (r *recorder) publish(ctx context.Context, uuid string, attempt int) error {
-	if r.ch == nil || r.ch.IsClosed() {
-		r.reset()
-		conn, err := amqp.Dial(r.uri)
-		if err != nil {
-			return errors.New("dial failed (address withheld)")
-		}
-		ch, err := conn.Channel()
-		if err == nil {
-			err = ch.Confirm(false)
-		}
-		if err != nil {
-			_ = conn.Close()
-			return err
-		}
-		r.conn, r.ch = conn, ch
+// channel returns the open confirm channel, connecting when there is none.
+func (r *recorder) channel() (*amqp.Channel, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ch != nil && !r.ch.IsClosed() {
+		return r.ch, nil
 	}
+	r.closeLocked()
+	conn, err := r.setup.Dial()
+	if err != nil {
+		return nil, errors.New("dial failed (address withheld)")
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.Confirm(false)
+	}
+	if err != nil {
+		go noloss.CloseConn(conn)
+		return nil, err
+	}
+	r.conn, r.ch = conn, ch
+	return ch, nil
+}
+
+func (r *recorder) publish(ctx context.Context, ch *amqp.Channel, uuid string, headers amqp.Table) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	dc, err := r.ch.PublishWithDeferredConfirmWithContext(ctx, "", r.queue, false, false, amqp.Publishing{
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", r.queue, false, false, amqp.Publishing{
 		DeliveryMode: amqp.Persistent,
 		MessageId:    uuid,
-		Headers:      amqp.Table{noloss.AttemptHeader: int32(attempt)},
+		Headers:      headers,
 		Body:         []byte(uuid),
 	})
 	if err != nil {
@@ -189,9 +255,18 @@ func (r *recorder) publish(ctx context.Context, uuid string, attempt int) error 
 	return nil
 }
 
-func (r *recorder) reset() {
+// reset drops ch's connection, if it is still the current one.
+func (r *recorder) reset(ch *amqp.Channel) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ch == ch {
+		r.closeLocked()
+	}
+}
+
+func (r *recorder) closeLocked() {
 	if r.conn != nil {
-		_ = r.conn.Close()
+		go noloss.CloseConn(r.conn) // bounded, and no handler waits for it
 	}
 	r.conn, r.ch = nil, nil
 }
@@ -199,5 +274,8 @@ func (r *recorder) reset() {
 func (r *recorder) close() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.reset()
+	if r.conn != nil {
+		noloss.CloseConn(r.conn)
+	}
+	r.conn, r.ch = nil, nil
 }

@@ -1,0 +1,5 @@
+//go:build !race
+
+package amqp1
+
+const raceEnabled = false

@@ -1,0 +1,211 @@
+package amqp1
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	amqp "github.com/Azure/go-amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/keys"
+	"github.com/amqpretry/amqpretry/internal/retry"
+	"github.com/amqpretry/amqpretry/middleware"
+)
+
+// Retry is amqpretry's retry middleware for this package's Subscriber, on RabbitMQ
+// 4.3+: a failed delivery is settled modified with x-opt-delivery-time, and the broker
+// holds it in its quorum queue until then (the delivery-time backend). Every delay of
+// the Policy is kept exactly, to the millisecond (exponential, jitter, explicit list,
+// RetryAfter, Classify), and nothing is copied or published: a retry cannot be
+// duplicated by its own hand-off. The attempt is the broker's delivery count plus one;
+// the failure envelope travels as x-opt-amqpretry-* message annotations, which the
+// broker keeps, and is in the metadata of every later delivery
+// (middleware.ReadEnvelope). A permanent error or the last attempt goes to the poison
+// queue, with a publish the broker confirms before the delivery is accepted.
+type Retry struct {
+	r   *retry.Retry
+	sub SubscriberConfig
+}
+
+// NewRetry validates sub and cfg, and only if both are valid connects to the broker at
+// sub.URI, refuses a broker older than 4.3, declares the poison queue and builds the
+// middleware. cfg.Backend must be "delivery-time" (the default here) or empty; the
+// subscriber's queues must be quorum queues (sub.Queue.Type, the default), and
+// cfg.Policy.MaxAttempts must not exceed their delivery limit (x-delivery-limit in
+// sub.Queue.Arguments, RabbitMQ 4's default 20 when unset; -1 for none), past which
+// the broker drops or dead-letters a message instead of delivering it again.
+func NewRetry(sub SubscriberConfig, cfg amqpretry.Config) (*Retry, error) {
+	if cfg.Backend == "" {
+		cfg.Backend = delay.DeliveryTime
+	}
+	sub.setDefaults()
+	var errs []error
+	if err := sub.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if cfg.Backend != delay.DeliveryTime {
+		errs = append(errs, fmt.Errorf("Backend: %q: the AMQP 1.0 transport retries with %s only", cfg.Backend, delay.DeliveryTime))
+	}
+	if sub.Queue.Type != "quorum" {
+		errs = append(errs, fmt.Errorf("Subscriber: Queue.Type %q: %s needs quorum queues", sub.Queue.Type, delay.DeliveryTime))
+	}
+	if err := deliveryLimitFits(sub.Queue.Arguments, cfg.WithDefaults().Policy.MaxAttempts); err != nil {
+		errs = append(errs, err)
+	}
+	if cfg.DelayedRetries != 0 {
+		errs = append(errs, fmt.Errorf("DelayedRetries: every retry is held in the queue with %s", delay.DeliveryTime))
+	}
+	errs = append(errs, cfg.Validate())
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("invalid config: %w", err)
+	}
+	r, err := retry.Start(cfg.WithDefaults(), retry.Conn{
+		URI:       sub.URI,
+		AMQP:      amqp091.Config{TLSClientConfig: sub.TLSConfig, Properties: handoffProperties(sub.ContainerID)},
+		Queue:     sub.QueueName,
+		Redeliver: Redeliver,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Retry{r: r, sub: sub}, nil
+}
+
+// defaultDeliveryLimit is the x-delivery-limit RabbitMQ 4 gives a quorum queue
+// declared without one.
+const defaultDeliveryLimit = 20
+
+// deliveryLimitFits checks the work queue's delivery limit against the policy: a quorum
+// queue counts every delivery settled modified{delivery-failed} (and every delivery
+// lost with its connection), and once a message's count passes the limit, the broker
+// dead-letters it, or drops it without a dead-letter target, instead of delivering it
+// again (measured on RabbitMQ 4.3.6: with the default 20, the 21st modified drops it).
+// The retries of one message settle MaxAttempts-1 deliveries modified; requiring
+// MaxAttempts <= the limit leaves one lost connection of room.
+func deliveryLimitFits(args map[string]any, maxAttempts int) error {
+	limit, set := int64(defaultDeliveryLimit), false
+	if v, ok := args["x-delivery-limit"]; ok {
+		n, isInt := integer(v)
+		if !isInt {
+			return fmt.Errorf("Subscriber: Queue.Arguments: x-delivery-limit %v of type %T: want an integer", v, v)
+		}
+		limit, set = n, true
+	}
+	if limit < 0 || int64(maxAttempts) <= limit {
+		return nil
+	}
+	where := fmt.Sprintf("the queue's x-delivery-limit %d", limit)
+	if !set {
+		where = fmt.Sprintf("RabbitMQ 4's default x-delivery-limit of %d (none set in Subscriber Queue.Arguments)", limit)
+	}
+	return fmt.Errorf("Policy.MaxAttempts: %d is above %s: the broker would dead-letter or drop a message after that many failed deliveries, before its last attempt; lower MaxAttempts or set Queue.Arguments[\"x-delivery-limit\"] to at least %d (-1: no limit)",
+		maxAttempts, where, maxAttempts)
+}
+
+func integer(v any) (int64, bool) {
+	switch n := v.(type) {
+	case int:
+		return int64(n), true
+	case int8:
+		return int64(n), true
+	case int16:
+		return int64(n), true
+	case int32:
+		return int64(n), true
+	case int64:
+		return n, true
+	case uint8:
+		return int64(n), true
+	case uint16:
+		return int64(n), true
+	case uint32:
+		return int64(n), true
+	case uint64:
+		if n <= math.MaxInt64 {
+			return int64(n), true
+		}
+	}
+	return 0, false
+}
+
+// handoffProperties are the client properties of the poison queue's AMQP 0-9-1
+// connection: its connection_name is the subscriber's ContainerID (or
+// "watermill-amqp1") and "-poison", so that rabbitmqctl list_connections
+// client_properties tells whose it is, as container_id does for the subscribers'.
+func handoffProperties(containerID string) amqp091.Table {
+	if containerID == "" {
+		containerID = "watermill-amqp1"
+	}
+	return amqp091.Table{
+		"connection_name": containerID + "-poison",
+		"product":         "amqpretry amqp1 retry",
+		"platform":        "golang",
+	}
+}
+
+// Middleware implements message.HandlerMiddleware: add it to a handler whose
+// subscriber is built from SubscriberConfig().
+func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc { return r.r.Middleware(h) }
+
+// SubscriberConfig returns the subscriber config given to NewRetry, for NewSubscriber:
+// its deliveries carry the attempt, the envelope and the Retry's identity in their
+// metadata, as the middleware reads them.
+func (r *Retry) SubscriberConfig() SubscriberConfig {
+	c := r.sub
+	c.retry = r.r.ID()
+	return c
+}
+
+// AddHandler adds to router a handler named handlerName that consumes topic through a
+// new Subscriber built from SubscriberConfig(), with this Retry's Middleware on it.
+// The router closes the subscriber when it stops.
+func (r *Retry) AddHandler(router *message.Router, handlerName, topic string, handler message.NoPublishHandlerFunc) (*message.Handler, error) {
+	s, err := NewSubscriber(r.SubscriberConfig(), r.r.Config().Logger)
+	if err != nil {
+		return nil, fmt.Errorf("subscriber for handler %q: %w", handlerName, err)
+	}
+	h := router.AddConsumerHandler(handlerName, topic, s, handler)
+	h.AddMiddleware(r.Middleware)
+	return h, nil
+}
+
+// Retryable tells whether running the handler again in this process could help after
+// err, as this Retry decides (see wamqp3.Retry.Retryable).
+func (r *Retry) Retryable(err error) bool { return r.r.Retryable(err) }
+
+// Stats returns what the middleware did since NewRetry.
+func (r *Retry) Stats() middleware.Stats { return r.r.Stats() }
+
+// Close closes the poison queue's connection and logs what this Retry did. Close the
+// router first.
+func (r *Retry) Close() error { return r.r.Close() }
+
+// envelopeAnnotation starts the message annotations the failure envelope travels in.
+const envelopeAnnotation = "x-opt-amqpretry-"
+
+// retryView writes into msg's metadata what the retry middleware reads of delivery m:
+// the failure envelope carried in annotations, the attempt (the broker's delivery
+// count plus one) and the Retry's identity id.
+func retryView(msg *message.Message, m *amqp.Message, id string) {
+	for k, v := range m.Annotations {
+		name, _ := k.(string)
+		if sym, ok := k.(amqp.Symbol); ok {
+			name = string(sym)
+		}
+		if s, ok := v.(string); ok && strings.HasPrefix(name, envelopeAnnotation) {
+			msg.Metadata[strings.TrimPrefix(name, "x-opt-")] = s
+		}
+	}
+	count := uint32(0)
+	if m.Header != nil {
+		count = m.Header.DeliveryCount
+	}
+	msg.Metadata[keys.Attempt] = strconv.FormatUint(uint64(count)+1, 10)
+	msg.Metadata[keys.Subscriber] = id
+}

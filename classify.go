@@ -1,0 +1,101 @@
+package amqpretry
+
+import (
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/amqpretry/amqpretry/internal/keys"
+)
+
+// Permanent marks err as not worth retrying: the message is poisoned on this failure.
+// Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err}
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// RetryAfter asks for the next attempt after d instead of the policy's delay, as an
+// HTTP 429 or 503 Retry-After does. The attempt still counts towards MaxAttempts.
+// RetryAfter(nil, d) is nil.
+func RetryAfter(err error, d time.Duration) error {
+	if err == nil {
+		return nil
+	}
+	return &retryAfterError{err: err, after: d}
+}
+
+type retryAfterError struct {
+	err   error
+	after time.Duration
+}
+
+func (e *retryAfterError) Error() string { return e.err.Error() }
+func (e *retryAfterError) Unwrap() error { return e.err }
+
+// Decision is what happens to a message after a failed attempt.
+type Decision struct {
+	// Permanent poisons the message now.
+	Permanent bool
+	// Delay, when positive, replaces the policy's delay before the next attempt.
+	Delay time.Duration
+}
+
+// ClassifyParams is what Config.Classify is given. Fields may be added.
+type ClassifyParams struct {
+	// Err is the handler's error.
+	Err error
+	// Message is the message that failed. Do not modify it. Nil when asked by a
+	// Retry's Retryable method, which knows only the error.
+	Message *message.Message
+	// Attempt is the attempt that failed, from 1 (0 when Message is nil).
+	Attempt int
+	// Default is the decision of the error's own marks: Permanent poisons, RetryAfter
+	// sets the delay, any other error is retried on the policy's schedule.
+	Default Decision
+}
+
+// DecisionOf returns the decision of the marks in err's chain: Permanent poisons,
+// RetryAfter sets the delay, and any other error is retried on the policy's schedule.
+// It is what ClassifyParams.Default holds.
+func DecisionOf(err error) Decision {
+	var p *permanentError
+	d := Decision{Permanent: errors.As(err, &p)}
+	var r *retryAfterError
+	if errors.As(err, &r) {
+		d.Delay = max(r.after, 0)
+	}
+	return d
+}
+
+// Attempt returns which attempt this delivery of msg is, from 1 (a missing or
+// unreadable count is the first).
+func Attempt(msg *message.Message) int {
+	n, err := strconv.Atoi(msg.Metadata.Get(keys.Attempt))
+	if err != nil || n < 1 {
+		return 1
+	}
+	return n
+}
+
+var (
+	// ErrHandoff is wrapped by the error the middleware returns when a retry could not
+	// be handed off: the router then nacks the original, with requeue, and the broker
+	// redelivers it. Keep watermill-amqp's Consume.NoRequeueOnNack false.
+	ErrHandoff = errors.New("retry hand-off failed, message nacked for redelivery")
+	// ErrNotWired is wrapped by the hand-off error of a message the middleware cannot
+	// route back: its subscriber was not built from the Retry's SubscriberConfig, or
+	// its queue was never bound for retries. The error names the fix. Such a message
+	// is nacked like any failed hand-off and, after Config.HandoffAttempts of them,
+	// poisoned.
+	ErrNotWired = errors.New("retry middleware not wired to this message's subscriber")
+)

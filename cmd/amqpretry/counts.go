@@ -1,0 +1,255 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/amqpretry/amqpretry/internal/redact"
+	"github.com/amqpretry/amqpretry/ops"
+)
+
+// countsFunc reads the broker's counts (ops.StatusOptions.Counts).
+type countsFunc = func(ctx context.Context) (ops.BrokerCounts, error)
+
+// ctlWaitDelay is how long a killed rabbitmqctl's output may stay open: past it the
+// run returns even if some process it started still holds the pipe.
+const ctlWaitDelay = 5 * time.Second
+
+// rabbitmqctlCounts reads the broker's counts with the rabbitmqctl command words:
+// `list_queues` for the queues of vhost, `status` for the file descriptors and
+// sockets. Each run is bounded by timeout; on timeout its whole process group is
+// killed (a wrapper such as scripts/rabbitmq4.sh runs rabbitmqctl in a child).
+func rabbitmqctlCounts(words []string, uri string, timeout time.Duration) countsFunc {
+	vhost, port := vhost(uri), uriPort(uri)
+	return func(ctx context.Context) (ops.BrokerCounts, error) {
+		c := ops.BrokerCounts{Messages: map[string]int{}, Ready: map[string]int{}, Unacked: map[string]int{}}
+		// status first: it tells which node the command reaches, which must be the
+		// broker at the URI (a host may run several).
+		out, err := runCtl(ctx, words, timeout, "-q", "status", "--formatter", "json")
+		if err != nil {
+			return c, err
+		}
+		ports, err := ctlStatus(out, &c)
+		if err != nil {
+			return c, fmt.Errorf("%s status: %w", strings.Join(words, " "), err)
+		}
+		if !slices.Contains(ports, port) {
+			return ops.BrokerCounts{}, fmt.Errorf("%s reaches a node listening for AMQP on %v, not on %d of AMQP_URI: give the rabbitmqctl command of that broker (--rabbitmqctl)", strings.Join(words, " "), ports, port)
+		}
+		out, err = runCtl(ctx, words, timeout, "-q", "list_queues", "-p", vhost, "name", "messages", "messages_ready", "messages_unacknowledged", "--no-table-headers")
+		if err != nil {
+			return c, err
+		}
+		sc := bufio.NewScanner(bytes.NewReader(out))
+		for sc.Scan() {
+			f := strings.Split(strings.TrimSpace(sc.Text()), "\t")
+			if len(f) != 4 {
+				continue
+			}
+			n := make([]int, 3)
+			ok := true
+			for i := range n {
+				n[i], err = strconv.Atoi(f[i+1])
+				ok = ok && err == nil
+			}
+			if ok {
+				c.Messages[f[0]], c.Ready[f[0]], c.Unacked[f[0]] = n[0], n[1], n[2]
+			}
+		}
+		return c, nil
+	}
+}
+
+// ctlStatus reads the file descriptors and sockets from rabbitmqctl status JSON: its
+// file_descriptors (RabbitMQ 3.x), or, where RabbitMQ no longer reports them (4.0+),
+// /proc/<pid> of the broker when this host can see it. It returns the node's AMQP
+// ports.
+func ctlStatus(out []byte, c *ops.BrokerCounts) (ports []int, err error) {
+	if i := bytes.IndexByte(out, '{'); i > 0 {
+		out = out[i:] // past any warning printed before the document
+	}
+	var st struct {
+		Listeners []struct {
+			Port     int    `json:"port"`
+			Protocol string `json:"protocol"`
+		} `json:"listeners"`
+		PID any `json:"pid"`
+		FD  *struct {
+			TotalUsed    int `json:"total_used"`
+			TotalLimit   int `json:"total_limit"`
+			SocketsUsed  int `json:"sockets_used"`
+			SocketsLimit int `json:"sockets_limit"`
+		} `json:"file_descriptors"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		return nil, err
+	}
+	for _, l := range st.Listeners {
+		if l.Protocol == "amqp" || l.Protocol == "amqp/ssl" {
+			ports = append(ports, l.Port)
+		}
+	}
+	if st.FD != nil {
+		c.FileDescriptors, c.FileDescriptorLimit = st.FD.TotalUsed, st.FD.TotalLimit
+		c.Sockets, c.SocketLimit = st.FD.SocketsUsed, st.FD.SocketsLimit
+		return ports, nil
+	}
+	if pid, err := strconv.Atoi(strings.Trim(fmt.Sprint(st.PID), `"`)); err == nil && pid > 0 {
+		procFDs(pid, c) // else unknown: the limits stay 0
+	}
+	return ports, nil
+}
+
+// uriPort returns the port of an AMQP URI, with the scheme's default.
+func uriPort(uri string) int {
+	u, err := url.Parse(uri)
+	if err != nil {
+		return 0
+	}
+	if p, err := strconv.Atoi(u.Port()); err == nil {
+		return p
+	}
+	if u.Scheme == "amqps" {
+		return 5671
+	}
+	return 5672
+}
+
+// procFDs counts the open files and sockets of process pid and reads its soft limit of
+// open files, when /proc shows them; otherwise it leaves c as it is.
+func procFDs(pid int, c *ops.BrokerCounts) {
+	dir := filepath.Join("/proc", strconv.Itoa(pid))
+	entries, err := os.ReadDir(filepath.Join(dir, "fd"))
+	if err != nil {
+		return
+	}
+	limits, err := os.ReadFile(filepath.Join(dir, "limits"))
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(limits), "\n") {
+		if f := strings.Fields(strings.TrimPrefix(line, "Max open files")); strings.HasPrefix(line, "Max open files") && len(f) > 0 {
+			c.FileDescriptorLimit, _ = strconv.Atoi(f[0])
+		}
+	}
+	c.FileDescriptors = len(entries)
+	for _, e := range entries {
+		if link, err := os.Readlink(filepath.Join(dir, "fd", e.Name())); err == nil && strings.HasPrefix(link, "socket:") {
+			c.Sockets++
+		}
+	}
+}
+
+// runCtl runs words plus args, bounded by timeout.
+func runCtl(ctx context.Context, words []string, timeout time.Duration, args ...string) ([]byte, error) {
+	bounded, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(bounded, words[0], append(words[1:len(words):len(words)], args...)...)
+	killProcessGroup(cmd)
+	cmd.WaitDelay = ctlWaitDelay
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	start := time.Now()
+	out, err := cmd.Output()
+	if err == nil {
+		return out, nil
+	}
+	name := strings.Join(words, " ") + " " + strings.Join(args, " ")
+	if bounded.Err() != nil && ctx.Err() == nil {
+		return out, fmt.Errorf("%s: no answer within %s (--ctl-timeout), killed after %s", name, timeout, time.Since(start).Round(time.Millisecond))
+	}
+	if ctx.Err() != nil {
+		return out, ctx.Err()
+	}
+	msg := strings.TrimSpace(stderr.String())
+	if len(msg) > 300 {
+		msg = msg[:300] + "…"
+	}
+	return out, fmt.Errorf("%s: %w: %s", name, err, msg)
+}
+
+// managementCounts reads the broker's counts from the management API at base, with
+// the user and password of uri (HTTP basic authentication; never in the URL or in
+// errors): GET /api/queues/<vhost> and /api/nodes.
+func managementCounts(base, uri string, client *http.Client) countsFunc {
+	if client == nil {
+		client = &http.Client{Timeout: 30 * time.Second}
+	}
+	var user, pass string
+	if u, err := url.Parse(uri); err == nil && u.User != nil {
+		user = u.User.Username()
+		pass, _ = u.User.Password()
+	}
+	base = strings.TrimSuffix(base, "/")
+	get := func(ctx context.Context, path string, v any) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
+		if err != nil {
+			return fmt.Errorf("management api: %w", redact.Error(err, uri))
+		}
+		req.SetBasicAuth(user, pass)
+		resp, err := client.Do(req)
+		if err != nil {
+			return fmt.Errorf("management api: %s", redact.String(redact.Error(err, uri).Error(), base))
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("management api: GET %s: %s", strings.SplitN(path, "?", 2)[0], resp.Status)
+		}
+		if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+			return fmt.Errorf("management api: GET %s: %w", strings.SplitN(path, "?", 2)[0], err)
+		}
+		return nil
+	}
+	return func(ctx context.Context) (ops.BrokerCounts, error) {
+		c := ops.BrokerCounts{Messages: map[string]int{}, Ready: map[string]int{}, Unacked: map[string]int{}}
+		var queues []struct {
+			Name     string `json:"name"`
+			Messages int    `json:"messages"`
+			Ready    int    `json:"messages_ready"`
+			Unacked  int    `json:"messages_unacknowledged"`
+		}
+		if err := get(ctx, "/api/queues/"+url.PathEscape(vhost(uri))+"?columns=name,messages,messages_ready,messages_unacknowledged", &queues); err != nil {
+			return c, err
+		}
+		for _, q := range queues {
+			c.Messages[q.Name], c.Ready[q.Name], c.Unacked[q.Name] = q.Messages, q.Ready, q.Unacked
+		}
+		var nodes []struct {
+			FDUsed       int `json:"fd_used"`
+			FDTotal      int `json:"fd_total"`
+			SocketsUsed  int `json:"sockets_used"`
+			SocketsTotal int `json:"sockets_total"`
+		}
+		if err := get(ctx, "/api/nodes?columns=name,fd_used,fd_total,sockets_used,sockets_total", &nodes); err != nil {
+			return c, err
+		}
+		// The node nearest to its limit speaks for the cluster. RabbitMQ 4.0+ reports
+		// no sockets (0 of 0): unknown.
+		worst := func(used, limit int, u, l *int) {
+			if limit > 0 && (*l == 0 || used*(*l) > (*u)*limit) {
+				*u, *l = used, limit
+			}
+		}
+		for _, n := range nodes {
+			worst(n.FDUsed, n.FDTotal, &c.FileDescriptors, &c.FileDescriptorLimit)
+			worst(n.SocketsUsed, n.SocketsTotal, &c.Sockets, &c.SocketLimit)
+		}
+		if len(nodes) == 0 {
+			return c, errors.New("management api: GET /api/nodes: no node")
+		}
+		return c, nil
+	}
+}

@@ -1,0 +1,452 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/amqpretry/amqpretry/internal/keys"
+	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/ops"
+)
+
+// reasons are the poison reasons --reason takes: every middleware.Reason.
+var reasons = []middleware.Reason{
+	middleware.ReasonPermanent, middleware.ReasonMaxAttempts, middleware.ReasonDelayTooLong,
+	middleware.ReasonHandoffFailed, middleware.ReasonTooLarge,
+}
+
+func reasonList() string {
+	s := make([]string, len(reasons))
+	for i, r := range reasons {
+		s[i] = string(r)
+	}
+	return strings.Join(s, ", ")
+}
+
+// filterFlags adds the filter flags to fs; check validates them.
+func filterFlags(fs *pflag.FlagSet, f *ops.Filter) (check func() error) {
+	fs.StringVar(&f.Queue, "queue", "", "only messages that failed on this queue (or, parked, were due back to it)")
+	reason := fs.String("reason", "", "only this poison reason: "+reasonList())
+	fs.StringVar(&f.Error, "error", "", "only messages whose error contains this text")
+	fs.Var(nonNegativeDuration{&f.OlderThan}, "older-than", "only messages that failed (parked: came due) longer ago than this")
+	fs.Var(nonNegativeDuration{&f.NewerThan}, "newer-than", "only messages that failed (parked: came due) more recently than this")
+	fs.StringArrayVar(&f.IDs, "id", nil, "only this message (Watermill UUID or AMQP message id); repeat for more")
+	return func() error {
+		if *reason == "" {
+			return nil
+		}
+		for _, r := range reasons {
+			if string(r) == *reason {
+				f.Reason = r
+				return nil
+			}
+		}
+		return usagef("--reason: unknown reason %q (known: %s)", *reason, reasonList())
+	}
+}
+
+func (a *app) poisonCmd() *cobra.Command {
+	return group("poison", "The poison queue: messages that failed for good, with their failure envelope",
+		a.listCmd(ops.Poison), a.showCmd(), a.moveCmd(ops.Poison, false), a.moveCmd(ops.Poison, true))
+}
+
+func (a *app) parkingCmd() *cobra.Command {
+	return group("parking", "The parking queue: retries whose work queue was gone when they came due",
+		a.listCmd(ops.Parking), a.moveCmd(ops.Parking, false))
+}
+
+const readingHelp = `Messages are read with basic.get and held unacknowledged, then given back with one
+basic.nack(requeue), which puts them back in their places, in order: nothing changes. At
+most --window messages are held at once; the run stops when the window is full.`
+
+func (a *app) listCmd(source ops.Source) *cobra.Command {
+	var opts ops.ListOptions
+	limit, window := 100, 10_000
+	var check func() error
+	c := &cobra.Command{
+		Use:   "list",
+		Short: fmt.Sprintf("List the messages of the %s queue that match the filters", source),
+		Long: fmt.Sprintf(`list prints the messages of the %s queue that match the filters, in queue order.
+
+%s
+
+%s`, source, readingHelp, exitHelp),
+		Args: noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if err := check(); err != nil {
+				return err
+			}
+			opts.Limit, opts.Window = limit, window
+			if limit == 0 {
+				opts.Limit = -1
+			}
+			o, _, err := a.open()
+			if err != nil {
+				return err
+			}
+			defer o.Close()
+			r, err := o.List(a.ctx, source, opts)
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.emit(listJSONOf(r))
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			if source == ops.Parking {
+				fmt.Fprintln(tw, "UUID\tQUEUE\tATTEMPT\tDUE\tERROR")
+			} else {
+				fmt.Fprintln(tw, "UUID\tQUEUE\tREASON\tATTEMPT\tLAST FAILURE\tERROR")
+			}
+			for _, m := range r.Messages {
+				if source == ops.Parking {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.UUID, orDash(m.Queue), attempt(m), stamp(m.Due), orDash(clip(m.Error, 60)))
+				} else {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", m.UUID, orDash(m.Queue), orDash(string(m.Reason)), attempt(m), stamp(m.LastFailure), orDash(clip(m.Error, 60)))
+				}
+			}
+			_ = tw.Flush()
+			more := ""
+			if !r.Complete {
+				more = " (stopped early: --limit or --window reached)"
+			}
+			a.printf("%d of %d messages in %s shown, %d scanned%s\n", len(r.Messages), r.Depth, r.Queue, r.Scanned, more)
+			return nil
+		},
+	}
+	check = filterFlags(c.Flags(), &opts.Filter)
+	c.Flags().Var(boundedInt{&limit, 0}, "limit", "at most this many messages (0: all)")
+	c.Flags().Var(boundedInt{&window, 1}, "window", "at most this many messages held while scanning")
+	return c
+}
+
+func (a *app) showCmd() *cobra.Command {
+	var opts ops.ListOptions
+	limit, window := 1, 10_000
+	var check func() error
+	c := &cobra.Command{
+		Use:   "show [ID]...",
+		Short: "Show poisoned messages in full: envelope, headers, payload",
+		Long: `show prints the messages of the poison queue named by their Watermill UUID or AMQP
+message id, or, without IDs, the first --limit that match the filters, in full: the
+failure envelope, every other header, and the payload.
+
+` + readingHelp + `
+
+` + exitHelp,
+		RunE: func(_ *cobra.Command, ids []string) error {
+			if err := check(); err != nil {
+				return err
+			}
+			opts.IDs = append(opts.IDs, ids...)
+			opts.Limit, opts.Window, opts.Full = limit, window, true
+			if len(opts.IDs) > 0 && opts.Limit < len(opts.IDs) {
+				opts.Limit = len(opts.IDs)
+			}
+			o, _, err := a.open()
+			if err != nil {
+				return err
+			}
+			defer o.Close()
+			r, err := o.List(a.ctx, ops.Poison, opts)
+			if err != nil {
+				return err
+			}
+			if len(r.Messages) == 0 {
+				return fmt.Errorf("no matching message in queue %q (%d scanned)", r.Queue, r.Scanned)
+			}
+			if a.json {
+				return a.emit(listJSONOf(r).Messages)
+			}
+			for i, m := range r.Messages {
+				if i > 0 {
+					a.printf("\n")
+				}
+				a.printEnvelope(m)
+			}
+			return nil
+		},
+	}
+	check = filterFlags(c.Flags(), &opts.Filter)
+	c.Flags().Var(boundedInt{&limit, 1}, "limit", "without IDs: show this many matching messages")
+	c.Flags().Var(boundedInt{&window, 1}, "window", "at most this many messages held while scanning")
+	return c
+}
+
+// shown are the keys printEnvelope prints itself, or leaves out (where the poison
+// queue delivered it, not where it failed).
+var shown = map[string]bool{
+	keys.Queue: true, keys.PoisonReason: true, keys.Error: true, keys.ErrorTypes: true, keys.Attempt: true,
+	keys.MaxAttempts: true, keys.FirstFailure: true, keys.LastFailure: true, keys.Handler: true, keys.Topic: true,
+	keys.RedriveCount: true, keys.RedrivenAt: true, keys.RedrivenFrom: true, keys.TypedHeaders: true,
+	keys.DeliveryExchange: true, keys.DeliveryRoutingKey: true,
+	// this queue's own deliveries of it (quorum queues), the listings among them
+	keys.XDeliveryCount: true, keys.XAcquiredCount: true,
+}
+
+func (a *app) printEnvelope(m ops.Message) {
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	row := func(k, v string) { fmt.Fprintf(tw, "  %s\t%s\n", k, v) }
+	a.printf("message %s\n", m.UUID)
+	row("queue:", orDash(m.Queue))
+	row("reason:", orDash(string(m.Reason)))
+	row("error:", orDash(m.Error))
+	row("error types:", orDash(strings.Join(m.ErrorTypes, " > ")))
+	attempts := attempt(m)
+	if m.MaxAttempts > 0 {
+		attempts += " of " + strconv.Itoa(m.MaxAttempts)
+	}
+	row("attempts:", attempts)
+	row("first failure:", ago(m.FirstFailure))
+	row("last failure:", ago(m.LastFailure))
+	row("handler:", orDash(m.Handler))
+	row("topic:", orDash(m.Topic))
+	if m.Redriven > 0 {
+		row("redriven:", fmt.Sprintf("%d times, last %s from %s", m.Redriven, ago(m.RedrivenAt), m.RedrivenFrom))
+	}
+	row("amqp message id:", orDash(m.MessageID))
+	row("payload:", fmt.Sprintf("%d bytes: %q", m.Size, clip(string(m.Payload), 200)))
+	ks := make([]string, 0, len(m.Metadata))
+	for k := range m.Metadata {
+		if !shown[k] {
+			ks = append(ks, k)
+		}
+	}
+	sort.Strings(ks)
+	for _, k := range ks {
+		row(k+":", clip(m.Metadata[k], 200))
+	}
+	_ = tw.Flush()
+}
+
+// moveCmd is redrive (purge false) and purge.
+func (a *app) moveCmd(source ops.Source, purge bool) *cobra.Command {
+	var opts ops.MoveOptions
+	window := 10_000
+	var rate rateFlag
+	var check func() error
+	name, verb, doing := "redrive", "redriven", "redriving"
+	short := fmt.Sprintf("Send matching messages of the %s queue back to the queue each failed on", source)
+	long := `redrive sends each matching message back to the queue it failed on (for a parked retry,
+the queue it was due back to) through the library's confirmed hand-off: persistent,
+mandatory, confirm awaited, and only then acked here: at-least-once, nothing lost. A
+message whose queue does not exist stays where it is, reported (exit status 1). Killed
+mid-run, a message is back on its queue or still here (the one whose confirm arrived
+just before the kill may be in both); Ctrl-C stops between two messages.`
+	if source == ops.Parking {
+		short = "Send matching parked retries to the queue each was due back to, once it exists again"
+	}
+	if purge {
+		name, verb, doing = "purge", "purged", "purging"
+		short = "Delete matching messages of the poison queue (no filter: needs --all)"
+		long = `purge deletes (acks) each matching message. Without a filter it needs --all.`
+	}
+	c := &cobra.Command{
+		Use:   name,
+		Short: short,
+		Long: long + `
+
+` + readingHelp + ` The others stay in place, in order. Long runs show
+a progress bar on a terminal, a line of counts a second otherwise (stderr).
+
+` + exitHelp,
+		Args: noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if err := check(); err != nil {
+				return err
+			}
+			if purge && opts.Filter.Queue == "" && opts.Filter.Reason == "" && opts.Filter.Error == "" &&
+				opts.Filter.OlderThan == 0 && opts.Filter.NewerThan == 0 && len(opts.Filter.IDs) == 0 && !opts.All {
+				return usagef("%s purge: no filter given; pass --all to purge every message", source)
+			}
+			opts.Rate, opts.Window = float64(rate), window
+			o, _, err := a.open()
+			if err != nil {
+				return err
+			}
+			defer o.Close()
+			prog := newProgress(a.stderr, doing, verb)
+			opts.Progress = prog.update
+			var r ops.MoveResult
+			if purge {
+				r, err = o.Purge(a.ctx, source, opts)
+			} else {
+				r, err = o.Redrive(a.ctx, source, opts)
+			}
+			prog.done()
+			if err != nil {
+				return err
+			}
+			if a.json {
+				if err := a.emit(moveJSONOf(r)); err != nil {
+					return err
+				}
+			} else {
+				a.printMove(r, verb, purge, opts)
+			}
+			switch {
+			case r.Stopped == "interrupted":
+				return context.Canceled
+			case len(r.Unrouted) > 0:
+				return errFlagged
+			}
+			return nil
+		},
+	}
+	f := c.Flags()
+	check = filterFlags(f, &opts.Filter)
+	f.Var(boundedInt{&opts.Limit, 0}, "limit", "act on at most this many matching messages (0: all)")
+	f.BoolVar(&opts.DryRun, "dry-run", false, "report what would be done, change nothing")
+	f.Var(&rate, "rate", "at most this many messages per second: N/s or N/m (default: as fast as confirms come)")
+	f.Var(boundedInt{&window, 1}, "window", "at most this many messages held (not matching, unroutable, dry run) before the run stops")
+	if purge {
+		f.BoolVar(&opts.All, "all", false, "purge every message when no filter is given")
+	} else {
+		def := source == ops.Poison
+		f.BoolVar(&opts.ResetAttempts, "reset-attempts", def,
+			"remove the attempt count so the message gets the policy's full attempts again (poison: default true, else a message left at its last attempt is poisoned again at its next failure; parking: default false, a parked retry keeps its place in its schedule)")
+	}
+	return c
+}
+
+func (a *app) printMove(r ops.MoveResult, verb string, purge bool, opts ops.MoveOptions) {
+	if r.DryRun {
+		would := "redrive"
+		if purge {
+			would = "purge"
+		}
+		a.printf("dry run: would %s %d of %d messages in %s (%d scanned, %d not matching); nothing changed\n",
+			would, r.Matched, r.Depth, r.Queue, r.Scanned, r.Skipped)
+		for _, m := range r.Messages {
+			if purge {
+				a.printf("  %s (%s)\n", m.UUID, about(m))
+			} else {
+				a.printf("  %s -> %s (%s)\n", m.UUID, orUnknown(m.Queue), about(m))
+			}
+		}
+	} else {
+		a.printf("%s %d of %d messages in %s (%d scanned, %d not matching, %d unroutable)\n",
+			verb, r.Done, r.Depth, r.Queue, r.Scanned, r.Skipped, r.Unroutable)
+	}
+	for _, m := range r.Unrouted {
+		if m.Queue == "" {
+			a.printf("  left in place, its queue is unknown (no envelope, no queue in its routing key): %s\n", m.UUID)
+			continue
+		}
+		a.printf("  left in place, queue %q does not exist: %s\n", m.Queue, m.UUID)
+	}
+	switch r.Stopped {
+	case "interrupted":
+		a.printf("interrupted: stopped between two messages; the rest is still in %s\n", r.Queue)
+	case "window":
+		a.printf("stopped: %d messages held (--window); run again to continue\n", opts.Window)
+	case "limit":
+		a.printf("stopped at --limit %d\n", opts.Limit)
+	}
+}
+
+// about describes a message in a few words: why it failed, or, for a parked retry,
+// where it stood in its schedule.
+func about(m ops.Message) string {
+	if m.Reason != "" {
+		if m.Error == "" {
+			return string(m.Reason)
+		}
+		return string(m.Reason) + ": " + clip(m.Error, 60)
+	}
+	var parts []string
+	if m.Attempt > 0 {
+		parts = append(parts, "attempt "+strconv.Itoa(m.Attempt))
+	}
+	if !m.Due.IsZero() {
+		parts = append(parts, "due "+stamp(m.Due))
+	}
+	if m.Error != "" {
+		parts = append(parts, "last error: "+clip(m.Error, 60))
+	}
+	if len(parts) == 0 {
+		return "no failure envelope"
+	}
+	return strings.Join(parts, ", ")
+}
+
+func attempt(m ops.Message) string {
+	if m.Attempt == 0 {
+		return "-"
+	}
+	return strconv.Itoa(m.Attempt)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "(unknown queue)"
+	}
+	return s
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// ago formats the time since t.
+func ago(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339) + " (" + short(time.Since(t)) + " ago)"
+}
+
+// clip cuts s to n runes, on one line.
+func clip(s string, n int) string {
+	r := []rune(strings.ReplaceAll(s, "\n", " "))
+	if len(r) <= n {
+		return string(r)
+	}
+	return string(r[:n-1]) + "…"
+}
+
+// rateFlag parses "N/s", "N/m" or "N" (per second).
+type rateFlag float64
+
+func (r *rateFlag) String() string {
+	if *r == 0 {
+		return "unlimited"
+	}
+	return strconv.FormatFloat(float64(*r), 'f', -1, 64) + "/s"
+}
+
+func (r *rateFlag) Set(s string) error {
+	per, n := time.Second, s
+	switch {
+	case strings.HasSuffix(s, "/s"):
+		n = strings.TrimSuffix(s, "/s")
+	case strings.HasSuffix(s, "/m"):
+		n, per = strings.TrimSuffix(s, "/m"), time.Minute
+	}
+	v, err := strconv.ParseFloat(n, 64)
+	if err != nil || v <= 0 || v != v || v > 1e9 {
+		return fmt.Errorf("want N/s or N/m with N > 0, got %q", s)
+	}
+	*r = rateFlag(v / per.Seconds())
+	return nil
+}
+
+func (r *rateFlag) Type() string { return "rate" }

@@ -1,0 +1,387 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/names"
+	"github.com/amqpretry/amqpretry/internal/redact"
+	"github.com/amqpretry/amqpretry/ops"
+)
+
+// app holds what every command shares: the output, the broker URI and the common
+// flags.
+type app struct {
+	ctx            context.Context
+	stdout, stderr io.Writer
+	uri            string
+
+	json           bool
+	backend        string
+	prefix         string
+	tiers          durationList
+	levels         int
+	delayedRetries int
+	retryDelay     time.Duration
+	poisonQueue    string
+	flags          *pflag.FlagSet // the persistent flags, to tell which were set
+
+	// ran is set once a command's own code runs: an error before that is cobra's (an
+	// unknown command or flag, a bad value, wrong arguments, exclusive flags), a usage
+	// error.
+	ran bool
+}
+
+// usageError marks an error in the command line: exit status 2.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+// errFlagged marks a run that worked and found something wrong (exit status 1),
+// already reported on the output.
+var errFlagged = errors.New("flagged")
+
+const exitHelp = `Exit status, the same for every command:
+  0    all is well
+  1    an error, or something flagged: status found a problem, verify found the
+       topology incomplete, a redrive left unroutable messages
+  2    usage error: unknown command or flag, bad value, missing --all
+  130  interrupted (Ctrl-C, SIGTERM): a redrive or purge stops between two messages
+
+The broker URI comes from AMQP_URI (default ` + defaultURI + `);
+its password is never printed.`
+
+// run runs the command line args and returns the exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	a := &app{ctx: ctx, stdout: stdout, stderr: stderr, uri: os.Getenv(uriEnv)}
+	if a.uri == "" {
+		a.uri = defaultURI
+	}
+	root := a.root()
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	cmd, err := root.ExecuteContextC(ctx)
+	path := "amqpretry"
+	if cmd != nil {
+		path = cmd.CommandPath()
+	}
+	var usage usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, errFlagged):
+		return exitFailed
+	case errors.Is(err, context.Canceled) || ctx.Err() != nil:
+		fmt.Fprintln(stderr, "amqpretry: interrupted")
+		return exitInterrupted
+	case errors.As(err, &usage) || !a.ran:
+		fmt.Fprintf(stderr, "amqpretry: %s\nRun '%s --help' for usage.\n", a.redact(err.Error()), path)
+		return exitUsage
+	}
+	a.fail(err)
+	return exitFailed
+}
+
+// root builds the command tree.
+func (a *app) root() *cobra.Command {
+	defaults := amqpretry.Config{}.WithDefaults()
+	a.tiers = durationList(defaults.Tiers)
+	root := &cobra.Command{
+		Use:   "amqpretry",
+		Short: "Operate the broker side of amqpretry: status, topology, poison and parking queues",
+		Long: `amqpretry operates the broker side of amqpretry: the status of the delay, parking,
+poison and work queues; the topology the library needs (plan, apply, verify); and the
+poison and parking queues (list, show, redrive, purge).
+
+The common flags describe the application's retry configuration (amqpretry.Config);
+their defaults are the library's. --json gives machine-readable output everywhere.
+
+` + exitHelp,
+		Version:       buildVersion(),
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("unknown command %q (known: %s)", args[0], strings.Join(subNames(cmd), ", "))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return usagef("a command is needed: %s", strings.Join(subNames(cmd), ", "))
+		},
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetVersionTemplate("amqpretry {{.Version}}\n")
+	pf := root.PersistentFlags()
+	a.flags = pf
+	pf.BoolVar(&a.json, "json", false, "machine-readable output (JSON, snake_case keys)")
+	pf.StringVar(&a.backend, "backend", defaults.Backend, "delay backend: "+strings.Join(brokerBackends(), ", "))
+	pf.StringVar(&a.prefix, "prefix", defaults.Prefix, "prefix of every queue and exchange the library declares")
+	pf.Var(&a.tiers, "tiers", "ttl-tiers: the ladder of delays, comma-separated")
+	pf.IntVar(&a.levels, "levels", defaults.Levels, "binary-levels: number of levels (delays up to 2^levels - 1 s)")
+	pf.IntVar(&a.delayedRetries, "delayed-retries", defaults.DelayedRetries, "retries RabbitMQ 4.3+ holds in the work queue itself before the backend takes the next")
+	pf.DurationVar(&a.retryDelay, "retry-delay", defaults.DelayedRetryDelay, "delay of the retries held in the work queue (delayed-retries, delayed-retry backend)")
+	pf.StringVar(&a.poisonQueue, "poison-queue", "", "poison queue (default <prefix>.poison: "+defaults.PoisonQueue+")")
+
+	root.AddCommand(a.statusCmd(), a.topologyCmd(), a.poisonCmd(), a.parkingCmd(), a.versionCmd())
+	a.wire(root)
+	return root
+}
+
+// wire makes the flag errors of c and its subcommands usage errors, and records when
+// a command's own code starts (after cobra has checked its arguments and flags).
+func (a *app) wire(c *cobra.Command) {
+	c.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	if run := c.RunE; run != nil {
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			a.ran = true
+			return run(cmd, args)
+		}
+	}
+	for _, sub := range c.Commands() {
+		a.wire(sub)
+	}
+}
+
+// group is a command that only holds subcommands.
+func group(use, short string, subs ...*cobra.Command) *cobra.Command {
+	c := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Long:  short + ".\n\n" + exitHelp,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("%s: unknown command %q (known: %s)", cmd.CommandPath(), args[0], strings.Join(subNames(cmd), ", "))
+			}
+			return usagef("%s needs a command: %s", cmd.CommandPath(), strings.Join(subNames(cmd), ", "))
+		},
+	}
+	c.AddCommand(subs...)
+	return c
+}
+
+func subNames(c *cobra.Command) []string {
+	var out []string
+	for _, s := range c.Commands() {
+		if s.IsAvailableCommand() {
+			out = append(out, s.Name())
+		}
+	}
+	return out
+}
+
+// noArgs refuses positional arguments, as a usage error.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usagef("%s takes no arguments, got %q", cmd.CommandPath(), args)
+	}
+	return nil
+}
+
+func (a *app) versionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version of the command and of the library it is built with",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if a.json {
+				return a.emit(map[string]string{"version": buildVersion()})
+			}
+			fmt.Fprintf(a.stdout, "amqpretry %s\n", buildVersion())
+			return nil
+		},
+	}
+}
+
+// buildVersion is the module version of the command and of the library it was built
+// with.
+func buildVersion() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "(unknown)"
+	}
+	lib := "(devel)"
+	for _, d := range info.Deps {
+		if d.Path == "github.com/amqpretry/amqpretry" {
+			lib = d.Version
+			if d.Replace != nil {
+				lib = d.Replace.Path
+			}
+		}
+	}
+	if lib == "" {
+		lib = "(workspace)"
+	}
+	return fmt.Sprintf("%s (library %s, %s)", info.Main.Version, lib, info.GoVersion)
+}
+
+// brokerBackends are the backends with something on the broker.
+func brokerBackends() []string {
+	var out []string
+	for _, n := range backend.Names() {
+		if n != delay.Memory {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// retryConfig is the application's retry configuration from the common flags: the
+// command knows the broker side only.
+func (a *app) retryConfig() (amqpretry.Config, error) {
+	cfg := amqpretry.Config{
+		Backend: a.backend, Prefix: a.prefix, Levels: a.levels,
+		DelayedRetries: a.delayedRetries, DelayedRetryDelay: a.retryDelay, PoisonQueue: a.poisonQueue,
+	}
+	if a.flags.Changed("tiers") {
+		cfg.Tiers = a.tiers
+	}
+	if cfg.Backend == delay.Memory {
+		return cfg, usagef("--backend: the memory backend has nothing on the broker (known: %s)", strings.Join(brokerBackends(), ", "))
+	}
+	if _, err := cfg.Plan(); err != nil { // checks what decides the topology
+		return cfg, usagef("invalid retry configuration: %s", flagNames(strings.TrimPrefix(err.Error(), "invalid config: ")))
+	}
+	return cfg, nil
+}
+
+// flagNames names the flags behind the amqpretry.Config fields in a validation error.
+func flagNames(s string) string {
+	return strings.NewReplacer("Backend:", "--backend:", "Prefix:", "--prefix:", "Tiers:", "--tiers:", "Tiers[", "--tiers[",
+		"Levels:", "--levels:", "DelayedRetries:", "--delayed-retries:", "DelayedRetryDelay:", "--retry-delay:",
+		"PoisonQueue:", "--poison-queue:").Replace(s)
+}
+
+// applyCommand is the command line that creates what cfg needs for the queues.
+func applyCommand(cfg amqpretry.Config, queues []string) string {
+	c := cfg.WithDefaults()
+	return backend.ApplyCommand(backend.Spec{Name: c.Backend, Prefix: c.Prefix, Tiers: c.Tiers, Levels: c.Levels, RetryDelay: c.DelayedRetryDelay},
+		c.PoisonQueue, c.DelayedRetries, c.DelayedRetryDelay, queues...)
+}
+
+// open validates the common flags and connects.
+func (a *app) open() (*ops.Ops, amqpretry.Config, error) {
+	cfg, err := a.retryConfig()
+	if err != nil {
+		return nil, cfg, err
+	}
+	o, err := ops.New(ops.Config{URI: a.uri, Retry: cfg})
+	return o, cfg, err
+}
+
+// redact hides the URI's password in s.
+func (a *app) redact(s string) string { return redact.String(s, a.uri) }
+
+// fail prints err, redacted, as JSON on stdout or as text on stderr.
+func (a *app) fail(err error) {
+	msg := a.redact(err.Error())
+	if a.json {
+		_ = json.NewEncoder(a.stdout).Encode(map[string]string{"error": msg})
+		return
+	}
+	fmt.Fprintln(a.stderr, "amqpretry:", msg)
+}
+
+// emit writes v as indented JSON.
+func (a *app) emit(v any) error {
+	enc := json.NewEncoder(a.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func (a *app) printf(format string, args ...any) { fmt.Fprintf(a.stdout, format, args...) }
+
+// durationList is a comma-separated list of durations (--tiers).
+type durationList []time.Duration
+
+func (d *durationList) String() string {
+	parts := make([]string, len(*d))
+	for i, t := range *d {
+		parts[i] = names.Tier(t)
+	}
+	return strings.Join(parts, ",")
+}
+
+func (d *durationList) Set(s string) error {
+	var out []time.Duration
+	for _, p := range strings.Split(s, ",") {
+		t, err := time.ParseDuration(strings.TrimSpace(p))
+		if err != nil {
+			return fmt.Errorf("want durations such as 1s,30s,10m: %w", err)
+		}
+		out = append(out, t)
+	}
+	*d = out
+	return nil
+}
+
+func (d *durationList) Type() string { return "durations" }
+
+// boundedInt is an int flag that refuses values below min.
+type boundedInt struct {
+	v   *int
+	min int
+}
+
+func (b boundedInt) String() string {
+	if b.v == nil {
+		return "0"
+	}
+	return strconv.Itoa(*b.v)
+}
+
+func (b boundedInt) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return fmt.Errorf("want a whole number: %q", s)
+	}
+	if n < b.min {
+		return fmt.Errorf("%d is below %d", n, b.min)
+	}
+	*b.v = n
+	return nil
+}
+
+func (b boundedInt) Type() string { return "int" }
+
+// nonNegativeDuration is a duration flag that refuses negative values.
+type nonNegativeDuration struct{ v *time.Duration }
+
+func (d nonNegativeDuration) String() string {
+	if d.v == nil {
+		return "0s"
+	}
+	return d.v.String()
+}
+
+func (d nonNegativeDuration) Set(s string) error {
+	t, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("want a duration such as 90s or 2h: %q", s)
+	}
+	if t < 0 {
+		return fmt.Errorf("%s is negative", t)
+	}
+	*d.v = t
+	return nil
+}
+
+func (d nonNegativeDuration) Type() string { return "duration" }

@@ -1,0 +1,316 @@
+package main
+
+import (
+	"fmt"
+	"net/url"
+	"os/exec"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/internal/names"
+	"github.com/amqpretry/amqpretry/internal/redact"
+	"github.com/amqpretry/amqpretry/internal/version"
+	"github.com/amqpretry/amqpretry/ops"
+)
+
+// peekBudget is the head's delivery count past which status notes that peeks add up:
+// half of RabbitMQ 4.0+'s default quorum delivery-limit (20).
+const peekBudget = 10
+
+func (a *app) statusCmd() *cobra.Command {
+	var (
+		check   bool
+		peek    string
+		margin  = 30 * time.Second
+		ctl     string
+		mgmt    string
+		queues  []string
+		timeout = 30 * time.Second
+	)
+	c := &cobra.Command{
+		Use:   "status",
+		Short: "Depth and oldest message of the delay, parking, poison and work queues; what needs attention",
+		Long: `status reports every delay queue, the parking queue, the poison queue and the work queues
+named with --queue: ready messages, consumers, the age of the oldest message, and, with
+the broker's own counts, what AMQP cannot see: the expired messages a delay queue holds
+for dead lettering (DLX-BACKLOG) and the retries RabbitMQ 4.3 holds in a work queue
+(HELD). It flags a missing queue, a STUCK delay queue (its head past its due time, or a
+backlog that does not move), a non-empty parking queue, a consumer on a delay queue, the
+delayed-exchange backend where its plugin cannot run, and a broker near its file
+descriptor or socket limit (80%).
+
+The broker's counts come from rabbitmqctl (status and list_queues, each bounded by
+--ctl-timeout): --rabbitmqctl auto (the default) uses rabbitmqctl when it is on PATH and
+the broker on this host; give a command line for another (for a node in a chroot, say),
+or off. Or from the management API: --management-url http://host:15672, with the
+credentials of AMQP_URI. RabbitMQ 4.0+ reports no file descriptors in rabbitmqctl status:
+they are then read from /proc/<pid> of the broker, when this host can see it.
+
+AMQP cannot browse: to learn the age of a message status takes it and gives it back
+(basic.get, basic.nack). A quorum queue may put a message given back alone behind the
+others (RabbitMQ 3.10.8 always, 4.3.6 from its second return), and 4.0-4.2 count each
+return against its delivery-limit. So --peek auto (the default) reads every message of
+the parking and poison queues (up to 1,000) and gives them all back at once, which keeps
+their order, and reads no delay queue: a stalled delay queue shows in DLX-BACKLOG.
+--peek always also reads the head of each delay queue, at the risk of a late retry (the
+head moved to the end expires late); never reads nothing.
+
+Exit status 1 whenever something is flagged, with or without --check; --check prints
+only what is flagged (nothing when all is well), for scripts and health checks.
+
+` + exitHelp,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch peek {
+			case "auto", "always", "never":
+			default:
+				return usagef("--peek: want auto, always or never, got %q", peek)
+			}
+			if margin <= 0 {
+				return usagef("--stuck-margin: want a positive duration, got %s", margin)
+			}
+			if timeout <= 0 {
+				return usagef("--ctl-timeout: want a positive duration, got %s", timeout)
+			}
+			words, explicit := rabbitmqctlWords(ctl, a.uri)
+			if ctl != "" && len(words) == 0 && ctl != "off" && ctl != "auto" {
+				return usagef("--rabbitmqctl: empty command")
+			}
+			var counts countsFunc
+			switch {
+			case mgmt != "":
+				u, err := url.Parse(mgmt)
+				if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+					return usagef("--management-url: want http(s)://host:port, got %s", redact.String(mgmt, a.uri))
+				}
+				counts, explicit = managementCounts(mgmt, a.uri, nil), true
+			case len(words) > 0:
+				counts = rabbitmqctlCounts(words, a.uri, timeout)
+			}
+			o, cfg, err := a.open()
+			if err != nil {
+				return err
+			}
+			defer o.Close()
+			opts := ops.StatusOptions{WorkQueues: queues, StuckMargin: margin, Peek: peek}
+			if counts != nil {
+				opts.Counts = counts
+			}
+			s, err := o.Status(a.ctx, opts)
+			if err != nil {
+				return err
+			}
+			countsFailed := s.CountsError != "" && explicit
+			if a.json {
+				if err := a.emit(s); err != nil {
+					return err
+				}
+			} else {
+				a.printStatus(s, cfg, queues, peek, check, explicit)
+			}
+			switch {
+			case countsFailed:
+				return fmt.Errorf("broker counts: %s", s.CountsError)
+			case len(s.Flags) > 0:
+				return errFlagged
+			}
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.BoolVar(&check, "check", false, "print only what is flagged (the exit status is the same without it)")
+	f.StringVar(&peek, "peek", "auto", "read messages for their age: auto (parking and poison queues), always (also each delay queue's head: may delay a retry), never")
+	f.DurationVar(&margin, "stuck-margin", margin, "a delay queue whose head is this much past its due time is STUCK")
+	f.StringVar(&ctl, "rabbitmqctl", "auto", "rabbitmqctl command for the broker's counts: auto, off, or a command line")
+	f.StringVar(&mgmt, "management-url", "", "read the broker's counts from the management API at this URL instead (credentials from AMQP_URI)")
+	f.DurationVar(&timeout, "ctl-timeout", timeout, "bound of each rabbitmqctl run")
+	f.StringArrayVar(&queues, "queue", nil, "a work queue to report on too (repeat for more)")
+	c.MarkFlagsMutuallyExclusive("rabbitmqctl", "management-url")
+	return c
+}
+
+// rabbitmqctlWords resolves --rabbitmqctl to a command line, or nil; explicit tells
+// whether the user asked for it (a failure then fails the command).
+func rabbitmqctlWords(flagValue, uri string) (words []string, explicit bool) {
+	switch flagValue {
+	case "off", "":
+		return nil, false
+	case "auto":
+		u, err := url.Parse(uri)
+		if err != nil {
+			return nil, false
+		}
+		switch u.Hostname() {
+		case "127.0.0.1", "localhost", "::1":
+		default:
+			return nil, false
+		}
+		if _, err := exec.LookPath("rabbitmqctl"); err != nil {
+			return nil, false
+		}
+		return []string{"rabbitmqctl"}, false
+	}
+	return strings.Fields(flagValue), true
+}
+
+// vhost returns the virtual host a broker URI names ("/" when it names none).
+func vhost(uri string) string {
+	u, err := url.Parse(uri)
+	if err != nil || u.Path == "" || u.Path == "/" {
+		return "/"
+	}
+	return strings.TrimPrefix(u.Path, "/")
+}
+
+func (a *app) printStatus(s ops.Status, cfg amqpretry.Config, queues []string, peek string, check, explicit bool) {
+	if !check {
+		a.printf("RabbitMQ %s at %s, backend %s, prefix %s\n", s.Broker, redact.URI(a.uri), s.Backend, s.Prefix)
+		if s.Counted {
+			a.printf("broker: %s file descriptors, %s sockets\n", ofLimit(s.FileDescriptors, s.FileDescriptorLimit), ofLimit(s.Sockets, s.SocketLimit))
+		}
+		if s.Backend == "delayed-exchange" {
+			state := "its exchange " + names.Names{Prefix: s.Prefix}.Delayed() + " exists, so the plugin runs"
+			switch {
+			case version.NoPlugins(s.Broker):
+				state = "cannot run on RabbitMQ " + s.Broker
+			case !s.DelayedExchange:
+				state = "unknown: its exchange " + names.Names{Prefix: s.Prefix}.Delayed() + " does not exist (not applied yet, or the plugin is not enabled)"
+			}
+			a.printf("delayed-message plugin: %s\n", state)
+		}
+		if w := version.Warning(s.Broker); w != "" {
+			a.printf("warning: %s\n", w)
+		}
+		if peek == "always" && version.CountsNacks(s.Broker) && hasRole(s, "delay") {
+			a.printf("note: RabbitMQ %s counts each peek against the delivery-limit of a delay queue's head (20 by default): past it the retry comes back early\n", s.Broker)
+		}
+		if s.CountsError != "" {
+			word := "note"
+			if explicit {
+				word = "error"
+			}
+			a.printf("%s: broker counts unavailable (DLX-BACKLOG, HELD and the broker's limits unknown): %s\n", word, a.redact(s.CountsError))
+		}
+		a.printf("\n")
+		tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "QUEUE\tROLE\tREADY\tUNACKED\tDLX-BACKLOG\tHELD\tCONSUMERS\tTTL\tOLDEST\tSTATE")
+		for _, q := range s.Queues {
+			ready, unacked, backlog, held, consumers, ttl, oldest := "-", "-", "-", "-", "-", "-", "-"
+			if q.Exists {
+				ready, consumers = fmt.Sprint(q.Ready), fmt.Sprint(q.Consumers)
+				if q.Counted {
+					unacked = fmt.Sprint(q.Unacked)
+					switch q.Role {
+					case "delay":
+						backlog = fmt.Sprint(q.Backlog)
+					case "work":
+						held = fmt.Sprint(q.Held)
+					}
+				}
+				switch {
+				case q.AgeKnown:
+					oldest = short(q.OldestAge)
+				case q.Ready > 0 && q.Role == "delay" && !q.Peeked:
+					oldest = "unread"
+				case q.Ready > 0 && q.Role != "work":
+					oldest = "unknown"
+				}
+			}
+			if q.TTL > 0 {
+				ttl = names.Tier(q.TTL)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", q.Name, q.Role, ready, unacked, backlog, held, consumers, ttl, oldest, queueState(s, q))
+		}
+		_ = tw.Flush()
+	}
+	if len(s.Flags) == 0 {
+		if !check {
+			a.printf("\nnothing flagged\n")
+		}
+		return
+	}
+	if !check {
+		a.printf("\nflagged:\n")
+	}
+	for _, f := range s.Flags {
+		a.printf("  %s\n", a.describe(f, s, cfg, queues))
+	}
+}
+
+func hasRole(s ops.Status, role string) bool {
+	for _, q := range s.Queues {
+		if q.Role == role {
+			return true
+		}
+	}
+	return false
+}
+
+func ofLimit(used, limit int) string {
+	if limit <= 0 {
+		return fmt.Sprintf("%d (limit unknown)", used)
+	}
+	return fmt.Sprintf("%d of %d (%d%%)", used, limit, used*100/limit)
+}
+
+// queueState is the STATE column.
+func queueState(s ops.Status, q ops.QueueStatus) string {
+	var states []string
+	for _, f := range s.Flags {
+		if f.Name == q.Name && f.Role == q.Role {
+			states = append(states, strings.ToUpper(string(f.Kind)))
+		}
+	}
+	if q.HeadDeliveryCount >= peekBudget && q.Role == "delay" {
+		states = append(states, fmt.Sprintf("head delivered %d times", q.HeadDeliveryCount))
+	}
+	if len(states) == 0 {
+		return "ok"
+	}
+	return strings.Join(states, ", ")
+}
+
+// describe renders a flag as one line, with its fix.
+func (a *app) describe(f ops.Flag, s ops.Status, cfg amqpretry.Config, queues []string) string {
+	switch f.Kind {
+	case ops.FlagMissing:
+		if f.Role == "exchange" {
+			return fmt.Sprintf("MISSING exchange %s of the delayed-exchange backend: create it with `%s` (it needs the rabbitmq_delayed_message_exchange plugin)", f.Name, applyCommand(cfg, queues))
+		}
+		return fmt.Sprintf("MISSING %s queue %s: create it with `%s`", f.Role, f.Name, applyCommand(cfg, queues))
+	case ops.FlagStuck:
+		if f.Count > 0 {
+			return fmt.Sprintf("STUCK delay queue %s: %d expired messages waiting to be dead-lettered did not move for %s; dead lettering out of it has stalled (does the work queue refuse publishes, x-max-length with reject-publish?)", f.Name, f.Count, f.Interval)
+		}
+		return fmt.Sprintf("STUCK delay queue %s: its head is %s past its due time; dead lettering out of it has stalled (is its dead-letter exchange refusing publishes?)", f.Name, short(f.Late))
+	case ops.FlagParked:
+		return fmt.Sprintf("PARKED %d messages in %s: retries whose work queue was gone when they came due; `amqpretry parking list` names their queues: re-create them (`%s`), then run `amqpretry parking redrive`", f.Count, f.Name, applyCommand(cfg, []string{"<queue>"}))
+	case ops.FlagConsumed:
+		return fmt.Sprintf("CONSUMED delay queue %s has %d consumers: a delivered message never expires; stop them", f.Name, f.Count)
+	case ops.FlagPluginMissing:
+		return fmt.Sprintf("PLUGIN-MISSING: RabbitMQ %s cannot run %s, which the delayed-exchange backend needs (4.3 and later keep their metadata in Khepri only); use binary-levels, ttl-tiers or delayed-retry", s.Broker, f.Name)
+	case ops.FlagNearLimit:
+		what := strings.ReplaceAll(f.Name, "_", " ")
+		return fmt.Sprintf("NEAR-LIMIT: the broker uses %d of its %d %s (%d%%); past the limit every new connection hangs in its handshake; on RabbitMQ 3.x each quorum queue holds 3 of them (docs/broker-resources.md): delete unused quorum queues, or raise the limit (ulimit -n, LimitNOFILE)", f.Count, f.Limit, what, f.Count*100/f.Limit)
+	}
+	return fmt.Sprintf("%s %s", strings.ToUpper(string(f.Kind)), f.Name)
+}
+
+// short formats d briefly.
+func short(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "-" + short(-d)
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	case d < 24*time.Hour:
+		return d.Round(time.Second).String()
+	}
+	return fmt.Sprintf("%dd%s", d/(24*time.Hour), (d % (24 * time.Hour)).Round(time.Minute))
+}

@@ -1,0 +1,257 @@
+package amqpretry
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/handoff"
+	"github.com/amqpretry/amqpretry/internal/names"
+	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/topology"
+)
+
+// Config configures the retry: where a failed message waits, how often it is retried,
+// and where it goes when it fails for good. Every zero field means its default, given
+// once, in the field's comment. The transport package of your watermill-amqp major
+// (wamqp3.New or wamqp2.New) takes it, with the subscriber config.
+type Config struct {
+	// Backend names the delay backend (package delay): "ttl-tiers", "binary-levels",
+	// "delayed-exchange", "delayed-retry" or "memory". Switching backends is a
+	// change of this string only. Default: "ttl-tiers".
+	Backend string
+	// Prefix starts the name of every queue and exchange the library declares, so
+	// that several applications can share a vhost. Default: "amqpretry".
+	Prefix string
+	// Tiers is the ladder of ttl-tiers: one queue per delay, each a whole number of
+	// milliseconds from 1ms to ten years. Default (nil): 34 tiers about 25% apart,
+	// 1s 1.25s 1.6s 2s 2.5s 3.15s 4s 5s 6.3s 8s, the same times 10 and 100 (10s to
+	// 8m20s), then 10m 15m 20m 30m 45m 1h. An empty, non-nil list is refused.
+	Tiers []time.Duration
+	// Levels is the number of levels of binary-levels, which holds delays up to
+	// 2^Levels - 1 s: 1 to 29. Change Prefix with it. Default: 28 (about 8.5 years).
+	Levels int
+	// DelayedRetries is how many retries, from the first, RabbitMQ 4.3+ holds in the
+	// work queue itself, DelayedRetryDelay apart, before Backend takes the next ones:
+	// no copy, no publish (its delayed retry of quorum queues). The work queues must be
+	// quorum queues; the subscriber config gets the queue arguments it needs. With
+	// Backend "delayed-retry" every retry is held this way and this field is unused.
+	// Not with Policy.Immediate. Default: 0.
+	DelayedRetries int
+	// DelayedRetryDelay is the constant delay of the retries RabbitMQ holds in the
+	// work queue (its x-delayed-retry-min and -max), a whole number of milliseconds.
+	// Default: 1s.
+	DelayedRetryDelay time.Duration
+
+	// Policy says how many attempts and how long apart. See Policy for its defaults.
+	Policy Policy
+	// Classify decides, for any error, whether to poison the message now and whether
+	// to replace the policy's delay. It receives the decision of the error's own marks
+	// (Permanent, RetryAfter) in ClassifyParams.Default. Default: that decision.
+	Classify func(ClassifyParams) Decision
+	// PoisonQueue receives the messages that failed for good, with their failure
+	// envelope (middleware.Envelope). Declared as a quorum queue, replicated like the
+	// delay queues. Default: "<Prefix>.poison".
+	PoisonQueue string
+	// ConfirmTimeout bounds the wait for each publisher confirm. Default: 10s.
+	ConfirmTimeout time.Duration
+	// Topology says what the library does with the queues, exchanges and bindings it
+	// needs: declare them (topology.ModeDeclare), only check them, for a user without
+	// configure permission (topology.ModeVerify), or nothing (topology.ModeNone).
+	// Default: topology.ModeDeclare.
+	Topology topology.Mode
+	// HandoffAttempts is how many hand-offs of one message may fail in a row (broker
+	// trouble, a message the broker refuses, a mis-wired subscriber) before it is
+	// poisoned instead (middleware.ReasonHandoffFailed). Between failures the
+	// middleware pauses, 100ms doubling to 5s, so nothing is redelivered at wire
+	// speed. Default: 5.
+	HandoffAttempts int
+
+	// Observe, if set, is told every delivery, success, retry, poisoning and failed
+	// hand-off (middleware.Event), on the handler's goroutine: the metrics module's
+	// Metrics.Observe, for example. Default: nil.
+	Observe func(middleware.Event)
+	// RetryLogEvery samples the INFO line logged per scheduled retry: 0 or 1 logs
+	// every one, N one in N, a negative value none. Poisonings and failed hand-offs
+	// are always logged. Default: 0.
+	RetryLogEvery int
+	// Memory is where the memory backend publishes a retry when its delay is over,
+	// with the queue as topic; in-process (no broker URI), also where poisoned
+	// messages go, and, if it is a message.Subscriber (a GoChannel), what
+	// AddHandler subscribes to. Required for the memory backend.
+	Memory message.Publisher
+	// Logger receives snake_case fields; poisonings and failed hand-offs are logged at
+	// ERROR (poisonings at WARN where the logger has a Warn method). Default:
+	// watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+}
+
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.Backend == "" {
+		c.Backend = delay.TTLTiers
+	}
+	if c.Prefix == "" {
+		c.Prefix = names.DefaultPrefix
+	}
+	if c.Tiers == nil {
+		c.Tiers = backend.DefaultTiers()
+	}
+	if c.Levels == 0 {
+		c.Levels = backend.DefaultLevels
+	}
+	if c.DelayedRetryDelay == 0 {
+		c.DelayedRetryDelay = backend.DefaultRetryDelay
+	}
+	if c.Backend == delay.DelayedRetry {
+		c.DelayedRetries = 0
+	}
+	c.Policy = c.Policy.withDefaults()
+	if c.PoisonQueue == "" {
+		c.PoisonQueue = names.Names{Prefix: c.Prefix}.Poison()
+	}
+	if c.ConfirmTimeout == 0 {
+		c.ConfirmTimeout = handoff.DefaultConfirmTimeout
+	}
+	if c.Topology == "" {
+		c.Topology = topology.ModeDeclare
+	}
+	if c.HandoffAttempts == 0 {
+		c.HandoffAttempts = defaultHandoffAttempts
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+	return c
+}
+
+const defaultHandoffAttempts = 5
+
+// Validate reports every invalid field, each named; zero fields are checked as their
+// defaults. It touches nothing on the broker: an invalid config has no side effects.
+// It also refuses a policy the backend cannot keep (a delay longer than it holds, a
+// schedule the delayed-retry backend cannot follow).
+func (c Config) Validate() error {
+	user := c.Policy
+	c = c.WithDefaults()
+	errs := c.topologyErrors()
+	if c.Backend == delay.Memory && c.Memory == nil {
+		errs = append(errs, errors.New("Memory: required for the memory backend"))
+	}
+	if err := c.Policy.validate(); err != nil {
+		errs = append(errs, fmt.Errorf("Policy: %w", err))
+	} else if b, err := c.backend(); err == nil {
+		errs = append(errs, c.fits(b, user)...)
+	}
+	if c.DelayedRetries > 0 && c.Policy.Immediate > 0 {
+		errs = append(errs, errors.New("DelayedRetries: not with Policy.Immediate: retry either in this process or in the broker"))
+	}
+	if c.ConfirmTimeout < 0 {
+		errs = append(errs, fmt.Errorf("ConfirmTimeout: %s is negative", c.ConfirmTimeout))
+	}
+	if c.HandoffAttempts < 0 {
+		errs = append(errs, fmt.Errorf("HandoffAttempts: %d is negative", c.HandoffAttempts))
+	}
+	if !slices.Contains([]topology.Mode{topology.ModeDeclare, topology.ModeVerify, topology.ModeNone}, c.Topology) {
+		errs = append(errs, fmt.Errorf("Topology: unknown mode %q (known: %s, %s, %s)", c.Topology, topology.ModeDeclare, topology.ModeVerify, topology.ModeNone))
+	}
+	return errors.Join(errs...)
+}
+
+// topologyErrors reports every invalid field among those that decide what c declares
+// on the broker: the backend and its settings, the names, the delayed retries. c has
+// its defaults.
+func (c Config) topologyErrors() []error {
+	var errs []error
+	if _, err := c.backend(); err != nil {
+		errs = append(errs, err)
+	}
+	if len(c.PoisonQueue) > names.MaxBytes {
+		errs = append(errs, fmt.Errorf("PoisonQueue: %q is %d bytes long, over AMQP's %d", c.PoisonQueue, len(c.PoisonQueue), names.MaxBytes))
+	}
+	if c.DelayedRetries < 0 {
+		errs = append(errs, fmt.Errorf("DelayedRetries: %d is negative", c.DelayedRetries))
+	}
+	if c.DelayedRetries > 0 && (c.Backend == delay.Memory || c.Backend == delay.DelayedExchange || c.Backend == delay.DeliveryTime) {
+		errs = append(errs, fmt.Errorf("DelayedRetries: delayed retries on RabbitMQ 4.3 cannot stand in front of the %s backend", c.Backend))
+	}
+	if (c.DelayedRetries > 0 || c.Backend == delay.DelayedRetry) && (c.DelayedRetryDelay < time.Millisecond || c.DelayedRetryDelay%time.Millisecond != 0) {
+		errs = append(errs, fmt.Errorf("DelayedRetryDelay: %s must be a whole number of milliseconds, at least 1ms", c.DelayedRetryDelay))
+	}
+	return errs
+}
+
+// fits refuses a policy the backend cannot keep. user is the policy as given, before
+// defaults.
+func (c Config) fits(b backend.Backend, user Policy) []error {
+	if c.Backend == delay.DelayedRetry {
+		var errs []error
+		for field, set := range map[string]bool{
+			"Delays": len(user.Delays) > 0, "InitialInterval": user.InitialInterval != 0, "Multiplier": user.Multiplier != 0,
+			"MaxInterval": user.MaxInterval != 0, "Jitter": user.Jitter != 0, "Immediate": user.Immediate != 0,
+		} {
+			if set {
+				errs = append(errs, fmt.Errorf("Policy.%s: the %s backend retries every DelayedRetryDelay (%s), one constant delay per work queue: it cannot follow a schedule; set DelayedRetryDelay, or put a copying Backend behind DelayedRetries", field, c.Backend, c.DelayedRetryDelay))
+			}
+		}
+		slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
+		return errs
+	}
+	// A delay the backend refuses could never be handed off.
+	longest := c.Policy.longest()
+	if _, err := b.Effective(longest); err != nil {
+		return []error{fmt.Errorf("Policy: longest delay %s does not fit the %s backend: %w", longest, c.Backend, err)}
+	}
+	return nil
+}
+
+// backend returns the backend c names, for planning and sizing. c has its defaults.
+func (c Config) backend() (backend.Backend, error) {
+	return backend.Lookup(c.spec())
+}
+
+func (c Config) spec() backend.Spec {
+	return backend.Spec{Name: c.Backend, Prefix: c.Prefix, Tiers: c.Tiers, Levels: c.Levels, RetryDelay: c.DelayedRetryDelay}
+}
+
+// Plan returns everything c needs on the broker for the given work queues, without a
+// broker (only the fields that decide it are checked, not the policy): the backend's exchanges, queues and bindings, the poison queue, and each
+// work queue's way back (its binding to the backend's delivery exchange and, with
+// delayed retries, the work queue itself with the arguments they need). The `amqpretry
+// topology` command applies and checks it.
+func (c Config) Plan(workQueues ...string) (topology.Topology, error) {
+	c = c.WithDefaults()
+	if err := errors.Join(c.topologyErrors()...); err != nil {
+		return topology.Topology{}, fmt.Errorf("invalid config: %w", err)
+	}
+	if c.Backend == delay.Memory {
+		return topology.Topology{}, errors.New("invalid config: Backend: the memory backend has nothing on the broker")
+	}
+	b, _ := c.backend()
+	t := backend.Plan(b, workQueues...)
+	t.Queues = append(t.Queues, declare.HoldingQueue(c.PoisonQueue))
+	if args := c.workQueueArgs(); args != nil {
+		for _, q := range workQueues {
+			t.Queues = append(t.Queues, topology.Queue{Name: q, Args: args})
+		}
+	}
+	return declare.Unique(t), nil
+}
+
+// workQueueArgs are the arguments every work queue needs, or nil: with delayed
+// retries, a quorum queue that holds returned deliveries for DelayedRetryDelay. c has
+// its defaults.
+func (c Config) workQueueArgs() map[string]interface{} {
+	if c.Backend != delay.DelayedRetry && c.DelayedRetries == 0 {
+		return nil
+	}
+	return backend.WorkQueueArgs(c.DelayedRetryDelay)
+}

@@ -1,0 +1,146 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/keys"
+	"github.com/amqpretry/amqpretry/internal/names"
+	"github.com/amqpretry/amqpretry/internal/version"
+	"github.com/amqpretry/amqpretry/topology"
+)
+
+// delayedExchange hands each message to the rabbitmq_delayed_message_exchange plugin:
+// one exchange of type x-delayed-message holds the message for its x-delay header
+// (milliseconds), then routes it as a direct exchange by its routing key, the name of
+// the queue that failed, which is bound there under its own name.
+//
+//	<prefix>.delayed   x-delayed-message exchange (x-delayed-type direct)
+//
+// A delay rounds UP to whole milliseconds, at least 1 ms (the plugin delivers an
+// x-delay of 0 or less at once); past 2^32-1 ms (about 49.7 days), which the plugin
+// would silently deliver at once, it is refused. The plugin keeps waiting messages on
+// ONE node, unreplicated; it routes them fire-and-forget when they come due, so retries
+// due while the broker stops are lost, and so are those due to a queue deleted
+// meanwhile. It returns every mandatory publish, so the backend publishes
+// non-mandatory and proves the route another way: before its first publish to a
+// queue it binds the queue to the exchange (an error if the queue does not exist). The
+// plugin cannot run on RabbitMQ 4.3 or later (metadata in Khepri only).
+type delayedExchange struct {
+	env   Env
+	names names.Names
+
+	mu    sync.Mutex
+	bound map[string]bool // queues bound to the exchange by this backend
+}
+
+// maxPluginDelay is the longest delay the plugin honours (an Erlang timer's maximum).
+const maxPluginDelay = (1<<32 - 1) * time.Millisecond
+
+func (b *delayedExchange) Name() string { return delay.DelayedExchange }
+
+func (b *delayedExchange) Topology() topology.Topology {
+	return topology.Topology{Exchanges: []topology.Exchange{{
+		Name: b.names.Delayed(), Kind: declare.ExchangeDelayedMessage,
+		Args: amqp.Table{declare.DelayedTypeArg: amqp.ExchangeDirect},
+	}}}
+}
+
+func (b *delayedExchange) DelayQueues() []DelayQueue { return nil }
+
+// WorkQueue binds queue to the delayed exchange under its own name.
+func (b *delayedExchange) WorkQueue(queue string) topology.Topology {
+	t := b.Topology()
+	t.Bindings = []topology.Binding{b.binding(queue)}
+	return t
+}
+
+func (b *delayedExchange) binding(queue string) topology.Binding {
+	return topology.Binding{Exchange: b.names.Delayed(), Destination: queue, Key: queue}
+}
+
+// Effective rounds requested up to whole milliseconds, at least 1 ms, and refuses it
+// past 2^32-1 ms.
+func (b *delayedExchange) Effective(requested time.Duration) (time.Duration, error) {
+	if requested > maxPluginDelay {
+		return 0, fmt.Errorf("%s: %w: %s is longer than the plugin's maximum %s (2^32-1 ms)", delay.DelayedExchange, delay.ErrDelayTooLong, requested, maxPluginDelay)
+	}
+	ms := requested / time.Millisecond
+	if requested%time.Millisecond > 0 {
+		ms++
+	}
+	return max(ms, 1) * time.Millisecond, nil
+}
+
+// bind binds queue to the exchange before the first publish to it.
+func (b *delayedExchange) bind(queue string) error {
+	b.mu.Lock()
+	done := b.bound[queue]
+	b.mu.Unlock()
+	if done {
+		return nil
+	}
+	if err := b.env.Handoff.Ensure(topology.ModeDeclare, topology.Topology{Bindings: []topology.Binding{b.binding(queue)}}); err != nil {
+		return fmt.Errorf("%s: queue %q cannot receive from exchange %q (does it exist?): %w", delay.DelayedExchange, queue, b.names.Delayed(), err)
+	}
+	b.mu.Lock()
+	b.bound[queue] = true
+	b.mu.Unlock()
+	return nil
+}
+
+// Park publishes msg with its delay in x-delay, non-mandatory, once the queue's
+// binding is declared.
+func (b *delayedExchange) Park(ctx context.Context, queue string, msg *message.Message, effective time.Duration) error {
+	if b.env.Handoff == nil {
+		return errDetached
+	}
+	if err := b.bind(queue); err != nil {
+		return err
+	}
+	headers := amqp.Table{keys.XDelay: effective.Milliseconds()}
+	owned := func() topology.Topology { return b.WorkQueue(queue) }
+	if err := b.env.Handoff.Publish(ctx, b.names.Delayed(), queue, msg, headers, false, owned); err != nil {
+		return fmt.Errorf("exchange %s: %w", b.names.Delayed(), err)
+	}
+	return nil
+}
+
+func (b *delayedExchange) Close() error { return nil }
+
+const pluginName = "rabbitmq_delayed_message_exchange"
+
+// errPluginMissing says that the plugin is missing and what to do, for the broker's
+// version.
+func (b *delayedExchange) errPluginMissing(brokerVersion string, cause error) error {
+	if version.NoPlugins(brokerVersion) {
+		return fmt.Errorf("%s: %w: RabbitMQ %s cannot run the %s plugin (4.3 and later keep their metadata in Khepri only, which the plugin does not support; it is archived); use %s (any delay, 1 s steps), %s, or %s (4.3 keeps the retry in the work queue, one delay per queue)",
+			delay.DelayedExchange, delay.ErrPluginMissing, brokerVersion, pluginName, delay.BinaryLevels, delay.TTLTiers, delay.DelayedRetry)
+	}
+	err := fmt.Errorf("%s: cannot declare exchange %q of type %s: %w on the broker; enable it on every node with `rabbitmq-plugins enable %s`, or use the %s backend, which needs no plugin",
+		delay.DelayedExchange, b.names.Delayed(), declare.ExchangeDelayedMessage, delay.ErrPluginMissing, pluginName, delay.BinaryLevels)
+	if cause != nil {
+		return fmt.Errorf("%w: %w", err, cause)
+	}
+	return err
+}
+
+// pluginMissing tells whether err is the broker refusing exchange type
+// x-delayed-message as unknown: 503 COMMAND_INVALID on RabbitMQ 3.x, 406
+// PRECONDITION_FAILED on 4.x. A real clash with an existing exchange is a 406 too, but
+// reads "inequivalent arg 'type'".
+func pluginMissing(err error) bool {
+	var amqpErr *amqp.Error
+	return errors.As(err, &amqpErr) &&
+		(amqpErr.Code == amqp.CommandInvalid || amqpErr.Code == amqp.PreconditionFailed) &&
+		strings.Contains(amqpErr.Reason, "unknown exchange type '"+declare.ExchangeDelayedMessage+"'")
+}

@@ -1,0 +1,65 @@
+package backend
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/topology"
+)
+
+// deliveryTime leaves a failed delivery, received over AMQP 1.0, in its quorum work
+// queue: the middleware settles it with the modified outcome (delivery-failed) carrying
+// the annotation x-opt-delivery-time, and RabbitMQ 4.3 holds it until that time, then
+// delivers it again with its delivery count one higher. Any delay, per message, in 1
+// ms steps; no copy, no publish, nothing declared. The failure envelope travels as
+// x-opt-amqpretry-* message annotations, which the broker keeps on later deliveries.
+type deliveryTime struct {
+	redeliver func(msg *message.Message, at time.Time, annotations map[string]any) error
+}
+
+// annotationPrefix starts the message annotations the envelope travels in.
+const annotationPrefix = "x-opt-"
+
+func (deliveryTime) Name() string { return delay.DeliveryTime }
+
+// Effective rounds requested up to whole milliseconds, at least 1 ms.
+func (deliveryTime) Effective(requested time.Duration) (time.Duration, error) {
+	ms := requested / time.Millisecond
+	if requested%time.Millisecond > 0 {
+		ms++
+	}
+	return max(ms, 1) * time.Millisecond, nil
+}
+
+func (deliveryTime) Topology() topology.Topology        { return topology.Topology{} }
+func (deliveryTime) WorkQueue(string) topology.Topology { return topology.Topology{} }
+func (deliveryTime) DelayQueues() []DelayQueue          { return nil }
+
+func (deliveryTime) Park(context.Context, string, *message.Message, time.Duration) error {
+	return fmt.Errorf("%s: retries in place, it parks no copy", delay.DeliveryTime)
+}
+
+var errNoTransport = fmt.Errorf("%s: %w: it needs the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1", delay.DeliveryTime, delay.ErrUnsupported)
+
+// Settle asks the transport to settle msg modified, due after effective, with the
+// envelope as annotations, and nacks it.
+func (b deliveryTime) Settle(msg *message.Message, effective time.Duration, envelope message.Metadata) error {
+	if b.redeliver == nil {
+		return errNoTransport
+	}
+	ann := make(map[string]any, len(envelope))
+	for k, v := range envelope {
+		ann[annotationPrefix+k] = v
+	}
+	if err := b.redeliver(msg, time.Now().Add(effective), ann); err != nil {
+		return fmt.Errorf("%s: settle message %s: %w", delay.DeliveryTime, msg.UUID, err)
+	}
+	msg.Nack()
+	return nil
+}
+
+func (deliveryTime) Close() error { return nil }

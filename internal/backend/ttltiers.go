@@ -1,0 +1,88 @@
+package backend
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/keys"
+	"github.com/amqpretry/amqpretry/internal/names"
+	"github.com/amqpretry/amqpretry/topology"
+)
+
+// ttlTiers parks a message in one of a ladder of quorum queues, each with a queue-level
+// TTL and no consumers. FIFO order is expiry order within a queue, so there is no
+// head-of-line blocking. An expired message is dead-lettered (at least once) to the
+// delivery exchange with the routing key it was published with, the name of the queue
+// that failed, which is bound there under its own name: it goes back to that queue only.
+//
+//	<prefix>.delay          headers exchange, where copies are published
+//	<prefix>.delay.<tier>   one quorum queue per tier, bound on keys.Tier
+//	<prefix>.deliver        direct exchange, the tiers' dead-letter exchange
+//	<prefix>.parking        the delivery exchange's alternate exchange and its queue
+//
+// A requested delay snaps to the shortest tier at least as long; a delay longer than
+// the longest tier gets the longest tier (the one case where a retry comes back early).
+type ttlTiers struct {
+	env   Env
+	names names.Names
+	tiers []time.Duration // ascending
+}
+
+func (b *ttlTiers) Name() string { return delay.TTLTiers }
+
+func (b *ttlTiers) Topology() topology.Topology {
+	t := delivery(b.names, b.names.Deliver(), amqp.ExchangeDirect)
+	t.Exchanges = append(t.Exchanges, topology.Exchange{Name: b.names.DelayExchange(), Kind: amqp.ExchangeHeaders})
+	for _, tier := range b.tiers {
+		q := b.names.TierQueue(tier)
+		t.Queues = append(t.Queues, topology.Queue{Name: q, Args: delayQueueArgs(tier, b.names.Deliver())})
+		t.Bindings = append(t.Bindings, topology.Binding{
+			Exchange: b.names.DelayExchange(), Destination: q,
+			Args: amqp.Table{"x-match": "all", keys.Tier: names.Tier(tier)},
+		})
+	}
+	return t
+}
+
+func (b *ttlTiers) DelayQueues() []DelayQueue {
+	out := make([]DelayQueue, len(b.tiers))
+	for i, tier := range b.tiers {
+		out[i] = DelayQueue{Name: b.names.TierQueue(tier), TTL: tier}
+	}
+	return out
+}
+
+// Effective snaps requested to the shortest tier at least as long, or the longest tier.
+func (b *ttlTiers) Effective(requested time.Duration) (time.Duration, error) {
+	i, _ := slices.BinarySearch(b.tiers, requested)
+	return b.tiers[min(i, len(b.tiers)-1)], nil
+}
+
+// WorkQueue binds queue to the delivery exchange under its own name.
+func (b *ttlTiers) WorkQueue(queue string) topology.Topology {
+	t := delivery(b.names, b.names.Deliver(), amqp.ExchangeDirect)
+	t.Bindings = append(t.Bindings, topology.Binding{Exchange: b.names.Deliver(), Destination: queue, Key: queue})
+	return t
+}
+
+// Park publishes msg to the delay exchange, routed by tier, with the queue as routing
+// key. effective must be a tier (Effective's answer).
+func (b *ttlTiers) Park(ctx context.Context, queue string, msg *message.Message, effective time.Duration) error {
+	if b.env.Handoff == nil {
+		return errDetached
+	}
+	headers := amqp.Table{keys.Tier: names.Tier(effective)}
+	owned := func() topology.Topology { return Plan(b, queue) }
+	if err := b.env.Handoff.Publish(ctx, b.names.DelayExchange(), queue, msg, headers, true, owned); err != nil {
+		return fmt.Errorf("queue %s: %w", b.names.TierQueue(effective), err)
+	}
+	return nil
+}
+
+func (b *ttlTiers) Close() error { return nil }

@@ -1,0 +1,398 @@
+package declare_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"os/exec"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/topology"
+)
+
+// sample is an exchange, a queue with arguments and a binding between them, under
+// prefix, deleted when the test ends.
+func sample(t *testing.T, prefix string) topology.Topology {
+	t.Helper()
+	top := topology.Topology{
+		Exchanges: []topology.Exchange{{Name: prefix + ".x", Kind: amqp.ExchangeDirect}},
+		Queues:    []topology.Queue{{Name: prefix + ".q", Args: amqp.Table{declare.MessageTTLArg: int64(60000)}}},
+		Bindings:  []topology.Binding{{Exchange: prefix + ".x", Destination: prefix + ".q", Key: "k"}},
+	}
+	brokertest.CleanupTopology(t, top)
+	return top
+}
+
+// onChannel runs fn on a new channel of conn, closed afterwards.
+func onChannel(t *testing.T, conn *amqp.Connection, fn func(ch *amqp.Channel) error) error {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	return fn(ch)
+}
+
+func TestEnsureModes(t *testing.T) {
+	conn := brokertest.Dial(t)
+	prefix := brokertest.Prefix(t)
+	top := sample(t, prefix)
+	ensure := func(mode topology.Mode) error {
+		return onChannel(t, conn, func(ch *amqp.Channel) error { return declare.Ensure(ch, mode, top) })
+	}
+	if err := ensure(topology.ModeNone); err != nil {
+		t.Fatalf("none: %v", err)
+	}
+	err := ensure(topology.ModeVerify)
+	if !errors.Is(err, topology.ErrMissing) || !strings.Contains(err.Error(), `exchange "`+prefix+`.x"`) {
+		t.Fatalf("verify before declare: %v, want ErrMissing naming the exchange", err)
+	}
+	if err := ensure(""); err != nil {
+		t.Fatalf("declare (the zero mode): %v", err)
+	}
+	if err := ensure(topology.ModeDeclare); err != nil {
+		t.Fatalf("declare again, idempotent: %v", err)
+	}
+	if err := ensure(topology.ModeVerify); err != nil {
+		t.Fatalf("verify after declare: %v", err)
+	}
+	if err := ensure("bogus"); err == nil || !strings.Contains(err.Error(), `"bogus"`) {
+		t.Fatalf("unknown mode: %v, want an error naming it", err)
+	}
+}
+
+func TestVerifyNamesWhatIsMissing(t *testing.T) {
+	conn := brokertest.Dial(t)
+	prefix := brokertest.Prefix(t)
+	top := sample(t, prefix)
+	verify := func(top topology.Topology) error {
+		return onChannel(t, conn, func(ch *amqp.Channel) error { return declare.Verify(ch, top) })
+	}
+	if err := onChannel(t, conn, func(ch *amqp.Channel) error {
+		return declare.Declare(ch, topology.Topology{Exchanges: top.Exchanges})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	err := verify(top)
+	if !errors.Is(err, topology.ErrMissing) || !strings.Contains(err.Error(), `queue "`+prefix+`.q"`) || !declare.IsCode(err, amqp.NotFound) {
+		t.Fatalf("missing queue: %v", err)
+	}
+	// Bindings cannot be read: Verify asserts them, and names the one whose end is gone.
+	gone := topology.Topology{Bindings: []topology.Binding{{Exchange: prefix + ".x", Destination: prefix + ".gone", Key: "k"}}}
+	err = verify(gone)
+	if !errors.Is(err, topology.ErrMissing) || !strings.Contains(err.Error(), `binding of "`+prefix+`.gone" to exchange "`+prefix+`.x" with key "k"`) {
+		t.Fatalf("binding to a missing queue: %v", err)
+	}
+	// Verify declares nothing.
+	if err := verify(topology.Topology{Queues: top.Queues}); err == nil {
+		t.Fatal("the queue exists after Verify")
+	}
+}
+
+func TestDeclareMismatchNamesTheArgument(t *testing.T) {
+	conn := brokertest.Dial(t)
+	prefix := brokertest.Prefix(t)
+	top := sample(t, prefix)
+	if err := onChannel(t, conn, func(ch *amqp.Channel) error { return declare.Declare(ch, top) }); err != nil {
+		t.Fatal(err)
+	}
+	clash := topology.Topology{Queues: []topology.Queue{{Name: prefix + ".q", Args: amqp.Table{declare.MessageTTLArg: int64(1000)}}}}
+	err := onChannel(t, conn, func(ch *amqp.Channel) error { return declare.Declare(ch, clash) })
+	if !errors.Is(err, topology.ErrMismatch) || !declare.IsCode(err, amqp.PreconditionFailed) ||
+		!strings.Contains(err.Error(), `declare queue "`+prefix+`.q"`) || !strings.Contains(err.Error(), "argument x-message-ttl differs") {
+		t.Fatalf("clash: %v, want ErrMismatch naming the queue and the argument", err)
+	}
+	kind := topology.Topology{Exchanges: []topology.Exchange{{Name: prefix + ".x", Kind: amqp.ExchangeFanout}}}
+	err = onChannel(t, conn, func(ch *amqp.Channel) error { return declare.Declare(ch, kind) })
+	if !errors.Is(err, topology.ErrMismatch) || !strings.Contains(err.Error(), `declare exchange "`+prefix+`.x"`) || !strings.Contains(err.Error(), "argument type differs") {
+		t.Fatalf("exchange kind clash: %v", err)
+	}
+}
+
+func TestCheck(t *testing.T) {
+	conn := brokertest.Dial(t)
+	prefix := brokertest.Prefix(t)
+	top := sample(t, prefix)
+
+	findings, err := declare.Check(conn, top, declare.CheckOptions{CompareArgs: true, Bind: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []topology.Finding{
+		{Kind: "exchange", Name: prefix + ".x", Status: topology.StatusMissing},
+		{Kind: "queue", Name: prefix + ".q", Status: topology.StatusMissing},
+		{Kind: "binding", Name: prefix + ".q", Source: prefix + ".x", Key: "k", Status: topology.StatusMissing},
+	}
+	if !sameFindings(findings, want) {
+		t.Fatalf("before declare:\n%+v\nwant\n%+v", findings, want)
+	}
+	for _, f := range findings {
+		if !strings.Contains(f.Detail, "NOT_FOUND") {
+			t.Errorf("%s %s: detail %q, want the broker's reply", f.Kind, f.Name, f.Detail)
+		}
+	}
+	// Check never creates what it checks.
+	if err := onChannel(t, conn, func(ch *amqp.Channel) error { return declare.Verify(ch, topology.Topology{Queues: top.Queues}) }); err == nil {
+		t.Fatal("Check created the queue")
+	}
+
+	if err := onChannel(t, conn, func(ch *amqp.Channel) error { return declare.Declare(ch, top) }); err != nil {
+		t.Fatal(err)
+	}
+	findings, err = declare.Check(conn, top, declare.CheckOptions{CompareArgs: true, Bind: true, Kind: "work queue"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = []topology.Finding{
+		{Kind: "exchange", Name: prefix + ".x", Status: topology.StatusOK},
+		{Kind: "work queue", Name: prefix + ".q", Status: topology.StatusOK},
+		{Kind: "binding", Name: prefix + ".q", Source: prefix + ".x", Key: "k", Status: topology.StatusOK},
+	}
+	if !reflect.DeepEqual(findings, want) {
+		t.Fatalf("after declare:\n%+v\nwant\n%+v", findings, want)
+	}
+
+	// Other arguments: a mismatch naming the argument, when compared; OK when not.
+	other := topology.Topology{Queues: []topology.Queue{{Name: prefix + ".q", Args: amqp.Table{declare.MessageTTLArg: int64(1000)}}}}
+	findings, err = declare.Check(conn, other, declare.CheckOptions{CompareArgs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(findings) != 1 || findings[0].Status != topology.StatusMismatch || findings[0].Arg != declare.MessageTTLArg || !strings.Contains(findings[0].Detail, "PRECONDITION_FAILED") {
+		t.Fatalf("mismatch: %+v", findings)
+	}
+	findings, err = declare.Check(conn, other, declare.CheckOptions{})
+	if err != nil || len(findings) != 1 || findings[0].Status != topology.StatusOK {
+		t.Fatalf("without comparing arguments: %+v, %v", findings, err)
+	}
+	// Bindings are not asserted unless asked.
+	findings, err = declare.Check(conn, topology.Topology{Bindings: top.Bindings}, declare.CheckOptions{})
+	if err != nil || len(findings) != 1 || findings[0].Status != topology.StatusUnchecked {
+		t.Fatalf("binding without Bind: %+v, %v", findings, err)
+	}
+	// The connection survives every failed check.
+	if conn.IsClosed() {
+		t.Fatal("a check closed the connection")
+	}
+}
+
+func sameFindings(got, want []topology.Finding) bool {
+	if len(got) != len(want) {
+		return false
+	}
+	for i := range got {
+		g := got[i]
+		g.Detail = ""
+		if g != want[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestMergeAndUnique(t *testing.T) {
+	a := topology.Topology{
+		Exchanges: []topology.Exchange{{Name: "x", Kind: "direct"}},
+		Queues:    []topology.Queue{{Name: "q", Args: amqp.Table{"a": int64(1)}}},
+		Bindings:  []topology.Binding{{Exchange: "x", Destination: "q", Key: "k"}},
+	}
+	b := topology.Topology{
+		Exchanges: []topology.Exchange{{Name: "x", Kind: "direct"}, {Name: "x", Kind: "fanout"}},
+		Queues:    []topology.Queue{{Name: "q", Args: amqp.Table{"a": int64(1)}}, {Name: "q", Args: amqp.Table{"a": int64(2)}}, {Name: "r"}},
+		Bindings:  []topology.Binding{{Exchange: "x", Destination: "q", Key: "k"}, {Exchange: "x", Destination: "q", Key: "k", ToExchange: true}},
+	}
+	m := declare.Merge(a, b)
+	if len(m.Exchanges) != 3 || len(m.Queues) != 4 || len(m.Bindings) != 3 || m.Queues[3].Name != "r" {
+		t.Fatalf("Merge: %+v", m)
+	}
+	u := declare.Unique(m)
+	want := topology.Topology{
+		Exchanges: []topology.Exchange{{Name: "x", Kind: "direct"}, {Name: "x", Kind: "fanout"}},
+		Queues:    []topology.Queue{{Name: "q", Args: amqp.Table{"a": int64(1)}}, {Name: "q", Args: amqp.Table{"a": int64(2)}}, {Name: "r"}},
+		Bindings:  []topology.Binding{{Exchange: "x", Destination: "q", Key: "k"}, {Exchange: "x", Destination: "q", Key: "k", ToExchange: true}},
+	}
+	if !reflect.DeepEqual(u, want) {
+		t.Errorf("Unique =\n%+v\nwant\n%+v (the first of each, in order; differing ones kept)", u, want)
+	}
+	if got := declare.Merge(); !reflect.DeepEqual(got, topology.Topology{}) {
+		t.Errorf("Merge() = %+v", got)
+	}
+}
+
+func TestErrorsNameTheObject(t *testing.T) {
+	notFound := &amqp.Error{Code: amqp.NotFound, Reason: "NOT_FOUND - no queue 'q'", Server: true}
+	refused := &amqp.Error{Code: amqp.AccessRefused, Reason: "ACCESS_REFUSED", Server: true}
+	if err := declare.CheckError("queue", "q", notFound); !errors.Is(err, topology.ErrMissing) || err.Error() != `queue "q": not found: Exception (404) Reason: "NOT_FOUND - no queue 'q'"` {
+		t.Errorf("CheckError 404: %v", err)
+	}
+	if err := declare.CheckError("exchange", "x", refused); errors.Is(err, topology.ErrMissing) || !strings.Contains(err.Error(), `check exchange "x"`) || !declare.IsCode(err, amqp.AccessRefused) {
+		t.Errorf("CheckError 403: %v", err)
+	}
+	b := topology.Binding{Exchange: "x", Destination: "q", Key: "k"}
+	if err := declare.BindError(b, notFound); !errors.Is(err, topology.ErrMissing) || !strings.Contains(err.Error(), `binding of "q" to exchange "x" with key "k"`) {
+		t.Errorf("BindError 404: %v", err)
+	}
+	if err := declare.BindError(b, refused); errors.Is(err, topology.ErrMissing) || !strings.Contains(err.Error(), `bind "q" to exchange "x" with key "k"`) {
+		t.Errorf("BindError 403: %v", err)
+	}
+	if declare.IsCode(errors.New("x"), amqp.NotFound) || declare.IsCode(nil, amqp.NotFound) || !declare.IsCode(errors.Join(errors.New("a"), notFound), amqp.NotFound) {
+		t.Error("IsCode misjudges")
+	}
+}
+
+// lpUser creates a RabbitMQ user with read and write but no configure permission on
+// the vhost of AMQP_URI, deleted when the test ends, and returns its URI.
+func lpUser(t *testing.T) string {
+	t.Helper()
+	brokertest.Dial(t)
+	words := brokertest.CtlCommand()
+	if _, err := exec.LookPath(words[0]); err != nil {
+		if brokertest.CI() {
+			t.Fatalf("needs %s: %v", words[0], err)
+		}
+		t.Skipf("needs %s to create a user: %v", words[0], err)
+	}
+	u, err := url.Parse(brokertest.URI())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.User.String() != "guest:guest" {
+		t.Skip("AMQP_URI does not use guest:guest; cannot derive the least-privilege URI")
+	}
+	vhost := strings.TrimPrefix(u.Path, "/")
+	if vhost == "" {
+		vhost = "/"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	user, pass := "amqpretry-lp-"+watermill.NewShortUUID()[:8], watermill.NewShortUUID()
+	if out, err := brokertest.Ctl(ctx, "add_user", user, pass); err != nil {
+		if brokertest.CI() {
+			t.Fatal(err)
+		}
+		t.Skipf("cannot create a user: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if out, err := brokertest.Ctl(ctx, "delete_user", user); err != nil {
+			t.Errorf("delete user %s: %v\n%s", user, err, out)
+		}
+	})
+	if out, err := brokertest.Ctl(ctx, "set_permissions", "-p", vhost, user, "^$", ".*", ".*"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	u.User = url.UserPassword(user, pass)
+	return u.String()
+}
+
+// TestLeastPrivilege: a user with read and write but no configure permission cannot
+// declare, not even what exists with the same arguments; it can verify, bind, and
+// check, where the arguments it cannot compare are StatusUnchecked.
+func TestLeastPrivilege(t *testing.T) {
+	skipShort(t)
+	lpURI := lpUser(t)
+	admin := brokertest.Dial(t)
+	prefix := brokertest.Prefix(t)
+	top := sample(t, prefix)
+
+	lp, err := amqp.Dial(lpURI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lp.Close()
+
+	// Before the administrator declares: Verify names what is missing.
+	err = onChannel(t, lp, func(ch *amqp.Channel) error { return declare.Ensure(ch, topology.ModeVerify, top) })
+	if !errors.Is(err, topology.ErrMissing) {
+		t.Fatalf("verify before apply: %v", err)
+	}
+	if err := onChannel(t, admin, func(ch *amqp.Channel) error { return declare.Declare(ch, top) }); err != nil {
+		t.Fatal(err)
+	}
+
+	// Declaring is refused, even what exists with the same arguments...
+	err = onChannel(t, lp, func(ch *amqp.Channel) error { return declare.Ensure(ch, topology.ModeDeclare, top) })
+	if !declare.IsCode(err, amqp.AccessRefused) || !strings.Contains(err.Error(), "403") {
+		t.Fatalf("declare without configure permission: %v, want 403 ACCESS_REFUSED", err)
+	}
+	// ...but Verify passes, binding included (queue.bind needs write on the queue and
+	// read on the exchange).
+	if err := onChannel(t, lp, func(ch *amqp.Channel) error { return declare.Ensure(ch, topology.ModeVerify, top) }); err != nil {
+		t.Fatalf("verify after apply: %v", err)
+	}
+
+	findings, err := declare.Check(lp, top, declare.CheckOptions{CompareArgs: true, Bind: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []topology.Finding{
+		{Kind: "exchange", Name: prefix + ".x", Status: topology.StatusUnchecked},
+		{Kind: "queue", Name: prefix + ".q", Status: topology.StatusUnchecked},
+		{Kind: "binding", Name: prefix + ".q", Source: prefix + ".x", Key: "k", Status: topology.StatusOK},
+	}
+	if !sameFindings(findings, want) {
+		t.Fatalf("least-privilege check:\n%+v\nwant\n%+v", findings, want)
+	}
+	for _, f := range findings[:2] {
+		if !strings.Contains(f.Detail, "ACCESS_REFUSED") {
+			t.Errorf("%s: detail %q, want the refusal", f.Name, f.Detail)
+		}
+	}
+	// A missing object is still missing, whatever the permissions.
+	missing := topology.Topology{Queues: []topology.Queue{{Name: prefix + ".absent"}}}
+	findings, err = declare.Check(lp, missing, declare.CheckOptions{CompareArgs: true})
+	if err != nil || len(findings) != 1 || findings[0].Status != topology.StatusMissing {
+		t.Fatalf("missing queue, least privilege: %+v, %v", findings, err)
+	}
+	if lp.IsClosed() {
+		t.Fatal("a refused check closed the connection")
+	}
+}
+
+// TestRefusalsThatAreNotMismatches: the broker refuses a declaration it cannot make (an
+// exchange type no plugin provides, an invalid argument) with 406 on RabbitMQ 4.x too;
+// that is no clash with an existing declaration, and the error must not send an
+// operator to delete anything.
+func TestRefusalsThatAreNotMismatches(t *testing.T) {
+	conn := brokertest.Dial(t)
+	prefix := brokertest.Prefix(t)
+	for _, tt := range []struct {
+		name string
+		top  topology.Topology
+		want string
+	}{
+		{"unknown exchange type", topology.Topology{Exchanges: []topology.Exchange{{Name: prefix + ".x", Kind: "x-no-such-type"}}},
+			`declare exchange "` + prefix + `.x"`},
+		{"invalid argument", topology.Topology{Queues: []topology.Queue{{Name: prefix + ".q", Args: amqp.Table{declare.MessageTTLArg: int64(-1)}}}},
+			`declare queue "` + prefix + `.q"`},
+	} {
+		brokertest.CleanupTopology(t, tt.top)
+		c := conn
+		if tt.name == "unknown exchange type" { // a connection error on RabbitMQ 3.x: a connection of its own
+			c = brokertest.Dial(t)
+		}
+		err := onChannel(t, c, func(ch *amqp.Channel) error { return declare.Declare(ch, tt.top) })
+		if err == nil || errors.Is(err, topology.ErrMismatch) || strings.Contains(err.Error(), "delete it") || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want an error naming the object, not a mismatch", tt.name, err)
+		}
+	}
+}
+
+// skipShort skips a test that waits on the broker for seconds in the quick loop
+// (go test -short); the test script runs it.
+func skipShort(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("waits on the broker for seconds: not in -short")
+	}
+}

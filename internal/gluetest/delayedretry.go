@@ -1,0 +1,368 @@
+package gluetest
+
+// Tests of retries RabbitMQ 4.3 holds in the work queue itself (delayed retry of
+// quorum queues): the delayed-retry backend, and its first stage in front of a copying
+// backend (Config.DelayedRetries).
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/version"
+	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/topology"
+)
+
+// quorum is a work queue RabbitMQ 4.3 can hold retries in.
+var quorum = amqp.Table{"x-queue-type": "quorum"}
+
+// need43 skips t on a broker older than RabbitMQ 4.3.
+func need43(t *testing.T) {
+	t.Helper()
+	if v := brokerVersion(t); !version.DelayedRetry(v) {
+		t.Skipf("RabbitMQ %s has no delayed retry (4.3+); DelayedRetryRefusedBefore43 covers it", v)
+	}
+}
+
+// events records what Config.Observe is told.
+type events struct {
+	mu  sync.Mutex
+	all []middleware.Event
+}
+
+func (e *events) observe(ev middleware.Event) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.all = append(e.all, ev)
+}
+
+func (e *events) of(kind middleware.EventKind) []middleware.Event {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []middleware.Event
+	for _, ev := range e.all {
+		if ev.Kind == kind {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// DelayedRetry: the delayed-retry backend on RabbitMQ 4.3. Every retry waits the work
+// queue's delay in the queue itself, the attempt counts up from the broker's own
+// count, the last attempt and a permanent error are poisoned, and nothing is declared
+// but the poison queue (no delay queue, no exchange).
+func DelayedRetry(t *testing.T, m Major) {
+	need43(t)
+	s := newSetup(t, m, delay.DelayedRetry)
+	const held = 400 * time.Millisecond
+	s.sub.QueueArgs = quorum
+	s.cfg.DelayedRetryDelay = held
+	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3}
+	obs := &events{}
+	s.cfg.Observe = obs.observe
+	r := newRetry(t, m, s.sub, s.cfg)
+	rec := newRecorder(func(msg *message.Message) error {
+		switch msg.UUID {
+		case "perm":
+			return amqpretry.Permanent(errors.New("malformed"))
+		case "doomed":
+			return errFlaky
+		}
+		return failFirst(2)(msg)
+	})
+	run(t, m, r, s.topic, rec.handle, rec.settle)
+	for _, id := range []string{"ok", "doomed", "perm"} {
+		publish(t, m, s.topic, id)
+	}
+	rec.waitSettled(t, 3+3+1, 30*time.Second)
+	wantStats(t, r, 4, 2)
+	got := attemptsByUUID(rec.snapshot())
+	for id, want := range map[string][]int{"ok": {1, 2, 3}, "doomed": {1, 2, 3}, "perm": {1}} {
+		if !slices.Equal(got[id], want) {
+			t.Errorf("%s handled on attempts %v, want %v", id, got[id], want)
+		}
+	}
+	const precision = 500 * time.Millisecond
+	var prev time.Time
+	for _, c := range rec.snapshot() {
+		if c.msg.UUID != "ok" {
+			continue
+		}
+		if !prev.IsZero() {
+			if gap := c.at.Sub(prev); gap < held-20*time.Millisecond || gap > held+precision {
+				t.Errorf("retry of ok came %s after its failure, want %s (+ up to %s)", gap, held, precision)
+			}
+		}
+		prev = c.at
+	}
+	reasons := map[string]middleware.Reason{}
+	for range 2 {
+		msg := poisoned(t, s.prefix+".poison", 10*time.Second)
+		env := middleware.ReadEnvelope(msg.Metadata)
+		reasons[msg.UUID] = env.Reason
+		if msg.UUID == "doomed" && !env.FirstFailure.Before(env.LastFailure.Add(-held/2)) {
+			// Held retries come back without their envelope: the first failure is
+			// the process's memory of it.
+			t.Errorf("doomed: first failure %s, last %s: the first failure was lost on the way", env.FirstFailure, env.LastFailure)
+		}
+	}
+	if reasons["doomed"] != middleware.ReasonMaxAttempts || reasons["perm"] != middleware.ReasonPermanent {
+		t.Errorf("poisoned %v, want doomed for max-attempts and perm for permanent", reasons)
+	}
+	for _, ev := range obs.of(middleware.EventRetryScheduled) {
+		if ev.Backend != delay.DelayedRetry || ev.Effective != held {
+			t.Errorf("retry event %+v, want backend delayed-retry, effective %s", ev, held)
+		}
+	}
+	late := 0
+	for _, ev := range obs.of(middleware.EventDelivered) {
+		if ev.Late {
+			late++
+			if ev.Lateness < -20*time.Millisecond || ev.Lateness > precision {
+				t.Errorf("held retry late by %s", ev.Lateness)
+			}
+		}
+	}
+	if late != 4 {
+		t.Errorf("%d held retries came back with a lateness, want 4", late)
+	}
+	// Nothing but the poison queue was declared for the retries.
+	conn := brokertest.Dial(t)
+	for _, name := range []string{s.prefix + ".parking", s.prefix + ".deliver", s.prefix + ".delay"} {
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.ExchangeDeclarePassive(name, "fanout", true, false, false, false, nil); err == nil {
+			t.Errorf("exchange %s was declared", name)
+		}
+	}
+}
+
+// DelayedRetriesThenCopies: the first DelayedRetries retries wait in the work queue
+// (no copy, no envelope), the later ones go through ttl-tiers with the policy's
+// schedule from its first delay; a RetryAfter goes to the copying backend at once.
+func DelayedRetriesThenCopies(t *testing.T, m Major) {
+	need43(t)
+	s := newSetup(t, m, delay.TTLTiers)
+	const held = 300 * time.Millisecond
+	s.sub.QueueArgs = quorum
+	s.cfg.DelayedRetries, s.cfg.DelayedRetryDelay = 2, held
+	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{500 * time.Millisecond, 2 * time.Second}}
+	r := newRetry(t, m, s.sub, s.cfg)
+	rec := newRecorder(func(msg *message.Message) error {
+		if msg.UUID == "throttled" {
+			if amqpretry.Attempt(msg) == 1 {
+				return amqpretry.RetryAfter(errors.New("429"), 2*time.Second)
+			}
+			return nil
+		}
+		return failFirst(3)(msg)
+	})
+	run(t, m, r, s.topic, rec.handle, rec.settle)
+	publish(t, m, s.topic, "m1")
+	publish(t, m, s.topic, "throttled")
+	rec.waitSettled(t, 4+2, 30*time.Second)
+	wantStats(t, r, 4, 0)
+
+	var m1 []delivery
+	for _, c := range rec.snapshot() {
+		if c.msg.UUID == "m1" {
+			m1 = append(m1, c)
+		}
+	}
+	if len(m1) != 4 {
+		t.Fatalf("m1 handled %d times, want 4", len(m1))
+	}
+	for i, c := range m1 {
+		env := middleware.ReadEnvelope(c.msg.Metadata)
+		if got := amqpretry.Attempt(c.msg); got != i+1 {
+			t.Errorf("call %d saw attempt %d", i+1, got)
+		}
+		switch i {
+		case 1, 2: // held: the message comes back as it was
+			if env.EffectiveDelay != 0 {
+				t.Errorf("held retry %d carries an envelope: %+v", i, env)
+			}
+			if gap := c.at.Sub(m1[i-1].at); gap < held-20*time.Millisecond || gap > held+500*time.Millisecond {
+				t.Errorf("held retry %d came %s after its failure, want %s", i, gap, held)
+			}
+		case 3: // the first copy: the schedule's first delay, on the 500ms tier
+			if env.EffectiveDelay != 500*time.Millisecond || env.Attempt != 4 {
+				t.Errorf("copied retry envelope %+v, want effective 500ms, attempt 4", env)
+			}
+		}
+	}
+	for _, c := range rec.snapshot() {
+		if c.msg.UUID == "throttled" && amqpretry.Attempt(c.msg) == 2 {
+			if env := middleware.ReadEnvelope(c.msg.Metadata); env.RequestedDelay != 2*time.Second {
+				t.Errorf("RetryAfter in the first stage: envelope %+v, want a 2s copy", env)
+			}
+		}
+	}
+}
+
+// DelayedRetryOnAQueueWithoutItFallsBackLoudly: a quorum work queue that exists without
+// the delayed-retry arguments. In declare mode, subscribing fails with the fix (a
+// policy, or re-creating the queue). Where nothing is declared (topology mode none),
+// the first nack comes back at once: that is logged at ERROR, and the retries go to the
+// copying backend instead of looping at wire speed; with the delayed-retry backend
+// alone the message is poisoned, saying why.
+func DelayedRetryOnAQueueWithoutItFallsBackLoudly(t *testing.T, m Major) {
+	need43(t)
+	s := newSetup(t, m, delay.TTLTiers)
+	s.sub.QueueArgs = quorum
+	ch, err := brokertest.Dial(t).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(s.topic, true, false, false, false, quorum); err != nil {
+		t.Fatal(err)
+	}
+	s.cfg.DelayedRetries, s.cfg.DelayedRetryDelay = 2, 2*time.Second
+	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{500 * time.Millisecond}}
+
+	t.Run("declare", func(t *testing.T) {
+		r := newRetry(t, m, s.sub, s.cfg)
+		_, err := m.Subscriber(t, r).Subscribe(context.Background(), s.topic)
+		if err == nil || !strings.Contains(err.Error(), "x-delayed-retry") || !strings.Contains(err.Error(), "set_policy") {
+			t.Fatalf("Subscribe = %v, want the argument clash with the policy fix", err)
+		}
+	})
+	for _, name := range []string{delay.TTLTiers, delay.DelayedRetry} {
+		t.Run("none/"+name, func(t *testing.T) {
+			cfg := s.cfg
+			cfg.Backend, cfg.Topology = name, topology.ModeNone
+			logs := &logCapture{}
+			cfg.Logger = logs
+			if name == delay.DelayedRetry {
+				cfg.Policy = amqpretry.Policy{MaxAttempts: 4}
+			}
+			// The administrator's topology, but the work queue as it is.
+			plan, err := cfg.Plan(s.topic)
+			if err != nil {
+				t.Fatal(err)
+			}
+			plan.Queues = slices.DeleteFunc(plan.Queues, func(q topology.Queue) bool { return q.Name == s.topic })
+			apply(t, plan)
+			r := newRetry(t, m, s.sub, cfg)
+			rec := newRecorder(failFirst(2))
+			run(t, m, r, s.topic, rec.handle)
+			publish(t, m, s.topic, "m-"+name)
+			if name == delay.DelayedRetry {
+				msg := poisoned(t, s.prefix+".poison", 30*time.Second)
+				if env := middleware.ReadEnvelope(msg.Metadata); env.Reason != middleware.ReasonHandoffFailed || !strings.Contains(env.Error, "does not hold delayed retries") {
+					t.Errorf("poisoned with %+v, want handoff-failed saying the queue does not hold delayed retries", env)
+				}
+			} else {
+				calls := rec.waitCalls(t, 3, 30*time.Second)
+				if env := middleware.ReadEnvelope(calls[2].msg.Metadata); env.EffectiveDelay != 500*time.Millisecond {
+					t.Errorf("the retry after the fast return went to %+v, want a 500ms copy", env)
+				}
+			}
+			if !hasLine(logs, watermill.ErrorLogLevel, "does not hold delayed retries", "x-delayed-retry") {
+				t.Errorf("no ERROR line about the queue; errors: %+v", logs.at(watermill.ErrorLogLevel))
+			}
+		})
+	}
+}
+
+// DelayedRetryRefusedBefore43: before RabbitMQ 4.3 a quorum queue ignores the
+// delayed-retry arguments, so every nack would come back at once: New refuses, naming
+// the version it needs. On 4.3 and later, the delayed-message plugin cannot run: the
+// delayed-exchange backend is refused with a message that says so.
+func DelayedRetryRefusedBefore43(t *testing.T, m Major) {
+	brokertest.Dial(t)
+	v := brokerVersion(t)
+	prefix := brokertest.Prefix(t)
+	brokertest.Cleanup(t, []string{prefix + ".poison", prefix + ".parking"}, []string{prefix + ".parking", prefix + ".deliver", prefix + ".delay"})
+	sub := Sub{URI: brokertest.URI(), QueueArgs: quorum}
+	if !version.DelayedRetry(v) {
+		for _, cfg := range []amqpretry.Config{
+			{Prefix: prefix, Backend: delay.DelayedRetry},
+			{Prefix: prefix, DelayedRetries: 2, Tiers: []time.Duration{time.Second}},
+		} {
+			_, err := m.New(sub, cfg)
+			if !errors.Is(err, delay.ErrUnsupported) || !strings.Contains(err.Error(), "4.3") || !strings.Contains(err.Error(), v) {
+				t.Errorf("New(%s, %d delayed retries) on %s = %v, want ErrUnsupported naming 4.3", cfg.Backend, cfg.DelayedRetries, v, err)
+			}
+		}
+		// Refused before anything was declared.
+		ch, err := brokertest.Dial(t).Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ch.QueueDeclarePassive(prefix+".poison", true, false, false, false, nil); err == nil {
+			t.Errorf("the poison queue was declared by a Retry the broker cannot run")
+		}
+		return
+	}
+	_, err := m.New(sub, amqpretry.Config{Prefix: prefix, Backend: delay.DelayedExchange})
+	if !errors.Is(err, delay.ErrPluginMissing) || !strings.Contains(err.Error(), "cannot run") || !strings.Contains(err.Error(), delay.BinaryLevels) {
+		t.Errorf("delayed-exchange on %s: %v, want ErrPluginMissing saying the plugin cannot run and naming what to use", v, err)
+	}
+}
+
+// DelayedRetryWaitsThroughFaults: retries held in the work queue survive their
+// consumer's connection being closed and the broker's application being restarted: they
+// come back after their delay, the attempt counting on, and nothing is lost or
+// poisoned early. (The no-loss test adds a consumer SIGKILL, with thousands of
+// messages.)
+func DelayedRetryWaitsThroughFaults(t *testing.T, m Major) {
+	brokertest.RequireRestart(t)
+	need43(t)
+	for _, fault := range [][]string{{"close_all_connections", "test"}, {"stop_app"}} {
+		t.Run(fault[0], func(t *testing.T) {
+			s := newSetup(t, m, delay.DelayedRetry)
+			s.sub.QueueArgs = quorum
+			s.cfg.DelayedRetryDelay = 5 * time.Second
+			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3}
+			r := newRetry(t, m, s.sub, s.cfg)
+			rec := newRecorder(failFirst(1))
+			run(t, m, r, s.topic, rec.handle, rec.settle)
+			const n = 20
+			for i := range n {
+				publish(t, m, s.topic, "m"+strings.Repeat("x", i))
+			}
+			rec.waitSettled(t, n, 30*time.Second) // every first attempt failed: all held
+			ctx := context.Background()
+			if out, err := brokertest.Ctl(ctx, fault...); err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			if fault[0] == "stop_app" {
+				if out, err := brokertest.Ctl(ctx, "start_app"); err != nil {
+					t.Fatalf("%v\n%s", err, out)
+				}
+				if out, err := brokertest.Ctl(ctx, "await_startup"); err != nil {
+					t.Fatalf("%v\n%s", err, out)
+				}
+			}
+			calls := rec.waitCalls(t, 2*n, 90*time.Second)
+			got := attemptsByUUID(calls)
+			if len(got) != n {
+				t.Errorf("%d distinct messages handled, want %d", len(got), n)
+			}
+			for id, attempts := range got {
+				if attempts[0] != 1 || attempts[len(attempts)-1] < 2 {
+					t.Errorf("%s handled on attempts %v, want 1 then a retry", id, attempts)
+				}
+			}
+			if st := r.Stats(); st.Poisoned != 0 {
+				t.Errorf("%d poisoned across the fault", st.Poisoned)
+			}
+		})
+	}
+}

@@ -1,0 +1,444 @@
+package gluetest
+
+// Tests of the library's own failure modes on the real broker: mis-wiring fails loudly,
+// every failure path has an exit (no hot loop, a canary behind a bad message flows),
+// and a bad message ends in exactly one place.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wdelay "github.com/ThreeDotsLabs/watermill/components/delay"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/keys"
+	"github.com/amqpretry/amqpretry/internal/marshal"
+	"github.com/amqpretry/amqpretry/middleware"
+)
+
+// handoffAttempts is Config.HandoffAttempts's default.
+const handoffAttempts = 5
+
+// RouterWideMiddlewaresOfTwoGroupsEachRetryTheirOwn: two subscriber groups on one
+// fanout topic, each with its own Retry (sharing a prefix), both middlewares added
+// router-wide in either order, or each group wired by AddHandler. Every group sees each
+// event on attempts 1 and 2 only: no retry goes to the other group's queue.
+func RouterWideMiddlewaresOfTwoGroupsEachRetryTheirOwn(t *testing.T, m Major) {
+	for _, wiring := range []string{"router-wide billing first", "router-wide shipping first", "AddHandler"} {
+		t.Run(wiring, func(t *testing.T) {
+			brokertest.Dial(t)
+			prefix := brokertest.Prefix(t)
+			topic := prefix + ".events"
+			groups := []string{"billing", "shipping"}
+			if wiring == "router-wide shipping first" {
+				groups = []string{"shipping", "billing"}
+			}
+			retries := map[string]Retry{}
+			recs := map[string]*recorder{}
+			for _, group := range groups {
+				retries[group] = newRetry(t, m, Sub{URI: brokertest.URI(), Group: group},
+					amqpretry.Config{Prefix: prefix, Tiers: []time.Duration{500 * time.Millisecond}, Logger: Logger()})
+				recs[group] = newRecorder(failFirst(1))
+				brokertest.Cleanup(t, []string{topic + "_" + group}, nil)
+			}
+			brokertest.Cleanup(t, []string{prefix + ".poison"}, []string{topic})
+
+			// Outermost, each group's recorder learns when a delivery is handled to the end.
+			routerWide := []message.HandlerMiddleware{func(h message.HandlerFunc) message.HandlerFunc {
+				return func(msg *message.Message) ([]*message.Message, error) {
+					return recs[message.HandlerNameFromCtx(msg.Context())].settle(h)(msg)
+				}
+			}}
+			newRouter(t, func(router *message.Router) {
+				for _, group := range groups {
+					r := retries[group]
+					if wiring == "AddHandler" {
+						if _, err := r.AddHandler(router, group, topic, recs[group].handle); err != nil {
+							t.Fatal(err)
+						}
+						continue
+					}
+					router.AddConsumerHandler(group, topic, m.Subscriber(t, r), recs[group].handle)
+					routerWide = append(routerWide, r.Middleware)
+				}
+				router.AddMiddleware(routerWide...)
+			})
+
+			pub := m.Publisher(t, Sub{URI: brokertest.URI(), Group: "publisher"})
+			const events = 5
+			for i := range events {
+				if err := pub.Publish(topic, message.NewMessage(fmt.Sprintf("order-%d", i), nil)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, group := range groups {
+				recs[group].waitSettled(t, 2*events, 30*time.Second)
+				wantStats(t, retries[group], events, 0) // so no third delivery can come
+			}
+			for _, group := range groups {
+				got := attemptsByUUID(recs[group].snapshot())
+				if len(got) != events {
+					t.Errorf("%s handled %d distinct events, want %d", group, len(got), events)
+				}
+				for uuid, attempts := range got {
+					if !slices.Equal(attempts, []int{1, 2}) {
+						t.Errorf("%s handled %s on attempts %v, want [1 2]", group, uuid, attempts)
+					}
+				}
+			}
+			if n := brokertest.QueueLength(t, prefix+".parking"); n != 0 {
+				t.Errorf("%d retries parked", n)
+			}
+		})
+	}
+}
+
+// SubscriberNotBuiltFromSubscriberConfigFailsLoudly: a subscriber built from the
+// application's own watermill-amqp config, not SubscriberConfig(). The retry cannot be
+// routed back, so it is not parked: each failure is logged at ERROR with ErrNotWired
+// and the fix, the message is nacked with a growing pause, and after HandoffAttempts it
+// is poisoned with that error. A canary behind it is handled meanwhile.
+func SubscriberNotBuiltFromSubscriberConfigFailsLoudly(t *testing.T, m Major) {
+	s := newSetup(t, m, delay.TTLTiers)
+	logs := &logCapture{}
+	s.cfg.Logger = logs
+	r := newRetry(t, m, s.sub, s.cfg)
+	sub := m.PlainSubscriber(t, s.sub) // reads dead-lettered messages, but is not the Retry's
+	rec := newRecorder(func(msg *message.Message) error {
+		if msg.UUID == "canary" {
+			return nil
+		}
+		return errFlaky
+	})
+	newRouter(t, func(router *message.Router) {
+		router.AddConsumerHandler("orders", s.topic, sub, rec.handle)
+	}, r.Middleware)
+	publish(t, m, s.topic, "misrouted")
+	publish(t, m, s.topic, "canary")
+
+	msg := poisoned(t, s.prefix+".poison", 30*time.Second)
+	env := middleware.ReadEnvelope(msg.Metadata)
+	if msg.UUID != "misrouted" || env.Reason != middleware.ReasonHandoffFailed {
+		t.Errorf("poisoned %s with reason %q, want misrouted, handoff-failed", msg.UUID, env.Reason)
+	}
+	if !strings.Contains(env.Error, "SubscriberConfig()") || !strings.Contains(env.Error, "AddHandler") {
+		t.Errorf("poisoned error %q does not name the fix", env.Error)
+	}
+	got := attemptsByUUID(rec.snapshot())
+	if n := len(got["misrouted"]); n != handoffAttempts {
+		t.Errorf("handler ran %d times for the misrouted message, want %d", n, handoffAttempts)
+	}
+	if n := len(got["canary"]); n != 1 {
+		t.Errorf("canary handled %d times, want 1", n)
+	}
+	notWired := 0
+	for _, l := range logs.at(watermill.ErrorLogLevel) {
+		if errors.Is(l.Err, amqpretry.ErrNotWired) {
+			notWired++
+		}
+	}
+	if notWired != handoffAttempts {
+		t.Errorf("%d ERROR lines with ErrNotWired, want %d", notWired, handoffAttempts)
+	}
+	for _, q := range []string{s.prefix + ".parking", s.prefix + ".delay.500ms", s.topic} {
+		if n := brokertest.QueueLength(t, q); n != 0 {
+			t.Errorf("%d messages left in %s", n, q)
+		}
+	}
+}
+
+// DeletedPoisonQueueIsDeclaredAgain: the poison queue is deleted while the router
+// runs. The first poisoning is returned unroutable, declares the queue again and goes
+// through: the handler runs once, no hot loop, and a canary flows.
+func DeletedPoisonQueueIsDeclaredAgain(t *testing.T, m Major) {
+	s := newSetup(t, m, delay.TTLTiers)
+	r := newRetry(t, m, s.sub, s.cfg)
+	poison := s.prefix + ".poison"
+	ch, err := brokertest.Dial(t).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDelete(poison, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder(func(msg *message.Message) error {
+		if msg.UUID == "canary" {
+			return nil
+		}
+		return amqpretry.Permanent(errors.New("malformed order"))
+	})
+	run(t, m, r, s.topic, rec.handle)
+	publish(t, m, s.topic, "bad")
+	publish(t, m, s.topic, "canary")
+
+	if msg := poisoned(t, poison, 30*time.Second); msg.UUID != "bad" {
+		t.Errorf("poisoned %s, want bad", msg.UUID)
+	}
+	rec.waitCalls(t, 2, 10*time.Second)
+	if got := attemptsByUUID(rec.snapshot()); len(got["bad"]) != 1 || len(got["canary"]) != 1 {
+		t.Errorf("handled %v, want bad and canary once each", got)
+	}
+}
+
+// HandoffThatKeepsFailingBacksOffThenPoisons: a broker policy makes the tier queue
+// reject publishes while it holds a message (max-length 0, reject-publish), and a
+// message waits there, so each hand-off is nacked. The failing message is not
+// redelivered at wire speed: it runs HandoffAttempts times with growing pauses, then
+// lands in the poison queue, once, while a canary is handled.
+func HandoffThatKeepsFailingBacksOffThenPoisons(t *testing.T, m Major) {
+	s := newSetup(t, m, delay.TTLTiers)
+	s.cfg.Tiers = []time.Duration{10 * time.Second}
+	s.cfg.Policy = amqpretry.Policy{Delays: []time.Duration{10 * time.Second}}
+	r := newRetry(t, m, s.sub, s.cfg)
+	ctx := context.Background()
+	if out, err := brokertest.Ctl(ctx, "-q", "status"); err != nil {
+		if brokertest.CI() {
+			t.Fatalf("rabbitmqctl is needed to set a policy: %v\n%s", err, out)
+		}
+		t.Skipf("rabbitmqctl is needed to set a policy: %v", err)
+	}
+	policy := strings.ReplaceAll(s.prefix, ".", "-") + "-full"
+	pattern := "^" + strings.ReplaceAll(s.prefix, ".", `\.`) + `\.delay\.10s$`
+	if out, err := brokertest.Ctl(ctx, "set_policy", "--apply-to", "queues", policy, pattern, `{"max-length":0,"overflow":"reject-publish"}`); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	t.Cleanup(func() { _, _ = brokertest.Ctl(ctx, "clear_policy", policy) })
+	// One message in the tier puts it over its limit of 0 for 10 s (it is parked
+	// after). The policy applies asynchronously: publish until the tier refuses one.
+	for i := 0; ; i++ {
+		blocker := message.NewMessage(fmt.Sprintf("blocker-%d", i), nil)
+		wdelay.Message(blocker, wdelay.For(10*time.Second))
+		if err := r.Scheduler().Publish(s.prefix+".nowhere", blocker); err != nil {
+			break // refused: the tier is full
+		}
+		if i == 50 {
+			t.Fatal("the tier queue still takes publishes 10 s after its max-length 0 policy")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	rec := newRecorder(func(msg *message.Message) error {
+		if msg.UUID == "canary" {
+			return nil
+		}
+		return errFlaky
+	})
+	run(t, m, r, s.topic, rec.handle, rec.settle)
+	start := time.Now()
+	publish(t, m, s.topic, "stuck")
+	publish(t, m, s.topic, "canary")
+
+	msg := poisoned(t, s.prefix+".poison", 30*time.Second)
+	took := time.Since(start)
+	env := middleware.ReadEnvelope(msg.Metadata)
+	if msg.UUID != "stuck" || env.Reason != middleware.ReasonHandoffFailed {
+		t.Errorf("poisoned %s (%s), want stuck (handoff-failed)", msg.UUID, env.Reason)
+	}
+	if !strings.Contains(env.Error, "not confirmed") || !strings.Contains(env.Error, errFlaky.Error()) {
+		t.Errorf("poisoned error %q lacks the hand-off and handler errors", env.Error)
+	}
+	// The pauses between attempts add up to 100+200+400+800 ms: no wire-speed loop.
+	if took < 1500*time.Millisecond {
+		t.Errorf("poisoned after %s: the failed hand-offs did not pause", took)
+	}
+	// Five deliveries of the stuck message and the canary's, handled to the end: one
+	// poisoning, five failed hand-offs, no retry, so nothing more can come.
+	rec.waitSettled(t, handoffAttempts+1, 10*time.Second)
+	got := attemptsByUUID(rec.snapshot())
+	if n := len(got["stuck"]); n != handoffAttempts {
+		t.Errorf("handler ran %d times for the stuck message, want %d", n, handoffAttempts)
+	}
+	if n := len(got["canary"]); n != 1 {
+		t.Errorf("canary handled %d times, want 1", n)
+	}
+	if st := r.Stats(); st.Poisoned != 1 || st.HandoffFailures != handoffAttempts || st.Retries != 0 {
+		t.Errorf("stats %+v, want 1 poisoned after %d failed hand-offs", st, handoffAttempts)
+	}
+	if n := brokertest.QueueLength(t, s.prefix+".poison"); n != 0 {
+		t.Errorf("%d more messages in the poison queue, want the one taken", n)
+	}
+}
+
+// publishRaw publishes a message with the given headers straight through amqp091-go,
+// as a producer outside Watermill would.
+func publishRaw(t *testing.T, queue, uuid string, headers amqp.Table) {
+	t.Helper()
+	brokertest.QueueLength(t, queue) // fails if the subscriber has not declared it
+	ch, err := brokertest.Dial(t).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	h := amqp.Table{marshal.DefaultUUIDKey: uuid}
+	for k, v := range headers {
+		h[k] = v
+	}
+	dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", queue, true, false,
+		amqp.Publishing{Headers: h, Body: []byte("payload of " + uuid), DeliveryMode: amqp.Persistent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := dc.WaitContext(context.Background()); !ok || err != nil {
+		t.Fatalf("publish of %s not confirmed: %v", uuid, err)
+	}
+}
+
+// nestedTable returns v inside n tables.
+func nestedTable(n int, v interface{}) interface{} {
+	for range n {
+		v = amqp.Table{"k": v}
+	}
+	return v
+}
+
+// UndecodableHeadersReachTheHandlerAndSurviveEveryHop: headers the typed encoding
+// cannot carry (a non-UTF-8 name with a non-string value, nesting deeper than 64) no
+// longer make Unmarshal fail, which watermill-amqp answered with an endless nack. The
+// message reaches the handler, is retried, and its poisoned copy carries the headers
+// exactly as they were published. A canary behind it flows.
+func UndecodableHeadersReachTheHandlerAndSurviveEveryHop(t *testing.T, m Major) {
+	s := newSetup(t, m, delay.TTLTiers)
+	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{500 * time.Millisecond}}
+	r := newRetry(t, m, s.sub, s.cfg)
+	rec := newRecorder(func(msg *message.Message) error {
+		if msg.UUID == "canary" {
+			return nil
+		}
+		return errFlaky
+	})
+	run(t, m, r, s.topic, rec.handle)
+	odd := amqp.Table{"\xff\xfe": int64(7), "deep": nestedTable(70, int32(1)), "plain": "kept"}
+	publishRaw(t, s.topic, "odd", odd)
+	publishRaw(t, s.topic, "canary", nil)
+
+	d := poisonedDelivery(t, s.prefix+".poison", 30*time.Second)
+	for k, want := range odd {
+		if got := d.Headers[k]; !reflect.DeepEqual(got, want) {
+			t.Errorf("poisoned header %q = %#v, want %#v", k, got, want)
+		}
+	}
+	got := attemptsByUUID(rec.snapshot())
+	if !slices.Equal(got["odd"], []int{1, 2}) || len(got["canary"]) != 1 {
+		t.Errorf("handled %v, want odd on attempts [1 2] and canary once", got)
+	}
+	for _, c := range rec.snapshot() {
+		if c.msg.UUID == "odd" && c.msg.Metadata.Get(keys.RawHeaders) == "" {
+			t.Errorf("attempt %d reached the handler without its raw headers", amqpretry.Attempt(c.msg))
+		}
+	}
+}
+
+// HeadersNearFrameMaxArePoisonedWithTheHeadersThatFit: a message whose header is
+// just under frame_max is accepted from its producer, but its retry copy, with the
+// failure envelope, would not fit in one frame: the broker would close the hand-off
+// connection shared by every hand-off. The copy is never sent: the envelope is
+// trimmed, then the message is poisoned without the oversized header, which is named.
+// Other hand-offs keep working: a canary fails once and is retried.
+func HeadersNearFrameMaxArePoisonedWithTheHeadersThatFit(t *testing.T, m Major) {
+	s := newSetup(t, m, delay.TTLTiers)
+	s.cfg.Policy = amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}}
+	r := newRetry(t, m, s.sub, s.cfg)
+	rec := newRecorder(func(msg *message.Message) error {
+		if msg.UUID == "canary" && amqpretry.Attempt(msg) > 1 {
+			return nil
+		}
+		return errFlaky
+	})
+	run(t, m, r, s.topic, rec.handle)
+	big := strings.Repeat("b", 130_900) // frame_max 131,072: fits alone, not with an envelope
+	publishRaw(t, s.topic, "huge", amqp.Table{"big": big, "small": "kept"})
+	publishRaw(t, s.topic, "canary", nil)
+
+	msg := poisoned(t, s.prefix+".poison", 30*time.Second)
+	env := middleware.ReadEnvelope(msg.Metadata)
+	if msg.UUID != "huge" || env.Reason != middleware.ReasonTooLarge {
+		t.Fatalf("poisoned %s (%s), want huge (too-large)", msg.UUID, env.Reason)
+	}
+	if _, ok := msg.Metadata["big"]; ok {
+		t.Error("the oversized header was kept")
+	}
+	if env.DroppedHeaders != "big (130903 bytes)" {
+		t.Errorf("dropped headers = %q", env.DroppedHeaders)
+	}
+	if msg.Metadata.Get("small") != "kept" || !strings.Contains(env.Error, "frame_max") {
+		t.Errorf("poisoned copy lost a header that fits or the reason: %v", msg.Metadata)
+	}
+	calls := rec.waitCalls(t, 3, 30*time.Second)
+	if got := attemptsByUUID(calls); len(got["huge"]) != 1 || !slices.Equal(got["canary"], []int{1, 2}) {
+		t.Errorf("handled %v, want huge once and canary on attempts [1 2]", got)
+	}
+}
+
+// PoisoningIsLoggedAtError: watermill.LoggerAdapter has no WARN level, so a poisoning
+// is logged at ERROR (alerting on errors sees it; a logger with a Warn method gets it at
+// WARN), and Close logs what the Retry did.
+func PoisoningIsLoggedAtError(t *testing.T, m Major) {
+	s := newSetup(t, m, delay.TTLTiers)
+	logs := &logCapture{}
+	s.cfg.Logger = logs
+	r := newRetry(t, m, s.sub, s.cfg)
+	run(t, m, r, s.topic, func(*message.Message) error { return amqpretry.Permanent(errors.New("malformed")) })
+	publish(t, m, s.topic, "bad")
+	poisoned(t, s.prefix+".poison", 30*time.Second)
+	// The broker may deliver the poisoned copy before the middleware has read its
+	// confirm and logged.
+	found := false
+	for deadline := time.Now().Add(5 * time.Second); !found && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		for _, l := range logs.at(watermill.ErrorLogLevel) {
+			found = found || l.Msg == "Message poisoned" && l.Fields["poison_reason"] == string(middleware.ReasonPermanent)
+		}
+	}
+	if !found {
+		t.Errorf("no ERROR line for the poisoning: %+v", logs.at(watermill.ErrorLogLevel))
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range logs.at(watermill.InfoLogLevel) {
+		if l.Msg == "Broker-side retry closed" {
+			if l.Fields["poisoned"] != int64(1) || l.Fields["retries"] != int64(0) || l.Fields["handoff_failures"] != int64(0) {
+				t.Errorf("summary %v, want 1 poisoned and nothing else", l.Fields)
+			}
+			return
+		}
+	}
+	t.Error("no summary line at Close")
+}
+
+// TraceContextSurvivesRetryAndPoison: W3C trace context in the metadata travels with
+// every retry and with the poisoned copy, so a trace spans the whole story.
+func TraceContextSurvivesRetryAndPoison(t *testing.T, m Major) {
+	s := newSetup(t, m, delay.TTLTiers)
+	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{500 * time.Millisecond}}
+	r := newRetry(t, m, s.sub, s.cfg)
+	rec := newRecorder(func(*message.Message) error { return errFlaky })
+	run(t, m, r, s.topic, rec.handle)
+	const traceparent, tracestate = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "vendor=opaque"
+	msg := message.NewMessage("traced", nil)
+	msg.Metadata.Set("traceparent", traceparent)
+	msg.Metadata.Set("tracestate", tracestate)
+	if err := m.Publisher(t, s.sub).Publish(s.topic, msg); err != nil {
+		t.Fatal(err)
+	}
+	poisonedMsg := poisoned(t, s.prefix+".poison", 30*time.Second)
+	calls := rec.waitCalls(t, 2, 10*time.Second)
+	for i, m := range []*message.Message{calls[0].msg, calls[1].msg, poisonedMsg} {
+		if m.Metadata.Get("traceparent") != traceparent || m.Metadata.Get("tracestate") != tracestate {
+			t.Errorf("hop %d lost the trace context: %q %q", i, m.Metadata.Get("traceparent"), m.Metadata.Get("tracestate"))
+		}
+	}
+}

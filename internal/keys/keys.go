@@ -1,0 +1,83 @@
+// Package keys names every metadata key and header the library writes, once. None
+// starts with "x-": RabbitMQ owns that space, and 4.0+ ignores or rewrites some of it
+// on republished copies.
+package keys
+
+import "strings"
+
+// The failure envelope, written by the retry middleware on retried and poisoned copies
+// and by a redrive (see middleware.Envelope).
+const (
+	Attempt            = "amqpretry-attempt"
+	MaxAttempts        = "amqpretry-max-attempts"
+	PoisonReason       = "amqpretry-poison-reason"
+	Error              = "amqpretry-error"
+	ErrorTypes         = "amqpretry-error-types"
+	FirstFailure       = "amqpretry-first-failure"
+	LastFailure        = "amqpretry-last-failure"
+	Handler            = "amqpretry-handler"
+	Topic              = "amqpretry-topic"
+	Queue              = "amqpretry-queue"
+	OriginalExchange   = "amqpretry-original-exchange"
+	OriginalRoutingKey = "amqpretry-original-routing-key"
+	RequestedDelay     = "amqpretry-requested-delay"
+	EffectiveDelay     = "amqpretry-effective-delay"
+	Due                = "amqpretry-due"
+	DroppedHeaders     = "amqpretry-dropped-headers"
+	RedrivenAt         = "amqpretry-redriven-at"
+	RedriveCount       = "amqpretry-redrive-count"
+	RedrivenFrom       = "amqpretry-redriven-from"
+)
+
+// Keys the marshaler writes on a received message and never publishes.
+const (
+	// TypedHeaders lists, as a sorted JSON array, the metadata keys holding encoded
+	// non-string header values.
+	TypedHeaders = "amqpretry-typed-headers"
+	// RawHeaders holds, base64 of an AMQP wire table, the headers the typed encoding
+	// cannot carry.
+	RawHeaders = "amqpretry-raw-headers"
+	// DeliveryExchange and DeliveryRoutingKey say where the delivery was published.
+	DeliveryExchange   = "amqpretry-delivery-exchange"
+	DeliveryRoutingKey = "amqpretry-delivery-routing-key"
+	// Subscriber identifies the Retry whose subscriber config delivered the message.
+	Subscriber = "amqpretry-subscriber"
+)
+
+// Tier is the header the ttl-tiers backend routes a copy on: the tier's name. It is
+// routing data for the broker: the retry subscriber's marshaler does not carry it into
+// metadata.
+const Tier = "amqpretry-tier"
+
+// Reserved tells whether key is one the marshaler writes on receipt and never
+// publishes.
+func Reserved(key string) bool {
+	switch key {
+	case TypedHeaders, RawHeaders, DeliveryExchange, DeliveryRoutingKey, Subscriber:
+		return true
+	}
+	return false
+}
+
+// Headers RabbitMQ sets on the messages it dead-letters, delays or redelivers.
+const (
+	XDeath          = "x-death"
+	XDelay          = "x-delay" // the delayed-message plugin's delay, in ms
+	XDeliveryCount  = "x-delivery-count"
+	XAcquiredCount  = "x-acquired-count" // RabbitMQ 4.3: times a message was handed to a consumer and returned
+	firstDeathStart = "x-first-death-"
+	lastDeathStart  = "x-last-death-"
+)
+
+// BrokerOwned tells whether header is set by RabbitMQ itself and must never be copied
+// into a message published again: x-death, every x-first-death-* and x-last-death-*
+// header, x-delay, x-delivery-count, x-acquired-count, CC and BCC. Copied, x-death
+// feeds RabbitMQ's dead-letter cycle detection, which can drop the message silently;
+// the others describe the delivery that just happened, not the next one.
+func BrokerOwned(header string) bool {
+	switch header {
+	case XDeath, XDelay, XDeliveryCount, XAcquiredCount, "CC", "BCC":
+		return true
+	}
+	return strings.HasPrefix(header, firstDeathStart) || strings.HasPrefix(header, lastDeathStart)
+}

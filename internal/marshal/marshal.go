@@ -1,0 +1,220 @@
+// Package marshal turns AMQP deliveries into Watermill messages and back without
+// refusing any header: string headers stay strings, other values are carried in a
+// typed encoding (typed.go) or, failing that, raw. It is the implementation behind
+// xdeath.Marshaler and behind the marshaler of every retry subscriber.
+package marshal
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"sort"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/keys"
+	"github.com/amqpretry/amqpretry/internal/wire"
+)
+
+// DefaultUUIDKey is the header watermill-amqp keeps the message UUID in.
+const DefaultUUIDKey = "_watermill_message_uuid"
+
+// Options configure a Marshaler. The first three are watermill-amqp's
+// DefaultMarshaler's, with the same meaning.
+type Options struct {
+	PostprocessPublishing     func(amqp.Publishing) amqp.Publishing
+	NotPersistentDeliveryMode bool
+	MessageUUIDHeaderKey      string
+
+	// Retry is set for the subscriber of a Retry: Unmarshal records where the delivery
+	// was published (keys.DeliveryExchange, keys.DeliveryRoutingKey) and Subscriber
+	// (keys.Subscriber), and leaves out what the retry would only drop: the
+	// non-string headers RabbitMQ owns (x-death, x-delivery-count, ...) and the
+	// ttl-tiers routing header (keys.Tier).
+	Retry      bool
+	Subscriber string
+	// ReturnedAttempts counts each return of the delivery (RabbitMQ 4.3's
+	// x-acquired-count) as an attempt: keys.Attempt is then the attempt carried by the
+	// message (1 when absent) plus the returns. For work queues whose failed
+	// deliveries RabbitMQ holds in delayed retry.
+	ReturnedAttempts bool
+}
+
+// Marshaler implements the Marshaler interface of watermill-amqp v2 and v3 alike
+// (both use amqp091-go's types).
+type Marshaler struct{ Options }
+
+// UUIDKey is the header the message UUID is kept in.
+func (o Options) UUIDKey() string {
+	if o.MessageUUIDHeaderKey != "" {
+		return o.MessageUUIDHeaderKey
+	}
+	return DefaultUUIDKey
+}
+
+// Unmarshal converts a delivery to a message. String headers become metadata as
+// they are; every other header is stored encoded (EncodeValue) and listed under
+// keys.TypedHeaders, or, where the encoding cannot carry it, kept under
+// keys.RawHeaders. Headers named like the keys the marshaler reserves are ignored.
+// It never fails for a header, so a delivery is never nacked forever for one.
+func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
+	uuidKey := m.UUIDKey()
+	uuid := ""
+	md := make(message.Metadata, len(d.Headers)+4)
+	var typed []string
+	var raw amqp.Table
+	returns := int64(0)
+	for k, v := range d.Headers {
+		if keys.Reserved(k) {
+			continue
+		}
+		if m.Retry && k == keys.Tier {
+			continue
+		}
+		if s, ok := v.(string); ok {
+			if k == uuidKey {
+				uuid = s
+				continue
+			}
+			md[k] = s
+			continue
+		}
+		if m.ReturnedAttempts && k == keys.XAcquiredCount {
+			returns, _ = wire.Integer(v)
+		}
+		if m.Retry && keys.BrokerOwned(k) {
+			continue
+		}
+		if k != uuidKey && utf8.ValidString(k) {
+			if enc, err := encodeValue(v, k); err == nil {
+				md[k] = enc
+				typed = append(typed, k)
+				continue
+			}
+		}
+		if raw == nil {
+			raw = amqp.Table{}
+		}
+		raw[k] = v
+	}
+	if len(typed) > 0 {
+		sort.Strings(typed)
+		list, err := marshalJSON(typed)
+		if err != nil {
+			return nil, err
+		}
+		md[keys.TypedHeaders] = list
+	}
+	if len(raw) > 0 {
+		b, err := wire.AppendTable(nil, raw)
+		if err != nil {
+			return nil, err
+		}
+		md[keys.RawHeaders] = base64.StdEncoding.EncodeToString(b)
+	}
+	if m.Retry {
+		md[keys.DeliveryExchange] = d.Exchange
+		md[keys.DeliveryRoutingKey] = d.RoutingKey
+		if m.Subscriber != "" {
+			md[keys.Subscriber] = m.Subscriber
+		}
+	}
+	if returns > 0 {
+		base, err := strconv.ParseInt(md[keys.Attempt], 10, 64)
+		if err != nil || base < 1 {
+			base = 1
+		}
+		md[keys.Attempt] = strconv.FormatInt(base+returns, 10)
+	}
+	msg := message.NewMessage(uuid, d.Body)
+	msg.Metadata = md
+	return msg, nil
+}
+
+// Marshal converts a message to a publishing without modifying the message. Typed
+// metadata is decoded back to the original AMQP types and the headers under
+// keys.RawHeaders are restored. Left out are the reserved keys and every header
+// RabbitMQ owns (keys.BrokerOwned). PostprocessPublishing runs last and sees every
+// header.
+//
+// Marshal does not fail on metadata: a value listed under keys.TypedHeaders that no
+// longer decodes (a handler set a plain string there) is sent as the string it now is,
+// and a keys.RawHeaders value that is not one Unmarshal wrote is left out.
+func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
+	uuidKey := m.UUIDKey()
+	typed, err := TypedKeys(msg.Metadata)
+	if err != nil {
+		typed = nil // an unreadable list: every value is the string it is
+	}
+	headers := make(amqp.Table, len(msg.Metadata)+1)
+	for k, s := range msg.Metadata {
+		if keys.Reserved(k) || keys.BrokerOwned(k) || k == uuidKey {
+			continue
+		}
+		headers[k] = s
+		if typed[k] {
+			if v, err := decode([]byte(s), k, 0); err == nil {
+				headers[k] = v
+			}
+		}
+	}
+	headers[uuidKey] = msg.UUID
+	// Restored last: a header Unmarshal could only keep raw (a non-string UUID header
+	// among them) goes back as it came.
+	if s, ok := msg.Metadata[keys.RawHeaders]; ok {
+		if b, err := base64.StdEncoding.DecodeString(s); err == nil {
+			if raw, err := wire.ParseTable(b); err == nil {
+				for k, v := range raw {
+					if !keys.Reserved(k) && !keys.BrokerOwned(k) {
+						headers[k] = v
+					}
+				}
+			}
+		}
+	}
+	p := amqp.Publishing{Body: msg.Payload, Headers: headers}
+	if !m.NotPersistentDeliveryMode {
+		p.DeliveryMode = amqp.Persistent
+	}
+	if m.PostprocessPublishing != nil {
+		p = m.PostprocessPublishing(p)
+	}
+	return p, nil
+}
+
+// TypedKeys parses the keys.TypedHeaders list of md: the keys whose values are
+// encoded.
+func TypedKeys(md message.Metadata) (map[string]bool, error) {
+	s, ok := md[keys.TypedHeaders]
+	if !ok {
+		return nil, nil
+	}
+	var list []string
+	if err := json.Unmarshal([]byte(s), &list); err != nil {
+		return nil, wire.PathError(wire.ErrMalformed, keys.TypedHeaders, "want JSON array of strings: %v", err)
+	}
+	typed := make(map[string]bool, len(list))
+	for _, k := range list {
+		typed[k] = !keys.Reserved(k)
+	}
+	return typed, nil
+}
+
+// Header returns the AMQP header key from metadata written by Unmarshal, decoded to
+// its original type; ok is false if it is absent.
+func Header(md message.Metadata, typed map[string]bool, key string) (value interface{}, ok bool, err error) {
+	s, ok := md[key]
+	if !ok {
+		return nil, false, nil
+	}
+	if !typed[key] {
+		return s, true, nil
+	}
+	v, err := decode([]byte(s), key, 0)
+	if err != nil {
+		return nil, false, err
+	}
+	return v, true, nil
+}

@@ -1,0 +1,386 @@
+// Package retry is the retry middleware: on a handler error it decides what becomes of
+// the message, sizes the delay with the backend, stamps the failure envelope on a copy
+// and hands the copy off (or, for an in-place backend, settles the delivery for the
+// broker to hold), in that order and in one pass. The transport packages (wamqp2,
+// wamqp3, amqp1) wire it to their subscriber.
+package retry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/handoff"
+	"github.com/amqpretry/amqpretry/internal/keys"
+	"github.com/amqpretry/amqpretry/middleware"
+)
+
+// Wiring is what the engine needs to know of the subscriber side.
+type Wiring struct {
+	// ID identifies the Retry; its subscriber's marshaler stamps it on every delivery
+	// (keys.Subscriber). "" means every message is this Retry's (in-process).
+	ID string
+	// Queue maps the topic a handler subscribes to onto the queue its messages come
+	// from, where a retry must come back. Default: the topic.
+	Queue func(topic string) string
+	// Bound tells whether a queue's way back was declared by this Retry's subscriber.
+	// Nil: not checked.
+	Bound func(queue string) bool
+	// Attempt reads the attempt of a delivery. Default: keys.Attempt of its metadata.
+	Attempt func(msg *message.Message) int
+}
+
+// Engine is the middleware. Build it with newEngine (Start does).
+type Engine struct {
+	cfg     amqpretry.Config // with defaults
+	backend backend.Backend  // copies: nil for delayed-retry alone
+	inPlace backend.Backend  // retries held in place (backend.InPlace): the first ones, or every one; nil for none
+	poisonQ func(ctx context.Context, msg *message.Message) error
+	wiring  Wiring
+
+	failures failureCounts
+	held     heldRetries
+	stats    struct{ retries, poisoned, failures counter }
+}
+
+// Middleware implements message.HandlerMiddleware.
+func (e *Engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		if e.wiring.ID != "" {
+			joinChain(msg, e.wiring.ID)
+		}
+		d := e.read(msg)
+		if d.owned {
+			e.observeDelivery(d)
+		}
+		produced, err := h(msg)
+		run, attempt := msg, d.attempt
+		var decided *amqpretry.Decision // err's, when retryNow classified it
+		for err != nil {
+			var again bool
+			if again, decided = e.retryNow(d, run, attempt, err); !again {
+				break
+			}
+			pause(msg.Context(), e.cfg.Policy.ImmediateInterval)
+			next := run.Copy()
+			next.SetContext(run.Context())
+			attempt++
+			next.Metadata[keys.Attempt] = strconv.Itoa(attempt)
+			run = next
+			produced, err = h(run)
+		}
+		if err == nil {
+			e.failures.forget(msg.UUID)
+			if d.owned {
+				e.observe(middleware.Event{Kind: middleware.EventSucceeded, Queue: d.queue, Attempt: attempt})
+			}
+			return produced, nil
+		}
+		d.attempt = attempt
+		return nil, e.fail(msg, run, d, err, decided)
+	}
+}
+
+// delivery is what the engine reads of a message once, when it arrives.
+type delivery struct {
+	msg      *message.Message
+	owned    bool
+	owner    string
+	attempt  int
+	envelope middleware.Envelope
+	handler  string
+	topic    string
+	queue    string
+	exchange string // the delivery's own
+	key      string
+	at       time.Time
+	// held tells that this process held the retry this delivery is, in the work
+	// queue, due at heldDue.
+	held    bool
+	heldDue time.Time
+}
+
+func (e *Engine) read(msg *message.Message) delivery {
+	ctx := msg.Context()
+	d := delivery{
+		msg:      msg,
+		owner:    msg.Metadata[keys.Subscriber],
+		envelope: middleware.ReadEnvelope(msg.Metadata),
+		handler:  message.HandlerNameFromCtx(ctx),
+		topic:    message.SubscribeTopicFromCtx(ctx),
+		exchange: msg.Metadata[keys.DeliveryExchange],
+		key:      msg.Metadata[keys.DeliveryRoutingKey],
+		at:       time.Now(),
+	}
+	d.owned = e.wiring.ID == "" || d.owner == e.wiring.ID
+	d.queue = e.wiring.Queue(d.topic)
+	if h, ok := e.held.take(msg.UUID); ok && d.owned {
+		// A retry held in the work queue comes back without its envelope.
+		d.held, d.heldDue = true, h.due
+		if d.envelope.FirstFailure.IsZero() {
+			d.envelope.FirstFailure = h.first
+		}
+	}
+	if e.wiring.Attempt != nil {
+		d.attempt = e.wiring.Attempt(msg)
+	} else {
+		d.attempt = max(d.envelope.Attempt, 1)
+	}
+	return d
+}
+
+// retryNow tells whether run, which failed with err on attempt, gets an immediate
+// in-process retry: on its first delivery, within Policy.Immediate and MaxAttempts,
+// if it is this Retry's and its error asks for no delay and is not permanent. It
+// returns the decision when it classified err, so that Classify runs once per failure.
+func (e *Engine) retryNow(d delivery, run *message.Message, attempt int, err error) (bool, *amqpretry.Decision) {
+	p := e.cfg.Policy
+	if attempt > p.Immediate || attempt >= p.MaxAttempts || !d.owned || errors.Is(err, amqpretry.ErrHandoff) {
+		return false, nil
+	}
+	dec := e.decide(run, err, attempt)
+	return !dec.Permanent && dec.Delay <= 0, &dec
+}
+
+// decide classifies err: the error's marks, then Classify if set.
+func (e *Engine) decide(msg *message.Message, err error, attempt int) amqpretry.Decision {
+	p := amqpretry.ClassifyParams{Err: err, Message: msg, Attempt: attempt, Default: amqpretry.DecisionOf(err)}
+	if e.cfg.Classify == nil {
+		return p.Default
+	}
+	return e.cfg.Classify(p)
+}
+
+// Retryable tells whether running the handler again in this process could help after
+// err, as this Retry would decide: not for a failed hand-off, nor when the error's
+// decision poisons it or asks for a delay. Classify is asked with no message.
+func (e *Engine) Retryable(err error) bool {
+	if err == nil || errors.Is(err, amqpretry.ErrHandoff) {
+		return false
+	}
+	dec := e.decide(nil, err, 0)
+	return !dec.Permanent && dec.Delay <= 0
+}
+
+// fail decides what becomes of msg after run (msg or an immediate retry's copy of it)
+// failed with err, sizes the delay with the backend, stamps the copy and hands it off.
+func (e *Engine) fail(msg, run *message.Message, d delivery, err error, decided *amqpretry.Decision) error {
+	if errors.Is(err, amqpretry.ErrHandoff) {
+		return err // a Retry nearer the handler has dealt with it
+	}
+	werr := e.checkWiring(d)
+	if errors.Is(werr, errOtherRetry) {
+		return err // that Retry, also on this handler, decides
+	}
+	if decided == nil {
+		dec := e.decide(run, err, d.attempt)
+		decided = &dec
+	}
+	f := failure{delivery: d, err: err, fields: watermill.LogFields{
+		"message_uuid": msg.UUID, "handler": d.handler, "topic": d.topic, "queue": d.queue,
+		"attempt": d.attempt, "max_attempts": e.cfg.Policy.MaxAttempts, "err": err.Error(),
+	}}
+	f.envelope = e.envelope(d, err)
+	cp := copyOf(run)
+
+	switch {
+	case werr != nil:
+		return e.handoffFailed(f, cp, werr, "not-wired", true)
+	case decided.Permanent:
+		return e.poison(f, cp, middleware.ReasonPermanent)
+	case d.attempt >= e.cfg.Policy.MaxAttempts:
+		return e.poison(f, cp, middleware.ReasonMaxAttempts)
+	case d.queue == "":
+		return errors.Join(err, fmt.Errorf("%w: no subscribed topic in the message context (is the middleware on a router handler?)", amqpretry.ErrHandoff))
+	}
+	target, inPlace := e.backend, e.holdsInPlace(d, *decided)
+	switch {
+	case inPlace:
+		target = e.inPlace
+	case e.backend == nil && e.held.isBroken(d.queue):
+		f.envelope.Error = fmt.Sprintf("work queue %q does not hold delayed retries (a nacked message came back at once), and no copying backend is configured; handler error: %v", d.queue, err)
+		return e.poison(f, cp, middleware.ReasonHandoffFailed)
+	case e.backend == nil: // delayed-retry alone, asked for a delay of its own
+		f.fields["requested_delay"] = decided.Delay.String()
+		e.cfg.Logger.Error("Retry held in the work queue for its delay instead of the one asked for: the delayed-retry backend knows one delay per queue", nil, f.fields)
+		target, inPlace = e.inPlace, true
+	}
+
+	// Size.
+	requested := decided.Delay
+	if requested <= 0 {
+		requested = delayOf(e.cfg.Policy, d.attempt-min(e.stages(), d.attempt-1))
+	}
+	effective, serr := target.Effective(requested)
+	if serr != nil {
+		// Handing it off would be refused: poison it, saying why.
+		f.envelope.Error = serr.Error() + "; handler error: " + err.Error()
+		return e.poison(f, cp, middleware.ReasonDelayTooLong)
+	}
+	if requested > effective && target.Name() == delay.TTLTiers {
+		e.cfg.Logger.Error("Delay longer than the longest tier, using the longest: the retry comes back early", delay.ErrDelayTooLong,
+			f.fields.Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
+	}
+	if inPlace {
+		return e.settle(msg, f, requested, effective)
+	}
+
+	// Stamp and hand off.
+	start := time.Now()
+	f.envelope.Attempt = d.attempt + 1
+	f.envelope.RequestedDelay, f.envelope.EffectiveDelay, f.envelope.Due = requested, effective, start.Add(effective)
+	f.envelope.Write(cp.Metadata)
+	perr := e.backend.Park(cp.Context(), d.queue, cp, effective)
+	if errors.Is(perr, handoff.ErrTooLarge) {
+		trim(&f.envelope)
+		f.envelope.Write(cp.Metadata)
+		perr = e.backend.Park(cp.Context(), d.queue, cp, effective)
+	}
+	switch {
+	case perr == nil:
+		e.failures.forget(msg.UUID)
+		n := e.stats.retries.add()
+		e.observe(middleware.Event{Kind: middleware.EventRetryScheduled, Queue: d.queue, Backend: e.backend.Name(), Attempt: d.attempt, Err: err,
+			Requested: requested, Effective: effective, Handoff: time.Since(start)})
+		if e.sampled(n) {
+			e.cfg.Logger.Info("Retry scheduled", f.fields.Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
+		}
+		return nil
+	case errors.Is(perr, handoff.ErrTooLarge):
+		// Handing it off again would be refused again: poison it, saying why.
+		f.fields["handoff_err"] = perr.Error()
+		f.envelope.Error = "retry copy larger than the broker's frame_max even with a trimmed envelope; handler error: " + err.Error()
+		return e.poison(f, cp, middleware.ReasonTooLarge)
+	}
+	return e.handoffFailed(f, cp, perr, handoff.Cause(perr), true)
+}
+
+// stages is how many retries come before the copying backend's schedule: the
+// immediate ones, or those held in the work queue.
+func (e *Engine) stages() int { return e.cfg.Policy.Immediate + e.cfg.DelayedRetries }
+
+// holdsInPlace tells whether the retry after d's failed attempt is held in the work
+// queue. A backend that holds any delay in place (delivery-time) holds every retry;
+// delayed-retry, whose delay is the queue's, holds every retry when it is alone, else
+// the first DelayedRetries, and neither when the queue was found not to hold them or
+// the error asks for a delay of its own (the copying backend can keep it).
+func (e *Engine) holdsInPlace(d delivery, dec amqpretry.Decision) bool {
+	switch {
+	case e.inPlace == nil:
+		return false
+	case e.inPlace.Name() != delay.DelayedRetry:
+		return true
+	case e.held.isBroken(d.queue):
+		return false
+	}
+	return dec.Delay <= 0 && (e.backend == nil || d.attempt <= e.cfg.DelayedRetries)
+}
+
+// envelope is the envelope of the copy of a message that failed: the one it arrived
+// with, updated with this failure.
+func (e *Engine) envelope(d delivery, err error) middleware.Envelope {
+	env := d.envelope
+	if env.FirstFailure.IsZero() {
+		env.FirstFailure = d.at
+		env.OriginalExchange, env.OriginalRoutingKey = d.exchange, d.key
+	}
+	env.LastFailure = d.at
+	env.Error = err.Error()
+	env.ErrorTypes = errorTypes(err)
+	env.Handler, env.Topic, env.Queue = d.handler, d.topic, d.queue
+	env.Reason, env.MaxAttempts = "", 0
+	env.RequestedDelay, env.EffectiveDelay, env.Due = 0, 0, time.Time{}
+	return env
+}
+
+// failure is one failed attempt being dealt with.
+type failure struct {
+	delivery
+	err      error
+	envelope middleware.Envelope
+	fields   watermill.LogFields
+}
+
+// envelopeRoom is how many keys the envelope adds to a copy at most.
+const envelopeRoom = 20
+
+// copyOf copies msg, with its context, into metadata sized for the envelope, without
+// the keys its marshaler wrote on receipt (they are never published).
+func copyOf(msg *message.Message) *message.Message {
+	cp := message.NewMessageWithContext(msg.Context(), msg.UUID, msg.Payload)
+	cp.Metadata = make(message.Metadata, len(msg.Metadata)+envelopeRoom)
+	maps.Copy(cp.Metadata, msg.Metadata)
+	return cp
+}
+
+// errorTypes lists the Go types in err's chain, depth first, outermost first.
+func errorTypes(err error) []string {
+	var types []string
+	var walk func(error)
+	walk = func(e error) {
+		if e == nil || len(types) >= 16 {
+			return
+		}
+		types = append(types, fmt.Sprintf("%T", e))
+		switch u := e.(type) {
+		case interface{ Unwrap() error }:
+			walk(u.Unwrap())
+		case interface{ Unwrap() []error }:
+			for _, inner := range u.Unwrap() {
+				walk(inner)
+			}
+		}
+	}
+	walk(err)
+	return types
+}
+
+// trimmedErrorBytes bounds the error text of an envelope trimmed to fit frame_max.
+const trimmedErrorBytes = 256
+
+// trim shortens the envelope of a copy too large for the broker: the error text to
+// trimmedErrorBytes, the error types left out.
+func trim(env *middleware.Envelope) {
+	if len(env.Error) > trimmedErrorBytes {
+		cut := trimmedErrorBytes - len("…")
+		for cut > 0 && !utf8.RuneStart(env.Error[cut]) {
+			cut--
+		}
+		env.Error = env.Error[:cut] + "…"
+	}
+	env.ErrorTypes = nil
+}
+
+// delayOf returns the delay of the n-th delayed retry of p (from 1: the first is
+// InitialInterval for the exponential schedule), jitter included. p has its defaults.
+func delayOf(p amqpretry.Policy, n int) time.Duration {
+	n = max(n, 1)
+	if len(p.Delays) > 0 {
+		return p.Delays[min(n, len(p.Delays))-1]
+	}
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     p.InitialInterval,
+		RandomizationFactor: p.Jitter,
+		Multiplier:          p.Multiplier,
+		MaxInterval:         p.MaxInterval,
+		Stop:                backoff.Stop,
+		Clock:               backoff.SystemClock,
+	}
+	b.Reset()
+	var d time.Duration
+	for range n {
+		d = b.NextBackOff()
+	}
+	return min(d, p.MaxInterval)
+}

@@ -1,0 +1,238 @@
+package retry
+
+import (
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/keys"
+	"github.com/amqpretry/amqpretry/middleware"
+)
+
+func TestWorkQueueWarning(t *testing.T) {
+	quorum := func(kv ...any) amqp.Table {
+		args := amqp.Table{"x-queue-type": "quorum"}
+		for i := 0; i < len(kv); i += 2 {
+			args[kv[i].(string)] = kv[i+1]
+		}
+		return args
+	}
+	for _, tt := range []struct {
+		name        string
+		version     string
+		args        amqp.Table
+		maxAttempts int
+		want        string // substring; "" for no warning
+	}{
+		{"classic queue", "4.1.0", nil, 5, ""},
+		{"explicit classic", "4.1.0", amqp.Table{"x-queue-type": "classic"}, 5, ""},
+		{"quorum 3.13 without limit", "3.13.7", quorum(), 5, ""},
+		{"quorum 4.0 without limit", "4.0.0", quorum(), 5, "applies a limit of 20"},
+		{"quorum 4.1 without limit", "4.1.2", quorum(), 5, "-1 for no limit"},
+		{"quorum unknown version without limit", "", quorum(), 5, "x-delivery-limit"},
+		{"quorum 4.3 without limit", "4.3.6", quorum(), 5, ""},
+		{"limit disabled", "4.0.0", quorum("x-delivery-limit", int64(-1)), 5, ""},
+		{"limit high", "4.0.0", quorum("x-delivery-limit", int32(50)), 5, ""},
+		{"limit equals attempts", "4.0.0", quorum("x-delivery-limit", 5), 5, ""},
+		{"limit below attempts", "4.0.0", quorum("x-delivery-limit", int16(3)), 5, "below the policy's 5 attempts"},
+		{"limit zero", "3.13.7", quorum("x-delivery-limit", int64(0)), 1, "x-delivery-limit 0"},
+		{"limit low on 3.x", "3.12.0", quorum("x-delivery-limit", int64(2)), 10, "at least 10"},
+		{"limit not an integer", "4.0.0", quorum("x-delivery-limit", "20"), 5, "expects an integer"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got := workQueueWarning(tt.version, tt.args, tt.maxAttempts)
+			if tt.want == "" && got != "" || tt.want != "" && !strings.Contains(got, tt.want) {
+				t.Errorf("workQueueWarning = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestNewValidatesEveryField: New names every invalid field of the subscriber config
+// and of the Config, and connects to nothing before they are valid.
+func TestNewValidatesEveryField(t *testing.T) {
+	sub := Sub{
+		URI:             "amqp://guest:secret@127.0.0.1:1/", // nothing listens: never dialled
+		NoRequeueOnNack: true,
+		MarshalerType:   "mypkg.Marshaler",
+		QueueArgs:       amqp.Table{"x-queue-type": "classic"},
+	}
+	_, err := New(sub, amqpretry.Config{DelayedRetries: 2, Policy: amqpretry.Policy{MaxAttempts: -2}, HandoffAttempts: -1})
+	for _, want := range []string{
+		"invalid config", "Subscriber: Queue.GenerateName: required", "Subscriber: Consume.NoRequeueOnNack", "Subscriber: Marshaler: mypkg.Marshaler",
+		"Subscriber: Queue.Arguments: x-queue-type classic", "Policy: MaxAttempts", "HandoffAttempts",
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("New error %v does not say %q", err, want)
+		}
+	}
+	if err != nil && strings.Contains(err.Error(), "secret") {
+		t.Errorf("error shows the password: %v", err)
+	}
+	_, err = New(Sub{}, amqpretry.Config{})
+	if err == nil || !strings.Contains(err.Error(), "Subscriber: Connection.AmqpURI: required for the ttl-tiers backend") {
+		t.Errorf("no URI: %v", err)
+	}
+	_, err = New(Sub{}, amqpretry.Config{Backend: delay.Memory})
+	if err == nil || !strings.Contains(err.Error(), "Memory: required for the memory backend") {
+		t.Errorf("memory backend without Memory: %v", err)
+	}
+}
+
+// recorder is a message.Publisher that hands what it is given to a channel.
+type recorder struct{ got chan published }
+
+type published struct {
+	topic string
+	msg   *message.Message
+}
+
+func (r recorder) Publish(topic string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		r.got <- published{topic, m}
+	}
+	return nil
+}
+func (recorder) Close() error { return nil }
+
+func (r recorder) next(t *testing.T) published {
+	t.Helper()
+	select {
+	case p := <-r.got:
+		return p
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing published within 10s")
+	}
+	return published{}
+}
+
+// TestStartInProcess: without a URI the Retry runs in this process on the memory
+// backend: retries come back to the topic after their delay, poisoned messages go to
+// the poison queue's topic.
+func TestStartInProcess(t *testing.T) {
+	rec := recorder{got: make(chan published, 10)}
+	cfg := amqpretry.Config{Backend: delay.Memory, Memory: rec, Policy: amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{time.Millisecond}}}
+	r, err := New(Sub{QueueName: func(topic string) string { return topic }}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if !r.InProcess() || r.ID() != "" || r.Scheduler() == nil || r.Config().PoisonQueue != "amqpretry.poison" {
+		t.Errorf("in-process Retry: in process %v, id %q, config %+v", r.InProcess(), r.ID(), r.Config())
+	}
+	if o := r.SubscriberMarshal(); !o.Retry || o.Subscriber != "" || o.ReturnedAttempts || o.MessageUUIDHeaderKey != "" {
+		t.Errorf("subscriber marshal options %+v", o)
+	}
+	if args := (amqp.Table{"a": 1}); r.WorkQueueArgs(args)["a"] != 1 || len(r.WorkQueueArgs(args)) != 1 {
+		t.Error("WorkQueueArgs changed the arguments of a Retry that holds no retries")
+	}
+	r.Engine.wiring.Queue = func(string) string { return "work" } // no router: no topic in the context
+	h := r.Middleware(failing(errFlaky))
+	if _, err := h(message.NewMessage("m", []byte("body"))); err != nil {
+		t.Fatal(err)
+	}
+	p := rec.next(t)
+	if p.topic != "work" || p.msg.UUID != "m" || string(p.msg.Payload) != "body" || amqpretry.Attempt(p.msg) != 2 {
+		t.Fatalf("retry published to %q: %+v", p.topic, p.msg)
+	}
+	if _, err := h(p.msg); err != nil {
+		t.Fatal(err)
+	}
+	p = rec.next(t)
+	if p.topic != "amqpretry.poison" || middleware.ReadEnvelope(p.msg.Metadata).Reason != middleware.ReasonMaxAttempts {
+		t.Fatalf("poisoned to %q: %v", p.topic, p.msg.Metadata)
+	}
+	if st := r.Stats(); st != (middleware.Stats{Retries: 1, Poisoned: 1}) {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+// inPlace is an in-place backend, as delayed-retry is: its delay is the queue's, and it
+// records what it is asked to settle.
+type inPlace struct {
+	fakeBackend
+	smu     sync.Mutex
+	settled []message.Metadata
+	err     error
+}
+
+func newInPlace(d time.Duration) *inPlace {
+	return &inPlace{fakeBackend: fakeBackend{name: delay.DelayedRetry, effective: func(time.Duration) (time.Duration, error) { return d, nil }}}
+}
+
+func (p *inPlace) Settle(msg *message.Message, effective time.Duration, envelope message.Metadata) error {
+	p.smu.Lock()
+	defer p.smu.Unlock()
+	if p.err != nil {
+		return p.err
+	}
+	p.settled = append(p.settled, envelope)
+	return nil
+}
+
+// TestHeldInPlace: with delayed retries the first ones are settled for the broker to
+// hold; a retry that comes back long before its due time shows the work queue does not
+// hold them, and its later retries go to the copying backend.
+func TestHeldInPlace(t *testing.T) {
+	b := &fakeBackend{}
+	var events []middleware.Event
+	logs := &countingLogger{}
+	e, _ := newEngine(t, amqpretry.Config{DelayedRetries: 2, DelayedRetryDelay: time.Minute, Logger: logs,
+		Policy:  amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{7 * time.Second}},
+		Observe: func(ev middleware.Event) { events = append(events, ev) }}, b)
+	held := newInPlace(time.Minute)
+	e.inPlace = held
+	h := e.Middleware(failing(errFlaky))
+
+	if _, err := h(message.NewMessage("m", nil)); err != nil {
+		t.Fatal(err)
+	}
+	if len(held.settled) != 1 || len(b.parked) != 0 {
+		t.Fatalf("settled %d, parked %d; want the first retry held", len(held.settled), len(b.parked))
+	}
+	if held.settled[0] != nil {
+		t.Errorf("an envelope was built for a nack, which cannot carry it: %v", held.settled[0])
+	}
+	if last := events[len(events)-1]; last.Backend != delay.DelayedRetry || last.Effective != time.Minute {
+		t.Errorf("event %+v", last)
+	}
+	// Back at once (the broker counted the return: attempt 2): the queue does not hold
+	// retries. The next retry is a copy, after the schedule's first delay.
+	back := message.NewMessage("m", nil)
+	back.Metadata.Set(keys.Attempt, "2")
+	if _, err := h(back); err != nil {
+		t.Fatal(err)
+	}
+	if !e.held.isBroken("work") || logs.errors != 1 {
+		t.Errorf("queue not marked broken (errors logged: %d)", logs.errors)
+	}
+	if len(b.parked) != 1 || len(held.settled) != 1 {
+		t.Fatalf("settled %d, parked %d; want the second retry copied", len(held.settled), len(b.parked))
+	}
+	if env := middleware.ReadEnvelope(b.msgs()[0].Metadata); env.Attempt != 3 || env.RequestedDelay != 7*time.Second {
+		t.Errorf("copied retry %+v, want attempt 3 after the schedule's first delay", env)
+	}
+}
+
+// countingLogger counts the errors logged.
+type countingLogger struct {
+	mu     sync.Mutex
+	errors int
+}
+
+func (l *countingLogger) Error(string, error, watermill.LogFields) {
+	l.mu.Lock()
+	l.errors++
+	l.mu.Unlock()
+}
+func (l *countingLogger) Info(string, watermill.LogFields)                 {}
+func (l *countingLogger) Debug(string, watermill.LogFields)                {}
+func (l *countingLogger) Trace(string, watermill.LogFields)                {}
+func (l *countingLogger) With(watermill.LogFields) watermill.LoggerAdapter { return l }

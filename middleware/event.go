@@ -1,0 +1,67 @@
+package middleware
+
+import "time"
+
+// EventKind says what an Event reports.
+type EventKind int
+
+const (
+	// EventDelivered: a message reached the handler. For a retry whose due time is
+	// known, Late is set and Lateness is how long after its due time it arrived.
+	EventDelivered EventKind = iota + 1
+	// EventSucceeded: the handler returned nil on attempt Attempt.
+	EventSucceeded
+	// EventRetryScheduled: a retry was handed to Backend and confirmed (for an
+	// in-place backend, the delivery was settled for the broker to hold). Attempt is
+	// the attempt that failed; Requested and Effective are the delays; Handoff the time
+	// from publish to confirm.
+	EventRetryScheduled
+	// EventPoisoned: the message went to the poison queue, for Reason, after Attempt.
+	// Handoff is the time from publish to confirm.
+	EventPoisoned
+	// EventHandoffFailed: a hand-off (of a retry, or to the poison queue) failed with
+	// Err, for Cause; the message is nacked for redelivery, or poisoned if
+	// Config.HandoffAttempts were reached (an EventPoisoned follows).
+	EventHandoffFailed
+)
+
+// Event is what amqpretry.Config.Observe is told, on the handler's goroutine. Fields
+// may be added.
+type Event struct {
+	Kind EventKind
+	// Queue is the queue the message came from: one the application subscribes to.
+	Queue string
+	// Backend is the delay backend the event is about (for a retry, the one that
+	// took it: "delayed-retry" for a retry held in the work queue).
+	Backend string
+	// Attempt is the attempt the event is about, from 1.
+	Attempt int
+	// Reason is the poison reason (EventPoisoned).
+	Reason Reason
+	// Err is the hand-off's error (EventHandoffFailed) or the handler's (otherwise).
+	Err error
+	// Cause names why a hand-off failed (EventHandoffFailed): returned, nacked,
+	// timeout, connection, too-large, not-wired or other.
+	Cause string
+	// Requested and Effective are the delay asked for and the delay the backend
+	// applies (EventRetryScheduled).
+	Requested, Effective time.Duration
+	// Handoff is the time a confirmed hand-off took, publish to confirm
+	// (EventRetryScheduled, EventPoisoned).
+	Handoff time.Duration
+	// Late tells that the delivery is a retry with a known due time, and Lateness is
+	// arrival minus due: negative for a retry that came back early (EventDelivered).
+	Late     bool
+	Lateness time.Duration
+}
+
+// Stats counts what a Retry did since it was built.
+type Stats struct {
+	// Retries handed off and confirmed, or settled in place.
+	Retries int64
+	// Poisoned messages.
+	Poisoned int64
+	// HandoffFailures: hand-offs that failed (each nacked, or followed by a
+	// poisoning).
+	HandoffFailures int64
+}

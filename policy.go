@@ -1,0 +1,105 @@
+package amqpretry
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Policy says how often and how long apart a message is retried. The zero value, after
+// defaults, is safe: 5 attempts, 1s doubling to at most 10m, ±20% jitter.
+type Policy struct {
+	// MaxAttempts is how many times the handler may run for one message, the first
+	// delivery included; after the last the message is poisoned. Default: 5.
+	MaxAttempts int
+	// Delays, if set, is the explicit schedule: the delay before attempt n+1 is
+	// Delays[n-1], and the last entry repeats. It replaces the exponential settings
+	// below; no jitter is applied.
+	Delays []time.Duration
+	// InitialInterval is the delay before the first delayed retry. Default: 1s.
+	InitialInterval time.Duration
+	// Multiplier grows the delay after each attempt; fractions are kept (1.5 gives 1s,
+	// 1.5s, 2.25s). At least 1. Default: 2.
+	Multiplier float64
+	// MaxInterval caps each delay of the exponential schedule, jitter included (not
+	// Delays, nor a RetryAfter, which the backend still refuses past what it holds).
+	// Default: 10m.
+	MaxInterval time.Duration
+	// Jitter randomises each delay by up to this fraction either way, so that messages
+	// that failed together do not come back together; in [0, 1). Default: 0.2.
+	Jitter float64
+	// NoJitter turns jitter off (Jitter is then ignored).
+	NoJitter bool
+	// Immediate is how many retries run at once, in this process, when a message fails
+	// on its first delivery, before the delayed ones: for blips such as a deadlock
+	// victim. They count towards MaxAttempts; the first delayed retry after them gets
+	// the schedule's first delay. An error marked Permanent or RetryAfter, or so decided
+	// by Classify, skips them. Default: 0.
+	Immediate int
+	// ImmediateInterval is the pause before each immediate retry. Default: 0.
+	ImmediateInterval time.Duration
+}
+
+func (p Policy) withDefaults() Policy {
+	if p.MaxAttempts == 0 {
+		p.MaxAttempts = 5
+	}
+	if p.InitialInterval == 0 {
+		p.InitialInterval = time.Second
+	}
+	if p.Multiplier == 0 {
+		p.Multiplier = 2
+	}
+	if p.MaxInterval == 0 {
+		p.MaxInterval = 10 * time.Minute
+	}
+	if p.Jitter == 0 && !p.NoJitter {
+		p.Jitter = 0.2
+	}
+	if p.NoJitter {
+		p.Jitter = 0
+	}
+	return p
+}
+
+// validate reports every invalid field of p, which has its defaults.
+func (p Policy) validate() error {
+	var errs []error
+	if p.MaxAttempts < 1 {
+		errs = append(errs, fmt.Errorf("MaxAttempts: %d, must be at least 1", p.MaxAttempts))
+	}
+	for i, d := range p.Delays {
+		if d < 0 {
+			errs = append(errs, fmt.Errorf("Delays[%d]: %s is negative", i, d))
+		}
+	}
+	if p.InitialInterval < 0 {
+		errs = append(errs, fmt.Errorf("InitialInterval: %s is negative", p.InitialInterval))
+	}
+	if p.Multiplier < 1 {
+		errs = append(errs, fmt.Errorf("Multiplier: %g, must be at least 1", p.Multiplier))
+	}
+	if p.MaxInterval < p.InitialInterval {
+		errs = append(errs, fmt.Errorf("MaxInterval: %s is shorter than InitialInterval %s", p.MaxInterval, p.InitialInterval))
+	}
+	if p.Jitter < 0 || p.Jitter >= 1 {
+		errs = append(errs, fmt.Errorf("Jitter: %g, must be in [0, 1)", p.Jitter))
+	}
+	if p.Immediate < 0 {
+		errs = append(errs, fmt.Errorf("Immediate: %d is negative", p.Immediate))
+	}
+	if p.ImmediateInterval < 0 {
+		errs = append(errs, fmt.Errorf("ImmediateInterval: %s is negative", p.ImmediateInterval))
+	}
+	return errors.Join(errs...)
+}
+
+// longest is the longest delay p can ask for: the longest of Delays, or MaxInterval.
+// p has its defaults.
+func (p Policy) longest() time.Duration {
+	if len(p.Delays) > 0 {
+		return slices.Max(p.Delays)
+	}
+	return p.MaxInterval
+}

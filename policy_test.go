@@ -1,0 +1,254 @@
+package amqpretry_test
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/keys"
+	"github.com/amqpretry/amqpretry/internal/retry"
+	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/topology"
+)
+
+// discard is a message.Publisher that accepts everything.
+type discard struct{}
+
+func (discard) Publish(string, ...*message.Message) error { return nil }
+func (discard) Close() error                              { return nil }
+
+// schedule runs the retry engine in-process (memory backend) with policy, fails n
+// messages on attempt, and returns the delay the engine asked the backend for each
+// time: the policy's schedule as the engine applies it.
+func schedule(t testing.TB, policy amqpretry.Policy, attempt, n int) []time.Duration {
+	t.Helper()
+	var (
+		mu        sync.Mutex
+		requested []time.Duration
+	)
+	cfg := amqpretry.Config{Backend: delay.Memory, Memory: discard{}, Policy: policy,
+		Observe: func(ev middleware.Event) {
+			if ev.Kind == middleware.EventRetryScheduled {
+				mu.Lock()
+				requested = append(requested, ev.Requested)
+				mu.Unlock()
+			}
+		}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := retry.Start(cfg.WithDefaults(), retry.Conn{Queue: func(string) string { return "work" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close() // stops the memory backend's timers
+	h := r.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, errors.New("boom") })
+	for i := range n {
+		msg := message.NewMessage(strconv.Itoa(i), nil)
+		msg.Metadata.Set(keys.Attempt, strconv.Itoa(attempt))
+		if _, err := h(msg); err != nil {
+			t.Fatalf("attempt %d: %v", attempt, err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(requested) != n {
+		t.Fatalf("attempt %d: %d retries scheduled, want %d", attempt, len(requested), n)
+	}
+	return requested
+}
+
+func TestPolicyDelay(t *testing.T) {
+	tests := []struct {
+		name   string
+		policy amqpretry.Policy
+		want   []time.Duration // delay after attempts 1, 2, 3, ...
+	}{
+		{
+			name:   "defaults without jitter double from 1s",
+			policy: amqpretry.Policy{NoJitter: true},
+			want:   []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second},
+		},
+		{
+			name:   "multiplier 1.5 keeps its fraction",
+			policy: amqpretry.Policy{InitialInterval: time.Second, Multiplier: 1.5, NoJitter: true},
+			want:   []time.Duration{time.Second, 1500 * time.Millisecond, 2250 * time.Millisecond, 3375 * time.Millisecond},
+		},
+		{
+			name:   "capped by MaxInterval",
+			policy: amqpretry.Policy{InitialInterval: 100 * time.Millisecond, Multiplier: 10, MaxInterval: 5 * time.Second, NoJitter: true},
+			want:   []time.Duration{100 * time.Millisecond, time.Second, 5 * time.Second, 5 * time.Second},
+		},
+		{
+			name:   "explicit delays, last repeats",
+			policy: amqpretry.Policy{Delays: []time.Duration{time.Second, time.Minute}},
+			want:   []time.Duration{time.Second, time.Minute, time.Minute},
+		},
+		{
+			name:   "multiplier 1 is constant",
+			policy: amqpretry.Policy{InitialInterval: 3 * time.Second, Multiplier: 1, NoJitter: true},
+			want:   []time.Duration{3 * time.Second, 3 * time.Second, 3 * time.Second},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := tt.policy
+			p.MaxAttempts = len(tt.want) + 1
+			for i, want := range tt.want {
+				if got := schedule(t, p, i+1, 1)[0]; got != want {
+					t.Errorf("delay after attempt %d = %s, want %s", i+1, got, want)
+				}
+			}
+		})
+	}
+}
+
+func TestPolicyJitterStaysInBounds(t *testing.T) {
+	p := amqpretry.Policy{MaxAttempts: 6, InitialInterval: time.Second, Multiplier: 2, MaxInterval: 3 * time.Second, Jitter: 0.5}
+	seen := map[time.Duration]bool{}
+	for _, d := range schedule(t, p, 1, 200) {
+		if d < 500*time.Millisecond || d > 1500*time.Millisecond {
+			t.Fatalf("delay after attempt 1 = %s, outside 1s ± 50%%", d)
+		}
+		seen[d] = true
+	}
+	if len(seen) < 10 {
+		t.Fatalf("jitter produced only %d distinct delays in 200 draws", len(seen))
+	}
+	for _, d := range schedule(t, p, 5, 200) {
+		if d > 3*time.Second || d < 1500*time.Millisecond {
+			t.Fatalf("delay after attempt 5 = %s, want within MaxInterval 3s and no lower than 3s - 50%%", d)
+		}
+	}
+}
+
+func TestPolicyValidateNamesTheField(t *testing.T) {
+	tests := []struct {
+		policy amqpretry.Policy
+		field  string
+	}{
+		{amqpretry.Policy{MaxAttempts: -1}, "MaxAttempts"},
+		{amqpretry.Policy{Delays: []time.Duration{time.Second, -time.Second}}, "Delays[1]"},
+		{amqpretry.Policy{InitialInterval: -time.Second}, "InitialInterval"},
+		{amqpretry.Policy{Multiplier: 0.5}, "Multiplier"},
+		{amqpretry.Policy{InitialInterval: time.Minute, MaxInterval: time.Second}, "MaxInterval"},
+		{amqpretry.Policy{Jitter: 1.5}, "Jitter"},
+		{amqpretry.Policy{Jitter: -0.1}, "Jitter"},
+		{amqpretry.Policy{Immediate: -1}, "Immediate"},
+		{amqpretry.Policy{ImmediateInterval: -time.Second}, "ImmediateInterval"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.field, func(t *testing.T) {
+			err := amqpretry.Config{Backend: delay.Memory, Memory: discard{}, Policy: tt.policy}.Validate()
+			if err == nil || !strings.Contains(err.Error(), "Policy: "+tt.field+":") {
+				t.Fatalf("Validate() = %v, want an error naming Policy: %s", err, tt.field)
+			}
+		})
+	}
+	// Several invalid fields: each is named.
+	err := amqpretry.Config{Backend: delay.Memory, Memory: discard{}, Policy: amqpretry.Policy{MaxAttempts: -1, Jitter: 2}}.Validate()
+	for _, field := range []string{"MaxAttempts", "Jitter"} {
+		if err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("Validate() = %v, does not name %s", err, field)
+		}
+	}
+	// NoJitter turns an invalid Jitter off.
+	if err := (amqpretry.Config{Backend: delay.Memory, Memory: discard{}, Policy: amqpretry.Policy{Jitter: 5, NoJitter: true}}).Validate(); err != nil {
+		t.Errorf("NoJitter with Jitter 5: %v", err)
+	}
+}
+
+// TestPolicyMustFitTheBackend: a policy whose longest delay the backend refuses is
+// refused up front, naming the delay; one the backend holds shorter is accepted.
+func TestPolicyMustFitTheBackend(t *testing.T) {
+	err := amqpretry.Config{Backend: delay.BinaryLevels, Levels: 4, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second, 20 * time.Second}}}.Validate()
+	if !errors.Is(err, delay.ErrDelayTooLong) || !strings.Contains(err.Error(), "Policy: longest delay 20s") {
+		t.Errorf("binary-levels with 4 levels and a 20s delay: %v", err)
+	}
+	if err := (amqpretry.Config{Policy: amqpretry.Policy{MaxInterval: 3 * time.Hour}}).Validate(); err != nil {
+		t.Errorf("ttl-tiers with delays past its longest tier: %v, want accepted (they come back early)", err)
+	}
+	err = amqpretry.Config{Backend: delay.DelayedRetry, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}, Jitter: 0.1}}.Validate()
+	for _, field := range []string{"Policy.Delays", "Policy.Jitter"} {
+		if err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("delayed-retry with a schedule: %v, does not name %s", err, field)
+		}
+	}
+}
+
+func TestAttempt(t *testing.T) {
+	for _, tt := range []struct {
+		value string
+		want  int
+	}{{"", 1}, {"1", 1}, {"4", 4}, {"0", 1}, {"-3", 1}, {"x", 1}} {
+		msg := message.NewMessage("u", nil)
+		if tt.value != "" {
+			msg.Metadata.Set(keys.Attempt, tt.value)
+		}
+		if got := amqpretry.Attempt(msg); got != tt.want {
+			t.Errorf("Attempt(%q) = %d, want %d", tt.value, got, tt.want)
+		}
+	}
+}
+
+func TestDecisionOf(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+		want amqpretry.Decision
+	}{
+		{"plain", errors.New("x"), amqpretry.Decision{}},
+		{"nil", nil, amqpretry.Decision{}},
+		{"permanent", fmt.Errorf("ctx: %w", amqpretry.Permanent(errors.New("bad input"))), amqpretry.Decision{Permanent: true}},
+		{"retry after", amqpretry.RetryAfter(errors.New("429"), 30*time.Second), amqpretry.Decision{Delay: 30 * time.Second}},
+		{"negative retry after", amqpretry.RetryAfter(errors.New("429"), -time.Second), amqpretry.Decision{}},
+		{"both", amqpretry.Permanent(amqpretry.RetryAfter(errors.New("x"), time.Second)), amqpretry.Decision{Permanent: true, Delay: time.Second}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := amqpretry.DecisionOf(tt.err); got != tt.want {
+				t.Errorf("DecisionOf = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+	if amqpretry.Permanent(nil) != nil || amqpretry.RetryAfter(nil, time.Second) != nil {
+		t.Error("marking a nil error must give nil")
+	}
+	inner := errors.New("inner")
+	if err := amqpretry.Permanent(inner); err.Error() != "inner" || !errors.Is(err, inner) {
+		t.Errorf("Permanent hides its error: %v", err)
+	}
+	if err := amqpretry.RetryAfter(inner, time.Second); err.Error() != "inner" || !errors.Is(err, inner) {
+		t.Errorf("RetryAfter hides its error: %v", err)
+	}
+}
+
+// TestConfigValidateNamesTheField: every invalid field of the Config is named, the
+// topology mode among them (once topology.ParseMode's test).
+func TestConfigValidateNamesTheField(t *testing.T) {
+	err := amqpretry.Config{
+		Topology: "passive", Backend: "rabbit", PoisonQueue: strings.Repeat("p", 256), DelayedRetries: -1,
+		ConfirmTimeout: -time.Second, HandoffAttempts: -1,
+	}.Validate()
+	for _, want := range []string{
+		`Topology: unknown mode "passive" (known: declare, verify, none)`, `Backend: unknown backend "rabbit"`,
+		"PoisonQueue:", "DelayedRetries: -1 is negative", "ConfirmTimeout:", "HandoffAttempts:",
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() = %v, does not say %q", err, want)
+		}
+	}
+	for _, mode := range []string{"", "declare", "verify", "none"} {
+		if err := (amqpretry.Config{Topology: topology.Mode(mode)}).Validate(); err != nil {
+			t.Errorf("mode %q: %v", mode, err)
+		}
+	}
+}
