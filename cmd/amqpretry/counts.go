@@ -74,7 +74,7 @@ func rabbitmqctlCounts(words []string, uri string, timeout time.Duration) counts
 }
 
 // ctlStatus reads the file descriptors and sockets from rabbitmqctl status JSON: its
-// file_descriptors (RabbitMQ 3.x), or, where RabbitMQ no longer reports them (4.0+),
+// file_descriptors (RabbitMQ 3.x), or, where RabbitMQ no longer counts them (4.0+),
 // /proc/<pid> of the broker when this host can see it. It returns the node's AMQP
 // ports.
 func ctlStatus(out []byte, c *ops.BrokerCounts) (ports []int, err error) {
@@ -102,11 +102,12 @@ func ctlStatus(out []byte, c *ops.BrokerCounts) (ports []int, err error) {
 			ports = append(ports, l.Port)
 		}
 	}
-	if st.FD != nil {
+	if st.FD != nil && st.FD.TotalUsed > 0 {
 		c.FileDescriptors, c.FileDescriptorLimit = st.FD.TotalUsed, st.FD.TotalLimit
 		c.Sockets, c.SocketLimit = st.FD.SocketsUsed, st.FD.SocketsLimit
 		return ports, nil
 	}
+	// 4.0 prints the section with 0 used (it no longer counts them), 4.3 omits it.
 	if pid, err := strconv.Atoi(strings.Trim(fmt.Sprint(st.PID), `"`)); err == nil && pid > 0 {
 		procFDs(pid, c) // else unknown: the limits stay 0
 	}

@@ -3,12 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -215,11 +217,23 @@ func TestCountsFromRabbitmqctlStatus(t *testing.T) {
 	if err != nil || c.FileDescriptors != 18 || c.FileDescriptorLimit != 927 || c.Sockets != 4 || c.SocketLimit != 832 || !slices.Equal(ports, []int{5672}) {
 		t.Errorf("ctlStatus: %v %+v %v", err, c, ports)
 	}
-	c = ops.BrokerCounts{}
-	if _, err := ctlStatus([]byte(`{"pid":999999999}`), &c); err != nil || c.FileDescriptorLimit != 0 {
-		t.Errorf("4.x status of a process this host cannot see: %v %+v", err, c)
+	for _, status := range []string{
+		`{"pid":999999999}`, // 4.3: no section
+		`{"pid":999999999,"file_descriptors":{"sockets_limit":0,"sockets_used":0,"total_limit":19903,"total_used":0}}`, // 4.0.5: not counted
+	} {
+		c = ops.BrokerCounts{}
+		if _, err := ctlStatus([]byte(status), &c); err != nil || c.FileDescriptors != 0 || c.FileDescriptorLimit != 0 {
+			t.Errorf("4.x status %s of a process this host cannot see: %v %+v (want unknown: 0 of 0)", status, err, c)
+		}
 	}
-
+	self := fmt.Sprintf(`{"pid":%d,"file_descriptors":{"sockets_limit":0,"sockets_used":0,"total_limit":19903,"total_used":0}}`, os.Getpid())
+	c = ops.BrokerCounts{}
+	if _, err := ctlStatus([]byte(self), &c); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat("/proc/self/fd"); err == nil && (c.FileDescriptors <= 0 || c.FileDescriptorLimit <= 0) {
+		t.Errorf("4.0.5 status of a process /proc shows: %+v, want its open files", c)
+	}
 }
 
 // TestManagementCounts: the management API's queues and nodes, read with the URI's
