@@ -21,6 +21,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/amqp1/internal/noloss1"
+	"github.com/amqpretry/amqpretry/internal/noloss/fates"
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
@@ -83,10 +84,10 @@ func TestNoLoss(t *testing.T) {
 	declareQueue(t, r.work, "quorum", nil) // as the consumer's Subscribers declare it
 	declareQueue(t, r.results, "quorum", nil)
 	r.uuids = make([]string, r.n)
-	r.fates = make(map[string]noloss1.Fate, r.n)
+	r.fates = make(map[string]fates.Fate, r.n)
 	for i := range r.uuids {
 		r.uuids[i] = watermill.NewUUID()
-		r.fates[r.uuids[i]] = noloss1.FateFor(i)
+		r.fates[r.uuids[i]] = fates.For(i)
 	}
 	r.bin = buildNolossConsumer(t)
 	r.logPath = filepath.Join(t.TempDir(), "consumer.log")
@@ -131,7 +132,7 @@ type nolossRun struct {
 
 	work, results, poison string
 	uuids                 []string
-	fates                 map[string]noloss1.Fate
+	fates                 map[string]fates.Fate
 	pub                   *Publisher
 	consumer              *nolossConsumer
 	faults                []nolossFaultRecord
@@ -280,7 +281,7 @@ func (r *nolossRun) publish(lo, hi int) {
 	for i := lo; i < hi; i += 100 {
 		var msgs []*message.Message
 		for j := i; j < min(i+100, hi); j++ {
-			msgs = append(msgs, message.NewMessage(r.uuids[j], noloss1.Payload(j)))
+			msgs = append(msgs, message.NewMessage(r.uuids[j], fates.Payload(j)))
 		}
 		if err := r.pub.Publish(r.work, msgs...); err != nil {
 			r.fatal("publish messages %d..%d: %v", i, min(i+100, hi)-1, err)
@@ -386,7 +387,7 @@ func (r *nolossRun) awaitWaitingRetries(lo, hi int) int {
 	r.t.Helper()
 	want := 0
 	for i := lo; i < hi; i++ {
-		if r.fates[r.uuids[i]] == noloss1.FateTransient {
+		if r.fates[r.uuids[i]] == fates.Transient {
 			want++
 		}
 	}
@@ -618,15 +619,15 @@ func (r *nolossRun) finish() {
 	}
 	for _, id := range r.uuids {
 		switch fate := r.fates[id]; {
-		case fate == noloss1.FatePermanent && len(r.records[id]) > 0:
+		case fate == fates.Permanent && len(r.records[id]) > 0:
 			t.Errorf("%s (permanent) was handled", id)
-		case fate != noloss1.FatePermanent && len(r.poisoned[id]) > 0:
+		case fate != fates.Permanent && len(r.poisoned[id]) > 0:
 			t.Errorf("%s (%s) was poisoned: %v", id, fate, r.poisoned[id])
-		case fate == noloss1.FatePermanent && len(r.poisoned[id]) > 0 && r.poisoned[id][0] != string(middleware.ReasonPermanent):
+		case fate == fates.Permanent && len(r.poisoned[id]) > 0 && r.poisoned[id][0] != string(middleware.ReasonPermanent):
 			t.Errorf("%s (permanent) poisoned with reason %q", id, r.poisoned[id][0])
 		}
 		for _, rec := range r.records[id] {
-			if r.fates[id] == noloss1.FateTransient && rec.attempt <= noloss1.Failures {
+			if r.fates[id] == fates.Transient && rec.attempt <= noloss1.Failures {
 				t.Errorf("%s (transient) handled on attempt %d", id, rec.attempt)
 			}
 		}

@@ -3,7 +3,6 @@ package amqp1
 import (
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/retry"
+	"github.com/amqpretry/amqpretry/internal/wire"
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
@@ -91,7 +91,7 @@ const defaultDeliveryLimit = 20
 func deliveryLimitFits(args map[string]any, maxAttempts int) error {
 	limit, set := int64(defaultDeliveryLimit), false
 	if v, ok := args["x-delivery-limit"]; ok {
-		n, isInt := integer(v)
+		n, isInt := wire.Integer(v)
 		if !isInt {
 			return fmt.Errorf("Subscriber: Queue.Arguments: x-delivery-limit %v of type %T: want an integer", v, v)
 		}
@@ -106,32 +106,6 @@ func deliveryLimitFits(args map[string]any, maxAttempts int) error {
 	}
 	return fmt.Errorf("Policy.MaxAttempts: %d is above %s: the broker would dead-letter or drop a message after that many failed deliveries, before its last attempt; lower MaxAttempts or set Queue.Arguments[\"x-delivery-limit\"] to at least %d (-1: no limit)",
 		maxAttempts, where, maxAttempts)
-}
-
-func integer(v any) (int64, bool) {
-	switch n := v.(type) {
-	case int:
-		return int64(n), true
-	case int8:
-		return int64(n), true
-	case int16:
-		return int64(n), true
-	case int32:
-		return int64(n), true
-	case int64:
-		return n, true
-	case uint8:
-		return int64(n), true
-	case uint16:
-		return int64(n), true
-	case uint32:
-		return int64(n), true
-	case uint64:
-		if n <= math.MaxInt64 {
-			return int64(n), true
-		}
-	}
-	return 0, false
 }
 
 // handoffProperties are the client properties of the poison queue's AMQP 0-9-1

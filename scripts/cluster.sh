@@ -268,16 +268,7 @@ stop() {
   for n in "${pids[@]}"; do wait "$n" || true; done
   # The cluster's epmd, on its own port inside the chroot, never another node's.
   select_node 1
-  if [ -n "$(chroot_pids_with "ERL_EPMD_PORT=$EPMD_PORT")" ]; then
-    as_rabbitmq epmd -kill >/dev/null 2>&1 || true
-  fi
-  local i p
-  for i in $(seq 40); do
-    [ -z "$(chroot_pids_with "ERL_EPMD_PORT=$EPMD_PORT")" ] && break
-    if [ "$i" = 20 ]; then for p in $(chroot_pids_with "ERL_EPMD_PORT=$EPMD_PORT"); do kill "$p" 2>/dev/null || true; done; fi
-    if [ "$i" = 40 ]; then for p in $(chroot_pids_with "ERL_EPMD_PORT=$EPMD_PORT"); do kill -9 "$p" 2>/dev/null || true; done; fi
-    sleep 0.5
-  done
+  stop_epmd
   unmount_if_idle
   log "stopped; data stays in $ROOT$BASE (remove it for a new cluster)"
 }

@@ -144,19 +144,9 @@ stop() {
     log "stopping $NODE"
     ctl -q stop >/dev/null || true
   fi
-  # Its epmd, found on its own port inside the chroot, never the machine's nor the
-  # cluster's.
-  if [ -f "$ROOT/$READY" ] && [ -n "$(chroot_pids_with "ERL_EPMD_PORT=$EPMD_PORT")" ]; then
-    as_rabbitmq epmd -kill >/dev/null 2>&1 || true
-  fi
-  # What is left of this node's processes (by the epmd port in their environment).
-  local i p
-  for i in $(seq 40); do
-    [ -z "$(chroot_pids_with "ERL_EPMD_PORT=$EPMD_PORT")" ] && break
-    if [ "$i" = 20 ]; then for p in $(chroot_pids_with "ERL_EPMD_PORT=$EPMD_PORT"); do kill "$p" 2>/dev/null || true; done; fi
-    if [ "$i" = 40 ]; then for p in $(chroot_pids_with "ERL_EPMD_PORT=$EPMD_PORT"); do kill -9 "$p" 2>/dev/null || true; done; fi
-    sleep 0.5
-  done
+  # Its epmd and what is left of its processes, found by its own epmd port inside the
+  # chroot, never the machine's nor the cluster's.
+  if [ -f "$ROOT/$READY" ]; then stop_epmd; fi
   unmount_if_idle
   log "stopped; the chroot stays at $ROOT (remove it with: rm -rf --one-file-system $ROOT)"
 }

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/amqpretry/amqpretry/internal/redact"
 	"github.com/amqpretry/amqpretry/ops"
 )
@@ -33,7 +35,8 @@ const ctlWaitDelay = 5 * time.Second
 // sockets. Each run is bounded by timeout; on timeout its whole process group is
 // killed (a wrapper such as scripts/rabbitmq4.sh runs rabbitmqctl in a child).
 func rabbitmqctlCounts(words []string, uri string, timeout time.Duration) countsFunc {
-	vhost, port := vhost(uri), uriPort(uri)
+	u, _ := amqp.ParseURI(uri) // one that does not parse fails to dial first
+	vhost, port := u.Vhost, u.Port
 	return func(ctx context.Context) (ops.BrokerCounts, error) {
 		c := ops.BrokerCounts{Messages: map[string]int{}, Ready: map[string]int{}, Unacked: map[string]int{}}
 		// status first: it tells which node the command reaches, which must be the
@@ -112,21 +115,6 @@ func ctlStatus(out []byte, c *ops.BrokerCounts) (ports []int, err error) {
 		procFDs(pid, c) // else unknown: the limits stay 0
 	}
 	return ports, nil
-}
-
-// uriPort returns the port of an AMQP URI, with the scheme's default.
-func uriPort(uri string) int {
-	u, err := url.Parse(uri)
-	if err != nil {
-		return 0
-	}
-	if p, err := strconv.Atoi(u.Port()); err == nil {
-		return p
-	}
-	if u.Scheme == "amqps" {
-		return 5671
-	}
-	return 5672
 }
 
 // procFDs counts the open files and sockets of process pid and reads its soft limit of

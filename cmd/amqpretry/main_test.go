@@ -248,7 +248,12 @@ func TestPoisonListShowDryRun(t *testing.T) {
 		}
 	}
 	code, out, _ = e.run("poison", "list", "--json")
-	var l listJSON
+	var l struct { // the keys a script reads: snake_case throughout
+		Messages []struct {
+			UUID   string `json:"uuid"`
+			Reason string `json:"reason"`
+		} `json:"messages"`
+	}
 	if err := json.Unmarshal([]byte(out), &l); err != nil || code != exitOK || len(l.Messages) != 4 || l.Messages[0].UUID != "m0000" || l.Messages[3].UUID != "m0003" || l.Messages[0].Reason != "max-attempts" {
 		t.Errorf("list --json after dry runs: %v\n%s", err, out)
 	}

@@ -98,7 +98,7 @@ func (a *app) listCmd(source ops.Source) *cobra.Command {
 				return err
 			}
 			if a.json {
-				return a.emit(listJSONOf(r))
+				return a.emit(r)
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			if source == ops.Parking {
@@ -164,7 +164,7 @@ failure envelope, every other header, and the payload.
 				return fmt.Errorf("no matching message in queue %q (%d scanned)", r.Queue, r.Scanned)
 			}
 			if a.json {
-				return a.emit(listJSONOf(r).Messages)
+				return a.emit(r.Messages)
 			}
 			for i, m := range r.Messages {
 				if i > 0 {
@@ -286,7 +286,7 @@ a progress bar on a terminal, a line of counts a second otherwise (stderr).
 				return err
 			}
 			if a.json {
-				if err := a.emit(moveJSONOf(r)); err != nil {
+				if err := a.emit(r); err != nil {
 					return err
 				}
 			} else {

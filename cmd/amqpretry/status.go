@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
 	"github.com/amqpretry/amqpretry"
@@ -159,11 +160,11 @@ func rabbitmqctlWords(flagValue, uri string) (words []string, explicit bool) {
 
 // vhost returns the virtual host a broker URI names ("/" when it names none).
 func vhost(uri string) string {
-	u, err := url.Parse(uri)
-	if err != nil || u.Path == "" || u.Path == "/" {
+	u, err := amqp.ParseURI(uri)
+	if err != nil {
 		return "/"
 	}
-	return strings.TrimPrefix(u.Path, "/")
+	return u.Vhost
 }
 
 func (a *app) printStatus(s ops.Status, cfg amqpretry.Config, queues []string, peek string, check, explicit bool) {

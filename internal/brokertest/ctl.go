@@ -6,15 +6,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"os/exec"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // CtlEnv names the command that runs rabbitmqctl against the broker at AMQP_URI, as
@@ -127,9 +127,9 @@ func checkNode(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("rabbitmqctl does not reach the broker: %w", err)
 	}
-	if want := uriPort(URI()); !slices.Contains(ports, want) {
+	if u, _ := amqp.ParseURI(URI()); !slices.Contains(ports, u.Port) {
 		return fmt.Errorf("%w: %q reaches a node listening for AMQP on %v, not on %d of AMQP_URI (%s); set %s to the rabbitmqctl command of the broker at AMQP_URI",
-			errOtherNode, strings.Join(words, " "), ports, want, Redact(URI()), CtlEnv)
+			errOtherNode, strings.Join(words, " "), ports, u.Port, Redact(URI()), CtlEnv)
 	}
 	checked.Store(key, true)
 	return nil
@@ -186,19 +186,4 @@ func ctlAMQPPorts(ctx context.Context) ([]int, error) {
 		}
 	}
 	return ports, nil
-}
-
-// uriPort returns the port of an AMQP URI, with the scheme's default.
-func uriPort(uri string) int {
-	u, err := url.Parse(uri)
-	if err != nil {
-		return 0
-	}
-	if p, err := strconv.Atoi(u.Port()); err == nil {
-		return p
-	}
-	if u.Scheme == "amqps" {
-		return 5671
-	}
-	return 5672
 }

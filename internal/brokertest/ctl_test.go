@@ -12,18 +12,6 @@ import (
 	"time"
 )
 
-func TestURIPort(t *testing.T) {
-	for uri, want := range map[string]int{
-		"amqp://guest:guest@127.0.0.1:5674/": 5674,
-		"amqp://guest:guest@127.0.0.1/":      5672,
-		"amqps://u:p@example.com/vhost":      5671,
-	} {
-		if got := uriPort(uri); got != want {
-			t.Errorf("uriPort(%q) = %d, want %d", uri, got, want)
-		}
-	}
-}
-
 // stopTB records how RequireRestart ended a test without ending this one.
 type stopTB struct {
 	testing.TB

@@ -40,8 +40,6 @@ package noloss
 import (
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -56,46 +54,6 @@ import (
 	"github.com/amqpretry/amqpretry/wamqp3"
 )
 
-// Fate is what the consumer's handler does with a message, read from the message's own
-// payload (never from the consumer's memory, which a SIGKILL wipes).
-type Fate string
-
-const (
-	// FateOK: handled on the first attempt.
-	FateOK Fate = "ok"
-	// FateTransient: the handler fails on the variant's first Failures attempts, then
-	// succeeds.
-	FateTransient Fate = "transient"
-	// FatePermanent: the handler returns amqpretry.Permanent; the message is poisoned.
-	FatePermanent Fate = "permanent"
-)
-
-// FateFor spreads the fates over message indexes: 1% permanent, 20% transient, the rest
-// ok.
-func FateFor(i int) Fate {
-	switch r := i % 100; {
-	case r == 0:
-		return FatePermanent
-	case r <= 20:
-		return FateTransient
-	default:
-		return FateOK
-	}
-}
-
-// Payload is the body of message i: its fate, then its index.
-func Payload(i int) []byte { return []byte(string(FateFor(i)) + " " + strconv.Itoa(i)) }
-
-// FateOf reads the fate from a payload made by Payload.
-func FateOf(payload []byte) (Fate, error) {
-	word, _, _ := strings.Cut(string(payload), " ")
-	switch f := Fate(word); f {
-	case FateOK, FateTransient, FatePermanent:
-		return f, nil
-	}
-	return "", fmt.Errorf("payload %q carries no fate", payload)
-}
-
 // Variant is one way of retrying that the test runs: a backend, and how many retries
 // RabbitMQ 4.3 holds in the work queue first.
 type Variant struct {
@@ -105,7 +63,7 @@ type Variant struct {
 	Backend string
 	// DelayedRetries is amqpretry.Config.DelayedRetries.
 	DelayedRetries int
-	// Failures is how many attempts of a FateTransient message fail: every retry of
+	// Failures is how many attempts of a fates.Transient message fail: every retry of
 	// the variant's stages is used (the two-stage form needs one more failure than
 	// the retries it holds in the work queue to reach its copying backend).
 	Failures int

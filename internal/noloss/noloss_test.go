@@ -25,6 +25,7 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/noloss"
+	"github.com/amqpretry/amqpretry/internal/noloss/fates"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/xdeath"
 )
@@ -358,7 +359,7 @@ type run struct {
 	allQueues, exchanges  []string // everything the run declared, deleted at its end
 
 	uuids     []string
-	fates     map[string]noloss.Fate
+	fates     map[string]fates.Fate
 	published map[int]bool // messages confirmed by a fault's own publish
 	consumer  *consumerProc
 	// resultsAtFault is how many records the results queue held after the last fault.
@@ -465,11 +466,11 @@ func newRun(g *group, v noloss.Variant) *run {
 		t.Fatalf("rabbitmqctl does not see queue %s, just declared on the broker under test: it drives another broker", r.results)
 	}
 
-	r.fates = make(map[string]noloss.Fate, r.n)
+	r.fates = make(map[string]fates.Fate, r.n)
 	for i := range r.n {
 		id := watermill.NewUUID()
 		r.uuids = append(r.uuids, id)
-		r.fates[id] = noloss.FateFor(i)
+		r.fates[id] = fates.For(i)
 	}
 	return r
 }
@@ -669,7 +670,7 @@ func (r *run) publishOnce(ctx context.Context, idx []int) (notConfirmed []int, e
 	returns := ch.NotifyReturn(make(chan amqp.Return, len(idx)))
 	confirms := make([]*amqp.DeferredConfirmation, len(idx))
 	for k, i := range idx {
-		msg := message.NewMessage(r.uuids[i], noloss.Payload(i))
+		msg := message.NewMessage(r.uuids[i], fates.Payload(i))
 		p, err := wamqp.DefaultMarshaler{}.Marshal(msg)
 		if err != nil {
 			return idx, err
@@ -706,7 +707,7 @@ func (r *run) publishOnce(ctx context.Context, idx []int) (notConfirmed []int, e
 func (r *run) awaitWaitingRetries(lo, hi int) int {
 	want := 0
 	for i := lo; i < hi; i++ {
-		if r.fates[r.uuids[i]] == noloss.FateTransient {
+		if r.fates[r.uuids[i]] == fates.Transient {
 			want++
 		}
 	}
@@ -923,25 +924,25 @@ func lens[V any](m map[string][]V) map[string]int {
 
 // problems lists outcomes that are not losses but are wrong: a message handled against
 // its fate, poisoned for another reason, or unknown to the run.
-func (a *account) problems(fates map[string]noloss.Fate, failures int) []string {
+func (a *account) problems(fateOf map[string]fates.Fate, failures int) []string {
 	var out []string
 	for id, recs := range a.handled {
 		first := slices.MinFunc(recs, func(a, b record) int { return a.attempt - b.attempt })
-		switch fate, ok := fates[id]; {
+		switch fate, ok := fateOf[id]; {
 		case !ok:
 			out = append(out, fmt.Sprintf("results hold an unknown message %s", id))
-		case fate == noloss.FatePermanent:
+		case fate == fates.Permanent:
 			out = append(out, fmt.Sprintf("message %s (fate permanent) was handled", id))
-		case fate == noloss.FateTransient && first.attempt <= failures:
+		case fate == fates.Transient && first.attempt <= failures:
 			out = append(out, fmt.Sprintf("message %s (fate transient) succeeded on attempt %d", id, first.attempt))
 		}
 	}
 	for id, reasons := range a.poisoned {
-		fate, ok := fates[id]
+		fate, ok := fateOf[id]
 		switch {
 		case !ok:
 			out = append(out, fmt.Sprintf("poison queue holds an unknown message %s", id))
-		case fate != noloss.FatePermanent:
+		case fate != fates.Permanent:
 			out = append(out, fmt.Sprintf("message %s (fate %s) was poisoned: %v", id, fate, reasons))
 		}
 		for _, reason := range reasons {
@@ -961,7 +962,7 @@ func (a *account) problems(fates map[string]noloss.Fate, failures int) []string 
 func (r *run) missing(a *account) []string {
 	var out []string
 	for _, id := range r.uuids {
-		if r.fates[id] == noloss.FatePermanent {
+		if r.fates[id] == fates.Permanent {
 			if !slices.Contains(a.poisoned[id], middleware.ReasonPermanent) {
 				out = append(out, id)
 			}

@@ -155,6 +155,21 @@ node_vm_pids() {
   done
 }
 
+# stop_epmd: kills the epmd on EPMD_PORT inside the chroot, then what is left of the
+# processes with that port in their environment (TERM after 10 s, KILL after 20 s).
+stop_epmd() {
+  if [ -n "$(chroot_pids_with "ERL_EPMD_PORT=$EPMD_PORT")" ]; then
+    as_rabbitmq epmd -kill >/dev/null 2>&1 || true
+  fi
+  local i p
+  for i in $(seq 40); do
+    [ -z "$(chroot_pids_with "ERL_EPMD_PORT=$EPMD_PORT")" ] && break
+    if [ "$i" = 20 ]; then for p in $(chroot_pids_with "ERL_EPMD_PORT=$EPMD_PORT"); do kill "$p" 2>/dev/null || true; done; fi
+    if [ "$i" = 40 ]; then for p in $(chroot_pids_with "ERL_EPMD_PORT=$EPMD_PORT"); do kill -9 "$p" 2>/dev/null || true; done; fi
+    sleep 0.5
+  done
+}
+
 # Unmounts what start mounted, unless some process still runs in the chroot (another
 # node of it).
 unmount_if_idle() {

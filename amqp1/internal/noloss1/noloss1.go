@@ -1,30 +1,12 @@
 // Package noloss1 is what the no-loss test of the delivery-time backend (amqp1's
-// TestNoLoss) and its consumer program (../nolosscons) share: the fate of each message,
-// the names of a run's queues and of the record the consumer writes per handled
-// message.
+// TestNoLoss) and its consumer program (../nolosscons) share, beside each message's
+// fate (internal/noloss/fates): the names of a run's queues and of the record the
+// consumer writes per handled message.
 package noloss1
 
-import (
-	"fmt"
-	"strconv"
-	"strings"
-	"time"
-)
+import "time"
 
-// Fate is what the consumer's handler does with a message, read from the message's own
-// payload (never from the consumer's memory, which a SIGKILL wipes).
-type Fate string
-
-const (
-	// FateOK: handled on the first attempt.
-	FateOK Fate = "ok"
-	// FateTransient: the handler fails on attempts 1 to Failures, then succeeds.
-	FateTransient Fate = "transient"
-	// FatePermanent: the handler returns amqpretry.Permanent; the message is poisoned.
-	FatePermanent Fate = "permanent"
-)
-
-// Failures is how many attempts of a FateTransient message fail.
+// Failures is how many attempts of a fates.Transient message fail.
 const Failures = 2
 
 // RetryDelay is the policy's delay before every retry: long enough for the test to see
@@ -36,32 +18,6 @@ const RetryDelay = 10 * time.Second
 // count a lost connection adds to the deliveries it held (a quorum queue counts those
 // as failed deliveries).
 const MaxAttempts = 10
-
-// FateFor spreads the fates over message indexes: 1% permanent, 20% transient, the rest
-// ok.
-func FateFor(i int) Fate {
-	switch r := i % 100; {
-	case r == 0:
-		return FatePermanent
-	case r <= 20:
-		return FateTransient
-	default:
-		return FateOK
-	}
-}
-
-// Payload is the body of message i: its fate, then its index.
-func Payload(i int) []byte { return []byte(string(FateFor(i)) + " " + strconv.Itoa(i)) }
-
-// FateOf reads the fate from a payload made by Payload.
-func FateOf(payload []byte) (Fate, error) {
-	word, _, _ := strings.Cut(string(payload), " ")
-	switch f := Fate(word); f {
-	case FateOK, FateTransient, FatePermanent:
-		return f, nil
-	}
-	return "", fmt.Errorf("payload %q carries no fate", payload)
-}
 
 // Queues of a run: the work queue the consumer's handlers consume, the results queue
 // its records go to, the poison queue of the Retry (Config.Prefix is the prefix).

@@ -2,7 +2,7 @@
 // backend (amqp1's TestNoLoss). It wires amqp1.NewRetry the way the README says
 // (Retry.AddHandler: a Subscriber from SubscriberConfig() with the Middleware on the
 // handler) and handles a run's work queue: each message's fate is read from its payload
-// (noloss1.FateOf): 20% fail on their first two attempts then succeed, 1% fail with
+// (fates.Of): 20% fail on their first two attempts then succeed, 1% fail with
 // amqpretry.Permanent (poisoned), the rest succeed. Every message handled successfully
 // is recorded, before the handler returns nil, by a message with its UUID that the
 // broker has accepted (amqp1.Publisher: the publish returns once the broker took it) in
@@ -33,6 +33,7 @@ import (
 	"github.com/amqpretry/amqpretry/amqp1"
 	"github.com/amqpretry/amqpretry/amqp1/internal/noloss1"
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/noloss/fates"
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
@@ -111,15 +112,15 @@ var errTransient = errors.New("noloss: transient failure (by the message's fate)
 
 func (c *consumer) handle(msg *message.Message) error {
 	arrived := time.Now()
-	fate, err := noloss1.FateOf(msg.Payload)
+	fate, err := fates.Of(msg.Payload)
 	if err != nil {
 		return amqpretry.Permanent(err)
 	}
 	attempt := amqpretry.Attempt(msg)
 	switch {
-	case fate == noloss1.FatePermanent:
+	case fate == fates.Permanent:
 		return amqpretry.Permanent(errors.New("noloss: permanent failure (by the message's fate)"))
-	case fate == noloss1.FateTransient && attempt <= noloss1.Failures:
+	case fate == fates.Transient && attempt <= noloss1.Failures:
 		if attempt == 1 && c.sabotage > 0 && c.dropped.Add(1) <= c.sabotage {
 			c.logger.Error("SABOTAGE: acking a message without recording it", nil, watermill.LogFields{"message_uuid": msg.UUID})
 			return nil

@@ -380,20 +380,31 @@ func deleteQueues(queues ...string) {
 	}
 }
 
+// confirmChannel opens a connection to uri and a channel on it in confirm mode; closing
+// the connection closes both.
+func confirmChannel() (*amqp091.Connection, *amqp091.Channel, error) {
+	conn, err := amqp091.Dial(uri)
+	if err != nil {
+		return nil, nil, err
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.Confirm(false)
+	}
+	if err != nil {
+		conn.Close()
+		return nil, nil, err
+	}
+	return conn, ch, nil
+}
+
 // prefill publishes n messages to queue, confirmed; payload(i) is message i's body.
 func prefill(queue string, n int, payload func(i int) []byte) error {
-	conn, err := amqp091.Dial(uri)
+	conn, ch, err := confirmChannel()
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	if err := ch.Confirm(false); err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var pending []*amqp091.DeferredConfirmation
@@ -640,18 +651,11 @@ func percentiles(ds []time.Duration) func(q int) float64 {
 // trickle publishes n messages to queue, per at a time every pause, each confirmed;
 // message i's body is its index.
 func trickle(ctx context.Context, queue string, n, per int, pause time.Duration) error {
-	conn, err := amqp091.Dial(uri)
+	conn, ch, err := confirmChannel()
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	if err := ch.Confirm(false); err != nil {
-		return err
-	}
 	next := time.Now()
 	for i := 0; i < n; {
 		for j := 0; j < per && i < n; j, i = j+1, i+1 {
@@ -776,18 +780,11 @@ func throughput(sc, variant string, credit, n int) (float64, error) {
 		if err := cons.Qos(credit, 0, false); err != nil {
 			return 0, err
 		}
-		pubConn, err := amqp091.Dial(uri)
+		pubConn, pub, err := confirmChannel()
 		if err != nil {
 			return 0, err
 		}
 		defer pubConn.Close()
-		pub, err := pubConn.Channel()
-		if err != nil {
-			return 0, err
-		}
-		if err := pub.Confirm(false); err != nil {
-			return 0, err
-		}
 		deliveries, err := cons.Consume(queue, "", false, false, false, false, nil)
 		if err != nil {
 			return 0, err

@@ -2,7 +2,7 @@
 // wires amqpretry the way the README says (wamqp3.New, or wamqp2.New with
 // AMQPRETRY_NOLOSS_MAJOR=2, then Retry.AddHandler: a subscriber from SubscriberConfig
 // with the Middleware on the handler) and handles the work queue of a run: each
-// message's fate is read from its payload (noloss.FateOf), and every message handled
+// message's fate is read from its payload (fates.Of), and every message handled
 // successfully is recorded, before the handler returns nil, by a persistent message
 // with its UUID published with a publisher confirm to the run's results queue. A record
 // whose delivery's ack is then lost (SIGKILL, a closed connection, a node gone) shows up
@@ -36,6 +36,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/noloss"
+	"github.com/amqpretry/amqpretry/internal/noloss/fates"
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
@@ -126,7 +127,7 @@ var errTransient = errors.New("noloss: transient failure (by the message's fate)
 
 func (c *consumer) handle(msg *message.Message) error {
 	arrived := time.Now()
-	fate, err := noloss.FateOf(msg.Payload)
+	fate, err := fates.Of(msg.Payload)
 	if err != nil {
 		return amqpretry.Permanent(err)
 	}
@@ -143,9 +144,9 @@ func (c *consumer) handle(msg *message.Message) error {
 	delete(c.hops, msg.UUID)
 	c.mu.Unlock()
 	switch {
-	case fate == noloss.FatePermanent:
+	case fate == fates.Permanent:
 		return amqpretry.Permanent(errors.New("noloss: permanent failure (by the message's fate)"))
-	case fate == noloss.FateTransient && attempt <= c.variant.Failures:
+	case fate == fates.Transient && attempt <= c.variant.Failures:
 		if attempt == 1 && c.sabotage > 0 && c.dropped.Add(1) <= c.sabotage {
 			c.logger.Error("SABOTAGE: acking a message without handing it off or recording it", nil, watermill.LogFields{"message_uuid": msg.UUID})
 			return nil
