@@ -275,6 +275,10 @@ if [ "$RABBITMQ4" = 1 ]; then
       quickstart "RabbitMQ 4.3" "$uri" DELAY_BACKEND=delayed-retry
       quickstart "RabbitMQ 4.3" "$uri" DELAY_BACKEND=ttl-tiers DELAYED_RETRIES=2 WATERMILL_AMQP=2
       quickstart "RabbitMQ 4.3" "$uri" DELAY_BACKEND=delivery-time
+      # Faults that make watermill-amqp reconnect: its ConnectionWrapper races with
+      # itself, so the race detector stays off for these (internal/gluetest/race.go).
+      step "retries held in the work queue through connection loss and a broker restart, both majors (without -race)"
+      AMQP_URI=$uri AMQPRETRY_RABBITMQCTL=$ctl go test -count=1 -timeout 10m -run '^TestSuite$/^DelayedRetryWaitsThroughFaults$' ./wamqp3 ./wamqp2
       step "amqp1 module (AMQP 1.0): go test -race on RabbitMQ 4.3"
       (cd amqp1 && AMQP1_URI=$uri AMQP1_URI_40=$uri40 AMQP1_RABBITMQCTL="$ctl" AMQPRETRY_RABBITMQCTL="$ctl" go test -race -count=1 -timeout 20m ./...)
     fi

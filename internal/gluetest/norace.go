@@ -1,0 +1,5 @@
+//go:build !race
+
+package gluetest
+
+const raceEnabled = false
