@@ -834,6 +834,64 @@ func TestStatusNearLimit(t *testing.T) {
 	}
 }
 
+// TestUnderReplicated (issue 20): a quorum queue with fewer members online than it has
+// is flagged by Status and reported by Verify; one with all its members online is not.
+// The members come from a Counts of the test's own (three members, one of the poison
+// queue's down); the command's TestStatusCounts reads real ones through rabbitmqctl, and
+// the cluster no-loss test with a node down.
+func TestUnderReplicated(t *testing.T) {
+	r := newRig(t)
+	r.apply()
+	plan, err := r.cfg.Retry.Plan(r.queues...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	poison := r.prefix + ".poison"
+	for _, down := range []int{0, 1} {
+		counts := func(context.Context) (ops.BrokerCounts, error) {
+			c := ops.BrokerCounts{Members: map[string]int{}, Online: map[string]int{}}
+			for _, q := range plan.Queues {
+				c.Members[q.Name], c.Online[q.Name] = 3, 3
+			}
+			c.Online[poison] -= down
+			return c, nil
+		}
+		s, err := r.ops.Status(context.Background(), ops.StatusOptions{Counts: counts})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var flagged []ops.Flag
+		for _, f := range s.Flags {
+			if f.Kind == ops.FlagUnderReplicated {
+				flagged = append(flagged, f)
+			}
+		}
+		want := []ops.Flag{{Kind: ops.FlagUnderReplicated, Name: poison, Role: "poison", Count: 2, Limit: 3}}
+		if down == 0 {
+			want = nil
+		}
+		if !slices.Equal(flagged, want) {
+			t.Errorf("%d member down: flags %+v, want %+v", down, flagged, want)
+		}
+		findings, err := r.ops.Verify(context.Background(), ops.VerifyOptions{Counts: counts}, r.queues...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range findings {
+			if f.Kind != "queue" {
+				continue
+			}
+			online := 3
+			if f.Name == poison {
+				online -= down
+			}
+			if f.Members != 3 || f.Online != online {
+				t.Errorf("%d member down: verify of %s reports %d of %d members online, want %d of 3", down, f.Name, f.Online, f.Members, online)
+			}
+		}
+	}
+}
+
 // TestStatusDelayedExchange: the plugin is known only from the backend's own
 // exchange; a broker that cannot run it (4.3+) is flagged so.
 func TestStatusDelayedExchange(t *testing.T) {
@@ -844,7 +902,7 @@ func TestStatusDelayedExchange(t *testing.T) {
 	}
 	want := ops.Flag{Kind: ops.FlagMissing, Name: r.prefix + ".delayed", Role: "exchange"}
 	if version.NoPlugins(s.Broker) {
-		want = ops.Flag{Kind: ops.FlagPluginMissing, Name: "rabbitmq_delayed_message_exchange"}
+		want = ops.Flag{Kind: ops.FlagMissing, Name: "rabbitmq_delayed_message_exchange", Role: "plugin"}
 	}
 	if s.DelayedExchange || !slices.Contains(s.Flags, want) {
 		t.Errorf("status on RabbitMQ %s: %+v, want flag %+v", s.Broker, s, want)

@@ -57,6 +57,10 @@ type BrokerCounts struct {
 	// What Messages counts beyond the other two is held aside: for dead lettering
 	// (quorum queues, at-least-once) or for delayed retry (RabbitMQ 4.3).
 	Messages, Ready, Unacked map[string]int
+	// Members and Online count, by queue name, each quorum queue's members and those
+	// of them online (rabbitmqctl list_queues members online); a queue of another type
+	// is absent. Fewer online than members: a node is down, or a member has not started.
+	Members, Online map[string]int
 	// FileDescriptors and Sockets the broker uses, and their limits; a limit of 0 is
 	// unknown (RabbitMQ 4.0 and later report neither in rabbitmqctl status).
 	FileDescriptors, FileDescriptorLimit int
@@ -87,6 +91,10 @@ type QueueStatus struct {
 	Unacked  int  `json:"unacked"`
 	Backlog  int  `json:"backlog"`
 	Held     int  `json:"held"`
+	// Members and Online, for a quorum queue the counts include: its members and those
+	// online (FlagUnderReplicated when fewer).
+	Members int `json:"members,omitempty"`
+	Online  int `json:"members_online,omitempty"`
 	// Peeked tells whether messages were read: the head of a delay queue, every message
 	// of a parking or poison queue (unless it holds over 1,000). When one carries a
 	// time, AgeKnown is set and OldestAge is the age of the oldest (since it was handed
@@ -139,7 +147,8 @@ type FlagKind string
 const (
 	// FlagMissing: a queue (Flag.Role delay, parking, poison or work) or the
 	// delayed-exchange backend's exchange (Role "exchange") does not exist: not
-	// applied yet, or deleted.
+	// applied yet, or deleted; or (Role "plugin") the broker cannot run the
+	// rabbitmq_delayed_message_exchange plugin that backend needs (RabbitMQ 4.3+).
 	FlagMissing FlagKind = "missing"
 	// FlagStuck: dead lettering out of a delay queue has stalled: its head is
 	// Flag.Late past its due time, or Flag.Count expired messages waiting to be
@@ -152,9 +161,10 @@ const (
 	// FlagConsumed: a delay queue has Flag.Count consumers: a delivered message never
 	// expires.
 	FlagConsumed FlagKind = "consumed"
-	// FlagPluginMissing: the delayed-exchange backend on a broker that cannot run the
-	// rabbitmq_delayed_message_exchange plugin (RabbitMQ 4.3 and later).
-	FlagPluginMissing FlagKind = "plugin-missing"
+	// FlagUnderReplicated: a quorum queue has Flag.Count of its Flag.Limit members
+	// online: a node is down or its member has not started. It works while a majority
+	// is online, and stalls (nothing lost) without one.
+	FlagUnderReplicated FlagKind = "under-replicated"
 	// FlagNearLimit: the broker uses Flag.Count of its Flag.Limit file descriptors
 	// (Name "file_descriptors") or sockets (Name "sockets"), 80% or more: past the
 	// limit every new connection hangs in its handshake (on RabbitMQ 3.x each quorum
@@ -165,15 +175,16 @@ const (
 // Flag is one thing Status found that needs attention.
 type Flag struct {
 	Kind FlagKind `json:"kind"`
-	// Name is the queue or exchange flagged; for FlagPluginMissing the plugin; for
-	// FlagNearLimit "file_descriptors" or "sockets".
+	// Name is the queue, exchange or plugin flagged; for FlagNearLimit
+	// "file_descriptors" or "sockets".
 	Name string `json:"name"`
-	// Role of the queue (QueueStatus.Role), or "exchange".
+	// Role of the queue (QueueStatus.Role), or "exchange" or "plugin".
 	Role string `json:"role,omitempty"`
 	// Count: the messages parked, the consumers, the messages stuck waiting to be
-	// dead-lettered, or the file descriptors or sockets used.
+	// dead-lettered, the members online, or the file descriptors or sockets used.
 	Count int `json:"count,omitempty"`
-	// Limit: the broker's limit (FlagNearLimit).
+	// Limit: the broker's limit (FlagNearLimit), or the queue's members
+	// (FlagUnderReplicated).
 	Limit int `json:"limit,omitempty"`
 	// Late: how far past its due time a stuck delay queue's head is.
 	Late time.Duration `json:"late_ns,omitempty"`
@@ -205,7 +216,7 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 
 	if o.retry.Backend == delay.DelayedExchange {
 		if version.NoPlugins(v) {
-			flag(Flag{Kind: FlagPluginMissing, Name: "rabbitmq_delayed_message_exchange"})
+			flag(Flag{Kind: FlagMissing, Name: "rabbitmq_delayed_message_exchange", Role: "plugin"})
 		}
 		// Only the backend's own exchange tells: its passive declaration.
 		ok, err := o.exchangeExists(o.names.Delayed(), declare.ExchangeDelayedMessage)
@@ -252,6 +263,7 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 		if qs.Consumers > 0 {
 			flag(Flag{Kind: FlagConsumed, Name: qs.Name, Role: qs.Role, Count: qs.Consumers})
 		}
+		underReplicated(qs, flag)
 		s.Queues = append(s.Queues, qs)
 	}
 	var others []QueueStatus
@@ -282,6 +294,7 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 		case qs.Role == "parking" && qs.Ready > 0:
 			flag(Flag{Kind: FlagParked, Name: qs.Name, Role: qs.Role, Count: qs.Ready})
 		}
+		underReplicated(qs, flag)
 		s.Queues = append(s.Queues, qs)
 	}
 	for _, r := range []struct {
@@ -295,14 +308,22 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 	return s, nil
 }
 
+// underReplicated flags qs if fewer of its members are online than it has.
+func underReplicated(qs QueueStatus, flag func(Flag)) {
+	if qs.Exists && qs.Online < qs.Members {
+		flag(Flag{Kind: FlagUnderReplicated, Name: qs.Name, Role: qs.Role, Count: qs.Online, Limit: qs.Members})
+	}
+}
+
 // queueCounts are one queue's counts in a BrokerCounts.
-type queueCounts struct{ messages, ready, unacked int }
+type queueCounts struct{ messages, ready, unacked, members, online int }
 
 // aside is what the queue holds beyond ready and unacked messages.
 func (c queueCounts) aside() int { return max(c.messages-c.ready-c.unacked, 0) }
 
 func count(qs *QueueStatus, c queueCounts) {
 	qs.Counted, qs.Messages, qs.Unacked = true, c.messages, c.unacked
+	qs.Members, qs.Online = c.members, c.online
 }
 
 // backlogSample is one queue's counts over two samples.
@@ -325,8 +346,10 @@ func (o *Ops) sample(ctx context.Context, opts StatusOptions, s *Status) (map[st
 	s.FileDescriptors, s.FileDescriptorLimit = first.FileDescriptors, first.FileDescriptorLimit
 	s.Sockets, s.SocketLimit = first.Sockets, first.SocketLimit
 	out := map[string]backlogSample{}
-	for name := range first.Messages {
-		out[name] = backlogSample{now: countsOf(first, name)}
+	for _, names := range []map[string]int{first.Messages, first.Members} {
+		for name := range names {
+			out[name] = backlogSample{now: countsOf(first, name)}
+		}
 	}
 	waiting := false
 	for _, dq := range o.backend.DelayQueues() {
@@ -357,7 +380,8 @@ func (o *Ops) sample(ctx context.Context, opts StatusOptions, s *Status) (map[st
 }
 
 func countsOf(c BrokerCounts, queue string) queueCounts {
-	return queueCounts{messages: c.Messages[queue], ready: c.Ready[queue], unacked: c.Unacked[queue]}
+	return queueCounts{messages: c.Messages[queue], ready: c.Ready[queue], unacked: c.Unacked[queue],
+		members: c.Members[queue], online: c.Online[queue]}
 }
 
 // queueStatus fills qs: depth, consumers, and (if peek) the age of its oldest message.

@@ -58,6 +58,10 @@ type VerifyOptions struct {
 	// binding whose ends both exist is created if it was missing. Without it bindings
 	// are topology.StatusUnchecked: AMQP 0-9-1 has no way to read them.
 	Bind bool
+	// Counts, if set, reads the broker's counts (as StatusOptions.Counts) once the
+	// declarations are checked, to report each existing quorum queue's members and
+	// those online (Finding.Members, Finding.Online).
+	Counts func(ctx context.Context) (BrokerCounts, error)
 }
 
 // Verify checks what Config.Retry.Plan(workQueues...) returns without declaring any
@@ -107,6 +111,18 @@ func (o *Ops) Verify(ctx context.Context, opts VerifyOptions, workQueues ...stri
 		out = append(out, f...)
 		if err != nil {
 			return out, fmt.Errorf("verify: %w", o.redact(err))
+		}
+	}
+	if opts.Counts == nil {
+		return out, nil
+	}
+	c, err := opts.Counts(ctx)
+	if err != nil {
+		return out, fmt.Errorf("verify: broker counts: %w", o.redact(err))
+	}
+	for i, f := range out {
+		if (f.Kind == "queue" || f.Kind == "work queue") && f.Status != topology.StatusMissing {
+			out[i].Members, out[i].Online = c.Members[f.Name], c.Online[f.Name]
 		}
 	}
 	return out, nil

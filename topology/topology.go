@@ -106,4 +106,9 @@ type Finding struct {
 	Arg string `json:"arg,omitempty"`
 	// Detail is the broker's reply text, when there is one.
 	Detail string `json:"detail,omitempty"`
+	// Members and Online, for a quorum queue when the check could count them (ops
+	// VerifyOptions.Counts): its members and those online. Fewer online than members
+	// means a node is down or a member has not started.
+	Members int `json:"members,omitempty"`
+	Online  int `json:"members_online,omitempty"`
 }

@@ -38,7 +38,7 @@ func rabbitmqctlCounts(words []string, uri string, timeout time.Duration) counts
 	u, _ := amqp.ParseURI(uri) // one that does not parse fails to dial first
 	vhost, port := u.Vhost, u.Port
 	return func(ctx context.Context) (ops.BrokerCounts, error) {
-		c := ops.BrokerCounts{Messages: map[string]int{}, Ready: map[string]int{}, Unacked: map[string]int{}}
+		c := newCounts()
 		// status first: it tells which node the command reaches, which must be the
 		// broker at the URI (a host may run several).
 		out, err := runCtl(ctx, words, timeout, "-q", "status", "--formatter", "json")
@@ -52,28 +52,59 @@ func rabbitmqctlCounts(words []string, uri string, timeout time.Duration) counts
 		if !slices.Contains(ports, port) {
 			return ops.BrokerCounts{}, fmt.Errorf("%s reaches a node listening for AMQP on %v, not on %d of AMQP_URI: give the rabbitmqctl command of that broker (--rabbitmqctl)", strings.Join(words, " "), ports, port)
 		}
-		out, err = runCtl(ctx, words, timeout, "-q", "list_queues", "-p", vhost, "name", "messages", "messages_ready", "messages_unacknowledged", "--no-table-headers")
+		out, err = runCtl(ctx, words, timeout, "-q", "list_queues", "-p", vhost, "name", "messages", "messages_ready", "messages_unacknowledged", "type", "members", "online", "--no-table-headers")
 		if err != nil {
 			return c, err
 		}
-		sc := bufio.NewScanner(bytes.NewReader(out))
-		for sc.Scan() {
-			f := strings.Split(strings.TrimSpace(sc.Text()), "\t")
-			if len(f) != 4 {
-				continue
-			}
-			n := make([]int, 3)
-			ok := true
-			for i := range n {
-				n[i], err = strconv.Atoi(f[i+1])
-				ok = ok && err == nil
-			}
-			if ok {
-				c.Messages[f[0]], c.Ready[f[0]], c.Unacked[f[0]] = n[0], n[1], n[2]
-			}
-		}
+		listQueues(out, c)
 		return c, nil
 	}
+}
+
+func newCounts() ops.BrokerCounts {
+	return ops.BrokerCounts{Messages: map[string]int{}, Ready: map[string]int{}, Unacked: map[string]int{},
+		Members: map[string]int{}, Online: map[string]int{}}
+}
+
+// listQueues reads rabbitmqctl list_queues name messages messages_ready
+// messages_unacknowledged type members online (tab-separated, no headers) into c: a
+// quorum queue's members and online nodes are lists ("[rabbit@a, rabbit@b]").
+func listQueues(out []byte, c ops.BrokerCounts) {
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		f := strings.Split(strings.TrimSpace(sc.Text()), "\t")
+		for len(f) < 7 && len(f) >= 5 {
+			f = append(f, "") // a classic queue's empty lists, trimmed off the line
+		}
+		if len(f) != 7 {
+			continue
+		}
+		n := make([]int, 3)
+		ok := true
+		for i := range n {
+			var err error
+			n[i], err = strconv.Atoi(f[i+1])
+			ok = ok && err == nil
+		}
+		if !ok {
+			continue
+		}
+		c.Messages[f[0]], c.Ready[f[0]], c.Unacked[f[0]] = n[0], n[1], n[2]
+		if f[4] == "quorum" {
+			c.Members[f[0]], c.Online[f[0]] = nodeCount(f[5]), nodeCount(f[6])
+		}
+	}
+}
+
+// nodeCount counts the nodes of a rabbitmqctl list: "[rabbit@a, rabbit@b]", "[]".
+func nodeCount(list string) int {
+	n := 0
+	for _, node := range strings.Split(strings.Trim(strings.TrimSpace(list), "[]"), ",") {
+		if strings.TrimSpace(node) != "" {
+			n++
+		}
+	}
+	return n
 }
 
 // ctlStatus reads the file descriptors and sockets from rabbitmqctl status JSON: its
@@ -203,18 +234,24 @@ func managementCounts(base, uri string, client *http.Client) countsFunc {
 		return nil
 	}
 	return func(ctx context.Context) (ops.BrokerCounts, error) {
-		c := ops.BrokerCounts{Messages: map[string]int{}, Ready: map[string]int{}, Unacked: map[string]int{}}
+		c := newCounts()
 		var queues []struct {
-			Name     string `json:"name"`
-			Messages int    `json:"messages"`
-			Ready    int    `json:"messages_ready"`
-			Unacked  int    `json:"messages_unacknowledged"`
+			Name     string   `json:"name"`
+			Messages int      `json:"messages"`
+			Ready    int      `json:"messages_ready"`
+			Unacked  int      `json:"messages_unacknowledged"`
+			Type     string   `json:"type"`
+			Members  []string `json:"members"`
+			Online   []string `json:"online"`
 		}
-		if err := get(ctx, "/api/queues/"+url.PathEscape(vhost(uri))+"?columns=name,messages,messages_ready,messages_unacknowledged", &queues); err != nil {
+		if err := get(ctx, "/api/queues/"+url.PathEscape(vhost(uri))+"?columns=name,messages,messages_ready,messages_unacknowledged,type,members,online", &queues); err != nil {
 			return c, err
 		}
 		for _, q := range queues {
 			c.Messages[q.Name], c.Ready[q.Name], c.Unacked[q.Name] = q.Messages, q.Ready, q.Unacked
+			if q.Type == "quorum" {
+				c.Members[q.Name], c.Online[q.Name] = len(q.Members), len(q.Online)
+			}
 		}
 		var nodes []struct {
 			FDUsed       int `json:"fd_used"`

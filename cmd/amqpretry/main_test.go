@@ -350,7 +350,10 @@ func TestStatusCounts(t *testing.T) {
 		CountsError         string `json:"counts_error"`
 		Queues              []struct {
 			Name    string `json:"name"`
+			Role    string `json:"role"`
 			Counted bool   `json:"counted"`
+			Members int    `json:"members"`
+			Online  int    `json:"members_online"`
 		} `json:"queues"`
 		Flags []struct {
 			Kind  string `json:"kind"`
@@ -380,6 +383,10 @@ func TestStatusCounts(t *testing.T) {
 	for _, q := range s.Queues {
 		if !q.Counted {
 			t.Errorf("queue %s not counted", q.Name)
+		}
+		// The library's own queues are quorum queues: one member on one node, online.
+		if q.Role != "work" && (q.Members != 1 || q.Online != 1) {
+			t.Errorf("queue %s: %d of %d members online, want 1 of 1 (a quorum queue on one node)", q.Name, q.Online, q.Members)
 		}
 	}
 	// A rabbitmqctl that reaches another node than the broker at the URI (a host may

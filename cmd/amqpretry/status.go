@@ -24,13 +24,11 @@ const peekBudget = 10
 
 func (a *app) statusCmd() *cobra.Command {
 	var (
-		check   bool
-		peek    string
-		margin  = 30 * time.Second
-		ctl     string
-		mgmt    string
-		queues  []string
-		timeout = 30 * time.Second
+		check  bool
+		peek   string
+		margin = 30 * time.Second
+		src    countsSource
+		queues []string
 	)
 	c := &cobra.Command{
 		Use:   "status",
@@ -41,7 +39,8 @@ the broker's own counts, what AMQP cannot see: the expired messages a delay queu
 for dead lettering (DLX-BACKLOG) and the retries RabbitMQ 4.3 holds in a work queue
 (HELD). It flags a missing queue, a STUCK delay queue (its head past its due time, or a
 backlog that does not move), a non-empty parking queue, a consumer on a delay queue, the
-delayed-exchange backend where its plugin cannot run, and a broker near its file
+delayed-exchange backend where its plugin cannot run, a quorum queue with fewer members
+online than it has (UNDER-REPLICATED: a cluster node down), and a broker near its file
 descriptor or socket limit (80%).
 
 The broker's counts come from rabbitmqctl (status and list_queues, each bounded by
@@ -74,23 +73,9 @@ only what is flagged (nothing when all is well), for scripts and health checks.
 			if margin <= 0 {
 				return usagef("--stuck-margin: want a positive duration, got %s", margin)
 			}
-			if timeout <= 0 {
-				return usagef("--ctl-timeout: want a positive duration, got %s", timeout)
-			}
-			words, explicit := rabbitmqctlWords(ctl, a.uri)
-			if ctl != "" && len(words) == 0 && ctl != "off" && ctl != "auto" {
-				return usagef("--rabbitmqctl: empty command")
-			}
-			var counts countsFunc
-			switch {
-			case mgmt != "":
-				u, err := url.Parse(mgmt)
-				if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-					return usagef("--management-url: want http(s)://host:port, got %s", redact.String(mgmt, a.uri))
-				}
-				counts, explicit = managementCounts(mgmt, a.uri, nil), true
-			case len(words) > 0:
-				counts = rabbitmqctlCounts(words, a.uri, timeout)
+			counts, explicit, err := src.counts(a.uri)
+			if err != nil {
+				return err
 			}
 			o, cfg, err := a.open()
 			if err != nil {
@@ -126,12 +111,48 @@ only what is flagged (nothing when all is well), for scripts and health checks.
 	f.BoolVar(&check, "check", false, "print only what is flagged (the exit status is the same without it)")
 	f.StringVar(&peek, "peek", "auto", "read messages for their age: auto (parking and poison queues), always (also each delay queue's head: may delay a retry), never")
 	f.DurationVar(&margin, "stuck-margin", margin, "a delay queue whose head is this much past its due time is STUCK")
-	f.StringVar(&ctl, "rabbitmqctl", "auto", "rabbitmqctl command for the broker's counts: auto, off, or a command line")
-	f.StringVar(&mgmt, "management-url", "", "read the broker's counts from the management API at this URL instead (credentials from AMQP_URI)")
-	f.DurationVar(&timeout, "ctl-timeout", timeout, "bound of each rabbitmqctl run")
+	src.flags(c)
 	f.StringArrayVar(&queues, "queue", nil, "a work queue to report on too (repeat for more)")
-	c.MarkFlagsMutuallyExclusive("rabbitmqctl", "management-url")
 	return c
+}
+
+// countsSource is where status and topology verify read the broker's counts: the
+// flags --rabbitmqctl, --management-url and --ctl-timeout.
+type countsSource struct {
+	ctl, mgmt string
+	timeout   time.Duration
+}
+
+func (src *countsSource) flags(c *cobra.Command) {
+	f := c.Flags()
+	f.StringVar(&src.ctl, "rabbitmqctl", "auto", "rabbitmqctl command for the broker's counts: auto, off, or a command line")
+	f.StringVar(&src.mgmt, "management-url", "", "read the broker's counts from the management API at this URL instead (credentials from AMQP_URI)")
+	f.DurationVar(&src.timeout, "ctl-timeout", 30*time.Second, "bound of each rabbitmqctl run")
+	c.MarkFlagsMutuallyExclusive("rabbitmqctl", "management-url")
+}
+
+// counts returns the counts function the flags name, or nil for none; explicit tells
+// whether the user asked for it (its failure then fails the command). Bad flags are a
+// usage error.
+func (src *countsSource) counts(uri string) (countsFunc, bool, error) {
+	if src.timeout <= 0 {
+		return nil, false, usagef("--ctl-timeout: want a positive duration, got %s", src.timeout)
+	}
+	words, explicit := rabbitmqctlWords(src.ctl, uri)
+	if src.ctl != "" && len(words) == 0 && src.ctl != "off" && src.ctl != "auto" {
+		return nil, false, usagef("--rabbitmqctl: empty command")
+	}
+	switch {
+	case src.mgmt != "":
+		u, err := url.Parse(src.mgmt)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, false, usagef("--management-url: want http(s)://host:port, got %s", redact.String(src.mgmt, uri))
+		}
+		return managementCounts(src.mgmt, uri, nil), true, nil
+	case len(words) > 0:
+		return rabbitmqctlCounts(words, uri, src.timeout), explicit, nil
+	}
+	return nil, false, nil
 }
 
 // rabbitmqctlWords resolves --rabbitmqctl to a command line, or nil; explicit tells
@@ -279,6 +300,9 @@ func queueState(s ops.Status, q ops.QueueStatus) string {
 func (a *app) describe(f ops.Flag, s ops.Status, cfg amqpretry.Config, queues []string) string {
 	switch f.Kind {
 	case ops.FlagMissing:
+		if f.Role == "plugin" {
+			return fmt.Sprintf("MISSING plugin: RabbitMQ %s cannot run %s, which the delayed-exchange backend needs (4.3 and later keep their metadata in Khepri only); use binary-levels, ttl-tiers or delayed-retry", s.Broker, f.Name)
+		}
 		if f.Role == "exchange" {
 			return fmt.Sprintf("MISSING exchange %s of the delayed-exchange backend: create it with `%s` (it needs the rabbitmq_delayed_message_exchange plugin)", f.Name, applyCommand(cfg, queues))
 		}
@@ -292,8 +316,8 @@ func (a *app) describe(f ops.Flag, s ops.Status, cfg amqpretry.Config, queues []
 		return fmt.Sprintf("PARKED %d messages in %s: retries whose work queue was gone when they came due; `amqpretry parking list` names their queues: re-create them (`%s`), then run `amqpretry parking redrive`", f.Count, f.Name, applyCommand(cfg, []string{"<queue>"}))
 	case ops.FlagConsumed:
 		return fmt.Sprintf("CONSUMED delay queue %s has %d consumers: a delivered message never expires; stop them", f.Name, f.Count)
-	case ops.FlagPluginMissing:
-		return fmt.Sprintf("PLUGIN-MISSING: RabbitMQ %s cannot run %s, which the delayed-exchange backend needs (4.3 and later keep their metadata in Khepri only); use binary-levels, ttl-tiers or delayed-retry", s.Broker, f.Name)
+	case ops.FlagUnderReplicated:
+		return fmt.Sprintf("UNDER-REPLICATED %s queue %s: %d of its %d members online; a node is down or its member has not started. It works while a majority is online and stalls, losing nothing, without one: bring the node back (rabbitmq-queues grow adds members on other nodes)", f.Role, f.Name, f.Count, f.Limit)
 	case ops.FlagNearLimit:
 		what := strings.ReplaceAll(f.Name, "_", " ")
 		return fmt.Sprintf("NEAR-LIMIT: the broker uses %d of its %d %s (%d%%); past the limit every new connection hangs in its handshake; on RabbitMQ 3.x each quorum queue holds 3 of them (docs/broker-resources.md): delete unused quorum queues, or raise the limit (ulimit -n, LimitNOFILE)", f.Count, f.Limit, what, f.Count*100/f.Limit)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"strings"
@@ -17,7 +18,10 @@ import (
 
 func (a *app) topologyCmd() *cobra.Command {
 	var queues []string
-	var bind bool
+	var (
+		bind bool
+		src  countsSource
+	)
 	queueFlag := func(c *cobra.Command) {
 		c.Flags().StringArrayVar(&queues, "queue", nil, "a work queue retries come back to (its way back, and the queue itself); repeat for more")
 	}
@@ -98,20 +102,38 @@ a no-op when they are equal, refused naming the argument when not (mismatch). Th
 configure permission: without it the arguments are not compared and the object is
 reported unchecked, never ok. AMQP 0-9-1 cannot read bindings: they are unchecked, or
 asserted with --bind (idempotent; needs write permission on the queue and read on the
-exchange, no configure; a missing binding whose ends exist is created).
+exchange, no configure; a missing binding whose ends exist is created). With the broker's
+counts (--rabbitmqctl, --management-url: as for status) it reports each quorum queue's
+members online, and a queue with fewer online than it has (a cluster node down).
 
-Exit status 1 when anything is missing, mismatched or could not be checked for an error;
+Exit status 1 when anything is missing, mismatched, under-replicated or could not be
+checked for an error;
 the output names the command that creates what is missing, with every --queue.
 
 ` + exitHelp,
 		Args: noArgs,
 		RunE: func(*cobra.Command, []string) error {
+			counts, explicit, err := src.counts(a.uri)
+			if err != nil {
+				return err
+			}
 			o, cfg, err := a.open()
 			if err != nil {
 				return err
 			}
 			defer o.Close()
-			findings, err := o.Verify(a.ctx, ops.VerifyOptions{Bind: bind}, queues...)
+			opts := ops.VerifyOptions{Bind: bind, Counts: counts}
+			if counts != nil && !explicit {
+				// auto: a rabbitmqctl that cannot answer leaves the members unknown.
+				opts.Counts = func(ctx context.Context) (ops.BrokerCounts, error) {
+					c, err := counts(ctx)
+					if err != nil {
+						return ops.BrokerCounts{}, nil
+					}
+					return c, nil
+				}
+			}
+			findings, err := o.Verify(a.ctx, opts, queues...)
 			if err != nil {
 				return err
 			}
@@ -119,6 +141,7 @@ the output names the command that creates what is missing, with every --queue.
 		},
 	}
 	verify.Flags().BoolVar(&bind, "bind", false, "assert the bindings (idempotent; write and read permission, no configure)")
+	src.flags(verify)
 	for _, c := range []*cobra.Command{plan, apply, verify} {
 		queueFlag(c)
 	}
@@ -242,18 +265,21 @@ func describeFinding(f topology.Finding) string {
 func (a *app) printFindings(findings []topology.Finding, applyCmd string) error {
 	counts := map[topology.Status]int{}
 	bad := 0
+	under := 0
 	for _, f := range findings {
 		counts[f.Status]++
-		switch f.Status {
-		case topology.StatusMissing, topology.StatusMismatch, topology.StatusError:
+		switch {
+		case f.Status == topology.StatusMissing, f.Status == topology.StatusMismatch, f.Status == topology.StatusError:
 			bad++
+		case f.Online < f.Members:
+			under++
 		}
 	}
 	if a.json {
 		if findings == nil {
 			findings = []topology.Finding{}
 		}
-		if err := a.emit(verifyJSON{OK: bad == 0, ApplyCommand: applyCmd, Findings: findings, Counts: counts}); err != nil {
+		if err := a.emit(verifyJSON{OK: bad == 0 && under == 0, ApplyCommand: applyCmd, Findings: findings, Counts: counts}); err != nil {
 			return err
 		}
 	} else {
@@ -265,6 +291,9 @@ func (a *app) printFindings(findings []topology.Finding, applyCmd string) error 
 				uncheckedBindings++
 			default:
 				a.printf("%s\n", describeFinding(f))
+			}
+			if f.Online < f.Members {
+				a.printf("%s %q: under-replicated, %d of its %d members online (a node is down or its member has not started)\n", f.Kind, f.Name, f.Online, f.Members)
 			}
 		}
 		a.printf("%d ok, %d missing, %d mismatched, %d errors, %d unchecked\n",
@@ -279,7 +308,7 @@ func (a *app) printFindings(findings []topology.Finding, applyCmd string) error 
 			a.printf("create what is missing with: %s\n", applyCmd)
 		}
 	}
-	if bad > 0 {
+	if bad > 0 || under > 0 {
 		return errFlagged
 	}
 	return nil

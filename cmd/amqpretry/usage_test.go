@@ -236,6 +236,32 @@ func TestCountsFromRabbitmqctlStatus(t *testing.T) {
 	}
 }
 
+// TestListQueues: rabbitmqctl list_queues as the command reads it: a quorum queue's
+// members and those online are counted from their lists; a classic queue has neither.
+func TestListQueues(t *testing.T) {
+	out := []byte("q.delay\t5\t1\t0\tquorum\t[rabbit@a, rabbit@b, rabbit@c]\t[rabbit@a, rabbit@c]\n" +
+		"q.work\t2\t2\t0\tclassic\t\t\n" +
+		"q.one\t0\t0\t0\tquorum\t[rabbit@a]\t[]\n" +
+		"garbage line\n")
+	c := newCounts()
+	listQueues(out, c)
+	if c.Messages["q.delay"] != 5 || c.Ready["q.delay"] != 1 || c.Members["q.delay"] != 3 || c.Online["q.delay"] != 2 {
+		t.Errorf("quorum queue: %+v", c)
+	}
+	if c.Messages["q.work"] != 2 || c.Ready["q.work"] != 2 {
+		t.Errorf("classic queue's counts: %+v", c)
+	}
+	if _, ok := c.Members["q.work"]; ok {
+		t.Errorf("classic queue with members: %+v", c)
+	}
+	if c.Members["q.one"] != 1 || c.Online["q.one"] != 0 {
+		t.Errorf("quorum queue with no member online: %+v", c)
+	}
+	if len(c.Messages) != 3 {
+		t.Errorf("read %d queues, want 3: %+v", len(c.Messages), c)
+	}
+}
+
 // TestManagementCounts: the management API's queues and nodes, read with the URI's
 // credentials in the Authorization header only. Neither broker here runs the
 // management plugin, so this is an HTTP fixture in the shape of its replies (RabbitMQ
@@ -250,7 +276,7 @@ func TestManagementCounts(t *testing.T) {
 		}
 		switch r.URL.EscapedPath() {
 		case "/api/queues/prod":
-			_, _ = w.Write([]byte(`[{"name":"p.delay.1s","messages":3,"messages_ready":1,"messages_unacknowledged":0}]`))
+			_, _ = w.Write([]byte(`[{"name":"p.delay.1s","messages":3,"messages_ready":1,"messages_unacknowledged":0,"type":"quorum","members":["a","b","c"],"online":["a","c"]},{"name":"p.work","messages":0,"messages_ready":0,"messages_unacknowledged":0,"type":"classic"}]`))
 		case "/api/nodes":
 			_, _ = w.Write([]byte(`[{"name":"a","fd_used":10,"fd_total":100,"sockets_used":0,"sockets_total":0},{"name":"b","fd_used":90,"fd_total":100,"sockets_used":0,"sockets_total":0}]`))
 		default:
@@ -259,7 +285,8 @@ func TestManagementCounts(t *testing.T) {
 	}))
 	defer srv.Close()
 	c, err := managementCounts(srv.URL, "amqp://ops:"+secret+"@h/prod", nil)(context.Background())
-	if err != nil || c.Messages["p.delay.1s"] != 3 || c.Ready["p.delay.1s"] != 1 || c.FileDescriptors != 90 || c.FileDescriptorLimit != 100 || c.SocketLimit != 0 {
+	if err != nil || c.Messages["p.delay.1s"] != 3 || c.Ready["p.delay.1s"] != 1 || c.FileDescriptors != 90 || c.FileDescriptorLimit != 100 || c.SocketLimit != 0 ||
+		c.Members["p.delay.1s"] != 3 || c.Online["p.delay.1s"] != 2 || c.Members["p.work"] != 0 {
 		t.Errorf("counts: %v %+v", err, c)
 	}
 	if _, err := managementCounts(srv.URL, "amqp://ops:wrong-"+secret+"@h/prod", nil)(context.Background()); err == nil || strings.Contains(err.Error(), secret) || !strings.Contains(err.Error(), "401") {

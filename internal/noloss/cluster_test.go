@@ -20,6 +20,7 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/noloss"
+	"github.com/amqpretry/amqpretry/ops"
 )
 
 // The cluster mode of the no-loss test (issue 20): the same harness, per-UUID
@@ -651,6 +652,7 @@ type downProbe struct {
 	node      int
 	queues    []string
 	whileDown string
+	flagged   []string // ops.Status's under-replicated queues while the node was down
 	declared  time.Duration
 }
 
@@ -714,7 +716,44 @@ func startProbe(g *group, node int) *downProbe {
 	}
 	p.declared = time.Since(start)
 	p.whileDown, _ = p.members(g)
+	// Every queue has a member on the down node: status flags each one (issue 20).
+	p.flagged = p.underReplicated(g)
+	if len(p.flagged) != len(p.queues) {
+		g.t.Errorf("with node %d down, status flags %d queues under-replicated, want all %d of the probe's: %v (members: %s)", node, len(p.flagged), len(p.queues), p.flagged, p.whileDown)
+	}
 	return p
+}
+
+// underReplicated runs ops.Status (what `amqpretry status` runs) on the probe's
+// topology, with the broker's counts as rabbitmqctl lists them, and returns the queues
+// it flags under-replicated, with their members online.
+func (p *downProbe) underReplicated(g *group) []string {
+	o, err := ops.New(ops.Config{URI: p.s.URI, AMQP: *p.s.AMQPConfig(), Retry: p.s.Config()})
+	if err != nil {
+		g.fatal("ops: %v", err)
+	}
+	defer o.Close()
+	counts := func(context.Context) (ops.BrokerCounts, error) {
+		c := ops.BrokerCounts{Messages: map[string]int{}, Ready: map[string]int{}, Unacked: map[string]int{}, Members: map[string]int{}, Online: map[string]int{}}
+		for _, q := range listAll(g) {
+			c.Messages[q.Name], c.Ready[q.Name], c.Unacked[q.Name] = q.Messages, q.Ready, q.Unacked
+			if q.Type == "quorum" {
+				c.Members[q.Name], c.Online[q.Name] = len(q.Members), len(q.Online)
+			}
+		}
+		return c, nil
+	}
+	s, err := o.Status(g.ctx, ops.StatusOptions{WorkQueues: []string{noloss.WorkQueue(p.s.Prefix)}, Peek: "never", Counts: counts})
+	if err != nil {
+		g.fatal("status: %v", err)
+	}
+	var flagged []string
+	for _, f := range s.Flags {
+		if f.Kind == ops.FlagUnderReplicated {
+			flagged = append(flagged, fmt.Sprintf("%s:%d/%d", strings.TrimPrefix(f.Name, p.s.Prefix), f.Count, f.Limit))
+		}
+	}
+	return flagged
 }
 
 // members describes the members of the probe's queues, and tells whether each has a
@@ -747,10 +786,17 @@ func (p *downProbe) finish(g *group) {
 			time.Sleep(2 * time.Second)
 		}
 	}
-	fmt.Printf("NOLOSS-REPLICATION-DOWN node_down=%d declared_in=%.1fs while_down=%q after_restart=%q full=%t seconds_after_restart=%.1f\n",
-		p.node, p.declared.Seconds(), p.whileDown, after, full, time.Since(start).Seconds())
+	var flaggedAfter []string
+	if full {
+		flaggedAfter = p.underReplicated(g)
+	}
+	fmt.Printf("NOLOSS-REPLICATION-DOWN node_down=%d declared_in=%.1fs while_down=%q status_flagged_while_down=%q after_restart=%q full=%t seconds_after_restart=%.1f status_flagged_after=%q\n",
+		p.node, p.declared.Seconds(), p.whileDown, strings.Join(p.flagged, " "), after, full, time.Since(start).Seconds(), strings.Join(flaggedAfter, " "))
 	if !full {
 		g.t.Errorf("queues declared while node %d was down do not have a member online on every node two minutes after it came back: %s", p.node, after)
+	}
+	if len(flaggedAfter) > 0 {
+		g.t.Errorf("with every member online again, status still flags %v under-replicated", flaggedAfter)
 	}
 }
 
