@@ -127,8 +127,8 @@ if ! git diff --quiet -- wamqp2 wamqp3; then
   exit 1
 fi
 
-step "API budget: at most 120 exported identifiers (internal/cmd/apicount)"
-go run ./internal/cmd/apicount -max 120
+step "API budget: at most 130 exported identifiers (internal/cmd/apicount)"
+go run ./internal/cmd/apicount -max 130
 
 step "the README snippet on each watermill-amqp major, alone in its module (scripts/majors.sh)"
 ./scripts/majors.sh
