@@ -245,7 +245,7 @@ func TestVerifyWithoutConfigurePermission(t *testing.T) {
 	if _, err := ch.QueueDeclare(tier, true, false, false, false, amqp.Table{declare.QueueTypeArg: declare.QueueTypeQuorum, declare.MessageTTLArg: int64(9000)}); err != nil {
 		t.Fatal(err)
 	}
-	uri := restrictedUser(t)
+	uri := brokertest.RestrictedUser(t)
 	cfg := r.cfg
 	cfg.URI = uri
 	o, err := ops.New(cfg)
@@ -268,46 +268,6 @@ func TestVerifyWithoutConfigurePermission(t *testing.T) {
 			t.Errorf("binding asserted without configure permission: %+v", f)
 		}
 	}
-}
-
-// restrictedUser adds a user with read and write but no configure permission on the
-// vhost, deleted at the end, and returns its URI. It needs rabbitmqctl.
-func restrictedUser(t *testing.T) string {
-	t.Helper()
-	if _, err := exec.LookPath(brokertest.CtlCommand()[0]); err != nil {
-		if brokertest.CI() {
-			t.Fatalf("needs %s: %v", brokertest.CtlCommand()[0], err)
-		}
-		t.Skipf("needs %s: %v", brokertest.CtlCommand()[0], err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	user := fmt.Sprintf("amqpretry-test-%d", time.Now().UnixNano())
-	const password = "no-configure"
-	if out, err := brokertest.Ctl(ctx, "add_user", user, password); err != nil {
-		if brokertest.CI() {
-			t.Fatalf("add_user: %v\n%s", err, out)
-		}
-		t.Skipf("rabbitmqctl does not reach the broker: %v\n%s", err, out)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_, _ = brokertest.Ctl(ctx, "delete_user", user)
-	})
-	u, err := url.Parse(brokertest.URI())
-	if err != nil {
-		t.Fatal(err)
-	}
-	vhost := strings.TrimPrefix(u.Path, "/")
-	if vhost == "" {
-		vhost = "/"
-	}
-	if out, err := brokertest.Ctl(ctx, "set_permissions", "-p", vhost, user, "^$", ".*", ".*"); err != nil {
-		t.Fatalf("set_permissions: %v\n%s", err, out)
-	}
-	u.User = url.UserPassword(user, password)
-	return u.String()
 }
 
 // TestApplyDelayedRetriesWorkQueue: with delayed retries the plan gives each work

@@ -171,7 +171,7 @@ func TestVerifyUncheckedIsNotOK(t *testing.T) {
 	if _, err := ch.QueueDeclare(tier, true, false, false, false, amqp.Table{"x-queue-type": "quorum", "x-message-ttl": int64(9000)}); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv(uriEnv, restrictedUser(t))
+	t.Setenv(uriEnv, brokertest.RestrictedUser(t))
 	code, out, errOut := e.run(append([]string{"topology", "verify"}, e.queueFlags()...)...)
 	if !strings.Contains(out, `queue "`+tier+`": unchecked, exists but its arguments were not compared`) {
 		t.Errorf("the mismatched queue is not reported unchecked (%d):\n%s%s", code, out, errOut)
@@ -183,37 +183,6 @@ func TestVerifyUncheckedIsNotOK(t *testing.T) {
 		!strings.Contains(out, "7 exchanges or queues exist but their arguments were not compared") {
 		t.Errorf("summary (%d):\n%s", code, out)
 	}
-}
-
-// restrictedUser adds a user with read and write but no configure permission on the
-// vhost, deleted at the end, and returns its URI.
-func restrictedUser(t *testing.T) string {
-	t.Helper()
-	if _, err := exec.LookPath(brokertest.CtlCommand()[0]); err != nil {
-		if brokertest.CI() {
-			t.Fatalf("needs %s: %v", brokertest.CtlCommand()[0], err)
-		}
-		t.Skipf("needs %s: %v", brokertest.CtlCommand()[0], err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	user := fmt.Sprintf("amqpretry-cli-test-%d", time.Now().UnixNano())
-	const password = "no-configure"
-	if out, err := brokertest.Ctl(ctx, "add_user", user, password); err != nil {
-		if brokertest.CI() {
-			t.Fatalf("add_user: %v\n%s", err, out)
-		}
-		t.Skipf("rabbitmqctl does not reach the broker: %v\n%s", err, out)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_, _ = brokertest.Ctl(ctx, "delete_user", user)
-	})
-	if out, err := brokertest.Ctl(ctx, "set_permissions", "-p", vhost(brokertest.URI()), user, "^$", ".*", ".*"); err != nil {
-		t.Fatalf("set_permissions: %v\n%s", err, out)
-	}
-	return strings.Replace(brokertest.URI(), "guest:guest@", user+":"+password+"@", 1)
 }
 
 func TestPoisonListShowDryRun(t *testing.T) {

@@ -1,16 +1,11 @@
 package declare_test
 
 import (
-	"context"
 	"errors"
-	"net/url"
-	"os/exec"
 	"reflect"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/brokertest"
@@ -249,58 +244,12 @@ func TestErrorsNameTheObject(t *testing.T) {
 	}
 }
 
-// lpUser creates a RabbitMQ user with read and write but no configure permission on
-// the vhost of AMQP_URI, deleted when the test ends, and returns its URI.
-func lpUser(t *testing.T) string {
-	t.Helper()
-	brokertest.Dial(t)
-	words := brokertest.CtlCommand()
-	if _, err := exec.LookPath(words[0]); err != nil {
-		if brokertest.CI() {
-			t.Fatalf("needs %s: %v", words[0], err)
-		}
-		t.Skipf("needs %s to create a user: %v", words[0], err)
-	}
-	u, err := url.Parse(brokertest.URI())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if u.User.String() != "guest:guest" {
-		t.Skip("AMQP_URI does not use guest:guest; cannot derive the least-privilege URI")
-	}
-	vhost := strings.TrimPrefix(u.Path, "/")
-	if vhost == "" {
-		vhost = "/"
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	user, pass := "amqpretry-lp-"+watermill.NewShortUUID()[:8], watermill.NewShortUUID()
-	if out, err := brokertest.Ctl(ctx, "add_user", user, pass); err != nil {
-		if brokertest.CI() {
-			t.Fatal(err)
-		}
-		t.Skipf("cannot create a user: %v\n%s", err, out)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if out, err := brokertest.Ctl(ctx, "delete_user", user); err != nil {
-			t.Errorf("delete user %s: %v\n%s", user, err, out)
-		}
-	})
-	if out, err := brokertest.Ctl(ctx, "set_permissions", "-p", vhost, user, "^$", ".*", ".*"); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	u.User = url.UserPassword(user, pass)
-	return u.String()
-}
-
 // TestLeastPrivilege: a user with read and write but no configure permission cannot
 // declare, not even what exists with the same arguments; it can verify, bind, and
 // check, where the arguments it cannot compare are StatusUnchecked.
 func TestLeastPrivilege(t *testing.T) {
 	skipShort(t)
-	lpURI := lpUser(t)
+	lpURI := brokertest.RestrictedUser(t)
 	admin := brokertest.Dial(t)
 	prefix := brokertest.Prefix(t)
 	top := sample(t, prefix)

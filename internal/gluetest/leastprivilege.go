@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,41 +19,6 @@ import (
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/topology"
 )
-
-// leastPrivilegeURI creates a RabbitMQ user with read and write but no configure
-// permission on the test broker's vhost, removed when the test ends, and returns the
-// broker URI with its credentials.
-func leastPrivilegeURI(t *testing.T) string {
-	t.Helper()
-	ctx := context.Background()
-	if out, err := brokertest.Ctl(ctx, "-q", "status"); err != nil {
-		if brokertest.CI() {
-			t.Fatalf("rabbitmqctl is needed to create a user: %v\n%s", err, out)
-		}
-		t.Skipf("rabbitmqctl is needed to create a user: %v", err)
-	}
-	u, err := url.Parse(brokertest.URI())
-	if err != nil {
-		t.Fatal(err)
-	}
-	vhost := strings.TrimPrefix(u.Path, "/")
-	if vhost == "" {
-		vhost = "/"
-	}
-	user, pass := "amqpretry-lp-"+strings.ReplaceAll(brokertest.Prefix(t)[len("amqpretry-test."):], ".", "-"), "lp-secret"
-	user = user[:min(len(user), 60)]
-	for _, args := range [][]string{
-		{"add_user", user, pass},
-		{"set_permissions", "-p", vhost, user, "^$", ".*", ".*"},
-	} {
-		if out, err := brokertest.Ctl(ctx, args...); err != nil {
-			t.Fatalf("%v\n%s", err, out)
-		}
-	}
-	t.Cleanup(func() { _, _ = brokertest.Ctl(ctx, "delete_user", user) })
-	u.User = url.UserPassword(user, pass)
-	return u.String()
-}
 
 // apply declares plan and the work queues, as an administrator running `amqpretry
 // topology apply` would, and removes them when the test ends.
@@ -81,7 +45,7 @@ func apply(t *testing.T, plan topology.Topology, workQueues ...string) {
 // mode it is refused with a hint at the verify mode.
 func LeastPrivilegeAfterTopologyApply(t *testing.T, m Major) {
 	brokertest.Dial(t)
-	lpURI := leastPrivilegeURI(t)
+	lpURI := brokertest.RestrictedUser(t)
 	prefix := brokertest.Prefix(t)
 	queue := prefix + ".orders"
 	cfg := amqpretry.Config{
