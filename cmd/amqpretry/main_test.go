@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -444,12 +445,14 @@ func TestRedriveKilledMidRun(t *testing.T) {
 
 	cmd := exec.Command(binary, append([]string{"poison", "redrive", "--rate", "200/s"}, e.flags()...)...)
 	cmd.Env = append(os.Environ(), uriEnv+"="+brokertest.URI())
-	var stdout, stderr bytes.Buffer
+	var stdout, stderr lockedBuffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2500 * time.Millisecond)
+	waitProgress(t, cmd, &stderr) // mid-run: some redriven, most not
+	elapsed := time.Since(start)
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -493,8 +496,8 @@ func TestRedriveKilledMidRun(t *testing.T) {
 	if redriven == 0 || len(left) == 0 {
 		t.Errorf("the kill did not land mid-run: %d redriven, %d left", redriven, len(left))
 	}
-	if redriven > 3*200 {
-		t.Errorf("%d redriven in 2.5 s at 200/s: the rate limit does not hold", redriven)
+	if limit := int(200*elapsed.Seconds()) + 200; redriven > limit {
+		t.Errorf("%d redriven in %s at 200/s: the rate limit does not hold", redriven, elapsed.Round(time.Millisecond))
 	}
 	if dups > 1 {
 		t.Errorf("%d messages in both places, want at most 1", dups)
@@ -510,12 +513,12 @@ func TestRedriveInterrupted(t *testing.T) {
 	e.poison(total)
 	cmd := exec.Command(binary, append([]string{"poison", "redrive", "--rate", "100/s"}, e.flags()...)...)
 	cmd.Env = append(os.Environ(), uriEnv+"="+brokertest.URI())
-	var stdout, stderr bytes.Buffer
+	var stdout, stderr lockedBuffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1500 * time.Millisecond)
+	waitProgress(t, cmd, &stderr) // mid-run: some redriven, most not
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
@@ -561,5 +564,37 @@ func TestWindowKeepsOrder(t *testing.T) {
 	rest := slices.DeleteFunc(slices.Clone(got), func(id string) bool { return slices.Contains(heldIDs, id) })
 	if !slices.Equal(held, heldIDs) || !slices.Equal(rest, []string{"m0005", "m0006", "m0007", "m0008", "m0009"}) {
 		t.Errorf("poison queue after the run: %v", got)
+	}
+}
+
+// lockedBuffer is an io.Writer that a test reads while a command writes to it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// waitProgress waits until the running redrive cmd reports on stderr a progress line
+// with at least one message redriven: the event that puts a run mid-way. It kills cmd
+// and fails the test if none comes within a minute.
+func waitProgress(t *testing.T, cmd *exec.Cmd, stderr *lockedBuffer) {
+	t.Helper()
+	redriven := regexp.MustCompile(`progress: \d+/\d+ scanned, [1-9]\d* redriven`)
+	for deadline := time.Now().Add(time.Minute); !redriven.MatchString(stderr.String()); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			t.Fatalf("no progress line with a message redriven within a minute; stderr:\n%s", stderr.String())
+		}
 	}
 }
