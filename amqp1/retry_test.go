@@ -494,14 +494,15 @@ func TestNewRetryInvalidConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	var accepted atomic.Int64
+	// Every accepted connection's remote address, in the order the kernel queued them.
+	accepted := make(chan string, 64)
 	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			accepted.Add(1)
+			accepted <- c.RemoteAddr().String()
 			_ = c.Close()
 		}
 	}()
@@ -543,9 +544,27 @@ func TestNewRetryInvalidConfig(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(100 * time.Millisecond)
-	if n := accepted.Load(); n != 0 {
-		t.Errorf("%d connections were opened to the broker address before refusing", n)
+	// A last connection of the test's own: accepted in order, so once it is seen every
+	// connection the refused configs might have opened has been seen before it.
+	sentinel, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sentinel.Close()
+	opened := 0
+	for deadline := time.After(30 * time.Second); ; {
+		select {
+		case addr := <-accepted:
+			if addr == sentinel.LocalAddr().String() {
+				if opened != 0 {
+					t.Errorf("%d connections were opened to the broker address before refusing", opened)
+				}
+				return
+			}
+			opened++
+		case <-deadline:
+			t.Fatal("the listener did not accept the test's own connection within 30s")
+		}
 	}
 }
 
