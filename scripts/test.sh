@@ -2,8 +2,7 @@
 # The whole test suite, the one command the README gives and CI runs (.ci/run).
 #
 #   checks      gofmt, go vet and staticcheck of every module, shellcheck, the API
-#               budget (internal/cmd/apicount), the generated transport packages
-#               (internal/cmd/genglue), the README snippet on each watermill-amqp major
+#               budget (internal/cmd/apicount), the README snippet on each watermill-amqp major
 #               (scripts/majors.sh)
 #   3.10        every package's tests with the race detector on the broker at AMQP_URI
 #               (default amqp://guest:guest@127.0.0.1:5672/, the machine's RabbitMQ
@@ -118,14 +117,6 @@ staticcheck=honnef.co/go/tools/cmd/staticcheck@v0.8.2
 go run "$staticcheck" ./...
 for m in metrics amqp1 internal/watermillsuite; do (cd "$m" && go run "$staticcheck" ./...); done
 cmd/amqpretry/go.sh run "$staticcheck" ./...
-
-step "generated transport packages up to date (internal/cmd/genglue)"
-go run ./internal/cmd/genglue
-if ! git diff --quiet -- wamqp2 wamqp3; then
-  echo "wamqp2 or wamqp3 differ from their templates in internal/glue: run go generate ./internal/glue"
-  git diff --stat -- wamqp2 wamqp3
-  exit 1
-fi
 
 step "API budget: at most 130 exported identifiers (internal/cmd/apicount)"
 go run ./internal/cmd/apicount -max 130

@@ -1,0 +1,21 @@
+// Package wamqp3 wires amqpretry into watermill-amqp v3
+// (github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp): New builds the retry from your subscriber config and an
+// amqpretry.Config, AddHandler adds a handler with its subscriber and the middleware in
+// one call. Import it if your program uses watermill-amqp v3; it compiles no
+// code of the other major.
+//
+//	amqpCfg := amqp.NewDurableQueueConfig(uri)
+//	retry, err := wamqp3.New(amqpCfg, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 5}})
+//	if err != nil { ... }
+//	defer retry.Close() // after the router
+//	_, err = retry.AddHandler(router, "orders", "orders", handle)
+//
+// SubscriberConfig returns the subscriber config ready to use: its marshaler reads
+// dead-lettered messages (which the DefaultMarshaler refuses forever) and records
+// which Retry delivered each message, and its topology builder gives each subscribed
+// queue its way back from the delay backend, again after every reconnect. A Retry acts
+// only on messages its own subscriber config delivered, so the middlewares of several
+// subscriber groups on one fanout topic, added in any order, each serve their own
+// group; a message no Retry on its handler can route back fails with
+// amqpretry.ErrNotWired, naming the fix.
+package wamqp3
