@@ -9,11 +9,13 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	wamqpv3 "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/retry"
+	"github.com/amqpretry/amqpretry/wamqp3"
 )
 
 // TestLimitCheckedAgainstTheSchedule (issue 25 §2): a backend's limit is checked
@@ -245,5 +247,26 @@ func TestTTLTiersLogsOnlyWhatThePolicyAsks(t *testing.T) {
 		case tt.want != "" && (len(lines) != 1 || !strings.Contains(lines[0], tt.want)):
 			t.Errorf("%+v: logged %q, want one line saying %q", tt.policy, lines, tt.want)
 		}
+	}
+}
+
+// TestDeliveryTimeNamesTheTransport (issue 25 §7): delivery-time on the AMQP 0-9-1
+// transport is refused naming the transport as what is wrong, not the broker, and the
+// fix: the AMQP 1.0 transport, or a backend of 0-9-1.
+func TestDeliveryTimeNamesTheTransport(t *testing.T) {
+	_, err := wamqp3.New(wamqpv3.NewDurableQueueConfig("amqp://guest:guest@127.0.0.1:1/"), amqpretry.Config{Backend: delay.DeliveryTime})
+	if !errors.Is(err, delay.ErrUnsupported) {
+		t.Fatalf("New = %v, want ErrUnsupported", err)
+	}
+	for _, want := range []string{
+		"Backend: delivery-time is not supported on the AMQP 0-9-1 transport (watermill-amqp)",
+		"use the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1, or another Backend",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("New = %v\ndoes not say %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "broker") {
+		t.Errorf("New = %v, blames the broker", err)
 	}
 }

@@ -37,6 +37,7 @@ var (
 	ErrPluginMissing = errors.New("rabbitmq_delayed_message_exchange plugin not enabled")
 	// ErrUnsupported is wrapped by the start-up error of a backend the broker or the
 	// transport cannot run: delayed-retry or delivery-time on RabbitMQ older than 4.3,
-	// delivery-time on an AMQP 0-9-1 transport.
-	ErrUnsupported = errors.New("not supported by this broker")
+	// delivery-time on an AMQP 0-9-1 transport. The error names which of them is at
+	// fault.
+	ErrUnsupported = errors.New("not supported")
 )
