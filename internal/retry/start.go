@@ -222,6 +222,9 @@ func (r *Retry) WorkQueueArgs(args amqp.Table) amqp.Table {
 // check, nothing), and records that it did: called by the subscriber's topology
 // builder on every subscribe and reconnect.
 func (r *Retry) BindWorkQueue(ch *amqp.Channel, queue string) error {
+	if err := r.checkWorkQueueType(queue); err != nil {
+		return err
+	}
 	if r.Engine.backend != nil {
 		if err := declare.Ensure(ch, r.cfg.Topology, r.Engine.backend.WorkQueue(queue)); err != nil {
 			return fmt.Errorf("retry topology for queue %q: %w", queue, r.Hint(err, queue))
@@ -233,6 +236,29 @@ func (r *Retry) BindWorkQueue(ch *amqp.Channel, queue string) error {
 		r.bound = map[string]bool{}
 	}
 	r.bound[queue] = true
+	return nil
+}
+
+// checkWorkQueueType refuses, in topology mode verify with delayed retries, a work
+// queue that exists as another type than quorum: its passive declaration passed, but
+// the broker would redeliver every nack at once. Mode declare has declared it with the
+// arguments already (a clash fails there, see Hint); without configure permission the
+// type cannot be read over AMQP, and the engine notices at the first retry instead.
+func (r *Retry) checkWorkQueueType(queue string) error {
+	if r.cfg.Topology != topology.ModeVerify || !r.holdsRetries() || r.handoff == nil {
+		return nil
+	}
+	conn, err := r.handoff.Connection()
+	if err != nil {
+		return fmt.Errorf("check the type of work queue %q: %w", queue, err)
+	}
+	t, known, err := declare.QueueType(conn, queue)
+	switch {
+	case err != nil:
+		return fmt.Errorf("check the type of work queue %q: %w", queue, err)
+	case known && t != declare.QueueTypeQuorum:
+		return fmt.Errorf("%s: %w", declare.WrongQueueTypeFix(queue, t), topology.ErrMismatch)
+	}
 	return nil
 }
 
@@ -312,6 +338,9 @@ func (r *Retry) Hint(err error, queue string) error {
 	var queues []string
 	if queue != "" {
 		queues = []string{queue}
+	}
+	if t, ok := declare.QueueTypeClash(err); ok && queue != "" && r.holdsRetries() && t != declare.QueueTypeQuorum {
+		return fmt.Errorf("%s: %w (%w)", declare.WrongQueueTypeFix(queue, t), topology.ErrMismatch, err)
 	}
 	switch {
 	case errors.Is(err, topology.ErrMissing):
