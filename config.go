@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -147,7 +146,7 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("Memory: required for the memory backend"))
 	}
 	if err := c.Policy.validate(); err != nil {
-		errs = append(errs, fmt.Errorf("Policy: %w", err))
+		errs = append(errs, err)
 	} else if b, err := c.backend(); err == nil {
 		errs = append(errs, c.fits(b, user)...)
 	}
@@ -189,28 +188,73 @@ func (c Config) topologyErrors() []error {
 	return errs
 }
 
-// fits refuses a policy the backend cannot keep. user is the policy as given, before
+// fits refuses a policy the backend cannot keep: a delay it can ask for that the
+// backend refuses, or, on delayed-retry, a schedule other than the default that the
+// queue's one constant delay cannot follow. user is the policy as given, before
 // defaults.
 func (c Config) fits(b backend.Backend, user Policy) []error {
 	if c.Backend == delay.DelayedRetry {
-		var errs []error
-		for field, set := range map[string]bool{
-			"Delays": len(user.Delays) > 0, "InitialInterval": user.InitialInterval != 0, "Multiplier": user.Multiplier != 0,
-			"MaxInterval": user.MaxInterval != 0, "Jitter": user.Jitter != 0, "Immediate": user.Immediate != 0,
-		} {
-			if set {
-				errs = append(errs, fmt.Errorf("Policy.%s: the %s backend retries every DelayedRetryDelay (%s), one constant delay per work queue: it cannot follow a schedule; set DelayedRetryDelay, or put a copying Backend behind DelayedRetries", field, c.Backend, c.DelayedRetryDelay))
-			}
-		}
-		slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
-		return errs
+		return c.fitsDelayedRetry(user)
 	}
 	// A delay the backend refuses could never be handed off.
-	longest := c.Policy.longest()
+	longest, field := c.Policy.longest(c.DelayedRetries)
+	if longest <= 0 {
+		return nil
+	}
 	if _, err := b.Effective(longest); err != nil {
-		return []error{fmt.Errorf("Policy: longest delay %s does not fit the %s backend: %w", longest, c.Backend, err)}
+		lim := backend.LimitsOf(b)
+		fix := fmt.Sprintf("set Policy.MaxInterval to at most %s", lim.Longest)
+		if field != "MaxInterval" {
+			fix = fmt.Sprintf("shorten Policy.%s to at most %s, or lower Policy.MaxAttempts", field, lim.Longest)
+		}
+		if lim.Fix != "" {
+			fix += ", or " + lim.Fix
+		}
+		jitter := ""
+		if field == "MaxInterval" && c.Policy.Jitter > 0 {
+			jitter = ", jitter included"
+		}
+		return []error{fmt.Errorf("Policy.%s: %w: with %d attempts the policy asks for up to %s%s, longer than the %s the %s backend holds; %s",
+			field, delay.ErrDelayTooLong, c.Policy.MaxAttempts, longest, jitter, lim.Longest, c.Backend, fix)}
 	}
 	return nil
+}
+
+// fitsDelayedRetry refuses, on the delayed-retry backend, a policy value that changes
+// behaviour its one constant delay per work queue (DelayedRetryDelay, no jitter)
+// cannot keep. A value equal to its default is never refused: it changes nothing.
+// user is the policy as given, before defaults.
+func (c Config) fitsDelayedRetry(user Policy) []error {
+	var errs []error
+	d, p, def := c.DelayedRetryDelay, c.Policy, Policy{}.withDefaults()
+	what := fmt.Sprintf("the %s backend holds every retry of a work queue for one constant delay, every %s (DelayedRetryDelay)", c.Backend, d)
+	copying := "or put a copying Backend behind DelayedRetries"
+	if len(user.Delays) > 0 {
+		switch {
+		case slices.Max(user.Delays) == d && slices.Min(user.Delays) == d:
+		case slices.Max(user.Delays) == slices.Min(user.Delays):
+			errs = append(errs, fmt.Errorf("Policy.Delays: %v, %s: set DelayedRetryDelay to %s instead", user.Delays, what, user.Delays[0]))
+		default:
+			errs = append(errs, fmt.Errorf("Policy.Delays: %v, %s, and cannot grow it: leave Policy.Delays empty and set DelayedRetryDelay, %s", user.Delays, what, copying))
+		}
+	} else {
+		if p.InitialInterval != def.InitialInterval && p.InitialInterval != d {
+			errs = append(errs, fmt.Errorf("Policy.InitialInterval: %s, %s: set DelayedRetryDelay to %s instead", p.InitialInterval, what, p.InitialInterval))
+		}
+		if p.Multiplier != def.Multiplier && p.Multiplier != 1 {
+			errs = append(errs, fmt.Errorf("Policy.Multiplier: %g, %s, and cannot grow it: leave Policy.Multiplier unset, %s", p.Multiplier, what, copying))
+		}
+		if p.MaxInterval < d {
+			errs = append(errs, fmt.Errorf("Policy.MaxInterval: %s, shorter than the one constant delay the %s backend holds every retry for, %s (DelayedRetryDelay): set DelayedRetryDelay to at most %s", p.MaxInterval, c.Backend, d, p.MaxInterval))
+		}
+		if p.Jitter != def.Jitter && p.Jitter != 0 {
+			errs = append(errs, fmt.Errorf("Policy.Jitter: %g, %s, and cannot randomise it: leave Policy.Jitter unset or set Policy.NoJitter, %s", p.Jitter, what, copying))
+		}
+	}
+	if p.Immediate > 0 {
+		errs = append(errs, fmt.Errorf("Policy.Immediate: %d, the %s backend counts attempts from the broker's deliveries and cannot count retries run in this process: set Policy.Immediate to 0, or use a copying Backend", p.Immediate, c.Backend))
+	}
+	return errs
 }
 
 // backend returns the backend c names, for planning and sizing. c has its defaults.

@@ -3,15 +3,19 @@ package amqpretry
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"time"
+
+	"github.com/amqpretry/amqpretry/internal/schedule"
 )
 
 // Policy says how often and how long apart a message is retried. The zero value, after
 // defaults, is safe: 5 attempts, 1s doubling to at most 10m, ±20% jitter.
 type Policy struct {
 	// MaxAttempts is how many times the handler may run for one message, the first
-	// delivery included; after the last the message is poisoned. Default: 5.
+	// delivery included; after the last the message is poisoned. Watermill's
+	// middleware.Retry counts retries instead: MaxAttempts = MaxRetries + 1, and 1
+	// means no retry. 0 means the default, 5 (not Watermill's "no retries"); the
+	// effective value is logged at start. Default: 5.
 	MaxAttempts int
 	// Delays, if set, is the explicit schedule: the delay before attempt n+1 is
 	// Delays[n-1], and the last entry repeats. It replaces the exponential settings
@@ -41,9 +45,12 @@ type Policy struct {
 	ImmediateInterval time.Duration
 }
 
+// defaultMaxAttempts is MaxAttempts' default.
+const defaultMaxAttempts = 5
+
 func (p Policy) withDefaults() Policy {
 	if p.MaxAttempts == 0 {
-		p.MaxAttempts = 5
+		p.MaxAttempts = defaultMaxAttempts
 	}
 	if p.InitialInterval == 0 {
 		p.InitialInterval = time.Second
@@ -63,43 +70,43 @@ func (p Policy) withDefaults() Policy {
 	return p
 }
 
-// validate reports every invalid field of p, which has its defaults.
+// validate reports every invalid field of p, which has its defaults, each line
+// naming its field as "Policy.Jitter: 1.5, must be in [0, 1)".
 func (p Policy) validate() error {
 	var errs []error
 	if p.MaxAttempts < 1 {
-		errs = append(errs, fmt.Errorf("MaxAttempts: %d, must be at least 1", p.MaxAttempts))
+		errs = append(errs, fmt.Errorf("Policy.MaxAttempts: %d, must be at least 1 (0 means the default, %d)", p.MaxAttempts, defaultMaxAttempts))
 	}
 	for i, d := range p.Delays {
 		if d < 0 {
-			errs = append(errs, fmt.Errorf("Delays[%d]: %s is negative", i, d))
+			errs = append(errs, fmt.Errorf("Policy.Delays[%d]: %s, must not be negative", i, d))
 		}
 	}
 	if p.InitialInterval < 0 {
-		errs = append(errs, fmt.Errorf("InitialInterval: %s is negative", p.InitialInterval))
+		errs = append(errs, fmt.Errorf("Policy.InitialInterval: %s, must not be negative", p.InitialInterval))
 	}
 	if p.Multiplier < 1 {
-		errs = append(errs, fmt.Errorf("Multiplier: %g, must be at least 1", p.Multiplier))
+		errs = append(errs, fmt.Errorf("Policy.Multiplier: %g, must be at least 1", p.Multiplier))
 	}
-	if p.MaxInterval < p.InitialInterval {
-		errs = append(errs, fmt.Errorf("MaxInterval: %s is shorter than InitialInterval %s", p.MaxInterval, p.InitialInterval))
+	if p.MaxInterval < p.InitialInterval && p.InitialInterval >= 0 {
+		errs = append(errs, fmt.Errorf("Policy.MaxInterval: %s, must not be shorter than Policy.InitialInterval (%s)", p.MaxInterval, p.InitialInterval))
 	}
 	if p.Jitter < 0 || p.Jitter >= 1 {
-		errs = append(errs, fmt.Errorf("Jitter: %g, must be in [0, 1)", p.Jitter))
+		errs = append(errs, fmt.Errorf("Policy.Jitter: %g, must be in [0, 1)", p.Jitter))
 	}
 	if p.Immediate < 0 {
-		errs = append(errs, fmt.Errorf("Immediate: %d is negative", p.Immediate))
+		errs = append(errs, fmt.Errorf("Policy.Immediate: %d, must not be negative", p.Immediate))
 	}
 	if p.ImmediateInterval < 0 {
-		errs = append(errs, fmt.Errorf("ImmediateInterval: %s is negative", p.ImmediateInterval))
+		errs = append(errs, fmt.Errorf("Policy.ImmediateInterval: %s, must not be negative", p.ImmediateInterval))
 	}
 	return errors.Join(errs...)
 }
 
-// longest is the longest delay p can ask for: the longest of Delays, or MaxInterval.
-// p has its defaults.
-func (p Policy) longest() time.Duration {
-	if len(p.Delays) > 0 {
-		return slices.Max(p.Delays)
-	}
-	return p.MaxInterval
+// longest is the longest delay p can ask of the copying backend, after stages retries
+// run in this process or held in the work queue, and the field that decides it
+// (package schedule). p has its defaults.
+func (p Policy) longest(stages int) (time.Duration, string) {
+	s := schedule.Policy(p)
+	return s.Longest(s.Retries(p.Immediate + stages))
 }

@@ -148,8 +148,8 @@ func TestPolicyValidateNamesTheField(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.field, func(t *testing.T) {
 			err := amqpretry.Config{Backend: delay.Memory, Memory: discard{}, Policy: tt.policy}.Validate()
-			if err == nil || !strings.Contains(err.Error(), "Policy: "+tt.field+":") {
-				t.Fatalf("Validate() = %v, want an error naming Policy: %s", err, tt.field)
+			if err == nil || !strings.Contains(err.Error(), "Policy."+tt.field+": ") {
+				t.Fatalf("Validate() = %v, want an error naming Policy.%s", err, tt.field)
 			}
 		})
 	}
@@ -170,13 +170,14 @@ func TestPolicyValidateNamesTheField(t *testing.T) {
 // refused up front, naming the delay; one the backend holds shorter is accepted.
 func TestPolicyMustFitTheBackend(t *testing.T) {
 	err := amqpretry.Config{Backend: delay.BinaryLevels, Levels: 4, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second, 20 * time.Second}}}.Validate()
-	if !errors.Is(err, delay.ErrDelayTooLong) || !strings.Contains(err.Error(), "Policy: longest delay 20s") {
+	if !errors.Is(err, delay.ErrDelayTooLong) || !strings.Contains(err.Error(), "Policy.Delays[1]: delay too long: with 5 attempts the policy asks for up to 20s") {
 		t.Errorf("binary-levels with 4 levels and a 20s delay: %v", err)
 	}
 	if err := (amqpretry.Config{Policy: amqpretry.Policy{MaxInterval: 3 * time.Hour}}).Validate(); err != nil {
 		t.Errorf("ttl-tiers with delays past its longest tier: %v, want accepted (they come back early)", err)
 	}
-	err = amqpretry.Config{Backend: delay.DelayedRetry, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}, Jitter: 0.1}}.Validate()
+	err = errors.Join(amqpretry.Config{Backend: delay.DelayedRetry, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second, 2 * time.Second}}}.Validate(),
+		amqpretry.Config{Backend: delay.DelayedRetry, Policy: amqpretry.Policy{Jitter: 0.1}}.Validate())
 	for _, field := range []string{"Policy.Delays", "Policy.Jitter"} {
 		if err == nil || !strings.Contains(err.Error(), field) {
 			t.Errorf("delayed-retry with a schedule: %v, does not name %s", err, field)

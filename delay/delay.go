@@ -16,7 +16,11 @@ const (
 	DelayedExchange = "delayed-exchange"
 	// DelayedRetry has RabbitMQ 4.3+ hold the failed delivery in the work queue itself
 	// (its delayed retry of quorum queues): no copy, no publish, one constant delay per
-	// work queue.
+	// work queue, without jitter. A Policy value that would change that (Delays other
+	// than DelayedRetryDelay, another InitialInterval, a Multiplier other than 1, a
+	// Jitter, Immediate) is refused; one equal to its default changes nothing and is
+	// accepted. The work queue must be a quorum queue: a classic one is refused at
+	// the first subscribe.
 	DelayedRetry = "delayed-retry"
 	// DeliveryTime has RabbitMQ 4.3+ hold a failed delivery received over AMQP 1.0 in
 	// its quorum queue until an exact time (the modified outcome with
@@ -37,6 +41,7 @@ var (
 	ErrPluginMissing = errors.New("rabbitmq_delayed_message_exchange plugin not enabled")
 	// ErrUnsupported is wrapped by the start-up error of a backend the broker or the
 	// transport cannot run: delayed-retry or delivery-time on RabbitMQ older than 4.3,
-	// delivery-time on an AMQP 0-9-1 transport.
-	ErrUnsupported = errors.New("not supported by this broker")
+	// delivery-time on an AMQP 0-9-1 transport. The error names which of them is at
+	// fault.
+	ErrUnsupported = errors.New("not supported")
 )

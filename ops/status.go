@@ -165,6 +165,12 @@ const (
 	// online: a node is down or its member has not started. It works while a majority
 	// is online, and stalls (nothing lost) without one.
 	FlagUnderReplicated FlagKind = "under-replicated"
+	// FlagQueueType: a work queue is of type Flag.QueueType ("classic", or "not
+	// quorum" when only the broker's counts tell) where delayed retries (Backend delayed-retry,
+	// DelayedRetries) need a quorum queue: the broker redelivers its nacked messages at
+	// once. A queue's type cannot change: move to a new quorum queue, or use a copying
+	// backend.
+	FlagQueueType FlagKind = "queue-type"
 	// FlagNearLimit: the broker uses Flag.Count of its Flag.Limit file descriptors
 	// (Name "file_descriptors") or sockets (Name "sockets"), 80% or more: past the
 	// limit every new connection hangs in its handshake (on RabbitMQ 3.x each quorum
@@ -190,6 +196,8 @@ type Flag struct {
 	Late time.Duration `json:"late_ns,omitempty"`
 	// Interval: how long a stuck backlog did not move.
 	Interval time.Duration `json:"interval_ns,omitempty"`
+	// QueueType: the type of a work queue flagged FlagQueueType.
+	QueueType string `json:"queue_type,omitempty"`
 }
 
 // Status reports the depth and the age of the oldest message of every delay queue, of
@@ -293,6 +301,14 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 			flag(Flag{Kind: FlagMissing, Name: qs.Name, Role: qs.Role})
 		case qs.Role == "parking" && qs.Ready > 0:
 			flag(Flag{Kind: FlagParked, Name: qs.Name, Role: qs.Role, Count: qs.Ready})
+		case qs.Role == "work" && o.holdsRetries():
+			t, err := o.workQueueType(qs)
+			if err != nil {
+				return s, err
+			}
+			if t != "" && t != declare.QueueTypeQuorum {
+				flag(Flag{Kind: FlagQueueType, Name: qs.Name, Role: qs.Role, QueueType: t})
+			}
 		}
 		underReplicated(qs, flag)
 		s.Queues = append(s.Queues, qs)
@@ -306,6 +322,28 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 		}
 	}
 	return s, nil
+}
+
+// holdsRetries tells whether the work queues hold retries (delayed retry), and so
+// must be quorum queues.
+func (o *Ops) holdsRetries() bool {
+	return o.retry.Backend == delay.DelayedRetry || o.retry.DelayedRetries > 0
+}
+
+// workQueueType is the type of work queue qs, which exists, or "" when unknown: over
+// AMQP (a declaration with x-queue-type quorum, which needs configure permission and
+// changes nothing), else from the broker's counts (only quorum queues have members).
+func (o *Ops) workQueueType(qs QueueStatus) (string, error) {
+	t, known, err := declare.QueueType(o.conn, qs.Name)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("status: type of work queue %q: %w", qs.Name, o.redact(err))
+	case known:
+		return t, nil
+	case qs.Counted && qs.Members == 0:
+		return declare.NotQuorum, nil
+	}
+	return "", nil
 }
 
 // underReplicated flags qs if fewer of its members are online than it has.

@@ -113,6 +113,12 @@ func (o *Ops) Verify(ctx context.Context, opts VerifyOptions, workQueues ...stri
 			return out, fmt.Errorf("verify: %w", o.redact(err))
 		}
 	}
+	for i, f := range out {
+		// A work queue of another type than delayed retries need: apply cannot fix it.
+		if t := declare.CurrentQueueType(f.Detail); f.Kind == "work queue" && f.Arg == declare.QueueTypeArg && t != "" && t != declare.QueueTypeQuorum {
+			out[i].Fix = declare.WrongQueueTypeFix(f.Name, t)
+		}
+	}
 	if opts.Counts == nil {
 		return out, nil
 	}

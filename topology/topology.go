@@ -111,4 +111,7 @@ type Finding struct {
 	// means a node is down or a member has not started.
 	Members int `json:"members,omitempty"`
 	Online  int `json:"members_online,omitempty"`
+	// Fix is how to repair it, when the usual fix (apply) cannot: a work queue of
+	// another type than delayed retries need, whose type cannot change.
+	Fix string `json:"fix,omitempty"`
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/internal/redact"
 	"github.com/amqpretry/amqpretry/internal/version"
@@ -318,6 +319,8 @@ func (a *app) describe(f ops.Flag, s ops.Status, cfg amqpretry.Config, queues []
 		return fmt.Sprintf("CONSUMED delay queue %s has %d consumers: a delivered message never expires; stop them", f.Name, f.Count)
 	case ops.FlagUnderReplicated:
 		return fmt.Sprintf("UNDER-REPLICATED %s queue %s: %d of its %d members online; a node is down or its member has not started. It works while a majority is online and stalls, losing nothing, without one: bring the node back (rabbitmq-queues grow adds members on other nodes)", f.Role, f.Name, f.Count, f.Limit)
+	case ops.FlagQueueType:
+		return "QUEUE-TYPE " + declare.WrongQueueTypeFix(f.Name, f.QueueType)
 	case ops.FlagNearLimit:
 		what := strings.ReplaceAll(f.Name, "_", " ")
 		return fmt.Sprintf("NEAR-LIMIT: the broker uses %d of its %d %s (%d%%); past the limit every new connection hangs in its handshake; on RabbitMQ 3.x each quorum queue holds 3 of them (docs/broker-resources.md): delete unused quorum queues, or raise the limit (ulimit -n, LimitNOFILE)", f.Count, f.Limit, what, f.Count*100/f.Limit)

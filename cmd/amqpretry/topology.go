@@ -257,6 +257,9 @@ func describeFinding(f topology.Finding) string {
 	if f.Detail != "" {
 		s += " (" + f.Detail + ")"
 	}
+	if f.Fix != "" {
+		s += "; " + f.Fix
+	}
 	return s
 }
 
@@ -266,11 +269,15 @@ func (a *app) printFindings(findings []topology.Finding, applyCmd string) error 
 	counts := map[topology.Status]int{}
 	bad := 0
 	under := 0
+	applyFixes := 0 // the bad findings apply can fix (not those that carry a fix of their own)
 	for _, f := range findings {
 		counts[f.Status]++
 		switch {
 		case f.Status == topology.StatusMissing, f.Status == topology.StatusMismatch, f.Status == topology.StatusError:
 			bad++
+			if f.Fix == "" {
+				applyFixes++
+			}
 		case f.Online < f.Members:
 			under++
 		}
@@ -304,7 +311,7 @@ func (a *app) printFindings(findings []topology.Finding, applyCmd string) error 
 		if n := counts[topology.StatusUnchecked] - uncheckedBindings; n > 0 {
 			a.printf("%d exchanges or queues exist but their arguments were not compared: the user may not configure them (run verify as one who may)\n", n)
 		}
-		if bad > 0 {
+		if applyFixes > 0 {
 			a.printf("create what is missing with: %s\n", applyCmd)
 		}
 	}

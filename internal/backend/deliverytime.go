@@ -43,7 +43,7 @@ func (deliveryTime) Park(context.Context, string, *message.Message, time.Duratio
 	return fmt.Errorf("%s: retries in place, it parks no copy", delay.DeliveryTime)
 }
 
-var errNoTransport = fmt.Errorf("%s: %w: it needs the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1", delay.DeliveryTime, delay.ErrUnsupported)
+var errNoTransport = fmt.Errorf("%s is %w on the AMQP 0-9-1 transport: it needs the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1", delay.DeliveryTime, delay.ErrUnsupported)
 
 // Settle asks the transport to settle msg modified, due after effective, with the
 // envelope as annotations, and nacks it.

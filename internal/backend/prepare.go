@@ -46,7 +46,7 @@ func UnsupportedError(name, brokerVersion string) error {
 	if name == delay.DeliveryTime {
 		why = "it does not hold a delivery settled with x-opt-delivery-time"
 	}
-	return fmt.Errorf("%s: %w: retries held in the work queue need RabbitMQ 4.3 or later, and the broker is %s: %s; use %s or %s there",
+	return fmt.Errorf("%s is %w by this broker: retries held in the work queue need RabbitMQ 4.3 or later, and the broker is %s: %s; use %s or %s there",
 		name, delay.ErrUnsupported, brokerVersion, why, delay.TTLTiers, delay.BinaryLevels)
 }
 

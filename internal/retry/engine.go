@@ -125,7 +125,8 @@ func (e *Engine) read(msg *message.Message) delivery {
 	}
 	d.owned = e.wiring.ID == "" || d.owner == e.wiring.ID
 	d.queue = e.wiring.Queue(d.topic)
-	if h, ok := e.held.take(msg.UUID); ok && d.owned {
+	h, ok := e.held.take(msg.UUID)
+	if ok && d.owned {
 		// A retry held in the work queue comes back without its envelope.
 		d.held, d.heldDue = true, h.due
 		if d.envelope.FirstFailure.IsZero() {
@@ -136,6 +137,10 @@ func (e *Engine) read(msg *message.Message) delivery {
 		d.attempt = e.wiring.Attempt(msg)
 	} else {
 		d.attempt = max(d.envelope.Attempt, 1)
+	}
+	if d.held {
+		// Never fewer than this process counted when it held it.
+		d.attempt = max(d.attempt, h.attempt)
 	}
 	return d
 }

@@ -34,7 +34,7 @@ func (e *Engine) settle(msg *message.Message, f failure, requested, effective ti
 	if err := e.inPlace.(backend.InPlace).Settle(msg, effective, md); err != nil {
 		return e.handoffFailed(f, copyOf(msg), err, "other", true)
 	}
-	e.held.add(msg.UUID, heldRetry{due: due, first: f.envelope.FirstFailure})
+	e.held.add(msg.UUID, heldRetry{due: due, first: f.envelope.FirstFailure, attempt: f.envelope.Attempt})
 	e.failures.forget(msg.UUID)
 	n := e.stats.retries.add()
 	e.observe(middleware.Event{Kind: middleware.EventRetryScheduled, Queue: f.queue, Backend: e.inPlace.Name(), Attempt: f.attempt, Err: f.err,

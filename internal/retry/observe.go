@@ -53,7 +53,7 @@ func (e *Engine) observeDelivery(d delivery) {
 	}
 	if d.held && e.inPlace.Name() == delay.DelayedRetry && ev.Lateness < -e.cfg.DelayedRetryDelay/2 && e.held.markBroken(d.queue) {
 		e.cfg.Logger.Error("Work queue does not hold delayed retries: a nacked message came back at once; its retries now go to the copying backend, or are poisoned without one",
-			fmt.Errorf("queue %q: back %s after the nack, expected %s: declare it with x-delayed-retry-type=returned and x-delayed-retry-min/-max, or apply a delayed-retry policy to it (RabbitMQ 4.3+)", d.queue, (e.cfg.DelayedRetryDelay+ev.Lateness).Round(time.Millisecond), e.cfg.DelayedRetryDelay),
+			fmt.Errorf("queue %q: back %s after the nack, expected %s: a quorum queue needs x-delayed-retry-type=returned and x-delayed-retry-min/-max (declare it with them, or apply a delayed-retry policy to it, RabbitMQ 4.3+); a classic queue cannot hold delayed retries (`amqpretry topology verify` tells its type): move to a new quorum queue, or use a copying Backend", d.queue, (e.cfg.DelayedRetryDelay+ev.Lateness).Round(time.Millisecond), e.cfg.DelayedRetryDelay),
 			watermill.LogFields{"queue": d.queue, "message_uuid": d.msg.UUID})
 	}
 	e.observe(ev)
@@ -85,9 +85,14 @@ type heldRetries struct {
 	size   atomic.Int64
 }
 
-// heldRetry is what the engine knows of a retry it held: when it is due, and when the
-// message first failed (the broker redelivers it unchanged, without its envelope).
-type heldRetry struct{ due, first time.Time }
+// heldRetry is what the engine knows of a retry it held: when it is due, when the
+// message first failed (the broker redelivers it unchanged, without its envelope), and
+// the attempt it comes back as (a queue that does not hold retries has no
+// x-acquired-count to count it from).
+type heldRetry struct {
+	due, first time.Time
+	attempt    int
+}
 
 func (h *heldRetries) add(uuid string, r heldRetry) {
 	h.mu.Lock()

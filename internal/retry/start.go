@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/internal/redact"
+	"github.com/amqpretry/amqpretry/internal/schedule"
 	"github.com/amqpretry/amqpretry/internal/version"
 	"github.com/amqpretry/amqpretry/internal/wire"
 	"github.com/amqpretry/amqpretry/topology"
@@ -138,25 +138,44 @@ func (r *Retry) start(spec backend.Spec) error {
 		cfg.Logger.Error("The delayed-exchange backend may lose retries that come due while the broker stops (the plugin routes them fire-and-forget); ttl-tiers and binary-levels do not",
 			errors.New("retries due while the broker stops may be lost"), fields)
 	}
-	if e.backend != nil {
-		longest := cfg.Policy.MaxInterval
-		if len(cfg.Policy.Delays) > 0 {
-			longest = slices.Max(cfg.Policy.Delays)
-		}
-		if effective, _ := e.backend.Effective(longest); effective < longest {
-			cfg.Logger.Info("The policy's longest delay is longer than the backend holds; those retries come back early", watermill.LogFields{
-				"delay_backend": cfg.Backend, "policy_longest_delay": longest.String(), "effective_delay": effective.String(),
-			})
-		}
-	}
 	return nil
 }
 
+// logReady logs, once at start, the policy in effect (defaults applied): attempts,
+// schedule, the longest delay it can ask for, and the backend's limits; and, at INFO,
+// when that delay is longer than ttl-tiers holds.
 func (r *Retry) logReady() {
-	r.cfg.Logger.Info("Broker-side retry ready", watermill.LogFields{
-		"delay_backend": r.cfg.Backend, "delayed_retries": r.cfg.DelayedRetries, "poison_queue": r.cfg.PoisonQueue,
-		"max_attempts": r.cfg.Policy.MaxAttempts, "amqp_uri": redact.URI(r.conn.URI),
-	})
+	cfg, e := r.cfg, r.Engine
+	p := schedule.Policy(cfg.Policy)
+	longest, _ := p.Longest(p.Retries(cfg.Policy.Immediate + cfg.DelayedRetries))
+	fields := watermill.LogFields{
+		"delay_backend": cfg.Backend, "delayed_retries": cfg.DelayedRetries, "poison_queue": cfg.PoisonQueue,
+		"max_attempts": cfg.Policy.MaxAttempts, "schedule": p.String(), "longest_delay": longest.String(),
+	}
+	if r.conn.URI != "" {
+		fields["amqp_uri"] = redact.URI(r.conn.URI)
+	}
+	var lim backend.Limits
+	switch {
+	case e.backend != nil:
+		lim = backend.LimitsOf(e.backend)
+	case e.inPlace != nil:
+		lim = backend.LimitsOf(e.inPlace)
+	}
+	fields["backend_limits"] = lim.Text
+	if cfg.DelayedRetries > 0 {
+		fields["schedule"] = fmt.Sprintf("%d retries held in the work queue %s apart, then %s", cfg.DelayedRetries, cfg.DelayedRetryDelay, p.String())
+	}
+	if cfg.Backend == delay.DelayedRetry {
+		fields["schedule"] = fmt.Sprintf("every retry held in the work queue %s (DelayedRetryDelay)", cfg.DelayedRetryDelay)
+		fields["longest_delay"] = cfg.DelayedRetryDelay.String()
+	}
+	cfg.Logger.Info("Broker-side retry ready", fields)
+	if e.backend != nil && lim.Longest > 0 && !lim.Refuses && longest > lim.Longest {
+		cfg.Logger.Info("The policy's longest delay is longer than the backend holds; those retries come back early", watermill.LogFields{
+			"delay_backend": cfg.Backend, "policy_longest_delay": longest.String(), "effective_delay": lim.Longest.String(),
+		})
+	}
 }
 
 // ID identifies this Retry's deliveries (keys.Subscriber); "" in-process.
@@ -203,6 +222,9 @@ func (r *Retry) WorkQueueArgs(args amqp.Table) amqp.Table {
 // check, nothing), and records that it did: called by the subscriber's topology
 // builder on every subscribe and reconnect.
 func (r *Retry) BindWorkQueue(ch *amqp.Channel, queue string) error {
+	if err := r.checkWorkQueueType(queue); err != nil {
+		return err
+	}
 	if r.Engine.backend != nil {
 		if err := declare.Ensure(ch, r.cfg.Topology, r.Engine.backend.WorkQueue(queue)); err != nil {
 			return fmt.Errorf("retry topology for queue %q: %w", queue, r.Hint(err, queue))
@@ -214,6 +236,29 @@ func (r *Retry) BindWorkQueue(ch *amqp.Channel, queue string) error {
 		r.bound = map[string]bool{}
 	}
 	r.bound[queue] = true
+	return nil
+}
+
+// checkWorkQueueType refuses, in topology mode verify with delayed retries, a work
+// queue that exists as another type than quorum: its passive declaration passed, but
+// the broker would redeliver every nack at once. Mode declare has declared it with the
+// arguments already (a clash fails there, see Hint); without configure permission the
+// type cannot be read over AMQP, and the engine notices at the first retry instead.
+func (r *Retry) checkWorkQueueType(queue string) error {
+	if r.cfg.Topology != topology.ModeVerify || !r.holdsRetries() || r.handoff == nil {
+		return nil
+	}
+	conn, err := r.handoff.Connection()
+	if err != nil {
+		return fmt.Errorf("check the type of work queue %q: %w", queue, err)
+	}
+	t, known, err := declare.QueueType(conn, queue)
+	switch {
+	case err != nil:
+		return fmt.Errorf("check the type of work queue %q: %w", queue, err)
+	case known && t != declare.QueueTypeQuorum:
+		return fmt.Errorf("%s: %w", declare.WrongQueueTypeFix(queue, t), topology.ErrMismatch)
+	}
 	return nil
 }
 
@@ -293,6 +338,9 @@ func (r *Retry) Hint(err error, queue string) error {
 	var queues []string
 	if queue != "" {
 		queues = []string{queue}
+	}
+	if t, ok := declare.QueueTypeClash(err); ok && queue != "" && r.holdsRetries() && t != declare.QueueTypeQuorum {
+		return fmt.Errorf("%s: %w (%w)", declare.WrongQueueTypeFix(queue, t), topology.ErrMismatch, err)
 	}
 	switch {
 	case errors.Is(err, topology.ErrMissing):

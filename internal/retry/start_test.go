@@ -67,7 +67,7 @@ func TestNewValidatesEveryField(t *testing.T) {
 	_, err := New(sub, amqpretry.Config{DelayedRetries: 2, Policy: amqpretry.Policy{MaxAttempts: -2}, HandoffAttempts: -1})
 	for _, want := range []string{
 		"invalid config", "Subscriber: Queue.GenerateName: required", "Subscriber: Consume.NoRequeueOnNack", "Subscriber: Marshaler: mypkg.Marshaler",
-		"Subscriber: Queue.Arguments: x-queue-type classic", "Policy: MaxAttempts", "HandoffAttempts",
+		"Subscriber: Queue.Arguments: x-queue-type classic", "Policy.MaxAttempts: -2", "HandoffAttempts",
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("New error %v does not say %q", err, want)

@@ -57,7 +57,8 @@ func (sub Sub) validate(cfg amqpretry.Config) error {
 	}
 	var errs []error
 	if cfg.Backend == delay.DeliveryTime {
-		errs = append(errs, fmt.Errorf("Backend: %s needs the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1: %w", cfg.Backend, delay.ErrUnsupported))
+		errs = append(errs, fmt.Errorf("Backend: %s is %w on the AMQP 0-9-1 transport (watermill-amqp): it settles a failed delivery with an AMQP 1.0 outcome; use the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1, or another Backend (%s, %s, %s)",
+			cfg.Backend, delay.ErrUnsupported, delay.TTLTiers, delay.BinaryLevels, delay.DelayedRetry))
 	}
 	if sub.QueueName == nil {
 		errs = append(errs, errors.New("Subscriber: Queue.GenerateName: required"))

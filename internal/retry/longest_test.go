@@ -1,0 +1,42 @@
+package retry
+
+import (
+	"testing"
+	"time"
+
+	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/internal/schedule"
+)
+
+// TestLongestBoundsEveryDelay: schedule.Longest, which Config.Validate checks against
+// the backend's limits, bounds every delay the engine asks for (delayOf) in the
+// retries it counts, and is reached without jitter.
+func TestLongestBoundsEveryDelay(t *testing.T) {
+	for _, p := range []amqpretry.Policy{
+		{MaxAttempts: 3},
+		{MaxAttempts: 10},
+		{MaxAttempts: 30, Jitter: 0.9},
+		{MaxAttempts: 6, InitialInterval: 300 * time.Millisecond, Multiplier: 1.7, MaxInterval: 7 * time.Second, Jitter: 0.5},
+		{MaxAttempts: 6, Multiplier: 1, InitialInterval: 3 * time.Second},
+		{MaxAttempts: 4, Delays: []time.Duration{time.Second, 9 * time.Second, 2 * time.Second, time.Hour}},
+		{MaxAttempts: 6, NoJitter: true, Multiplier: 3},
+	} {
+		p := amqpretry.Config{Policy: p}.WithDefaults().Policy
+		s := schedule.Policy(p)
+		n := s.Retries(0)
+		longest, _ := s.Longest(n)
+		var seen time.Duration
+		for i := 1; i <= n; i++ {
+			for range 200 {
+				d := delayOf(p, i)
+				if d > longest {
+					t.Fatalf("%+v: delay %d = %s, longer than Longest(%d) = %s", p, i, d, n, longest)
+				}
+				seen = max(seen, d)
+			}
+		}
+		if p.Jitter == 0 && seen != longest {
+			t.Errorf("%+v without jitter: longest delay seen %s, Longest %s", p, seen, longest)
+		}
+	}
+}

@@ -1,0 +1,386 @@
+package amqpretry_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqpv3 "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/version"
+	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/topology"
+	"github.com/amqpretry/amqpretry/wamqp3"
+)
+
+// wrongUsage is one way a user can get the library wrong (issue 25), what they do, and
+// the fix the library must name. To add a case, add a row: its config, what the user
+// does (do: one of the steps below, or a function of your own returning the text the
+// user is shown, an error or a log line), and the texts that name the fix.
+type wrongUsage struct {
+	name string
+	// broker: "" needs none; brokerAny the broker at AMQP_URI (skipped cleanly without
+	// one, failed under CI=true); broker43 RabbitMQ 4.3 or later there (skipped on an
+	// older one: scripts/test.sh runs the package on 4.3 too).
+	broker string
+	// cfg is the user's config; e.Prefix and e.Queue are unique to the case.
+	cfg func(e *wuEnv) amqpretry.Config
+	// setup prepares the broker (the user's existing queues), before do.
+	setup func(e *wuEnv)
+	// do is what the user does; it returns what the user is shown ("" for nothing
+	// refused). Default: validate.
+	do func(e *wuEnv, cfg amqpretry.Config) string
+	// want are the texts that must all appear in it: the fix named, exactly. Nil: do
+	// must show nothing (the usage is right after all).
+	want []string
+	// is, if set, must be wrapped by the error (do's err, kept in e.Err).
+	is error
+}
+
+const (
+	brokerAny = "any"
+	broker43  = "4.3"
+)
+
+// wuEnv is a case's world: its unique names, the logs, the last error.
+type wuEnv struct {
+	t      *testing.T
+	Prefix string
+	Queue  string // a work queue of the case's own
+	Logs   *logged
+	Err    error
+	conn   *amqp.Connection
+}
+
+// validate: Config.Validate.
+func validate(e *wuEnv, cfg amqpretry.Config) string { return e.shown(cfg.Validate()) }
+
+// newRetry: wamqp3.New on a subscriber config of the broker at AMQP_URI (a port nothing
+// listens on without a broker case: an invalid config is refused before dialling).
+func newRetry(e *wuEnv, cfg amqpretry.Config) string {
+	r, err := wamqp3.New(e.subConfig(), cfg)
+	if err == nil {
+		_ = r.Close()
+	}
+	return e.shown(err)
+}
+
+// runRouter: wamqp3.New, AddHandler on e.Queue with a handler that always fails, and
+// router.Run: what New or Run returns (the first subscribe is where a work queue is
+// checked), or "" when the router runs.
+func runRouter(e *wuEnv, cfg amqpretry.Config) string {
+	r, err := wamqp3.New(e.subConfig(), cfg)
+	if err != nil {
+		return e.shown(err)
+	}
+	defer r.Close()
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := r.AddHandler(router, "wrong-usage", e.Queue, func(*message.Message) error { return errors.New("boom") }); err != nil {
+		return e.shown(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- router.Run(ctx) }()
+	select {
+	case err := <-done:
+		return e.shown(err)
+	case <-router.Running():
+		_ = router.Close()
+		<-done
+		return ""
+	case <-ctx.Done():
+		e.t.Fatal("the router neither ran nor failed within 30s")
+	}
+	return ""
+}
+
+// shown records err and returns its text, or "".
+func (e *wuEnv) shown(err error) string {
+	e.Err = err
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+func (e *wuEnv) subConfig() wamqpv3.Config {
+	uri := "amqp://guest:guest@127.0.0.1:1/"
+	if e.conn != nil {
+		uri = brokertest.URI()
+	}
+	return wamqpv3.NewDurableQueueConfig(uri)
+}
+
+// declareClassic declares e.Queue as a classic queue, as watermill-amqp's durable
+// config does without arguments, deleted when the test ends.
+func (e *wuEnv) declareClassic() {
+	e.t.Helper()
+	ch, err := e.conn.Channel()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer ch.Close()
+	brokertest.Cleanup(e.t, []string{e.Queue}, nil)
+	if _, err := ch.QueueDeclare(e.Queue, true, false, false, false, nil); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// apply declares what cfg's plan needs besides the work queues (the poison queue, the
+// backend's topology), as an administrator would for topology mode verify, deleted
+// when the test ends.
+func (e *wuEnv) apply(cfg amqpretry.Config) {
+	e.t.Helper()
+	plan, err := cfg.Plan()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	brokertest.CleanupTopology(e.t, plan)
+	ch, err := e.conn.Channel()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := declare.Declare(ch, plan); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// cleanup deletes what cfg declares (its plan, the poison queue) when the test ends.
+func (e *wuEnv) cleanup(cfg amqpretry.Config) {
+	if plan, err := cfg.Plan(); err == nil {
+		brokertest.CleanupTopology(e.t, plan)
+	}
+}
+
+// classicUnderDelayedRetry is a delayed-retry config for e in topology mode m.
+func classicUnderDelayedRetry(m topology.Mode) func(e *wuEnv) amqpretry.Config {
+	return func(e *wuEnv) amqpretry.Config {
+		return amqpretry.Config{Backend: delay.DelayedRetry, Prefix: e.Prefix, Topology: m, Logger: logger{e.Logs}}
+	}
+}
+
+// classicFix is the fix every refusal of a classic work queue under delayed retries
+// names.
+func classicFix(queue string) []string {
+	return []string{
+		fmt.Sprintf("work queue %q is a classic queue, and delayed retries (Backend delayed-retry or DelayedRetries) need a quorum queue", queue),
+		"a queue's type cannot change, not even by a policy",
+		"move to a new quorum queue", "move the messages to it",
+		"or keep it as it is and use a copying Backend (ttl-tiers or binary-levels) without DelayedRetries",
+	}
+}
+
+func TestWrongUsage(t *testing.T) {
+	memory := func(p amqpretry.Policy) func(*wuEnv) amqpretry.Config {
+		return func(*wuEnv) amqpretry.Config {
+			return amqpretry.Config{Backend: delay.Memory, Memory: discard{}, Policy: p}
+		}
+	}
+	cases := []wrongUsage{
+		{
+			name: "Backend typo",
+			cfg:  func(*wuEnv) amqpretry.Config { return amqpretry.Config{Backend: "ttl-tier"} },
+			want: []string{`Backend: unknown backend "ttl-tier" (known: ttl-tiers, binary-levels, delayed-exchange, delayed-retry, delivery-time, memory)`},
+		},
+		{
+			name: "negative MaxAttempts",
+			cfg:  memory(amqpretry.Policy{MaxAttempts: -1}),
+			want: []string{"Policy.MaxAttempts: -1, must be at least 1 (0 means the default, 5)"},
+		},
+		{
+			name: "every line names its field",
+			cfg:  memory(amqpretry.Policy{Jitter: 1.5, Multiplier: 0.5}),
+			want: []string{"Policy.Multiplier: 0.5, must be at least 1\nPolicy.Jitter: 1.5, must be in [0, 1)"},
+		},
+		{
+			name: "binary-levels limit checked against the schedule, not MaxInterval's default",
+			cfg: func(*wuEnv) amqpretry.Config {
+				return amqpretry.Config{Backend: delay.BinaryLevels, Levels: 5, Policy: amqpretry.Policy{MaxAttempts: 3, InitialInterval: time.Second}}
+			},
+		},
+		{
+			name: "binary-levels schedule past its limit",
+			cfg: func(*wuEnv) amqpretry.Config {
+				return amqpretry.Config{Backend: delay.BinaryLevels, Levels: 5, Policy: amqpretry.Policy{MaxAttempts: 10}}
+			},
+			want: []string{"Policy.MaxInterval: delay too long", "set Policy.MaxInterval to at most 31s, or raise Levels"},
+			is:   delay.ErrDelayTooLong,
+		},
+		{
+			name: "delayed-retry with explicit defaults",
+			cfg: func(*wuEnv) amqpretry.Config {
+				return amqpretry.Config{Backend: delay.DelayedRetry, Policy: amqpretry.Policy{InitialInterval: time.Second, Multiplier: 2, Jitter: 0.2}}
+			},
+		},
+		{
+			name: "delayed-retry with a schedule it cannot keep",
+			cfg: func(*wuEnv) amqpretry.Config {
+				return amqpretry.Config{Backend: delay.DelayedRetry, Policy: amqpretry.Policy{InitialInterval: 5 * time.Second}}
+			},
+			want: []string{"Policy.InitialInterval: 5s, the delayed-retry backend holds every retry of a work queue for one constant delay, every 1s (DelayedRetryDelay): set DelayedRetryDelay to 5s instead"},
+		},
+		{
+			name: "MaxAttempts 0 is logged as what it means",
+			cfg: func(e *wuEnv) amqpretry.Config {
+				return amqpretry.Config{Backend: delay.Memory, Memory: discard{}, Logger: logger{e.Logs}}
+			},
+			do: func(e *wuEnv, cfg amqpretry.Config) string {
+				r, err := wamqp3.New(wamqpv3.Config{}, cfg)
+				if err != nil {
+					return e.shown(err)
+				}
+				_ = r.Close()
+				return strings.Join(e.Logs.matching("Broker-side retry ready"), "\n")
+			},
+			want: []string{"max_attempts=5", "schedule=1s, ×2 per retry up to 10m0s, jitter ±20%", "backend_limits=any delay, held in this process"},
+		},
+		{
+			name: "delivery-time on the 0-9-1 transport",
+			cfg:  func(*wuEnv) amqpretry.Config { return amqpretry.Config{Backend: delay.DeliveryTime} },
+			do:   newRetry,
+			want: []string{"Backend: delivery-time is not supported on the AMQP 0-9-1 transport (watermill-amqp)",
+				"use the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1, or another Backend (ttl-tiers, binary-levels, delayed-retry)"},
+			is: delay.ErrUnsupported,
+		},
+		{
+			name:   "classic work queue under delayed-retry, topology mode declare",
+			broker: broker43,
+			cfg:    classicUnderDelayedRetry(topology.ModeDeclare),
+			setup:  func(e *wuEnv) { e.declareClassic() },
+			do: func(e *wuEnv, cfg amqpretry.Config) string {
+				e.cleanup(cfg)
+				return runRouter(e, cfg)
+			},
+			want: classicFix("<queue>"),
+			is:   topology.ErrMismatch,
+		},
+		{
+			name:   "classic work queue under delayed-retry, topology mode verify",
+			broker: broker43,
+			cfg:    classicUnderDelayedRetry(topology.ModeVerify),
+			setup:  func(e *wuEnv) { e.declareClassic() },
+			do: func(e *wuEnv, cfg amqpretry.Config) string {
+				e.apply(cfg)
+				return runRouter(e, cfg)
+			},
+			want: classicFix("<queue>"),
+			is:   topology.ErrMismatch,
+		},
+		{
+			// Topology mode none checks nothing: the engine notices at the first retry,
+			// the message is poisoned after the one retry it got, and the log names
+			// fixes that can work on a classic queue.
+			name:   "classic work queue under delayed-retry, topology mode none",
+			broker: broker43,
+			cfg:    classicUnderDelayedRetry(topology.ModeNone),
+			setup:  func(e *wuEnv) { e.declareClassic() },
+			do:     classicAtRuntime,
+			want: []string{
+				"poisoned at attempt 2 (handoff-failed), stats retries 1 poisoned 1",
+				"a classic queue cannot hold delayed retries (`amqpretry topology verify` tells its type): move to a new quorum queue, or use a copying Backend",
+			},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := &wuEnv{t: t, Logs: &logged{}}
+			if tc.broker != "" {
+				e.conn = brokertest.Dial(t)
+				if v, _ := e.conn.Properties["version"].(string); tc.broker == broker43 && !version.DelayedRetry(v) {
+					t.Skipf("RabbitMQ %s: the case needs 4.3 or later (scripts/test.sh runs it there)", v)
+				}
+				e.Prefix = brokertest.Prefix(t)
+				e.Queue = e.Prefix + ".work"
+			}
+			if tc.setup != nil {
+				tc.setup(e)
+			}
+			do := tc.do
+			if do == nil {
+				do = validate
+			}
+			got := do(e, tc.cfg(e))
+			if tc.want == nil {
+				if got != "" {
+					t.Fatalf("shown %q, want nothing refused", got)
+				}
+				return
+			}
+			if got == "" {
+				t.Fatal("nothing shown, want the fix named")
+			}
+			for _, w := range tc.want {
+				if w = strings.ReplaceAll(w, `"<queue>"`, fmt.Sprintf("%q", e.Queue)); !strings.Contains(got, w) {
+					t.Errorf("shown:\n%s\ndoes not say:\n%s", got, w)
+				}
+			}
+			if tc.is != nil && !errors.Is(e.Err, tc.is) {
+				t.Errorf("error %v does not wrap %v", e.Err, tc.is)
+			}
+			if strings.Contains(got, "err=<nil>") {
+				t.Errorf("shown %q: a log line with err=<nil>", got)
+			}
+		})
+	}
+}
+
+// classicAtRuntime runs the router on e.Queue, a classic queue, with nothing checked
+// (topology mode none), publishes one message its handler always fails, and reports
+// how it was poisoned, the Stats, and the ERROR logged.
+func classicAtRuntime(e *wuEnv, cfg amqpretry.Config) string {
+	e.apply(cfg)
+	r, err := wamqp3.New(e.subConfig(), cfg)
+	if err != nil {
+		return e.shown(err)
+	}
+	defer r.Close()
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := r.AddHandler(router, "wrong-usage", e.Queue, func(*message.Message) error { return errors.New("boom") }); err != nil {
+		return e.shown(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = router.Run(ctx) }()
+	<-router.Running()
+	defer router.Close()
+	ch, err := e.conn.Channel()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.Publish("", e.Queue, false, false, amqp.Publishing{MessageId: "m1", Body: []byte("x"), Headers: amqp.Table{"_watermill_message_uuid": "m1"}}); err != nil {
+		e.t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	var poisoned []*message.Message
+	for len(poisoned) == 0 {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("nothing poisoned within 30s; stats %+v", r.Stats())
+		}
+		poisoned = brokertest.Drain(e.t, cfg.WithDefaults().PoisonQueue)
+		if len(poisoned) == 0 {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	env := middleware.ReadEnvelope(poisoned[0].Metadata)
+	st := r.Stats()
+	return fmt.Sprintf("poisoned at attempt %d (%s), stats retries %d poisoned %d\n%s", env.Attempt, env.Reason, st.Retries, st.Poisoned, strings.Join(e.Logs.matching("ERROR"), "\n"))
+}
