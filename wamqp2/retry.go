@@ -35,6 +35,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/internal/retry"
+	"github.com/amqpretry/amqpretry/internal/subclose"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/topology"
 	"github.com/amqpretry/amqpretry/xdeath"
@@ -104,8 +105,10 @@ func (r *Retry) SubscriberConfig() amqp.Config {
 // AddHandler adds to router a handler named handlerName that consumes topic through a
 // new subscriber built from SubscriberConfig(), with this Retry's Middleware on it:
 // the one call that wires subscriber, handler and middleware so that they cannot be
-// mismatched. The router closes the subscriber when it stops. In-process, the
-// subscriber is Config.Memory, which must then be a message.Subscriber too.
+// mismatched. The subscriber, and its connection, is closed when its subscription
+// ends: on router.Close(), when the context given to router.Run is cancelled, and on
+// the handler's Stop(). In-process, the subscriber is Config.Memory, which must then
+// be a message.Subscriber too (and is left open: it is yours).
 func (r *Retry) AddHandler(router *message.Router, handlerName, topic string, handler message.NoPublishHandlerFunc) (*message.Handler, error) {
 	var sub message.Subscriber
 	if r.r.InProcess() {
@@ -119,7 +122,7 @@ func (r *Retry) AddHandler(router *message.Router, handlerName, topic string, ha
 		if err != nil {
 			return nil, fmt.Errorf("subscriber for handler %q: %w", handlerName, err)
 		}
-		sub = s
+		sub = subclose.OnDone(s)
 	}
 	h := router.AddConsumerHandler(handlerName, topic, sub, handler)
 	h.AddMiddleware(r.Middleware)
