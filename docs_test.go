@@ -319,3 +319,41 @@ func TestDocCommandsWriteOutsideCheckout(t *testing.T) {
 		}
 	}
 }
+
+// TestExamplesUsePublicAPIOnly: every example is a module of its own that imports no
+// internal package of the library, so that a user can copy it (scripts/examples.sh
+// builds each copied into a fresh module outside the repository).
+func TestExamplesUsePublicAPIOnly(t *testing.T) {
+	var dirs []string
+	for _, pattern := range []string{"_examples/*/main.go", "amqp1/examples/*/main.go"} {
+		mains, err := filepath.Glob(pattern)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range mains {
+			dirs = append(dirs, filepath.Dir(m))
+		}
+	}
+	if len(dirs) < 2 {
+		t.Fatalf("found the examples %v, want the two quickstarts at least", dirs)
+	}
+	fset := token.NewFileSet()
+	for _, dir := range dirs {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err != nil {
+			t.Errorf("%s has no go.mod: an example is a module of its own", dir)
+		}
+		files, _ := filepath.Glob(filepath.Join(dir, "*.go"))
+		for _, file := range files {
+			f, err := parser.ParseFile(fset, file, nil, parser.ImportsOnly)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, imp := range f.Imports {
+				path, _ := strconv.Unquote(imp.Path.Value)
+				if strings.HasPrefix(path, "github.com/amqpretry/amqpretry") && slices.Contains(strings.Split(path, "/"), "internal") {
+					t.Errorf("%s imports %s: an example uses the public API only", file, path)
+				}
+			}
+		}
+	}
+}
