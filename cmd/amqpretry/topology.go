@@ -128,6 +128,9 @@ the output names the command that creates what is missing, with every --queue.
 				opts.Counts = func(ctx context.Context) (ops.BrokerCounts, error) {
 					c, err := counts(ctx)
 					if err != nil {
+						if !a.json {
+							a.printf("note: broker counts unavailable, members of quorum queues unknown: %s\n", a.redact(err.Error()))
+						}
 						return ops.BrokerCounts{}, nil
 					}
 					return c, nil
