@@ -7,6 +7,7 @@ import (
 	"go/token"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -355,5 +356,84 @@ func TestExamplesUsePublicAPIOnly(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestGoDocDefaults: every "Default: X" that a field of Config or Policy documents is
+// the value WithDefaults gives it, and Tiers' and Levels' docs give the default ladder.
+func TestGoDocDefaults(t *testing.T) {
+	def := amqpretry.Config{}.WithDefaults()
+	values := map[string]reflect.Value{
+		"Config": reflect.ValueOf(def),
+		"Policy": reflect.ValueOf(def.Policy),
+	}
+	defaultRe := regexp.MustCompile(`Default: ("[^"]*"|[0-9][0-9.]*[a-z]*)`)
+	fset := token.NewFileSet()
+	checked := 0
+	for _, file := range []string{"config.go", "policy.go"} {
+		f, err := parser.ParseFile(fset, file, nil, parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			ts, ok := n.(*ast.TypeSpec)
+			if !ok || values[ts.Name.Name] == (reflect.Value{}) {
+				return true
+			}
+			st := ts.Type.(*ast.StructType)
+			for _, field := range st.Fields.List {
+				if len(field.Names) != 1 || field.Doc == nil {
+					continue
+				}
+				name := field.Names[0].Name
+				doc := strings.Join(strings.Fields(field.Doc.Text()), " ")
+				v := values[ts.Name.Name].FieldByName(name)
+				where := ts.Name.Name + "." + name
+				switch name {
+				case "Tiers":
+					if m := regexp.MustCompile(`(\d+) tiers`).FindStringSubmatch(doc); m == nil || m[1] != strconv.Itoa(len(def.Tiers)) {
+						t.Errorf("%s's doc gives %v tiers by default, WithDefaults %d", where, m, len(def.Tiers))
+					}
+					if last := figureDuration(slices.Max(def.Tiers)); !strings.Contains(doc, strings.ReplaceAll(last, " ", "")) {
+						t.Errorf("%s's doc does not end the default ladder at %s", where, last)
+					}
+				case "Levels":
+					years := fmt.Sprintf("about %.1f years", longest(t, def, delay.BinaryLevels, time.Second).Hours()/24/365.25)
+					if !strings.Contains(doc, years) {
+						t.Errorf("%s's doc does not say the default holds %s", where, years)
+					}
+				}
+				m := defaultRe.FindStringSubmatch(doc)
+				if m == nil {
+					continue
+				}
+				text := strings.TrimSuffix(m[1], ".")
+				var ok bool
+				switch {
+				case v.Type() == reflect.TypeOf(time.Duration(0)):
+					d, err := time.ParseDuration(text)
+					ok = err == nil && d == time.Duration(v.Int())
+				case v.Kind() == reflect.String:
+					s, err := strconv.Unquote(text)
+					ok = err == nil && strings.ReplaceAll(s, "<Prefix>", def.Prefix) == v.String()
+				case v.Kind() == reflect.Int:
+					n, err := strconv.Atoi(text)
+					ok = err == nil && int64(n) == v.Int()
+				case v.Kind() == reflect.Float64:
+					x, err := strconv.ParseFloat(text, 64)
+					ok = err == nil && x == v.Float()
+				default:
+					continue
+				}
+				checked++
+				if !ok {
+					t.Errorf("%s's doc says Default: %s; WithDefaults gives %v", where, text, v)
+				}
+			}
+			return false
+		})
+	}
+	if checked < 10 {
+		t.Errorf("checked only %d documented defaults", checked)
 	}
 }
