@@ -32,7 +32,7 @@ import (
 // that no doc marks any more all fail it.
 var (
 	figureMarker = regexp.MustCompile(`(\d[\d,.]*(?: (?:ms|s|h|years|days))?)<!--fig:([a-z0-9.-]+)-->`)
-	anyMarker    = regexp.MustCompile(`<!--fig:`)
+	anyMarker    = regexp.MustCompile(`<!--fig:[a-z0-9]`) // "<!--fig:KEY-->" names the convention
 	// A count of these, unmarked, is a topology figure that escapes the check.
 	unmarkedDocs   = regexp.MustCompile(`\b\d[\d,]* (?:tiers|levels|exchanges|bindings)\b`)
 	unmarkedReadme = regexp.MustCompile(`\b\d[\d,]* (?:tiers|levels|exchanges|bindings|quorum queues|queues)\b`)
