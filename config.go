@@ -24,8 +24,9 @@ import (
 // (wamqp3.New or wamqp2.New) takes it, with the subscriber config.
 type Config struct {
 	// Backend names the delay backend (package delay): "ttl-tiers", "binary-levels",
-	// "delayed-exchange", "delayed-retry" or "memory". Switching backends is a
-	// change of this string only. Default: "ttl-tiers".
+	// "delayed-exchange", "delayed-retry", "delivery-time" (over AMQP 1.0: the
+	// transport of package github.com/amqpretry/amqpretry/amqp1) or "memory".
+	// Switching backends is a change of this string only. Default: "ttl-tiers".
 	Backend string
 	// Prefix starts the name of every queue and exchange the library declares, so
 	// that several applications can share a vhost. Default: "amqpretry".

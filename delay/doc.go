@@ -8,6 +8,7 @@
 //	binary-levels     1 s steps                    2^Levels - 1 s         3.10+
 //	delayed-exchange  1 ms steps                   2^32 - 1 ms (49.7 d)   3.10-4.2 with the plugin
 //	delayed-retry     one constant delay per queue the same               4.3+
+//	delivery-time     1 ms steps, per message      any                    4.3+, AMQP 1.0 (package amqp1)
 //	memory            exact (a Go timer)           none                   none: not durable
 //
 // ttl-tiers, binary-levels and delayed-exchange park a confirmed copy of the failed
@@ -21,4 +22,9 @@
 // requeue and RabbitMQ 4.3 holds it aside in the work queue for the queue's delay. It
 // can also take the first retries only, in front of a copying backend (see
 // amqpretry.Config.DelayedRetries).
+//
+// delivery-time copies nothing either: over AMQP 1.0 (the transport of package
+// github.com/amqpretry/amqpretry/amqp1) the middleware settles the failed delivery with
+// the modified outcome and an exact due time (x-opt-delivery-time), which RabbitMQ 4.3
+// holds in the quorum work queue until then.
 package delay

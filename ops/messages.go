@@ -75,7 +75,8 @@ func (f Filter) match(m Message, now time.Time) bool {
 // queue its routing key names (after one word per level for binary-levels); "" when
 // unknown.
 //
-// The Envelope's fields carry no JSON tags: a JSON rendering names them itself.
+// The Envelope's fields keep their own JSON tags (snake_case, see middleware.Envelope)
+// and appear at the top level of a Message's JSON object, next to uuid, routing_key...
 type Message struct {
 	middleware.Envelope
 	// UUID is the Watermill message UUID; MessageID the AMQP message id.

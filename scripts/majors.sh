@@ -52,7 +52,7 @@ GO
   cat >"$tmp/go.mod" <<MOD
 module snippet
 
-go 1.23.0
+go 1.24.0
 
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.1

@@ -3,7 +3,8 @@
 #
 #   checks      gofmt, go vet and staticcheck of every module, shellcheck, the API
 #               budget (internal/cmd/apicount), the README snippet on each watermill-amqp major
-#               (scripts/majors.sh)
+#               (scripts/majors.sh), each example in a module outside the repository
+#               (scripts/examples.sh)
 #   3.10        every package's tests with the race detector on the broker at AMQP_URI
 #               (default amqp://guest:guest@127.0.0.1:5672/, the machine's RabbitMQ
 #               3.10.8), the metrics and command modules, the quickstarts, Watermill's
@@ -94,7 +95,7 @@ print_notes() { if [ "${#notes[@]}" -gt 0 ]; then printf '%s\n' "${notes[@]}"; f
 print_notes
 
 # Modules: the library, and the modules of its own the repository holds.
-modules=(. metrics amqp1 benchmarks internal/watermillsuite)
+modules=(. metrics amqp1 benchmarks internal/watermillsuite _examples/quickstart amqp1/examples/quickstart)
 gocmd() { # gocmd DIR ARGS: go in module DIR (the command module through its go.sh)
   local dir=$1
   shift
@@ -108,14 +109,14 @@ if [ -n "$unformatted" ]; then
 fi
 
 step "go vet (every module)"
-go vet ./... ./_examples/quickstart
+go vet ./...
 for m in "${modules[@]:1}" cmd/amqpretry; do gocmd "$m" vet ./...; done
 
 step "staticcheck (every module but benchmarks)"
 # Pinned: the module proxy serves exact versions. staticcheck.conf says what is off.
 staticcheck=honnef.co/go/tools/cmd/staticcheck@v0.8.2
 go run "$staticcheck" ./...
-for m in metrics amqp1 internal/watermillsuite; do (cd "$m" && go run "$staticcheck" ./...); done
+for m in metrics amqp1 internal/watermillsuite _examples/quickstart amqp1/examples/quickstart; do (cd "$m" && go run "$staticcheck" ./...); done
 cmd/amqpretry/go.sh run "$staticcheck" ./...
 
 step "API budget: at most 130 exported identifiers (internal/cmd/apicount)"
@@ -123,6 +124,9 @@ go run ./internal/cmd/apicount -max 130
 
 step "the README snippet on each watermill-amqp major, alone in its module (scripts/majors.sh)"
 ./scripts/majors.sh
+
+step "each example builds on the public API, copied into a module outside the repository (scripts/examples.sh)"
+./scripts/examples.sh
 
 step "shell scripts"
 for f in scripts/*.sh scripts/lib/*.sh cmd/amqpretry/go.sh .ci/run; do bash -n "$f"; done
@@ -217,11 +221,11 @@ quickstart() {
   local name=$1 uri=$2
   shift 2
   step "quickstart on $name: $*"
-  env AMQP_URI="$uri" "$@" go run ./_examples/quickstart
+  env AMQP_URI="$uri" "$@" go -C _examples/quickstart run .
 }
 
 step "quickstart, in-process (no broker)"
-env -u AMQP_URI go run ./_examples/quickstart
+env -u AMQP_URI go -C _examples/quickstart run .
 
 if [ "$broker" = ok ]; then
   fd_budget "the broker at AMQP_URI" "${ctl310[@]}"

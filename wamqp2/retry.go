@@ -80,8 +80,10 @@ func (r *Retry) SubscriberConfig() amqp.Config {
 // AddHandler adds to router a handler named handlerName that consumes topic through a
 // new subscriber built from SubscriberConfig(), with this Retry's Middleware on it:
 // the one call that wires subscriber, handler and middleware so that they cannot be
-// mismatched. The router closes the subscriber when it stops. In-process, the
-// subscriber is Config.Memory, which must then be a message.Subscriber too.
+// mismatched. The subscriber, and its connection, is closed when its subscription
+// ends: on router.Close(), when the context given to router.Run is cancelled, and on
+// the handler's Stop(). In-process, the subscriber is Config.Memory, which must then
+// be a message.Subscriber too (and is left open: it is yours).
 func (r *Retry) AddHandler(router *message.Router, handlerName, topic string, handler message.NoPublishHandlerFunc) (*message.Handler, error) {
 	return r.r.AddHandler(router, handlerName, topic, handler, func() (message.Subscriber, error) {
 		return amqp.NewSubscriber(r.SubscriberConfig(), r.r.Config().Logger)

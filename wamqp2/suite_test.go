@@ -31,6 +31,9 @@ func config(sub gluetest.Sub) amqp.Config {
 	}
 	c.Queue.Arguments = sub.QueueArgs
 	c.Consume.NoRequeueOnNack = sub.NoRequeueOnNack
+	if sub.Connection != nil {
+		c.Connection.AmqpConfig = sub.Connection
+	}
 	return c
 }
 

@@ -16,6 +16,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,8 +31,6 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/quickstart"
-	"github.com/amqpretry/amqpretry/internal/redact"
 	"github.com/amqpretry/amqpretry/topology"
 	"github.com/amqpretry/amqpretry/wamqp2"
 	"github.com/amqpretry/amqpretry/wamqp3"
@@ -51,15 +50,15 @@ func run() error {
 	}
 	uri := os.Getenv("AMQP_URI")
 	runID := watermill.NewShortUUID()[:8]
-	cfg := quickstart.Config(runID, logger)
+	cfg := scenarioConfig(runID, logger)
 	cfg.DelayedRetries, _ = strconv.Atoi(os.Getenv("DELAYED_RETRIES"))
 	if cfg.Backend == delay.DelayedRetry {
 		cfg.Policy = amqpretry.Policy{MaxAttempts: 4} // one delay per work queue: DelayedRetryDelay
 	}
-	topic := quickstart.Topic(cfg)
+	topic := scenarioTopic(cfg)
 
 	var (
-		s   quickstart.Setup
+		s   setup
 		err error
 	)
 	if uri == "" {
@@ -78,7 +77,7 @@ func run() error {
 			s, err = withV3(uri, cfg, quorum)
 		}
 		if err == nil {
-			fmt.Printf("RabbitMQ at %s, delay backend %s, watermill-amqp v%s.\n", redact.URI(uri), cfg.WithDefaults().Backend, major)
+			fmt.Printf("RabbitMQ at %s, delay backend %s, watermill-amqp v%s.\n", redactURI(uri), cfg.WithDefaults().Backend, major)
 		}
 		if cfg.Topology != topology.ModeVerify && cfg.Topology != topology.ModeNone {
 			s.Cleanup = func() { removeTopology(uri, cfg, topic) }
@@ -88,35 +87,35 @@ func run() error {
 		return err
 	}
 	s.PoisonQueue = cfg.WithDefaults().PoisonQueue
-	return quickstart.Run(runID, topic, s, logger)
+	return runScenario(runID, topic, s, logger)
 }
 
-// runAMQP1 runs the AMQP 1.0 quickstart, which lives in module amqp1 (its
-// dependencies stay out of this module).
+// runAMQP1 runs the AMQP 1.0 quickstart of this repository, a module of its own
+// (amqp1/examples/quickstart), which keeps the AMQP 1.0 dependencies out of this one.
 func runAMQP1() error {
 	_, file, _, _ := runtime.Caller(0)
-	cmd := exec.Command("go", "run", "./examples/quickstart")
-	cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..", "amqp1")
+	cmd := exec.Command("go", "run", ".")
+	cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..", "amqp1", "examples", "quickstart")
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	fmt.Println("DELAY_BACKEND=delivery-time: running the AMQP 1.0 quickstart (module amqp1).")
 	return cmd.Run()
 }
 
-func withV3(uri string, cfg amqpretry.Config, quorum bool) (quickstart.Setup, error) {
+func withV3(uri string, cfg amqpretry.Config, quorum bool) (setup, error) {
 	amqpCfg := amqp3.NewDurableQueueConfig(uri)
 	if quorum {
 		amqpCfg.Queue.Arguments = amqp.Table{"x-queue-type": "quorum"}
 	}
 	pub, err := amqp3.NewPublisher(amqpCfg, cfg.Logger)
 	if err != nil {
-		return quickstart.Setup{}, err
+		return setup{}, err
 	}
 	if cfg.Backend == delay.Memory {
 		cfg.Memory = pub // the retry waits in this process, then is published to its queue
 	}
 	retry, err := wamqp3.New(amqpCfg, cfg)
 	if err != nil {
-		return quickstart.Setup{}, errors.Join(err, pub.Close())
+		return setup{}, errors.Join(err, pub.Close())
 	}
 	// The poison queue exists: read it with a queue config and the subscriber's
 	// marshaler, declaring nothing.
@@ -125,35 +124,35 @@ func withV3(uri string, cfg amqpretry.Config, quorum bool) (quickstart.Setup, er
 	poisonCfg.TopologyBuilder = noTopology3{}
 	sub, err := amqp3.NewSubscriber(poisonCfg, cfg.Logger)
 	if err != nil {
-		return quickstart.Setup{}, errors.Join(err, retry.Close(), pub.Close())
+		return setup{}, errors.Join(err, retry.Close(), pub.Close())
 	}
-	return quickstart.Setup{Retry: retry, Publisher: pub, Poison: sub}, nil
+	return setup{Retry: retry, Publisher: pub, Poison: sub}, nil
 }
 
-func withV2(uri string, cfg amqpretry.Config, quorum bool) (quickstart.Setup, error) {
+func withV2(uri string, cfg amqpretry.Config, quorum bool) (setup, error) {
 	amqpCfg := amqp2.NewDurableQueueConfig(uri)
 	if quorum {
 		amqpCfg.Queue.Arguments = amqp.Table{"x-queue-type": "quorum"}
 	}
 	pub, err := amqp2.NewPublisher(amqpCfg, cfg.Logger)
 	if err != nil {
-		return quickstart.Setup{}, err
+		return setup{}, err
 	}
 	if cfg.Backend == delay.Memory {
 		cfg.Memory = pub // the retry waits in this process, then is published to its queue
 	}
 	retry, err := wamqp2.New(amqpCfg, cfg)
 	if err != nil {
-		return quickstart.Setup{}, errors.Join(err, pub.Close())
+		return setup{}, errors.Join(err, pub.Close())
 	}
 	poisonCfg := amqp2.NewDurableQueueConfig(uri)
 	poisonCfg.Marshaler = retry.SubscriberConfig().Marshaler
 	poisonCfg.TopologyBuilder = noTopology2{}
 	sub, err := amqp2.NewSubscriber(poisonCfg, cfg.Logger)
 	if err != nil {
-		return quickstart.Setup{}, errors.Join(err, retry.Close(), pub.Close())
+		return setup{}, errors.Join(err, retry.Close(), pub.Close())
 	}
-	return quickstart.Setup{Retry: retry, Publisher: pub, Poison: sub}, nil
+	return setup{Retry: retry, Publisher: pub, Poison: sub}, nil
 }
 
 // noTopology3 and noTopology2 declare nothing: the poison queue exists.
@@ -210,4 +209,13 @@ func removeTopology(uri string, cfg amqpretry.Config, queue string) {
 		}
 	}
 	fmt.Printf("removed what this run declared: %d queues, %d exchanges (prefix %s)\n", queues, exchanges, cfg.Prefix)
+}
+
+// redactURI hides the password of uri, for printing.
+func redactURI(uri string) string {
+	u, err := url.Parse(uri)
+	if err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" || u.Opaque != "" {
+		return "(unparseable amqp uri)" // url.Parse takes "amqp//user:pass@host/" for a path
+	}
+	return u.Redacted()
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,22 +36,39 @@ const ctlWaitDelay = 5 * time.Second
 // sockets. Each run is bounded by timeout; on timeout its whole process group is
 // killed (a wrapper such as scripts/rabbitmq4.sh runs rabbitmqctl in a child).
 func rabbitmqctlCounts(words []string, uri string, timeout time.Duration) countsFunc {
+	return ctlCounts(words, uri, timeout, nil)
+}
+
+// ctlCounts is rabbitmqctlCounts, and sets *reached (if not nil) to what the command
+// reached, once it has checked that it is the broker at uri.
+func ctlCounts(words []string, uri string, timeout time.Duration, reached *string) countsFunc {
 	u, _ := amqp.ParseURI(uri) // one that does not parse fails to dial first
 	vhost, port := u.Vhost, u.Port
 	return func(ctx context.Context) (ops.BrokerCounts, error) {
 		c := newCounts()
-		// status first: it tells which node the command reaches, which must be the
-		// broker at the URI (a host may run several).
+		// Which node does the command reach? A host may run several brokers, and the
+		// rabbitmqctl on PATH serves one of them: ask the node its name and AMQP ports,
+		// and read nothing there unless it listens on the URI's port.
+		node, ports, err := ctlNode(ctx, words, timeout)
+		if err != nil {
+			return c, err
+		}
+		if !slices.Contains(ports, port) {
+			return ops.BrokerCounts{}, fmt.Errorf("%s reaches node %s, which listens for AMQP on %v, not on %d of AMQP_URI: nothing was read there; give the rabbitmqctl command of the broker at AMQP_URI (--rabbitmqctl CMD), or --rabbitmqctl off", strings.Join(words, " "), node, ports, port)
+		}
+		if reached != nil {
+			*reached = fmt.Sprintf("%s reaches node %s, which listens for AMQP on %d of AMQP_URI", strings.Join(words, " "), node, port)
+		}
 		out, err := runCtl(ctx, words, timeout, "-q", "status", "--formatter", "json")
 		if err != nil {
 			return c, err
 		}
-		ports, err := ctlStatus(out, &c)
+		statusPorts, err := ctlStatus(out, &c)
 		if err != nil {
 			return c, fmt.Errorf("%s status: %w", strings.Join(words, " "), err)
 		}
-		if !slices.Contains(ports, port) {
-			return ops.BrokerCounts{}, fmt.Errorf("%s reaches a node listening for AMQP on %v, not on %d of AMQP_URI: give the rabbitmqctl command of that broker (--rabbitmqctl)", strings.Join(words, " "), ports, port)
+		if !slices.Contains(statusPorts, port) {
+			return ops.BrokerCounts{}, fmt.Errorf("%s reaches a node listening for AMQP on %v, not on %d of AMQP_URI: give the rabbitmqctl command of that broker (--rabbitmqctl)", strings.Join(words, " "), statusPorts, port)
 		}
 		out, err = runCtl(ctx, words, timeout, "-q", "list_queues", "-p", vhost, "name", "messages", "messages_ready", "messages_unacknowledged", "type", "members", "online", "--no-table-headers")
 		if err != nil {
@@ -171,6 +189,31 @@ func procFDs(pid int, c *ops.BrokerCounts) {
 			c.Sockets++
 		}
 	}
+}
+
+// nodeQuery asks the node rabbitmqctl reaches for its name and AMQP ports, and nothing
+// else: {Node, [Port...]}. The same on RabbitMQ 3.10 to 4.3.
+const nodeQuery = `{node(), [element(6, L) || L <- rabbit_networking:node_listeners(node()), lists:member(element(3, L), [amqp, 'amqp/ssl'])]}.`
+
+// nodeAnswer reads nodeQuery's answer: {rabbit@host,[5672,5671]}.
+var nodeAnswer = regexp.MustCompile(`\{'?([^,'{}]+)'?,\[([0-9, ]*)\]\}`)
+
+// ctlNode returns the name and AMQP ports of the node words reaches.
+func ctlNode(ctx context.Context, words []string, timeout time.Duration) (node string, ports []int, err error) {
+	out, err := runCtl(ctx, words, timeout, "-q", "eval", nodeQuery)
+	if err != nil {
+		return "", nil, err
+	}
+	m := nodeAnswer.FindSubmatch(out)
+	if m == nil {
+		return "", nil, fmt.Errorf("%s eval: cannot tell which node it reaches from %q", strings.Join(words, " "), bytes.TrimSpace(out))
+	}
+	for _, p := range strings.Split(string(m[2]), ",") {
+		if n, err := strconv.Atoi(strings.TrimSpace(p)); err == nil {
+			ports = append(ports, n)
+		}
+	}
+	return string(m[1]), ports, nil
 }
 
 // runCtl runs words plus args, bounded by timeout.

@@ -47,7 +47,9 @@ descriptor or socket limit (80%).
 The broker's counts come from rabbitmqctl (status and list_queues, each bounded by
 --ctl-timeout): --rabbitmqctl auto (the default) uses rabbitmqctl when it is on PATH and
 the broker on this host; give a command line for another (for a node in a chroot, say),
-or off. Or from the management API: --management-url http://host:15672, with the
+or off. Before it reads anything, it asks the node the command reaches for its name and
+AMQP ports (rabbitmqctl eval), and reads nothing from a node that does not listen on the
+URI's port (a host may run several brokers); status prints which node it read. Or from the management API: --management-url http://host:15672, with the
 credentials of AMQP_URI. RabbitMQ 4.0+ reports no file descriptors in rabbitmqctl status:
 they are then read from /proc/<pid> of the broker, when this host can see it.
 
@@ -98,6 +100,9 @@ only what is flagged (nothing when all is well), for scripts and health checks.
 				}
 			} else {
 				a.printStatus(s, cfg, queues, peek, check, explicit)
+				if src.reached != "" && !check {
+					a.printf("\nbroker counts: %s\n", src.reached)
+				}
 			}
 			switch {
 			case countsFailed:
@@ -122,6 +127,8 @@ only what is flagged (nothing when all is well), for scripts and health checks.
 type countsSource struct {
 	ctl, mgmt string
 	timeout   time.Duration
+	// reached says which node rabbitmqctl reached, once checked (said by the command).
+	reached string
 }
 
 func (src *countsSource) flags(c *cobra.Command) {
@@ -151,7 +158,7 @@ func (src *countsSource) counts(uri string) (countsFunc, bool, error) {
 		}
 		return managementCounts(src.mgmt, uri, nil), true, nil
 	case len(words) > 0:
-		return rabbitmqctlCounts(words, uri, src.timeout), explicit, nil
+		return ctlCounts(words, uri, src.timeout, &src.reached), explicit, nil
 	}
 	return nil, false, nil
 }

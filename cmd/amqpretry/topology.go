@@ -123,11 +123,13 @@ the output names the command that creates what is missing, with every --queue.
 			}
 			defer o.Close()
 			opts := ops.VerifyOptions{Bind: bind, Counts: counts}
+			var countsNote string
 			if counts != nil && !explicit {
 				// auto: a rabbitmqctl that cannot answer leaves the members unknown.
 				opts.Counts = func(ctx context.Context) (ops.BrokerCounts, error) {
 					c, err := counts(ctx)
 					if err != nil {
+						countsNote = err.Error()
 						return ops.BrokerCounts{}, nil
 					}
 					return c, nil
@@ -137,7 +139,12 @@ the output names the command that creates what is missing, with every --queue.
 			if err != nil {
 				return err
 			}
-			return a.printFindings(findings, applyCommand(cfg, queues))
+			err = a.printFindings(findings, applyCommand(cfg, queues))
+			if countsNote != "" && !a.json {
+				// After the findings: their summary stays the first line.
+				a.printf("note: broker counts unavailable, members of quorum queues unknown: %s\n", a.redact(countsNote))
+			}
+			return err
 		},
 	}
 	verify.Flags().BoolVar(&bind, "bind", false, "assert the bindings (idempotent; write and read permission, no configure)")

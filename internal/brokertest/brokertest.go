@@ -56,8 +56,8 @@ func Redact(uri string) string { return redact.URI(uri) }
 
 var seq atomic.Int64
 
-// Prefix returns a name prefix unique to this test run and call, and deletes every
-// queue and exchange named by it (as recorded with Track) when the test ends.
+// Prefix returns a name prefix unique to this test run and call. It deletes nothing:
+// register what a test declares under it with Cleanup.
 func Prefix(t testing.TB) string {
 	t.Helper()
 	name := strings.NewReplacer("/", "-", " ", "-").Replace(t.Name())

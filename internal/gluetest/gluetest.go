@@ -34,6 +34,9 @@ type Sub struct {
 	Group           string
 	QueueArgs       amqp.Table
 	NoRequeueOnNack bool
+	// Connection, if set, is the subscriber's amqp091-go config (its
+	// connection_name, say).
+	Connection *amqp.Config
 }
 
 // Retry is what both transport packages' Retry offer.
@@ -95,6 +98,7 @@ func Run(t *testing.T, m Major) {
 		{"DelayedRetryOnAQueueWithoutItFallsBackLoudly", DelayedRetryOnAQueueWithoutItFallsBackLoudly, false},
 		{"DelayedRetryRefusedBefore43", DelayedRetryRefusedBefore43, false},
 		{"DelayedRetryWaitsThroughFaults", DelayedRetryWaitsThroughFaults, false},
+		{"AddHandlersSubscriberClosesWhenRunsContextEnds", AddHandlersSubscriberClosesWhenRunsContextEnds, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if testing.Short() && !tc.quick {

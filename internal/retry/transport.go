@@ -7,6 +7,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/subclose"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -82,8 +83,9 @@ func (r *Retry) DeclareExchange(ch *amqp.Channel, exchange string, e ExchangeSpe
 }
 
 // AddHandler adds to router a handler that consumes topic through the subscriber
-// newSubscriber builds (in-process: Config.Memory, which must be a
-// message.Subscriber), with this Retry's middleware on it.
+// newSubscriber builds, closed when its subscription ends (in-process: Config.Memory,
+// which must be a message.Subscriber, and is left open), with this Retry's middleware
+// on it.
 func (r *Retry) AddHandler(router *message.Router, handlerName, topic string, handler message.NoPublishHandlerFunc, newSubscriber func() (message.Subscriber, error)) (*message.Handler, error) {
 	var sub message.Subscriber
 	if r.InProcess() {
@@ -97,7 +99,7 @@ func (r *Retry) AddHandler(router *message.Router, handlerName, topic string, ha
 		if err != nil {
 			return nil, fmt.Errorf("subscriber for handler %q: %w", handlerName, err)
 		}
-		sub = s
+		sub = subclose.OnDone(s)
 	}
 	h := router.AddConsumerHandler(handlerName, topic, sub, handler)
 	h.AddMiddleware(r.Middleware)

@@ -1,6 +1,6 @@
 module github.com/amqpretry/amqpretry/internal/watermillsuite
 
-go 1.23.0
+go 1.24.0
 
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.1

@@ -8,6 +8,7 @@ package main
 
 import (
 	"fmt"
+	"net/url"
 	"os"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -15,8 +16,6 @@ import (
 
 	"github.com/amqpretry/amqpretry/amqp1"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/quickstart"
-	"github.com/amqpretry/amqpretry/internal/redact"
 )
 
 func main() {
@@ -33,9 +32,9 @@ func run() error {
 		uri = "amqp://guest:guest@127.0.0.1:5672/"
 	}
 	runID := watermill.NewShortUUID()[:8]
-	cfg := quickstart.Config(runID, logger)
+	cfg := scenarioConfig(runID, logger)
 	cfg.Backend = delay.DeliveryTime
-	topic := quickstart.Topic(cfg)
+	topic := scenarioTopic(cfg)
 
 	retry, err := amqp1.NewRetry(amqp1.SubscriberConfig{URI: uri}, cfg)
 	if err != nil {
@@ -50,8 +49,8 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("RabbitMQ at %s over AMQP 1.0, delay backend %s.\n", redact.URI(uri), delay.DeliveryTime)
-	return quickstart.Run(runID, topic, quickstart.Setup{
+	fmt.Printf("RabbitMQ at %s over AMQP 1.0, delay backend %s.\n", redactURI(uri), delay.DeliveryTime)
+	return runScenario(runID, topic, setup{
 		Retry: retry, Publisher: pub, Poison: poison,
 		PoisonQueue: cfg.WithDefaults().PoisonQueue,
 		Cleanup:     func() { remove(uri, topic, cfg.WithDefaults().PoisonQueue) },
@@ -77,4 +76,13 @@ func remove(uri string, queues ...string) {
 		}
 	}
 	fmt.Printf("removed what this run declared: %d queues (the work and poison queues)\n", n)
+}
+
+// redactURI hides the password of uri, for printing.
+func redactURI(uri string) string {
+	u, err := url.Parse(uri)
+	if err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" || u.Opaque != "" {
+		return "(unparseable amqp uri)" // url.Parse takes "amqp//user:pass@host/" for a path
+	}
+	return u.Redacted()
 }

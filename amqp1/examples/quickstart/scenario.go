@@ -1,9 +1,10 @@
-// Package quickstart is the quickstart's scenario, shared by its two programs: the
-// AMQP 0-9-1 one (_examples/quickstart, watermill-amqp v3 or v2, or in-process) and the
-// AMQP 1.0 one (amqp1/examples/quickstart). Six orders go through a handler that fails
-// as each order says; the program prints, for each, its attempts, the delay before each
-// retry (requested → effective) and where it ended, and fails if one is unaccounted for.
-package quickstart
+// The quickstart's scenario. Six orders go through a handler that fails as each order
+// says; the program prints, for each, its attempts, the delay before each retry
+// (requested → effective) and where it ended, and fails if one is unaccounted for.
+// (_examples/quickstart at the repository's root runs the same scenario over AMQP
+// 0-9-1: each example is complete by itself, so that it can be copied.)
+
+package main
 
 import (
 	"context"
@@ -41,16 +42,16 @@ var orders = []order{
 	{"order-6", "always fails", -1, errors.New("warehouse offline"), "poisoned"},
 }
 
-// Retrier is what the scenario uses of a transport package's Retry.
-type Retrier interface {
+// retrier is what the scenario uses of a transport package's Retry.
+type retrier interface {
 	AddHandler(router *message.Router, handlerName, topic string, handler message.NoPublishHandlerFunc) (*message.Handler, error)
 	Close() error
 }
 
-// Setup is a transport's side of a run: the Retry, a publisher to the topic and a
+// setup is a transport's side of a run: the Retry, a publisher to the topic and a
 // subscriber to the poison queue.
-type Setup struct {
-	Retry     Retrier
+type setup struct {
+	Retry     retrier
 	Publisher message.Publisher
 	Poison    message.Subscriber
 	// PoisonQueue is the queue (in-process: the topic) poisoned messages go to.
@@ -59,9 +60,9 @@ type Setup struct {
 	Cleanup func()
 }
 
-// Config is the run's amqpretry configuration: the backend from DELAY_BACKEND, a prefix
+// scenarioConfig is the run's amqpretry configuration: the backend from DELAY_BACKEND, a prefix
 // of the run's own unless PREFIX is set, a short policy.
-func Config(runID string, logger watermill.LoggerAdapter) amqpretry.Config {
+func scenarioConfig(runID string, logger watermill.LoggerAdapter) amqpretry.Config {
 	prefix := "amqpretry-qs-" + runID
 	if p := os.Getenv("PREFIX"); p != "" {
 		prefix = p
@@ -76,8 +77,8 @@ func Config(runID string, logger watermill.LoggerAdapter) amqpretry.Config {
 	}
 }
 
-// Topic is the run's topic (the queue, with queue configs): QUEUE, or one of its own.
-func Topic(cfg amqpretry.Config) string {
+// scenarioTopic is the run's topic (the queue, with queue configs): QUEUE, or one of its own.
+func scenarioTopic(cfg amqpretry.Config) string {
 	if q := os.Getenv("QUEUE"); q != "" {
 		return q
 	}
@@ -90,9 +91,9 @@ type outcome struct {
 	ended    string
 }
 
-// Run publishes the orders to topic, runs the handler until each is handled or
+// runScenario publishes the orders to topic, runs the handler until each is handled or
 // poisoned (or 50 s pass), and prints what became of them.
-func Run(runID, topic string, s Setup, logger watermill.LoggerAdapter) error {
+func runScenario(runID, topic string, s setup, logger watermill.LoggerAdapter) error {
 	defer func() {
 		if s.Cleanup != nil {
 			s.Cleanup()

@@ -1,0 +1,439 @@
+package amqpretry_test
+
+import (
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/retry"
+)
+
+// The figures the docs give about the topology, its limits and its defaults are marked
+// where they stand, <!--fig:KEY--> right after the figure (invisible once rendered):
+//
+//	declares 36<!--fig:ttl-tiers.queues--> quorum queues ... after 100 ms<!--fig:handoff-pause-first-->
+//
+// TestDocFigures reads every marked figure of README.md and docs/*.md and checks it
+// against the code that produces it (Config.Plan, the defaults, the backends' limits);
+// a figure of those kinds left unmarked, a marker of an unknown key, and a known key
+// that no doc marks any more all fail it.
+var (
+	figureMarker = regexp.MustCompile(`(\d[\d,.]*(?: (?:ms|s|h|years|days))?)<!--fig:([a-z0-9.-]+)-->`)
+	anyMarker    = regexp.MustCompile(`<!--fig:[a-z0-9]`) // "<!--fig:KEY-->" names the convention
+	// A count of these, unmarked, is a topology figure that escapes the check.
+	unmarkedDocs   = regexp.MustCompile(`\b\d[\d,]* (?:tiers|levels|exchanges|bindings)\b`)
+	unmarkedReadme = regexp.MustCompile(`\b\d[\d,]* (?:tiers|levels|exchanges|bindings|quorum queues|queues)\b`)
+)
+
+// figureDocs are the files whose figures are checked.
+func figureDocs(t *testing.T) []string {
+	docs, err := filepath.Glob("docs/*.md")
+	if err != nil || len(docs) == 0 {
+		t.Fatalf("no docs/*.md (%v)", err)
+	}
+	return append([]string{"README.md"}, docs...)
+}
+
+// expectedFigures computes every figure the docs may mark, from the code.
+func expectedFigures(t *testing.T) map[string]string {
+	t.Helper()
+	want := map[string]string{}
+	def := amqpretry.Config{}.WithDefaults()
+	plan := func(backendName string, queues ...string) (q, x, b int) {
+		tp, err := amqpretry.Config{Backend: backendName}.Plan(queues...)
+		if err != nil {
+			t.Fatalf("Plan(%s): %v", backendName, err)
+		}
+		return len(tp.Queues), len(tp.Exchanges), len(tp.Bindings)
+	}
+	perWorkQueue := -1
+	for _, name := range []string{delay.TTLTiers, delay.BinaryLevels} {
+		q, x, b := plan(name)
+		want[name+".queues"] = strconv.Itoa(q)
+		want[name+".exchanges"] = strconv.Itoa(x)
+		want[name+".bindings"] = strconv.Itoa(b)
+		// RabbitMQ 3.x reserves 3 file handles per single-node quorum queue
+		// (docs/broker-resources.md, measured).
+		want[name+".handles"] = strconv.Itoa(3 * q)
+		for _, n := range []string{delay.TTLTiers, delay.BinaryLevels, delay.DelayedExchange} {
+			_, _, b0 := plan(n)
+			_, _, b1 := plan(n, "work")
+			if perWorkQueue >= 0 && b1-b0 != perWorkQueue {
+				t.Errorf("%s: a work queue adds %d bindings, others %d: the docs give one figure for all", n, b1-b0, perWorkQueue)
+			}
+			perWorkQueue = b1 - b0
+		}
+	}
+	want["bindings-per-work-queue"] = strconv.Itoa(perWorkQueue)
+	want["ttl-tiers.tiers"] = strconv.Itoa(len(def.Tiers))
+	want["binary-levels.levels"] = strconv.Itoa(def.Levels)
+	// A 1,024-fd RabbitMQ 3.x broker's file handle budget (ulimit -n - 97, measured).
+	q, _, _ := plan(delay.TTLTiers)
+	want["ttl-tiers.ladders-per-broker"] = strconv.Itoa(927 / (3 * q))
+
+	want["ttl-tiers.longest"] = figureDuration(slices.Max(def.Tiers))
+	want["binary-levels.longest"] = fmt.Sprintf("%.1f years", longest(t, def, delay.BinaryLevels, time.Second).Hours()/24/365.25)
+	want["delayed-exchange.longest"] = fmt.Sprintf("%.1f days", longest(t, def, delay.DelayedExchange, time.Millisecond).Hours()/24)
+
+	want["handoff-attempts"] = strconv.Itoa(def.HandoffAttempts)
+	want["handoff-pause-first"] = figureDuration(retry.HandoffPause(1))
+	want["handoff-pause-most"] = figureDuration(retry.HandoffPause(1000))
+	want["confirm-timeout"] = figureDuration(def.ConfirmTimeout)
+
+	want["go"] = goLine(t, "go.mod")
+	script, err := os.ReadFile("scripts/test.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`apicount -max (\d+)`).FindSubmatch(script)
+	if m == nil {
+		t.Fatal("scripts/test.sh runs no `apicount -max N`")
+	}
+	want["api-budget"] = string(m[1])
+	return want
+}
+
+// longest finds the longest delay backend name accepts, in steps of step: the
+// backend's Effective accepts it and refuses one step more.
+func longest(t *testing.T, c amqpretry.Config, name string, step time.Duration) time.Duration {
+	t.Helper()
+	b, err := backend.Lookup(backend.Spec{Name: name, Prefix: c.Prefix, Tiers: c.Tiers, Levels: c.Levels, RetryDelay: c.DelayedRetryDelay})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lo, hi := step, step
+	for {
+		if _, err := b.Effective(hi); err != nil {
+			break
+		}
+		lo, hi = hi, hi*2
+		if hi > 100*365*24*time.Hour {
+			t.Fatalf("%s accepts any delay", name)
+		}
+	}
+	for hi-lo > step { // Effective(lo) accepted, Effective(hi) refused
+		mid := lo + (hi-lo)/2/step*step
+		if _, err := b.Effective(mid); err != nil {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return lo
+}
+
+// figureDuration renders d as the docs write it: "1 h", "10 s", "100 ms".
+func figureDuration(d time.Duration) string {
+	switch {
+	case d%time.Hour == 0:
+		return fmt.Sprintf("%d h", d/time.Hour)
+	case d%time.Second == 0:
+		return fmt.Sprintf("%d s", d/time.Second)
+	default:
+		return fmt.Sprintf("%d ms", d/time.Millisecond)
+	}
+}
+
+// goLine is the major.minor of the go line of a go.mod.
+func goLine(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^go (\d+)\.(\d+)`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("%s has no go line", path)
+	}
+	return string(m[1]) + "." + string(m[2])
+}
+
+func TestDocFigures(t *testing.T) {
+	want := expectedFigures(t)
+	seen := map[string]bool{}
+	for _, path := range figureDocs(t) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := string(b)
+		markers := figureMarker.FindAllStringSubmatchIndex(text, -1)
+		if n := len(anyMarker.FindAllStringIndex(text, -1)); n != len(markers) {
+			t.Errorf("%s: %d <!--fig:...--> markers, %d of them right after a figure: a marker follows a number (and its unit) directly", path, n, len(markers))
+		}
+		for _, m := range markers {
+			got, key := text[m[2]:m[3]], text[m[4]:m[5]]
+			line := 1 + strings.Count(text[:m[0]], "\n")
+			w, ok := want[key]
+			switch {
+			case !ok:
+				t.Errorf("%s:%d: unknown figure %q: add it to expectedFigures (docs_test.go)", path, line, key)
+			case strings.ReplaceAll(got, ",", "") != w:
+				t.Errorf("%s:%d: figure %s is %q, the code gives %q", path, line, key, got, w)
+			}
+			seen[key] = true
+		}
+		unmarked := unmarkedDocs
+		if path == "README.md" {
+			unmarked = unmarkedReadme
+		}
+		for _, loc := range unmarked.FindAllStringIndex(text, -1) {
+			line := 1 + strings.Count(text[:loc[0]], "\n")
+			t.Errorf("%s:%d: %q is a topology figure without a <!--fig:KEY--> marker, so no test checks it", path, line, text[loc[0]:loc[1]])
+		}
+	}
+	for key, w := range want {
+		if !seen[key] {
+			t.Errorf("no doc marks the figure %s (%s) any more: mark it where the docs give it, or drop it from expectedFigures", key, w)
+		}
+	}
+}
+
+// TestGoVersion: the module's go line is the Go the README says the library needs,
+// and no older than the language features its code relies on.
+func TestGoVersion(t *testing.T) {
+	omitzero := regexp.MustCompile(`json:"[^"]*,omitzero`)
+	line := goLine(t, "go.mod")
+	// json's omitzero option is honoured from Go 1.24 on; older Go ignores it silently.
+	needs := ""
+	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != "." {
+			if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil || strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" {
+				return filepath.SkipDir // another module
+			}
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err == nil && omitzero.Match(b) && needs == "" {
+			needs = "1.24 (" + path + " uses json's omitzero)"
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if needs != "" && versionLess(line, "1.24") {
+		t.Errorf("go.mod says go %s; the code needs %s", line, needs)
+	}
+}
+
+func versionLess(a, b string) bool {
+	pa, pb := strings.Split(a, "."), strings.Split(b, ".")
+	for i := range min(len(pa), len(pb)) {
+		x, _ := strconv.Atoi(pa[i])
+		y, _ := strconv.Atoi(pb[i])
+		if x != y {
+			return x < y
+		}
+	}
+	return len(pa) < len(pb)
+}
+
+// TestDocsNameEveryBackend: Config.Backend's doc and package delay's table name every
+// backend package delay defines.
+func TestDocsNameEveryBackend(t *testing.T) {
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, "delay/delay.go", nil, parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var backends []string
+	for _, decl := range f.Decls {
+		g, ok := decl.(*ast.GenDecl)
+		if !ok || g.Tok != token.CONST || g.Doc == nil || !strings.Contains(g.Doc.Text(), "Names of the delay backends") {
+			continue
+		}
+		for _, spec := range g.Specs {
+			for _, v := range spec.(*ast.ValueSpec).Values {
+				if lit, ok := v.(*ast.BasicLit); ok {
+					s, _ := strconv.Unquote(lit.Value)
+					backends = append(backends, s)
+				}
+			}
+		}
+	}
+	if len(backends) < 6 {
+		t.Fatalf("found only %v in delay/delay.go", backends)
+	}
+	cfg, err := parser.ParseFile(fset, "config.go", nil, parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var backendDoc string
+	ast.Inspect(cfg, func(n ast.Node) bool {
+		if ts, ok := n.(*ast.TypeSpec); ok && ts.Name.Name == "Config" {
+			for _, field := range ts.Type.(*ast.StructType).Fields.List {
+				if len(field.Names) == 1 && field.Names[0].Name == "Backend" {
+					backendDoc = field.Doc.Text()
+				}
+			}
+		}
+		return true
+	})
+	pkgDoc, err := parser.ParseFile(fset, "delay/doc.go", nil, parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := pkgDoc.Doc.Text()
+	for _, name := range backends {
+		if !strings.Contains(backendDoc, strconv.Quote(name)) {
+			t.Errorf("Config.Backend's doc does not name %q", name)
+		}
+		if !regexp.MustCompile(`(?m)^\s+` + regexp.QuoteMeta(name) + `\s`).MatchString(table) {
+			t.Errorf("delay/doc.go's table has no row for %s", name)
+		}
+	}
+}
+
+// TestDocCommandsWriteOutsideCheckout: a command the docs give through
+// cmd/amqpretry/go.sh runs in cmd/amqpretry, so a relative -o writes into the checkout,
+// which the README says it never does.
+func TestDocCommandsWriteOutsideCheckout(t *testing.T) {
+	out := regexp.MustCompile(`go\.sh build[^\n]*?-o\s+(\S+)`)
+	for _, path := range []string{"README.md", "cmd/amqpretry/README.md", "cmd/amqpretry/go.sh"} {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range out.FindAllStringSubmatch(string(b), -1) {
+			if o := m[1]; !filepath.IsAbs(o) {
+				t.Errorf("%s: %q writes %s into the checkout (go.sh runs in cmd/amqpretry): give a path outside it, like /tmp/amqpretry", path, m[0], o)
+			}
+		}
+	}
+}
+
+// TestExamplesUsePublicAPIOnly: every example is a module of its own that imports no
+// internal package of the library, so that a user can copy it (scripts/examples.sh
+// builds each copied into a fresh module outside the repository).
+func TestExamplesUsePublicAPIOnly(t *testing.T) {
+	var dirs []string
+	for _, pattern := range []string{"_examples/*/main.go", "amqp1/examples/*/main.go"} {
+		mains, err := filepath.Glob(pattern)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range mains {
+			dirs = append(dirs, filepath.Dir(m))
+		}
+	}
+	if len(dirs) < 2 {
+		t.Fatalf("found the examples %v, want the two quickstarts at least", dirs)
+	}
+	fset := token.NewFileSet()
+	for _, dir := range dirs {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err != nil {
+			t.Errorf("%s has no go.mod: an example is a module of its own", dir)
+		}
+		files, _ := filepath.Glob(filepath.Join(dir, "*.go"))
+		for _, file := range files {
+			f, err := parser.ParseFile(fset, file, nil, parser.ImportsOnly)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, imp := range f.Imports {
+				path, _ := strconv.Unquote(imp.Path.Value)
+				if strings.HasPrefix(path, "github.com/amqpretry/amqpretry") && slices.Contains(strings.Split(path, "/"), "internal") {
+					t.Errorf("%s imports %s: an example uses the public API only", file, path)
+				}
+			}
+		}
+	}
+}
+
+// TestGoDocDefaults: every "Default: X" that a field of Config or Policy documents is
+// the value WithDefaults gives it, and Tiers' and Levels' docs give the default ladder.
+func TestGoDocDefaults(t *testing.T) {
+	def := amqpretry.Config{}.WithDefaults()
+	values := map[string]reflect.Value{
+		"Config": reflect.ValueOf(def),
+		"Policy": reflect.ValueOf(def.Policy),
+	}
+	defaultRe := regexp.MustCompile(`Default: ("[^"]*"|[0-9][0-9.]*[a-z]*)`)
+	fset := token.NewFileSet()
+	checked := 0
+	for _, file := range []string{"config.go", "policy.go"} {
+		f, err := parser.ParseFile(fset, file, nil, parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			ts, ok := n.(*ast.TypeSpec)
+			if !ok || values[ts.Name.Name] == (reflect.Value{}) {
+				return true
+			}
+			st := ts.Type.(*ast.StructType)
+			for _, field := range st.Fields.List {
+				if len(field.Names) != 1 || field.Doc == nil {
+					continue
+				}
+				name := field.Names[0].Name
+				doc := strings.Join(strings.Fields(field.Doc.Text()), " ")
+				v := values[ts.Name.Name].FieldByName(name)
+				where := ts.Name.Name + "." + name
+				switch name {
+				case "Tiers":
+					if m := regexp.MustCompile(`(\d+) tiers`).FindStringSubmatch(doc); m == nil || m[1] != strconv.Itoa(len(def.Tiers)) {
+						t.Errorf("%s's doc gives %v tiers by default, WithDefaults %d", where, m, len(def.Tiers))
+					}
+					if last := figureDuration(slices.Max(def.Tiers)); !strings.Contains(doc, strings.ReplaceAll(last, " ", "")) {
+						t.Errorf("%s's doc does not end the default ladder at %s", where, last)
+					}
+				case "Levels":
+					years := fmt.Sprintf("about %.1f years", longest(t, def, delay.BinaryLevels, time.Second).Hours()/24/365.25)
+					if !strings.Contains(doc, years) {
+						t.Errorf("%s's doc does not say the default holds %s", where, years)
+					}
+				}
+				m := defaultRe.FindStringSubmatch(doc)
+				if m == nil {
+					continue
+				}
+				text := strings.TrimSuffix(m[1], ".")
+				var ok bool
+				switch {
+				case v.Type() == reflect.TypeOf(time.Duration(0)):
+					d, err := time.ParseDuration(text)
+					ok = err == nil && d == time.Duration(v.Int())
+				case v.Kind() == reflect.String:
+					s, err := strconv.Unquote(text)
+					ok = err == nil && strings.ReplaceAll(s, "<Prefix>", def.Prefix) == v.String()
+				case v.Kind() == reflect.Int:
+					n, err := strconv.Atoi(text)
+					ok = err == nil && int64(n) == v.Int()
+				case v.Kind() == reflect.Float64:
+					x, err := strconv.ParseFloat(text, 64)
+					ok = err == nil && x == v.Float()
+				default:
+					continue
+				}
+				checked++
+				if !ok {
+					t.Errorf("%s's doc says Default: %s; WithDefaults gives %v", where, text, v)
+				}
+			}
+			return false
+		})
+	}
+	if checked < 10 {
+		t.Errorf("checked only %d documented defaults", checked)
+	}
+}
