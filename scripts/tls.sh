@@ -139,8 +139,7 @@ install_broker_files() {
 }
 
 wait310() {
-  local i
-  for i in $(seq 120); do
+  for _ in $(seq 120); do
     if rabbitmqctl -q await_startup --timeout 5 >/dev/null 2>&1 && check "$PORT310"; then return 0; fi
     sleep 1
   done
@@ -178,8 +177,7 @@ rabbitmq310() {
   fi
   log "restarting RabbitMQ 3.10 to open its TLS listener (every connection to it drops)"
   rabbitmqctl -q stop >/dev/null 2>&1 || true
-  local i
-  for i in $(seq 60); do
+  for _ in $(seq 60); do
     rabbitmqctl -q ping >/dev/null 2>&1 || break
     sleep 1
   done
