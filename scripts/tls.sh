@@ -6,8 +6,9 @@
 #   scripts/tls.sh certs          make what is missing or about to expire (idempotent),
 #                                 print the directory
 #   scripts/tls.sh dir            print the directory
-#   scripts/tls.sh conf PORT DIR  print the rabbitmq.conf lines of a TLS listener on
-#                                 127.0.0.1:PORT with the broker's copies in DIR
+#   scripts/tls.sh conf PORT DIR [MECH]  print the rabbitmq.conf lines of a TLS listener
+#                                 on 127.0.0.1:PORT with the broker's copies in DIR (and
+#                                 a fourth SASL mechanism, ANONYMOUS on 4.x)
 #   scripts/tls.sh install DIR    copy ca.pem, server.pem and server.key into DIR (a
 #                                 broker's own copies; making them first if missing)
 #   scripts/tls.sh check PORT     exit 0 when 127.0.0.1:PORT completes a TLS handshake
@@ -110,7 +111,8 @@ check() {
     -CAfile "$DIR/ca.pem" -verify_return_error -brief </dev/null >/dev/null 2>&1
 }
 
-# The rabbitmq.conf lines of a TLS listener on 127.0.0.1:$1 with the files in $2.
+# The rabbitmq.conf lines of a TLS listener on 127.0.0.1:$1 with the files in $2; $3,
+# if given, a fourth SASL mechanism.
 listener_conf() {
   cat <<EOF
 # amqpretry TLS (scripts/tls.sh): AMQPS on loopback, client certificates optional;
@@ -126,6 +128,8 @@ auth_mechanisms.1 = PLAIN
 auth_mechanisms.2 = AMQPLAIN
 auth_mechanisms.3 = EXTERNAL
 EOF
+  # RabbitMQ 4.x's default list holds ANONYMOUS too (3.x has no such mechanism).
+  if [ -n "${3:-}" ]; then echo "auth_mechanisms.4 = $3"; fi
 }
 
 # install_broker_files DIR: the broker's copies (its owner is the caller's to set).
@@ -190,8 +194,8 @@ case "${1:-}" in
   certs) certs ;;
   dir) echo "$DIR" ;;
   check) check "${2:-}" ;;
-  conf) listener_conf "${2:?port}" "${3:?dir}" ;;
+  conf) listener_conf "${2:?port}" "${3:?dir}" "${4:-}" ;;
   install) install_broker_files "${2:?dir}" ;;
   rabbitmq310) rabbitmq310 ;;
-  *) echo "usage: $0 certs|dir|conf PORT DIR|install DIR|check PORT|rabbitmq310" >&2; exit 2 ;;
+  *) echo "usage: $0 certs|dir|conf PORT DIR [MECH]|install DIR|check PORT|rabbitmq310" >&2; exit 2 ;;
 esac

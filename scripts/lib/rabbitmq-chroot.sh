@@ -291,7 +291,7 @@ EOF
   local tls
   tls="$(dirname "${BASH_SOURCE[0]}")/../tls.sh"
   "$tls" install "$dir/tls"
-  "$tls" conf "$TLS_PORT" "$1/tls" >>"$dir/rabbitmq.conf"
+  "$tls" conf "$TLS_PORT" "$1/tls" ANONYMOUS >>"$dir/rabbitmq.conf"
   echo '[rabbitmq_auth_mechanism_ssl].' >"$dir/enabled_plugins"
 }
 
