@@ -219,7 +219,8 @@ func TestTLSExternal(t *testing.T) {
 
 // TestTLSCluster: Cluster() carries the TLS configuration to every node: successive
 // connections reach each of the cluster's TLS listeners, all of them TLS, verified
-// against the test CA; with the wrong CA every node refuses, none falls back to plain.
+// against the test CA; a plain node among them fails its dial, never spoken to in
+// plain; with the wrong CA every node refuses.
 func TestTLSCluster(t *testing.T) {
 	env := tlstest.Get(t)
 	nodes := strings.Split(os.Getenv(tlstest.ClusterEnv), ",")
@@ -250,6 +251,29 @@ func TestTLSCluster(t *testing.T) {
 		if !seen[port] {
 			t.Errorf("no connection reached node %s over TLS (reached %v)", n, seen)
 		}
+	}
+
+	// A node that speaks plain AMQP among TLS ones: the dial that reaches it fails,
+	// and never speaks plain to it.
+	plain, _ := url.Parse(brokertest.URI())
+	mixed := amqpretry.Cluster(nodes[0], plain.Host)
+	mixed.TLSClientConfig = cluster.TLSClientConfig
+	var failed, ok int
+	for range 2 {
+		conn, err := amqp.DialConfig(uri, *mixed)
+		var e tls.RecordHeaderError
+		switch {
+		case err == nil:
+			ok++
+			_ = conn.Close()
+		case errors.As(err, &e):
+			failed++
+		default:
+			t.Errorf("dial with a plain node among the TLS ones: %v; want a TLS record error", err)
+		}
+	}
+	if failed != 1 || ok != 1 {
+		t.Errorf("with one TLS and one plain node: %d dials connected, %d failed on TLS; want 1 and 1", ok, failed)
 	}
 
 	bad := amqpretry.Cluster(nodes...)
