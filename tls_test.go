@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -64,11 +65,12 @@ func TestTLSRetry(t *testing.T) {
 	}
 	var attempts atomic.Int32
 	handled := make(chan struct{})
+	var once sync.Once
 	if _, err := retry.AddHandler(router, "tls", topic, func(*message.Message) error {
 		if attempts.Add(1) == 1 {
 			return errors.New("fails once")
 		}
-		close(handled)
+		once.Do(func() { close(handled) })
 		return nil
 	}); err != nil {
 		t.Fatal(err)
