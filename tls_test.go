@@ -1,6 +1,7 @@
 package amqpretry_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -148,19 +149,25 @@ func TestTLSFailsLoudly(t *testing.T) {
 			}
 			check("amqp091-go", err)
 
+			// Every log line, at every level, is checked for the password too.
+			var logs bytes.Buffer
+			logger := watermill.NewStdLoggerWithOut(&logs, true, true)
 			amqpCfg := amqp3.NewDurableQueueConfig(tc.uri)
 			amqpCfg.Connection.TLSConfig = tc.tls
-			retry, err := wamqp3.New(amqpCfg, amqpretry.Config{Prefix: brokertest.Prefix(t)})
+			retry, err := wamqp3.New(amqpCfg, amqpretry.Config{Prefix: brokertest.Prefix(t), Logger: logger})
 			if err == nil {
 				_ = retry.Close()
 			}
 			check("wamqp3.New", err)
 
-			o, err := ops.New(ops.Config{URI: tc.uri, AMQP: amqp.Config{TLSClientConfig: tc.tls}})
+			o, err := ops.New(ops.Config{URI: tc.uri, AMQP: amqp.Config{TLSClientConfig: tc.tls}, Logger: logger})
 			if err == nil {
 				_ = o.Close()
 			}
 			check("ops.New", err)
+			if strings.Contains(logs.String(), secret) {
+				t.Errorf("a log line shows the password:\n%s", logs.String())
+			}
 		})
 	}
 }
