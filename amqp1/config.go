@@ -25,10 +25,16 @@ type PublisherConfig struct {
 	// port defaults to 5672 (amqps: 5671), where RabbitMQ 4 serves AMQP 1.0 beside
 	// 0-9-1. Without user information the connection authenticates with SASL
 	// ANONYMOUS. The password never appears in logs or errors. Required.
+	//
+	// The query parameters of amqp091-go's URIs work here too, so one URI serves both
+	// transports: cacertfile, certfile, keyfile (PEM files) and server_name_indication
+	// when TLSConfig is nil, and auth_mechanism=external (SASL EXTERNAL: the broker
+	// logs the client certificate in; rabbitmq_auth_mechanism_ssl), e.g.
+	// amqps://broker:5671/?cacertfile=/etc/ssl/ca.pem&certfile=c.pem&keyfile=c.key&auth_mechanism=external
 	URI string
 
-	// TLSConfig is used for amqps URIs. Default: the system's roots, TLS 1.2 or later,
-	// and the URI's host as the server name.
+	// TLSConfig is used for amqps URIs. Default: the system's roots (or the URI's
+	// cacertfile), TLS 1.2 or later, and the URI's host as the server name.
 	TLSConfig *tls.Config
 
 	// ContainerID is the AMQP container-id the connection opens with, which RabbitMQ

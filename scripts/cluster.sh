@@ -22,14 +22,15 @@
 #   scripts/cluster.sh uris             print the three AMQP URIs, space-separated,
 #                                       whether or not they run
 #
-#   NODE  node name              AMQP (127.0.0.1)  dist (127.0.0.1)  data in the chroot
-#   1     amqpretryc1@localhost  5681              25681             /var/lib/amqpretry-cluster/c1
-#   2     amqpretryc2@localhost  5682              25682             /var/lib/amqpretry-cluster/c2
-#   3     amqpretryc3@localhost  5683              25683             /var/lib/amqpretry-cluster/c3
+#   NODE  node name              AMQP (127.0.0.1)  AMQPS  dist (127.0.0.1)  data in the chroot
+#   1     amqpretryc1@localhost  5681              5691   25681             /var/lib/amqpretry-cluster/c1
+#   2     amqpretryc2@localhost  5682              5692   25682             /var/lib/amqpretry-cluster/c2
+#   3     amqpretryc3@localhost  5683              5693   25683             /var/lib/amqpretry-cluster/c3
 #
 # One epmd for the cluster on 127.0.0.1:4380 (ERL_EPMD_PORT) and one Erlang cookie
 # (/var/lib/amqpretry-cluster/.erlang.cookie in the chroot), neither shared with any
-# other node on the machine; rabbitmqctl's own listener in 35710-35739. No plugins.
+# other node on the machine; rabbitmqctl's own listener in 35710-35739. AMQPS with
+# scripts/tls.sh's certificates; one plugin, rabbitmq_auth_mechanism_ssl.
 # guest/guest logs in from 127.0.0.1 (loopback_users, the default).
 # e.g. AMQPRETRY_RABBITMQCTL="$PWD/scripts/cluster.sh ctl 1"
 #
@@ -56,6 +57,7 @@ select_node() {
   N=$1
   NODE="amqpretryc$N@localhost"
   AMQP_PORT=$((5680 + N))
+  TLS_PORT=$((5690 + N))
   DIST_PORT=$((25680 + N))
   CTL_DIST_MIN=$((35700 + 10 * N))
   CTL_DIST_MAX=$((35709 + 10 * N))

@@ -13,10 +13,10 @@
 #   scripts/rabbitmq4.sh [4.0|4.3] ctl ARGS   rabbitmqctl ARGS against this node only
 #   scripts/rabbitmq4.sh [4.0|4.3] uri        print the AMQP URI (whether or not it runs)
 #
-#   series  packages                  chroot (env var to move it)           node                  AMQP  dist   epmd  uid/gid
-#   4.0     trixie: 4.0.5, OTP 27     /var/lib/amqpretry/rabbitmq4          amqpretry4@localhost  5674  25674  4374  64674
+#   series  packages                  chroot (env var to move it)           node                  AMQP  AMQPS  dist   epmd  uid/gid
+#   4.0     trixie: 4.0.5, OTP 27     /var/lib/amqpretry/rabbitmq4          amqpretry4@localhost  5674  5676   25674  4374  64674
 #           (AMQPRETRY_RABBITMQ4_ROOT, AMQPRETRY_RABBITMQ4_UID)
-#   4.3     forky: 4.3.6, OTP 29      /var/lib/amqpretry/rabbitmq43         amqpretry43@localhost 5675  25675  4375  64675
+#   4.3     forky: 4.3.6, OTP 29      /var/lib/amqpretry/rabbitmq43         amqpretry43@localhost 5675  5677   25675  4375  64675
 #           (AMQPRETRY_RABBITMQ43_ROOT, AMQPRETRY_RABBITMQ43_UID)
 #
 # e.g. AMQP_URI=$(scripts/rabbitmq4.sh 4.3 start)
@@ -25,7 +25,8 @@
 # Isolation from the machine's broker (rabbit@localhost on 5672, dist 25672, epmd 4369)
 # and from each other: AMQP and distribution on 127.0.0.1 only, on the ports above; each
 # node its own epmd on 127.0.0.1 (ERL_EPMD_PORT) and its own Erlang cookie, readable only
-# inside its chroot; no plugins (an empty enabled_plugins), so nothing else listens.
+# inside its chroot; AMQPS on the port above with scripts/tls.sh's certificates; one
+# plugin (rabbitmq_auth_mechanism_ssl: SASL EXTERNAL), so nothing else listens.
 # `ctl` runs the chroot's rabbitmqctl with the node name and epmd port given explicitly,
 # so it cannot reach another node. Package scripts in the chroot start nothing
 # (policy-rc.d exits 101), and the chroot's rabbitmq user gets a uid/gid unused on the
@@ -51,6 +52,7 @@ case "$series" in
   4.0)
     NODE=amqpretry4@localhost
     AMQP_PORT=5674
+    TLS_PORT=5676
     DIST_PORT=25674
     EPMD_PORT=4374
     CTL_DIST_MIN=35690 # rabbitmqctl's own transient listener, clear of the machine's 35672-35682
@@ -60,6 +62,7 @@ case "$series" in
     LOG_TAG=rabbitmq43
     NODE=amqpretry43@localhost
     AMQP_PORT=5675
+    TLS_PORT=5677
     DIST_PORT=25675
     EPMD_PORT=4375
     CTL_DIST_MIN=35700

@@ -29,6 +29,12 @@
 #                               AMQPRETRY_BROKER_RESTART=1) on each broker
 #   AMQPRETRY_CLUSTER=1         the no-loss test on a three-node RabbitMQ 4.3 cluster
 #                               (scripts/cluster.sh; root, with RABBITMQ4's chroot)
+#   AMQPRETRY_TLS=1             the TLS steps on each broker run (and, with
+#                               AMQPRETRY_CLUSTER=1, the cluster): certificates from
+#                               scripts/tls.sh, a TLS listener on each broker (the
+#                               machine's 3.10 restarted once if its port 5671 does not
+#                               answer TLS), the library, CLI, metrics, quickstarts and
+#                               amqp1 over amqps (root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -64,9 +70,9 @@ trap summary EXIT
 # The opt-ins. Under CI=true all of them; elsewhere only what the caller set.
 if [ "$CI" = "true" ]; then
   export AMQPRETRY_BROKER_RESTART="${AMQPRETRY_BROKER_RESTART:-1}"
-  RABBITMQ4=1 NOLOSS=1 CLUSTER=1
+  RABBITMQ4=1 NOLOSS=1 CLUSTER=1 TLS=1
 else
-  RABBITMQ4="${RABBITMQ4:-}" NOLOSS="${AMQPRETRY_NOLOSS:-}" CLUSTER="${AMQPRETRY_CLUSTER:-}"
+  RABBITMQ4="${RABBITMQ4:-}" NOLOSS="${AMQPRETRY_NOLOSS:-}" CLUSTER="${AMQPRETRY_CLUSTER:-}" TLS="${AMQPRETRY_TLS:-}"
 fi
 # The no-loss tests run in steps of their own, never inside the race-detector runs.
 unset AMQPRETRY_NOLOSS
@@ -90,6 +96,9 @@ if [ "$NOLOSS" != 1 ]; then
 fi
 if [ "$CLUSTER" != 1 ]; then
   notes+=("SKIPPED: the cluster no-loss test. Opt in with AMQPRETRY_CLUSTER=1 RABBITMQ4=1 ./scripts/test.sh (root; three RabbitMQ 4.3 nodes of scripts/cluster.sh); CI=true does.")
+fi
+if [ "$TLS" != 1 ]; then
+  notes+=("SKIPPED: the TLS steps. Opt in with AMQPRETRY_TLS=1 ./scripts/test.sh (root; scripts/tls.sh makes the certificates and may restart the machine's RabbitMQ 3.10 once to open its TLS listener); CI=true does.")
 fi
 print_notes() { if [ "${#notes[@]}" -gt 0 ]; then printf '%s\n' "${notes[@]}"; fi; }
 print_notes
@@ -161,6 +170,43 @@ if [ "$broker" != ok ]; then
   fi
   echo "WARNING: no RabbitMQ; integration tests will skip"
 fi
+
+# TLS: the certificates (scripts/tls.sh), and the TLS listener of the machine's broker
+# when AMQP_URI is it; the 4.x nodes and the cluster get theirs from their scripts.
+tlsdir="" amqps310=""
+if [ "$TLS" = 1 ]; then
+  step "TLS: certificates and the TLS listener of the broker at AMQP_URI (scripts/tls.sh)"
+  tlsdir=$(scripts/tls.sh certs)
+  if [ "$broker" = ok ] && [ "$AMQP_URI" = "amqp://guest:guest@127.0.0.1:5672/" ]; then
+    scripts/tls.sh rabbitmq310
+    amqps310="amqps://guest:guest@localhost:5671/"
+  else
+    echo "the broker at AMQP_URI is not the machine's RabbitMQ 3.10: no TLS steps on it"
+  fi
+fi
+# tls_listener NAME PORT RESTART...: makes sure the broker answers TLS on PORT,
+# restarting it once with RESTART (its script rewrites its configuration) if not.
+tls_listener() {
+  local name=$1 port=$2
+  shift 2
+  if scripts/tls.sh check "$port"; then return; fi
+  echo "$name does not answer TLS on 127.0.0.1:$port: restarting it with its TLS configuration"
+  "$@" >/dev/null
+  if ! scripts/tls.sh check "$port"; then
+    echo "FAIL: $name does not answer TLS on 127.0.0.1:$port after a restart"; exit 1
+  fi
+}
+# tls_tests NAME URI AMQPS_URI CTL: the TLS tests of the library, the command and the
+# metrics module, and the quickstart, over amqps on the broker at URI.
+tls_tests() {
+  local name=$1 uri=$2 amqps=$3 ctl=$4
+  step "TLS on $name ($amqps): library, CLI and metrics gauges over amqps; wrong CA, wrong name, no password, SASL EXTERNAL"
+  local e=(env AMQP_URI="$uri" AMQPS_URI="$amqps" AMQPRETRY_TLS_DIR="$tlsdir" AMQPRETRY_RABBITMQCTL="$ctl")
+  "${e[@]}" go test -race -count=1 -run '^TestTLS' -v .
+  (cd metrics && "${e[@]}" go test -race -count=1 -run '^TestTLS' -v .)
+  "${e[@]}" cmd/amqpretry/go.sh test -race -count=1 -run '^TestTLS' -v .
+  quickstart "$name over amqps" "$amqps?cacertfile=$tlsdir/ca.pem" DELAY_BACKEND=ttl-tiers
+}
 
 # fd_budget NAME CTL...: fails when a RabbitMQ 3.x broker has used more than 80% of its
 # file-handle budget (each quorum queue reserves 3; past the budget every new connection
@@ -237,6 +283,7 @@ if [ "$broker" = ok ]; then
   quickstart "the broker at AMQP_URI" "$AMQP_URI" DELAY_BACKEND=ttl-tiers WATERMILL_AMQP=2
   step "Watermill's pub/sub suites, watermill-amqp v3 and v2, with and without our subscriber config"
   ./scripts/watermill-suite.sh
+  if [ -n "$amqps310" ]; then tls_tests "the broker at AMQP_URI" "$AMQP_URI" "$amqps310" "${AMQPRETRY_RABBITMQCTL:-rabbitmqctl}"; fi
   after 3.10 "${ctl310[@]}"
 fi
 
@@ -259,6 +306,12 @@ if [ "$RABBITMQ4" = 1 ]; then
       echo "FAIL: could not start RabbitMQ $series (scripts/rabbitmq4.sh $series start)"; exit 1
     fi
     ctl="$rabbitmq4 $series ctl"
+    tlsport=5676
+    if [ "$series" = 4.3 ]; then tlsport=5677; fi
+    if [ "$TLS" = 1 ]; then
+      step "RabbitMQ $series: TLS listener on 127.0.0.1:$tlsport"
+      tls_listener "RabbitMQ $series" "$tlsport" sh -c "'$rabbitmq4' $series stop && '$rabbitmq4' $series start"
+    fi
     read -r -a ctlwords <<<"$ctl"
     before "$series" "${ctlwords[@]}"
     if [ "$series" = 4.3 ]; then export AMQP_URI_43=$uri; fi # the metrics module's 4.3 test
@@ -276,6 +329,17 @@ if [ "$RABBITMQ4" = 1 ]; then
       AMQP_URI=$uri AMQPRETRY_RABBITMQCTL=$ctl go test -count=1 -timeout 10m -run '^TestSuite$/^DelayedRetryWaitsThroughFaults$' ./wamqp3 ./wamqp2
       step "amqp1 module (AMQP 1.0): go test -race on RabbitMQ 4.3"
       (cd amqp1 && AMQP1_URI=$uri AMQP1_URI_40=$uri40 AMQP1_RABBITMQCTL="$ctl" AMQPRETRY_RABBITMQCTL="$ctl" go test -race -count=1 -timeout 20m ./...)
+    fi
+    if [ "$TLS" = 1 ]; then
+      amqps="amqps://guest:guest@localhost:$tlsport/"
+      tls_tests "RabbitMQ $series" "$uri" "$amqps" "$ctl"
+      if [ "$series" = 4.3 ]; then
+        step "TLS on RabbitMQ 4.3: amqp1 (AMQP 1.0) over amqps; wrong CA, wrong name, no password, SASL EXTERNAL"
+        (cd amqp1 && AMQP1_URI=$uri AMQP_URI=$uri AMQPS_URI=$amqps AMQPRETRY_TLS_DIR=$tlsdir AMQPRETRY_RABBITMQCTL="$ctl" \
+          go test -race -count=1 -run '^TestTLS' -v . | grep -v '\[watermill\]')
+        quickstart "RabbitMQ 4.3 over amqps" "$amqps?cacertfile=$tlsdir/ca.pem" DELAY_BACKEND=delivery-time
+        quickstart "RabbitMQ 4.3 over amqps" "$amqps?cacertfile=$tlsdir/ca.pem" DELAY_BACKEND=delayed-retry
+      fi
     fi
     after "$series" "${ctlwords[@]}"
     if [ "$NOLOSS" = 1 ]; then
@@ -297,6 +361,18 @@ if [ "$CLUSTER" = 1 ]; then
   # restarts its nodes, and stops it at the end.
   step "no-loss test on a three-node RabbitMQ 4.3 cluster (scripts/cluster.sh)"
   AMQPRETRY_NOLOSS=1 AMQPRETRY_NOLOSS_CLUSTER=1 go test -count=1 -timeout 40m -run '^TestNoLoss$' -v ./internal/noloss
+fi
+
+if [ "$CLUSTER" = 1 ] && [ "$TLS" = 1 ]; then
+  step "TLS on the three-node RabbitMQ 4.3 cluster: Cluster() over amqps reaches every node (scripts/cluster.sh)"
+  scripts/cluster.sh start >/dev/null
+  for n in 1 2 3; do tls_listener "cluster node $n" $((5690 + n)) sh -c "scripts/cluster.sh stop && scripts/cluster.sh start"; done
+  if ! AMQP_URI=amqp://guest:guest@127.0.0.1:5681/ AMQPS_URI=amqps://guest:guest@localhost:5691/ AMQPRETRY_TLS_DIR=$tlsdir \
+    AMQPRETRY_TLS_CLUSTER=127.0.0.1:5691,127.0.0.1:5692,127.0.0.1:5693 go test -race -count=1 -run '^TestTLSCluster$' -v .; then
+    scripts/cluster.sh stop || true
+    exit 1
+  fi
+  scripts/cluster.sh stop
 fi
 
 end_step

@@ -66,7 +66,9 @@ const exitHelp = `Exit status, the same for every command:
   130  interrupted (Ctrl-C, SIGTERM): a redrive or purge stops between two messages
 
 The broker URI comes from AMQP_URI (default ` + defaultURI + `);
-its password is never printed.`
+its password is never printed. An amqps:// URI takes the CA and a client certificate
+as query parameters: ?cacertfile=ca.pem&certfile=c.pem&keyfile=c.key, and
+&auth_mechanism=external for SASL EXTERNAL.`
 
 // run runs the command line args and returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {

@@ -260,8 +260,10 @@ build() {
 
 # Writes a node's configuration into directory $1 of the chroot (rabbitmq-env.conf,
 # rabbitmq.conf, enabled_plugins), from NODE, AMQP_PORT, DIST_PORT, EPMD_PORT,
-# CTL_DIST_MIN, CTL_DIST_MAX; $2 is extra rabbitmq-env.conf lines. AMQP and the
-# distribution listen on 127.0.0.1 only; no plugins, so nothing else listens.
+# CTL_DIST_MIN, CTL_DIST_MAX, TLS_PORT; $2 is extra rabbitmq-env.conf lines. AMQP, AMQPS
+# (TLS_PORT, with the certificates of scripts/tls.sh copied into $1/tls) and the
+# distribution listen on 127.0.0.1 only; one plugin, rabbitmq_auth_mechanism_ssl (SASL
+# EXTERNAL with a client certificate), which listens on nothing.
 write_node_config() {
   local dir="$ROOT$1" tag
   tag=$(basename "$0")
@@ -286,7 +288,11 @@ EOF
 # amqpretry: AMQP on loopback only. guest/guest works from 127.0.0.1 (loopback_users).
 listeners.tcp.1 = 127.0.0.1:$AMQP_PORT
 EOF
-  echo '[].' >"$dir/enabled_plugins"
+  local tls
+  tls="$(dirname "${BASH_SOURCE[0]}")/../tls.sh"
+  "$tls" install "$dir/tls"
+  "$tls" conf "$TLS_PORT" "$1/tls" ANONYMOUS >>"$dir/rabbitmq.conf"
+  echo '[rabbitmq_auth_mechanism_ssl].' >"$dir/enabled_plugins"
 }
 
 # Writes a fresh Erlang cookie at path $1 of the chroot unless it has one.
