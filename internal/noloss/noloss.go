@@ -50,6 +50,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/topology"
 	"github.com/amqpretry/amqpretry/wamqp2"
 	"github.com/amqpretry/amqpretry/wamqp3"
 )
@@ -139,12 +140,27 @@ type Setup struct {
 	// Major is watermill-amqp's major version: 2 or 3.
 	Major  int
 	Logger watermill.LoggerAdapter
+
+	// What a run that changes backends while retries wait (TestNoLossSwitch) sets for
+	// each of its configurations; the zero values keep the variant's own.
+	//
+	// StoragePrefix is Config.Prefix (default Prefix, which also names the run's work,
+	// results and poison queues: the poison queue stays "<Prefix>.poison").
+	StoragePrefix string
+	// Tiers is Config.Tiers of ttl-tiers (default: one tier per delay of the policy).
+	Tiers []time.Duration
+	// LevelsOf is Config.Levels of binary-levels (default Levels()).
+	LevelsOf int
+	// QuorumWork makes the work and results queues quorum queues whatever the variant.
+	QuorumWork bool
+	// Topology is Config.Topology (default: declare).
+	Topology topology.Mode
 }
 
 // Quorum tells whether the run's work and results queues are quorum queues: in a
 // cluster (replicated, as a cluster's users declare them), and wherever RabbitMQ
 // holds retries in the work queue (which needs one).
-func (s Setup) Quorum() bool { return len(s.Nodes) > 0 || s.Variant.Holds() }
+func (s Setup) Quorum() bool { return len(s.Nodes) > 0 || s.Variant.Holds() || s.QuorumWork }
 
 // HeldDelay is how long RabbitMQ 4.3 holds a retry in the work queue
 // (Config.DelayedRetryDelay): long enough for the test to see retries waiting there
@@ -208,6 +224,16 @@ func (s Setup) Config() amqpretry.Config {
 	if v.Backend == delay.TTLTiers {
 		cfg.Tiers = cfg.Policy.Delays // one tier per delay of the policy
 	}
+	if s.StoragePrefix != "" {
+		cfg.Prefix, cfg.PoisonQueue = s.StoragePrefix, s.Prefix+".poison"
+	}
+	if s.Tiers != nil {
+		cfg.Tiers = s.Tiers
+	}
+	if s.LevelsOf != 0 {
+		cfg.Levels = s.LevelsOf
+	}
+	cfg.Topology = s.Topology
 	if v.Holds() {
 		cfg.DelayedRetryDelay = s.HeldDelay()
 	}
