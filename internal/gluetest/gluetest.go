@@ -93,6 +93,7 @@ func Run(t *testing.T, m Major) {
 		{"DelayedRetry", DelayedRetry, true},
 		{"DelayedRetriesThenCopies", DelayedRetriesThenCopies, false},
 		{"DelayedRetryOnAQueueWithoutItFallsBackLoudly", DelayedRetryOnAQueueWithoutItFallsBackLoudly, false},
+		{"CopyingBackendOnADelayedRetryQueueKeepsIt", CopyingBackendOnADelayedRetryQueueKeepsIt, false},
 		{"DelayedRetryRefusedBefore43", DelayedRetryRefusedBefore43, false},
 		{"DelayedRetryWaitsThroughFaults", DelayedRetryWaitsThroughFaults, false},
 	} {
