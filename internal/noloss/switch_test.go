@@ -20,8 +20,8 @@ import (
 )
 
 // switchDefaultN is N for TestNoLossSwitch unless NEnv says otherwise: five batches of
-// 400, 80 of them failing, put dozens of retries in the old storage at each change.
-const switchDefaultN = 2000
+// 200, 40 of them failing, put dozens of retries in the old storage at each change.
+const switchDefaultN = 1000
 
 // inFlight is how many messages of the next batch are published at a change, just
 // before the consumer is stopped.
@@ -232,24 +232,7 @@ func (r *run) use(st switchStage, quorum bool, heldLog string) {
 // delayed-retry it applies the delayed-retry policy to the work queue.
 func (r *run) switchTo(st switchStage, kill, quorum bool, heldLog, policy string) string {
 	g := r.g
-	// The consumer caught up (nothing ready in the work queue), so that what comes late
-	// at the change is the change's doing, not a backlog's.
-	for deadline := time.Now().Add(time.Minute); r.count(r.work) > 0; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			r.fatal("work queue %s not drained within a minute", r.work)
-		}
-	}
-	waiting := r.waitingNow()
-	// A few messages of the next batch: in flight when the consumer stops, without a
-	// backlog in front of the retries due during the change (the rest follows it).
-	lo, hi := r.batch(g.batch+1, g.batches)
-	hi = min(hi, lo+inFlight)
-	if err := r.publish(lo, hi); err != nil {
-		r.fatal("publish batch %d: %v", g.batch+2, err)
-	}
-	for i := lo; i < hi; i++ {
-		r.published[i] = true
-	}
+	// The policy first: applying it takes seconds, while retries wait.
 	note := ""
 	if st.backend == delay.DelayedRetry && !r.policyApplied(policy) {
 		ms := r.s.HeldDelay().Milliseconds()
@@ -264,6 +247,24 @@ func (r *run) switchTo(st switchStage, kill, quorum bool, heldLog, policy string
 		}
 		note = "policy_applied,"
 	}
+	// The consumer caught up (nothing ready in the work queue), so that what comes late
+	// at the change is the change's doing, not a backlog's; a backlog left after 10 s
+	// is noted.
+	backlog := r.count(r.work)
+	for deadline := time.Now().Add(10 * time.Second); backlog > 0 && time.Now().Before(deadline); backlog = r.count(r.work) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	waiting := r.waitingNow()
+	// A few messages of the next batch: in flight when the consumer stops, without a
+	// backlog in front of the retries due during the change (the rest follows it).
+	lo, hi := r.batch(g.batch+1, g.batches)
+	hi = min(hi, lo+inFlight)
+	if err := r.publish(lo, hi); err != nil {
+		r.fatal("publish batch %d: %v", g.batch+2, err)
+	}
+	for i := lo; i < hi; i++ {
+		r.published[i] = true
+	}
 	stopped := time.Now()
 	r.stoppedAt = append(r.stoppedAt, stopped)
 	how := "sigterm"
@@ -274,10 +275,19 @@ func (r *run) switchTo(st switchStage, kill, quorum bool, heldLog, policy string
 		r.consumer.stop()
 	}
 	stopTook := time.Since(stopped)
+	// No consumer until retries have left the old storage (fewer wait than when the
+	// consumer stopped), for up to 15 s: retries come due during the change.
+	base := r.waitingNow()
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if n := r.waitingNow(); n < base {
+			note += fmt.Sprintf("left_while_down=%d,", base-n)
+			break
+		}
+	}
 	r.use(st, quorum, heldLog)
 	r.consumer = r.startConsumer()
 	r.readyAt = append(r.readyAt, time.Now())
-	return fmt.Sprintf("%swaiting_at_stop=%d,%s_s=%.1f,new_ready_s=%.1f", note, waiting, how, stopTook.Seconds(), time.Since(stopped).Seconds()-stopTook.Seconds())
+	return fmt.Sprintf("%sbacklog=%d,waiting_at_stop=%d,%s_s=%.1f,down_s=%.1f", note, backlog, waiting, how, stopTook.Seconds(), time.Since(stopped).Seconds())
 }
 
 // policyApplied tells whether policy is the work queue's policy (rabbitmqctl).

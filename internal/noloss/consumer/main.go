@@ -56,7 +56,7 @@ func main() {
 	flag.IntVar(&st.levels, "levels", 0, "Config.Levels of binary-levels (default: noloss.Setup.Levels)")
 	flag.BoolVar(&st.quorum, "quorum", false, "the work and results queues are quorum queues, whatever the variant")
 	flag.StringVar(&st.topology, "topology", "", "Config.Topology (default: declare)")
-	flag.StringVar(&st.heldLog, "held-log", "", "a file where the due time of each retry held in the work queue is appended, and read at start: the consumers of one run share it")
+	flag.StringVar(&st.heldLog, "held-log", "", "a file where the due time of each retry held in the work queue, and each retry that failed, is appended, and read at start: the consumers of one run share it")
 	flag.Parse()
 	if err := run(*variant, *prefix, *nodes, *handlers, *sabotage, st); err != nil {
 		fmt.Fprintln(os.Stderr, "noloss-consumer:", err)
@@ -155,22 +155,27 @@ type consumer struct {
 	mu   sync.Mutex
 	held map[string]time.Time
 	hops map[string][]string
-	// heldLog, if set, gets a line "UUID due-Unix-ms" per retry held (written under
-	// mu): the next consumer of a run that changes backends reads it at start.
+	// heldLog, if set, gets a line "held UUID due-Unix-ms" per retry held and "hop UUID
+	// arrived:late" per retry that failed (written under mu): the next consumer of a
+	// run that changes backends reads it at start.
 	heldLog *os.File
 }
 
-// openHeldLog reads the held retries' due times that earlier consumers of the run
-// wrote to path, and opens it to append this one's.
+// openHeldLog reads the held retries' due times and the failed retries that earlier
+// consumers of the run wrote to path, and opens it to append this one's.
 func (c *consumer) openHeldLog(path string) error {
 	b, err := os.ReadFile(path)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		id, ms, ok := strings.Cut(line, " ")
-		if v, err := strconv.ParseInt(ms, 10, 64); ok && err == nil {
-			c.held[id] = time.UnixMilli(v)
+		switch f := strings.Fields(line); {
+		case len(f) == 3 && f[0] == "held":
+			if v, err := strconv.ParseInt(f[2], 10, 64); err == nil {
+				c.held[f[1]] = time.UnixMilli(v)
+			}
+		case len(f) == 3 && f[0] == "hop":
+			c.hops[f[1]] = append(c.hops[f[1]], f[2])
 		}
 	}
 	c.heldLog, err = os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -209,11 +214,15 @@ func (c *consumer) handle(msg *message.Message) error {
 		if c.variant.Backend == delay.DelayedRetry || attempt <= c.variant.DelayedRetries {
 			c.held[msg.UUID] = arrived.Add(c.heldDelay)
 			if c.heldLog != nil {
-				fmt.Fprintf(c.heldLog, "%s %d\n", msg.UUID, arrived.Add(c.heldDelay).UnixMilli())
+				fmt.Fprintf(c.heldLog, "held %s %d\n", msg.UUID, arrived.Add(c.heldDelay).UnixMilli())
 			}
 		}
 		if !due.IsZero() {
-			c.hops[msg.UUID] = append(hops, fmt.Sprintf("%d:%d", arrived.UnixMilli(), arrived.Sub(due).Milliseconds()))
+			hop := fmt.Sprintf("%d:%d", arrived.UnixMilli(), arrived.Sub(due).Milliseconds())
+			c.hops[msg.UUID] = append(hops, hop)
+			if c.heldLog != nil {
+				fmt.Fprintf(c.heldLog, "hop %s %s\n", msg.UUID, hop)
+			}
 		}
 		c.mu.Unlock()
 		return fmt.Errorf("attempt %d: %w", attempt, errTransient)
