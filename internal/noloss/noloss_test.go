@@ -368,6 +368,7 @@ type run struct {
 	// anyHolds tells that some configuration of the run holds retries in the work queue.
 	consumerArgs []string
 	anyHolds     bool
+	policyOn     bool // the delayed-retry policy is on the work queue
 	// stoppedAt and readyAt are when each change began stopping the consumer and
 	// when the next one was ready.
 	stoppedAt, readyAt []time.Time
