@@ -256,11 +256,12 @@ func (r *run) switchTo(st switchStage, kill, quorum bool, heldLog, policy string
 	// The consumer caught up (nothing ready in the work queue), so that what comes late
 	// at the change is the change's doing, not a backlog's; a backlog left after 10 s
 	// is noted.
-	backlog := r.ready()
-	for deadline := time.Now().Add(10 * time.Second); backlog > 0 && time.Now().Before(deadline); backlog = r.ready() {
+	// (A passive declare does not count the retries RabbitMQ 4.3 holds in the queue.)
+	backlog := r.count(r.work)
+	for deadline := time.Now().Add(10 * time.Second); backlog > 0 && time.Now().Before(deadline); backlog = r.count(r.work) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	waiting := r.waitingNow()
+	waiting := r.waitingCopies()
 	// A few messages of the next batch: in flight when the consumer stops, without a
 	// backlog in front of the retries due during the change (the rest follows it).
 	lo, hi := r.batch(g.batch+1, g.batches)
@@ -282,10 +283,16 @@ func (r *run) switchTo(st switchStage, kill, quorum bool, heldLog, policy string
 	}
 	stopTook := time.Since(stopped)
 	// No consumer until retries have left the old storage (fewer wait than when the
-	// consumer stopped), for up to 15 s: retries come due during the change.
-	base := r.waitingNow()
+	// consumer stopped), for up to 15 s: retries come due during the change. Retries
+	// held in the work queue are counted (rabbitmqctl) only when the old configuration
+	// held them.
+	waitingOld := r.waitingCopies
+	if r.v.Holds() {
+		waitingOld = r.waitingNow
+	}
+	base := waitingOld()
 	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if n := r.waitingNow(); n < base {
+		if n := waitingOld(); n < base {
 			note += fmt.Sprintf("left_while_down=%d,", base-n)
 			break
 		}
@@ -293,17 +300,17 @@ func (r *run) switchTo(st switchStage, kill, quorum bool, heldLog, policy string
 	r.use(st, quorum, heldLog)
 	r.consumer = r.startConsumer()
 	r.readyAt = append(r.readyAt, time.Now())
-	return fmt.Sprintf("%sbacklog=%d,waiting_at_stop=%d,%s_s=%.1f,down_s=%.1f", note, backlog, waiting, how, stopTook.Seconds(), time.Since(stopped).Seconds())
+	return fmt.Sprintf("%sbacklog=%d,copies_waiting_at_stop=%d,%s_s=%.1f,down_s=%.1f", note, backlog, waiting, how, stopTook.Seconds(), time.Since(stopped).Seconds())
 }
 
-// ready is how many messages are ready in the work queue: a passive declare, or, where
-// RabbitMQ 4.3 may hold retries in it (which a passive declare may count),
-// rabbitmqctl's messages_ready.
-func (r *run) ready() int {
-	if r.holds() {
-		return r.listQueues()[r.work].Ready
+// waitingCopies counts the retries waiting in delay queues (a passive declare of each:
+// current, and fast, unlike rabbitmqctl, which takes seconds).
+func (r *run) waitingCopies() int {
+	n := 0
+	for _, q := range r.delayQueues {
+		n += r.count(q)
 	}
-	return r.count(r.work)
+	return n
 }
 
 // policyApplied tells whether policy is the work queue's policy (rabbitmqctl).
