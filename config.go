@@ -37,7 +37,8 @@ type Config struct {
 	// 8m20s), then 10m 15m 20m 30m 45m 1h. An empty, non-nil list is refused.
 	Tiers []time.Duration
 	// Levels is the number of levels of binary-levels, which holds delays up to
-	// 2^Levels - 1 s: 1 to 29. Change Prefix with it. Default: 28 (about 8.5 years).
+	// 2^Levels - 1 s: 1 to 29. Change Prefix with it: New refuses a prefix that holds
+	// a ladder of other Levels (docs/switching-backends.md). Default: 28 (about 8.5 years).
 	Levels int
 	// DelayedRetries is how many retries, from the first, RabbitMQ 4.3+ holds in the
 	// work queue itself, DelayedRetryDelay apart, before Backend takes the next ones:

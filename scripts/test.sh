@@ -12,7 +12,8 @@
 #   4.0, 4.3    the same on RabbitMQ 4.0.5 and 4.3.6 (scripts/rabbitmq4.sh), with the
 #               4.3-only backends, the AMQP 1.0 module and its quickstart
 #   no-loss     thousands of messages through faults, on each broker (internal/noloss,
-#               amqp1), and on a three-node 4.3 cluster (scripts/cluster.sh)
+#               amqp1), and on a three-node 4.3 cluster (scripts/cluster.sh); through
+#               changes of backend while retries wait (TestNoLossSwitch, 1-3 min each)
 #
 # Where no broker answers at AMQP_URI it starts one: a local rabbitmq-server if
 # installed, else `docker compose up`. Under CI=true a broker that cannot be had fails
@@ -287,7 +288,8 @@ if [ "$broker" = ok ]; then
   after 3.10 "${ctl310[@]}"
 fi
 
-# noloss NAME URI CTL [ENV...]: the no-loss test on the broker at URI.
+# noloss NAME URI CTL [ENV...]: the no-loss tests on the broker at URI (TestNoLoss, and
+# TestNoLossSwitch, which changes backends while retries wait).
 noloss() {
   local name=$1 uri=$2 ctl=$3
   shift 3

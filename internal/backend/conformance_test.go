@@ -430,6 +430,62 @@ func TestBackendsShareAPrefix(t *testing.T) {
 	}
 }
 
+// TestBinaryLevelsRefusesAnotherLadderUnderItsPrefix: a binary-levels ladder of
+// another number of levels under the same prefix would share the level exchanges and
+// their bindings, which depend on Levels: Prepare refuses it, both ways, naming Levels,
+// the queue it found and the fix (another prefix), and declares nothing; the same
+// Levels again, or another prefix, is accepted.
+func TestBinaryLevelsRefusesAnotherLadderUnderItsPrefix(t *testing.T) {
+	t.Parallel()
+	h := dialHandoff(t)
+	prefix, other := brokertest.Prefix(t), brokertest.Prefix(t)+"-b"
+	ladder := func(prefix string, levels int) backend.Backend {
+		b, err := backend.New(backend.Spec{Name: delay.BinaryLevels, Prefix: prefix, Levels: levels}, backend.Env{Handoff: h})
+		if err != nil {
+			t.Fatal(err)
+		}
+		brokertest.CleanupTopology(t, b.Topology())
+		return b
+	}
+	if err := backend.Prepare(ladder(prefix, 3), h, topology.ModeDeclare); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		levels     int
+		found, why string
+	}{
+		{4, prefix + ".level.0", "fewer levels"},
+		{2, prefix + ".level.2", "more levels"},
+	} {
+		b := ladder(prefix, c.levels)
+		err := backend.Prepare(b, h, topology.ModeDeclare)
+		if !errors.Is(err, topology.ErrMismatch) {
+			t.Fatalf("Levels %d under a prefix with 3: %v, want ErrMismatch", c.levels, err)
+		}
+		for _, want := range []string{fmt.Sprintf("Levels: %d", c.levels), `"` + c.found + `"`, c.why, "change Prefix"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("Levels %d: error %q does not say %q", c.levels, err, want)
+			}
+		}
+		if err := backend.Prepare(b, h, topology.ModeVerify); !errors.Is(err, topology.ErrMismatch) {
+			t.Errorf("Levels %d in verify mode: %v, want ErrMismatch", c.levels, err)
+		}
+	}
+	// Nothing of the refused ladder of 4 was declared.
+	ch, err := brokertest.Dial(t).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclarePassive(prefix+".level.3", true, false, false, false, nil); !declare.IsCode(err, 404) {
+		t.Errorf("queue %s.level.3 after the refusal: %v, want 404", prefix, err)
+	}
+	for _, b := range []backend.Backend{ladder(prefix, 3), ladder(other, 4)} {
+		if err := backend.Prepare(b, h, topology.ModeDeclare); err != nil {
+			t.Errorf("%v", err)
+		}
+	}
+}
+
 // TestPrepare: the start-up checks on the broker at AMQP_URI, whatever its version:
 // delayed-retry needs 4.3 (ErrUnsupported naming it before), delayed-exchange needs the
 // plugin (ErrPluginMissing, with the 4.3 message from 4.3 on); verify mode checks without

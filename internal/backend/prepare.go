@@ -7,7 +7,10 @@ import (
 	"strings"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/internal/version"
@@ -26,6 +29,11 @@ func Prepare(b Backend, h *handoff.Handoff, mode topology.Mode) error {
 	case (b.Name() == delay.DelayedRetry || b.Name() == delay.DeliveryTime) && !version.DelayedRetry(v):
 		return UnsupportedError(b.Name(), v)
 	}
+	if bl, ok := b.(*binaryLevels); ok && mode != topology.ModeNone {
+		if err := bl.checkLadder(h); err != nil {
+			return err
+		}
+	}
 	err := h.Ensure(mode, b.Topology())
 	switch {
 	case err == nil:
@@ -34,6 +42,65 @@ func Prepare(b Backend, h *handoff.Handoff, mode topology.Mode) error {
 		return de.errPluginMissing(v, err)
 	}
 	return fmt.Errorf("%s topology (mode %s): %w", b.Name(), mode, err)
+}
+
+// checkLadder refuses a prefix that holds a binary-levels ladder of another number of
+// levels. The level exchanges keep the bindings of every ladder declared on them, and
+// those depend on Levels: a retry waiting in the old ladder, or parked in the new one,
+// would also match the other's bindings, and be duplicated, a copy coming back late. A larger ladder leaves queue <prefix>.level.<Levels>; a smaller one has
+// level 0's queue but not the top level's exchange (every exchange is declared before
+// any queue).
+func (b *binaryLevels) checkLadder(h *handoff.Handoff) error {
+	conn, err := h.Connection()
+	if err != nil {
+		return err
+	}
+	exists := func(check func(ch *amqp.Channel) error) (bool, error) {
+		ch, err := conn.Channel()
+		if err != nil {
+			return false, fmt.Errorf("open topology channel: %w", err)
+		}
+		defer ch.Close() //nolint:errcheck // a failed check has closed it already
+		switch err := check(ch); {
+		case err == nil:
+			return true, nil
+		case declare.IsCode(err, amqp.NotFound):
+			return false, nil
+		default:
+			return false, err
+		}
+	}
+	queue := func(name string) func(*amqp.Channel) error {
+		return func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+			return err
+		}
+	}
+	const fix = "the level exchanges' bindings depend on Levels, and sharing them would duplicate retries and bring copies back late: keep Levels, or change Prefix with it (the old ladder keeps delivering its retries until it is empty; remove it then)"
+	above := b.names.Level(b.levels)
+	if ok, err := exists(queue(above)); err != nil {
+		return fmt.Errorf("%s: check queue %q: %w", delay.BinaryLevels, above, err)
+	} else if ok {
+		return fmt.Errorf("Levels: %d, but queue %q exists: prefix %q holds a binary-levels ladder of more levels: %w: %s", b.levels, above, b.names.Prefix, topology.ErrMismatch, fix)
+	}
+	bottom, top := b.names.Level(0), b.names.Level(b.levels-1)
+	ok, err := exists(queue(bottom))
+	if err != nil {
+		return fmt.Errorf("%s: check queue %q: %w", delay.BinaryLevels, bottom, err)
+	}
+	if !ok {
+		return nil
+	}
+	ok, err = exists(func(ch *amqp.Channel) error {
+		return ch.ExchangeDeclarePassive(top, amqp.ExchangeTopic, true, false, false, false, nil)
+	})
+	if err != nil {
+		return fmt.Errorf("%s: check exchange %q: %w", delay.BinaryLevels, top, err)
+	}
+	if !ok {
+		return fmt.Errorf("Levels: %d, but queue %q exists without exchange %q: prefix %q holds a binary-levels ladder of fewer levels: %w: %s", b.levels, bottom, top, b.names.Prefix, topology.ErrMismatch, fix)
+	}
+	return nil
 }
 
 // UnsupportedError is the start-up error of a backend that retries in place (name) on

@@ -19,6 +19,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/version"
 	"github.com/amqpretry/amqpretry/middleware"
@@ -368,5 +369,51 @@ func DelayedRetryWaitsThroughFaults(t *testing.T, m Major) {
 				t.Errorf("%d poisoned across the fault", st.Poisoned)
 			}
 		})
+	}
+}
+
+// CopyingBackendOnADelayedRetryQueueKeepsIt: moving off delayed-retry, a work queue
+// declared with the delayed-retry arguments (which RabbitMQ 4.3 compares, and which
+// cannot change) may still hold retries. A copying config that declares it without
+// them fails to subscribe with the fix (keep the arguments, or topology mode verify),
+// never telling to delete it; with the arguments kept in Queue.Arguments it subscribes,
+// and a retry the queue held for the delayed-retry config comes back to it.
+func CopyingBackendOnADelayedRetryQueueKeepsIt(t *testing.T, m Major) {
+	need43(t)
+	s := newSetup(t, m, delay.DelayedRetry)
+	s.sub.QueueArgs = quorum
+	s.cfg.DelayedRetryDelay = 2 * time.Second
+	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 4}
+	old := newRetry(t, m, s.sub, s.cfg)
+	oldRec := newRecorder(failFirst(1))
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, Logger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	router.AddConsumerHandler("old", s.topic, m.Subscriber(t, old), oldRec.handle).AddMiddleware(old.Middleware)
+	go func() { _ = router.Run(context.Background()) }()
+	<-router.Running()
+	publish(t, m, s.topic, "held")
+	oldRec.waitCalls(t, 1, 30*time.Second)
+	if err := router.Close(); err != nil { // the retry waits in the work queue
+		t.Fatal(err)
+	}
+
+	cfg := s.cfg
+	cfg.Backend, cfg.Policy = delay.TTLTiers, amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{500 * time.Millisecond}}
+	cfg.Tiers = []time.Duration{500 * time.Millisecond}
+	_, err = m.Subscriber(t, newRetry(t, m, s.sub, cfg)).Subscribe(context.Background(), s.topic)
+	if err == nil || !strings.Contains(err.Error(), "x-delayed-retry") || !strings.Contains(err.Error(), "Queue.Arguments") || strings.Contains(err.Error(), "delete it and") {
+		t.Fatalf("Subscribe = %v, want the argument clash with the fix: keep the arguments", err)
+	}
+	kept := s.sub
+	kept.QueueArgs = amqp.Table{}
+	for k, v := range backend.WorkQueueArgs(s.cfg.DelayedRetryDelay) {
+		kept.QueueArgs[k] = v
+	}
+	rec := newRecorder(failFirst(0))
+	run(t, m, newRetry(t, m, kept, cfg), s.topic, rec.handle)
+	if calls := rec.waitCalls(t, 1, 30*time.Second); calls[0].msg.UUID != "held" {
+		t.Errorf("got %q, want the held retry", calls[0].msg.UUID)
 	}
 }

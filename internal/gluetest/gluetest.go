@@ -96,6 +96,7 @@ func Run(t *testing.T, m Major) {
 		{"DelayedRetry", DelayedRetry, true},
 		{"DelayedRetriesThenCopies", DelayedRetriesThenCopies, false},
 		{"DelayedRetryOnAQueueWithoutItFallsBackLoudly", DelayedRetryOnAQueueWithoutItFallsBackLoudly, false},
+		{"CopyingBackendOnADelayedRetryQueueKeepsIt", CopyingBackendOnADelayedRetryQueueKeepsIt, false},
 		{"DelayedRetryRefusedBefore43", DelayedRetryRefusedBefore43, false},
 		{"DelayedRetryWaitsThroughFaults", DelayedRetryWaitsThroughFaults, false},
 		{"AddHandlersSubscriberClosesWhenRunsContextEnds", AddHandlersSubscriberClosesWhenRunsContextEnds, false},

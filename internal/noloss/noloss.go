@@ -14,6 +14,12 @@
 //	  AMQP_URI=$(scripts/rabbitmq4.sh 4.3 uri) AMQPRETRY_RABBITMQCTL="$PWD/scripts/rabbitmq4.sh 4.3 ctl" \
 //	  go test -count=1 -timeout 30m -run '^TestNoLoss$' -v ./internal/noloss
 //
+// TestNoLossSwitch (switch_test.go) changes the backend, tiers, levels and prefix
+// mid-run while retries wait in the old storage, stopping the consumer while it works
+// at each change; it disturbs nothing else (no AMQPRETRY_BROKER_RESTART):
+//
+//	AMQPRETRY_NOLOSS=1 go test -count=1 -timeout 20m -run '^TestNoLossSwitch$' -v ./internal/noloss
+//
 // Against the three-node RabbitMQ 4.3 cluster of scripts/cluster.sh, which the test
 // starts (building it the first time; root) and stops (see cluster_test.go):
 //
@@ -50,6 +56,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/topology"
 	"github.com/amqpretry/amqpretry/wamqp2"
 	"github.com/amqpretry/amqpretry/wamqp3"
 )
@@ -139,12 +146,27 @@ type Setup struct {
 	// Major is watermill-amqp's major version: 2 or 3.
 	Major  int
 	Logger watermill.LoggerAdapter
+
+	// What a run that changes backends while retries wait (TestNoLossSwitch) sets for
+	// each of its configurations; the zero values keep the variant's own.
+	//
+	// StoragePrefix is Config.Prefix (default Prefix, which also names the run's work,
+	// results and poison queues: the poison queue stays "<Prefix>.poison").
+	StoragePrefix string
+	// Tiers is Config.Tiers of ttl-tiers (default: one tier per delay of the policy).
+	Tiers []time.Duration
+	// LevelsOf is Config.Levels of binary-levels (default Levels()).
+	LevelsOf int
+	// QuorumWork makes the work and results queues quorum queues whatever the variant.
+	QuorumWork bool
+	// Topology is Config.Topology (default: declare).
+	Topology topology.Mode
 }
 
 // Quorum tells whether the run's work and results queues are quorum queues: in a
 // cluster (replicated, as a cluster's users declare them), and wherever RabbitMQ
 // holds retries in the work queue (which needs one).
-func (s Setup) Quorum() bool { return len(s.Nodes) > 0 || s.Variant.Holds() }
+func (s Setup) Quorum() bool { return len(s.Nodes) > 0 || s.Variant.Holds() || s.QuorumWork }
 
 // HeldDelay is how long RabbitMQ 4.3 holds a retry in the work queue
 // (Config.DelayedRetryDelay): long enough for the test to see retries waiting there
@@ -208,6 +230,16 @@ func (s Setup) Config() amqpretry.Config {
 	if v.Backend == delay.TTLTiers {
 		cfg.Tiers = cfg.Policy.Delays // one tier per delay of the policy
 	}
+	if s.StoragePrefix != "" {
+		cfg.Prefix, cfg.PoisonQueue = s.StoragePrefix, s.Prefix+".poison"
+	}
+	if s.Tiers != nil {
+		cfg.Tiers = s.Tiers
+	}
+	if s.LevelsOf != 0 {
+		cfg.Levels = s.LevelsOf
+	}
+	cfg.Topology = s.Topology
 	if v.Holds() {
 		cfg.DelayedRetryDelay = s.HeldDelay()
 	}

@@ -364,7 +364,18 @@ type run struct {
 	consumer  *consumerProc
 	// resultsAtFault is how many records the results queue held after the last fault.
 	resultsAtFault int
+	// consumerArgs are more flags of the consumer (a run that changes backends), and
+	// anyHolds tells that some configuration of the run holds retries in the work queue.
+	consumerArgs []string
+	anyHolds     bool
+	policyOn     bool // the delayed-retry policy is on the work queue
+	// stoppedAt and readyAt are when each change began stopping the consumer and
+	// when the next one was ready.
+	stoppedAt, readyAt []time.Time
 }
+
+// holds tells whether retries may wait in the work queue itself.
+func (r *run) holds() bool { return r.v.Holds() || r.anyHolds }
 
 // faultRecord is one injected fault.
 type faultRecord struct {
@@ -736,7 +747,7 @@ func (r *run) awaitWaitingRetries(lo, hi int) int {
 // retryQueues names where retries wait, for messages.
 func (r *run) retryQueues() []string {
 	qs := slices.Clone(r.delayQueues)
-	if r.v.Holds() {
+	if r.holds() {
 		qs = append(qs, r.work+" (held)")
 	}
 	return qs
@@ -750,7 +761,7 @@ func (r *run) waitingNow() int {
 	for _, q := range r.delayQueues {
 		waiting += r.count(q)
 	}
-	if r.v.Holds() {
+	if r.holds() {
 		waiting += r.listQueues()[r.work].held()
 	}
 	return waiting
@@ -1050,7 +1061,7 @@ func (r *run) awaitQuiet() {
 		for _, q := range r.waitingQueues() {
 			total += r.count(q)
 		}
-		if total == 0 && r.v.Holds() {
+		if total == 0 && r.holds() {
 			total = r.listQueues()[r.work].Messages
 		}
 		if total == 0 {
@@ -1202,6 +1213,7 @@ func (r *run) startConsumer() *consumerProc {
 	if len(r.s.Nodes) > 0 {
 		args = append(args, "-nodes", strings.Join(r.s.Nodes, ","))
 	}
+	args = append(args, r.consumerArgs...)
 	cmd := exec.Command(r.g.bin, args...)
 	cmd.Env = append(os.Environ(), "AMQP_URI="+r.s.URI, fmt.Sprintf("%s=%d", noloss.MajorEnv, r.s.Major))
 	cmd.Stderr = logf

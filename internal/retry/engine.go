@@ -246,11 +246,11 @@ func (e *Engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	f.envelope.Attempt = d.attempt + 1
 	f.envelope.RequestedDelay, f.envelope.EffectiveDelay, f.envelope.Due = requested, effective, start.Add(effective)
 	f.envelope.Write(cp.Metadata)
-	perr := e.backend.Park(cp.Context(), d.queue, cp, effective)
+	perr := e.backend.Park(handoffContext(cp), d.queue, cp, effective)
 	if errors.Is(perr, handoff.ErrTooLarge) {
 		trim(&f.envelope)
 		f.envelope.Write(cp.Metadata)
-		perr = e.backend.Park(cp.Context(), d.queue, cp, effective)
+		perr = e.backend.Park(handoffContext(cp), d.queue, cp, effective)
 	}
 	switch {
 	case perr == nil:
@@ -269,6 +269,17 @@ func (e *Engine) fail(msg, run *message.Message, d delivery, err error, decided 
 		return e.poison(f, cp, middleware.ReasonTooLarge)
 	}
 	return e.handoffFailed(f, cp, perr, handoff.Cause(perr), true)
+}
+
+// handoffContext is the context of a hand-off of cp: the delivery's, but not canceled
+// with it. The router cancels it when it closes, while the handlers still run and the
+// subscriber may still deliver; a hand-off canceled then would count as failed, again
+// at each redelivery to the closing process, and poison the message after
+// HandoffAttempts of them (seen stopping a consumer in the no-loss test that changes
+// backends). Bounded by ConfirmTimeout, the hand-off is confirmed, and the original
+// acked, or fails, and the original is nacked.
+func handoffContext(cp *message.Message) context.Context {
+	return context.WithoutCancel(cp.Context())
 }
 
 // stages is how many retries come before the copying backend's schedule: the

@@ -237,6 +237,28 @@ func TestRetryHandoffFailureFailsTheHandler(t *testing.T) {
 	}
 }
 
+// TestHandoffOutlivesTheDeliveryContext: the router cancels the deliveries' context
+// when it closes, while handlers still run; a hand-off then under way is not canceled
+// with it (the hand-off bounds it with ConfirmTimeout): the retry is parked, or the
+// message poisoned, and the router acks, instead of failed hand-offs that would poison
+// a message the closing subscriber keeps redelivering.
+func TestHandoffOutlivesTheDeliveryContext(t *testing.T) {
+	b := &fakeBackend{}
+	e, poison := newEngine(t, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{time.Second}}}, b)
+	msg := hurried("closing")
+	if _, err := e.Middleware(failing(errors.New("boom")))(msg); err != nil {
+		t.Fatalf("hand-off while the router closes: %v, want the retry parked", err)
+	}
+	if len(b.parked) != 1 || b.parked[0].ctxErr != nil {
+		t.Fatalf("parked %+v, want one, with a live context", b.parked)
+	}
+	last := hurried("closing")
+	middleware.Envelope{Attempt: 2}.Write(last.Metadata)
+	if _, err := e.Middleware(failing(errors.New("boom")))(last); err != nil || len(poison.got()) != 1 {
+		t.Fatalf("last attempt while the router closes: %v, %d poisoned; want it poisoned", err, len(poison.got()))
+	}
+}
+
 func TestRetryWithoutSubscribedTopic(t *testing.T) {
 	b := &fakeBackend{}
 	e, poison := newEngine(t, amqpretry.Config{}, b)

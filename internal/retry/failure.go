@@ -76,7 +76,7 @@ func (e *Engine) poison(f failure, cp *message.Message, reason middleware.Reason
 	return nil
 }
 
-func (e *Engine) poisonTo(cp *message.Message) error { return e.poisonQ(cp.Context(), cp) }
+func (e *Engine) poisonTo(cp *message.Message) error { return e.poisonQ(handoffContext(cp), cp) }
 
 // dropLargestHeader removes the largest metadata entry that is not the envelope's and
 // names it in env.DroppedHeaders. It returns false when there is nothing left to drop.

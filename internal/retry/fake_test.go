@@ -30,6 +30,7 @@ type parked struct {
 	queue     string
 	msg       *message.Message
 	effective time.Duration
+	ctxErr    error // of the context Park was given, when it was called
 }
 
 var _ backend.Backend = (*fakeBackend)(nil)
@@ -52,7 +53,7 @@ func (b *fakeBackend) Topology() topology.Topology        { return topology.Topo
 func (b *fakeBackend) WorkQueue(string) topology.Topology { return topology.Topology{} }
 func (b *fakeBackend) DelayQueues() []backend.DelayQueue  { return nil }
 func (b *fakeBackend) Close() error                       { return nil }
-func (b *fakeBackend) Park(_ context.Context, queue string, msg *message.Message, effective time.Duration) error {
+func (b *fakeBackend) Park(ctx context.Context, queue string, msg *message.Message, effective time.Duration) error {
 	if b.park != nil {
 		if err := b.park(msg); err != nil {
 			return err
@@ -60,7 +61,7 @@ func (b *fakeBackend) Park(_ context.Context, queue string, msg *message.Message
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.parked = append(b.parked, parked{queue: queue, msg: msg.Copy(), effective: effective})
+	b.parked = append(b.parked, parked{queue: queue, msg: msg.Copy(), effective: effective, ctxErr: ctx.Err()})
 	return nil
 }
 
@@ -82,7 +83,10 @@ type poisonQueue struct {
 	msgs []*message.Message
 }
 
-func (p *poisonQueue) send(_ context.Context, msg *message.Message) error {
+func (p *poisonQueue) send(ctx context.Context, msg *message.Message) error {
+	if err := ctx.Err(); err != nil {
+		return err // as the hand-off does
+	}
 	if p.publish != nil {
 		if err := p.publish(msg); err != nil {
 			return err

@@ -349,6 +349,11 @@ func (r *Retry) Hint(err error, queue string) error {
 		ms := r.cfg.DelayedRetryDelay.Milliseconds()
 		return fmt.Errorf("%w; work queue %q exists without the arguments delayed retries need: delete it and let the library declare it again, or apply a policy, `rabbitmqctl set_policy amqpretry-delayed-retry '^%s$' '{\"delayed-retry-type\":\"returned\",\"delayed-retry-min\":%d,\"delayed-retry-max\":%d}' --apply-to quorum_queues`, and run with Config.Topology set to topology.ModeVerify so that it is not declared again",
 			err, queue, regexp.QuoteMeta(queue), ms, ms)
+	case declare.IsCode(err, amqp.PreconditionFailed) && !r.holdsRetries() && queue != "" && strings.Contains(err.Error(), "x-delayed-retry"):
+		// Moving off delayed-retry: the queue cannot lose its arguments, and the
+		// retries it holds need them until they are back.
+		return fmt.Errorf("%w; work queue %q was declared for delayed retries (RabbitMQ 4.3) and may still hold some: do not delete it, keep its arguments: give the subscriber config's Queue.Arguments the x-delayed-retry-* values it was declared with, or run with Config.Topology set to topology.ModeVerify (with %s, a delayed retry of the queue only delays the redelivery of a failed hand-off); see docs/switching-backends.md",
+			err, queue, r.cfg.Backend)
 	case declare.IsCode(err, amqp.AccessRefused) && r.cfg.Topology == topology.ModeDeclare:
 		return fmt.Errorf("%w; a user without configure permission cannot declare: have an administrator run `%s`, then set Config.Topology to topology.ModeVerify", err, r.ApplyCommand(queues...))
 	}

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -38,6 +39,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/noloss"
 	"github.com/amqpretry/amqpretry/internal/noloss/fates"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/topology"
 )
 
 func main() {
@@ -46,14 +48,30 @@ func main() {
 	nodes := flag.String("nodes", "", "a cluster's nodes, host:port, comma-separated (none: the broker at AMQP_URI)")
 	handlers := flag.Int("handlers", 4, "handlers (consumers) on the work queue")
 	sabotage := flag.Int("sabotage", 0, "FOR PROVING THE TEST ONLY: ack this many transient messages on their first attempt without handing them off or recording them, i.e. lose them")
+	// A run that changes backends while retries wait (TestNoLossSwitch) starts one
+	// consumer per configuration.
+	var st stage
+	flag.StringVar(&st.prefix, "storage-prefix", "", "Config.Prefix, if not -prefix (the run's queues keep -prefix)")
+	flag.StringVar(&st.tiers, "tiers", "", "Config.Tiers of ttl-tiers, comma-separated durations (default: the policy's delays)")
+	flag.IntVar(&st.levels, "levels", 0, "Config.Levels of binary-levels (default: noloss.Setup.Levels)")
+	flag.BoolVar(&st.quorum, "quorum", false, "the work and results queues are quorum queues, whatever the variant")
+	flag.StringVar(&st.topology, "topology", "", "Config.Topology (default: declare)")
+	flag.StringVar(&st.heldLog, "held-log", "", "a file where the due time of each retry held in the work queue, and each retry that failed, is appended, and read at start: the consumers of one run share it")
 	flag.Parse()
-	if err := run(*variant, *prefix, *nodes, *handlers, *sabotage); err != nil {
+	if err := run(*variant, *prefix, *nodes, *handlers, *sabotage, st); err != nil {
 		fmt.Fprintln(os.Stderr, "noloss-consumer:", err)
 		os.Exit(1)
 	}
 }
 
-func run(variant, prefix, nodes string, handlers, sabotage int) error {
+// stage is a consumer's own configuration in a run that changes backends.
+type stage struct {
+	prefix, tiers, topology, heldLog string
+	levels                           int
+	quorum                           bool
+}
+
+func run(variant, prefix, nodes string, handlers, sabotage int, st stage) error {
 	uri := os.Getenv("AMQP_URI")
 	v, ok := noloss.VariantNamed(variant)
 	if uri == "" || prefix == "" || handlers < 1 || !ok {
@@ -68,6 +86,16 @@ func run(variant, prefix, nodes string, handlers, sabotage int) error {
 	if nodes != "" {
 		s.Nodes = strings.Split(nodes, ",")
 	}
+	s.StoragePrefix, s.LevelsOf, s.QuorumWork, s.Topology = st.prefix, st.levels, st.quorum, topology.Mode(st.topology)
+	if st.tiers != "" {
+		for _, f := range strings.Split(st.tiers, ",") {
+			d, err := time.ParseDuration(f)
+			if err != nil {
+				return fmt.Errorf("-tiers: %w", err)
+			}
+			s.Tiers = append(s.Tiers, d)
+		}
+	}
 
 	retry, err := noloss.New(s)
 	if err != nil {
@@ -77,6 +105,12 @@ func run(variant, prefix, nodes string, handlers, sabotage int) error {
 	rec := &recorder{setup: s, queue: noloss.ResultsQueue(prefix), logger: logger}
 	defer rec.close()
 	c := &consumer{rec: rec, variant: v, heldDelay: s.HeldDelay(), sabotage: int64(sabotage), logger: logger, held: map[string]time.Time{}, hops: map[string][]string{}}
+	if st.heldLog != "" {
+		if err := c.openHeldLog(st.heldLog); err != nil {
+			return err
+		}
+		defer c.heldLog.Close()
+	}
 
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, logger)
 	if err != nil {
@@ -121,6 +155,31 @@ type consumer struct {
 	mu   sync.Mutex
 	held map[string]time.Time
 	hops map[string][]string
+	// heldLog, if set, gets a line "held UUID due-Unix-ms" per retry held and "hop UUID
+	// arrived:late" per retry that failed (written under mu): the next consumer of a
+	// run that changes backends reads it at start.
+	heldLog *os.File
+}
+
+// openHeldLog reads the held retries' due times and the failed retries that earlier
+// consumers of the run wrote to path, and opens it to append this one's.
+func (c *consumer) openHeldLog(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		switch f := strings.Fields(line); {
+		case len(f) == 3 && f[0] == "held":
+			if v, err := strconv.ParseInt(f[2], 10, 64); err == nil {
+				c.held[f[1]] = time.UnixMilli(v)
+			}
+		case len(f) == 3 && f[0] == "hop":
+			c.hops[f[1]] = append(c.hops[f[1]], f[2])
+		}
+	}
+	c.heldLog, err = os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	return err
 }
 
 var errTransient = errors.New("noloss: transient failure (by the message's fate)")
@@ -154,9 +213,16 @@ func (c *consumer) handle(msg *message.Message) error {
 		c.mu.Lock()
 		if c.variant.Backend == delay.DelayedRetry || attempt <= c.variant.DelayedRetries {
 			c.held[msg.UUID] = arrived.Add(c.heldDelay)
+			if c.heldLog != nil {
+				fmt.Fprintf(c.heldLog, "held %s %d\n", msg.UUID, arrived.Add(c.heldDelay).UnixMilli())
+			}
 		}
 		if !due.IsZero() {
-			c.hops[msg.UUID] = append(hops, fmt.Sprintf("%d:%d", arrived.UnixMilli(), arrived.Sub(due).Milliseconds()))
+			hop := fmt.Sprintf("%d:%d", arrived.UnixMilli(), arrived.Sub(due).Milliseconds())
+			c.hops[msg.UUID] = append(hops, hop)
+			if c.heldLog != nil {
+				fmt.Fprintf(c.heldLog, "hop %s %s\n", msg.UUID, hop)
+			}
 		}
 		c.mu.Unlock()
 		return fmt.Errorf("attempt %d: %w", attempt, errTransient)
