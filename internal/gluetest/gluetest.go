@@ -95,6 +95,9 @@ func Run(t *testing.T, m Major) {
 		{"DelayedRetryOnAQueueWithoutItFallsBackLoudly", DelayedRetryOnAQueueWithoutItFallsBackLoudly, false},
 		{"DelayedRetryRefusedBefore43", DelayedRetryRefusedBefore43, false},
 		{"DelayedRetryWaitsThroughFaults", DelayedRetryWaitsThroughFaults, false},
+		{"PoisonQueueGoneNeverRerunsTheHandler", PoisonQueueGoneNeverRerunsTheHandler, false},
+		{"CloseBeforeTheRouterHandsNothingOff", CloseBeforeTheRouterHandsNothingOff, false},
+		{"ForgottenCloseIsWarnedAndClosed", ForgottenCloseIsWarnedAndClosed, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if testing.Short() && !tc.quick {

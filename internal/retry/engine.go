@@ -52,6 +52,12 @@ type Engine struct {
 	failures failureCounts
 	held     heldRetries
 	stats    struct{ retries, poisoned, failures counter }
+
+	life    lifecycle
+	pending pendingPoisons // messages whose poison publish failed
+	// poisonHint adds the fix to a failed poison publish's error (gone: the poison
+	// queue does not exist). Nil: none.
+	poisonHint func(err error, gone bool) error
 }
 
 // Middleware implements message.HandlerMiddleware.
@@ -62,6 +68,14 @@ func (e *Engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		d := e.read(msg)
 		if d.owned {
+			if pp, ok := e.pending.get(msg); ok {
+				// It failed for good already: only its poison publish is retried.
+				if !e.life.begin() {
+					return nil, e.refuseClosed(msg, d, nil)
+				}
+				defer e.life.end()
+				return nil, e.repoison(msg, d, pp)
+			}
 			e.observeDelivery(d)
 		}
 		produced, err := h(msg)
@@ -88,6 +102,13 @@ func (e *Engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return produced, nil
 		}
 		d.attempt = attempt
+		if errors.Is(err, amqpretry.ErrHandoff) {
+			return nil, err // a Retry nearer the handler has dealt with it
+		}
+		if !e.life.begin() {
+			return nil, e.refuseClosed(msg, d, err)
+		}
+		defer e.life.end()
 		return nil, e.fail(msg, run, d, err, decided)
 	}
 }

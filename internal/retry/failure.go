@@ -64,9 +64,10 @@ func (e *Engine) poison(f failure, cp *message.Message, reason middleware.Reason
 		perr = e.poisonTo(cp)
 	}
 	if perr != nil {
-		return e.handoffFailed(f, cp, fmt.Errorf("poison queue %q: %w", e.cfg.PoisonQueue, perr), handoff.Cause(perr), false)
+		return e.poisonFailed(f, reason, perr)
 	}
 	e.failures.forget(cp.UUID)
+	e.pending.forget(cp.UUID)
 	e.stats.poisoned.add()
 	e.observe(middleware.Event{Kind: middleware.EventPoisoned, Queue: f.queue, Attempt: f.attempt, Reason: reason, Err: f.err, Handoff: time.Since(start)})
 	if f.envelope.DroppedHeaders != "" {
@@ -115,7 +116,7 @@ func (e *Engine) handoffFailed(f failure, cp *message.Message, perr error, cause
 		f.envelope.Error = fmt.Sprintf("%d hand-offs failed in a row, the last: %v; handler error: %v", n, perr, f.err)
 		return e.poison(f, cp, middleware.ReasonHandoffFailed)
 	}
-	pause(cp.Context(), handoffBackoff(n))
+	e.pausePaced(cp.Context(), handoffBackoff(n))
 	return errors.Join(f.err, fmt.Errorf("%w: queue %q: %w", amqpretry.ErrHandoff, f.queue, perr))
 }
 

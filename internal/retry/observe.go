@@ -19,7 +19,8 @@ func (c *counter) add() int64 { return c.Add(1) }
 
 // Stats returns what the engine did since it was built.
 func (e *Engine) Stats() middleware.Stats {
-	return middleware.Stats{Retries: e.stats.retries.Load(), Poisoned: e.stats.poisoned.Load(), HandoffFailures: e.stats.failures.Load()}
+	return middleware.Stats{Retries: e.stats.retries.Load(), Poisoned: e.stats.poisoned.Load(), HandoffFailures: e.stats.failures.Load(),
+		PoisonPending: e.pending.len()}
 }
 
 // observe sends ev to Config.Observe, if set.
