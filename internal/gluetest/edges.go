@@ -279,3 +279,37 @@ func ForgottenCloseIsWarnedAndClosed(t *testing.T, m Major) {
 	})
 	noNilErr(t, logs)
 }
+
+// RetryAfterIsNeverUndercutOnDelayedRetry: on delayed-retry alone, whose work queue
+// holds every retry for one delay, a RetryAfter longer than it is held again until it is
+// due: it never comes back early. The adjustment is logged below ERROR.
+func RetryAfterIsNeverUndercutOnDelayedRetry(t *testing.T, m Major) {
+	need43(t)
+	s := newSetup(t, m, delay.DelayedRetry)
+	const held, after = 400 * time.Millisecond, 700 * time.Millisecond
+	s.sub.QueueArgs = quorum
+	s.cfg.DelayedRetryDelay = held
+	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3}
+	logs := &logCapture{}
+	s.cfg.Logger = logs
+	r := newRetry(t, m, s.sub, s.cfg)
+	rec := newRecorder(func(msg *message.Message) error {
+		if amqpretry.Attempt(msg) == 1 {
+			return amqpretry.RetryAfter(errors.New("429 too many requests"), after)
+		}
+		return nil
+	})
+	run(t, m, r, s.topic, rec.handle, rec.settle)
+	publish(t, m, s.topic, "throttled")
+	calls := rec.waitCalls(t, 2, 30*time.Second)
+	if got := attemptsByUUID(calls); len(got["throttled"]) != 2 || got["throttled"][1] != 2 {
+		t.Fatalf("handled %v, want attempts [1 2]", got)
+	}
+	if gap := calls[1].at.Sub(calls[0].at); gap < after {
+		t.Errorf("RetryAfter(%s) came back after %s: undercut", after, gap)
+	}
+	wantStats(t, r, 1, 0)
+	for _, l := range logs.at(watermill.ErrorLogLevel) {
+		t.Errorf("ERROR line: %q %v %v", l.Msg, l.Err, l.Fields)
+	}
+}

@@ -98,6 +98,7 @@ func Run(t *testing.T, m Major) {
 		{"PoisonQueueGoneNeverRerunsTheHandler", PoisonQueueGoneNeverRerunsTheHandler, false},
 		{"CloseBeforeTheRouterHandsNothingOff", CloseBeforeTheRouterHandsNothingOff, false},
 		{"ForgottenCloseIsWarnedAndClosed", ForgottenCloseIsWarnedAndClosed, false},
+		{"RetryAfterIsNeverUndercutOnDelayedRetry", RetryAfterIsNeverUndercutOnDelayedRetry, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if testing.Short() && !tc.quick {

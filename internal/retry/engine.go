@@ -68,6 +68,9 @@ func (e *Engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		d := e.read(msg)
 		if d.owned {
+			if e.holdAgain(msg, d) {
+				return nil, nil
+			}
 			if pp, ok := e.pending.get(msg); ok {
 				// It failed for good already: only its poison publish is retried.
 				if !e.life.begin() {
@@ -130,6 +133,10 @@ type delivery struct {
 	// queue, due at heldDue.
 	held    bool
 	heldDue time.Time
+	// heldUntil is when a retry held again and again (a delay longer than the
+	// queue's) is due; zero for one hold.
+	heldUntil time.Time
+	rehelds   int // times it was held again
 }
 
 func (e *Engine) read(msg *message.Message) delivery {
@@ -148,7 +155,7 @@ func (e *Engine) read(msg *message.Message) delivery {
 	d.queue = e.wiring.Queue(d.topic)
 	if h, ok := e.held.take(msg.UUID); ok && d.owned {
 		// A retry held in the work queue comes back without its envelope.
-		d.held, d.heldDue = true, h.due
+		d.held, d.heldDue, d.heldUntil, d.rehelds = true, h.due, h.until, h.rehelds
 		if d.envelope.FirstFailure.IsZero() {
 			d.envelope.FirstFailure = h.first
 		}
@@ -157,6 +164,11 @@ func (e *Engine) read(msg *message.Message) delivery {
 		d.attempt = e.wiring.Attempt(msg)
 	} else {
 		d.attempt = max(d.envelope.Attempt, 1)
+	}
+	if d.rehelds > 0 {
+		// The broker counted each time it was held again as a return: not attempts.
+		d.attempt = max(d.attempt-d.rehelds, 1)
+		msg.Metadata[keys.Attempt] = strconv.Itoa(d.attempt)
 	}
 	return d
 }
@@ -233,8 +245,6 @@ func (e *Engine) fail(msg, run *message.Message, d delivery, err error, decided 
 		f.envelope.Error = fmt.Sprintf("work queue %q does not hold delayed retries (a nacked message came back at once), and no copying backend is configured; handler error: %v", d.queue, err)
 		return e.poison(f, cp, middleware.ReasonHandoffFailed)
 	case e.backend == nil: // delayed-retry alone, asked for a delay of its own
-		f.fields["requested_delay"] = decided.Delay.String()
-		e.cfg.Logger.Error("Retry held in the work queue for its delay instead of the one asked for: the delayed-retry backend knows one delay per queue", nil, f.fields)
 		target, inPlace = e.inPlace, true
 	}
 
@@ -254,6 +264,14 @@ func (e *Engine) fail(msg, run *message.Message, d delivery, err error, decided 
 			f.fields.Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
 	}
 	if inPlace {
+		if target.Name() == delay.DelayedRetry && decided.Delay > effective {
+			// The queue holds a retry for one delay: held again until it is due, never
+			// back before the delay asked for (a server's Retry-After).
+			holds := (requested + effective - 1) / effective
+			notice(e.cfg.Logger, "Delay asked for is longer than the work queue's delayed-retry delay: the retry is held again until it is due", f.fields.Add(watermill.LogFields{
+				"requested_delay": requested.String(), "effective_delay": (holds * effective).String(), "holds": int64(holds)}))
+			effective = holds * effective
+		}
 		return e.settle(msg, f, requested, effective)
 	}
 

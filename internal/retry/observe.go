@@ -88,7 +88,12 @@ type heldRetries struct {
 
 // heldRetry is what the engine knows of a retry it held: when it is due, and when the
 // message first failed (the broker redelivers it unchanged, without its envelope).
-type heldRetry struct{ due, first time.Time }
+// until is when a retry held more than once is due (zero: due at due), rehelds how
+// many times it was held again.
+type heldRetry struct {
+	due, first, until time.Time
+	rehelds           int
+}
 
 func (h *heldRetries) add(uuid string, r heldRetry) {
 	h.mu.Lock()
