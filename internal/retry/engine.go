@@ -153,9 +153,15 @@ func (e *Engine) read(msg *message.Message) delivery {
 	}
 	d.owned = e.wiring.ID == "" || d.owner == e.wiring.ID
 	d.queue = e.wiring.Queue(d.topic)
+	remembered := false // the envelope is the one kept when it was held
 	if h, ok := e.held.take(msg.UUID); ok && d.owned {
 		// A retry held in the work queue comes back without its envelope.
 		d.held, d.heldDue, d.heldUntil, d.rehelds = true, h.due, h.until, h.rehelds
+		if !h.env.FirstFailure.IsZero() {
+			// What a copy would have carried: the handler reads it as on a copy.
+			d.envelope, remembered = h.env, true
+			h.env.Write(msg.Metadata)
+		}
 		if d.envelope.FirstFailure.IsZero() {
 			d.envelope.FirstFailure = h.first
 		}
@@ -165,7 +171,7 @@ func (e *Engine) read(msg *message.Message) delivery {
 	} else {
 		d.attempt = max(d.envelope.Attempt, 1)
 	}
-	if d.rehelds > 0 {
+	if d.rehelds > 0 && !remembered {
 		// The broker counted each time it was held again as a return: not attempts.
 		d.attempt = max(d.attempt-d.rehelds, 1)
 		msg.Metadata[keys.Attempt] = strconv.Itoa(d.attempt)

@@ -34,7 +34,7 @@ func (e *Engine) settle(msg *message.Message, f failure, requested, effective ti
 	if err := e.inPlace.(backend.InPlace).Settle(msg, effective, md); err != nil {
 		return e.handoffFailed(f, copyOf(msg), err, "other", true)
 	}
-	h := heldRetry{due: due, first: f.envelope.FirstFailure}
+	h := heldRetry{due: due, first: f.envelope.FirstFailure, env: f.envelope}
 	if e.inPlace.Name() == delay.DelayedRetry && effective > e.cfg.DelayedRetryDelay {
 		// Back after the queue's delay, then held again until requested is over.
 		h.due, h.until = time.Now().Add(e.cfg.DelayedRetryDelay), time.Now().Add(requested)
@@ -284,6 +284,6 @@ func (e *Engine) holdAgain(msg *message.Message, d delivery) bool {
 	if err := e.inPlace.(backend.InPlace).Settle(msg, hold, nil); err != nil {
 		return false
 	}
-	e.held.add(msg.UUID, heldRetry{due: d.at.Add(hold), until: d.heldUntil, first: d.envelope.FirstFailure, rehelds: d.rehelds + 1})
+	e.held.add(msg.UUID, heldRetry{due: d.at.Add(hold), until: d.heldUntil, first: d.envelope.FirstFailure, rehelds: d.rehelds + 1, env: d.envelope})
 	return true
 }

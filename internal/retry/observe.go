@@ -90,9 +90,12 @@ type heldRetries struct {
 // message first failed (the broker redelivers it unchanged, without its envelope).
 // until is when a retry held more than once is due (zero: due at due), rehelds how
 // many times it was held again.
+// env is the envelope the retry would carry on a copy: the broker redelivers the
+// message unchanged, so the engine writes it into the metadata when it comes back.
 type heldRetry struct {
 	due, first, until time.Time
 	rehelds           int
+	env               middleware.Envelope
 }
 
 func (h *heldRetries) add(uuid string, r heldRetry) {
