@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -44,6 +45,12 @@ func TestCloseWaitsForHandoffsInFlightThenHandsNothingOff(t *testing.T) {
 		_ = r.Close()
 		closed <- parkDone.Load()
 	}()
+	// Closed (and the hand-offs in flight counted) before the hand-off may end.
+	for deadline := time.Now().Add(10 * time.Second); !e.life.isClosed(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("Close did not begin within 10s")
+		}
+	}
 	close(release)
 	if !<-closed {
 		t.Error("Close returned before the hand-off in flight was over")
