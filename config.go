@@ -56,7 +56,11 @@ type Config struct {
 	DelayedRetries int
 	// DelayedRetryDelay is the constant delay of the retries RabbitMQ holds in the
 	// work queue (its x-delayed-retry-min and -max), a whole number of milliseconds.
-	// Default: 1s.
+	// With Backend "delayed-retry" alone, a longer delay of the error's own (a
+	// RetryAfter) is never cut short: the retry is held again, as many times as it
+	// takes (logged at WARN, or INFO), so it comes back at the first multiple of this
+	// delay past the one asked for; this process keeps count, so after a restart it
+	// comes back after one delay. Default: 1s.
 	DelayedRetryDelay time.Duration
 
 	// Policy says how many attempts and how long apart. See Policy for its defaults.
