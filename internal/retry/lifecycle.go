@@ -125,7 +125,8 @@ type pendingPoison struct {
 	f        failure // delivery.msg cleared
 	reason   middleware.Reason
 	payload  []byte
-	failures int // failed poison publishes in a row
+	failures int       // failed poison publishes in a row
+	aside    time.Time // set aside until then: back before it, it is not set aside again
 }
 
 // pendingPoisons remembers, by message UUID, the messages whose poison publish failed.
@@ -158,6 +159,24 @@ func (p *pendingPoisons) add(f failure, reason middleware.Reason) int {
 	pp.failures++
 	p.size.Store(int64(len(p.m)))
 	return pp.failures
+}
+
+// setAside records that uuid was set aside until t; it tells false, recording
+// nothing, when uuid came back before the time it was last set aside until (a work
+// queue that does not hold a nacked message): it must then be paced here instead.
+func (p *pendingPoisons) setAside(uuid string, t time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pp, ok := p.m[uuid]
+	if !ok {
+		return false
+	}
+	if now := time.Now(); now.Before(pp.aside) {
+		pp.aside = time.Time{}
+		return false
+	}
+	pp.aside = t
+	return true
 }
 
 // get returns the pending poisoning of msg: one recorded for its UUID, with its payload.
@@ -215,7 +234,7 @@ func (e *Engine) poisonFailed(f failure, reason middleware.Reason, perr error) e
 	f.fields["handoff_failures"] = n
 	f.fields["poison_queue"] = e.cfg.PoisonQueue
 	wait := handoffBackoff(n)
-	if e.setAside(f, wait) {
+	if e.pending.setAside(f.msg.UUID, time.Now().Add(wait/2)) && e.setAside(f, wait) {
 		f.fields["set_aside_for"] = wait.String()
 		e.cfg.Logger.Error("Could not poison message: set aside through the delay backend, only its poison publish is retried when it comes back, the handler does not run it again", perr, f.fields)
 		return nil
