@@ -16,6 +16,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/ops"
@@ -52,25 +53,49 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 // poisoned without running the handler again. In declare mode the queue is declared
 // again at the first poisoning.
 func PoisonQueueGoneNeverRerunsTheHandler(t *testing.T, m Major) {
-	for _, mode := range []topology.Mode{topology.ModeVerify, topology.ModeDeclare} {
-		t.Run(string(mode), func(t *testing.T) {
-			s := newSetup(t, m, delay.TTLTiers)
+	for _, tc := range []struct {
+		mode    topology.Mode
+		backend string
+	}{
+		{topology.ModeVerify, delay.TTLTiers},
+		{topology.ModeDeclare, delay.TTLTiers},
+		// Held in place: set aside in the work queue itself (RabbitMQ 4.3).
+		{topology.ModeNone, delay.DelayedRetry},
+	} {
+		mode := tc.mode
+		t.Run(string(mode)+" "+tc.backend, func(t *testing.T) {
+			if tc.backend == delay.DelayedRetry {
+				need43(t)
+			}
+			s := newSetup(t, m, tc.backend)
 			logs := &logCapture{}
 			s.cfg.Logger = logs
 			s.cfg.Topology = mode
 			obs := &events{}
 			s.cfg.Observe = obs.observe
-			plan, err := s.cfg.Plan(s.topic)
-			if err != nil {
-				t.Fatal(err)
-			}
-			apply(t, plan, s.topic) // what `amqpretry topology apply` creates
-			r := newRetry(t, m, s.sub, s.cfg)
 			poison := s.prefix + ".poison"
 			ch, err := brokertest.Dial(t).Channel()
 			if err != nil {
 				t.Fatal(err)
 			}
+			if mode == topology.ModeNone {
+				s.cfg.DelayedRetryDelay = 300 * time.Millisecond
+			}
+			plan, err := s.cfg.Plan(s.topic)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if mode == topology.ModeNone {
+				// Nothing declared by the library: the work queue as an administrator
+				// made it, and no poison queue.
+				s.sub.QueueArgs = quorum
+				if _, err := ch.QueueDeclare(s.topic, true, false, false, false, backend.WorkQueueArgs(s.cfg.DelayedRetryDelay)); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				apply(t, plan, s.topic) // what `amqpretry topology apply` creates
+			}
+			r := newRetry(t, m, s.sub, s.cfg)
 			if _, err := ch.QueueDelete(poison, false, false, false); err != nil {
 				t.Fatal(err)
 			}
@@ -121,7 +146,7 @@ func PoisonQueueGoneNeverRerunsTheHandler(t *testing.T, m Major) {
 			named := false
 			for _, l := range logs.at(watermill.ErrorLogLevel) {
 				if l.Err != nil && strings.Contains(l.Err.Error(), `poison queue "`+poison+`" does not exist`) &&
-					strings.Contains(l.Err.Error(), "`amqpretry topology apply --backend ttl-tiers --prefix "+s.prefix) {
+					strings.Contains(l.Err.Error(), "`amqpretry topology apply --backend "+tc.backend+" --prefix "+s.prefix) {
 					named = true
 				}
 			}
