@@ -338,3 +338,37 @@ func RetryAfterIsNeverUndercutOnDelayedRetry(t *testing.T, m Major) {
 		t.Errorf("ERROR line: %q %v %v", l.Msg, l.Err, l.Fields)
 	}
 }
+
+// RetryAfterIsNeverUndercutOnTTLTiers: a RetryAfter longer than the longest tier is
+// parked again when it comes back, until it is due: the handler never sees it early.
+// The adjustment is logged below ERROR.
+func RetryAfterIsNeverUndercutOnTTLTiers(t *testing.T, m Major) {
+	s := newSetup(t, m, delay.TTLTiers)
+	const after = 1200 * time.Millisecond
+	s.cfg.Tiers = []time.Duration{500 * time.Millisecond}
+	logs := &logCapture{}
+	s.cfg.Logger = logs
+	r := newRetry(t, m, s.sub, s.cfg)
+	rec := newRecorder(func(msg *message.Message) error {
+		if amqpretry.Attempt(msg) == 1 {
+			return amqpretry.RetryAfter(errors.New("503 retry after 1.2s"), after)
+		}
+		return nil
+	})
+	run(t, m, r, s.topic, rec.handle)
+	publish(t, m, s.topic, "throttled")
+	calls := rec.waitCalls(t, 2, 30*time.Second)
+	if got := attemptsByUUID(calls); len(got["throttled"]) != 2 || got["throttled"][1] != 2 {
+		t.Fatalf("handled %v, want attempts [1 2]", got)
+	}
+	if gap := calls[1].at.Sub(calls[0].at); gap < after {
+		t.Errorf("RetryAfter(%s) came back after %s: undercut", after, gap)
+	}
+	if env := middleware.ReadEnvelope(calls[1].msg.Metadata); env.RequestedDelay != after || calls[1].at.Before(env.Due) {
+		t.Errorf("envelope %+v at %s: want the delay asked for, and due before the arrival", env, calls[1].at)
+	}
+	wantStats(t, r, 1, 0)
+	for _, l := range logs.at(watermill.ErrorLogLevel) {
+		t.Errorf("ERROR line: %q %v %v", l.Msg, l.Err, l.Fields)
+	}
+}

@@ -71,6 +71,14 @@ func (e *Engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			if e.holdAgain(msg, d) {
 				return nil, nil
 			}
+			if until, ok := holdUntilOf(msg); ok && e.backend != nil && d.at.Before(until) {
+				// Parked for a delay longer than the backend holds: not due yet.
+				if !e.life.begin() {
+					return nil, e.refuseClosed(msg, d, nil)
+				}
+				defer e.life.end()
+				return nil, e.parkAgain(msg, d, until)
+			}
 			if pp, ok := e.pending.get(msg); ok {
 				// It failed for good already: only its poison publish is retried.
 				if !e.life.begin() {
@@ -265,7 +273,15 @@ func (e *Engine) fail(msg, run *message.Message, d delivery, err error, decided 
 		f.envelope.Error = serr.Error() + "; handler error: " + err.Error()
 		return e.poison(f, cp, middleware.ReasonDelayTooLong)
 	}
-	if requested > effective && target.Name() == delay.TTLTiers {
+	var holdUntil time.Time
+	switch {
+	case requested > effective && target.Name() == delay.TTLTiers && decided.Delay > 0 && !inPlace:
+		// A delay of the error's own (a server's Retry-After) is never cut short: the
+		// copy is parked again when it comes back, until it is due.
+		holdUntil = time.Now().Add(requested)
+		notice(e.cfg.Logger, "Delay asked for is longer than the longest tier: the retry is parked again until it is due",
+			f.fields.Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
+	case requested > effective && target.Name() == delay.TTLTiers:
 		e.cfg.Logger.Error("Delay longer than the longest tier, using the longest: the retry comes back early", delay.ErrDelayTooLong,
 			f.fields.Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
 	}
@@ -286,6 +302,10 @@ func (e *Engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	f.envelope.Attempt = d.attempt + 1
 	f.envelope.RequestedDelay, f.envelope.EffectiveDelay, f.envelope.Due = requested, effective, start.Add(effective)
 	f.envelope.Write(cp.Metadata)
+	delete(cp.Metadata, keys.HoldUntil)
+	if !holdUntil.IsZero() {
+		cp.Metadata[keys.HoldUntil] = holdUntil.UTC().Format(time.RFC3339Nano)
+	}
 	perr := e.backend.Park(cp.Context(), d.queue, cp, effective)
 	if errors.Is(perr, handoff.ErrTooLarge) {
 		trim(&f.envelope)
