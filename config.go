@@ -46,10 +46,22 @@ type Config struct {
 	// quorum queues; the subscriber config gets the queue arguments it needs. With
 	// Backend "delayed-retry" every retry is held this way and this field is unused.
 	// Not with Policy.Immediate. Default: 0.
+	//
+	// After them Backend's retries follow the policy's schedule started again from its
+	// first delay (InitialInterval, or Delays[0]), as after Policy.Immediate. A delay
+	// of the error's own (RetryAfter, or Classify's) skips them: that retry goes to
+	// Backend at once, which keeps its delay. A held retry carries nothing new on the
+	// wire: when it comes back, this process writes the envelope it kept into the
+	// message's metadata (middleware.ReadEnvelope gives its attempt, error and Due, so
+	// lateness is time.Since(env.Due) as on a copy); after a restart it has none.
 	DelayedRetries int
 	// DelayedRetryDelay is the constant delay of the retries RabbitMQ holds in the
 	// work queue (its x-delayed-retry-min and -max), a whole number of milliseconds.
-	// Default: 1s.
+	// With Backend "delayed-retry" alone, a longer delay of the error's own (a
+	// RetryAfter) is never cut short: the retry is held again, as many times as it
+	// takes (logged at WARN, or INFO), so it comes back at the first multiple of this
+	// delay past the one asked for; this process keeps count, so after a restart it
+	// comes back after one delay. Default: 1s.
 	DelayedRetryDelay time.Duration
 
 	// Policy says how many attempts and how long apart. See Policy for its defaults.

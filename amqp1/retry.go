@@ -3,6 +3,7 @@ package amqp1
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"strings"
 
@@ -74,7 +75,10 @@ func NewRetry(sub SubscriberConfig, cfg amqpretry.Config) (*Retry, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Retry{r: r, sub: sub}, nil
+	w := &Retry{r: r, sub: sub}
+	// A Retry dropped without Close says so at WARN, and closes its connection.
+	runtime.SetFinalizer(w, func(w *Retry) { w.r.Forgotten() })
+	return w, nil
 }
 
 // defaultDeliveryLimit is the x-delivery-limit RabbitMQ 4 gives a quorum queue
@@ -156,8 +160,11 @@ func (r *Retry) Retryable(err error) bool { return r.r.Retryable(err) }
 // Stats returns what the middleware did since NewRetry.
 func (r *Retry) Stats() middleware.Stats { return r.r.Stats() }
 
-// Close closes the poison queue's connection and logs what this Retry did. Close the
-// router first.
+// Close stops the middleware and closes the poison queue's connection. Close the
+// router first: a message that fails after Close is nacked for redelivery, paced, with
+// a WARN for the first; Close waits for the hand-offs in flight, logs what this Retry
+// did, and does nothing the second time. A Retry dropped without Close is closed
+// when the garbage collector finds it, with a WARN.
 func (r *Retry) Close() error { return r.r.Close() }
 
 // envelopeAnnotation starts the message annotations the failure envelope travels in.

@@ -181,7 +181,8 @@ func (s *Subscriber) Close() error {
 	select {
 	case <-done:
 	case <-timer.C:
-		s.logger.Error("Subscriptions did not stop in time, closing the connection under them", nil, nil)
+		s.logger.Error("Subscriptions did not stop in time, closing the connection under them",
+			fmt.Errorf("subscriptions still running %s after Close (CloseTimeout %s)", s.config.CloseTimeout+settleTimeout, s.config.CloseTimeout), nil)
 	}
 	s.conn.close()
 	<-done

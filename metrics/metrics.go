@@ -26,7 +26,9 @@
 //   - amqpretry_poisoned_total{queue,reason}: messages poisoned, by reason (permanent,
 //     max-attempts, delay-too-long, handoff-failed, too-large).
 //   - amqpretry_handoff_failures_total{queue,cause}: failed hand-offs, by cause
-//     (returned, nacked, timeout, connection, too-large, not-wired, other).
+//     (returned, nacked, timeout, connection, too-large, not-wired, other;
+//     poison-queue-missing: a poisoning returned unroutable, the poison queue is gone
+//     and the message waits in its work queue until it is created again).
 //
 // Histograms:
 //   - amqpretry_handoff_seconds: publish to confirm of each confirmed hand-off (retries

@@ -36,12 +36,15 @@ type Event struct {
 	Backend string
 	// Attempt is the attempt the event is about, from 1.
 	Attempt int
-	// Reason is the poison reason (EventPoisoned).
+	// Reason is the poison reason (EventPoisoned, and EventHandoffFailed for a failed
+	// poison publish).
 	Reason Reason
 	// Err is the hand-off's error (EventHandoffFailed) or the handler's (otherwise).
 	Err error
 	// Cause names why a hand-off failed (EventHandoffFailed): returned, nacked,
-	// timeout, connection, too-large, not-wired or other.
+	// timeout, connection, too-large, not-wired, poison-queue-missing (a poison
+	// publish returned unroutable: the poison queue does not exist; Stats.PoisonPending
+	// counts the messages waiting for it) or other.
 	Cause string
 	// Requested and Effective are the delay asked for and the delay the backend
 	// applies (EventRetryScheduled).
@@ -64,4 +67,11 @@ type Stats struct {
 	// HandoffFailures: hand-offs that failed (each nacked, or followed by a
 	// poisoning).
 	HandoffFailures int64
+	// PoisonPending: messages that failed for good but whose poison publish keeps
+	// failing (the poison queue is missing, say). Each stays in its work queue, nacked
+	// for redelivery; this process remembers it and retries only its poison publish,
+	// paced, never the handler. Not zero means the poison queue needs attention. The
+	// memory is the process's: after a restart such a message runs through the
+	// handler once more before its poisoning is tried again.
+	PoisonPending int64
 }

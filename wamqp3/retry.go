@@ -2,6 +2,7 @@ package wamqp3
 
 import (
 	"fmt"
+	"runtime"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -50,7 +51,10 @@ func New(sub amqp.Config, cfg amqpretry.Config) (*Retry, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Retry{r: r, sub: sub}, nil
+	w := &Retry{r: r, sub: sub}
+	// A Retry dropped without Close says so at WARN, and closes its connection.
+	runtime.SetFinalizer(w, func(w *Retry) { w.r.Forgotten() })
+	return w, nil
 }
 
 // Middleware implements message.HandlerMiddleware: add it to the handler, or to the
@@ -110,8 +114,12 @@ func (r *Retry) Scheduler() message.Publisher { return r.r.Scheduler() }
 // Stats returns what the middleware did since New.
 func (r *Retry) Stats() middleware.Stats { return r.r.Stats() }
 
-// Close closes the backend and the hand-off connection, and logs what this Retry did
-// since New. Close the router first.
+// Close stops the middleware and closes the backend and the hand-off connection. Close
+// the router first: a message that fails after Close is not handed off but nacked for
+// redelivery, paced (the first such message is logged at WARN), so nothing is lost
+// and the next run retries it. Close waits for the hand-offs in flight, then logs what
+// this Retry did since New. A second Close does nothing. A Retry dropped without
+// Close is closed when the garbage collector finds it, with a WARN: close it yourself.
 func (r *Retry) Close() error { return r.r.Close() }
 
 // builder is the subscriber's topology builder (retry.Retry.BuildTopology) over the

@@ -154,8 +154,10 @@ func DelayedRetry(t *testing.T, m Major) {
 }
 
 // DelayedRetriesThenCopies: the first DelayedRetries retries wait in the work queue
-// (no copy, no envelope), the later ones go through ttl-tiers with the policy's
-// schedule from its first delay; a RetryAfter goes to the copying backend at once.
+// (no copy; the envelope the process kept is in the metadata when they come back, as
+// on a copy), the later ones go through ttl-tiers with the policy's schedule started
+// again from its first delay; a RetryAfter skips the first stage, to the copying
+// backend at once.
 func DelayedRetriesThenCopies(t *testing.T, m Major) {
 	need43(t)
 	s := newSetup(t, m, delay.TTLTiers)
@@ -194,16 +196,20 @@ func DelayedRetriesThenCopies(t *testing.T, m Major) {
 			t.Errorf("call %d saw attempt %d", i+1, got)
 		}
 		switch i {
-		case 1, 2: // held: the message comes back as it was
-			if env.EffectiveDelay != 0 {
-				t.Errorf("held retry %d carries an envelope: %+v", i, env)
+		case 1, 2: // held: the envelope comes from the process's memory
+			if env.Attempt != i+1 || env.EffectiveDelay != held || env.Due.IsZero() || env.Error != errFlaky.Error() || env.FirstFailure.IsZero() {
+				t.Errorf("held retry %d: envelope %+v, want attempt %d, effective %s, a due time, the error and the first failure", i, env, i+1, held)
+			}
+			if late := c.at.Sub(env.Due); late < -20*time.Millisecond {
+				t.Errorf("held retry %d came %s before its due time", i, -late)
 			}
 			if gap := c.at.Sub(m1[i-1].at); gap < held-20*time.Millisecond || gap > held+500*time.Millisecond {
 				t.Errorf("held retry %d came %s after its failure, want %s", i, gap, held)
 			}
 		case 3: // the first copy: the schedule's first delay, on the 500ms tier
-			if env.EffectiveDelay != 500*time.Millisecond || env.Attempt != 4 {
-				t.Errorf("copied retry envelope %+v, want effective 500ms, attempt 4", env)
+			// The schedule starts again after the held retries: its first delay.
+			if env.RequestedDelay != 500*time.Millisecond || env.EffectiveDelay != 500*time.Millisecond || env.Attempt != 4 {
+				t.Errorf("copied retry envelope %+v, want requested and effective 500ms (the schedule's first delay), attempt 4", env)
 			}
 		}
 	}

@@ -100,6 +100,11 @@ func Run(t *testing.T, m Major) {
 		{"DelayedRetryRefusedBefore43", DelayedRetryRefusedBefore43, false},
 		{"DelayedRetryWaitsThroughFaults", DelayedRetryWaitsThroughFaults, false},
 		{"AddHandlersSubscriberClosesWhenRunsContextEnds", AddHandlersSubscriberClosesWhenRunsContextEnds, false},
+		{"PoisonQueueGoneNeverRerunsTheHandler", PoisonQueueGoneNeverRerunsTheHandler, false},
+		{"CloseBeforeTheRouterHandsNothingOff", CloseBeforeTheRouterHandsNothingOff, false},
+		{"ForgottenCloseIsWarnedAndClosed", ForgottenCloseIsWarnedAndClosed, false},
+		{"RetryAfterIsNeverUndercutOnDelayedRetry", RetryAfterIsNeverUndercutOnDelayedRetry, false},
+		{"RetryAfterIsNeverUndercutOnTTLTiers", RetryAfterIsNeverUndercutOnTTLTiers, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if testing.Short() && !tc.quick {

@@ -63,10 +63,14 @@ type Config struct {
 type Handoff struct {
 	cfg Config
 
-	mu   sync.Mutex // guards conn and pc
-	conn *amqp.Connection
-	pc   *pubChannel
+	mu     sync.Mutex // guards conn, pc and closed
+	conn   *amqp.Connection
+	pc     *pubChannel
+	closed bool // by Close: nothing is opened again
 }
+
+// ErrClosed: the hand-off was closed; it opens no connection again.
+var ErrClosed = errors.New("hand-off closed")
 
 // pubChannel is one confirm-mode channel and the returns it has seen.
 type pubChannel struct {
@@ -124,6 +128,9 @@ func DialConn(uri string, cfg amqp.Config) (*amqp.Connection, error) {
 func (h *Handoff) channel() (*pubChannel, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.closed {
+		return nil, ErrClosed
+	}
 	if h.pc != nil && !h.pc.ch.IsClosed() {
 		return h.pc, nil
 	}
@@ -207,7 +214,7 @@ func (h *Handoff) Publish(ctx context.Context, exchange, key string, msg *messag
 	// p.Headers is the marshaler's own: no clone.
 	maps.Copy(p.Headers, headers)
 	err = h.publish(ctx, exchange, key, p, mandatory)
-	if err == nil || owned == nil || !routeGone(err) || (h.cfg.Topology != topology.ModeDeclare && h.cfg.Topology != "") {
+	if err == nil || owned == nil || !RouteGone(err) || (h.cfg.Topology != topology.ModeDeclare && h.cfg.Topology != "") {
 		return err
 	}
 	if derr := h.Ensure(topology.ModeDeclare, owned()); derr != nil {
@@ -228,9 +235,9 @@ func (h *Handoff) ToQueue(ctx context.Context, queue string, msg *message.Messag
 	return h.Publish(ctx, "", queue, msg, nil, true, owned)
 }
 
-// routeGone tells whether a publish failed because its exchange or destination does
+// RouteGone tells whether a publish failed because its exchange or destination does
 // not exist.
-func routeGone(err error) bool {
+func RouteGone(err error) bool {
 	return errors.Is(err, ErrReturned) || declare.IsCode(err, amqp.NotFound)
 }
 
@@ -331,11 +338,13 @@ func (pc *pubChannel) takeReturn(id string) (amqp.Return, bool) {
 	return r, ok
 }
 
-// Close closes the hand-off connection, waiting at most ConfirmTimeout for the broker
+// Close closes the hand-off connection, for good (a publish after it fails with
+// ErrClosed, opening nothing), waiting at most ConfirmTimeout for the broker
 // (a node that lost its majority may never answer).
 func (h *Handoff) Close() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.closed = true
 	if h.conn == nil || h.conn.IsClosed() {
 		return nil
 	}

@@ -29,6 +29,11 @@ const (
 	RedrivenFrom       = "amqpretry-redriven-from"
 )
 
+// HoldUntil is written on a retry copy whose delay of the error's own (a RetryAfter)
+// is longer than the backend holds: when it is due. The middleware parks it again
+// until then instead of running the handler early.
+const HoldUntil = "amqpretry-hold-until"
+
 // Keys the marshaler writes on a received message and never publishes.
 const (
 	// TypedHeaders lists, as a sorted JSON array, the metadata keys holding encoded

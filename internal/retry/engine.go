@@ -52,6 +52,12 @@ type Engine struct {
 	failures failureCounts
 	held     heldRetries
 	stats    struct{ retries, poisoned, failures counter }
+
+	life    lifecycle
+	pending pendingPoisons // messages whose poison publish failed
+	// poisonHint adds the fix to a failed poison publish's error (gone: the poison
+	// queue does not exist). Nil: none.
+	poisonHint func(err error, gone bool) error
 }
 
 // Middleware implements message.HandlerMiddleware.
@@ -62,6 +68,25 @@ func (e *Engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		d := e.read(msg)
 		if d.owned {
+			if e.holdAgain(msg, d) {
+				return nil, nil
+			}
+			if until, ok := holdUntilOf(msg); ok && e.backend != nil && d.at.Before(until) {
+				// Parked for a delay longer than the backend holds: not due yet.
+				if !e.life.begin() {
+					return nil, e.refuseClosed(msg, d, nil)
+				}
+				defer e.life.end()
+				return nil, e.parkAgain(msg, d, until)
+			}
+			if pp, ok := e.pending.get(msg); ok {
+				// It failed for good already: only its poison publish is retried.
+				if !e.life.begin() {
+					return nil, e.refuseClosed(msg, d, nil)
+				}
+				defer e.life.end()
+				return nil, e.repoison(msg, d, pp)
+			}
 			e.observeDelivery(d)
 		}
 		produced, err := h(msg)
@@ -88,6 +113,13 @@ func (e *Engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return produced, nil
 		}
 		d.attempt = attempt
+		if errors.Is(err, amqpretry.ErrHandoff) {
+			return nil, err // a Retry nearer the handler has dealt with it
+		}
+		if !e.life.begin() {
+			return nil, e.refuseClosed(msg, d, err)
+		}
+		defer e.life.end()
 		return nil, e.fail(msg, run, d, err, decided)
 	}
 }
@@ -109,6 +141,10 @@ type delivery struct {
 	// queue, due at heldDue.
 	held    bool
 	heldDue time.Time
+	// heldUntil is when a retry held again and again (a delay longer than the
+	// queue's) is due; zero for one hold.
+	heldUntil time.Time
+	rehelds   int // times it was held again
 }
 
 func (e *Engine) read(msg *message.Message) delivery {
@@ -125,10 +161,16 @@ func (e *Engine) read(msg *message.Message) delivery {
 	}
 	d.owned = e.wiring.ID == "" || d.owner == e.wiring.ID
 	d.queue = e.wiring.Queue(d.topic)
+	remembered := false // the envelope is the one kept when it was held
 	h, ok := e.held.take(msg.UUID)
 	if ok && d.owned {
 		// A retry held in the work queue comes back without its envelope.
-		d.held, d.heldDue = true, h.due
+		d.held, d.heldDue, d.heldUntil, d.rehelds = true, h.due, h.until, h.rehelds
+		if !h.env.FirstFailure.IsZero() {
+			// What a copy would have carried: the handler reads it as on a copy.
+			d.envelope, remembered = h.env, true
+			h.env.Write(msg.Metadata)
+		}
 		if d.envelope.FirstFailure.IsZero() {
 			d.envelope.FirstFailure = h.first
 		}
@@ -138,9 +180,16 @@ func (e *Engine) read(msg *message.Message) delivery {
 	} else {
 		d.attempt = max(d.envelope.Attempt, 1)
 	}
-	if d.held {
-		// Never fewer than this process counted when it held it.
-		d.attempt = max(d.attempt, h.attempt)
+	if d.rehelds > 0 && !remembered {
+		// The broker counted each time it was held again as a return: not attempts.
+		d.attempt = max(d.attempt-d.rehelds, 1)
+		msg.Metadata[keys.Attempt] = strconv.Itoa(d.attempt)
+	}
+	if d.held && d.attempt < h.env.Attempt {
+		// Never fewer than this process counted when it held it (a queue that does not
+		// hold retries has no x-acquired-count to count it from).
+		d.attempt = h.env.Attempt
+		msg.Metadata[keys.Attempt] = strconv.Itoa(d.attempt)
 	}
 	return d
 }
@@ -217,8 +266,6 @@ func (e *Engine) fail(msg, run *message.Message, d delivery, err error, decided 
 		f.envelope.Error = fmt.Sprintf("work queue %q does not hold delayed retries (a nacked message came back at once), and no copying backend is configured; handler error: %v", d.queue, err)
 		return e.poison(f, cp, middleware.ReasonHandoffFailed)
 	case e.backend == nil: // delayed-retry alone, asked for a delay of its own
-		f.fields["requested_delay"] = decided.Delay.String()
-		e.cfg.Logger.Error("Retry held in the work queue for its delay instead of the one asked for: the delayed-retry backend knows one delay per queue", nil, f.fields)
 		target, inPlace = e.inPlace, true
 	}
 
@@ -233,11 +280,27 @@ func (e *Engine) fail(msg, run *message.Message, d delivery, err error, decided 
 		f.envelope.Error = serr.Error() + "; handler error: " + err.Error()
 		return e.poison(f, cp, middleware.ReasonDelayTooLong)
 	}
-	if requested > effective && target.Name() == delay.TTLTiers {
+	var holdUntil time.Time
+	switch {
+	case requested > effective && target.Name() == delay.TTLTiers && decided.Delay > 0 && !inPlace:
+		// A delay of the error's own (a server's Retry-After) is never cut short: the
+		// copy is parked again when it comes back, until it is due.
+		holdUntil = time.Now().Add(requested)
+		notice(e.cfg.Logger, "Delay asked for is longer than the longest tier: the retry is parked again until it is due",
+			f.fields.Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
+	case requested > effective && target.Name() == delay.TTLTiers:
 		e.cfg.Logger.Error("Delay longer than the longest tier, using the longest: the retry comes back early", delay.ErrDelayTooLong,
 			f.fields.Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
 	}
 	if inPlace {
+		if target.Name() == delay.DelayedRetry && decided.Delay > effective {
+			// The queue holds a retry for one delay: held again until it is due, never
+			// back before the delay asked for (a server's Retry-After).
+			holds := (requested + effective - 1) / effective
+			notice(e.cfg.Logger, "Delay asked for is longer than the work queue's delayed-retry delay: the retry is held again until it is due", f.fields.Add(watermill.LogFields{
+				"requested_delay": requested.String(), "effective_delay": (holds * effective).String(), "holds": int64(holds)}))
+			effective = holds * effective
+		}
 		return e.settle(msg, f, requested, effective)
 	}
 
@@ -246,6 +309,10 @@ func (e *Engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	f.envelope.Attempt = d.attempt + 1
 	f.envelope.RequestedDelay, f.envelope.EffectiveDelay, f.envelope.Due = requested, effective, start.Add(effective)
 	f.envelope.Write(cp.Metadata)
+	delete(cp.Metadata, keys.HoldUntil)
+	if !holdUntil.IsZero() {
+		cp.Metadata[keys.HoldUntil] = holdUntil.UTC().Format(time.RFC3339Nano)
+	}
 	perr := e.backend.Park(handoffContext(cp), d.queue, cp, effective)
 	if errors.Is(perr, handoff.ErrTooLarge) {
 		trim(&f.envelope)

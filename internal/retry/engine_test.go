@@ -227,7 +227,7 @@ func TestRetryHandoffFailureFailsTheHandler(t *testing.T) {
 	if !errors.Is(err, amqpretry.ErrHandoff) || !errors.Is(err, handlerErr) || !strings.Contains(err.Error(), `poison queue "poison"`) {
 		t.Fatalf("poison hand-off failure: got %v, want ErrHandoff naming the poison queue", err)
 	}
-	if st := e.Stats(); st != (middleware.Stats{HandoffFailures: 2}) {
+	if st := e.Stats(); st != (middleware.Stats{HandoffFailures: 2, PoisonPending: 1}) {
 		t.Errorf("stats %+v", st)
 	}
 	// A Retry nearer the handler dealt with it: passed through as is.

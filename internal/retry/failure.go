@@ -34,7 +34,12 @@ func (e *Engine) settle(msg *message.Message, f failure, requested, effective ti
 	if err := e.inPlace.(backend.InPlace).Settle(msg, effective, md); err != nil {
 		return e.handoffFailed(f, copyOf(msg), err, "other", true)
 	}
-	e.held.add(msg.UUID, heldRetry{due: due, first: f.envelope.FirstFailure, attempt: f.envelope.Attempt})
+	h := heldRetry{due: due, first: f.envelope.FirstFailure, env: f.envelope}
+	if e.inPlace.Name() == delay.DelayedRetry && effective > e.cfg.DelayedRetryDelay {
+		// Back after the queue's delay, then held again until requested is over.
+		h.due, h.until = time.Now().Add(e.cfg.DelayedRetryDelay), time.Now().Add(requested)
+	}
+	e.held.add(msg.UUID, h)
 	e.failures.forget(msg.UUID)
 	n := e.stats.retries.add()
 	e.observe(middleware.Event{Kind: middleware.EventRetryScheduled, Queue: f.queue, Backend: e.inPlace.Name(), Attempt: f.attempt, Err: f.err,
@@ -64,9 +69,10 @@ func (e *Engine) poison(f failure, cp *message.Message, reason middleware.Reason
 		perr = e.poisonTo(cp)
 	}
 	if perr != nil {
-		return e.handoffFailed(f, cp, fmt.Errorf("poison queue %q: %w", e.cfg.PoisonQueue, perr), handoff.Cause(perr), false)
+		return e.poisonFailed(f, reason, perr)
 	}
 	e.failures.forget(cp.UUID)
+	e.pending.forget(cp.UUID)
 	e.stats.poisoned.add()
 	e.observe(middleware.Event{Kind: middleware.EventPoisoned, Queue: f.queue, Attempt: f.attempt, Reason: reason, Err: f.err, Handoff: time.Since(start)})
 	if f.envelope.DroppedHeaders != "" {
@@ -115,7 +121,7 @@ func (e *Engine) handoffFailed(f failure, cp *message.Message, perr error, cause
 		f.envelope.Error = fmt.Sprintf("%d hand-offs failed in a row, the last: %v; handler error: %v", n, perr, f.err)
 		return e.poison(f, cp, middleware.ReasonHandoffFailed)
 	}
-	pause(cp.Context(), handoffBackoff(n))
+	e.pausePaced(cp.Context(), handoffBackoff(n))
 	return errors.Join(f.err, fmt.Errorf("%w: queue %q: %w", amqpretry.ErrHandoff, f.queue, perr))
 }
 
@@ -237,6 +243,16 @@ type warner interface {
 	Warn(msg string, fields watermill.LogFields)
 }
 
+// notice logs msg at WARN, or at INFO where the logger has no WARN level: something
+// was adjusted, and nothing is wrong.
+func notice(l watermill.LoggerAdapter, msg string, fields watermill.LogFields) {
+	if w, ok := l.(warner); ok {
+		w.Warn(msg, fields)
+		return
+	}
+	l.Info(msg, fields)
+}
+
 // warn logs msg at WARN, or at ERROR with err where the logger has no WARN level.
 func warn(l watermill.LoggerAdapter, msg string, err error, fields watermill.LogFields) {
 	if w, ok := l.(warner); ok {
@@ -246,5 +262,28 @@ func warn(l watermill.LoggerAdapter, msg string, err error, fields watermill.Log
 		w.Warn(msg, fields)
 		return
 	}
+	if err == nil {
+		l.Info(msg, fields) // never err=<nil>
+		return
+	}
 	l.Error(msg, err, fields)
+}
+
+// holdAgain holds msg in its work queue once more when it is a retry held for a delay
+// longer than the queue's and not yet due: it never reaches the handler early. It
+// tells whether it did. A retry back long before the queue's delay is not held (the
+// queue does not hold retries: observeDelivery reports it).
+func (e *Engine) holdAgain(msg *message.Message, d delivery) bool {
+	if !d.held || d.heldUntil.IsZero() || !d.at.Before(d.heldUntil) || e.inPlace == nil || e.held.isBroken(d.queue) {
+		return false
+	}
+	hold := e.cfg.DelayedRetryDelay
+	if d.at.Before(d.heldDue.Add(-hold / 2)) {
+		return false
+	}
+	if err := e.inPlace.(backend.InPlace).Settle(msg, hold, nil); err != nil {
+		return false
+	}
+	e.held.add(msg.UUID, heldRetry{due: d.at.Add(hold), until: d.heldUntil, first: d.envelope.FirstFailure, rehelds: d.rehelds + 1, env: d.envelope})
+	return true
 }

@@ -19,7 +19,8 @@ func (c *counter) add() int64 { return c.Add(1) }
 
 // Stats returns what the engine did since it was built.
 func (e *Engine) Stats() middleware.Stats {
-	return middleware.Stats{Retries: e.stats.retries.Load(), Poisoned: e.stats.poisoned.Load(), HandoffFailures: e.stats.failures.Load()}
+	return middleware.Stats{Retries: e.stats.retries.Load(), Poisoned: e.stats.poisoned.Load(), HandoffFailures: e.stats.failures.Load(),
+		PoisonPending: e.pending.len()}
 }
 
 // observe sends ev to Config.Observe, if set.
@@ -85,13 +86,16 @@ type heldRetries struct {
 	size   atomic.Int64
 }
 
-// heldRetry is what the engine knows of a retry it held: when it is due, when the
-// message first failed (the broker redelivers it unchanged, without its envelope), and
-// the attempt it comes back as (a queue that does not hold retries has no
-// x-acquired-count to count it from).
+// heldRetry is what the engine knows of a retry it held: when it is due, and when the
+// message first failed (the broker redelivers it unchanged, without its envelope).
+// until is when a retry held more than once is due (zero: due at due), rehelds how
+// many times it was held again.
+// env is the envelope the retry would carry on a copy: the broker redelivers the
+// message unchanged, so the engine writes it into the metadata when it comes back.
 type heldRetry struct {
-	due, first time.Time
-	attempt    int
+	due, first, until time.Time
+	rehelds           int
+	env               middleware.Envelope
 }
 
 func (h *heldRetries) add(uuid string, r heldRetry) {

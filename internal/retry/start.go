@@ -127,6 +127,7 @@ func (r *Retry) start(spec backend.Spec) error {
 	e.poisonQ = func(ctx context.Context, msg *message.Message) error {
 		return r.handoff.ToQueue(ctx, cfg.PoisonQueue, msg)
 	}
+	e.poisonHint = r.poisonHint
 	fields := watermill.LogFields{"rabbitmq_version": v, "delay_backend": cfg.Backend}
 	if w := version.Warning(v); w != "" {
 		cfg.Logger.Error("RabbitMQ version loses retries", errors.New(w), fields)
@@ -285,13 +286,16 @@ func (r *Retry) Scheduler() message.Publisher {
 	return backend.Scheduler{Backend: r.Engine.backend}
 }
 
-// Close logs what the Retry did since it started and closes the backend and the
-// hand-off connection. Close the router first.
+// Close stops the Retry: from then on the middleware hands nothing off and opens
+// nothing (a message that fails is nacked for redelivery, paced, and the first one is
+// logged at WARN); it waits for the hand-offs in flight, closes the backend and the
+// hand-off connection, and logs what the Retry did since it started. Close the router
+// first. A second Close does nothing.
 func (r *Retry) Close() error {
-	st := r.Stats()
-	r.cfg.Logger.Info("Broker-side retry closed", watermill.LogFields{
-		"retries": st.Retries, "poisoned": st.Poisoned, "handoff_failures": st.HandoffFailures,
-	})
+	waited, first := r.Engine.life.close()
+	if !first {
+		return nil
+	}
 	var errs []error
 	if r.Engine.backend != nil {
 		errs = append(errs, r.Engine.backend.Close())
@@ -299,7 +303,42 @@ func (r *Retry) Close() error {
 	if r.handoff != nil {
 		errs = append(errs, r.handoff.Close())
 	}
-	return errors.Join(errs...)
+	err := errors.Join(errs...)
+	st := r.Stats()
+	fields := watermill.LogFields{
+		"retries": st.Retries, "poisoned": st.Poisoned, "handoff_failures": st.HandoffFailures,
+		"handoffs_waited_for": waited, "poison_pending": st.PoisonPending,
+	}
+	if err != nil {
+		fields["close_err"] = err.Error()
+	}
+	r.cfg.Logger.Info("Broker-side retry closed", fields)
+	return err
+}
+
+// Forgotten is for a finalizer of the transport's Retry: one dropped without Close
+// logs it at WARN and closes its hand-off connection, which would leak otherwise.
+func (r *Retry) Forgotten() {
+	if r.Engine.life.isClosed() {
+		return
+	}
+	warn(r.cfg.Logger, "Retry garbage-collected without Close: closing its hand-off connection now",
+		errors.New("Retry.Close was never called: call it once the router has stopped (defer retry.Close() before creating the router)"),
+		watermill.LogFields{"delay_backend": r.cfg.Backend, "amqp_uri": redact.URI(r.conn.URI)})
+	go func() { _ = r.Close() }()
+}
+
+// poisonHint adds the fix to the error of a failed poison publish: for a poison queue
+// that does not exist, the command that creates it.
+func (r *Retry) poisonHint(err error, gone bool) error {
+	if !gone {
+		return err
+	}
+	how := "topology mode " + string(r.cfg.Topology) + " does not declare it"
+	if r.cfg.Topology == topology.ModeDeclare {
+		how = "declaring it again failed"
+	}
+	return fmt.Errorf("%w; poison queue %q does not exist (%s): create it with `%s` as a user with configure permission; until then the message stays in its work queue and only its poisoning is retried", err, r.cfg.PoisonQueue, how, r.ApplyCommand())
 }
 
 // workQueueWarning checks a work queue's arguments against a quorum queue's delivery

@@ -122,7 +122,7 @@ func (c *consumer) handle(msg *message.Message) error {
 		return amqpretry.Permanent(errors.New("noloss: permanent failure (by the message's fate)"))
 	case fate == fates.Transient && attempt <= noloss1.Failures:
 		if attempt == 1 && c.sabotage > 0 && c.dropped.Add(1) <= c.sabotage {
-			c.logger.Error("SABOTAGE: acking a message without recording it", nil, watermill.LogFields{"message_uuid": msg.UUID})
+			c.logger.Error("SABOTAGE: acking a message without recording it", errSabotage, watermill.LogFields{"message_uuid": msg.UUID})
 			return nil
 		}
 		return fmt.Errorf("attempt %d: %w", attempt, errTransient)
@@ -155,3 +155,6 @@ func (c *consumer) record(ctx context.Context, rec *message.Message) error {
 		}
 	}
 }
+
+// errSabotage is the error the deliberate loss of a message is logged with.
+var errSabotage = errors.New("sabotage asked for: the message is dropped on purpose")

@@ -207,7 +207,7 @@ func (c *consumer) handle(msg *message.Message) error {
 		return amqpretry.Permanent(errors.New("noloss: permanent failure (by the message's fate)"))
 	case fate == fates.Transient && attempt <= c.variant.Failures:
 		if attempt == 1 && c.sabotage > 0 && c.dropped.Add(1) <= c.sabotage {
-			c.logger.Error("SABOTAGE: acking a message without handing it off or recording it", nil, watermill.LogFields{"message_uuid": msg.UUID})
+			c.logger.Error("SABOTAGE: acking a message without handing it off or recording it", errSabotage, watermill.LogFields{"message_uuid": msg.UUID})
 			return nil
 		}
 		c.mu.Lock()
@@ -346,3 +346,6 @@ func (r *recorder) close() {
 	}
 	r.conn, r.ch = nil, nil
 }
+
+// errSabotage is the error the deliberate loss of a message is logged with.
+var errSabotage = errors.New("sabotage asked for: the message is dropped on purpose")
