@@ -8,6 +8,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/handoff"
 )
 
 // Cluster returns an amqp091-go Config whose connections go to any of the nodes of a
@@ -26,7 +28,7 @@ import (
 // dial, and the subscriber and your publishers may dial at the same moment.
 func Cluster(nodes ...string) *amqp.Config {
 	d := &dialer{nodes: nodes}
-	return &amqp.Config{Dial: d.dial, Heartbeat: 10 * time.Second, Locale: "en_US"}
+	return &amqp.Config{Dial: d.dial, Heartbeat: 10 * time.Second, Locale: handoff.Locale}
 }
 
 // dialer dials the nodes in turn.

@@ -196,8 +196,10 @@ func (c Config) topologyErrors() []error {
 	if c.DelayedRetries > 0 && (c.Backend == delay.Memory || c.Backend == delay.DelayedExchange || c.Backend == delay.DeliveryTime) {
 		errs = append(errs, fmt.Errorf("DelayedRetries: delayed retries on RabbitMQ 4.3 cannot stand in front of the %s backend", c.Backend))
 	}
-	if (c.DelayedRetries > 0 || c.Backend == delay.DelayedRetry) && (c.DelayedRetryDelay < time.Millisecond || c.DelayedRetryDelay%time.Millisecond != 0) {
-		errs = append(errs, fmt.Errorf("DelayedRetryDelay: %s must be a whole number of milliseconds, at least 1ms", c.DelayedRetryDelay))
+	if c.DelayedRetries > 0 && c.Backend != delay.DelayedRetry { // the backend's own lookup checks it otherwise
+		if err := backend.CheckRetryDelay(c.DelayedRetryDelay); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errs
 }
@@ -308,7 +310,7 @@ func (c Config) Plan(workQueues ...string) (topology.Topology, error) {
 // retries, a quorum queue that holds returned deliveries for DelayedRetryDelay. c has
 // its defaults.
 func (c Config) workQueueArgs() map[string]interface{} {
-	if c.Backend != delay.DelayedRetry && c.DelayedRetries == 0 {
+	if !backend.HoldsRetries(c.Backend, c.DelayedRetries) {
 		return nil
 	}
 	return backend.WorkQueueArgs(c.DelayedRetryDelay)

@@ -143,8 +143,8 @@ func New(s Spec, env Env) (Backend, error) {
 	case delay.DelayedExchange:
 		b = &delayedExchange{env: env, names: n, bound: map[string]bool{}}
 	case delay.DelayedRetry:
-		if s.RetryDelay < time.Millisecond || s.RetryDelay%time.Millisecond != 0 {
-			return nil, fmt.Errorf("DelayedRetryDelay: %s must be a whole number of milliseconds, at least 1ms", s.RetryDelay)
+		if err := CheckRetryDelay(s.RetryDelay); err != nil {
+			return nil, err
 		}
 		b = delayedRetry{delay: s.RetryDelay}
 	case delay.DeliveryTime:
@@ -284,4 +284,14 @@ func requested(msg *message.Message) (time.Duration, error) {
 		return max(time.Until(t), 0), nil
 	}
 	return 0, nil
+}
+
+// wholeMillis rounds d up to whole milliseconds, at least 1 ms: the precision of the
+// backends that take a delay in milliseconds.
+func wholeMillis(d time.Duration) time.Duration {
+	ms := d / time.Millisecond
+	if d%time.Millisecond > 0 {
+		ms++
+	}
+	return max(ms, 1) * time.Millisecond
 }

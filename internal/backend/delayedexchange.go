@@ -74,11 +74,7 @@ func (b *delayedExchange) Effective(requested time.Duration) (time.Duration, err
 	if requested > maxPluginDelay {
 		return 0, fmt.Errorf("%s: %w: %s is longer than the plugin's maximum %s (2^32-1 ms)", delay.DelayedExchange, delay.ErrDelayTooLong, requested, maxPluginDelay)
 	}
-	ms := requested / time.Millisecond
-	if requested%time.Millisecond > 0 {
-		ms++
-	}
-	return max(ms, 1) * time.Millisecond, nil
+	return wholeMillis(requested), nil
 }
 
 // bind binds queue to the exchange before the first publish to it.

@@ -54,3 +54,19 @@ func WorkQueueArgs(d time.Duration) amqp.Table {
 		declare.DelayedRetryMaxArg:  d.Milliseconds(),
 	}
 }
+
+// HoldsRetries tells whether the work queues of a config with this backend and this
+// many delayed retries hold retries themselves (RabbitMQ 4.3's delayed retry): then
+// they must be quorum queues with WorkQueueArgs.
+func HoldsRetries(backend string, delayedRetries int) bool {
+	return backend == delay.DelayedRetry || delayedRetries > 0
+}
+
+// CheckRetryDelay refuses a DelayedRetryDelay the broker cannot take: it is given in
+// whole milliseconds, at least one.
+func CheckRetryDelay(d time.Duration) error {
+	if d < time.Millisecond || d%time.Millisecond != 0 {
+		return fmt.Errorf("DelayedRetryDelay: %s must be a whole number of milliseconds, at least 1ms", d)
+	}
+	return nil
+}

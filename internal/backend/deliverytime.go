@@ -28,11 +28,7 @@ func (deliveryTime) Name() string { return delay.DeliveryTime }
 
 // Effective rounds requested up to whole milliseconds, at least 1 ms.
 func (deliveryTime) Effective(requested time.Duration) (time.Duration, error) {
-	ms := requested / time.Millisecond
-	if requested%time.Millisecond > 0 {
-		ms++
-	}
-	return max(ms, 1) * time.Millisecond, nil
+	return wholeMillis(requested), nil
 }
 
 func (deliveryTime) Topology() topology.Topology        { return topology.Topology{} }

@@ -35,6 +35,10 @@ var (
 	ErrTooLarge = errors.New("message headers larger than the broker's frame_max")
 )
 
+// Locale is the locale every connection of the library asks for: RabbitMQ knows no
+// other.
+const Locale = "en_US"
+
 // DefaultConfirmTimeout bounds the wait for a publisher confirm.
 const DefaultConfirmTimeout = 10 * time.Second
 
@@ -97,7 +101,7 @@ func Dial(cfg Config) (*Handoff, error) {
 		cfg.Logger = watermill.NopLogger{}
 	}
 	if cfg.AMQP.Locale == "" {
-		cfg.AMQP.Locale = "en_US"
+		cfg.AMQP.Locale = Locale
 	}
 	h := &Handoff{cfg: cfg}
 	if _, err := h.channel(); err != nil {
@@ -109,7 +113,7 @@ func Dial(cfg Config) (*Handoff, error) {
 // DialConn opens a plain connection to uri, its errors redacted.
 func DialConn(uri string, cfg amqp.Config) (*amqp.Connection, error) {
 	if cfg.Locale == "" {
-		cfg.Locale = "en_US"
+		cfg.Locale = Locale
 	}
 	// amqp091-go writes into the Properties map it is given; the subscriber may dial
 	// with the same Config at the same moment (a failover): give it a map of its own.

@@ -199,7 +199,7 @@ func (r *Retry) SubscriberMarshal() marshal.Options {
 
 // holdsRetries tells whether work queues hold retries (delayed retry).
 func (r *Retry) holdsRetries() bool {
-	return r.cfg.Backend == delay.DelayedRetry || r.cfg.DelayedRetries > 0
+	return backend.HoldsRetries(r.cfg.Backend, r.cfg.DelayedRetries)
 }
 
 // WorkQueueArgs returns args with what a work queue needs added (a quorum queue that

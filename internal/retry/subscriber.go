@@ -10,6 +10,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 )
@@ -69,7 +70,7 @@ func (sub Sub) validate(cfg amqpretry.Config) error {
 	if sub.Marshal == nil {
 		errs = append(errs, fmt.Errorf("Subscriber: Marshaler: %s cannot read dead-lettered messages; use the DefaultMarshaler or xdeath.Marshaler", sub.MarshalerType))
 	}
-	if cfg.Backend == delay.DelayedRetry || cfg.DelayedRetries > 0 {
+	if backend.HoldsRetries(cfg.Backend, cfg.DelayedRetries) {
 		if t, ok := sub.QueueArgs[declare.QueueTypeArg]; ok && t != declare.QueueTypeQuorum {
 			errs = append(errs, fmt.Errorf("Subscriber: Queue.Arguments: %s %v: delayed retries need quorum work queues", declare.QueueTypeArg, t))
 		}
