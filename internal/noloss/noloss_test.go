@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -157,11 +156,7 @@ func (o options) variants(def []noloss.Variant) []noloss.Variant {
 func buildConsumer(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "noloss-consumer")
-	goCmd := filepath.Join(runtime.GOROOT(), "bin", "go") // the toolchain that built this test
-	if _, err := os.Stat(goCmd); err != nil {
-		goCmd = "go"
-	}
-	out, err := exec.Command(goCmd, "build", "-o", bin, "./consumer").CombinedOutput()
+	out, err := exec.Command("go", "build", "-o", bin, "./consumer").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go build ./consumer: %v\n%s", err, out)
 	}
