@@ -139,6 +139,10 @@ type Setup struct {
 	// Major is watermill-amqp's major version: 2 or 3.
 	Major  int
 	Logger watermill.LoggerAdapter
+	// Netns, a network namespace's path (/run/netns/NAME), is where the connections
+	// of AMQPConfig are made, the process staying where it is (the partition test's
+	// own connections, Linux only). Empty: the process's namespace.
+	Netns string
 }
 
 // Quorum tells whether the run's work and results queues are quorum queues: in a
@@ -166,7 +170,11 @@ func (s Setup) AMQPConfig() *amqp.Config {
 	if len(s.Nodes) == 0 {
 		return nil
 	}
-	return amqpretry.Cluster(s.Nodes...)
+	c := amqpretry.Cluster(s.Nodes...)
+	if s.Netns != "" {
+		c.Dial = dialIn(s.Netns, c.Dial)
+	}
+	return c
 }
 
 // CloseConn closes conn, waiting at most 2 s for the broker's close-ok: a node that

@@ -244,6 +244,11 @@ type group struct {
 	start  time.Time
 	// batch is the batch just published, of batches: a fault may publish the next.
 	batch, batches int
+	// client is the command prefix a consumer process runs under (none: run as is);
+	// extraClients, one more consumer process per run under each of these prefixes
+	// (the partition test: `ip netns exec NS`, clients on both sides of a split).
+	client       []string
+	extraClients [][]string
 }
 
 // newGroup bounds the group's runs: 6 min (10 in a cluster, which restarts nodes)
@@ -286,6 +291,11 @@ func (g *group) play(plan []fault) []*account {
 	for _, r := range g.runs {
 		r.consumer = r.startConsumer()
 		g.t.Cleanup(func() { r.consumer.kill() })
+		for _, w := range g.extraClients {
+			p := r.startConsumerWith(w)
+			r.extra = append(r.extra, p)
+			g.t.Cleanup(p.kill)
+		}
 		if g.b.nodes() > 1 {
 			// The consumer's subscribers have declared the work queue.
 			r.checkReplication()
@@ -362,6 +372,7 @@ type run struct {
 	fates     map[string]fates.Fate
 	published map[int]bool // messages confirmed by a fault's own publish
 	consumer  *consumerProc
+	extra     []*consumerProc // group.extraClients' consumer processes
 	// resultsAtFault is how many records the results queue held after the last fault.
 	resultsAtFault int
 }
@@ -561,6 +572,9 @@ func (r *run) finish() *account {
 		// Everything is accounted for; let duplicates in flight finish before the
 		// final count, then stop the consumer cleanly.
 		r.awaitQuiet()
+	}
+	for _, p := range r.extra {
+		p.stop()
 	}
 	r.consumer.stop()
 	r.drain(acc) // what the consumer recorded before it stopped
@@ -1192,7 +1206,10 @@ type consumerProc struct {
 	killed bool
 }
 
-func (r *run) startConsumer() *consumerProc {
+func (r *run) startConsumer() *consumerProc { return r.startConsumerWith(r.g.client) }
+
+// startConsumerWith starts a consumer process under the command prefix client.
+func (r *run) startConsumerWith(client []string) *consumerProc {
 	r.t.Helper()
 	logf, err := os.OpenFile(r.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -1202,7 +1219,8 @@ func (r *run) startConsumer() *consumerProc {
 	if len(r.s.Nodes) > 0 {
 		args = append(args, "-nodes", strings.Join(r.s.Nodes, ","))
 	}
-	cmd := exec.Command(r.g.bin, args...)
+	argv := append(slices.Clone(client), r.g.bin)
+	cmd := exec.Command(argv[0], append(argv[1:], args...)...)
 	cmd.Env = append(os.Environ(), "AMQP_URI="+r.s.URI, fmt.Sprintf("%s=%d", noloss.MajorEnv, r.s.Major))
 	cmd.Stderr = logf
 	stdout, err := cmd.StdoutPipe()
