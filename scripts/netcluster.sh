@@ -15,9 +15,9 @@
 #   amqpretry-pobs    198.18.0.10   the test's own connections (publish, count, drain);
 #                                   side A of a split, never degraded
 #
-# The nodes share the 4.3 chroot of `scripts/rabbitmq4.sh 4.3` (built there, never
-# here while it builds: the lock below waits for it), each with files of its own under
-# /var/lib/amqpretry-netcluster/pN inside it and one Erlang cookie. Node names resolve
+# The nodes share the 4.3 chroot of `scripts/rabbitmq4.sh 4.3` (built on first use,
+# under the lock those scripts take, so never twice at once), each with files of its
+# own under /var/lib/amqpretry-netcluster/pN inside it and one Erlang cookie. Node names resolve
 # through an Erlang inetrc file (ERL_INETRC), not the chroot's shared /etc/hosts.
 # guest/guest logs in from the clients' addresses (loopback_users = none: the
 # namespaces reach nothing but each other). RabbitMQ 4.3 has no partition handling
@@ -27,11 +27,12 @@
 #   scripts/netcluster.sh start       create the namespaces, start the three nodes (a
 #                                     fresh cluster: data of an earlier run is wiped),
 #                                     join them, print the three AMQP URIs
-#   scripts/netcluster.sh stop        stop the nodes, kill what is left in the chroot
-#                                     or the namespaces, delete every namespace (and
-#                                     with them the veths and the bridge), unmount the
-#                                     chroot's /proc if idle; idempotent, also after a
-#                                     failed or half-done start
+#   scripts/netcluster.sh stop        kill the nodes (SIGKILL: the next start wipes their
+#                                     data) and whatever else runs in the chroot with
+#                                     the cluster's mark or in its namespaces, delete
+#                                     every namespace (and with them the veths and the
+#                                     bridge), unmount the chroot's /proc if idle;
+#                                     idempotent, also after a failed or half-done start
 #   scripts/netcluster.sh uris        the three AMQP URIs
 #   scripts/netcluster.sh ctl N ARGS  rabbitmqctl ARGS against node N, from its namespace
 #   scripts/netcluster.sh exec NS CMD run CMD in namespace NS (1, 2, 3, c1, c2, obs)
@@ -223,6 +224,11 @@ listeners.tcp.1 = 0.0.0.0:5672
 loopback_users = none
 # No cluster_partition_handling: RabbitMQ 4.3 has none (Khepri and quorum queues
 # recover by Raft's rules; the key is accepted and ignored).
+# The three nodes form the cluster as they boot (start joins any that did not).
+cluster_formation.peer_discovery_backend = classic_config
+cluster_formation.classic_config.nodes.1 = amqpretryp1@pn1
+cluster_formation.classic_config.nodes.2 = amqpretryp2@pn2
+cluster_formation.classic_config.nodes.3 = amqpretryp3@pn3
 EOF
     echo '[].' >"$ROOT$DIR/etc/enabled_plugins"
   done
@@ -266,25 +272,34 @@ await_node() {
 
 # Waits (up to $1 s, default 120) until every node lists three running nodes.
 await_clustered() {
-  local limit=${1:-120} t0=$SECONDS n got
+  local limit=${1:-120} n pids=() rc=0
+  # The three nodes asked at once (rabbitmqctl takes seconds to start).
   for n in 1 2 3; do
-    select_node "$n"
-    while :; do
-      got=$(running_nodes | wc -l)
-      if [ "$got" = 3 ]; then break; fi
-      if [ $((SECONDS - t0)) -ge "$limit" ]; then
-        node_ctl cluster_status >&2 || true
-        die "$NODE: $got of 3 nodes running in its cluster_status after $limit s"
-      fi
-      sleep 0.5
-    done
+    (
+      select_node "$n"
+      t0=$SECONDS
+      while :; do
+        got=$(running_nodes | wc -l)
+        if [ "$got" = 3 ]; then exit 0; fi
+        if [ $((SECONDS - t0)) -ge "$limit" ]; then
+          node_ctl cluster_status >&2 || true
+          die "$NODE: $got of 3 nodes running in its cluster_status after $limit s"
+        fi
+        sleep 0.5
+      done
+    ) &
+    pids+=($!)
   done
+  for n in "${pids[@]}"; do wait "$n" || rc=1; done
+  [ "$rc" = 0 ] || die "the cluster did not list its three nodes on every node within $limit s"
 }
 
 start() {
   need_tools
   lock
-  [ -f "$ROOT/$READY" ] || die "no RabbitMQ 4.3 chroot at $ROOT: build it with scripts/rabbitmq4.sh 4.3 start"
+  # Built here only when missing, under the lock that scripts/rabbitmq4.sh and
+  # scripts/cluster.sh hold while they build it: never two builds at once.
+  [ -f "$ROOT/$READY" ] || build
   local t0=$SECONDS n
   make_net
   select_node 1
@@ -336,27 +351,12 @@ kill_leftovers() {
 
 stop() {
   need_root
-  local n pids=() e ns
+  local e ns
   if [ -f "$ROOT/$READY" ]; then
     lock
-    # A clean stop where it can be had, in parallel and bounded: a node cut off from
-    # its majority may not answer.
-    if [ -n "$(chroot_pids_with "$MARK")" ]; then
-      for n in 1 2 3; do
-        select_node "$n"
-        ns_exists "$(ns_of "$n")" || continue
-        node_ctl -q stop >/dev/null 2>&1 &
-        pids+=($!)
-      done
-      local i
-      for i in $(seq 120); do
-        for n in "${!pids[@]}"; do kill -0 "${pids[$n]}" 2>/dev/null || unset "pids[$n]"; done
-        [ "${#pids[@]}" = 0 ] && break
-        sleep 0.5
-      done
-    fi
-    kill_leftovers # the stops that did not end within 60 s end with their nodes
-    wait
+    # No clean shutdown: start wipes the data anyway, and a node cut from its majority
+    # may never answer a stop.
+    kill_leftovers
   fi
   for e in "${ENDPOINTS[@]}"; do
     ns=$(ns_of "$e")

@@ -28,7 +28,9 @@
 #   AMQPRETRY_NOLOSS=1          the no-loss tests (minutes each; needs
 #                               AMQPRETRY_BROKER_RESTART=1) on each broker
 #   AMQPRETRY_CLUSTER=1         the no-loss test on a three-node RabbitMQ 4.3 cluster
-#                               (scripts/cluster.sh; root, with RABBITMQ4's chroot)
+#                               (scripts/cluster.sh; root, with RABBITMQ4's chroot),
+#                               then the partition test on one in network namespaces
+#                               (scripts/netcluster.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -302,6 +304,14 @@ if [ "$CLUSTER" = 1 ]; then
   # restarts its nodes, and stops it at the end.
   step "no-loss test on a three-node RabbitMQ 4.3 cluster (scripts/cluster.sh)"
   AMQPRETRY_NOLOSS=1 AMQPRETRY_NOLOSS_CLUSTER=1 go test -count=1 -timeout 40m -run '^TestNoLoss$' -v ./internal/noloss
+  # The test starts the cluster in network namespaces and removes them at the end;
+  # the stop below also removes them when the test binary itself dies (a timeout).
+  step "partition test: three RabbitMQ 4.3 nodes in network namespaces, cut, split and degraded (scripts/netcluster.sh)"
+  if ! AMQPRETRY_PARTITION=1 go test -count=1 -timeout 12m -run '^TestPartition$' -v ./internal/noloss; then
+    scripts/netcluster.sh stop || true
+    exit 1
+  fi
+  scripts/netcluster.sh stop
 fi
 
 end_step
