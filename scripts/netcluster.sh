@@ -329,6 +329,15 @@ start() {
   uris
 }
 
+# This shell and its ancestors, one id a line.
+ancestors() {
+  local p=$$
+  while [ -n "$p" ] && [ "$p" != 0 ]; do
+    echo "$p"
+    p=$(awk '/^PPid:/ { print $2 }' "/proc/$p/status" 2>/dev/null)
+  done
+}
+
 # Kills every process of this cluster: those in the chroot with its mark, and any
 # process left in its namespaces (a client the test started).
 kill_leftovers() {
@@ -337,7 +346,9 @@ kill_leftovers() {
   for e in "${ENDPOINTS[@]}" br; do
     if [ "$e" = br ]; then ns=$BRIDGE_NS; else ns=$(ns_of "$e"); fi
     ns_exists "$ns" || continue
-    pids=$(ip netns pids "$ns" 2>/dev/null || true)
+    # Never this script or its callers (a process whose main thread visited a
+    # namespace shows in it).
+    pids=$(ip netns pids "$ns" 2>/dev/null | grep -vxF -f <(ancestors) || true)
     # shellcheck disable=SC2086 # a list of ids
     if [ -n "$pids" ]; then kill -9 $pids 2>/dev/null || true; fi
   done

@@ -12,7 +12,9 @@
 #   4.0, 4.3    the same on RabbitMQ 4.0.5 and 4.3.6 (scripts/rabbitmq4.sh), with the
 #               4.3-only backends, the AMQP 1.0 module and its quickstart
 #   no-loss     thousands of messages through faults, on each broker (internal/noloss,
-#               amqp1), and on a three-node 4.3 cluster (scripts/cluster.sh)
+#               amqp1), and on a three-node 4.3 cluster (scripts/cluster.sh); the
+#               partition test on three 4.3 nodes in network namespaces
+#               (scripts/netcluster.sh)
 #
 # Where no broker answers at AMQP_URI it starts one: a local rabbitmq-server if
 # installed, else `docker compose up`. Under CI=true a broker that cannot be had fails
@@ -91,7 +93,7 @@ if [ "$NOLOSS" != 1 ]; then
   notes+=("SKIPPED: the no-loss tests. Opt in with AMQPRETRY_NOLOSS=1 AMQPRETRY_BROKER_RESTART=1 ./scripts/test.sh; CI=true does.")
 fi
 if [ "$CLUSTER" != 1 ]; then
-  notes+=("SKIPPED: the cluster no-loss test. Opt in with AMQPRETRY_CLUSTER=1 RABBITMQ4=1 ./scripts/test.sh (root; three RabbitMQ 4.3 nodes of scripts/cluster.sh); CI=true does.")
+  notes+=("SKIPPED: the cluster no-loss test and the partition test. Opt in with AMQPRETRY_CLUSTER=1 RABBITMQ4=1 ./scripts/test.sh (root; three RabbitMQ 4.3 nodes of scripts/cluster.sh); CI=true does.")
 fi
 print_notes() { if [ "${#notes[@]}" -gt 0 ]; then printf '%s\n' "${notes[@]}"; fi; }
 print_notes
