@@ -13,7 +13,9 @@
 #               4.3-only backends, the AMQP 1.0 module and its quickstart
 #   no-loss     thousands of messages through faults, on each broker (internal/noloss,
 #               amqp1), and on a three-node 4.3 cluster (scripts/cluster.sh); through
-#               changes of backend while retries wait (TestNoLossSwitch, 1-3 min each)
+#               changes of backend while retries wait (TestNoLossSwitch, 1-3 min each);
+#               the partition test on three 4.3 nodes in network namespaces
+#               (scripts/netcluster.sh)
 #
 # Where no broker answers at AMQP_URI it starts one: a local rabbitmq-server if
 # installed, else `docker compose up`. Under CI=true a broker that cannot be had fails
@@ -29,7 +31,9 @@
 #   AMQPRETRY_NOLOSS=1          the no-loss tests (minutes each; needs
 #                               AMQPRETRY_BROKER_RESTART=1) on each broker
 #   AMQPRETRY_CLUSTER=1         the no-loss test on a three-node RabbitMQ 4.3 cluster
-#                               (scripts/cluster.sh; root, with RABBITMQ4's chroot)
+#                               (scripts/cluster.sh; root, with RABBITMQ4's chroot),
+#                               then the partition test on one in network namespaces
+#                               (scripts/netcluster.sh)
 #   AMQPRETRY_TLS=1             the TLS steps on each broker run (and, with
 #                               AMQPRETRY_CLUSTER=1, the cluster): certificates from
 #                               scripts/tls.sh, a TLS listener on each broker (the
@@ -96,7 +100,7 @@ if [ "$NOLOSS" != 1 ]; then
   notes+=("SKIPPED: the no-loss tests. Opt in with AMQPRETRY_NOLOSS=1 AMQPRETRY_BROKER_RESTART=1 ./scripts/test.sh; CI=true does.")
 fi
 if [ "$CLUSTER" != 1 ]; then
-  notes+=("SKIPPED: the cluster no-loss test. Opt in with AMQPRETRY_CLUSTER=1 RABBITMQ4=1 ./scripts/test.sh (root; three RabbitMQ 4.3 nodes of scripts/cluster.sh); CI=true does.")
+  notes+=("SKIPPED: the cluster no-loss test and the partition test. Opt in with AMQPRETRY_CLUSTER=1 RABBITMQ4=1 ./scripts/test.sh (root; three RabbitMQ 4.3 nodes of scripts/cluster.sh); CI=true does.")
 fi
 if [ "$TLS" != 1 ]; then
   notes+=("SKIPPED: the TLS steps. Opt in with AMQPRETRY_TLS=1 ./scripts/test.sh (root; scripts/tls.sh makes the certificates and may restart the machine's RabbitMQ 3.10 once to open its TLS listener); CI=true does.")
@@ -363,6 +367,14 @@ if [ "$CLUSTER" = 1 ]; then
   # restarts its nodes, and stops it at the end.
   step "no-loss test on a three-node RabbitMQ 4.3 cluster (scripts/cluster.sh)"
   AMQPRETRY_NOLOSS=1 AMQPRETRY_NOLOSS_CLUSTER=1 go test -count=1 -timeout 40m -run '^TestNoLoss$' -v ./internal/noloss
+  # The test starts the cluster in network namespaces and removes them at the end;
+  # the stop below also removes them when the test binary itself dies (a timeout).
+  step "partition test: three RabbitMQ 4.3 nodes in network namespaces, cut, split and degraded (scripts/netcluster.sh)"
+  if ! AMQPRETRY_PARTITION=1 go test -count=1 -timeout 12m -run '^TestPartition$' -v ./internal/noloss; then
+    scripts/netcluster.sh stop || true
+    exit 1
+  fi
+  scripts/netcluster.sh stop
 fi
 
 if [ "$CLUSTER" = 1 ] && [ "$TLS" = 1 ]; then

@@ -161,6 +161,10 @@ type Setup struct {
 	QuorumWork bool
 	// Topology is Config.Topology (default: declare).
 	Topology topology.Mode
+	// Netns, a network namespace's path (/run/netns/NAME), is where the connections
+	// of AMQPConfig are made, the process staying where it is (the partition test's
+	// own connections, Linux only). Empty: the process's namespace.
+	Netns string
 }
 
 // Quorum tells whether the run's work and results queues are quorum queues: in a
@@ -188,7 +192,11 @@ func (s Setup) AMQPConfig() *amqp.Config {
 	if len(s.Nodes) == 0 {
 		return nil
 	}
-	return amqpretry.Cluster(s.Nodes...)
+	c := amqpretry.Cluster(s.Nodes...)
+	if s.Netns != "" {
+		c.Dial = dialIn(s.Netns, c.Dial)
+	}
+	return c
 }
 
 // CloseConn closes conn, waiting at most 2 s for the broker's close-ok: a node that
