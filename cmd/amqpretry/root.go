@@ -141,7 +141,7 @@ their defaults are the library's. --json gives machine-readable output everywher
 	pf.DurationVar(&a.retryDelay, "retry-delay", defaults.DelayedRetryDelay, "delay of the retries held in the work queue (delayed-retries, delayed-retry backend)")
 	pf.StringVar(&a.poisonQueue, "poison-queue", "", "poison queue (default <prefix>.poison: "+defaults.PoisonQueue+")")
 
-	root.AddCommand(a.statusCmd(), a.topologyCmd(), a.poisonCmd(), a.parkingCmd(), a.versionCmd())
+	root.AddCommand(a.statusCmd(), a.topologyCmd(), a.poisonCmd(), a.parkingCmd(), a.waitingCmd(), a.teardownCmd(), a.versionCmd())
 	a.wire(root)
 	return root
 }
@@ -278,12 +278,15 @@ func applyCommand(cfg amqpretry.Config, queues []string) string {
 }
 
 // open validates the common flags and connects.
-func (a *app) open() (*ops.Ops, amqpretry.Config, error) {
+func (a *app) open() (*ops.Ops, amqpretry.Config, error) { return a.openWith(nil) }
+
+// openWith is open with rabbitmqctl (ops.Config.Rabbitmqctl), if ctl is not nil.
+func (a *app) openWith(ctl ctlRunner) (*ops.Ops, amqpretry.Config, error) {
 	cfg, err := a.retryConfig()
 	if err != nil {
 		return nil, cfg, err
 	}
-	o, err := ops.New(ops.Config{URI: a.uri, Retry: cfg})
+	o, err := ops.New(ops.Config{URI: a.uri, Retry: cfg, Rabbitmqctl: ctl})
 	return o, cfg, err
 }
 
