@@ -51,9 +51,10 @@ type TeardownResult struct {
 // broker's own counts are read with Config.Rabbitmqctl (rabbitmqctl list_queues: what
 // a passive declare cannot see, the expired messages a quorum queue holds for dead
 // lettering), and, for delayed-exchange, the plugin's own count (rabbitmqctl eval);
-// without them it cannot know and refuses. Queues go first, each deleted only if empty
-// unless forced, then exchanges: a queue that fills meanwhile stops the run before any
-// exchange goes.
+// without them it cannot know and refuses. Queues go first, then exchanges. Quorum
+// queues cannot be deleted "if empty": a retry parked into the old storage between the
+// count and the delete would be lost, so stop every application instance still running
+// the old configuration first.
 func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResult, error) {
 	res := TeardownResult{Queues: []string{}, Exchanges: []string{}, Waiting: map[string]int{}, DryRun: opts.DryRun}
 	t := o.backend.Topology()
@@ -176,7 +177,9 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 	}
 	defer func() { _ = ch.Close() }()
 	for _, q := range res.Queues {
-		if _, err := ch.QueueDelete(q, false, !opts.Force, false); err != nil {
+		// Quorum queues refuse if-empty (540 NOT_IMPLEMENTED): the counts above are the
+		// check.
+		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
 			return res, fmt.Errorf("delete queue %q: %w (nothing after it removed)", q, o.redact(err))
 		}
 	}
@@ -239,7 +242,8 @@ func (o *Ops) pluginWaiting(ctx context.Context) (int, error) {
 	}
 	s := string(out)
 	if i := strings.Index(s, "amqpretry-error "); i >= 0 {
-		why := strings.TrimSpace(s[i+len("amqpretry-error "):])
+		why, _, _ := strings.Cut(s[i+len("amqpretry-error "):], "\n")
+		why = strings.TrimSpace(why)
 		switch why {
 		case "plugin_not_running":
 			why = "the rabbitmq_delayed_message_exchange plugin does not run on this node (not enabled, or RabbitMQ 4.3+, which cannot run it): its messages, if any, are out of reach"
@@ -254,7 +258,8 @@ func (o *Ops) pluginWaiting(ctx context.Context) (int, error) {
 	if i < 0 {
 		return 0, fmt.Errorf("%w for exchange %q is unknown: rabbitmqctl eval printed %q", errPluginCount, x, strings.TrimSpace(s))
 	}
-	n, err := strconv.Atoi(strings.TrimSpace(s[i+len("amqpretry-result "):]))
+	num, _, _ := strings.Cut(s[i+len("amqpretry-result "):], "\n")
+	n, err := strconv.Atoi(strings.TrimSpace(num))
 	if err != nil {
 		return 0, fmt.Errorf("%w for exchange %q is unknown: rabbitmqctl eval printed %q", errPluginCount, x, strings.TrimSpace(s))
 	}

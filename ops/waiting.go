@@ -472,13 +472,15 @@ func (o *Ops) retryDelayed(ctx context.Context, opts MoveOptions, redrive bool, 
 	}
 	s := string(out)
 	if i := strings.Index(s, "amqpretry-error "); i >= 0 {
-		return res, evalError(q, strings.TrimSpace(s[i+len("amqpretry-error "):]))
+		what, _, _ := strings.Cut(s[i+len("amqpretry-error "):], "\n")
+		return res, evalError(q, strings.TrimSpace(what))
 	}
 	i := strings.Index(s, "amqpretry-result {ok,")
 	if i < 0 {
 		return res, fmt.Errorf("queue %q: rabbit_quorum_queue:retry_delayed: %s", q, strings.TrimSpace(s))
 	}
-	done, _ := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(s[i+len("amqpretry-result {ok,"):]), "}")))
+	num, _, _ := strings.Cut(s[i+len("amqpretry-result {ok,"):], "}")
+	done, _ := strconv.Atoi(strings.TrimSpace(num))
 	res.Done += done
 	return res, nil
 }
