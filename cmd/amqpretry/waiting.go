@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
+	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/ops"
 )
 
@@ -302,6 +303,103 @@ offers no way to, and purge says so.`
 	if purge {
 		f.BoolVar(&opts.All, "all", false, "purge every waiting retry when no filter is given")
 	}
+	src.ctlFlags(c)
+	return c
+}
+
+func (a *app) teardownCmd() *cobra.Command {
+	var (
+		opts                  ops.TeardownOptions
+		src                   countsSource
+		keepBackend           string
+		keepTiers             durationList
+		keepLevels, keepRetry int
+	)
+	c := &cobra.Command{
+		Use:   "teardown",
+		Short: "Remove a backend's queues, exchanges and bindings under the prefix (old storage): refuses while messages wait",
+		Long: `teardown removes what the backend named by --backend (with its --tiers or --levels) declared
+under --prefix: its delay queues and exchanges, its delivery exchange and the bindings
+that go with them, and every other delay queue found under the prefix: the old storage
+after a change of backend, tiers, levels or prefix. Work queues are never removed; the
+parking and poison queues only with --shared. --backend must be given: teardown never
+guesses which backend is the old one.
+
+When the configuration in use now shares the prefix, name it with --keep-backend (and
+--keep-tiers, --keep-levels): what its plan declares stays.
+
+It refuses, removing nothing, while any message waits there (the broker's own counts,
+rabbitmqctl list_queues, which see the expired messages a quorum queue holds for dead
+lettering; for delayed-exchange, the plugin's own count), or while that is unknown,
+unless --force: those messages are then lost. Bring them back first with
+` + "`amqpretry waiting retry-now`" + `, or wait for them to come due (` + "`amqpretry status`" + `). Stop every
+application instance still on the old configuration first: a retry parked between the
+count and the delete would be lost (quorum queues cannot be deleted "if empty").
+--dry-run lists what would be removed and what waits there.
+
+` + exitHelp,
+		Args: noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if !a.flags.Changed("backend") {
+				return usagef("teardown: --backend is required: the backend whose storage to remove (teardown never guesses which is the old one)")
+			}
+			cfg, err := a.retryConfig()
+			if err != nil {
+				return err
+			}
+			if keepBackend != "" {
+				keep := amqpretry.Config{Backend: keepBackend, Prefix: cfg.Prefix, Levels: keepLevels, DelayedRetries: keepRetry, PoisonQueue: cfg.PoisonQueue}
+				if len(keepTiers) > 0 {
+					keep.Tiers = keepTiers
+				}
+				plan, err := keep.Plan()
+				if err != nil {
+					return usagef("invalid --keep-* configuration: %s", strings.TrimPrefix(err.Error(), "invalid config: "))
+				}
+				opts.Keep = plan
+			}
+			o, err := a.openCtl(src.ctlRunner(a.uri))
+			if err != nil {
+				return err
+			}
+			defer o.Close()
+			r, err := o.Teardown(a.ctx, opts)
+			if a.json {
+				if err != nil {
+					return err
+				}
+				return a.emit(r)
+			}
+			for _, name := range append(slices.Clone(r.Queues), r.Exchanges...) {
+				if n, ok := r.Waiting[name]; ok {
+					a.printf("  %s: %d messages waiting\n", name, n)
+				}
+			}
+			if err != nil {
+				return err
+			}
+			verb := "removed"
+			if r.DryRun {
+				verb = "dry run: would remove"
+			}
+			a.printf("%s %d queues, %d exchanges, %d bindings under prefix %s\n", verb, len(r.Queues), len(r.Exchanges), r.Bindings, cfg.Prefix)
+			for _, q := range r.Queues {
+				a.printf("  queue %s\n", q)
+			}
+			for _, x := range r.Exchanges {
+				a.printf("  exchange %s\n", x)
+			}
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.BoolVar(&opts.DryRun, "dry-run", false, "list what would be removed and what waits there; remove nothing")
+	f.BoolVar(&opts.Force, "force", false, "remove even while messages wait there (they are lost)")
+	f.BoolVar(&opts.Shared, "shared", false, "also remove the parking queue and exchange and the poison queue, which every backend under the prefix shares")
+	f.StringVar(&keepBackend, "keep-backend", "", "the backend in use now under the same prefix: what its plan declares stays")
+	f.Var(&keepTiers, "keep-tiers", "ttl-tiers in use now: its tier ladder")
+	f.IntVar(&keepLevels, "keep-levels", amqpretry.Config{}.WithDefaults().Levels, "binary-levels in use now: its levels")
+	f.IntVar(&keepRetry, "keep-delayed-retries", 0, "the delayed retries in use now (--delayed-retries)")
 	src.ctlFlags(c)
 	return c
 }
