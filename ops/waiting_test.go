@@ -15,6 +15,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/version"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/ops"
 )
@@ -316,4 +317,83 @@ func TestRetryNowSurvivesConnectionKill(t *testing.T) {
 			t.Logf("%d back, %d distinct, %d duplicates", len(got), len(unique), len(got)-len(unique))
 		})
 	}
+}
+
+// TestWaitingDelayedRetry (RabbitMQ 4.3+): retries a work queue holds in delayed retry
+// are listed (due time, counters; the bodies stay in the broker's log) without changing
+// them; retry now takes no filter but a limit, and brings back the first due through
+// the broker's retry_delayed; purge says it cannot drop them.
+func TestWaitingDelayedRetry(t *testing.T) {
+	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedRetry, DelayedRetryDelay: waitDelay}, "orders")
+	s, err := r.ops.Status(context.Background(), ops.StatusOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !version.DelayedRetry(s.Broker) {
+		t.Skipf("RabbitMQ %s has no delayed retry (4.3+)", s.Broker)
+	}
+	ctlCounts(t)
+	r.cfg.Rabbitmqctl = brokertest.Ctl
+	o, err := ops.New(r.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	r.ops = o
+	r.apply()
+	queue := r.queues[0]
+	ch, err := brokertest.Dial(t).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	for i := range 3 {
+		if err := ch.Publish("", queue, false, false, amqp.Publishing{MessageId: fmt.Sprint("d-", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, func() bool { return brokertest.QueueLength(t, queue) == 3 })
+	for range 3 { // fail each once: returned, the broker holds it 10 minutes
+		d, ok, err := ch.Get(queue, false)
+		if err != nil || !ok {
+			t.Fatalf("get: %v %v", ok, err)
+		}
+		if err := d.Nack(false, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	var before ops.ListResult
+	waitFor(t, 30*time.Second, func() bool {
+		before = r.listWaiting(ops.Filter{Queue: queue})
+		return len(before.Messages) == 3
+	})
+	for _, m := range before.Messages {
+		if m.DelayQueue != queue || m.Queue != queue || time.Until(m.Release) < waitDelay-time.Minute || m.AcquiredCount != 1 {
+			t.Errorf("held retry: %+v", m)
+		}
+	}
+	if after := seenOf(r.listWaiting(ops.Filter{Queue: queue})); !slices.Equal(after, seenOf(before)) {
+		t.Fatalf("a listing changed what waits:\nbefore %+v\nafter  %+v", seenOf(before), after)
+	}
+	if _, err := r.ops.Redrive(ctx, ops.Waiting, ops.MoveOptions{Filter: ops.Filter{Queue: queue, IDs: []string{"d-1"}}}); err == nil || !strings.Contains(err.Error(), "no filter") {
+		t.Errorf("retry now by id in delayed retry: %v", err)
+	}
+	if _, err := r.ops.Purge(ctx, ops.Waiting, ops.MoveOptions{Filter: ops.Filter{Queue: queue}}); err == nil || !strings.Contains(err.Error(), "no way to drop") {
+		t.Errorf("purge of delayed retry: %v", err)
+	}
+	res, err := r.ops.Redrive(ctx, ops.Waiting, ops.MoveOptions{Filter: ops.Filter{Queue: queue}, Limit: 1})
+	if err != nil || res.Done != 1 || res.Matched != 1 {
+		t.Fatalf("retry now, limit 1: %v %+v", err, res)
+	}
+	waitFor(t, 10*time.Second, func() bool { return brokertest.QueueLength(t, queue) == 1 })
+	res, err = r.ops.Redrive(ctx, ops.Waiting, ops.MoveOptions{Filter: ops.Filter{Queue: queue}})
+	if err != nil || res.Done != 2 {
+		t.Fatalf("retry now, all: %v %+v", err, res)
+	}
+	waitFor(t, 10*time.Second, func() bool { return brokertest.QueueLength(t, queue) == 3 })
+	if n := len(r.listWaiting(ops.Filter{Queue: queue}).Messages); n != 0 {
+		t.Errorf("%d still held after retry now", n)
+	}
+	_, _ = ch.QueuePurge(queue, false)
 }
