@@ -109,7 +109,8 @@ func (a *app) root() *cobra.Command {
 		Short: "Operate the broker side of amqpretry: status, topology, poison and parking queues",
 		Long: `amqpretry operates the broker side of amqpretry: the status of the delay, parking,
 poison and work queues; the topology the library needs (plan, apply, verify); and the
-poison and parking queues (list, show, redrive, purge).
+poison and parking queues (list, show, redrive, purge); the retries waiting in the delay
+backend (waiting list, retry-now, purge); and teardown of a backend's storage.
 
 The common flags describe the application's retry configuration (amqpretry.Config);
 their defaults are the library's. --json gives machine-readable output everywhere.
