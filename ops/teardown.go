@@ -113,7 +113,7 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 	}
 	var present []string
 	for _, q := range res.Queues {
-		_, exists, err := o.inspect(q)
+		declared, exists, err := o.inspect(q)
 		if err != nil {
 			return res, err
 		}
@@ -121,7 +121,9 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 			continue
 		}
 		present = append(present, q)
-		if n := counts.Messages[q]; n > 0 {
+		// list_queues' count lags (the broker's stats interval, 5 s by default) and a
+		// passive declare sees only the ready messages: the larger of the two.
+		if n := max(counts.Messages[q], declared.Messages); n > 0 {
 			res.Waiting[q] = n
 		}
 	}

@@ -73,8 +73,14 @@ func TestTeardownAfterBackendChange(t *testing.T) {
 	if res, err := r.ops.Redrive(ctx, ops.Waiting, ops.MoveOptions{Filter: ops.Filter{Queue: queue}}); err != nil || res.Done != 2 {
 		t.Fatalf("retry now: %v %+v", err, res)
 	}
-	res, err := r.ops.Teardown(ctx, ops.TeardownOptions{Keep: keep, DryRun: true})
-	if err != nil || !res.DryRun || !slices.Equal(res.Queues, []string{tier}) ||
+	// The broker's counts (list_queues) lag its stats interval: until they show the
+	// queue empty, teardown still refuses.
+	var res ops.TeardownResult
+	waitFor(t, 30*time.Second, func() bool {
+		res, err = r.ops.Teardown(ctx, ops.TeardownOptions{Keep: keep, DryRun: true})
+		return err == nil
+	})
+	if !res.DryRun || !slices.Equal(res.Queues, []string{tier}) ||
 		!slices.Equal(res.Exchanges, []string{r.prefix + ".deliver", r.prefix + ".delay"}) || res.Bindings != 1 {
 		t.Fatalf("dry run: %v %+v", err, res)
 	}
@@ -108,11 +114,10 @@ func TestTeardownAfterBackendChange(t *testing.T) {
 }
 
 // TestTeardownForceAndUnknown: without rabbitmqctl what waits is unknown and teardown
-// refuses, saying so; forced, it removes the queue with what waits in it.
+// refuses, saying so (and names the queue once a retry shows there); forced, it
+// removes the queue with what waits in it.
 func TestTeardownForceAndUnknown(t *testing.T) {
 	r := waitingRig(t, amqpretry.Config{Tiers: []time.Duration{waitDelay}}, "orders")
-	r.park(r.queues[0], "f-1", 1, time.Now())
-	r.waitWaiting(1)
 	blind, err := ops.New(ops.Config{URI: brokertest.URI(), Retry: r.cfg.Retry})
 	if err != nil {
 		t.Fatal(err)
@@ -120,6 +125,11 @@ func TestTeardownForceAndUnknown(t *testing.T) {
 	defer blind.Close()
 	if _, err := blind.Teardown(context.Background(), ops.TeardownOptions{}); err == nil || !strings.Contains(err.Error(), "unknown without rabbitmqctl") {
 		t.Fatalf("teardown without counts: %v", err)
+	}
+	r.park(r.queues[0], "f-1", 1, time.Now())
+	r.waitWaiting(1)
+	if _, err := blind.Teardown(context.Background(), ops.TeardownOptions{}); err == nil || !strings.Contains(err.Error(), ".delay.10m: 1") {
+		t.Fatalf("teardown without counts, a retry ready: %v", err)
 	}
 	res, err := r.ops.Teardown(context.Background(), ops.TeardownOptions{Force: true})
 	if err != nil || res.Waiting[r.prefix+".delay.10m"] != 1 {
