@@ -50,6 +50,13 @@
 //     counter: the broker parks a retry when it comes due, out of the library's sight.
 //   - amqpretry_poison_queue_messages{queue}: messages in the poison queue.
 //
+// Gauges refreshed by RefreshWaiting (through ops, with rabbitmqctl eval):
+//   - amqpretry_work_queue_waiting_retries{queue}: retries waiting to come back to each
+//     work queue, wherever they wait (any backend's delay queues under the prefix,
+//     RabbitMQ 4.3's delayed retry).
+//   - amqpretry_next_retry_due_timestamp_seconds{queue}: due time of the first of them;
+//     a value in the past is an overdue retry (alert rule: example/alerts.yml).
+//
 // Labels are bounded: queue is a queue the application subscribes to (or, for the gauges,
 // one of the library's own), backend a backend name (package delay), reason and cause
 // the sets above.
@@ -122,6 +129,8 @@ type Metrics struct {
 	waiting         *prometheus.GaugeVec
 	parked          *prometheus.GaugeVec
 	poisonDepth     *prometheus.GaugeVec
+	workWaiting     *prometheus.GaugeVec
+	nextDue         *prometheus.GaugeVec
 	took            tookBy
 }
 
@@ -153,8 +162,12 @@ func New(cfg Config) (*Metrics, error) {
 			Help: "Messages in the parking queue: retries whose work queue was gone (refreshed by WatchQueues)."}, []string{"queue"}),
 		poisonDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "poison_queue_messages",
 			Help: "Messages in the poison queue (refreshed by WatchQueues)."}, []string{"queue"}),
+		workWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "work_queue_waiting_retries",
+			Help: "Retries waiting to come back to each work queue, in any delay storage (refreshed by RefreshWaiting)."}, []string{"queue"}),
+		nextDue: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "next_retry_due_timestamp_seconds",
+			Help: "Due time (Unix seconds) of the first retry waiting to come back to each work queue; absent when none waits (refreshed by RefreshWaiting)."}, []string{"queue"}),
 	}
-	for _, c := range []prometheus.Collector{m.retries, m.poisoned, m.handoffFailures, m.handoff, m.lateness, m.attempts, m.waiting, m.parked, m.poisonDepth} {
+	for _, c := range []prometheus.Collector{m.retries, m.poisoned, m.handoffFailures, m.handoff, m.lateness, m.attempts, m.waiting, m.parked, m.poisonDepth, m.workWaiting, m.nextDue} {
 		if err := cfg.Registerer.Register(c); err != nil {
 			return nil, fmt.Errorf("register amqpretry metrics: %w", err)
 		}

@@ -9,6 +9,9 @@
 //     descriptors and sockets. What needs attention is a Flag: typed data, no prose.
 //   - Apply, Verify: the topology amqpretry.Config.Plan returns, declared idempotently or
 //     checked without declaring anything (topology.Finding per declaration).
+//   - List, Redrive (retry now), Purge on the retries waiting in the delay backend
+//     (Source Waiting), read without changing anything through Config.Rabbitmqctl;
+//     Teardown of a backend's storage once nothing waits there (docs/waiting.md).
 //   - List, Redrive, Purge on the poison and parking queues (Source), with a Filter.
 //     Redrive sends each message back to the queue it failed on through the library's
 //     confirmed hand-off and acks it only after the confirm: at-least-once, nothing

@@ -2,6 +2,8 @@ package ops
 
 import (
 	"context"
+	"errors"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -123,5 +125,29 @@ func TestNewValidatesBeforeDialling(t *testing.T) {
 	}
 	if _, err := New(Config{}); err == nil || !strings.Contains(err.Error(), "URI: required") {
 		t.Errorf("New without URI: %v", err)
+	}
+}
+
+// TestPluginCountFailsLoudly: where the delayed-message plugin does not run (it is not
+// installed here; RabbitMQ 4.3 cannot run it), its count is an error that says so,
+// never a number; without rabbitmqctl, an error that says what is needed.
+func TestPluginCountFailsLoudly(t *testing.T) {
+	o := &Ops{retry: amqpretry.Config{Prefix: "amqpretry-test-plugin"}.WithDefaults(), vhost: "/"}
+	o.names.Prefix = o.retry.Prefix
+	if _, err := o.pluginWaiting(context.Background()); !errors.Is(err, errPluginCount) || !strings.Contains(err.Error(), "needs rabbitmqctl eval") {
+		t.Errorf("without rabbitmqctl: %v", err)
+	}
+	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
+		t.Skip("needs rabbitmqctl")
+	}
+	o.ctl = func(ctx context.Context, args ...string) ([]byte, error) {
+		return exec.CommandContext(ctx, "rabbitmqctl", args...).CombinedOutput()
+	}
+	if out, err := o.ctl(context.Background(), "-q", "eval", "code:which(rabbit_delayed_message)."); err != nil || !strings.Contains(string(out), "non_existing") {
+		t.Skipf("the delayed-message plugin is installed here (%s): this test needs a broker without it", out)
+	}
+	n, err := o.pluginWaiting(context.Background())
+	if !errors.Is(err, errPluginCount) || !strings.Contains(err.Error(), "does not run on this node") || n != 0 {
+		t.Errorf("plugin count without the plugin: %d, %v", n, err)
 	}
 }

@@ -93,6 +93,17 @@ type Message struct {
 	// encoded), and Payload the body: set only with ListOptions.Full.
 	Metadata message.Metadata `json:"metadata,omitempty"`
 	Payload  []byte           `json:"payload,omitempty"`
+	// For a waiting retry (Source Waiting), as the broker holds it, read without
+	// changing it: the DelayQueue it waits in (the work queue itself for RabbitMQ 4.3's
+	// delayed retry), its Position there (1: next out; for delayed retry, its log
+	// index), its counters x-delivery-count and x-acquired-count (RabbitMQ 4.x), and
+	// Release, when the broker lets it out of there: the delay queue's expiry of it
+	// (binary-levels: to the next level), or delayed retry's due time.
+	DelayQueue    string    `json:"delay_queue,omitempty"`
+	Position      int       `json:"position,omitempty"`
+	DeliveryCount int64     `json:"x_delivery_count,omitempty"`
+	AcquiredCount int64     `json:"x_acquired_count,omitempty"`
+	Release       time.Time `json:"release,omitzero"`
 }
 
 // message reads d.
@@ -154,6 +165,9 @@ type ListResult struct {
 // each is taken (basic.get) and held until the end, then every one is given back
 // (basic.nack with requeue), back in its place.
 func (o *Ops) List(ctx context.Context, source Source, opts ListOptions) (ListResult, error) {
+	if source == Waiting {
+		return o.listWaiting(ctx, opts)
+	}
 	queue, err := o.queue(source)
 	if err != nil {
 		return ListResult{}, err
@@ -280,10 +294,19 @@ func nonNegative(field string, n int) error {
 
 // move is Redrive (redrive true) or Purge.
 func (o *Ops) move(ctx context.Context, source Source, opts MoveOptions, redrive bool) (MoveResult, error) {
+	if source == Waiting {
+		return o.moveWaiting(ctx, opts, redrive)
+	}
 	queue, err := o.queue(source)
 	if err != nil {
 		return MoveResult{}, err
 	}
+	return o.moveQueue(ctx, queue, opts, redrive, false)
+}
+
+// moveQueue is Redrive (redrive true) or Purge of queue; waiting tells that it holds
+// waiting retries, sent back as they are (retry now).
+func (o *Ops) moveQueue(ctx context.Context, queue string, opts MoveOptions, redrive, waiting bool) (MoveResult, error) {
 	verb := "redrive"
 	if !redrive {
 		verb = "purge"
@@ -356,7 +379,7 @@ func (o *Ops) move(ctx context.Context, source Source, opts MoveOptions, redrive
 			return res, nil
 		}
 		if redrive {
-			err := o.send(ctx, queue, d, m, opts.ResetAttempts)
+			err := o.send(ctx, queue, d, m, opts.ResetAttempts, waiting)
 			switch {
 			case errors.Is(err, handoff.ErrReturned) || errors.Is(err, errNoQueue):
 				sc.hold(d)
@@ -381,7 +404,8 @@ func (o *Ops) move(ctx context.Context, source Source, opts MoveOptions, redrive
 var errNoQueue = errors.New("the queue to send it to is unknown: no envelope, and no queue in its routing key")
 
 // send publishes the message of d to its queue through the hand-off.
-func (o *Ops) send(ctx context.Context, source string, d amqp.Delivery, m Message, reset bool) error {
+// A waiting retry (retry now) goes back as it is, without the redrive's marks.
+func (o *Ops) send(ctx context.Context, source string, d amqp.Delivery, m Message, reset, waiting bool) error {
 	if m.Queue == "" {
 		return errNoQueue
 	}
@@ -389,13 +413,15 @@ func (o *Ops) send(ctx context.Context, source string, d amqp.Delivery, m Messag
 	if err != nil {
 		return err
 	}
-	env := middleware.ReadEnvelope(msg.Metadata)
-	if reset {
-		env.Attempt = 0
+	if !waiting {
+		env := middleware.ReadEnvelope(msg.Metadata)
+		if reset {
+			env.Attempt = 0
+		}
+		env.Reason = ""
+		env.RedrivenAt, env.Redriven, env.RedrivenFrom = time.Now().UTC(), env.Redriven+1, source
+		env.Write(msg.Metadata)
 	}
-	env.Reason = ""
-	env.RedrivenAt, env.Redriven, env.RedrivenFrom = time.Now().UTC(), env.Redriven+1, source
-	env.Write(msg.Metadata)
 	delete(msg.Metadata, keys.Tier) // ttl-tiers' routing header, of no use on the way back
 	// The publish is not cancelled by ctx: once started, a message is finished (its
 	// confirm awaited) so that an interrupt stops between messages. No owned topology:

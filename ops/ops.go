@@ -1,6 +1,7 @@
 package ops
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -36,6 +37,12 @@ type Config struct {
 	Retry amqpretry.Config
 	// Logger. Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
+	// Rabbitmqctl, if set, runs rabbitmqctl with args against the broker at URI (the
+	// same node: the caller checks) and returns its output. The waiting retries
+	// (Source Waiting) are read through it, with rabbitmqctl eval (admin rights), the
+	// only way to read them without changing them; it also finds the delay queues left
+	// under the prefix by another backend, and runs RabbitMQ 4.3's retry now.
+	Rabbitmqctl func(ctx context.Context, args ...string) ([]byte, error)
 }
 
 // Ops runs the operations on one broker: status, topology, the poison and parking
@@ -54,6 +61,8 @@ type Ops struct {
 	parking bool // the backend has a parking queue
 	handoff *handoff.Handoff
 	conn    *amqp.Connection
+	ctl     func(ctx context.Context, args ...string) ([]byte, error) // Config.Rabbitmqctl
+	vhost   string
 }
 
 // Source names the queue List, Redrive and Purge work on.
@@ -83,7 +92,10 @@ func New(cfg Config) (*Ops, error) {
 	if err != nil {
 		return nil, fmt.Errorf("invalid config: %w", err)
 	}
-	o := &Ops{uri: cfg.URI, retry: retry, backend: b, names: names.Names{Prefix: retry.Prefix}}
+	o := &Ops{uri: cfg.URI, retry: retry, backend: b, names: names.Names{Prefix: retry.Prefix}, ctl: cfg.Rabbitmqctl, vhost: "/"}
+	if u, err := amqp.ParseURI(cfg.URI); err == nil {
+		o.vhost = u.Vhost
+	}
 	if retry.Backend == delay.BinaryLevels {
 		o.skip = 2 * retry.Levels
 	}

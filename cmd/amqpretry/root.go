@@ -111,7 +111,8 @@ func (a *app) root() *cobra.Command {
 		Short: "Operate the broker side of amqpretry: status, topology, poison and parking queues",
 		Long: `amqpretry operates the broker side of amqpretry: the status of the delay, parking,
 poison and work queues; the topology the library needs (plan, apply, verify); and the
-poison and parking queues (list, show, redrive, purge).
+poison and parking queues (list, show, redrive, purge); the retries waiting in the delay
+backend (waiting list, retry-now, purge); and teardown of a backend's storage.
 
 The common flags describe the application's retry configuration (amqpretry.Config);
 their defaults are the library's. --json gives machine-readable output everywhere.
@@ -143,7 +144,7 @@ their defaults are the library's. --json gives machine-readable output everywher
 	pf.DurationVar(&a.retryDelay, "retry-delay", defaults.DelayedRetryDelay, "delay of the retries held in the work queue (delayed-retries, delayed-retry backend)")
 	pf.StringVar(&a.poisonQueue, "poison-queue", "", "poison queue (default <prefix>.poison: "+defaults.PoisonQueue+")")
 
-	root.AddCommand(a.statusCmd(), a.topologyCmd(), a.poisonCmd(), a.parkingCmd(), a.versionCmd())
+	root.AddCommand(a.statusCmd(), a.topologyCmd(), a.poisonCmd(), a.parkingCmd(), a.waitingCmd(), a.teardownCmd(), a.versionCmd())
 	a.wire(root)
 	return root
 }
@@ -280,12 +281,15 @@ func applyCommand(cfg amqpretry.Config, queues []string) string {
 }
 
 // open validates the common flags and connects.
-func (a *app) open() (*ops.Ops, amqpretry.Config, error) {
+func (a *app) open() (*ops.Ops, amqpretry.Config, error) { return a.openWith(nil) }
+
+// openWith is open with rabbitmqctl (ops.Config.Rabbitmqctl), if ctl is not nil.
+func (a *app) openWith(ctl ctlRunner) (*ops.Ops, amqpretry.Config, error) {
 	cfg, err := a.retryConfig()
 	if err != nil {
 		return nil, cfg, err
 	}
-	o, err := ops.New(ops.Config{URI: a.uri, Retry: cfg})
+	o, err := ops.New(ops.Config{URI: a.uri, Retry: cfg, Rabbitmqctl: ctl})
 	return o, cfg, err
 }
 

@@ -80,7 +80,11 @@ only what is flagged (nothing when all is well), for scripts and health checks.
 			if err != nil {
 				return err
 			}
-			o, cfg, err := a.open()
+			var ctl ctlRunner
+			if src.mgmt == "" {
+				ctl = src.ctlRunner(a.uri)
+			}
+			o, cfg, err := a.openWith(ctl)
 			if err != nil {
 				return err
 			}
@@ -253,9 +257,14 @@ func (a *app) printStatus(s ops.Status, cfg amqpretry.Config, queues []string, p
 			if q.TTL > 0 {
 				ttl = names.Tier(q.TTL)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", q.Name, q.Role, ready, unacked, backlog, held, consumers, ttl, oldest, queueState(s, q))
+			role := q.Role
+			if q.Old {
+				role = "delay (old)" // another backend's, left under the prefix
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", q.Name, role, ready, unacked, backlog, held, consumers, ttl, oldest, queueState(s, q))
 		}
 		_ = tw.Flush()
+		a.printWaiting(s)
 	}
 	if len(s.Flags) == 0 {
 		if !check {
@@ -269,6 +278,28 @@ func (a *app) printStatus(s ops.Status, cfg amqpretry.Config, queues []string, p
 	for _, f := range s.Flags {
 		a.printf("  %s\n", a.describe(f, s, cfg, queues))
 	}
+}
+
+// printWaiting prints the waiting retries of each work queue, when status read them.
+func (a *app) printWaiting(s ops.Status) {
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	header := false
+	for _, q := range s.Queues {
+		if !q.WaitingRead {
+			continue
+		}
+		if !header {
+			a.printf("\nwaiting retries (read with rabbitmqctl eval; nothing changed; `amqpretry waiting list --queue Q` for each one):\n")
+			fmt.Fprintln(tw, "WORK QUEUE\tWAITING\tOVERDUE\tNEXT DUE\tLAST DUE")
+			header = true
+		}
+		next, last := "-", "-"
+		if q.Waiting > 0 {
+			next, last = stamp(q.NextDue)+" (in "+short(time.Until(q.NextDue))+")", stamp(q.LastDue)+" (in "+short(time.Until(q.LastDue))+")"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\n", q.Name, q.Waiting, q.Overdue, next, last)
+	}
+	_ = tw.Flush()
 }
 
 func hasRole(s ops.Status, role string) bool {

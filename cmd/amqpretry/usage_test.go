@@ -61,6 +61,13 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--retry-delay", "1us", "--delayed-retries", "2", "topology", "plan"}, "--retry-delay:"},
 		{[]string{"--delayed-retries", "-1", "topology", "plan"}, "--delayed-retries: -1 is negative"},
 		{[]string{"topology", "plan", "--queue"}, "flag needs an argument: --queue"},
+		{[]string{"waiting"}, "amqpretry waiting needs a command: list, purge, retry-now"},
+		{[]string{"waiting", "retry-now"}, "--queue is required"},
+		{[]string{"waiting", "purge"}, "no filter given; pass --all to purge every waiting retry"},
+		{[]string{"waiting", "list", "--reason", "permanent"}, "a waiting retry has no poison reason"},
+		{[]string{"waiting", "list", "--rabbitmqctl", "off"}, "waiting list needs rabbitmqctl"},
+		{[]string{"teardown"}, "--backend is required"},
+		{[]string{"--backend", "ttl-tiers", "teardown", "--keep-backend", "binary-levels", "--keep-levels", "99"}, "invalid --keep-* configuration"},
 	} {
 		code, out, errOut := runArgs(tt.args...)
 		if code != exitUsage {

@@ -1,0 +1,405 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/spf13/cobra"
+
+	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/ops"
+)
+
+// ctlRunner runs rabbitmqctl args (ops.Config.Rabbitmqctl).
+type ctlRunner = func(ctx context.Context, args ...string) ([]byte, error)
+
+// checkedCtl runs words plus args, each run bounded by timeout, after it has made sure,
+// once, that words reach the node listening on the URI's port: an eval meant for the
+// broker at the URI never runs on another one.
+func checkedCtl(words []string, uri string, timeout time.Duration) ctlRunner {
+	u, _ := amqp.ParseURI(uri)
+	var once sync.Once
+	var checkErr error
+	return func(ctx context.Context, args ...string) ([]byte, error) {
+		once.Do(func() {
+			out, err := runCtl(ctx, words, timeout, "-q", "status", "--formatter", "json")
+			if err != nil {
+				checkErr = err
+				return
+			}
+			c := newCounts()
+			ports, err := ctlStatus(out, &c)
+			switch {
+			case err != nil:
+				checkErr = fmt.Errorf("%s status: %w", strings.Join(words, " "), err)
+			case !slices.Contains(ports, u.Port):
+				checkErr = fmt.Errorf("%s reaches a node listening for AMQP on %v, not on %d of AMQP_URI: give the rabbitmqctl command of that broker (--rabbitmqctl)", strings.Join(words, " "), ports, u.Port)
+			}
+		})
+		if checkErr != nil {
+			return nil, checkErr
+		}
+		return runCtl(ctx, words, timeout, args...)
+	}
+}
+
+// ctl returns the rabbitmqctl the flags name, checked against the URI's node, or nil.
+func (src *countsSource) ctlRunner(uri string) ctlRunner {
+	words, _ := rabbitmqctlWords(src.ctl, uri)
+	if len(words) == 0 {
+		return nil
+	}
+	return checkedCtl(words, uri, src.timeout)
+}
+
+// ctlFlags adds --rabbitmqctl and --ctl-timeout to a command that needs rabbitmqctl.
+func (src *countsSource) ctlFlags(c *cobra.Command) {
+	f := c.Flags()
+	f.StringVar(&src.ctl, "rabbitmqctl", "auto", "rabbitmqctl command of the broker at AMQP_URI (needs admin rights: rabbitmqctl eval): auto (rabbitmqctl on PATH for a broker on this host), off, or a command line")
+	f.DurationVar(&src.timeout, "ctl-timeout", time.Minute, "bound of each rabbitmqctl run")
+}
+
+// openCtl is open with rabbitmqctl (ops.Config.Rabbitmqctl).
+func (a *app) openCtl(ctl ctlRunner) (*ops.Ops, error) {
+	o, _, err := a.openWith(ctl)
+	return o, err
+}
+
+const waitingHelp = `Waiting retries are those in the delay queues of ttl-tiers and binary-levels under the
+prefix (of the configured backend, and any other delay queue found under the prefix: left
+by a change of backend, tiers or levels), and, on RabbitMQ 4.3, those a work queue holds
+in delayed retry (delayed-retry backend, --delayed-retries; name it with --queue).
+
+They are read with rabbitmqctl eval (admin rights on the broker's node), through the
+quorum queue's own read-only peek: no basic.get, no return, so their order, due times and
+the broker's counters (x-delivery-count, x-acquired-count) stay as they are. AMQP 0-9-1
+offers only take-and-give-back, which changes them. See docs/waiting.md.`
+
+func (a *app) waitingCmd() *cobra.Command {
+	return group("waiting", "Retries waiting in the delay backend: list, retry now, purge",
+		a.waitingListCmd(), a.waitingMoveCmd(false), a.waitingMoveCmd(true))
+}
+
+// waitingFilterFlags adds the filter flags for waiting retries (no poison reason: a
+// waiting retry has none; its last error is --error).
+func waitingFilterFlags(c *cobra.Command, f *ops.Filter) func() error {
+	check := filterFlags(c.Flags(), f)
+	_ = c.Flags().MarkHidden("reason")
+	c.Flags().Lookup("queue").Usage = "only the retries of this work queue"
+	c.Flags().Lookup("error").Usage = "only retries whose last error contains this text (the reason they wait)"
+	c.Flags().Lookup("older-than").Usage = "only retries whose last failure is older than this"
+	c.Flags().Lookup("newer-than").Usage = "only retries whose last failure is more recent than this"
+	return func() error {
+		if c.Flags().Changed("reason") {
+			return usagef("--reason: a waiting retry has no poison reason; match its last error with --error")
+		}
+		return check()
+	}
+}
+
+func (a *app) waitingListCmd() *cobra.Command {
+	var opts ops.ListOptions
+	limit, window := 100, 10_000
+	var src countsSource
+	var check func() error
+	c := &cobra.Command{
+		Use:   "list",
+		Short: "List waiting retries in due order, with a histogram of their due times",
+		Long: `list prints the waiting retries that match the filters, in due order: the work queue,
+attempt, due time, the queue it waits in and its position there, and the broker's
+counters; then a histogram of their due times.
+
+` + waitingHelp + `
+
+` + exitHelp,
+		Args: noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if err := check(); err != nil {
+				return err
+			}
+			opts.Limit, opts.Window = limit, window
+			if limit == 0 {
+				opts.Limit = -1
+			}
+			ctl := src.ctlRunner(a.uri)
+			if ctl == nil {
+				return usagef("waiting list needs rabbitmqctl (--rabbitmqctl): AMQP cannot read waiting retries without changing them")
+			}
+			o, err := a.openCtl(ctl)
+			if err != nil {
+				return err
+			}
+			defer o.Close()
+			r, err := o.List(a.ctx, ops.Waiting, opts)
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.emit(r)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "UUID\tQUEUE\tATTEMPT\tDUE\tWAITS IN\tPOS\tDELIVERIES\tACQUIRED")
+			for _, m := range r.Messages {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\n", orDash(m.UUID), orDash(m.Queue), attempt(m),
+					stamp(waitingDue(m)), m.DelayQueue, m.Position, m.DeliveryCount, m.AcquiredCount)
+			}
+			_ = tw.Flush()
+			more := ""
+			if !r.Complete {
+				more = " (stopped early: --limit or --window reached)"
+			}
+			a.printf("%d of %d waiting retries shown%s\n", len(r.Messages), r.Depth, more)
+			a.histogram(r.Messages, time.Now())
+			return nil
+		},
+	}
+	check = waitingFilterFlags(c, &opts.Filter)
+	c.Flags().Var(boundedInt{&limit, 0}, "limit", "at most this many retries (0: all)")
+	c.Flags().Var(boundedInt{&window, 1}, "window", "read at most this many retries of each delay queue")
+	src.ctlFlags(c)
+	return c
+}
+
+// waitingDue is when a waiting retry is due: its envelope's due time, else when the
+// broker releases it.
+func waitingDue(m ops.Message) time.Time {
+	if !m.Due.IsZero() {
+		return m.Due
+	}
+	return m.Release
+}
+
+// dueBuckets are the histogram's bounds, from now.
+var dueBuckets = []struct {
+	label string
+	upTo  time.Duration
+}{
+	{"overdue", 0}, {"< 1m", time.Minute}, {"< 10m", 10 * time.Minute}, {"< 1h", time.Hour},
+	{"< 1d", 24 * time.Hour}, {">= 1d", 1<<63 - 1},
+}
+
+// histogram prints how many retries come due in each bucket from now.
+func (a *app) histogram(msgs []ops.Message, now time.Time) {
+	if len(msgs) == 0 {
+		return
+	}
+	counts := make([]int, len(dueBuckets))
+	most := 0
+	for _, m := range msgs {
+		in := waitingDue(m).Sub(now)
+		for i, b := range dueBuckets {
+			if in < b.upTo || i == len(dueBuckets)-1 {
+				counts[i]++
+				most = max(most, counts[i])
+				break
+			}
+		}
+	}
+	a.printf("due:\n")
+	for i, b := range dueBuckets {
+		bar := strings.Repeat("#", (counts[i]*40+most-1)/most)
+		a.printf("  %-8s %6d %s\n", b.label, counts[i], bar)
+	}
+}
+
+// waitingMoveCmd is retry-now (purge false) and purge of the waiting retries.
+func (a *app) waitingMoveCmd(purge bool) *cobra.Command {
+	var opts ops.MoveOptions
+	window := 10_000
+	var rate rateFlag
+	var src countsSource
+	var check func() error
+	name, verb, doing := "retry-now", "retried now", "retrying"
+	short := "Bring the matching waiting retries of one work queue back to it at once"
+	long := `retry-now sends each matching waiting retry of the work queue --queue to it now, as it is
+(its attempt count kept): persistent, mandatory, confirm awaited, and only then acked in
+its delay queue: nothing is removed before the broker has confirmed its copy. Killed
+mid-run, a retry is back in its work queue or still waiting (the one whose confirm
+arrived just before the kill may be in both). The retries it does not take keep their
+place; taken and given back, each counts one more delivery (x-delivery-count on RabbitMQ
+3.x, x-acquired-count on 4.x; 4.0-4.2 count it against the delivery-limit, 20 by default).
+
+On RabbitMQ 4.3, what the work queue holds in delayed retry comes back through the
+broker's internal rabbit_quorum_queue:retry_delayed, run with rabbitmqctl eval (admin
+rights, the node of AMQP_URI): all of it, or the --limit due first; it takes no other
+filter and says so.`
+	if purge {
+		name, verb, doing = "purge", "purged", "purging"
+		short = "Drop matching waiting retries (dry run first; no filter: needs --all)"
+		long = `purge drops (acks) each matching waiting retry: it never comes back. Run it with
+--dry-run first: it counts and lists what would go, and changes nothing. Without a filter
+it needs --all. What RabbitMQ 4.3 holds in delayed retry cannot be dropped: RabbitMQ
+offers no way to, and purge says so.`
+	}
+	c := &cobra.Command{
+		Use:   name,
+		Short: short,
+		Long: long + `
+
+` + waitingHelp + `
+
+` + exitHelp,
+		Args: noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if err := check(); err != nil {
+				return err
+			}
+			f := opts.Filter
+			if !purge && f.Queue == "" {
+				return usagef("waiting retry-now: --queue is required: the work queue whose retries to bring back")
+			}
+			if purge && f.Queue == "" && f.Error == "" && f.OlderThan == 0 && f.NewerThan == 0 && len(f.IDs) == 0 && !opts.All {
+				return usagef("waiting purge: no filter given; pass --all to purge every waiting retry")
+			}
+			opts.Rate, opts.Window = float64(rate), window
+			o, err := a.openCtl(src.ctlRunner(a.uri))
+			if err != nil {
+				return err
+			}
+			defer o.Close()
+			prog := newProgress(a.stderr, doing, verb)
+			opts.Progress = prog.update
+			var r ops.MoveResult
+			if purge {
+				r, err = o.Purge(a.ctx, ops.Waiting, opts)
+			} else {
+				r, err = o.Redrive(a.ctx, ops.Waiting, opts)
+			}
+			prog.done()
+			if err != nil {
+				return err
+			}
+			if r.Queue == "" {
+				r.Queue = "the delay queues"
+			}
+			if a.json {
+				if err := a.emit(r); err != nil {
+					return err
+				}
+			} else {
+				a.printMove(r, verb, purge, opts)
+			}
+			switch {
+			case r.Stopped == "interrupted":
+				return context.Canceled
+			case len(r.Unrouted) > 0:
+				return errFlagged
+			}
+			return nil
+		},
+	}
+	f := c.Flags()
+	check = waitingFilterFlags(c, &opts.Filter)
+	f.Var(boundedInt{&opts.Limit, 0}, "limit", "act on at most this many matching retries (0: all)")
+	f.BoolVar(&opts.DryRun, "dry-run", false, "report what would be done, change nothing")
+	f.Var(&rate, "rate", "at most this many retries per second: N/s or N/m (default: as fast as confirms come)")
+	f.Var(boundedInt{&window, 1}, "window", "at most this many retries held (not matching, unroutable, dry run) before the run stops")
+	if purge {
+		f.BoolVar(&opts.All, "all", false, "purge every waiting retry when no filter is given")
+	}
+	src.ctlFlags(c)
+	return c
+}
+
+func (a *app) teardownCmd() *cobra.Command {
+	var (
+		opts                  ops.TeardownOptions
+		src                   countsSource
+		keepBackend           string
+		keepTiers             durationList
+		keepLevels, keepRetry int
+	)
+	c := &cobra.Command{
+		Use:   "teardown",
+		Short: "Remove a backend's queues, exchanges and bindings under the prefix (old storage): refuses while messages wait",
+		Long: `teardown removes what the backend named by --backend (with its --tiers or --levels) declared
+under --prefix: its delay queues and exchanges, its delivery exchange and the bindings
+that go with them, and every other delay queue found under the prefix: the old storage
+after a change of backend, tiers, levels or prefix. Work queues are never removed; the
+parking and poison queues only with --shared. --backend must be given: teardown never
+guesses which backend is the old one.
+
+When the configuration in use now shares the prefix, name it with --keep-backend (and
+--keep-tiers, --keep-levels): what its plan declares stays.
+
+It refuses, removing nothing, while any message waits there (the broker's own counts,
+rabbitmqctl list_queues, which see the expired messages a quorum queue holds for dead
+lettering; for delayed-exchange, the plugin's own count), or while that is unknown,
+unless --force: those messages are then lost. Bring them back first with
+` + "`amqpretry waiting retry-now`" + `, or wait for them to come due (` + "`amqpretry status`" + `). Stop every
+application instance still on the old configuration first: a retry parked between the
+count and the delete would be lost (quorum queues cannot be deleted "if empty").
+--dry-run lists what would be removed and what waits there.
+
+` + exitHelp,
+		Args: noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if !a.flags.Changed("backend") {
+				return usagef("teardown: --backend is required: the backend whose storage to remove (teardown never guesses which is the old one)")
+			}
+			cfg, err := a.retryConfig()
+			if err != nil {
+				return err
+			}
+			if keepBackend != "" {
+				keep := amqpretry.Config{Backend: keepBackend, Prefix: cfg.Prefix, Levels: keepLevels, DelayedRetries: keepRetry, PoisonQueue: cfg.PoisonQueue}
+				if len(keepTiers) > 0 {
+					keep.Tiers = keepTiers
+				}
+				plan, err := keep.Plan()
+				if err != nil {
+					return usagef("invalid --keep-* configuration: %s", strings.TrimPrefix(err.Error(), "invalid config: "))
+				}
+				opts.Keep = plan
+			}
+			o, err := a.openCtl(src.ctlRunner(a.uri))
+			if err != nil {
+				return err
+			}
+			defer o.Close()
+			r, err := o.Teardown(a.ctx, opts)
+			if a.json {
+				if err != nil {
+					return err
+				}
+				return a.emit(r)
+			}
+			for _, name := range append(slices.Clone(r.Queues), r.Exchanges...) {
+				if n, ok := r.Waiting[name]; ok {
+					a.printf("  %s: %d messages waiting\n", name, n)
+				}
+			}
+			if err != nil {
+				return err
+			}
+			verb := "removed"
+			if r.DryRun {
+				verb = "dry run: would remove"
+			}
+			a.printf("%s %d queues, %d exchanges, %d bindings under prefix %s\n", verb, len(r.Queues), len(r.Exchanges), r.Bindings, cfg.Prefix)
+			for _, q := range r.Queues {
+				a.printf("  queue %s\n", q)
+			}
+			for _, x := range r.Exchanges {
+				a.printf("  exchange %s\n", x)
+			}
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.BoolVar(&opts.DryRun, "dry-run", false, "list what would be removed and what waits there; remove nothing")
+	f.BoolVar(&opts.Force, "force", false, "remove even while messages wait there (they are lost)")
+	f.BoolVar(&opts.Shared, "shared", false, "also remove the parking queue and exchange and the poison queue, which every backend under the prefix shares")
+	f.StringVar(&keepBackend, "keep-backend", "", "the backend in use now under the same prefix: what its plan declares stays")
+	f.Var(&keepTiers, "keep-tiers", "ttl-tiers in use now: its tier ladder")
+	f.IntVar(&keepLevels, "keep-levels", amqpretry.Config{}.WithDefaults().Levels, "binary-levels in use now: its levels")
+	f.IntVar(&keepRetry, "keep-delayed-retries", 0, "the delayed retries in use now (--delayed-retries)")
+	src.ctlFlags(c)
+	return c
+}

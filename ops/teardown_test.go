@@ -1,0 +1,141 @@
+package ops_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/ops"
+)
+
+// exists tells whether a queue (or, with exchange, an exchange) exists.
+func exists(t *testing.T, name string, exchange bool) bool {
+	t.Helper()
+	ch, err := brokertest.Dial(t).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close() //nolint:errcheck // closed by the broker on 404
+	if exchange {
+		err = ch.ExchangeDeclarePassive(name, amqp.ExchangeDirect, true, false, false, false, nil)
+	} else {
+		_, err = ch.QueueDeclarePassive(name, true, false, false, false, nil)
+	}
+	return err == nil
+}
+
+// TestTeardownAfterBackendChange: ttl-tiers, then binary-levels under the same prefix
+// while two retries wait in the old tier queue. Teardown of the old backend, keeping
+// the new one's plan, refuses (dry run or not) while they wait, naming the queue and
+// the count; once they are back (retry now), a dry run lists what would go and removes
+// nothing, and the teardown removes the tier queue, the delay and delivery exchanges,
+// and leaves the new backend, the parking and poison queues and the work queue.
+func TestTeardownAfterBackendChange(t *testing.T) {
+	old := amqpretry.Config{Tiers: []time.Duration{waitDelay}}
+	r := waitingRig(t, old, "orders")
+	queue := r.queues[0]
+	now := amqpretry.Config{Backend: delay.BinaryLevels, Levels: 3, Prefix: r.prefix, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}}}
+	keep, err := now.Plan(queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	brokertest.CleanupTopology(t, keep)
+	o2, err := ops.New(ops.Config{URI: brokertest.URI(), Retry: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o2.Close()
+	if _, err := o2.Apply(context.Background(), queue); err != nil {
+		t.Fatal(err)
+	}
+	r.park(queue, "t-1", 1, time.Now())
+	r.park(queue, "t-2", 1, time.Now())
+	r.waitWaiting(2)
+	tier := r.prefix + ".delay.10m"
+	ctx := context.Background()
+
+	for _, dry := range []bool{true, false} {
+		res, err := r.ops.Teardown(ctx, ops.TeardownOptions{Keep: keep, DryRun: dry})
+		if err == nil || !strings.Contains(err.Error(), tier+": 2") || res.Waiting[tier] != 2 {
+			t.Fatalf("teardown (dry run %v) while 2 wait: %v %+v", dry, err, res)
+		}
+	}
+	if !exists(t, tier, false) {
+		t.Fatal("a refused teardown removed the tier queue")
+	}
+	if res, err := r.ops.Redrive(ctx, ops.Waiting, ops.MoveOptions{Filter: ops.Filter{Queue: queue}}); err != nil || res.Done != 2 {
+		t.Fatalf("retry now: %v %+v", err, res)
+	}
+	// The broker's counts (list_queues) lag its stats interval: until they show the
+	// queue empty, teardown still refuses.
+	var res ops.TeardownResult
+	waitFor(t, 30*time.Second, func() bool {
+		res, err = r.ops.Teardown(ctx, ops.TeardownOptions{Keep: keep, DryRun: true})
+		return err == nil
+	})
+	if !res.DryRun || !slices.Equal(res.Queues, []string{tier}) ||
+		!slices.Equal(res.Exchanges, []string{r.prefix + ".deliver", r.prefix + ".delay"}) || res.Bindings != 1 {
+		t.Fatalf("dry run: %v %+v", err, res)
+	}
+	if !exists(t, tier, false) {
+		t.Fatal("a dry run removed the tier queue")
+	}
+	if _, err := r.ops.Teardown(ctx, ops.TeardownOptions{Keep: keep}); err != nil {
+		t.Fatal(err)
+	}
+	for _, gone := range []string{tier} {
+		if exists(t, gone, false) {
+			t.Errorf("queue %s still exists", gone)
+		}
+	}
+	for _, gone := range []string{r.prefix + ".deliver", r.prefix + ".delay"} {
+		if exists(t, gone, true) {
+			t.Errorf("exchange %s still exists", gone)
+		}
+	}
+	for _, kept := range []string{queue, r.prefix + ".parking", r.prefix + ".poison", r.prefix + ".level.0"} {
+		if !exists(t, kept, false) {
+			t.Errorf("queue %s was removed", kept)
+		}
+	}
+	if !exists(t, r.prefix+".levels.deliver", true) {
+		t.Error("the new backend's delivery exchange was removed")
+	}
+	if n := len(brokertest.Drain(t, queue)); n != 2 {
+		t.Errorf("work queue holds %d retries, want 2", n)
+	}
+}
+
+// TestTeardownForceAndUnknown: without rabbitmqctl what waits is unknown and teardown
+// refuses, saying so (and names the queue once a retry shows there); forced, it
+// removes the queue with what waits in it.
+func TestTeardownForceAndUnknown(t *testing.T) {
+	r := waitingRig(t, amqpretry.Config{Tiers: []time.Duration{waitDelay}}, "orders")
+	blind, err := ops.New(ops.Config{URI: brokertest.URI(), Retry: r.cfg.Retry})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blind.Close()
+	if _, err := blind.Teardown(context.Background(), ops.TeardownOptions{}); err == nil || !strings.Contains(err.Error(), "unknown without rabbitmqctl") {
+		t.Fatalf("teardown without counts: %v", err)
+	}
+	r.park(r.queues[0], "f-1", 1, time.Now())
+	r.waitWaiting(1)
+	if _, err := blind.Teardown(context.Background(), ops.TeardownOptions{}); err == nil || !strings.Contains(err.Error(), ".delay.10m: 1") {
+		t.Fatalf("teardown without counts, a retry ready: %v", err)
+	}
+	res, err := r.ops.Teardown(context.Background(), ops.TeardownOptions{Force: true})
+	if err != nil || res.Waiting[r.prefix+".delay.10m"] != 1 {
+		t.Fatalf("forced teardown: %v %+v", err, res)
+	}
+	if exists(t, r.prefix+".delay.10m", false) || !exists(t, r.prefix+".parking", false) {
+		t.Error("forced teardown: the tier queue is still there, or the parking queue went")
+	}
+}
