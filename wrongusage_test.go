@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -295,6 +296,61 @@ func TestWrongUsage(t *testing.T) {
 				"a classic queue cannot hold delayed retries (`amqpretry topology verify` tells its type): move to a new quorum queue, or use a copying Backend",
 			},
 		},
+		{
+			// The handler's Permanent error cannot be poisoned: the poison queue is gone
+			// and topology mode verify does not declare it. The message is set aside, only
+			// its poisoning retried, and the ERROR names the command that creates it.
+			name:   "poison queue deleted, topology mode verify",
+			broker: brokerAny,
+			cfg:    poisonGoneConfig(topology.ModeVerify),
+			do:     poisonGone,
+			want: []string{
+				`poison queue "<prefix>.poison" does not exist (topology mode verify does not declare it): create it with ` + "`amqpretry topology apply --backend ttl-tiers --prefix <prefix>",
+				"until then the message stays in its work queue and only its poisoning is retried",
+				"handler ran 1 time, poison pending 1",
+			},
+		},
+		{
+			// In topology mode declare the library declares the poison queue again:
+			// the message is poisoned, nothing to fix.
+			name:   "poison queue deleted, topology mode declare",
+			broker: brokerAny,
+			cfg:    poisonGoneConfig(topology.ModeDeclare),
+			do:     poisonGone,
+		},
+		{
+			name:   "Close before the router",
+			broker: brokerAny,
+			cfg:    poisonGoneConfig(topology.ModeDeclare),
+			do:     closeBeforeRouter,
+			want: []string{
+				"the Retry was closed before the router stopped, so nothing is handed off; the message is nacked for redelivery: close the router first, then the Retry",
+				"handed off 0, poisoned 0",
+			},
+			is: amqpretry.ErrHandoff,
+		},
+		{
+			name:   "Close twice",
+			broker: brokerAny,
+			cfg:    poisonGoneConfig(topology.ModeDeclare),
+			do: func(e *wuEnv, cfg amqpretry.Config) string {
+				e.cleanup(cfg)
+				r, err := wamqp3.New(e.subConfig(), cfg)
+				if err != nil {
+					return e.shown(err)
+				}
+				if err := r.Close(); err != nil {
+					return e.shown(err)
+				}
+				if err := r.Close(); err != nil {
+					return e.shown(err)
+				}
+				if n := len(e.Logs.matching("Broker-side retry closed")); n != 1 {
+					return fmt.Sprintf("closed logged %d times, want once", n)
+				}
+				return ""
+			},
+		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -325,7 +381,8 @@ func TestWrongUsage(t *testing.T) {
 				t.Fatal("nothing shown, want the fix named")
 			}
 			for _, w := range tc.want {
-				if w = strings.ReplaceAll(w, `"<queue>"`, fmt.Sprintf("%q", e.Queue)); !strings.Contains(got, w) {
+				w = strings.ReplaceAll(w, `"<queue>"`, fmt.Sprintf("%q", e.Queue))
+				if w = strings.ReplaceAll(w, "<prefix>", e.Prefix); !strings.Contains(got, w) {
 					t.Errorf("shown:\n%s\ndoes not say:\n%s", got, w)
 				}
 			}
@@ -383,4 +440,123 @@ func classicAtRuntime(e *wuEnv, cfg amqpretry.Config) string {
 	env := middleware.ReadEnvelope(poisoned[0].Metadata)
 	st := r.Stats()
 	return fmt.Sprintf("poisoned at attempt %d (%s), stats retries %d poisoned %d\n%s", env.Attempt, env.Reason, st.Retries, st.Poisoned, strings.Join(e.Logs.matching("ERROR"), "\n"))
+}
+
+// poisonGoneConfig is a ttl-tiers config for e in topology mode m, with a short tier.
+func poisonGoneConfig(m topology.Mode) func(e *wuEnv) amqpretry.Config {
+	return func(e *wuEnv) amqpretry.Config {
+		return amqpretry.Config{Prefix: e.Prefix, Topology: m, Tiers: []time.Duration{200 * time.Millisecond}, Logger: logger{e.Logs}}
+	}
+}
+
+// runFailing declares what cfg needs and e.Queue, builds the Retry and runs a router on
+// e.Queue whose handler fails every message with a Permanent error, counting its runs.
+// stop stops the router (Close is the caller's).
+func runFailing(e *wuEnv, cfg amqpretry.Config) (r *wamqp3.Retry, runs *atomic.Int64, stop func()) {
+	e.t.Helper()
+	e.apply(cfg)
+	e.declareClassic() // the work queue, as an administrator made it (topology mode verify)
+	r, err := wamqp3.New(e.subConfig(), cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	runs = &atomic.Int64{}
+	if _, err := r.AddHandler(router, "wrong-usage", e.Queue, func(*message.Message) error {
+		runs.Add(1)
+		return amqpretry.Permanent(errors.New("malformed order"))
+	}); err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- router.Run(ctx) }()
+	select {
+	case <-router.Running():
+	case err := <-done:
+		cancel()
+		e.t.Fatalf("the router stopped: %v", err)
+	case <-time.After(30 * time.Second):
+		cancel()
+		e.t.Fatal("the router did not run within 30s")
+	}
+	return r, runs, func() { _ = router.Close(); cancel() }
+}
+
+// publishTo publishes one message, m1, to e.Queue.
+func (e *wuEnv) publishTo() {
+	e.t.Helper()
+	ch, err := e.conn.Channel()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.Publish("", e.Queue, false, false, amqp.Publishing{MessageId: "m1", Body: []byte("x"), Headers: amqp.Table{"_watermill_message_uuid": "m1"}}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// waitUntil polls cond every 20ms until it holds, failing the test after 30s.
+func (e *wuEnv) waitUntil(what string, cond func() bool) {
+	e.t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("not within 30s: %s", what)
+		}
+	}
+}
+
+// poisonGone deletes the poison queue under a running router and fails one message for
+// good. Where the queue is declared again (topology mode declare) the message must be
+// poisoned, and nothing is shown; otherwise it shows the ERROR of the failed poisoning,
+// once the poisoning failed twice, with how often the handler ran and the Stats.
+func poisonGone(e *wuEnv, cfg amqpretry.Config) string {
+	r, runs, stop := runFailing(e, cfg)
+	defer r.Close()
+	defer stop()
+	ch, err := e.conn.Channel()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer ch.Close()
+	poison := cfg.WithDefaults().PoisonQueue
+	if _, err := ch.QueueDelete(poison, false, false, false); err != nil {
+		e.t.Fatal(err)
+	}
+	e.publishTo()
+	if cfg.Topology == topology.ModeDeclare {
+		e.waitUntil("the message poisoned", func() bool { return r.Stats().Poisoned == 1 })
+		if n := brokertest.QueueLength(e.t, poison); n != 1 || runs.Load() != 1 {
+			return fmt.Sprintf("poison queue holds %d, handler ran %d times: want 1 and 1", n, runs.Load())
+		}
+		return ""
+	}
+	e.waitUntil("two failed poisonings", func() bool { return r.Stats().HandoffFailures >= 2 })
+	return fmt.Sprintf("%s\nhandler ran %d time, poison pending %d", strings.Join(e.Logs.matching("Could not poison message"), "\n"), runs.Load(), r.Stats().PoisonPending)
+}
+
+// closeBeforeRouter closes the Retry while its router runs (the wrong order), then
+// fails one message: it must be nacked for redelivery, nothing handed off, and the
+// first such message names the order to close in.
+func closeBeforeRouter(e *wuEnv, cfg amqpretry.Config) string {
+	r, _, stop := runFailing(e, cfg)
+	defer stop()
+	if err := r.Close(); err != nil {
+		return e.shown(err)
+	}
+	e.publishTo()
+	var lines []string
+	e.waitUntil("the WARN of a message failed after Close", func() bool {
+		lines = e.Logs.matching("Message failed after Close")
+		return len(lines) > 0
+	})
+	e.Err = amqpretry.ErrHandoff
+	if !strings.Contains(lines[0], amqpretry.ErrHandoff.Error()) {
+		e.Err = nil
+	}
+	st := r.Stats()
+	return fmt.Sprintf("%s\nhanded off %d, poisoned %d", strings.Join(lines, "\n"), st.Retries, st.Poisoned)
 }
