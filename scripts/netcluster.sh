@@ -48,12 +48,18 @@
 #   down X           ip link set down X's interface (as a pulled cable: nothing passes)
 #   degrade [DELAY_MS [LOSS_PCT [REORDER_PCT]]]  on every endpoint but obs: tc netem delay,
 #                    loss and reordering where the kernel has netem; without it (as
-#                    on these CI machines), nftables drops LOSS_PCT of the packets at
-#                    random and the delay and reordering are left out, said on stderr;
-#                    prints what it applied: "netem ..." or "nft-loss ..."
-#   heal             remove every fault: rules flushed, links up, qdiscs deleted
+#                    on these CI machines), the userspace delayer internal/netdelay
+#                    (built with go on first use) in each namespace holds every
+#                    packet leaving eth0 DELAY_MS, sent to it by an iptables NFQUEUE
+#                    rule, and drops LOSS_PCT at random; no reordering. Where that
+#                    cannot run either, nftables drops LOSS_PCT and there is no delay.
+#                    Each is said on stderr; prints what it applied: "netem ...",
+#                    "nfqueue ..." or "nft-loss ..."
+#   heal             remove every fault: rules flushed, links up, qdiscs deleted,
+#                    delayers stopped (the packets they hold accepted at once)
 #
-# Needs root, ip (iproute2), nsenter, and nft (installed with apt-get when missing).
+# Needs root, ip (iproute2), nsenter, and nft (installed with apt-get when missing);
+# degrade without netem needs go and iptables (installed with apt-get when missing).
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 
@@ -68,6 +74,11 @@ NS_PREFIX=amqpretry-p
 BRIDGE_NS=${NS_PREFIX}br
 ENDPOINTS=(1 2 3 c1 c2 obs)
 MARK=AMQPRETRY_NETCLUSTER=1 # in every chroot process's environment: what stop kills
+# The delayers of degrade without netem: the binary, and a pid and log file per
+# endpoint. Outside the repository; stop deletes it.
+DELAY_RUN=/run/amqpretry-netcluster
+DELAY_BIN=$DELAY_RUN/netdelay
+DELAY_QUEUE=27 # the NFQUEUE number, in each endpoint's own namespace
 
 ns_of() {
   case "$1" in
@@ -369,10 +380,12 @@ stop() {
     # may never answer a stop.
     kill_leftovers
   fi
+  delayer_stop "${ENDPOINTS[@]}"
   for e in "${ENDPOINTS[@]}"; do
     ns=$(ns_of "$e")
     if ns_exists "$ns"; then ip netns del "$ns"; fi
   done
+  rm -rf --one-file-system "$DELAY_RUN"
   if ns_exists "$BRIDGE_NS"; then ip netns del "$BRIDGE_NS"; fi
   if [ -f "$ROOT/$READY" ]; then unmount_if_idle; fi
   log "stopped: no namespace of $NS_PREFIX* left"
@@ -425,23 +438,131 @@ down() {
   log "link of $1 down"
 }
 
+# --- the userspace delayer (degrade without netem) -------------------------------
+
+# Builds internal/netdelay into $DELAY_BIN once (stop deletes it); fails, said on
+# stderr, when go or iptables is missing and cannot be had.
+delayer_ready() {
+  if ! command -v iptables >/dev/null; then
+    log "installing iptables (the NFQUEUE rules of the delayer)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables >/dev/null; } \
+      || { log "could not install iptables (apt-get install iptables)"; return 1; }
+  fi
+  [ -x "$DELAY_BIN" ] && return 0
+  command -v go >/dev/null || { log "no go on PATH to build internal/netdelay"; return 1; }
+  mkdir -p "$DELAY_RUN"
+  log "building internal/netdelay into $DELAY_BIN"
+  (cd "$(dirname "${BASH_SOURCE[0]}")/../internal/netdelay" && go build -o "$DELAY_BIN.tmp" .) >&2 \
+    && mv "$DELAY_BIN.tmp" "$DELAY_BIN"
+}
+
+# The pid of endpoint $1's delayer while it runs, else nothing. The process is
+# setsid, then ip, then netdelay (each execs the next); a zombie does not run.
+delayer_pid() {
+  local pid
+  pid=$(cat "$DELAY_RUN/$1.pid" 2>/dev/null) || return 0
+  case "$(cat "/proc/$pid/comm" 2>/dev/null)" in netdelay | ip | setsid) ;; *) return 0 ;; esac
+  if [ "$(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null)" != Z ]; then echo "$pid"; fi
+}
+
+# Starts a delayer in endpoint $1's namespace holding each packet that leaves eth0
+# $2 ms and dropping $3 % at random. The rule comes once the delayer is bound to the
+# queue; with --queue-bypass, packets pass undelayed whenever none is.
+delayer_start() {
+  local e=$1 delay=$2 loss=$3 i
+  delayer_stop "$e"
+  # Its own session (the test kills a command's process group on timeout), no
+  # descriptor of this script (the caller reads its output to the end).
+  setsid ip netns exec "$(ns_of "$e")" "$DELAY_BIN" -queue "$DELAY_QUEUE" -delay "${delay}ms" -loss "$loss" \
+    </dev/null >"$DELAY_RUN/$e.log" 2>&1 9>&- &
+  echo $! >"$DELAY_RUN/$e.pid"
+  for i in $(seq 100); do
+    if grep -qx ready "$DELAY_RUN/$e.log" 2>/dev/null; then break; fi
+    if [ -z "$(delayer_pid "$e")" ] || [ "$i" = 100 ]; then
+      log "the delayer of $e did not start within 10 s: $(cat "$DELAY_RUN/$e.log" 2>/dev/null)"
+      delayer_stop "$e"
+      return 1
+    fi
+    sleep 0.1
+  done
+  in_ns "$e" iptables -w -A OUTPUT -o eth0 -j NFQUEUE --queue-num "$DELAY_QUEUE" --queue-bypass
+}
+
+# Stops the delayers of endpoints $@: each one's rule deleted, then SIGTERM (it
+# accepts the packets it holds at once and exits once none came for 100 ms), all at
+# once; SIGKILL for any left after 5 s.
+delayer_stop() {
+  local e pid i running stopping=()
+  for e in "$@"; do
+    [ -f "$DELAY_RUN/$e.pid" ] || continue # written before the rule, deleted after it
+    if ns_exists "$(ns_of "$e")" && command -v iptables >/dev/null; then
+      in_ns "$e" iptables -w -F OUTPUT 2>/dev/null || true
+    fi
+    pid=$(delayer_pid "$e")
+    if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || true; fi
+    stopping+=("$e")
+  done
+  [ "${#stopping[@]}" -gt 0 ] || return 0
+  for i in $(seq 50); do
+    running=""
+    for e in "${stopping[@]}"; do
+      if [ -n "$(delayer_pid "$e")" ]; then running=yes; fi
+    done
+    if [ -z "$running" ]; then break; fi
+    sleep 0.1
+  done
+  for e in "${stopping[@]}"; do
+    pid=$(delayer_pid "$e")
+    if [ -n "$pid" ]; then
+      log "the delayer of $e still ran 5 s after SIGTERM: SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    rm -f "$DELAY_RUN/$e.pid"
+  done
+}
+
+# The shortest of three TCP connects from node 1 to node 2's AMQP port, in ms: one
+# round trip between two nodes (with degrade, each end's delay once).
+connect_ms() {
+  # shellcheck disable=SC2016 # expanded by that bash
+  in_ns 1 bash -c 'best=""
+    for i in 1 2 3; do
+      t0=$(date +%s%N)
+      exec 3<>"/dev/tcp/$1/5672" || continue
+      t=$((($(date +%s%N) - t0) / 1000000))
+      exec 3>&-
+      if [ -z "$best" ] || [ "$t" -lt "$best" ]; then best=$t; fi
+    done
+    echo "${best:-no}"' connect "$NET.2" 2>/dev/null
+}
+
 degrade() {
   need_net
-  local delay=${1:-200} loss=${2:-5} reorder=${3:-0} e applied=""
+  local delay=${1:-200} loss=${2:-5} reorder=${3:-0} e applied="" delayer=""
   for e in 1 2 3 c1 c2; do
     local args=(delay "${delay}ms")
     if [ "$loss" != 0 ]; then args+=(loss "${loss}%"); fi
     if [ "$reorder" != 0 ]; then args+=(reorder "${reorder}%"); fi
     if in_ns "$e" tc qdisc replace dev eth0 root netem "${args[@]}" 2>/dev/null; then
       applied="netem ${args[*]}"
-    else
-      # No netem in this kernel (CONFIG_NET_SCH_NETEM): random loss through nftables.
-      if [ "$loss" != 0 ]; then
-        in_ns "$e" nft add rule inet amqpretry output numgen random mod 100 '<' "$loss" drop
-      fi
-      applied="nft-loss ${loss}% (no netem in this kernel: no delay, no reordering)"
+      continue
     fi
+    # No netem in this kernel (CONFIG_NET_SCH_NETEM): the userspace delayer, and
+    # where it cannot run, random loss through nftables.
+    if [ -z "$delayer" ]; then
+      if delayer_ready; then delayer=yes; else delayer=no; fi
+    fi
+    if [ "$delayer" = yes ]; then
+      delayer_start "$e" "$delay" "$loss" || die "could not delay the packets of $e (log: $DELAY_RUN/$e.log)"
+      applied="nfqueue delay ${delay}ms loss ${loss}% (no netem in this kernel: internal/netdelay; no reordering)"
+      continue
+    fi
+    if [ "$loss" != 0 ]; then
+      in_ns "$e" nft add rule inet amqpretry output numgen random mod 100 '<' "$loss" drop
+    fi
+    applied="nft-loss ${loss}% (no netem in this kernel and no delayer: no delay, no reordering)"
   done
+  applied="$applied; a TCP connect node 1 to node 2 now takes $(connect_ms) ms"
   log "degraded every link but obs's: $applied"
   echo "$applied"
 }
@@ -449,6 +570,7 @@ degrade() {
 heal() {
   need_net
   local e
+  delayer_stop "${ENDPOINTS[@]}"
   for e in "${ENDPOINTS[@]}"; do
     ns_exists "$(ns_of "$e")" || continue
     ip -n "$BRIDGE_NS" link set "$(port_of "$e")" up 2>/dev/null || true

@@ -109,7 +109,7 @@ print_notes() { if [ "${#notes[@]}" -gt 0 ]; then printf '%s\n' "${notes[@]}"; f
 print_notes
 
 # Modules: the library, and the modules of its own the repository holds.
-modules=(. metrics amqp1 benchmarks internal/watermillsuite _examples/quickstart amqp1/examples/quickstart)
+modules=(. metrics amqp1 benchmarks internal/watermillsuite internal/netdelay _examples/quickstart amqp1/examples/quickstart)
 gocmd() { # gocmd DIR ARGS: go in module DIR (the command module through its go.sh)
   local dir=$1
   shift
@@ -130,7 +130,7 @@ step "staticcheck (every module but benchmarks)"
 # Pinned: the module proxy serves exact versions. staticcheck.conf says what is off.
 staticcheck=honnef.co/go/tools/cmd/staticcheck@v0.8.2
 go run "$staticcheck" ./...
-for m in metrics amqp1 internal/watermillsuite _examples/quickstart amqp1/examples/quickstart; do (cd "$m" && go run "$staticcheck" ./...); done
+for m in metrics amqp1 internal/watermillsuite internal/netdelay _examples/quickstart amqp1/examples/quickstart; do (cd "$m" && go run "$staticcheck" ./...); done
 cmd/amqpretry/go.sh run "$staticcheck" ./...
 
 step "API budget: at most 130 exported identifiers (internal/cmd/apicount)"

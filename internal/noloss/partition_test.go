@@ -38,7 +38,8 @@ import (
 //  5. a flapping link: that node cut from the others and healed in turn every few
 //     seconds for a minute;
 //  6. every link degraded: 200 ms delay and 5% loss (tc netem; where the kernel has
-//     no netem, as on the CI machines, 5% random loss through nftables and no delay).
+//     no netem, as on the CI machines, the userspace delayer internal/netdelay behind
+//     an iptables NFQUEUE rule: the same delay and loss, no reordering).
 //
 // A transient message whose hand-offs failed Config.HandoffAttempts (5) times in a row
 // while its consumer's node was cut off is poisoned with reason handoff-failed, as
