@@ -38,6 +38,7 @@ func TestRefreshWaiting(t *testing.T) {
 		t.Fatal(err)
 	}
 	brokertest.CleanupTopology(t, plan)
+	brokertest.Cleanup(t, []string{busy, idle}, nil) // Apply creates the work queues too
 	o, err := ops.New(ops.Config{URI: brokertest.URI(), Retry: cfg, Rabbitmqctl: brokertest.Ctl})
 	if err != nil {
 		t.Fatal(err)
