@@ -285,20 +285,7 @@ a progress bar on a terminal, a line of counts a second otherwise (stderr).
 			if err != nil {
 				return err
 			}
-			if a.json {
-				if err := a.emit(r); err != nil {
-					return err
-				}
-			} else {
-				a.printMove(r, verb, purge, opts)
-			}
-			switch {
-			case r.Stopped == "interrupted":
-				return context.Canceled
-			case len(r.Unrouted) > 0:
-				return errFlagged
-			}
-			return nil
+			return a.reportMove(r, verb, purge, opts)
 		},
 	}
 	f := c.Flags()
@@ -315,6 +302,25 @@ a progress bar on a terminal, a line of counts a second otherwise (stderr).
 			"remove the attempt count so the message gets the policy's full attempts again (poison: default true, else a message left at its last attempt is poisoned again at its next failure; parking: default false, a parked retry keeps its place in its schedule)")
 	}
 	return c
+}
+
+// reportMove prints r (as JSON with --json) and returns the exit it calls for: an
+// interrupted run, or messages left unrouted, are not a success.
+func (a *app) reportMove(r ops.MoveResult, verb string, purge bool, opts ops.MoveOptions) error {
+	if a.json {
+		if err := a.emit(r); err != nil {
+			return err
+		}
+	} else {
+		a.printMove(r, verb, purge, opts)
+	}
+	switch {
+	case r.Stopped == "interrupted":
+		return context.Canceled
+	case len(r.Unrouted) > 0:
+		return errFlagged
+	}
+	return nil
 }
 
 func (a *app) printMove(r ops.MoveResult, verb string, purge bool, opts ops.MoveOptions) {

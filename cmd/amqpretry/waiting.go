@@ -278,20 +278,7 @@ offers no way to, and purge says so.`
 			if r.Queue == "" {
 				r.Queue = "the delay queues"
 			}
-			if a.json {
-				if err := a.emit(r); err != nil {
-					return err
-				}
-			} else {
-				a.printMove(r, verb, purge, opts)
-			}
-			switch {
-			case r.Stopped == "interrupted":
-				return context.Canceled
-			case len(r.Unrouted) > 0:
-				return errFlagged
-			}
-			return nil
+			return a.reportMove(r, verb, purge, opts)
 		},
 	}
 	f := c.Flags()
