@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -36,39 +37,56 @@ const ctlWaitDelay = 5 * time.Second
 // sockets. Each run is bounded by timeout; on timeout its whole process group is
 // killed (a wrapper such as scripts/rabbitmq4.sh runs rabbitmqctl in a child).
 func rabbitmqctlCounts(words []string, uri string, timeout time.Duration) countsFunc {
-	return ctlCounts(words, uri, timeout, nil)
+	return ctlCounts(words, uri, timeout, newNodeCheck(words, uri, timeout))
 }
 
-// ctlCounts is rabbitmqctlCounts, and sets *reached (if not nil) to what the command
-// reached, once it has checked that it is the broker at uri.
-func ctlCounts(words []string, uri string, timeout time.Duration, reached *string) countsFunc {
+// nodeCheck tells, once, whether a rabbitmqctl command reaches the broker at a URI: a
+// host may run several brokers, and the rabbitmqctl on PATH serves one of them. It asks
+// the node its name and AMQP ports (one eval that reads nothing else) and refuses one
+// that does not listen on the URI's port, so that nothing is read or run there. Every
+// use of the command within one CLI run shares one check.
+type nodeCheck struct {
+	once    sync.Once
+	check   func(ctx context.Context) (string, error)
+	reached string // what the command reached, once checked
+	err     error
+}
+
+func newNodeCheck(words []string, uri string, timeout time.Duration) *nodeCheck {
 	u, _ := amqp.ParseURI(uri) // one that does not parse fails to dial first
-	vhost, port := u.Vhost, u.Port
-	return func(ctx context.Context) (ops.BrokerCounts, error) {
-		c := newCounts()
-		// Which node does the command reach? A host may run several brokers, and the
-		// rabbitmqctl on PATH serves one of them: ask the node its name and AMQP ports,
-		// and read nothing there unless it listens on the URI's port.
+	return &nodeCheck{check: func(ctx context.Context) (string, error) {
 		node, ports, err := ctlNode(ctx, words, timeout)
 		if err != nil {
-			return c, err
+			return "", err
 		}
-		if !slices.Contains(ports, port) {
-			return ops.BrokerCounts{}, fmt.Errorf("%s reaches node %s, which listens for AMQP on %v, not on %d of AMQP_URI: nothing was read there; give the rabbitmqctl command of the broker at AMQP_URI (--rabbitmqctl CMD), or --rabbitmqctl off", strings.Join(words, " "), node, ports, port)
+		if !slices.Contains(ports, u.Port) {
+			return "", fmt.Errorf("%s reaches node %s, which listens for AMQP on %v, not on %d of AMQP_URI: nothing was read there; give the rabbitmqctl command of the broker at AMQP_URI (--rabbitmqctl CMD), or --rabbitmqctl off", strings.Join(words, " "), node, ports, u.Port)
 		}
-		if reached != nil {
-			*reached = fmt.Sprintf("%s reaches node %s, which listens for AMQP on %d of AMQP_URI", strings.Join(words, " "), node, port)
+		return fmt.Sprintf("%s reaches node %s, which listens for AMQP on %d of AMQP_URI", strings.Join(words, " "), node, u.Port), nil
+	}}
+}
+
+// do runs the check the first time, and returns its verdict every time.
+func (n *nodeCheck) do(ctx context.Context) error {
+	n.once.Do(func() { n.reached, n.err = n.check(ctx) })
+	return n.err
+}
+
+// ctlCounts is rabbitmqctlCounts, once check has passed.
+func ctlCounts(words []string, uri string, timeout time.Duration, check *nodeCheck) countsFunc {
+	u, _ := amqp.ParseURI(uri)
+	vhost := u.Vhost
+	return func(ctx context.Context) (ops.BrokerCounts, error) {
+		c := newCounts()
+		if err := check.do(ctx); err != nil {
+			return ops.BrokerCounts{}, err
 		}
 		out, err := runCtl(ctx, words, timeout, "-q", "status", "--formatter", "json")
 		if err != nil {
 			return c, err
 		}
-		statusPorts, err := ctlStatus(out, &c)
-		if err != nil {
+		if _, err := ctlStatus(out, &c); err != nil {
 			return c, fmt.Errorf("%s status: %w", strings.Join(words, " "), err)
-		}
-		if !slices.Contains(statusPorts, port) {
-			return ops.BrokerCounts{}, fmt.Errorf("%s reaches a node listening for AMQP on %v, not on %d of AMQP_URI: give the rabbitmqctl command of that broker (--rabbitmqctl)", strings.Join(words, " "), statusPorts, port)
 		}
 		out, err = runCtl(ctx, words, timeout, "-q", "list_queues", "-p", vhost, "name", "messages", "messages_ready", "messages_unacknowledged", "type", "members", "online", "--no-table-headers")
 		if err != nil {

@@ -104,8 +104,8 @@ only what is flagged (nothing when all is well), for scripts and health checks.
 				}
 			} else {
 				a.printStatus(s, cfg, queues, peek, check, explicit)
-				if src.reached != "" && !check {
-					a.printf("\nbroker counts: %s\n", src.reached)
+				if src.reached() != "" && !check {
+					a.printf("\nbroker counts: %s\n", src.reached())
 				}
 			}
 			switch {
@@ -131,8 +131,24 @@ only what is flagged (nothing when all is well), for scripts and health checks.
 type countsSource struct {
 	ctl, mgmt string
 	timeout   time.Duration
-	// reached says which node rabbitmqctl reached, once checked (said by the command).
-	reached string
+	// check is whether rabbitmqctl reaches the broker at the URI: asked once per run.
+	check *nodeCheck
+}
+
+// nodeCheck returns the run's one check of the rabbitmqctl command words.
+func (src *countsSource) nodeCheck(words []string, uri string) *nodeCheck {
+	if src.check == nil {
+		src.check = newNodeCheck(words, uri, src.timeout)
+	}
+	return src.check
+}
+
+// reached says which node rabbitmqctl reached, once checked, or "".
+func (src *countsSource) reached() string {
+	if src.check == nil {
+		return ""
+	}
+	return src.check.reached
 }
 
 func (src *countsSource) flags(c *cobra.Command) {
@@ -162,7 +178,7 @@ func (src *countsSource) counts(uri string) (countsFunc, bool, error) {
 		}
 		return managementCounts(src.mgmt, uri, nil), true, nil
 	case len(words) > 0:
-		return ctlCounts(words, uri, src.timeout, &src.reached), explicit, nil
+		return ctlCounts(words, uri, src.timeout, src.nodeCheck(words, uri)), explicit, nil
 	}
 	return nil, false, nil
 }

@@ -5,11 +5,9 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
 	"github.com/amqpretry/amqpretry"
@@ -19,43 +17,22 @@ import (
 // ctlRunner runs rabbitmqctl args (ops.Config.Rabbitmqctl).
 type ctlRunner = func(ctx context.Context, args ...string) ([]byte, error)
 
-// checkedCtl runs words plus args, each run bounded by timeout, after it has made sure,
-// once, that words reach the node listening on the URI's port: an eval meant for the
+// ctlRunner returns the rabbitmqctl the flags name, or nil: each run is bounded by the
+// timeout, and none runs before the command is known to reach the node listening on
+// the URI's port (the check shared with the counts), so that an eval meant for the
 // broker at the URI never runs on another one.
-func checkedCtl(words []string, uri string, timeout time.Duration) ctlRunner {
-	u, _ := amqp.ParseURI(uri)
-	var once sync.Once
-	var checkErr error
-	return func(ctx context.Context, args ...string) ([]byte, error) {
-		once.Do(func() {
-			out, err := runCtl(ctx, words, timeout, "-q", "status", "--formatter", "json")
-			if err != nil {
-				checkErr = err
-				return
-			}
-			c := newCounts()
-			ports, err := ctlStatus(out, &c)
-			switch {
-			case err != nil:
-				checkErr = fmt.Errorf("%s status: %w", strings.Join(words, " "), err)
-			case !slices.Contains(ports, u.Port):
-				checkErr = fmt.Errorf("%s reaches a node listening for AMQP on %v, not on %d of AMQP_URI: give the rabbitmqctl command of that broker (--rabbitmqctl)", strings.Join(words, " "), ports, u.Port)
-			}
-		})
-		if checkErr != nil {
-			return nil, checkErr
-		}
-		return runCtl(ctx, words, timeout, args...)
-	}
-}
-
-// ctl returns the rabbitmqctl the flags name, checked against the URI's node, or nil.
 func (src *countsSource) ctlRunner(uri string) ctlRunner {
 	words, _ := rabbitmqctlWords(src.ctl, uri)
 	if len(words) == 0 {
 		return nil
 	}
-	return checkedCtl(words, uri, src.timeout)
+	check := src.nodeCheck(words, uri)
+	return func(ctx context.Context, args ...string) ([]byte, error) {
+		if err := check.do(ctx); err != nil {
+			return nil, err
+		}
+		return runCtl(ctx, words, src.timeout, args...)
+	}
 }
 
 // ctlFlags adds --rabbitmqctl and --ctl-timeout to a command that needs rabbitmqctl.
