@@ -32,7 +32,7 @@ func TestWaitingAndTeardown(t *testing.T) {
 	}
 	brokertest.CleanupTopology(t, p)
 	queue := e.queues[0]
-	flags := []string{"--prefix", e.prefix, "--tiers", "10m"}
+	flags := []string{"--prefix", e.prefix, "--tiers", "10m", "--rabbitmqctl", strings.Join(brokertest.CtlCommand(), " ")}
 	run := func(args ...string) (int, string, string) {
 		t.Helper()
 		return runArgs(append(args, flags...)...)
