@@ -32,10 +32,16 @@ func TestWaitingAndTeardown(t *testing.T) {
 	}
 	brokertest.CleanupTopology(t, p)
 	queue := e.queues[0]
-	flags := []string{"--prefix", e.prefix, "--tiers", "10m", "--rabbitmqctl", strings.Join(brokertest.CtlCommand(), " ")}
+	flags := []string{"--prefix", e.prefix, "--tiers", "10m"}
+	// The broker's own rabbitmqctl: on RabbitMQ 4.x the one on PATH serves another node.
+	ctl := []string{"--rabbitmqctl", strings.Join(brokertest.CtlCommand(), " ")}
 	run := func(args ...string) (int, string, string) {
 		t.Helper()
-		return runArgs(append(args, flags...)...)
+		args = append(args, flags...)
+		if args[0] != "topology" {
+			args = append(args, ctl...)
+		}
+		return runArgs(args...)
 	}
 	if code, out, errOut := run("topology", "apply", "--queue", queue); code != exitOK {
 		t.Fatalf("apply: %d %s%s", code, out, errOut)
