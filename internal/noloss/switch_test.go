@@ -147,6 +147,7 @@ func playSwitches(t *testing.T, bin string, o options, stages []switchStage) {
 			t.Fatalf("set_policy: %v\n%s", err, out)
 		}
 	}
+	r.waitingOptional = true
 	r.use(stages[0], quorum, heldLog)
 	var plan []fault
 	for i, st := range stages[1:] {
