@@ -320,7 +320,7 @@ if [ "$RABBITMQ4" = 1 ]; then
     fi
     read -r -a ctlwords <<<"$ctl"
     before "$series" "${ctlwords[@]}"
-    if [ "$series" = 4.3 ]; then export AMQP_URI_43=$uri; fi # the metrics module's 4.3 test
+    if [ "$series" = 4.3 ]; then export AMQP_URI_43=$uri; fi # the 4.3 tests of the metrics and cmd modules
     tests "RabbitMQ $series ($uri)" "$uri" "$ctl"
     for backend in ttl-tiers binary-levels; do
       quickstart "RabbitMQ $series" "$uri" DELAY_BACKEND=$backend
