@@ -297,10 +297,10 @@ func (c Config) Plan(workQueues ...string) (topology.Topology, error) {
 	}
 	b, _ := c.backend()
 	t := backend.Plan(b, workQueues...)
-	t.Queues = append(t.Queues, declare.HoldingQueue(c.PoisonQueue))
+	t.Queues = append(t.Queues, declare.HoldingQueue(c.PoisonQueue, "poison"))
 	if args := c.workQueueArgs(); args != nil {
 		for _, q := range workQueues {
-			t.Queues = append(t.Queues, topology.Queue{Name: q, Args: args})
+			t.Queues = append(t.Queues, topology.Queue{Name: q, Args: args, Role: "work"})
 		}
 	}
 	return declare.Unique(t), nil

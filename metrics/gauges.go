@@ -9,9 +9,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/backend"
-	"github.com/amqpretry/amqpretry/internal/handoff"
-	"github.com/amqpretry/amqpretry/internal/names"
+	"github.com/amqpretry/amqpretry/ops"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -29,27 +27,30 @@ type Queues struct {
 
 // QueuesOf returns the queues the gauges watch for cfg, the config given to wamqp3.New
 // (or wamqp2.New): the delay queues and the parking queue of its copying backend, and
-// its poison queue, as the library names them. It touches no broker. The memory
-// backend has nothing on the broker, and an invalid config is refused, as New would.
+// its poison queue, as its plan names them (cfg.Plan, topology.Queue.Role). It touches
+// no broker. The memory backend has nothing on the broker, and an invalid config is
+// refused, as New would.
 func QueuesOf(cfg amqpretry.Config) (Queues, error) {
 	if err := cfg.Validate(); err != nil {
 		return Queues{}, fmt.Errorf("metrics: invalid amqpretry config: %w", err)
 	}
-	cfg = cfg.WithDefaults()
-	if cfg.Backend == delay.Memory {
+	if cfg.WithDefaults().Backend == delay.Memory {
 		return Queues{}, errors.New("metrics: the memory backend has no queues on the broker")
 	}
-	b, err := backend.Lookup(backend.Spec{Name: cfg.Backend, Prefix: cfg.Prefix, Tiers: cfg.Tiers, Levels: cfg.Levels, RetryDelay: cfg.DelayedRetryDelay})
+	plan, err := cfg.Plan()
 	if err != nil {
 		return Queues{}, fmt.Errorf("metrics: %w", err)
 	}
-	q := Queues{Poison: cfg.PoisonQueue}
-	for _, d := range b.DelayQueues() {
-		q.Delay = append(q.Delay, d.Name)
-	}
-	parking := names.Names{Prefix: cfg.Prefix}.Parking()
-	if slices.ContainsFunc(b.Topology().Queues, func(tq topology.Queue) bool { return tq.Name == parking }) {
-		q.Parking = parking
+	var q Queues
+	for _, pq := range plan.Queues {
+		switch pq.Role {
+		case "delay":
+			q.Delay = append(q.Delay, pq.Name)
+		case "parking":
+			q.Parking = pq.Name
+		case "poison":
+			q.Poison = pq.Name
+		}
 	}
 	return q, nil
 }
@@ -67,7 +68,7 @@ func (m *Metrics) WatchQueues(ctx context.Context, uri string, cfg amqpretry.Con
 	}
 	var last error
 	for {
-		if err := m.refresh(uri, queues); err != nil {
+		if err := m.refresh(uri, cfg, queues); err != nil {
 			last = err
 		}
 		select {
@@ -85,42 +86,36 @@ func (m *Metrics) RefreshQueues(uri string, cfg amqpretry.Config) error {
 	if err != nil {
 		return err
 	}
-	return m.refresh(uri, queues)
+	return m.refresh(uri, cfg, queues)
 }
 
-func (m *Metrics) refresh(uri string, queues Queues) error {
-	conn, err := handoff.DialConn(uri, m.dial)
+func (m *Metrics) refresh(uri string, cfg amqpretry.Config, queues Queues) error {
+	// ops reads the queues (passive declarations, nothing peeked) on connections of
+	// its own, its errors redacted.
+	o, err := ops.New(ops.Config{URI: uri, AMQP: m.dial, Retry: cfg})
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
-	defer conn.Close()
+	defer o.Close()
+	s, err := o.Status(context.Background(), ops.StatusOptions{Peek: "never"})
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
 	var last error
-	depth := func(queue string) (float64, bool) {
-		ch, err := conn.Channel()
-		if err != nil {
-			last = fmt.Errorf("metrics: channel: %w", err)
-			return 0, false
+	for _, qs := range s.Queues {
+		if !qs.Exists {
+			last = fmt.Errorf("metrics: queue %q: %w", qs.Name, topology.ErrMissing)
+			continue
 		}
-		defer ch.Close()
-		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-		if err != nil {
-			last = fmt.Errorf("metrics: queue %q: %w", queue, err)
-			return 0, false
+		n := float64(qs.Ready)
+		switch {
+		case qs.Role == "delay" && slices.Contains(queues.Delay, qs.Name):
+			m.waiting.WithLabelValues(qs.Name).Set(n)
+		case qs.Role == "parking" && qs.Name == queues.Parking:
+			m.parked.WithLabelValues(qs.Name).Set(n)
+		case qs.Role == "poison" && qs.Name == queues.Poison:
+			m.poisonDepth.WithLabelValues(qs.Name).Set(n)
 		}
-		return float64(q.Messages), true
-	}
-	for _, q := range queues.Delay {
-		if n, ok := depth(q); ok {
-			m.waiting.WithLabelValues(q).Set(n)
-		}
-	}
-	if queues.Parking != "" {
-		if n, ok := depth(queues.Parking); ok {
-			m.parked.WithLabelValues(queues.Parking).Set(n)
-		}
-	}
-	if n, ok := depth(queues.Poison); ok {
-		m.poisonDepth.WithLabelValues(queues.Poison).Set(n)
 	}
 	return last
 }

@@ -36,7 +36,7 @@ func (o *Ops) Apply(ctx context.Context, workQueues ...string) (created []string
 			continue
 		}
 		if !slices.ContainsFunc(plan.Queues, func(pq topology.Queue) bool { return pq.Name == q }) {
-			plan.Queues = append(plan.Queues, topology.Queue{Name: q})
+			plan.Queues = append(plan.Queues, topology.Queue{Name: q, Role: "work"})
 		}
 		created = append(created, q)
 	}
@@ -92,7 +92,7 @@ func (o *Ops) Verify(ctx context.Context, opts VerifyOptions, workQueues ...stri
 	for _, q := range workQueues {
 		if !slices.ContainsFunc(compared.Queues, func(c topology.Queue) bool { return c.Name == q }) &&
 			!slices.ContainsFunc(existing.Queues, func(c topology.Queue) bool { return c.Name == q }) {
-			existing.Queues = append(existing.Queues, topology.Queue{Name: q})
+			existing.Queues = append(existing.Queues, topology.Queue{Name: q, Role: "work"})
 		}
 	}
 	var out []topology.Finding

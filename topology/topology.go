@@ -26,6 +26,11 @@ type Exchange struct {
 type Queue struct {
 	Name string     `json:"name"`
 	Args amqp.Table `json:"args,omitempty"`
+	// Role is what the library keeps in the queue: "delay" (retries waiting out a
+	// delay), "parking" (dead letters that found no work queue), "poison" (messages
+	// that failed for good) or "work" (an application queue the retries come back
+	// to). It is not declared; "" in a topology of the user's own.
+	Role string `json:"role,omitempty"`
 }
 
 // Binding binds a queue (or, with ToExchange, an exchange) to an exchange.

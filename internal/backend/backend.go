@@ -210,7 +210,7 @@ func delivery(n names.Names, exchange, kind string) topology.Topology {
 			{Name: n.Parking(), Kind: "fanout"},
 			{Name: exchange, Kind: kind, Args: map[string]interface{}{declare.AlternateExchangeArg: n.Parking()}},
 		},
-		Queues:   []topology.Queue{declare.HoldingQueue(n.Parking())},
+		Queues:   []topology.Queue{declare.HoldingQueue(n.Parking(), "parking")},
 		Bindings: []topology.Binding{{Exchange: n.Parking(), Destination: n.Parking()}},
 	}
 }

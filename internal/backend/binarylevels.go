@@ -53,7 +53,7 @@ func (b *binaryLevels) Topology() topology.Topology {
 		}
 		skip := strings.Repeat("*.", b.levels-1-l)
 		t.Exchanges = append(t.Exchanges, topology.Exchange{Name: name, Kind: amqp.ExchangeTopic})
-		t.Queues = append(t.Queues, topology.Queue{Name: name, Args: delayQueueArgs(time.Second<<l, next)})
+		t.Queues = append(t.Queues, topology.Queue{Name: name, Args: delayQueueArgs(time.Second<<l, next), Role: "delay"})
 		t.Bindings = append(t.Bindings,
 			topology.Binding{Exchange: name, Destination: name, Key: skip + "1.#"},
 			topology.Binding{Exchange: name, Destination: next, Key: skip + "0.#", ToExchange: true},

@@ -41,7 +41,7 @@ func (b *ttlTiers) Topology() topology.Topology {
 	t.Exchanges = append(t.Exchanges, topology.Exchange{Name: b.names.DelayExchange(), Kind: amqp.ExchangeHeaders})
 	for _, tier := range b.tiers {
 		q := b.names.TierQueue(tier)
-		t.Queues = append(t.Queues, topology.Queue{Name: q, Args: delayQueueArgs(tier, b.names.Deliver())})
+		t.Queues = append(t.Queues, topology.Queue{Name: q, Args: delayQueueArgs(tier, b.names.Deliver()), Role: "delay"})
 		t.Bindings = append(t.Bindings, topology.Binding{
 			Exchange: b.names.DelayExchange(), Destination: q,
 			Args: amqp.Table{"x-match": "all", keys.Tier: names.Tier(tier)},

@@ -44,10 +44,10 @@ const (
 const holdingDeliveryLimit = 1_000_000
 
 // HoldingQueue is a queue that holds messages until someone acts on them, the poison
-// and parking queues: a quorum queue, replicated like the delay queues, with a delivery
-// limit no reading reaches.
-func HoldingQueue(name string) topology.Queue {
-	return topology.Queue{Name: name, Args: map[string]interface{}{
+// and parking queues (role): a quorum queue, replicated like the delay queues, with a
+// delivery limit no reading reaches.
+func HoldingQueue(name, role string) topology.Queue {
+	return topology.Queue{Name: name, Role: role, Args: map[string]interface{}{
 		QueueTypeArg:     QueueTypeQuorum,
 		DeliveryLimitArg: int64(holdingDeliveryLimit),
 	}}

@@ -234,7 +234,7 @@ func (h *Handoff) Publish(ctx context.Context, exchange, key string, msg *messag
 // mandatory. A queue that is gone is declared again (declare.HoldingQueue).
 func (h *Handoff) ToQueue(ctx context.Context, queue string, msg *message.Message) error {
 	owned := func() topology.Topology {
-		return topology.Topology{Queues: []topology.Queue{declare.HoldingQueue(queue)}}
+		return topology.Topology{Queues: []topology.Queue{declare.HoldingQueue(queue, "poison")}}
 	}
 	return h.Publish(ctx, "", queue, msg, nil, true, owned)
 }

@@ -328,7 +328,7 @@ func TestDeletedOwnedRouteIsDeclaredAgain(t *testing.T) {
 	if err := h.ToQueue(ctx, poison, message.NewMessage("p", nil)); err != nil {
 		t.Fatal(err)
 	}
-	check := topology.Topology{Queues: []topology.Queue{declare.HoldingQueue(poison)}}
+	check := topology.Topology{Queues: []topology.Queue{declare.HoldingQueue(poison, "poison")}}
 	findings, err := declare.Check(brokertest.Dial(t), check, declare.CheckOptions{CompareArgs: true})
 	if err != nil || len(findings) != 1 || findings[0].Status != topology.StatusOK {
 		t.Fatalf("poison queue declared again: %+v, %v", findings, err)

@@ -108,7 +108,7 @@ func (r *Retry) start(spec backend.Spec) error {
 			return r.Hint(err, "")
 		}
 	}
-	if err := r.handoff.Ensure(cfg.Topology, topology.Topology{Queues: []topology.Queue{declare.HoldingQueue(cfg.PoisonQueue)}}); err != nil {
+	if err := r.handoff.Ensure(cfg.Topology, topology.Topology{Queues: []topology.Queue{declare.HoldingQueue(cfg.PoisonQueue, "poison")}}); err != nil {
 		return fmt.Errorf("poison queue (topology mode %s): %w", cfg.Topology, r.Hint(err, ""))
 	}
 	switch _, inPlace := b.(backend.InPlace); {
