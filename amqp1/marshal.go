@@ -9,6 +9,7 @@ import (
 	"time"
 
 	amqp "github.com/Azure/go-amqp"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
@@ -16,7 +17,7 @@ import (
 // the header name watermill-amqp uses, and RabbitMQ maps AMQP 0-9-1 headers to AMQP 1.0
 // application properties and back, so messages interoperate with watermill-amqp
 // publishers and subscribers in both directions.
-const uuidKey = "_watermill_message_uuid"
+const uuidKey = wamqp.DefaultMessageUUIDHeaderKey
 
 // toAMQP builds the AMQP 1.0 message for a Watermill message: the payload as one data
 // section, the metadata and the UUID as application properties (strings), the UUID

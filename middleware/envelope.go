@@ -4,7 +4,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -80,7 +79,6 @@ const (
 // Bounds of the envelope.
 const (
 	maxErrorBytes     = 2048
-	maxErrorTypes     = 16
 	maxErrorTypeBytes = 128
 	maxNameBytes      = 256
 	typeSeparator     = " > "
@@ -151,16 +149,16 @@ func (e Envelope) Write(md message.Metadata) {
 	putInt(md, keys.Attempt, e.Attempt)
 	putInt(md, keys.MaxAttempts, e.MaxAttempts)
 	putInt(md, keys.RedriveCount, e.Redriven)
-	put(md, keys.PoisonReason, truncate(string(e.Reason), maxNameBytes))
-	put(md, keys.Error, truncate(e.Error, maxErrorBytes))
+	put(md, keys.PoisonReason, keys.Truncate(string(e.Reason), maxNameBytes))
+	put(md, keys.Error, keys.Truncate(e.Error, maxErrorBytes))
 	put(md, keys.ErrorTypes, joinTypes(e.ErrorTypes))
-	put(md, keys.Handler, truncate(e.Handler, maxNameBytes))
-	put(md, keys.Topic, truncate(e.Topic, maxNameBytes))
-	put(md, keys.Queue, truncate(e.Queue, maxNameBytes))
-	put(md, keys.OriginalExchange, truncate(e.OriginalExchange, maxNameBytes))
-	put(md, keys.OriginalRoutingKey, truncate(e.OriginalRoutingKey, maxNameBytes))
-	put(md, keys.DroppedHeaders, truncate(e.DroppedHeaders, maxErrorBytes))
-	put(md, keys.RedrivenFrom, truncate(e.RedrivenFrom, maxNameBytes))
+	put(md, keys.Handler, keys.Truncate(e.Handler, maxNameBytes))
+	put(md, keys.Topic, keys.Truncate(e.Topic, maxNameBytes))
+	put(md, keys.Queue, keys.Truncate(e.Queue, maxNameBytes))
+	put(md, keys.OriginalExchange, keys.Truncate(e.OriginalExchange, maxNameBytes))
+	put(md, keys.OriginalRoutingKey, keys.Truncate(e.OriginalRoutingKey, maxNameBytes))
+	put(md, keys.DroppedHeaders, keys.Truncate(e.DroppedHeaders, maxErrorBytes))
+	put(md, keys.RedrivenFrom, keys.Truncate(e.RedrivenFrom, maxNameBytes))
 	putTime(md, keys.FirstFailure, e.FirstFailure)
 	putTime(md, keys.LastFailure, e.LastFailure)
 	putTime(md, keys.Due, e.Due)
@@ -201,27 +199,15 @@ func putDuration(md message.Metadata, key string, d time.Duration) {
 	md[key] = d.String()
 }
 
-// joinTypes joins at most maxErrorTypes types, each bounded.
+// joinTypes joins at most keys.MaxErrorTypes types, each bounded.
 func joinTypes(types []string) string {
 	var b strings.Builder
-	for i, t := range types[:min(len(types), maxErrorTypes)] {
+	for i, t := range types[:min(len(types), keys.MaxErrorTypes)] {
 		if i > 0 {
 			b.WriteString(typeSeparator)
 		}
-		b.WriteString(truncate(t, maxErrorTypeBytes))
+		b.WriteString(keys.Truncate(t, maxErrorTypeBytes))
 	}
 	return b.String()
 }
 
-// truncate cuts s to at most n bytes on a rune boundary, marking the cut.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	const mark = "…"
-	cut := n - len(mark)
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + mark
-}

@@ -7,19 +7,21 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/internal/wire"
 )
 
-// Headers RabbitMQ sets on the messages it dead-letters.
+// Headers RabbitMQ sets on the messages it dead-letters (their names: internal/keys,
+// which also tells them apart from the headers a copy may carry).
 const (
-	headerDeath              = "x-death"
-	headerFirstDeathQueue    = "x-first-death-queue"
-	headerFirstDeathReason   = "x-first-death-reason"
-	headerFirstDeathExchange = "x-first-death-exchange"
-	headerLastDeathQueue     = "x-last-death-queue"
-	headerLastDeathReason    = "x-last-death-reason"
-	headerLastDeathExchange  = "x-last-death-exchange"
+	headerDeath              = keys.XDeath
+	headerFirstDeathQueue    = keys.FirstDeath + fieldQueue
+	headerFirstDeathReason   = keys.FirstDeath + fieldReason
+	headerFirstDeathExchange = keys.FirstDeath + fieldExchange
+	headerLastDeathQueue     = keys.LastDeath + fieldQueue
+	headerLastDeathReason    = keys.LastDeath + fieldReason
+	headerLastDeathExchange  = keys.LastDeath + fieldExchange
 )
 
 // Fields of an x-death table.

@@ -48,7 +48,8 @@ type Config struct {
 	URI string
 	// AMQP is passed to amqp091-go's DialConfig (TLS, heartbeat, properties).
 	AMQP amqp.Config
-	// ConfirmTimeout bounds the wait for each publisher confirm. Default: 10s.
+	// ConfirmTimeout bounds the wait for each publisher confirm. Default (0):
+	// DefaultConfirmTimeout, which amqpretry.Config.WithDefaults gives too.
 	ConfirmTimeout time.Duration
 	// Marshal turns a Watermill message into a publishing: the subscriber's options,
 	// so that the UUID travels in the header the subscriber reads it from.

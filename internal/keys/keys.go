@@ -3,7 +3,10 @@
 // on republished copies.
 package keys
 
-import "strings"
+import (
+	"strings"
+	"unicode/utf8"
+)
 
 // The failure envelope, written by the retry middleware on retried and poisoned copies
 // and by a redrive (see middleware.Envelope).
@@ -64,14 +67,32 @@ func Reserved(key string) bool {
 	return false
 }
 
+// MaxErrorTypes bounds how many Go types of an error's chain an envelope lists.
+const MaxErrorTypes = 16
+
+// Truncate cuts s to at most n bytes on a rune boundary, marking the cut with "…".
+func Truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "…"
+	cut := n - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
+}
+
 // Headers RabbitMQ sets on the messages it dead-letters, delays or redelivers.
 const (
 	XDeath          = "x-death"
 	XDelay          = "x-delay" // the delayed-message plugin's delay, in ms
 	XDeliveryCount  = "x-delivery-count"
 	XAcquiredCount  = "x-acquired-count" // RabbitMQ 4.3: times a message was handed to a consumer and returned
-	firstDeathStart = "x-first-death-"
-	lastDeathStart  = "x-last-death-"
+	// FirstDeath and LastDeath start the names of the headers that sum up a message's
+	// first and last dead-lettering: x-first-death-queue, -reason, -exchange.
+	FirstDeath = "x-first-death-"
+	LastDeath  = "x-last-death-"
 )
 
 // BrokerOwned tells whether header is set by RabbitMQ itself and must never be copied
@@ -84,5 +105,5 @@ func BrokerOwned(header string) bool {
 	case XDeath, XDelay, XDeliveryCount, XAcquiredCount, "CC", "BCC":
 		return true
 	}
-	return strings.HasPrefix(header, firstDeathStart) || strings.HasPrefix(header, lastDeathStart)
+	return strings.HasPrefix(header, FirstDeath) || strings.HasPrefix(header, LastDeath)
 }

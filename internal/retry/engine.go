@@ -12,7 +12,6 @@ import (
 	"maps"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -412,7 +411,7 @@ func errorTypes(err error) []string {
 	var types []string
 	var walk func(error)
 	walk = func(e error) {
-		if e == nil || len(types) >= 16 {
+		if e == nil || len(types) >= keys.MaxErrorTypes {
 			return
 		}
 		types = append(types, fmt.Sprintf("%T", e))
@@ -435,13 +434,7 @@ const trimmedErrorBytes = 256
 // trim shortens the envelope of a copy too large for the broker: the error text to
 // trimmedErrorBytes, the error types left out.
 func trim(env *middleware.Envelope) {
-	if len(env.Error) > trimmedErrorBytes {
-		cut := trimmedErrorBytes - len("…")
-		for cut > 0 && !utf8.RuneStart(env.Error[cut]) {
-			cut--
-		}
-		env.Error = env.Error[:cut] + "…"
-	}
+	env.Error = keys.Truncate(env.Error, trimmedErrorBytes)
 	env.ErrorTypes = nil
 }
 

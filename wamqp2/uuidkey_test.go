@@ -1,0 +1,17 @@
+package wamqp2_test
+
+import (
+	"testing"
+
+	amqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+
+	"github.com/amqpretry/amqpretry/internal/marshal"
+)
+
+// TestUUIDKey: the library's default UUID header is watermill-amqp v2's own, the home
+// of that fact (internal/marshal cannot import a major: a v3 program would compile it).
+func TestUUIDKey(t *testing.T) {
+	if marshal.DefaultUUIDKey != amqp.DefaultMessageUUIDHeaderKey {
+		t.Errorf("marshal.DefaultUUIDKey = %q, watermill-amqp v2 uses %q", marshal.DefaultUUIDKey, amqp.DefaultMessageUUIDHeaderKey)
+	}
+}
