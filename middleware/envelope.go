@@ -210,4 +210,3 @@ func joinTypes(types []string) string {
 	}
 	return b.String()
 }
-

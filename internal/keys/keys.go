@@ -85,10 +85,10 @@ func Truncate(s string, n int) string {
 
 // Headers RabbitMQ sets on the messages it dead-letters, delays or redelivers.
 const (
-	XDeath          = "x-death"
-	XDelay          = "x-delay" // the delayed-message plugin's delay, in ms
-	XDeliveryCount  = "x-delivery-count"
-	XAcquiredCount  = "x-acquired-count" // RabbitMQ 4.3: times a message was handed to a consumer and returned
+	XDeath         = "x-death"
+	XDelay         = "x-delay" // the delayed-message plugin's delay, in ms
+	XDeliveryCount = "x-delivery-count"
+	XAcquiredCount = "x-acquired-count" // RabbitMQ 4.3: times a message was handed to a consumer and returned
 	// FirstDeath and LastDeath start the names of the headers that sum up a message's
 	// first and last dead-lettering: x-first-death-queue, -reason, -exchange.
 	FirstDeath = "x-first-death-"
