@@ -23,11 +23,14 @@ import (
 // once, in the field's comment. The transport package of your watermill-amqp major
 // (wamqp3.New or wamqp2.New) takes it, with the subscriber config.
 type Config struct {
-	// Backend names the delay backend (package delay): "ttl-tiers", "binary-levels",
-	// "delayed-exchange", "delayed-retry", "delivery-time" (over AMQP 1.0: the
-	// transport of package github.com/amqpretry/amqpretry/amqp1) or "memory".
-	// Switching backends is a change of this string only. Default: "ttl-tiers".
-	Backend string
+	// Backend names the delay backend (package delay): delay.TTLTiers ("ttl-tiers"),
+	// delay.BinaryLevels ("binary-levels"), delay.DelayedExchange ("delayed-exchange"),
+	// delay.DelayedRetry ("delayed-retry"), delay.DeliveryTime ("delivery-time", over
+	// AMQP 1.0: the transport of package github.com/amqpretry/amqpretry/amqp1) or
+	// delay.Memory ("memory"). A name read from configuration converts with
+	// delay.Backend(s): switching backends is a change of this string only.
+	// Default: delay.TTLTiers.
+	Backend delay.Backend
 	// Prefix starts the name of every queue and exchange the library declares, so
 	// that several applications can share a vhost. Default: "amqpretry".
 	Prefix string

@@ -513,8 +513,8 @@ func TestNewRetryInvalidConfig(t *testing.T) {
 		cfg   amqpretry.Config
 		names []string
 	}{
-		{"another backend", SubscriberConfig{URI: uri}, amqpretry.Config{Backend: delay.TTLTiers}, []string{"Backend", delay.TTLTiers, delay.DeliveryTime}},
-		{"memory backend", SubscriberConfig{URI: uri}, amqpretry.Config{Backend: delay.Memory}, []string{"Backend", delay.Memory}},
+		{"another backend", SubscriberConfig{URI: uri}, amqpretry.Config{Backend: delay.TTLTiers}, []string{"Backend", string(delay.TTLTiers), string(delay.DeliveryTime)}},
+		{"memory backend", SubscriberConfig{URI: uri}, amqpretry.Config{Backend: delay.Memory}, []string{"Backend", string(delay.Memory)}},
 		{"classic queue", SubscriberConfig{URI: uri, Queue: QueueConfig{Type: "classic"}}, amqpretry.Config{}, []string{"Queue.Type", "classic", "quorum"}},
 		{"delayed retries", SubscriberConfig{URI: uri}, amqpretry.Config{DelayedRetries: 2}, []string{"DelayedRetries"}},
 		{"policy", SubscriberConfig{URI: uri}, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: -1}}, []string{"MaxAttempts"}},

@@ -1,7 +1,8 @@
-// Package delay names the delay backends and the errors they return. Import it to name
-// a backend in code (amqpretry.Config.Backend takes the name, so a deployment can
-// switch backends by configuration alone) or to match ErrDelayTooLong,
-// ErrPluginMissing or ErrUnsupported.
+// Package delay names the delay backends (type Backend) and the errors they return.
+// Import it to name a backend in code (amqpretry.Config.Backend is a Backend; a name
+// read from configuration converts with delay.Backend(s), so a deployment can switch
+// backends by configuration alone) or to match ErrDelayTooLong, ErrPluginMissing or
+// ErrUnsupported.
 //
 //	backend           precision                    longest delay          broker
 //	ttl-tiers         snaps up to the next tier    the longest tier (1h)  3.10+

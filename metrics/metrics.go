@@ -180,7 +180,7 @@ func (m *Metrics) Observe(e middleware.Event) {
 	switch e.Kind {
 	case middleware.EventDelivered:
 		if e.Late {
-			backend := e.Backend
+			backend := string(e.Backend)
 			if backend == "" {
 				backend = m.took.get(e.Queue, e.Attempt-1)
 			}
@@ -189,7 +189,7 @@ func (m *Metrics) Observe(e middleware.Event) {
 	case middleware.EventSucceeded:
 		m.attempts.WithLabelValues("succeeded").Observe(float64(e.Attempt))
 	case middleware.EventRetryScheduled:
-		backend := orUnknown(e.Backend)
+		backend := orUnknown(string(e.Backend))
 		m.took.set(e.Queue, e.Attempt, backend)
 		m.retries.WithLabelValues(e.Queue, backend).Inc()
 		if e.Handoff > 0 { // a retry the broker holds in place (delayed-retry, delivery-time) is not published

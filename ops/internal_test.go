@@ -63,7 +63,7 @@ func TestPacer(t *testing.T) {
 // the key back: the level count says where the name starts.
 func TestParkedQueueFromRoutingKey(t *testing.T) {
 	for _, tt := range []struct {
-		backend string
+		backend delay.Backend
 		levels  int
 		key     string
 		want    string

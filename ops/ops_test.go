@@ -569,7 +569,7 @@ func TestParkingRedrive(t *testing.T) {
 		{Tiers: testTiers},
 		{Backend: delay.BinaryLevels, Levels: 2, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}}},
 	} {
-		t.Run(cfg.WithDefaults().Backend, func(t *testing.T) {
+		t.Run(string(cfg.WithDefaults().Backend), func(t *testing.T) {
 			r := newRigWith(t, cfg, "orders")
 			cfg.Prefix = r.prefix
 			r.apply()

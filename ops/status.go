@@ -139,8 +139,8 @@ type Status struct {
 	// Broker is the RabbitMQ version from the server properties.
 	Broker string `json:"broker_version"`
 	// Backend and Prefix, as configured.
-	Backend string `json:"backend"`
-	Prefix  string `json:"prefix"`
+	Backend delay.Backend `json:"backend"`
+	Prefix  string        `json:"prefix"`
 	// DelayedExchange, for the delayed-exchange backend, tells whether its exchange
 	// exists, and so that the plugin runs; otherwise false.
 	DelayedExchange bool `json:"delayed_exchange"`

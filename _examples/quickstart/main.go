@@ -45,7 +45,7 @@ func main() {
 
 func run() error {
 	logger := watermill.NopLogger{}
-	if os.Getenv("DELAY_BACKEND") == delay.DeliveryTime {
+	if delay.Backend(os.Getenv("DELAY_BACKEND")) == delay.DeliveryTime {
 		return runAMQP1()
 	}
 	uri := os.Getenv("AMQP_URI")

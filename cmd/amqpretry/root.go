@@ -136,7 +136,7 @@ their defaults are the library's. --json gives machine-readable output everywher
 	pf := root.PersistentFlags()
 	a.flags = pf
 	pf.BoolVar(&a.json, "json", false, "machine-readable output (JSON, snake_case keys)")
-	pf.StringVar(&a.backend, "backend", defaults.Backend, "delay backend: "+strings.Join(brokerBackends(), ", "))
+	pf.StringVar(&a.backend, "backend", string(defaults.Backend), "delay backend: "+strings.Join(brokerBackends(), ", "))
 	pf.StringVar(&a.prefix, "prefix", defaults.Prefix, "prefix of every queue and exchange the library declares")
 	pf.Var(&a.tiers, "tiers", "ttl-tiers: the ladder of delays, comma-separated")
 	pf.IntVar(&a.levels, "levels", defaults.Levels, "binary-levels: number of levels (delays up to 2^levels - 1 s)")
@@ -241,7 +241,7 @@ func brokerBackends() []string {
 	var out []string
 	for _, n := range backend.Names() {
 		if n != delay.Memory {
-			out = append(out, n)
+			out = append(out, string(n))
 		}
 	}
 	return out
@@ -251,7 +251,7 @@ func brokerBackends() []string {
 // command knows the broker side only.
 func (a *app) retryConfig() (amqpretry.Config, error) {
 	cfg := amqpretry.Config{
-		Backend: a.backend, Prefix: a.prefix, Levels: a.levels,
+		Backend: delay.Backend(a.backend), Prefix: a.prefix, Levels: a.levels,
 		DelayedRetries: a.delayedRetries, DelayedRetryDelay: a.retryDelay, PoisonQueue: a.poisonQueue,
 	}
 	if a.flags.Changed("tiers") {

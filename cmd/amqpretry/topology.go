@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/ops"
 	"github.com/amqpretry/amqpretry/topology"
@@ -156,7 +157,7 @@ the output names the command that creates what is missing, with every --queue.
 }
 
 type planJSON struct {
-	Backend      string            `json:"backend"`
+	Backend      delay.Backend     `json:"backend"`
 	Prefix       string            `json:"prefix"`
 	Topology     topology.Topology `json:"topology"`
 	WorkQueues   []string          `json:"work_queues"`
@@ -164,7 +165,7 @@ type planJSON struct {
 }
 
 type applyJSON struct {
-	Backend           string            `json:"backend"`
+	Backend           delay.Backend     `json:"backend"`
 	Prefix            string            `json:"prefix"`
 	Topology          topology.Topology `json:"topology"`
 	CreatedWorkQueues []string          `json:"created_work_queues"`

@@ -89,7 +89,7 @@ func TestHelp(t *testing.T) {
 	d := amqpretry.Config{}.WithDefaults()
 	code, out, _ := runArgs("--help")
 	tiers := durationList(d.Tiers)
-	for _, want := range []string{"(default " + tiers.String() + ")", `(default "` + d.Backend + `")`, `(default "` + d.Prefix + `")`,
+	for _, want := range []string{"(default " + tiers.String() + ")", `(default "` + string(d.Backend) + `")`, `(default "` + d.Prefix + `")`,
 		"(default " + strconv.Itoa(d.Levels) + ")", "(default " + d.DelayedRetryDelay.String() + ")", d.PoisonQueue, "130  interrupted", "AMQP_URI"} {
 		if code != exitOK || !strings.Contains(out, want) {
 			t.Errorf("--help lacks %q (%d):\n%s", want, code, out)

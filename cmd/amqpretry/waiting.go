@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/ops"
 )
 
@@ -312,7 +313,7 @@ count and the delete would be lost (quorum queues cannot be deleted "if empty").
 				return err
 			}
 			if keepBackend != "" {
-				keep := amqpretry.Config{Backend: keepBackend, Prefix: cfg.Prefix, Levels: keepLevels, DelayedRetries: keepRetry, PoisonQueue: cfg.PoisonQueue}
+				keep := amqpretry.Config{Backend: delay.Backend(keepBackend), Prefix: cfg.Prefix, Levels: keepLevels, DelayedRetries: keepRetry, PoisonQueue: cfg.PoisonQueue}
 				if len(keepTiers) > 0 {
 					keep.Tiers = keepTiers
 				}

@@ -105,7 +105,7 @@ func (b *binaryLevels) checkLadder(h *handoff.Handoff) error {
 
 // UnsupportedError is the start-up error of a backend that retries in place (name) on
 // a broker older than 4.3.
-func UnsupportedError(name, brokerVersion string) error {
+func UnsupportedError(name delay.Backend, brokerVersion string) error {
 	if brokerVersion == "" {
 		brokerVersion = "of unknown version"
 	}
@@ -122,7 +122,7 @@ func UnsupportedError(name, brokerVersion string) error {
 // from the defaults. retries is the number of delayed retries held in the work queue
 // (0 for none), retryDelay their delay.
 func ApplyCommand(s Spec, poison string, retries int, retryDelay time.Duration, queues ...string) string {
-	args := []string{"amqpretry", "topology", "apply", "--backend", s.Name}
+	args := []string{"amqpretry", "topology", "apply", "--backend", string(s.Name)}
 	if s.Prefix != names.DefaultPrefix {
 		args = append(args, "--prefix", s.Prefix)
 	}

@@ -249,8 +249,8 @@ func DelayedRetryOnAQueueWithoutItFallsBackLoudly(t *testing.T, m Major) {
 			t.Fatalf("Subscribe = %v, want the argument clash with the policy fix", err)
 		}
 	})
-	for _, name := range []string{delay.TTLTiers, delay.DelayedRetry} {
-		t.Run("none/"+name, func(t *testing.T) {
+	for _, name := range []delay.Backend{delay.TTLTiers, delay.DelayedRetry} {
+		t.Run("none/"+string(name), func(t *testing.T) {
 			cfg := s.cfg
 			cfg.Backend, cfg.Topology = name, topology.ModeNone
 			logs := &logCapture{}
@@ -268,7 +268,7 @@ func DelayedRetryOnAQueueWithoutItFallsBackLoudly(t *testing.T, m Major) {
 			r := newRetry(t, m, s.sub, cfg)
 			rec := newRecorder(failFirst(2))
 			run(t, m, r, s.topic, rec.handle)
-			publish(t, m, s.topic, "m-"+name)
+			publish(t, m, s.topic, "m-"+string(name))
 			if name == delay.DelayedRetry {
 				msg := poisoned(t, s.prefix+".poison", 30*time.Second)
 				if env := middleware.ReadEnvelope(msg.Metadata); env.Reason != middleware.ReasonHandoffFailed || !strings.Contains(env.Error, "does not hold delayed retries") {
@@ -318,7 +318,7 @@ func DelayedRetryRefusedBefore43(t *testing.T, m Major) {
 		return
 	}
 	_, err := m.New(sub, amqpretry.Config{Prefix: prefix, Backend: delay.DelayedExchange})
-	if !errors.Is(err, delay.ErrPluginMissing) || !strings.Contains(err.Error(), "cannot run") || !strings.Contains(err.Error(), delay.BinaryLevels) {
+	if !errors.Is(err, delay.ErrPluginMissing) || !strings.Contains(err.Error(), "cannot run") || !strings.Contains(err.Error(), string(delay.BinaryLevels)) {
 		t.Errorf("delayed-exchange on %s: %v, want ErrPluginMissing saying the plugin cannot run and naming what to use", v, err)
 	}
 }

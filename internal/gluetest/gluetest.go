@@ -265,7 +265,7 @@ type setup struct {
 	cfg    amqpretry.Config
 }
 
-func newSetup(t *testing.T, m Major, backend string) setup {
+func newSetup(t *testing.T, m Major, backend delay.Backend) setup {
 	t.Helper()
 	brokertest.Dial(t)
 	prefix := brokertest.Prefix(t)

@@ -28,8 +28,8 @@ import (
 func ScenarioFailThreeTimesThenSucceed(t *testing.T, m Major) {
 	policyDelays := []time.Duration{300 * time.Millisecond, 1500 * time.Millisecond, 3 * time.Second}
 	const precision = 1500 * time.Millisecond
-	for _, name := range []string{delay.TTLTiers, delay.BinaryLevels, delay.DelayedExchange, delay.Memory} {
-		t.Run(name, func(t *testing.T) {
+	for _, name := range []delay.Backend{delay.TTLTiers, delay.BinaryLevels, delay.DelayedExchange, delay.Memory} {
+		t.Run(string(name), func(t *testing.T) {
 			if testing.Short() && name != delay.TTLTiers {
 				t.Skip("one backend in the quick loop (go test -short)")
 			}

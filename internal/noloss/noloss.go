@@ -67,7 +67,7 @@ type Variant struct {
 	// Name is the variant's name on the NOLOSS line: the backend's, or
 	// "ttl-tiers+delayed-retries" for the two-stage form.
 	Name    string
-	Backend string
+	Backend delay.Backend
 	// DelayedRetries is amqpretry.Config.DelayedRetries.
 	DelayedRetries int
 	// Failures is how many attempts of a fates.Transient message fail: every retry of
@@ -79,11 +79,11 @@ type Variant struct {
 // Variants lists every variant, in the order the test runs them.
 func Variants() []Variant {
 	return []Variant{
-		{Name: delay.TTLTiers, Backend: delay.TTLTiers, Failures: 2},
-		{Name: delay.BinaryLevels, Backend: delay.BinaryLevels, Failures: 2},
-		{Name: delay.DelayedExchange, Backend: delay.DelayedExchange, Failures: 2},
-		{Name: delay.DelayedRetry, Backend: delay.DelayedRetry, Failures: 2},
-		{Name: delay.TTLTiers + "+delayed-retries", Backend: delay.TTLTiers, DelayedRetries: 2, Failures: 3},
+		{Name: string(delay.TTLTiers), Backend: delay.TTLTiers, Failures: 2},
+		{Name: string(delay.BinaryLevels), Backend: delay.BinaryLevels, Failures: 2},
+		{Name: string(delay.DelayedExchange), Backend: delay.DelayedExchange, Failures: 2},
+		{Name: string(delay.DelayedRetry), Backend: delay.DelayedRetry, Failures: 2},
+		{Name: string(delay.TTLTiers) + "+delayed-retries", Backend: delay.TTLTiers, DelayedRetries: 2, Failures: 3},
 	}
 }
 

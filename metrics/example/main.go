@@ -80,7 +80,7 @@ func run() error {
 	topic := prefix + ".orders"
 
 	cfg := amqpretry.Config{
-		Backend:       os.Getenv("DELAY_BACKEND"),
+		Backend:       delay.Backend(os.Getenv("DELAY_BACKEND")),
 		Prefix:        prefix,
 		Tiers:         []time.Duration{time.Second, 2 * time.Second},
 		Policy:        amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{time.Second, 2 * time.Second}},
