@@ -270,11 +270,11 @@ func TestVerifyWithoutConfigurePermission(t *testing.T) {
 	}
 }
 
-// TestApplyDelayedRetriesWorkQueue: with delayed retries the plan gives each work
+// TestApplyHeldRetriesWorkQueue: with held retries the plan gives each work
 // queue its arguments; Apply creates a missing one with them (a quorum queue), and a
 // work queue declared otherwise is a mismatch.
-func TestApplyDelayedRetriesWorkQueue(t *testing.T) {
-	r := newRigWith(t, amqpretry.Config{Tiers: testTiers, DelayedRetries: 1, DelayedRetryDelay: 500 * time.Millisecond}, "orders", "classic")
+func TestApplyHeldRetriesWorkQueue(t *testing.T) {
+	r := newRigWith(t, amqpretry.Config{Tiers: testTiers, HeldRetries: 1, DelayedRetryDelay: 500 * time.Millisecond}, "orders", "classic")
 	ch, err := brokertest.Dial(t).Channel()
 	if err != nil {
 		t.Fatal(err)

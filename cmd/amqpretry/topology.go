@@ -56,7 +56,7 @@ common flags and the work queues, and the command that applies them. It needs no
 		Use:   "apply",
 		Short: "Declare the plan, idempotently (needs configure permission)",
 		Long: `apply declares what plan prints, idempotently: a second run changes nothing. A missing
-work queue is created (quorum with the delayed-retry arguments when --delayed-retries or
+work queue is created (quorum with the delayed-retry arguments when --held-retries or
 the delayed-retry backend say so, else durable and classic); an existing one is left as
 it is, unless the plan gives it arguments, which must then match. A declaration that
 clashes with an existing object fails naming the object and the argument.

@@ -503,8 +503,8 @@ func TestApplyCommand(t *testing.T) {
 		{Spec{Name: delay.BinaryLevels}, "amqpretry.poison", 0, time.Second, nil, "amqpretry topology apply --backend binary-levels"},
 		{Spec{Name: delay.DelayedExchange, Prefix: "x"}, "x.poison", 0, time.Second, []string{"q"}, "amqpretry topology apply --backend delayed-exchange --prefix x --queue q"},
 		{Spec{Name: delay.TTLTiers}, "dead", 2, 5 * time.Second, []string{"q"},
-			"amqpretry topology apply --backend ttl-tiers --delayed-retries 2 --retry-delay 5s --poison-queue dead --queue q"},
-		{Spec{Name: delay.TTLTiers}, "amqpretry.poison", 2, time.Second, nil, "amqpretry topology apply --backend ttl-tiers --delayed-retries 2"},
+			"amqpretry topology apply --backend ttl-tiers --held-retries 2 --retry-delay 5s --poison-queue dead --queue q"},
+		{Spec{Name: delay.TTLTiers}, "amqpretry.poison", 2, time.Second, nil, "amqpretry topology apply --backend ttl-tiers --held-retries 2"},
 		{Spec{Name: delay.DelayedRetry}, "amqpretry.poison", 0, time.Second, nil, "amqpretry topology apply --backend delayed-retry"},
 		{Spec{Name: delay.DelayedRetry}, "amqpretry.poison", 0, 2500 * time.Millisecond, nil, "amqpretry topology apply --backend delayed-retry --retry-delay 2.5s"},
 	} {

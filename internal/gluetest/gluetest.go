@@ -94,7 +94,7 @@ func Run(t *testing.T, m Major) {
 		{"LowDeliveryLimitOnQuorumWorkQueueIsWarned", LowDeliveryLimitOnQuorumWorkQueueIsWarned, false},
 		{"LeastPrivilegeAfterTopologyApply", LeastPrivilegeAfterTopologyApply, false},
 		{"DelayedRetry", DelayedRetry, true},
-		{"DelayedRetriesThenCopies", DelayedRetriesThenCopies, false},
+		{"HeldRetriesThenCopies", HeldRetriesThenCopies, false},
 		{"DelayedRetryOnAQueueWithoutItFallsBackLoudly", DelayedRetryOnAQueueWithoutItFallsBackLoudly, false},
 		{"CopyingBackendOnADelayedRetryQueueKeepsIt", CopyingBackendOnADelayedRetryQueueKeepsIt, false},
 		{"DelayedRetryRefusedBefore43", DelayedRetryRefusedBefore43, false},
