@@ -23,11 +23,14 @@ import (
 // once, in the field's comment. The transport package of your watermill-amqp major
 // (wamqp3.New or wamqp2.New) takes it, with the subscriber config.
 type Config struct {
-	// Backend names the delay backend (package delay): "ttl-tiers", "binary-levels",
-	// "delayed-exchange", "delayed-retry", "delivery-time" (over AMQP 1.0: the
-	// transport of package github.com/amqpretry/amqpretry/amqp1) or "memory".
-	// Switching backends is a change of this string only. Default: "ttl-tiers".
-	Backend string
+	// Backend names the delay backend (package delay): delay.TTLTiers ("ttl-tiers"),
+	// delay.BinaryLevels ("binary-levels"), delay.DelayedExchange ("delayed-exchange"),
+	// delay.DelayedRetry ("delayed-retry"), delay.DeliveryTime ("delivery-time", over
+	// AMQP 1.0: the transport of package github.com/amqpretry/amqpretry/amqp1) or
+	// delay.Memory ("memory"). A name read from configuration converts with
+	// delay.Backend(s): switching backends is a change of this string only.
+	// Default: delay.TTLTiers.
+	Backend delay.Backend
 	// Prefix starts the name of every queue and exchange the library declares, so
 	// that several applications can share a vhost. Default: "amqpretry".
 	Prefix string
@@ -40,8 +43,8 @@ type Config struct {
 	// 2^Levels - 1 s: 1 to 29. Change Prefix with it: New refuses a prefix that holds
 	// a ladder of other Levels (docs/switching-backends.md). Default: 28 (about 8.5 years).
 	Levels int
-	// DelayedRetries is how many retries, from the first, RabbitMQ 4.3+ holds in the
-	// work queue itself, DelayedRetryDelay apart, before Backend takes the next ones:
+	// HeldRetries is how many retries, from the first, RabbitMQ 4.3+ holds in the
+	// work queue itself (held retries), DelayedRetryDelay apart, before Backend takes the next ones:
 	// no copy, no publish (its delayed retry of quorum queues). The work queues must be
 	// quorum queues; the subscriber config gets the queue arguments it needs. With
 	// Backend "delayed-retry" every retry is held this way and this field is unused.
@@ -54,7 +57,7 @@ type Config struct {
 	// wire: when it comes back, this process writes the envelope it kept into the
 	// message's metadata (middleware.ReadEnvelope gives its attempt, error and Due, so
 	// lateness is time.Since(env.Due) as on a copy); after a restart it has none.
-	DelayedRetries int
+	HeldRetries int
 	// DelayedRetryDelay is the constant delay of the retries RabbitMQ holds in the
 	// work queue (its x-delayed-retry-min and -max), a whole number of milliseconds.
 	// With Backend "delayed-retry" alone, a longer delay of the error's own (a
@@ -125,7 +128,7 @@ func (c Config) WithDefaults() Config {
 		c.DelayedRetryDelay = backend.DefaultRetryDelay
 	}
 	if c.Backend == delay.DelayedRetry {
-		c.DelayedRetries = 0
+		c.HeldRetries = 0
 	}
 	c.Policy = c.Policy.withDefaults()
 	if c.PoisonQueue == "" {
@@ -164,8 +167,8 @@ func (c Config) Validate() error {
 	} else if b, err := c.backend(); err == nil {
 		errs = append(errs, c.fits(b, user)...)
 	}
-	if c.DelayedRetries > 0 && c.Policy.Immediate > 0 {
-		errs = append(errs, errors.New("DelayedRetries: not with Policy.Immediate: retry either in this process or in the broker"))
+	if c.HeldRetries > 0 && c.Policy.Immediate > 0 {
+		errs = append(errs, errors.New("HeldRetries: not with Policy.Immediate: retry either in this process or in the broker"))
 	}
 	if c.ConfirmTimeout < 0 {
 		errs = append(errs, fmt.Errorf("ConfirmTimeout: %s is negative", c.ConfirmTimeout))
@@ -180,7 +183,7 @@ func (c Config) Validate() error {
 }
 
 // topologyErrors reports every invalid field among those that decide what c declares
-// on the broker: the backend and its settings, the names, the delayed retries. c has
+// on the broker: the backend and its settings, the names, the held retries. c has
 // its defaults.
 func (c Config) topologyErrors() []error {
 	var errs []error
@@ -190,13 +193,13 @@ func (c Config) topologyErrors() []error {
 	if len(c.PoisonQueue) > names.MaxBytes {
 		errs = append(errs, fmt.Errorf("PoisonQueue: %q is %d bytes long, over AMQP's %d", c.PoisonQueue, len(c.PoisonQueue), names.MaxBytes))
 	}
-	if c.DelayedRetries < 0 {
-		errs = append(errs, fmt.Errorf("DelayedRetries: %d is negative", c.DelayedRetries))
+	if c.HeldRetries < 0 {
+		errs = append(errs, fmt.Errorf("HeldRetries: %d is negative", c.HeldRetries))
 	}
-	if c.DelayedRetries > 0 && (c.Backend == delay.Memory || c.Backend == delay.DelayedExchange || c.Backend == delay.DeliveryTime) {
-		errs = append(errs, fmt.Errorf("DelayedRetries: delayed retries on RabbitMQ 4.3 cannot stand in front of the %s backend", c.Backend))
+	if c.HeldRetries > 0 && (c.Backend == delay.Memory || c.Backend == delay.DelayedExchange || c.Backend == delay.DeliveryTime) {
+		errs = append(errs, fmt.Errorf("HeldRetries: retries held in the work queue (RabbitMQ 4.3) cannot stand in front of the %s backend", c.Backend))
 	}
-	if c.DelayedRetries > 0 && c.Backend != delay.DelayedRetry { // the backend's own lookup checks it otherwise
+	if c.HeldRetries > 0 && c.Backend != delay.DelayedRetry { // the backend's own lookup checks it otherwise
 		if err := backend.CheckRetryDelay(c.DelayedRetryDelay); err != nil {
 			errs = append(errs, err)
 		}
@@ -213,7 +216,7 @@ func (c Config) fits(b backend.Backend, user Policy) []error {
 		return c.fitsDelayedRetry(user)
 	}
 	// A delay the backend refuses could never be handed off.
-	longest, field := c.Policy.longest(c.DelayedRetries)
+	longest, field := c.Policy.longest(c.HeldRetries)
 	if longest <= 0 {
 		return nil
 	}
@@ -244,7 +247,7 @@ func (c Config) fitsDelayedRetry(user Policy) []error {
 	var errs []error
 	d, p, def := c.DelayedRetryDelay, c.Policy, Policy{}.withDefaults()
 	what := fmt.Sprintf("the %s backend holds every retry of a work queue for one constant delay, every %s (DelayedRetryDelay)", c.Backend, d)
-	copying := "or put a copying Backend behind DelayedRetries"
+	copying := "or put a copying Backend behind HeldRetries"
 	if len(user.Delays) > 0 {
 		switch {
 		case slices.Max(user.Delays) == d && slices.Min(user.Delays) == d:
@@ -310,7 +313,7 @@ func (c Config) Plan(workQueues ...string) (topology.Topology, error) {
 // retries, a quorum queue that holds returned deliveries for DelayedRetryDelay. c has
 // its defaults.
 func (c Config) workQueueArgs() map[string]interface{} {
-	if !backend.HoldsRetries(c.Backend, c.DelayedRetries) {
+	if !backend.HoldsRetries(c.Backend, c.HeldRetries) {
 		return nil
 	}
 	return backend.WorkQueueArgs(c.DelayedRetryDelay)

@@ -67,7 +67,7 @@ func TestConfigDefaultsFollowAndKeep(t *testing.T) {
 	// Set fields are kept.
 	set := amqpretry.Config{
 		Backend: delay.BinaryLevels, Prefix: "p", Tiers: []time.Duration{time.Second}, Levels: 7,
-		DelayedRetries: 2, DelayedRetryDelay: 3 * time.Second, PoisonQueue: "dead", ConfirmTimeout: time.Second,
+		HeldRetries: 2, DelayedRetryDelay: 3 * time.Second, PoisonQueue: "dead", ConfirmTimeout: time.Second,
 		Topology: topology.ModeVerify, HandoffAttempts: 9, RetryLogEvery: 4,
 		Policy: amqpretry.Policy{MaxAttempts: 2, InitialInterval: time.Minute, Multiplier: 3, MaxInterval: time.Hour, Jitter: 0.5, Immediate: 1, ImmediateInterval: time.Millisecond},
 	}
@@ -80,8 +80,8 @@ func TestConfigDefaultsFollowAndKeep(t *testing.T) {
 	if j := (amqpretry.Config{Policy: amqpretry.Policy{NoJitter: true, Jitter: 0.3}}).WithDefaults().Policy.Jitter; j != 0 {
 		t.Errorf("NoJitter: jitter %g", j)
 	}
-	if n := (amqpretry.Config{Backend: delay.DelayedRetry, DelayedRetries: 3}).WithDefaults().DelayedRetries; n != 0 {
-		t.Errorf("delayed-retry backend: DelayedRetries %d, want 0", n)
+	if n := (amqpretry.Config{Backend: delay.DelayedRetry, HeldRetries: 3}).WithDefaults().HeldRetries; n != 0 {
+		t.Errorf("delayed-retry backend: HeldRetries %d, want 0", n)
 	}
 	// An empty, non-nil ladder is not the default: it is refused.
 	c := amqpretry.Config{Tiers: []time.Duration{}}

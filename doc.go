@@ -9,7 +9,7 @@
 //
 //	amqpCfg := amqp.NewDurableQueueConfig(uri) // watermill-amqp v3; pub/sub configs work too
 //	retry, err := wamqp3.New(amqpCfg, amqpretry.Config{
-//		Backend: os.Getenv("DELAY_BACKEND"), // "" is ttl-tiers
+//		Backend: delay.Backend(os.Getenv("DELAY_BACKEND")), // "" is ttl-tiers
 //		Policy:  amqpretry.Policy{MaxAttempts: 5},
 //	})
 //	if err != nil { ... }
@@ -31,7 +31,7 @@
 // confirmed the copy, and nacked for redelivery when it cannot be (at-least-once:
 // nothing lost, a duplicate possible). The broker brings the copy back to the queue that
 // failed, and only to it, after the delay. On RabbitMQ 4.3 the delayed-retry backend (or
-// Config.DelayedRetries, for the first retries) copies nothing: the failed delivery
+// Config.HeldRetries, for the first retries) copies nothing: the failed delivery
 // stays in the work queue and the broker holds it for the queue's delay. After the last
 // attempt, or on a permanent error, the message goes to the poison queue with its
 // envelope.

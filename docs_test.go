@@ -52,7 +52,7 @@ func expectedFigures(t *testing.T) map[string]string {
 	t.Helper()
 	want := map[string]string{}
 	def := amqpretry.Config{}.WithDefaults()
-	plan := func(backendName string, queues ...string) (q, x, b int) {
+	plan := func(backendName delay.Backend, queues ...string) (q, x, b int) {
 		tp, err := amqpretry.Config{Backend: backendName}.Plan(queues...)
 		if err != nil {
 			t.Fatalf("Plan(%s): %v", backendName, err)
@@ -60,15 +60,15 @@ func expectedFigures(t *testing.T) map[string]string {
 		return len(tp.Queues), len(tp.Exchanges), len(tp.Bindings)
 	}
 	perWorkQueue := -1
-	for _, name := range []string{delay.TTLTiers, delay.BinaryLevels} {
+	for _, name := range []delay.Backend{delay.TTLTiers, delay.BinaryLevels} {
 		q, x, b := plan(name)
-		want[name+".queues"] = strconv.Itoa(q)
-		want[name+".exchanges"] = strconv.Itoa(x)
-		want[name+".bindings"] = strconv.Itoa(b)
+		want[string(name)+".queues"] = strconv.Itoa(q)
+		want[string(name)+".exchanges"] = strconv.Itoa(x)
+		want[string(name)+".bindings"] = strconv.Itoa(b)
 		// RabbitMQ 3.x reserves 3 file handles per single-node quorum queue
 		// (docs/broker-resources.md, measured).
-		want[name+".handles"] = strconv.Itoa(3 * q)
-		for _, n := range []string{delay.TTLTiers, delay.BinaryLevels, delay.DelayedExchange} {
+		want[string(name)+".handles"] = strconv.Itoa(3 * q)
+		for _, n := range []delay.Backend{delay.TTLTiers, delay.BinaryLevels, delay.DelayedExchange} {
 			_, _, b0 := plan(n)
 			_, _, b1 := plan(n, "work")
 			if perWorkQueue >= 0 && b1-b0 != perWorkQueue {
@@ -108,7 +108,7 @@ func expectedFigures(t *testing.T) map[string]string {
 
 // longest finds the longest delay backend name accepts, in steps of step: the
 // backend's Effective accepts it and refuses one step more.
-func longest(t *testing.T, c amqpretry.Config, name string, step time.Duration) time.Duration {
+func longest(t *testing.T, c amqpretry.Config, name delay.Backend, step time.Duration) time.Duration {
 	t.Helper()
 	b, err := backend.Lookup(backend.Spec{Name: name, Prefix: c.Prefix, Tiers: c.Tiers, Levels: c.Levels, RetryDelay: c.DelayedRetryDelay})
 	if err != nil {

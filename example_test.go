@@ -110,7 +110,7 @@ func ExampleConfig_backends() {
 		{Backend: delay.DelayedRetry, DelayedRetryDelay: 2 * time.Second, Policy: amqpretry.Policy{MaxAttempts: 4}},
 		// RabbitMQ 4.3: the first two retries held in the work queue, later ones on
 		// ttl-tiers with exponential backoff.
-		{Backend: delay.TTLTiers, DelayedRetries: 2, DelayedRetryDelay: 200 * time.Millisecond},
+		{Backend: delay.TTLTiers, HeldRetries: 2, DelayedRetryDelay: 200 * time.Millisecond},
 	}
 }
 

@@ -42,8 +42,8 @@ type Policy struct {
 	// by Classify, skips them. Default: 0.
 	//
 	// The schedule (Delays, or InitialInterval onwards) is the delayed stage's: it
-	// starts after the retries of a first stage, Immediate or Config.DelayedRetries,
-	// at its first delay. With DelayedRetries 2 and the defaults, attempts 2 and 3 come
+	// starts after the retries of a first stage, Immediate or Config.HeldRetries,
+	// at its first delay. With HeldRetries 2 and the defaults, attempts 2 and 3 come
 	// DelayedRetryDelay after the failure, attempt 4 about 1s after, attempt 5 about 2s.
 	Immediate int
 	// ImmediateInterval is the pause before each immediate retry. Default: 0.

@@ -236,12 +236,12 @@ func TestDecisionOf(t *testing.T) {
 // topology mode among them (once topology.ParseMode's test).
 func TestConfigValidateNamesTheField(t *testing.T) {
 	err := amqpretry.Config{
-		Topology: "passive", Backend: "rabbit", PoisonQueue: strings.Repeat("p", 256), DelayedRetries: -1,
+		Topology: "passive", Backend: "rabbit", PoisonQueue: strings.Repeat("p", 256), HeldRetries: -1,
 		ConfirmTimeout: -time.Second, HandoffAttempts: -1,
 	}.Validate()
 	for _, want := range []string{
 		`Topology: unknown mode "passive" (known: declare, verify, none)`, `Backend: unknown backend "rabbit"`,
-		"PoisonQueue:", "DelayedRetries: -1 is negative", "ConfirmTimeout:", "HandoffAttempts:",
+		"PoisonQueue:", "HeldRetries: -1 is negative", "ConfirmTimeout:", "HandoffAttempts:",
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v, does not say %q", err, want)

@@ -45,9 +45,9 @@ func TestLimitCheckedAgainstTheSchedule(t *testing.T) {
 		{"unreached delay", levels(4, amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{time.Second, 20 * time.Second}}), nil},
 		{"reached delay", levels(4, amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{time.Second, 20 * time.Second}}),
 			[]string{"Policy.Delays[1]: ", "20s", "15s", "shorten Policy.Delays[1] to at most 15s"}},
-		// Immediate retries and delayed retries come first: they leave fewer for the schedule.
+		// Immediate retries and held retries come first: they leave fewer for the schedule.
 		{"immediate retries take the attempts", levels(4, amqpretry.Policy{MaxAttempts: 3, Immediate: 2, Delays: []time.Duration{time.Hour}}), nil},
-		{"delayed retries take the attempts", amqpretry.Config{Backend: delay.BinaryLevels, Levels: 4, DelayedRetries: 2,
+		{"held retries take the attempts", amqpretry.Config{Backend: delay.BinaryLevels, Levels: 4, HeldRetries: 2,
 			Policy: amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{time.Second, time.Hour}}}, nil},
 		{"one attempt asks for nothing", levels(1, amqpretry.Policy{MaxAttempts: 1, Delays: []time.Duration{time.Hour}}), nil},
 		{"delayed-exchange", amqpretry.Config{Backend: delay.DelayedExchange, Policy: amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{60 * 24 * time.Hour}}},
@@ -91,7 +91,7 @@ func TestDelayedRetryRefusesOnlyWhatChangesBehaviour(t *testing.T) {
 		{"delays of another constant", dr(amqpretry.Policy{Delays: []time.Duration{3 * time.Second}}),
 			[]string{"Policy.Delays: ", "3s", "every 1s (DelayedRetryDelay)", "set DelayedRetryDelay to 3s"}},
 		{"a growing schedule", dr(amqpretry.Policy{Delays: []time.Duration{time.Second, 5 * time.Second}}),
-			[]string{"Policy.Delays: ", "cannot grow", "DelayedRetries"}},
+			[]string{"Policy.Delays: ", "cannot grow", "HeldRetries"}},
 		{"another first interval", dr(amqpretry.Policy{InitialInterval: 2 * time.Second}),
 			[]string{"Policy.InitialInterval: 2s", "set DelayedRetryDelay to 2s"}},
 		{"immediate retries", dr(amqpretry.Policy{Immediate: 1}), []string{"Policy.Immediate: 1", "set Policy.Immediate to 0, or use a copying Backend"}},

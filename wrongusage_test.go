@@ -179,10 +179,10 @@ func classicUnderDelayedRetry(m topology.Mode) func(e *wuEnv) amqpretry.Config {
 // names.
 func classicFix(queue string) []string {
 	return []string{
-		fmt.Sprintf("work queue %q is a classic queue, and delayed retries (Backend delayed-retry or DelayedRetries) need a quorum queue", queue),
+		fmt.Sprintf("work queue %q is a classic queue, and delayed retries (Backend delayed-retry or HeldRetries) need a quorum queue", queue),
 		"a queue's type cannot change, not even by a policy",
 		"move to a new quorum queue", "move the messages to it",
-		"or keep it as it is and use a copying Backend (ttl-tiers or binary-levels) without DelayedRetries",
+		"or keep it as it is and use a copying Backend (ttl-tiers or binary-levels) without HeldRetries",
 	}
 }
 

@@ -59,8 +59,8 @@ func NewRetry(sub SubscriberConfig, cfg amqpretry.Config) (*Retry, error) {
 	if err := deliveryLimitFits(sub.Queue.Arguments, cfg.WithDefaults().Policy.MaxAttempts); err != nil {
 		errs = append(errs, err)
 	}
-	if cfg.DelayedRetries != 0 {
-		errs = append(errs, fmt.Errorf("DelayedRetries: every retry is held in the queue with %s", delay.DeliveryTime))
+	if cfg.HeldRetries != 0 {
+		errs = append(errs, fmt.Errorf("HeldRetries: every retry is held in the queue with %s", delay.DeliveryTime))
 	}
 	errs = append(errs, cfg.Validate())
 	if err := errors.Join(errs...); err != nil {

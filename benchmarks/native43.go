@@ -45,7 +45,7 @@ import (
 //     path without any success).
 //   - library: one Watermill router, wamqp3 (watermill-amqp v3, Consume.Qos.PrefetchCount
 //     1 or 50), the same messages. delayed-retry: Config{Backend: "delayed-retry",
-//     DelayedRetryDelay: 1ms}; two-stage: Config{DelayedRetries: 1, ttl-tiers with one
+//     DelayedRetryDelay: 1ms}; two-stage: Config{HeldRetries: 1, ttl-tiers with one
 //     1 ms tier behind}; ttl-tiers: the copying backend, one 1 ms tier; ceiling-copy:
 //     the ceiling middleware of ceiling.go (a confirmed copy to the same tier, nothing
 //     else) with the ttl-tiers subscriber; ceiling-native: a middleware that only nacks
@@ -612,7 +612,7 @@ func (e *env) setup43(ctx context.Context, o run43opts, msgs []*message.Message)
 			rcfg.Backend, rcfg.Tiers = delay.TTLTiers, []time.Duration{o.delay}
 			rcfg.Policy = amqpretry.Policy{MaxAttempts: 100, Delays: []time.Duration{o.delay}}
 			if o.kind == "two-stage" {
-				rcfg.DelayedRetries, rcfg.DelayedRetryDelay = 1, o.delay
+				rcfg.HeldRetries, rcfg.DelayedRetryDelay = 1, o.delay
 			}
 		}
 		e.reg.queue(rcfg.PoisonQueue) // whatever Plan says

@@ -45,10 +45,10 @@ func (r *report) noteFailure(err error) { r.failures = append(r.failures, err) }
 
 // latenessGoal is the p99 goal per backend, in ms; 0 means none.
 func latenessGoal(backend string) float64 {
-	switch backend {
-	case delay.TTLTiers, "delayed-exchange":
+	switch delay.Backend(backend) {
+	case delay.TTLTiers, delay.DelayedExchange:
 		return 100
-	case "binary-levels":
+	case delay.BinaryLevels:
 		return 1000
 	}
 	return 0

@@ -37,7 +37,7 @@ func benchBackends() []string {
 		if _, inPlace := b.(backend.InPlace); err == nil && inPlace {
 			continue
 		}
-		out = append(out, name)
+		out = append(out, string(name))
 	}
 	return out
 }
@@ -53,7 +53,7 @@ func (e *env) newRig(name, scope string, tiers []time.Duration) (r *rig, skip st
 		return nil, "", err
 	}
 	prefix := e.name(scope, name)
-	spec := backend.Spec{Name: name, Prefix: prefix, Tiers: tiers, Levels: backend.DefaultLevels, RetryDelay: backend.DefaultRetryDelay}
+	spec := backend.Spec{Name: delay.Backend(name), Prefix: prefix, Tiers: tiers, Levels: backend.DefaultLevels, RetryDelay: backend.DefaultRetryDelay}
 	b, err := backend.New(spec, backend.Env{Handoff: h, Memory: queuePublisher{h}})
 	if err == nil {
 		e.reg.topology(b.Topology())

@@ -116,7 +116,7 @@ func runScale(ctx context.Context, e *env, ctl []string, only string) (*ScaleRes
 	}
 	res.DeadLetterRate = round(rate, 0)
 	for _, name := range benchBackends() {
-		if name == delay.Memory {
+		if delay.Backend(name) == delay.Memory {
 			continue // no broker side: its retries wait in this process
 		}
 		if only != "" && !slices.Contains(strings.Split(only, ","), name) {
@@ -148,7 +148,7 @@ func runScale(ctx context.Context, e *env, ctl []string, only string) (*ScaleRes
 
 func (e *env) scaleOne(ctx context.Context, name string, ctl []string) (*ScaleResult, string, error) {
 	var tiers []time.Duration
-	if name == delay.TTLTiers {
+	if delay.Backend(name) == delay.TTLTiers {
 		for d := time.Second; d <= scaleMaxTier; d += time.Second {
 			tiers = append(tiers, d)
 		}
@@ -201,13 +201,13 @@ func (e *env) scaleOne(ctx context.Context, name string, ctl []string) (*ScaleRe
 	fmt.Printf("   hand-off rate, none waiting: %.0f/s (%d)\n", res.HandoffRateNone, scaleRateN)
 	fill := batch
 	res.FillPath = "the backend's Publish"
-	if name == delay.BinaryLevels {
+	if delay.Backend(name) == delay.BinaryLevels {
 		res.FillPath = "straight to the exchange of the first level the retry waits in (levelPublish), also for the same-second retries"
 		fill = func(n int) (float64, error) { return e.fillLevel(ctx, r, &seq, n) }
 	}
 	t0 := time.Now()
 	fillRate := res.HandoffRateNone // the same-second retries go in as the fill does
-	if name == delay.BinaryLevels {
+	if delay.Backend(name) == delay.BinaryLevels {
 		fillRate = math.Inf(1)
 	}
 	for seq < scaleWaiting {

@@ -2,18 +2,25 @@ package delay
 
 import "errors"
 
+// Backend is the name of a delay backend, the type of amqpretry.Config.Backend:
+// TTLTiers ("ttl-tiers", the default), BinaryLevels ("binary-levels"),
+// DelayedExchange ("delayed-exchange"), DelayedRetry ("delayed-retry"), DeliveryTime
+// ("delivery-time", over AMQP 1.0) or Memory ("memory"). A name read from
+// configuration converts with Backend(s); an unknown one is refused by New.
+type Backend string
+
 // Names of the delay backends: the values of amqpretry.Config.Backend.
 const (
 	// TTLTiers (the default) parks a retry in one of a ladder of quorum queues with
 	// queue-level TTLs; a delay snaps up to the next tier.
-	TTLTiers = "ttl-tiers"
+	TTLTiers Backend = "ttl-tiers"
 	// BinaryLevels parks a retry in a cascade of quorum queues of 2^L seconds: any
 	// delay up to 2^Levels - 1 s, in 1 s steps, without a plugin.
-	BinaryLevels = "binary-levels"
+	BinaryLevels Backend = "binary-levels"
 	// DelayedExchange hands a retry to the rabbitmq_delayed_message_exchange plugin:
 	// 1 ms steps up to 49.7 days, stored on one node. The plugin cannot run on
 	// RabbitMQ 4.3 or later.
-	DelayedExchange = "delayed-exchange"
+	DelayedExchange Backend = "delayed-exchange"
 	// DelayedRetry has RabbitMQ 4.3+ hold the failed delivery in the work queue itself
 	// (its delayed retry of quorum queues): no copy, no publish, one constant delay per
 	// work queue, without jitter. A Policy value that would change that (Delays other
@@ -21,15 +28,15 @@ const (
 	// Jitter, Immediate) is refused; one equal to its default changes nothing and is
 	// accepted. The work queue must be a quorum queue: a classic one is refused at
 	// the first subscribe.
-	DelayedRetry = "delayed-retry"
+	DelayedRetry Backend = "delayed-retry"
 	// DeliveryTime has RabbitMQ 4.3+ hold a failed delivery received over AMQP 1.0 in
 	// its quorum queue until an exact time (the modified outcome with
 	// x-opt-delivery-time): any delay per message, no copy. It needs the AMQP 1.0
 	// transport, github.com/amqpretry/amqpretry/amqp1.
-	DeliveryTime = "delivery-time"
+	DeliveryTime Backend = "delivery-time"
 	// Memory holds a retry in a timer of this process: not durable, for tests and
 	// demos only.
-	Memory = "memory"
+	Memory Backend = "memory"
 )
 
 var (

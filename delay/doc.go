@@ -1,7 +1,8 @@
-// Package delay names the delay backends and the errors they return. Import it to name
-// a backend in code (amqpretry.Config.Backend takes the name, so a deployment can
-// switch backends by configuration alone) or to match ErrDelayTooLong,
-// ErrPluginMissing or ErrUnsupported.
+// Package delay names the delay backends (type Backend) and the errors they return.
+// Import it to name a backend in code (amqpretry.Config.Backend is a Backend; a name
+// read from configuration converts with delay.Backend(s), so a deployment can switch
+// backends by configuration alone) or to match ErrDelayTooLong, ErrPluginMissing or
+// ErrUnsupported.
 //
 //	backend           precision                    longest delay          broker
 //	ttl-tiers         snaps up to the next tier    the longest tier (1h)  3.10+
@@ -21,7 +22,7 @@
 // delayed-retry copies nothing: the middleware settles the failed delivery with a
 // requeue and RabbitMQ 4.3 holds it aside in the work queue for the queue's delay. It
 // can also take the first retries only, in front of a copying backend (see
-// amqpretry.Config.DelayedRetries).
+// amqpretry.Config.HeldRetries).
 //
 // delivery-time copies nothing either: over AMQP 1.0 (the transport of package
 // github.com/amqpretry/amqpretry/amqp1) the middleware settles the failed delivery with

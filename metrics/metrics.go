@@ -180,7 +180,7 @@ func (m *Metrics) Observe(e middleware.Event) {
 	switch e.Kind {
 	case middleware.EventDelivered:
 		if e.Late {
-			backend := e.Backend
+			backend := string(e.Backend)
 			if backend == "" {
 				backend = m.took.get(e.Queue, e.Attempt-1)
 			}
@@ -189,7 +189,7 @@ func (m *Metrics) Observe(e middleware.Event) {
 	case middleware.EventSucceeded:
 		m.attempts.WithLabelValues("succeeded").Observe(float64(e.Attempt))
 	case middleware.EventRetryScheduled:
-		backend := orUnknown(e.Backend)
+		backend := orUnknown(string(e.Backend))
 		m.took.set(e.Queue, e.Attempt, backend)
 		m.retries.WithLabelValues(e.Queue, backend).Inc()
 		if e.Handoff > 0 { // a retry the broker holds in place (delayed-retry, delivery-time) is not published
@@ -217,7 +217,7 @@ func orUnknown(s string) string {
 
 // tookBy remembers, per work queue and failed attempt, the backend that took the last
 // retry scheduled from there, so that a delivered retry whose event does not name its
-// backend is labelled with the one that held it: with Config.DelayedRetries, the first
+// backend is labelled with the one that held it: with Config.HeldRetries, the first
 // retries are held in the work queue and the later ones copied, by attempt. It is
 // bounded by the queues and attempts the application has (maxTook entries at most).
 type tookBy struct {

@@ -249,7 +249,7 @@ func TestDelayedRetryMetrics(t *testing.T) {
 	var done atomic.Int64
 	r := start(t, uri, amqpretry.Config{
 		Prefix:            brokertest.Prefix(t),
-		DelayedRetries:    1,
+		HeldRetries:       1,
 		DelayedRetryDelay: 200 * time.Millisecond,
 		Tiers:             []time.Duration{300 * time.Millisecond},
 		Policy:            amqpretry.Policy{Delays: []time.Duration{300 * time.Millisecond}},
@@ -365,7 +365,7 @@ func TestQueuesOf(t *testing.T) {
 			metrics.Queues{Delay: []string{"p.level.0", "p.level.1"}, Parking: "p.parking", Poison: "dead"}, ""},
 		{"delayed-retry", amqpretry.Config{Backend: delay.DelayedRetry},
 			metrics.Queues{Poison: "amqpretry.poison"}, ""},
-		{"two-stage", amqpretry.Config{Prefix: "p", DelayedRetries: 2, Tiers: []time.Duration{time.Second}},
+		{"two-stage", amqpretry.Config{Prefix: "p", HeldRetries: 2, Tiers: []time.Duration{time.Second}},
 			metrics.Queues{Delay: []string{"p.delay.1s"}, Parking: "p.parking", Poison: "p.poison"}, ""},
 		{"memory", amqpretry.Config{Backend: delay.Memory, Memory: nopPublisher{}}, metrics.Queues{}, "memory backend"},
 		{"invalid", amqpretry.Config{Backend: "nope"}, metrics.Queues{}, `unknown backend "nope"`},

@@ -1,6 +1,10 @@
 package middleware
 
-import "time"
+import (
+	"time"
+
+	"github.com/amqpretry/amqpretry/delay"
+)
 
 // EventKind says what an Event reports.
 type EventKind int
@@ -32,8 +36,8 @@ type Event struct {
 	// Queue is the queue the message came from: one the application subscribes to.
 	Queue string
 	// Backend is the delay backend the event is about (for a retry, the one that
-	// took it: "delayed-retry" for a retry held in the work queue).
-	Backend string
+	// took it: delay.DelayedRetry for a retry held in the work queue).
+	Backend delay.Backend
 	// Attempt is the attempt the event is about, from 1.
 	Attempt int
 	// Reason is the poison reason (EventPoisoned, and EventHandoffFailed for a failed

@@ -63,7 +63,7 @@ func TestPacer(t *testing.T) {
 // the key back: the level count says where the name starts.
 func TestParkedQueueFromRoutingKey(t *testing.T) {
 	for _, tt := range []struct {
-		backend string
+		backend delay.Backend
 		levels  int
 		key     string
 		want    string
@@ -103,11 +103,11 @@ func TestTopologyConfig(t *testing.T) {
 		t.Errorf("delayed-retry: %v", err)
 	}
 	for cfg, want := range map[*amqpretry.Config]string{
-		{Backend: delay.Memory}:                                  "memory backend has nothing on the broker",
-		{Backend: delay.BinaryLevels, Levels: 40}:                "Levels: 40",
-		{Backend: "bogus"}:                                       `unknown backend "bogus"`,
-		{Tiers: []time.Duration{}}:                               "Tiers: empty",
-		{DelayedRetryDelay: time.Microsecond, DelayedRetries: 1}: "DelayedRetryDelay",
+		{Backend: delay.Memory}:                               "memory backend has nothing on the broker",
+		{Backend: delay.BinaryLevels, Levels: 40}:             "Levels: 40",
+		{Backend: "bogus"}:                                    `unknown backend "bogus"`,
+		{Tiers: []time.Duration{}}:                            "Tiers: empty",
+		{DelayedRetryDelay: time.Microsecond, HeldRetries: 1}: "DelayedRetryDelay",
 	} {
 		_, err := topologyConfig(*cfg)
 		if err == nil || !strings.Contains(err.Error(), want) {

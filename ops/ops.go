@@ -29,7 +29,7 @@ type Config struct {
 	AMQP amqp.Config
 	// Retry is the application's retry configuration, its defaults from
 	// Retry.WithDefaults(). Only what names and shapes the broker side counts: Backend,
-	// Prefix, Tiers, Levels, DelayedRetries, DelayedRetryDelay, PoisonQueue, and
+	// Prefix, Tiers, Levels, HeldRetries, DelayedRetryDelay, PoisonQueue, and
 	// ConfirmTimeout (each confirm of a redrive). Policy, Classify, Topology and the
 	// rest are not used (a policy the backend cannot keep is the application's error,
 	// not the topology's). The memory backend has nothing on the broker and is

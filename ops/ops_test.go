@@ -143,7 +143,7 @@ func (r *rig) list(source ops.Source) []string {
 func problems(findings []topology.Finding) []topology.Finding {
 	var out []topology.Finding
 	for _, f := range findings {
-		if f.Status != topology.StatusOK && f.Status != topology.StatusUnchecked {
+		if f.Status != topology.VerdictOK && f.Status != topology.VerdictUnchecked {
 			out = append(out, f)
 		}
 	}
@@ -159,7 +159,7 @@ func TestTopologyVerifyThenApply(t *testing.T) {
 	}
 	missing := map[string]bool{}
 	for _, f := range findings {
-		if f.Status == topology.StatusMissing {
+		if f.Status == topology.VerdictMissing {
 			missing[f.Kind+" "+f.Name] = true
 		}
 	}
@@ -180,13 +180,13 @@ func TestTopologyVerifyThenApply(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, f := range findings {
-		if f.Status != topology.StatusOK {
+		if f.Status != topology.VerdictOK {
 			t.Errorf("after apply, with --bind and configure permission: %+v", f)
 		}
 	}
 	findings, _ = r.ops.Verify(ctx, ops.VerifyOptions{}, r.queues...)
 	for _, f := range findings {
-		if f.Kind == "binding" && f.Status != topology.StatusUnchecked {
+		if f.Kind == "binding" && f.Status != topology.VerdictUnchecked {
 			t.Errorf("binding not asserted but %s", f.Status)
 		}
 	}
@@ -217,7 +217,7 @@ func TestTopologyVerifyThenApply(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := problems(findings)
-	if len(p) != 1 || p[0].Name != bad || p[0].Status != topology.StatusMismatch || p[0].Arg != declare.MessageTTLArg {
+	if len(p) != 1 || p[0].Name != bad || p[0].Status != topology.VerdictMismatch || p[0].Arg != declare.MessageTTLArg {
 		t.Fatalf("want one mismatch on %s naming an argument, got %+v", bad, p)
 	}
 	if _, err := o2.Apply(ctx, r.queues...); !errors.Is(err, topology.ErrMismatch) || !strings.Contains(err.Error(), bad) {
@@ -258,23 +258,23 @@ func TestVerifyWithoutConfigurePermission(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, f := range findings {
-		if f.Kind == "queue" && f.Name == tier && f.Status != topology.StatusUnchecked {
+		if f.Kind == "queue" && f.Name == tier && f.Status != topology.VerdictUnchecked {
 			t.Errorf("mismatched %s checked by a user without configure permission: %+v, want unchecked", tier, f)
 		}
-		if f.Kind == "queue" && f.Status == topology.StatusOK {
+		if f.Kind == "queue" && f.Status == topology.VerdictOK {
 			t.Errorf("%s ok although its arguments could not be compared", f.Name)
 		}
-		if f.Kind == "binding" && f.Status != topology.StatusOK {
+		if f.Kind == "binding" && f.Status != topology.VerdictOK {
 			t.Errorf("binding asserted without configure permission: %+v", f)
 		}
 	}
 }
 
-// TestApplyDelayedRetriesWorkQueue: with delayed retries the plan gives each work
+// TestApplyHeldRetriesWorkQueue: with held retries the plan gives each work
 // queue its arguments; Apply creates a missing one with them (a quorum queue), and a
 // work queue declared otherwise is a mismatch.
-func TestApplyDelayedRetriesWorkQueue(t *testing.T) {
-	r := newRigWith(t, amqpretry.Config{Tiers: testTiers, DelayedRetries: 1, DelayedRetryDelay: 500 * time.Millisecond}, "orders", "classic")
+func TestApplyHeldRetriesWorkQueue(t *testing.T) {
+	r := newRigWith(t, amqpretry.Config{Tiers: testTiers, HeldRetries: 1, DelayedRetryDelay: 500 * time.Millisecond}, "orders", "classic")
 	ch, err := brokertest.Dial(t).Channel()
 	if err != nil {
 		t.Fatal(err)
@@ -569,7 +569,7 @@ func TestParkingRedrive(t *testing.T) {
 		{Tiers: testTiers},
 		{Backend: delay.BinaryLevels, Levels: 2, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}}},
 	} {
-		t.Run(cfg.WithDefaults().Backend, func(t *testing.T) {
+		t.Run(string(cfg.WithDefaults().Backend), func(t *testing.T) {
 			r := newRigWith(t, cfg, "orders")
 			cfg.Prefix = r.prefix
 			r.apply()

@@ -139,8 +139,8 @@ type Status struct {
 	// Broker is the RabbitMQ version from the server properties.
 	Broker string `json:"broker_version"`
 	// Backend and Prefix, as configured.
-	Backend string `json:"backend"`
-	Prefix  string `json:"prefix"`
+	Backend delay.Backend `json:"backend"`
+	Prefix  string        `json:"prefix"`
 	// DelayedExchange, for the delayed-exchange backend, tells whether its exchange
 	// exists, and so that the plugin runs; otherwise false.
 	DelayedExchange bool `json:"delayed_exchange"`
@@ -193,7 +193,7 @@ const (
 	FlagUnderReplicated FlagKind = "under-replicated"
 	// FlagQueueType: a work queue is of type Flag.QueueType ("classic", or "not
 	// quorum" when only the broker's counts tell) where delayed retries (Backend delayed-retry,
-	// DelayedRetries) need a quorum queue: the broker redelivers its nacked messages at
+	// HeldRetries) need a quorum queue: the broker redelivers its nacked messages at
 	// once. A queue's type cannot change: move to a new quorum queue, or use a copying
 	// backend.
 	FlagQueueType FlagKind = "queue-type"
@@ -401,7 +401,7 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 // holdsRetries tells whether the work queues hold retries (delayed retry), and so
 // must be quorum queues.
 func (o *Ops) holdsRetries() bool {
-	return o.retry.Backend == delay.DelayedRetry || o.retry.DelayedRetries > 0
+	return o.retry.Backend == delay.DelayedRetry || o.retry.HeldRetries > 0
 }
 
 // workQueueType is the type of work queue qs, which exists, or "" when unknown: over

@@ -56,7 +56,7 @@ type VerifyOptions struct {
 	// Bind asserts each binding: queue.bind and exchange.bind are idempotent and need
 	// write permission on the destination and read on the source, no configure; a
 	// binding whose ends both exist is created if it was missing. Without it bindings
-	// are topology.StatusUnchecked: AMQP 0-9-1 has no way to read them.
+	// are topology.VerdictUnchecked: AMQP 0-9-1 has no way to read them.
 	Bind bool
 	// Counts, if set, reads the broker's counts (as StatusOptions.Counts) once the
 	// declarations are checked, to report each existing quorum queue's members and
@@ -69,8 +69,8 @@ type VerifyOptions struct {
 // queue (Finding.Kind "work queue"). Every exchange and queue is declared passively
 // (does it exist?) and, where it exists, again with the expected arguments on a
 // throwaway channel: a no-op when they are equal, a 406 naming the argument when not
-// (topology.StatusMismatch). That comparison needs configure permission: where it is
-// refused the finding is topology.StatusUnchecked, never StatusOK. A work queue is
+// (topology.VerdictMismatch). That comparison needs configure permission: where it is
+// refused the finding is topology.VerdictUnchecked, never VerdictOK. A work queue is
 // compared only when the plan gives it arguments (delayed retries); otherwise only its
 // existence is checked. It returns an error only when it cannot check; the problems
 // are in the findings.
@@ -127,7 +127,7 @@ func (o *Ops) Verify(ctx context.Context, opts VerifyOptions, workQueues ...stri
 		return out, fmt.Errorf("verify: broker counts: %w", o.redact(err))
 	}
 	for i, f := range out {
-		if (f.Kind == "queue" || f.Kind == "work queue") && f.Status != topology.StatusMissing {
+		if (f.Kind == "queue" || f.Kind == "work queue") && f.Status != topology.VerdictMissing {
 			out[i].Members, out[i].Online = c.Members[f.Name], c.Online[f.Name]
 		}
 	}

@@ -23,7 +23,7 @@ import (
 // queue: in the delay queues of ttl-tiers and binary-levels under Config.Retry.Prefix
 // (those of the configured backend and any other such queue found under the prefix,
 // left by a change of Backend, Tiers or Levels), and, on RabbitMQ 4.3, in the delayed
-// retry of the work queue named by Filter.Queue (delayed-retry, or DelayedRetries).
+// retry of the work queue named by Filter.Queue (delayed-retry, or HeldRetries).
 // Filter.Queue selects the retries of one work queue.
 //
 //   - List reads them without changing anything a later delivery sees (see
@@ -80,7 +80,7 @@ func (o *Ops) waitingQueues(ctx context.Context) (queues []string, old map[strin
 // inPlace tells whether retries may wait in the work queue itself (RabbitMQ 4.3's
 // delayed retry).
 func (o *Ops) inPlace() bool {
-	return o.retry.Backend == delay.DelayedRetry || o.retry.DelayedRetries > 0
+	return o.retry.Backend == delay.DelayedRetry || o.retry.HeldRetries > 0
 }
 
 // erlBinary spells s as an Erlang binary of its bytes: nothing in a name can break out

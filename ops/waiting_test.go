@@ -95,7 +95,7 @@ func seenOf(res ops.ListResult) []seen {
 // and the same listing sees it: the counters it reads are the live ones.
 func TestPeekChangesNothing(t *testing.T) {
 	for _, cfg := range waitingBackends {
-		t.Run(cfg.WithDefaults().Backend, func(t *testing.T) {
+		t.Run(string(cfg.WithDefaults().Backend), func(t *testing.T) {
 			r := waitingRig(t, cfg, "orders", "invoices")
 			failed := time.Now().Add(-time.Hour)
 			for i := range 5 {
@@ -163,7 +163,7 @@ func uuids(msgs []ops.Message) []string {
 // run that changes nothing.
 func TestRetryNowAndPurgeWaiting(t *testing.T) {
 	for _, cfg := range waitingBackends {
-		t.Run(cfg.WithDefaults().Backend, func(t *testing.T) {
+		t.Run(string(cfg.WithDefaults().Backend), func(t *testing.T) {
 			r := waitingRig(t, cfg, "orders", "invoices")
 			orders, invoices := r.queues[0], r.queues[1]
 			old, recent := time.Now().Add(-2*time.Hour), time.Now()
@@ -267,7 +267,7 @@ func TestRetryNowSurvivesConnectionKill(t *testing.T) {
 	skipShort(t)
 	const total = 200
 	for _, cfg := range waitingBackends {
-		t.Run(cfg.WithDefaults().Backend, func(t *testing.T) {
+		t.Run(string(cfg.WithDefaults().Backend), func(t *testing.T) {
 			r := waitingRig(t, cfg, "orders")
 			queue := r.queues[0]
 			for i := range total {

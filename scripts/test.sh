@@ -337,7 +337,7 @@ if [ "$RABBITMQ4" = 1 ]; then
     done
     if [ "$series" = 4.3 ]; then
       quickstart "RabbitMQ 4.3" "$uri" DELAY_BACKEND=delayed-retry
-      quickstart "RabbitMQ 4.3" "$uri" DELAY_BACKEND=ttl-tiers DELAYED_RETRIES=2 WATERMILL_AMQP=2
+      quickstart "RabbitMQ 4.3" "$uri" DELAY_BACKEND=ttl-tiers HELD_RETRIES=2 WATERMILL_AMQP=2
       quickstart "RabbitMQ 4.3" "$uri" DELAY_BACKEND=delivery-time
       # Faults that make watermill-amqp reconnect: its ConnectionWrapper races with
       # itself, so the race detector stays off for these (internal/gluetest/race.go).

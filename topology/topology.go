@@ -76,23 +76,23 @@ var (
 	ErrMismatch = errors.New("declared with different arguments")
 )
 
-// Status is the outcome of checking one declaration.
-type Status string
+// Verdict is the outcome of checking one declaration: the state of a Finding.
+type Verdict string
 
-// Values of Status.
+// Values of Verdict.
 const (
-	// StatusOK: the object exists (with the same arguments, when they were compared).
-	StatusOK Status = "ok"
-	// StatusMissing: the object does not exist (or, for a binding, one of its ends).
-	StatusMissing Status = "missing"
-	// StatusMismatch: the object exists with other arguments; Finding.Arg names the
+	// VerdictOK: the object exists (with the same arguments, when they were compared).
+	VerdictOK Verdict = "ok"
+	// VerdictMissing: the object does not exist (or, for a binding, one of its ends).
+	VerdictMissing Verdict = "missing"
+	// VerdictMismatch: the object exists with other arguments; Finding.Arg names the
 	// one the broker complained about.
-	StatusMismatch Status = "mismatch"
-	// StatusUnchecked: the object exists but its arguments could not be compared (no
+	VerdictMismatch Verdict = "mismatch"
+	// VerdictUnchecked: the object exists but its arguments could not be compared (no
 	// configure permission), or a binding was not asserted.
-	StatusUnchecked Status = "unchecked"
-	// StatusError: the check itself failed (for example access refused).
-	StatusError Status = "error"
+	VerdictUnchecked Verdict = "unchecked"
+	// VerdictError: the check itself failed (for example access refused).
+	VerdictError Verdict = "error"
 )
 
 // Finding is what a check found about one exchange, queue, binding or work queue.
@@ -104,9 +104,9 @@ type Finding struct {
 	// Source and Key describe a binding: the exchange it binds to and its routing key.
 	Source string `json:"source,omitempty"`
 	Key    string `json:"key,omitempty"`
-	// Status is the outcome.
-	Status Status `json:"status"`
-	// Arg is the argument that differs, for StatusMismatch, as the broker names it
+	// Status is the outcome (JSON key "status").
+	Status Verdict `json:"status"`
+	// Arg is the argument that differs, for VerdictMismatch, as the broker names it
 	// ("x-message-ttl", "type", "durable").
 	Arg string `json:"arg,omitempty"`
 	// Detail is the broker's reply text, when there is one.

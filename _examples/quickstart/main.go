@@ -3,7 +3,7 @@
 // With AMQP_URI unset it runs in this process on Watermill's GoChannel and the memory
 // delay backend: no broker needed. With AMQP_URI set it runs the same flow on RabbitMQ
 // with the backend named by DELAY_BACKEND (default ttl-tiers), through watermill-amqp
-// v3 (WATERMILL_AMQP=2 for v2). DELAYED_RETRIES=N holds the first N retries in the work
+// v3 (WATERMILL_AMQP=2 for v2). HELD_RETRIES=N holds the first N retries in the work
 // queue itself (RabbitMQ 4.3+); DELAY_BACKEND=delivery-time runs the AMQP 1.0 quickstart
 // of module amqp1 (RabbitMQ 4.3+). Every run uses names of its own (prefix
 // amqpretry-qs-<run>), so runs can share a broker, and deletes what it declared.
@@ -45,13 +45,13 @@ func main() {
 
 func run() error {
 	logger := watermill.NopLogger{}
-	if os.Getenv("DELAY_BACKEND") == delay.DeliveryTime {
+	if delay.Backend(os.Getenv("DELAY_BACKEND")) == delay.DeliveryTime {
 		return runAMQP1()
 	}
 	uri := os.Getenv("AMQP_URI")
 	runID := watermill.NewShortUUID()[:8]
 	cfg := scenarioConfig(runID, logger)
-	cfg.DelayedRetries, _ = strconv.Atoi(os.Getenv("DELAYED_RETRIES"))
+	cfg.HeldRetries, _ = strconv.Atoi(os.Getenv("HELD_RETRIES"))
 	if cfg.Backend == delay.DelayedRetry {
 		cfg.Policy = amqpretry.Policy{MaxAttempts: 4} // one delay per work queue: DelayedRetryDelay
 	}
@@ -68,7 +68,7 @@ func run() error {
 		s.Publisher, s.Poison = goChannel, goChannel
 		fmt.Println("AMQP_URI is unset: running in-process on GoChannel with the memory delay backend (not durable).")
 	} else {
-		quorum := cfg.Backend == delay.DelayedRetry || cfg.DelayedRetries > 0
+		quorum := cfg.Backend == delay.DelayedRetry || cfg.HeldRetries > 0
 		major := "3"
 		if os.Getenv("WATERMILL_AMQP") == "2" {
 			major = "2"

@@ -20,6 +20,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/topology"
 )
@@ -68,7 +69,7 @@ func scenarioConfig(runID string, logger watermill.LoggerAdapter) amqpretry.Conf
 		prefix = p
 	}
 	return amqpretry.Config{
-		Backend:  os.Getenv("DELAY_BACKEND"),
+		Backend:  delay.Backend(os.Getenv("DELAY_BACKEND")),
 		Prefix:   prefix,
 		Tiers:    []time.Duration{time.Second, 2 * time.Second, 4 * time.Second},
 		Policy:   amqpretry.Policy{MaxAttempts: 4, InitialInterval: time.Second, Multiplier: 2, NoJitter: true},

@@ -30,15 +30,15 @@ type app struct {
 	stdout, stderr io.Writer
 	uri            string
 
-	json           bool
-	backend        string
-	prefix         string
-	tiers          durationList
-	levels         int
-	delayedRetries int
-	retryDelay     time.Duration
-	poisonQueue    string
-	flags          *pflag.FlagSet // the persistent flags, to tell which were set
+	json        bool
+	backend     string
+	prefix      string
+	tiers       durationList
+	levels      int
+	heldRetries int
+	retryDelay  time.Duration
+	poisonQueue string
+	flags       *pflag.FlagSet // the persistent flags, to tell which were set
 
 	// ran is set once a command's own code runs: an error before that is cobra's (an
 	// unknown command or flag, a bad value, wrong arguments, exclusive flags), a usage
@@ -136,12 +136,15 @@ their defaults are the library's. --json gives machine-readable output everywher
 	pf := root.PersistentFlags()
 	a.flags = pf
 	pf.BoolVar(&a.json, "json", false, "machine-readable output (JSON, snake_case keys)")
-	pf.StringVar(&a.backend, "backend", defaults.Backend, "delay backend: "+strings.Join(brokerBackends(), ", "))
+	pf.StringVar(&a.backend, "backend", string(defaults.Backend), "delay backend: "+strings.Join(brokerBackends(), ", "))
 	pf.StringVar(&a.prefix, "prefix", defaults.Prefix, "prefix of every queue and exchange the library declares")
 	pf.Var(&a.tiers, "tiers", "ttl-tiers: the ladder of delays, comma-separated")
 	pf.IntVar(&a.levels, "levels", defaults.Levels, "binary-levels: number of levels (delays up to 2^levels - 1 s)")
-	pf.IntVar(&a.delayedRetries, "delayed-retries", defaults.DelayedRetries, "retries RabbitMQ 4.3+ holds in the work queue itself before the backend takes the next")
-	pf.DurationVar(&a.retryDelay, "retry-delay", defaults.DelayedRetryDelay, "delay of the retries held in the work queue (delayed-retries, delayed-retry backend)")
+	pf.IntVar(&a.heldRetries, "held-retries", defaults.HeldRetries, "retries RabbitMQ 4.3+ holds in the work queue itself before the backend takes the next")
+	// The flag's old name: a hidden, deprecated alias, so that scripts keep working.
+	pf.IntVar(&a.heldRetries, "delayed-retries", defaults.HeldRetries, "retries held in the work queue (old name of --held-retries)")
+	_ = pf.MarkDeprecated("delayed-retries", "use --held-retries")
+	pf.DurationVar(&a.retryDelay, "retry-delay", defaults.DelayedRetryDelay, "delay of the retries held in the work queue (held-retries, delayed-retry backend)")
 	pf.StringVar(&a.poisonQueue, "poison-queue", "", "poison queue (default <prefix>.poison: "+defaults.PoisonQueue+")")
 
 	root.AddCommand(a.statusCmd(), a.topologyCmd(), a.poisonCmd(), a.parkingCmd(), a.waitingCmd(), a.teardownCmd(), a.versionCmd())
@@ -153,6 +156,9 @@ their defaults are the library's. --json gives machine-readable output everywher
 // a command's own code starts (after cobra has checked its arguments and flags).
 func (a *app) wire(c *cobra.Command) {
 	c.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	// While parsing, pflag writes only the notice of a deprecated flag name there (it
+	// returns errors); cobra would copy it to stdout, ahead of the --json output.
+	c.Flags().SetOutput(a.stderr)
 	if run := c.RunE; run != nil {
 		c.RunE = func(cmd *cobra.Command, args []string) error {
 			a.ran = true
@@ -241,7 +247,7 @@ func brokerBackends() []string {
 	var out []string
 	for _, n := range backend.Names() {
 		if n != delay.Memory {
-			out = append(out, n)
+			out = append(out, string(n))
 		}
 	}
 	return out
@@ -251,8 +257,8 @@ func brokerBackends() []string {
 // command knows the broker side only.
 func (a *app) retryConfig() (amqpretry.Config, error) {
 	cfg := amqpretry.Config{
-		Backend: a.backend, Prefix: a.prefix, Levels: a.levels,
-		DelayedRetries: a.delayedRetries, DelayedRetryDelay: a.retryDelay, PoisonQueue: a.poisonQueue,
+		Backend: delay.Backend(a.backend), Prefix: a.prefix, Levels: a.levels,
+		HeldRetries: a.heldRetries, DelayedRetryDelay: a.retryDelay, PoisonQueue: a.poisonQueue,
 	}
 	if a.flags.Changed("tiers") {
 		cfg.Tiers = a.tiers
@@ -269,7 +275,7 @@ func (a *app) retryConfig() (amqpretry.Config, error) {
 // flagNames names the flags behind the amqpretry.Config fields in a validation error.
 func flagNames(s string) string {
 	return strings.NewReplacer("Backend:", "--backend:", "Prefix:", "--prefix:", "Tiers:", "--tiers:", "Tiers[", "--tiers[",
-		"Levels:", "--levels:", "DelayedRetries:", "--delayed-retries:", "DelayedRetryDelay:", "--retry-delay:",
+		"Levels:", "--levels:", "HeldRetries:", "--held-retries:", "DelayedRetryDelay:", "--retry-delay:",
 		"PoisonQueue:", "--poison-queue:").Replace(s)
 }
 
@@ -277,7 +283,7 @@ func flagNames(s string) string {
 func applyCommand(cfg amqpretry.Config, queues []string) string {
 	c := cfg.WithDefaults()
 	return backend.ApplyCommand(backend.Spec{Name: c.Backend, Prefix: c.Prefix, Tiers: c.Tiers, Levels: c.Levels, RetryDelay: c.DelayedRetryDelay},
-		c.PoisonQueue, c.DelayedRetries, c.DelayedRetryDelay, queues...)
+		c.PoisonQueue, c.HeldRetries, c.DelayedRetryDelay, queues...)
 }
 
 // open validates the common flags and connects.

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/internal/redact"
@@ -222,7 +223,7 @@ func (a *app) printStatus(s ops.Status, cfg amqpretry.Config, queues []string, p
 		if s.Counted {
 			a.printf("broker: %s file descriptors, %s sockets\n", ofLimit(s.FileDescriptors, s.FileDescriptorLimit), ofLimit(s.Sockets, s.SocketLimit))
 		}
-		if s.Backend == "delayed-exchange" {
+		if s.Backend == delay.DelayedExchange {
 			state := "its exchange " + names.Names{Prefix: s.Prefix}.Delayed() + " exists, so the plugin runs"
 			switch {
 			case version.NoPlugins(s.Broker):

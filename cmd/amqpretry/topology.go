@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/ops"
 	"github.com/amqpretry/amqpretry/topology"
@@ -55,7 +56,7 @@ common flags and the work queues, and the command that applies them. It needs no
 		Use:   "apply",
 		Short: "Declare the plan, idempotently (needs configure permission)",
 		Long: `apply declares what plan prints, idempotently: a second run changes nothing. A missing
-work queue is created (quorum with the delayed-retry arguments when --delayed-retries or
+work queue is created (quorum with the delayed-retry arguments when --held-retries or
 the delayed-retry backend say so, else durable and classic); an existing one is left as
 it is, unless the plan gives it arguments, which must then match. A declaration that
 clashes with an existing object fails naming the object and the argument.
@@ -156,7 +157,7 @@ the output names the command that creates what is missing, with every --queue.
 }
 
 type planJSON struct {
-	Backend      string            `json:"backend"`
+	Backend      delay.Backend     `json:"backend"`
 	Prefix       string            `json:"prefix"`
 	Topology     topology.Topology `json:"topology"`
 	WorkQueues   []string          `json:"work_queues"`
@@ -164,7 +165,7 @@ type planJSON struct {
 }
 
 type applyJSON struct {
-	Backend           string            `json:"backend"`
+	Backend           delay.Backend     `json:"backend"`
 	Prefix            string            `json:"prefix"`
 	Topology          topology.Topology `json:"topology"`
 	CreatedWorkQueues []string          `json:"created_work_queues"`
@@ -246,13 +247,13 @@ func describeFinding(f topology.Finding) string {
 	}
 	var s string
 	switch f.Status {
-	case topology.StatusMismatch:
+	case topology.VerdictMismatch:
 		arg := "arguments differ"
 		if f.Arg != "" {
 			arg = "argument " + f.Arg + " differs"
 		}
 		s = fmt.Sprintf("%s: mismatch, %s", what, arg)
-	case topology.StatusUnchecked:
+	case topology.VerdictUnchecked:
 		if f.Kind == "binding" {
 			s = what + ": unchecked, not asserted (--bind asserts it)"
 		} else {
@@ -273,14 +274,14 @@ func describeFinding(f topology.Finding) string {
 // printFindings prints the findings of verify and returns errFlagged when something is
 // missing, mismatched or in error.
 func (a *app) printFindings(findings []topology.Finding, applyCmd string) error {
-	counts := map[topology.Status]int{}
+	counts := map[topology.Verdict]int{}
 	bad := 0
 	under := 0
 	applyFixes := 0 // the bad findings apply can fix (not those that carry a fix of their own)
 	for _, f := range findings {
 		counts[f.Status]++
 		switch {
-		case f.Status == topology.StatusMissing, f.Status == topology.StatusMismatch, f.Status == topology.StatusError:
+		case f.Status == topology.VerdictMissing, f.Status == topology.VerdictMismatch, f.Status == topology.VerdictError:
 			bad++
 			if f.Fix == "" {
 				applyFixes++
@@ -300,8 +301,8 @@ func (a *app) printFindings(findings []topology.Finding, applyCmd string) error 
 		uncheckedBindings := 0
 		for _, f := range findings {
 			switch {
-			case f.Status == topology.StatusOK:
-			case f.Status == topology.StatusUnchecked && f.Kind == "binding":
+			case f.Status == topology.VerdictOK:
+			case f.Status == topology.VerdictUnchecked && f.Kind == "binding":
 				uncheckedBindings++
 			default:
 				a.printf("%s\n", describeFinding(f))
@@ -311,11 +312,11 @@ func (a *app) printFindings(findings []topology.Finding, applyCmd string) error 
 			}
 		}
 		a.printf("%d ok, %d missing, %d mismatched, %d errors, %d unchecked\n",
-			counts[topology.StatusOK], counts[topology.StatusMissing], counts[topology.StatusMismatch], counts[topology.StatusError], counts[topology.StatusUnchecked])
+			counts[topology.VerdictOK], counts[topology.VerdictMissing], counts[topology.VerdictMismatch], counts[topology.VerdictError], counts[topology.VerdictUnchecked])
 		if uncheckedBindings > 0 {
 			a.printf("%d bindings unchecked: AMQP 0-9-1 cannot read them (--bind asserts them, idempotently)\n", uncheckedBindings)
 		}
-		if n := counts[topology.StatusUnchecked] - uncheckedBindings; n > 0 {
+		if n := counts[topology.VerdictUnchecked] - uncheckedBindings; n > 0 {
 			a.printf("%d exchanges or queues exist but their arguments were not compared: the user may not configure them (run verify as one who may)\n", n)
 		}
 		if applyFixes > 0 {
@@ -329,8 +330,8 @@ func (a *app) printFindings(findings []topology.Finding, applyCmd string) error 
 }
 
 type verifyJSON struct {
-	OK           bool                    `json:"ok"`
-	ApplyCommand string                  `json:"apply_command"`
-	Counts       map[topology.Status]int `json:"counts"`
-	Findings     []topology.Finding      `json:"findings"`
+	OK           bool                     `json:"ok"`
+	ApplyCommand string                   `json:"apply_command"`
+	Counts       map[topology.Verdict]int `json:"counts"`
+	Findings     []topology.Finding       `json:"findings"`
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"go/ast"
 	"go/parser"
@@ -58,8 +59,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--backend", "carrier-pigeon", "status"}, `--backend: unknown backend "carrier-pigeon"`},
 		{[]string{"--backend", "memory", "poison", "list"}, "the memory backend has nothing on the broker"},
 		{[]string{"--prefix", "a b", "topology", "plan"}, "--prefix:"},
-		{[]string{"--retry-delay", "1us", "--delayed-retries", "2", "topology", "plan"}, "--retry-delay:"},
-		{[]string{"--delayed-retries", "-1", "topology", "plan"}, "--delayed-retries: -1 is negative"},
+		{[]string{"--retry-delay", "1us", "--held-retries", "2", "topology", "plan"}, "--retry-delay:"},
+		{[]string{"--held-retries", "-1", "topology", "plan"}, "--held-retries: -1 is negative"},
 		{[]string{"topology", "plan", "--queue"}, "flag needs an argument: --queue"},
 		{[]string{"waiting"}, "amqpretry waiting needs a command: list, purge, retry-now"},
 		{[]string{"waiting", "retry-now"}, "--queue is required"},
@@ -83,13 +84,38 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
+// TestDeprecatedFlagNames: --delayed-retries and --keep-delayed-retries, the old names
+// of --held-retries and --keep-held-retries, still work, and are not in the help.
+func TestDeprecatedFlagNames(t *testing.T) {
+	code, out, errOut := runArgs("--delayed-retries", "2", "topology", "plan", "--queue", "q")
+	if code != exitOK || !strings.Contains(out, "--held-retries 2") || !strings.Contains(errOut, "use --held-retries") || strings.Contains(out, "deprecated") {
+		t.Errorf("--delayed-retries 2 (%d): stdout lacks --held-retries 2, or the deprecation is not on stderr alone:\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = runArgs("--json", "--delayed-retries", "1", "topology", "plan")
+	var v map[string]any
+	if code != exitOK || json.Unmarshal([]byte(out), &v) != nil {
+		t.Errorf("--json --delayed-retries 1 (%d): stdout is not JSON alone:\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := runArgs("--delayed-retries", "-1", "topology", "plan"); code != exitUsage || !strings.Contains(errOut, "--held-retries: -1 is negative") {
+		t.Errorf("--delayed-retries -1 (%d), want the error of --held-retries:\n%s%s", code, out, errOut)
+	}
+	for _, args := range [][]string{{"--help"}, {"teardown", "--help"}} {
+		if code, out, _ := runArgs(args...); code != exitOK || strings.Contains(out, "delayed-retries") || !strings.Contains(out, "held-retries") {
+			t.Errorf("%q (%d) shows the old flag name, or not the new one:\n%s", args, code, out)
+		}
+	}
+	if code, out, errOut := runArgs("--backend", "ttl-tiers", "teardown", "--keep-backend", "binary-levels", "--keep-delayed-retries", "-1"); code != exitUsage || !strings.Contains(errOut, "invalid --keep-* configuration") {
+		t.Errorf("--keep-delayed-retries -1 (%d), want the error of --keep-held-retries:\n%s%s", code, out, errOut)
+	}
+}
+
 // TestHelp: the common flags show the library's real defaults; --reason lists every
 // poison reason; every command documents the exit statuses.
 func TestHelp(t *testing.T) {
 	d := amqpretry.Config{}.WithDefaults()
 	code, out, _ := runArgs("--help")
 	tiers := durationList(d.Tiers)
-	for _, want := range []string{"(default " + tiers.String() + ")", `(default "` + d.Backend + `")`, `(default "` + d.Prefix + `")`,
+	for _, want := range []string{"(default " + tiers.String() + ")", `(default "` + string(d.Backend) + `")`, `(default "` + d.Prefix + `")`,
 		"(default " + strconv.Itoa(d.Levels) + ")", "(default " + d.DelayedRetryDelay.String() + ")", d.PoisonQueue, "130  interrupted", "AMQP_URI"} {
 		if code != exitOK || !strings.Contains(out, want) {
 			t.Errorf("--help lacks %q (%d):\n%s", want, code, out)

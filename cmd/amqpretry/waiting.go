@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/ops"
 )
 
@@ -51,7 +52,7 @@ func (a *app) openCtl(ctl ctlRunner) (*ops.Ops, error) {
 const waitingHelp = `Waiting retries are those in the delay queues of ttl-tiers and binary-levels under the
 prefix (of the configured backend, and any other delay queue found under the prefix: left
 by a change of backend, tiers or levels), and, on RabbitMQ 4.3, those a work queue holds
-in delayed retry (delayed-retry backend, --delayed-retries; name it with --queue).
+in delayed retry (delayed-retry backend, --held-retries; name it with --queue).
 
 They are read with rabbitmqctl eval (admin rights on the broker's node), through the
 quorum queue's own read-only peek: no basic.get, no return, so their order, due times and
@@ -312,7 +313,7 @@ count and the delete would be lost (quorum queues cannot be deleted "if empty").
 				return err
 			}
 			if keepBackend != "" {
-				keep := amqpretry.Config{Backend: keepBackend, Prefix: cfg.Prefix, Levels: keepLevels, DelayedRetries: keepRetry, PoisonQueue: cfg.PoisonQueue}
+				keep := amqpretry.Config{Backend: delay.Backend(keepBackend), Prefix: cfg.Prefix, Levels: keepLevels, HeldRetries: keepRetry, PoisonQueue: cfg.PoisonQueue}
 				if len(keepTiers) > 0 {
 					keep.Tiers = keepTiers
 				}
@@ -363,7 +364,10 @@ count and the delete would be lost (quorum queues cannot be deleted "if empty").
 	f.StringVar(&keepBackend, "keep-backend", "", "the backend in use now under the same prefix: what its plan declares stays")
 	f.Var(&keepTiers, "keep-tiers", "ttl-tiers in use now: its tier ladder")
 	f.IntVar(&keepLevels, "keep-levels", amqpretry.Config{}.WithDefaults().Levels, "binary-levels in use now: its levels")
-	f.IntVar(&keepRetry, "keep-delayed-retries", 0, "the delayed retries in use now (--delayed-retries)")
+	f.IntVar(&keepRetry, "keep-held-retries", 0, "the held retries in use now (--held-retries)")
+	// The flag's old name: a hidden, deprecated alias, so that scripts keep working.
+	f.IntVar(&keepRetry, "keep-delayed-retries", 0, "the held retries in use now (old name of --keep-held-retries)")
+	_ = f.MarkDeprecated("keep-delayed-retries", "use --keep-held-retries")
 	src.ctlFlags(c)
 	return c
 }

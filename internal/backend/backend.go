@@ -50,7 +50,7 @@ const maxTTL = 315_360_000_000 * time.Millisecond
 
 // Spec is a backend as configured, defaults applied.
 type Spec struct {
-	Name   string
+	Name   delay.Backend
 	Prefix string
 	Tiers  []time.Duration // ttl-tiers
 	Levels int             // binary-levels
@@ -69,7 +69,7 @@ type DelayQueue struct {
 // it also parks.
 type Backend interface {
 	// Name is the backend's name (package delay).
-	Name() string
+	Name() delay.Backend
 	// Effective returns the delay the backend applies for requested, or an error
 	// wrapping delay.ErrDelayTooLong.
 	Effective(requested time.Duration) (time.Duration, error)
@@ -109,8 +109,8 @@ type Env struct {
 var errDetached = errors.New("backend built for planning cannot park messages")
 
 // Names lists the backend names Lookup knows.
-func Names() []string {
-	return []string{delay.TTLTiers, delay.BinaryLevels, delay.DelayedExchange, delay.DelayedRetry, delay.DeliveryTime, delay.Memory}
+func Names() []delay.Backend {
+	return []delay.Backend{delay.TTLTiers, delay.BinaryLevels, delay.DelayedExchange, delay.DelayedRetry, delay.DeliveryTime, delay.Memory}
 }
 
 // Lookup validates s and returns its backend, without a broker: it plans and sizes.
@@ -152,7 +152,11 @@ func New(s Spec, env Env) (Backend, error) {
 	case delay.Memory:
 		b = newMemory(env)
 	default:
-		return nil, fmt.Errorf("Backend: unknown backend %q (known: %s)", s.Name, strings.Join(Names(), ", "))
+		known := make([]string, 0, len(Names()))
+		for _, name := range Names() {
+			known = append(known, string(name))
+		}
+		return nil, fmt.Errorf("Backend: unknown backend %q (known: %s)", s.Name, strings.Join(known, ", "))
 	}
 	for _, name := range allNames(b.Topology()) {
 		if len(name) > names.MaxBytes {

@@ -42,7 +42,7 @@ type binaryLevels struct {
 	levels int
 }
 
-func (b *binaryLevels) Name() string { return delay.BinaryLevels }
+func (b *binaryLevels) Name() delay.Backend { return delay.BinaryLevels }
 
 func (b *binaryLevels) Topology() topology.Topology {
 	t := delivery(b.names, b.names.LevelsDeliver(), amqp.ExchangeTopic)

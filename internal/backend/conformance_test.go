@@ -27,7 +27,7 @@ import (
 
 // backendCase is one backend under the conformance suite: what it claims.
 type backendCase struct {
-	name string
+	name delay.Backend
 	// precision is how late past its due time a message may arrive.
 	precision time.Duration
 	// durable: messages waiting in delay survive a broker restart.
@@ -205,7 +205,7 @@ func collect(t *testing.T, queue string, n int, timeout time.Duration) []arrival
 
 func forEachBackend(t *testing.T, test func(t *testing.T, bc backendCase)) {
 	for _, bc := range backendCases {
-		t.Run(bc.name, func(t *testing.T) { test(t, bc) })
+		t.Run(string(bc.name), func(t *testing.T) { test(t, bc) })
 	}
 }
 
@@ -418,7 +418,7 @@ func TestBackendsShareAPrefix(t *testing.T) {
 	t.Parallel()
 	h := dialHandoff(t)
 	prefix := brokertest.Prefix(t)
-	for _, name := range []string{delay.TTLTiers, delay.BinaryLevels, delay.TTLTiers} {
+	for _, name := range []delay.Backend{delay.TTLTiers, delay.BinaryLevels, delay.TTLTiers} {
 		b, err := backend.New(backend.Spec{Name: name, Prefix: prefix, Tiers: []time.Duration{time.Second, time.Minute}, Levels: 4}, backend.Env{Handoff: h})
 		if err != nil {
 			t.Fatal(err)

@@ -46,7 +46,7 @@ type delayedExchange struct {
 // maxPluginDelay is the longest delay the plugin honours (an Erlang timer's maximum).
 const maxPluginDelay = (1<<32 - 1) * time.Millisecond
 
-func (b *delayedExchange) Name() string { return delay.DelayedExchange }
+func (b *delayedExchange) Name() delay.Backend { return delay.DelayedExchange }
 
 func (b *delayedExchange) Topology() topology.Topology {
 	return topology.Topology{Exchanges: []topology.Exchange{{

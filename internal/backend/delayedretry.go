@@ -23,7 +23,7 @@ import (
 // back unchanged; the attempt is counted from the broker's own x-acquired-count.
 type delayedRetry struct{ delay time.Duration }
 
-func (b delayedRetry) Name() string { return delay.DelayedRetry }
+func (b delayedRetry) Name() delay.Backend { return delay.DelayedRetry }
 
 // Effective is the queue's delay, whatever was asked: the broker knows no other.
 func (b delayedRetry) Effective(time.Duration) (time.Duration, error) { return b.delay, nil }
@@ -56,10 +56,10 @@ func WorkQueueArgs(d time.Duration) amqp.Table {
 }
 
 // HoldsRetries tells whether the work queues of a config with this backend and this
-// many delayed retries hold retries themselves (RabbitMQ 4.3's delayed retry): then
+// many held retries hold retries themselves (RabbitMQ 4.3's delayed retry): then
 // they must be quorum queues with WorkQueueArgs.
-func HoldsRetries(backend string, delayedRetries int) bool {
-	return backend == delay.DelayedRetry || delayedRetries > 0
+func HoldsRetries(backend delay.Backend, heldRetries int) bool {
+	return backend == delay.DelayedRetry || heldRetries > 0
 }
 
 // CheckRetryDelay refuses a DelayedRetryDelay the broker cannot take: it is given in

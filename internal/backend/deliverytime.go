@@ -24,7 +24,7 @@ type deliveryTime struct {
 // annotationPrefix starts the message annotations the envelope travels in.
 const annotationPrefix = "x-opt-"
 
-func (deliveryTime) Name() string { return delay.DeliveryTime }
+func (deliveryTime) Name() delay.Backend { return delay.DeliveryTime }
 
 // Effective rounds requested up to whole milliseconds, at least 1 ms.
 func (deliveryTime) Effective(requested time.Duration) (time.Duration, error) {

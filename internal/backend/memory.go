@@ -32,7 +32,7 @@ func newMemory(env Env) *memory {
 
 var errMemoryClosed = errors.New("memory delay backend is closed")
 
-func (m *memory) Name() string { return delay.Memory }
+func (m *memory) Name() delay.Backend { return delay.Memory }
 
 // Effective is requested: timers have no tiers.
 func (m *memory) Effective(requested time.Duration) (time.Duration, error) { return requested, nil }

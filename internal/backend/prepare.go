@@ -105,7 +105,7 @@ func (b *binaryLevels) checkLadder(h *handoff.Handoff) error {
 
 // UnsupportedError is the start-up error of a backend that retries in place (name) on
 // a broker older than 4.3.
-func UnsupportedError(name, brokerVersion string) error {
+func UnsupportedError(name delay.Backend, brokerVersion string) error {
 	if brokerVersion == "" {
 		brokerVersion = "of unknown version"
 	}
@@ -119,10 +119,10 @@ func UnsupportedError(name, brokerVersion string) error {
 
 // ApplyCommand returns the `amqpretry topology apply` command line that creates what s
 // needs, with the poison queue and the work queues, giving only the flags that differ
-// from the defaults. retries is the number of delayed retries held in the work queue
+// from the defaults. retries is the number of retries held in the work queue
 // (0 for none), retryDelay their delay.
 func ApplyCommand(s Spec, poison string, retries int, retryDelay time.Duration, queues ...string) string {
-	args := []string{"amqpretry", "topology", "apply", "--backend", s.Name}
+	args := []string{"amqpretry", "topology", "apply", "--backend", string(s.Name)}
 	if s.Prefix != names.DefaultPrefix {
 		args = append(args, "--prefix", s.Prefix)
 	}
@@ -137,7 +137,7 @@ func ApplyCommand(s Spec, poison string, retries int, retryDelay time.Duration, 
 		args = append(args, "--levels", strconv.Itoa(s.Levels))
 	}
 	if retries > 0 && s.Name != delay.DelayedRetry {
-		args = append(args, "--delayed-retries", strconv.Itoa(retries))
+		args = append(args, "--held-retries", strconv.Itoa(retries))
 	}
 	if (retries > 0 || s.Name == delay.DelayedRetry) && retryDelay != DefaultRetryDelay {
 		args = append(args, "--retry-delay", retryDelay.String())

@@ -34,7 +34,7 @@ type ttlTiers struct {
 	tiers []time.Duration // ascending
 }
 
-func (b *ttlTiers) Name() string { return delay.TTLTiers }
+func (b *ttlTiers) Name() delay.Backend { return delay.TTLTiers }
 
 func (b *ttlTiers) Topology() topology.Topology {
 	t := delivery(b.names, b.names.Deliver(), amqp.ExchangeDirect)

@@ -15,12 +15,12 @@ type CheckOptions struct {
 	// redeclares it with the expected arguments on a throwaway channel, which changes
 	// nothing when they are equal and is refused (406, naming the argument) when they
 	// differ. That needs configure permission: where it is refused (403), the finding
-	// is topology.StatusUnchecked. It runs only after a passive declaration found the
+	// is topology.VerdictUnchecked. It runs only after a passive declaration found the
 	// object, so it never creates one (unless it is deleted in between).
 	CompareArgs bool
 	// Bind asserts each binding (idempotent; needs write permission on the destination
 	// and read permission on the source). Without it bindings are
-	// topology.StatusUnchecked: AMQP 0-9-1 has no way to read them.
+	// topology.VerdictUnchecked: AMQP 0-9-1 has no way to read them.
 	Bind bool
 	// Kind, if set, replaces the kind of the queue findings ("work queue").
 	Kind string
@@ -66,18 +66,18 @@ func Check(conn *amqp.Connection, t topology.Topology, opts CheckOptions) ([]top
 	for _, b := range t.Bindings {
 		f := topology.Finding{Kind: "binding", Name: b.Destination, Source: b.Exchange, Key: b.Key}
 		if !opts.Bind {
-			f.Status = topology.StatusUnchecked
+			f.Status = topology.VerdictUnchecked
 			out = append(out, f)
 			continue
 		}
 		err := withChannel(conn, func(ch *amqp.Channel) error { return bind(ch, b) })
 		switch {
 		case err == nil:
-			f.Status = topology.StatusOK
+			f.Status = topology.VerdictOK
 		case IsCode(err, amqp.NotFound):
-			f.Status, f.Detail = topology.StatusMissing, reason(err)
+			f.Status, f.Detail = topology.VerdictMissing, reason(err)
 		case isChannelErr(err):
-			f.Status, f.Detail = topology.StatusError, reason(err)
+			f.Status, f.Detail = topology.VerdictError, reason(err)
 		default:
 			return out, err
 		}
@@ -92,12 +92,12 @@ func checkOne(conn *amqp.Connection, opts CheckOptions, f topology.Finding, pass
 	err := withChannel(conn, passive)
 	switch {
 	case err == nil:
-		f.Status = topology.StatusOK
+		f.Status = topology.VerdictOK
 	case IsCode(err, amqp.NotFound):
-		f.Status, f.Detail = topology.StatusMissing, reason(err)
+		f.Status, f.Detail = topology.VerdictMissing, reason(err)
 		return f, nil
 	case isChannelErr(err):
-		f.Status, f.Detail = topology.StatusError, reason(err)
+		f.Status, f.Detail = topology.VerdictError, reason(err)
 		return f, nil
 	default:
 		return f, err
@@ -109,14 +109,14 @@ func checkOne(conn *amqp.Connection, opts CheckOptions, f topology.Finding, pass
 	switch {
 	case err == nil:
 	case IsCode(err, amqp.PreconditionFailed):
-		f.Status, f.Detail = topology.StatusMismatch, reason(err)
+		f.Status, f.Detail = topology.VerdictMismatch, reason(err)
 		if m := inequivalentArg.FindStringSubmatch(reason(err)); m != nil {
 			f.Arg = m[1]
 		}
 	case IsCode(err, amqp.AccessRefused):
-		f.Status, f.Detail = topology.StatusUnchecked, reason(err)
+		f.Status, f.Detail = topology.VerdictUnchecked, reason(err)
 	case isChannelErr(err):
-		f.Status, f.Detail = topology.StatusError, reason(err)
+		f.Status, f.Detail = topology.VerdictError, reason(err)
 	default:
 		return f, err
 	}

@@ -123,9 +123,9 @@ func TestCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []topology.Finding{
-		{Kind: "exchange", Name: prefix + ".x", Status: topology.StatusMissing},
-		{Kind: "queue", Name: prefix + ".q", Status: topology.StatusMissing},
-		{Kind: "binding", Name: prefix + ".q", Source: prefix + ".x", Key: "k", Status: topology.StatusMissing},
+		{Kind: "exchange", Name: prefix + ".x", Status: topology.VerdictMissing},
+		{Kind: "queue", Name: prefix + ".q", Status: topology.VerdictMissing},
+		{Kind: "binding", Name: prefix + ".q", Source: prefix + ".x", Key: "k", Status: topology.VerdictMissing},
 	}
 	if !sameFindings(findings, want) {
 		t.Fatalf("before declare:\n%+v\nwant\n%+v", findings, want)
@@ -148,9 +148,9 @@ func TestCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	want = []topology.Finding{
-		{Kind: "exchange", Name: prefix + ".x", Status: topology.StatusOK},
-		{Kind: "work queue", Name: prefix + ".q", Status: topology.StatusOK},
-		{Kind: "binding", Name: prefix + ".q", Source: prefix + ".x", Key: "k", Status: topology.StatusOK},
+		{Kind: "exchange", Name: prefix + ".x", Status: topology.VerdictOK},
+		{Kind: "work queue", Name: prefix + ".q", Status: topology.VerdictOK},
+		{Kind: "binding", Name: prefix + ".q", Source: prefix + ".x", Key: "k", Status: topology.VerdictOK},
 	}
 	if !reflect.DeepEqual(findings, want) {
 		t.Fatalf("after declare:\n%+v\nwant\n%+v", findings, want)
@@ -162,16 +162,16 @@ func TestCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(findings) != 1 || findings[0].Status != topology.StatusMismatch || findings[0].Arg != declare.MessageTTLArg || !strings.Contains(findings[0].Detail, "PRECONDITION_FAILED") {
+	if len(findings) != 1 || findings[0].Status != topology.VerdictMismatch || findings[0].Arg != declare.MessageTTLArg || !strings.Contains(findings[0].Detail, "PRECONDITION_FAILED") {
 		t.Fatalf("mismatch: %+v", findings)
 	}
 	findings, err = declare.Check(conn, other, declare.CheckOptions{})
-	if err != nil || len(findings) != 1 || findings[0].Status != topology.StatusOK {
+	if err != nil || len(findings) != 1 || findings[0].Status != topology.VerdictOK {
 		t.Fatalf("without comparing arguments: %+v, %v", findings, err)
 	}
 	// Bindings are not asserted unless asked.
 	findings, err = declare.Check(conn, topology.Topology{Bindings: top.Bindings}, declare.CheckOptions{})
-	if err != nil || len(findings) != 1 || findings[0].Status != topology.StatusUnchecked {
+	if err != nil || len(findings) != 1 || findings[0].Status != topology.VerdictUnchecked {
 		t.Fatalf("binding without Bind: %+v, %v", findings, err)
 	}
 	// The connection survives every failed check.
@@ -246,7 +246,7 @@ func TestErrorsNameTheObject(t *testing.T) {
 
 // TestLeastPrivilege: a user with read and write but no configure permission cannot
 // declare, not even what exists with the same arguments; it can verify, bind, and
-// check, where the arguments it cannot compare are StatusUnchecked.
+// check, where the arguments it cannot compare are VerdictUnchecked.
 func TestLeastPrivilege(t *testing.T) {
 	skipShort(t)
 	lpURI := brokertest.RestrictedUser(t)
@@ -285,9 +285,9 @@ func TestLeastPrivilege(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []topology.Finding{
-		{Kind: "exchange", Name: prefix + ".x", Status: topology.StatusUnchecked},
-		{Kind: "queue", Name: prefix + ".q", Status: topology.StatusUnchecked},
-		{Kind: "binding", Name: prefix + ".q", Source: prefix + ".x", Key: "k", Status: topology.StatusOK},
+		{Kind: "exchange", Name: prefix + ".x", Status: topology.VerdictUnchecked},
+		{Kind: "queue", Name: prefix + ".q", Status: topology.VerdictUnchecked},
+		{Kind: "binding", Name: prefix + ".q", Source: prefix + ".x", Key: "k", Status: topology.VerdictOK},
 	}
 	if !sameFindings(findings, want) {
 		t.Fatalf("least-privilege check:\n%+v\nwant\n%+v", findings, want)
@@ -300,7 +300,7 @@ func TestLeastPrivilege(t *testing.T) {
 	// A missing object is still missing, whatever the permissions.
 	missing := topology.Topology{Queues: []topology.Queue{{Name: prefix + ".absent"}}}
 	findings, err = declare.Check(lp, missing, declare.CheckOptions{CompareArgs: true})
-	if err != nil || len(findings) != 1 || findings[0].Status != topology.StatusMissing {
+	if err != nil || len(findings) != 1 || findings[0].Status != topology.VerdictMissing {
 		t.Fatalf("missing queue, least privilege: %+v, %v", findings, err)
 	}
 	if lp.IsClosed() {

@@ -2,7 +2,7 @@ package gluetest
 
 // Tests of retries RabbitMQ 4.3 holds in the work queue itself (delayed retry of
 // quorum queues): the delayed-retry backend, and its first stage in front of a copying
-// backend (Config.DelayedRetries).
+// backend (Config.HeldRetries).
 
 import (
 	"context"
@@ -153,17 +153,17 @@ func DelayedRetry(t *testing.T, m Major) {
 	}
 }
 
-// DelayedRetriesThenCopies: the first DelayedRetries retries wait in the work queue
+// HeldRetriesThenCopies: the first HeldRetries retries wait in the work queue
 // (no copy; the envelope the process kept is in the metadata when they come back, as
 // on a copy), the later ones go through ttl-tiers with the policy's schedule started
 // again from its first delay; a RetryAfter skips the first stage, to the copying
 // backend at once.
-func DelayedRetriesThenCopies(t *testing.T, m Major) {
+func HeldRetriesThenCopies(t *testing.T, m Major) {
 	need43(t)
 	s := newSetup(t, m, delay.TTLTiers)
 	const held = 300 * time.Millisecond
 	s.sub.QueueArgs = quorum
-	s.cfg.DelayedRetries, s.cfg.DelayedRetryDelay = 2, held
+	s.cfg.HeldRetries, s.cfg.DelayedRetryDelay = 2, held
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{500 * time.Millisecond, 2 * time.Second}}
 	r := newRetry(t, m, s.sub, s.cfg)
 	rec := newRecorder(func(msg *message.Message) error {
@@ -239,7 +239,7 @@ func DelayedRetryOnAQueueWithoutItFallsBackLoudly(t *testing.T, m Major) {
 	if _, err := ch.QueueDeclare(s.topic, true, false, false, false, quorum); err != nil {
 		t.Fatal(err)
 	}
-	s.cfg.DelayedRetries, s.cfg.DelayedRetryDelay = 2, 2*time.Second
+	s.cfg.HeldRetries, s.cfg.DelayedRetryDelay = 2, 2*time.Second
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{500 * time.Millisecond}}
 
 	t.Run("declare", func(t *testing.T) {
@@ -249,8 +249,8 @@ func DelayedRetryOnAQueueWithoutItFallsBackLoudly(t *testing.T, m Major) {
 			t.Fatalf("Subscribe = %v, want the argument clash with the policy fix", err)
 		}
 	})
-	for _, name := range []string{delay.TTLTiers, delay.DelayedRetry} {
-		t.Run("none/"+name, func(t *testing.T) {
+	for _, name := range []delay.Backend{delay.TTLTiers, delay.DelayedRetry} {
+		t.Run("none/"+string(name), func(t *testing.T) {
 			cfg := s.cfg
 			cfg.Backend, cfg.Topology = name, topology.ModeNone
 			logs := &logCapture{}
@@ -268,7 +268,7 @@ func DelayedRetryOnAQueueWithoutItFallsBackLoudly(t *testing.T, m Major) {
 			r := newRetry(t, m, s.sub, cfg)
 			rec := newRecorder(failFirst(2))
 			run(t, m, r, s.topic, rec.handle)
-			publish(t, m, s.topic, "m-"+name)
+			publish(t, m, s.topic, "m-"+string(name))
 			if name == delay.DelayedRetry {
 				msg := poisoned(t, s.prefix+".poison", 30*time.Second)
 				if env := middleware.ReadEnvelope(msg.Metadata); env.Reason != middleware.ReasonHandoffFailed || !strings.Contains(env.Error, "does not hold delayed retries") {
@@ -300,11 +300,11 @@ func DelayedRetryRefusedBefore43(t *testing.T, m Major) {
 	if !version.DelayedRetry(v) {
 		for _, cfg := range []amqpretry.Config{
 			{Prefix: prefix, Backend: delay.DelayedRetry},
-			{Prefix: prefix, DelayedRetries: 2, Tiers: []time.Duration{time.Second}},
+			{Prefix: prefix, HeldRetries: 2, Tiers: []time.Duration{time.Second}},
 		} {
 			_, err := m.New(sub, cfg)
 			if !errors.Is(err, delay.ErrUnsupported) || !strings.Contains(err.Error(), "4.3") || !strings.Contains(err.Error(), v) {
-				t.Errorf("New(%s, %d delayed retries) on %s = %v, want ErrUnsupported naming 4.3", cfg.Backend, cfg.DelayedRetries, v, err)
+				t.Errorf("New(%s, %d held retries) on %s = %v, want ErrUnsupported naming 4.3", cfg.Backend, cfg.HeldRetries, v, err)
 			}
 		}
 		// Refused before anything was declared.
@@ -318,7 +318,7 @@ func DelayedRetryRefusedBefore43(t *testing.T, m Major) {
 		return
 	}
 	_, err := m.New(sub, amqpretry.Config{Prefix: prefix, Backend: delay.DelayedExchange})
-	if !errors.Is(err, delay.ErrPluginMissing) || !strings.Contains(err.Error(), "cannot run") || !strings.Contains(err.Error(), delay.BinaryLevels) {
+	if !errors.Is(err, delay.ErrPluginMissing) || !strings.Contains(err.Error(), "cannot run") || !strings.Contains(err.Error(), string(delay.BinaryLevels)) {
 		t.Errorf("delayed-exchange on %s: %v, want ErrPluginMissing saying the plugin cannot run and naming what to use", v, err)
 	}
 }

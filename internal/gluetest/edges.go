@@ -55,7 +55,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 func PoisonQueueGoneNeverRerunsTheHandler(t *testing.T, m Major) {
 	for _, tc := range []struct {
 		mode    topology.Mode
-		backend string
+		backend delay.Backend
 	}{
 		{topology.ModeVerify, delay.TTLTiers},
 		{topology.ModeDeclare, delay.TTLTiers},
@@ -63,7 +63,7 @@ func PoisonQueueGoneNeverRerunsTheHandler(t *testing.T, m Major) {
 		{topology.ModeNone, delay.DelayedRetry},
 	} {
 		mode := tc.mode
-		t.Run(string(mode)+" "+tc.backend, func(t *testing.T) {
+		t.Run(string(mode)+" "+string(tc.backend), func(t *testing.T) {
 			if tc.backend == delay.DelayedRetry {
 				need43(t)
 			}
@@ -146,7 +146,7 @@ func PoisonQueueGoneNeverRerunsTheHandler(t *testing.T, m Major) {
 			named := false
 			for _, l := range logs.at(watermill.ErrorLogLevel) {
 				if l.Err != nil && strings.Contains(l.Err.Error(), `poison queue "`+poison+`" does not exist`) &&
-					strings.Contains(l.Err.Error(), "`amqpretry topology apply --backend "+tc.backend+" --prefix "+s.prefix) {
+					strings.Contains(l.Err.Error(), "`amqpretry topology apply --backend "+string(tc.backend)+" --prefix "+s.prefix) {
 					named = true
 				}
 			}

@@ -94,7 +94,7 @@ func Run(t *testing.T, m Major) {
 		{"LowDeliveryLimitOnQuorumWorkQueueIsWarned", LowDeliveryLimitOnQuorumWorkQueueIsWarned, false},
 		{"LeastPrivilegeAfterTopologyApply", LeastPrivilegeAfterTopologyApply, false},
 		{"DelayedRetry", DelayedRetry, true},
-		{"DelayedRetriesThenCopies", DelayedRetriesThenCopies, false},
+		{"HeldRetriesThenCopies", HeldRetriesThenCopies, false},
 		{"DelayedRetryOnAQueueWithoutItFallsBackLoudly", DelayedRetryOnAQueueWithoutItFallsBackLoudly, false},
 		{"CopyingBackendOnADelayedRetryQueueKeepsIt", CopyingBackendOnADelayedRetryQueueKeepsIt, false},
 		{"DelayedRetryRefusedBefore43", DelayedRetryRefusedBefore43, false},
@@ -265,7 +265,7 @@ type setup struct {
 	cfg    amqpretry.Config
 }
 
-func newSetup(t *testing.T, m Major, backend string) setup {
+func newSetup(t *testing.T, m Major, backend delay.Backend) setup {
 	t.Helper()
 	brokertest.Dial(t)
 	prefix := brokertest.Prefix(t)

@@ -28,8 +28,8 @@ import (
 func ScenarioFailThreeTimesThenSucceed(t *testing.T, m Major) {
 	policyDelays := []time.Duration{300 * time.Millisecond, 1500 * time.Millisecond, 3 * time.Second}
 	const precision = 1500 * time.Millisecond
-	for _, name := range []string{delay.TTLTiers, delay.BinaryLevels, delay.DelayedExchange, delay.Memory} {
-		t.Run(name, func(t *testing.T) {
+	for _, name := range []delay.Backend{delay.TTLTiers, delay.BinaryLevels, delay.DelayedExchange, delay.Memory} {
+		t.Run(string(name), func(t *testing.T) {
 			if testing.Short() && name != delay.TTLTiers {
 				t.Skip("one backend in the quick loop (go test -short)")
 			}
@@ -368,8 +368,8 @@ func InvalidConfigNamesTheField(t *testing.T, m Major) {
 		{"negative confirm timeout", queue, amqpretry.Config{ConfirmTimeout: -time.Second}, "ConfirmTimeout"},
 		{"unknown topology mode", queue, amqpretry.Config{Topology: "passive"}, "Topology"},
 		{"schedule on delayed-retry", queue, amqpretry.Config{Backend: delay.DelayedRetry, Policy: amqpretry.Policy{InitialInterval: 2 * time.Second}}, "Policy.InitialInterval"},
-		{"delayed retries with immediate", queue, amqpretry.Config{DelayedRetries: 2, Policy: amqpretry.Policy{Immediate: 1}}, "DelayedRetries"},
-		{"delayed retries on a classic work queue", Sub{URI: uri, QueueArgs: amqp.Table{"x-queue-type": "classic"}}, amqpretry.Config{DelayedRetries: 1}, "Queue.Arguments"},
+		{"held retries with immediate", queue, amqpretry.Config{HeldRetries: 2, Policy: amqpretry.Policy{Immediate: 1}}, "HeldRetries"},
+		{"held retries on a classic work queue", Sub{URI: uri, QueueArgs: amqp.Table{"x-queue-type": "classic"}}, amqpretry.Config{HeldRetries: 1}, "Queue.Arguments"},
 		{"delayed retry delay below 1ms", queue, amqpretry.Config{Backend: delay.DelayedRetry, DelayedRetryDelay: time.Microsecond}, "DelayedRetryDelay"},
 	}
 	for _, tt := range tests {

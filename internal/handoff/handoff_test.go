@@ -330,7 +330,7 @@ func TestDeletedOwnedRouteIsDeclaredAgain(t *testing.T) {
 	}
 	check := topology.Topology{Queues: []topology.Queue{declare.HoldingQueue(poison, "poison")}}
 	findings, err := declare.Check(brokertest.Dial(t), check, declare.CheckOptions{CompareArgs: true})
-	if err != nil || len(findings) != 1 || findings[0].Status != topology.StatusOK {
+	if err != nil || len(findings) != 1 || findings[0].Status != topology.VerdictOK {
 		t.Fatalf("poison queue declared again: %+v, %v", findings, err)
 	}
 }

@@ -65,11 +65,11 @@ import (
 // RabbitMQ 4.3 holds in the work queue first.
 type Variant struct {
 	// Name is the variant's name on the NOLOSS line: the backend's, or
-	// "ttl-tiers+delayed-retries" for the two-stage form.
+	// "ttl-tiers+held-retries" for the two-stage form.
 	Name    string
-	Backend string
-	// DelayedRetries is amqpretry.Config.DelayedRetries.
-	DelayedRetries int
+	Backend delay.Backend
+	// HeldRetries is amqpretry.Config.HeldRetries.
+	HeldRetries int
 	// Failures is how many attempts of a fates.Transient message fail: every retry of
 	// the variant's stages is used (the two-stage form needs one more failure than
 	// the retries it holds in the work queue to reach its copying backend).
@@ -79,11 +79,11 @@ type Variant struct {
 // Variants lists every variant, in the order the test runs them.
 func Variants() []Variant {
 	return []Variant{
-		{Name: delay.TTLTiers, Backend: delay.TTLTiers, Failures: 2},
-		{Name: delay.BinaryLevels, Backend: delay.BinaryLevels, Failures: 2},
-		{Name: delay.DelayedExchange, Backend: delay.DelayedExchange, Failures: 2},
-		{Name: delay.DelayedRetry, Backend: delay.DelayedRetry, Failures: 2},
-		{Name: delay.TTLTiers + "+delayed-retries", Backend: delay.TTLTiers, DelayedRetries: 2, Failures: 3},
+		{Name: string(delay.TTLTiers), Backend: delay.TTLTiers, Failures: 2},
+		{Name: string(delay.BinaryLevels), Backend: delay.BinaryLevels, Failures: 2},
+		{Name: string(delay.DelayedExchange), Backend: delay.DelayedExchange, Failures: 2},
+		{Name: string(delay.DelayedRetry), Backend: delay.DelayedRetry, Failures: 2},
+		{Name: string(delay.TTLTiers) + "+held-retries", Backend: delay.TTLTiers, HeldRetries: 2, Failures: 3},
 	}
 }
 
@@ -99,7 +99,7 @@ func VariantNamed(name string) (Variant, bool) {
 
 // Holds tells whether retries of v wait in the work queue itself (RabbitMQ 4.3's
 // delayed retry of quorum queues).
-func (v Variant) Holds() bool { return v.Backend == delay.DelayedRetry || v.DelayedRetries > 0 }
+func (v Variant) Holds() bool { return v.Backend == delay.DelayedRetry || v.HeldRetries > 0 }
 
 // Copies tells whether retries of v are copies parked in delay queues (some of them
 // at least).
@@ -228,12 +228,12 @@ func (s Setup) QueueArgs() amqp.Table {
 func (s Setup) Config() amqpretry.Config {
 	v := s.Variant
 	cfg := amqpretry.Config{
-		Backend:        v.Backend,
-		Prefix:         s.Prefix,
-		Levels:         s.Levels(),
-		DelayedRetries: v.DelayedRetries,
-		Policy:         s.Policy(),
-		Logger:         s.Logger,
+		Backend:     v.Backend,
+		Prefix:      s.Prefix,
+		Levels:      s.Levels(),
+		HeldRetries: v.HeldRetries,
+		Policy:      s.Policy(),
+		Logger:      s.Logger,
 	}
 	if v.Backend == delay.TTLTiers {
 		cfg.Tiers = cfg.Policy.Delays // one tier per delay of the policy

@@ -29,14 +29,14 @@ const inFlight = 40
 
 // switchStage is one configuration of a run that changes backends.
 type switchStage struct {
-	backend string
+	backend delay.Backend
 	prefix  string          // Config.Prefix is the run's prefix, then "." and this; "": the run's
 	tiers   []time.Duration // ttl-tiers; nil: the policy's delays (1s, 2s)
 	levels  int             // binary-levels; 0: noloss.Setup.Levels (3)
 }
 
 func (st switchStage) String() string {
-	s := st.backend
+	s := string(st.backend)
 	if st.prefix != "" {
 		s += "@" + st.prefix
 	}
@@ -122,7 +122,7 @@ func TestNoLossSwitch(t *testing.T) {
 }
 
 func playSwitches(t *testing.T, bin string, o options, stages []switchStage) {
-	first, _ := noloss.VariantNamed(stages[0].backend)
+	first, _ := noloss.VariantNamed(string(stages[0].backend))
 	g := newGroup(t, single{}, bin, o, []noloss.Variant{first})
 	r := g.runs[0]
 	var names []string
@@ -191,7 +191,7 @@ func later(a, b time.Time) time.Time {
 func (r *run) use(st switchStage, quorum bool, heldLog string) {
 	r.t.Helper()
 	s := r.s
-	s.Variant, _ = noloss.VariantNamed(st.backend)
+	s.Variant, _ = noloss.VariantNamed(string(st.backend))
 	s.StoragePrefix, s.Tiers, s.LevelsOf, s.QuorumWork, s.Topology = "", st.tiers, st.levels, quorum, ""
 	args := []string{"-held-log", heldLog}
 	if quorum {

@@ -350,12 +350,12 @@ func handoffContext(cp *message.Message) context.Context {
 
 // stages is how many retries come before the copying backend's schedule: the
 // immediate ones, or those held in the work queue.
-func (e *Engine) stages() int { return e.cfg.Policy.Immediate + e.cfg.DelayedRetries }
+func (e *Engine) stages() int { return e.cfg.Policy.Immediate + e.cfg.HeldRetries }
 
 // holdsInPlace tells whether the retry after d's failed attempt is held in the work
 // queue. A backend that holds any delay in place (delivery-time) holds every retry;
 // delayed-retry, whose delay is the queue's, holds every retry when it is alone, else
-// the first DelayedRetries, and neither when the queue was found not to hold them or
+// the first HeldRetries, and neither when the queue was found not to hold them or
 // the error asks for a delay of its own (the copying backend can keep it).
 func (e *Engine) holdsInPlace(d delivery, dec amqpretry.Decision) bool {
 	switch {
@@ -366,7 +366,7 @@ func (e *Engine) holdsInPlace(d delivery, dec amqpretry.Decision) bool {
 	case e.held.isBroken(d.queue):
 		return false
 	}
-	return dec.Delay <= 0 && (e.backend == nil || d.attempt <= e.cfg.DelayedRetries)
+	return dec.Delay <= 0 && (e.backend == nil || d.attempt <= e.cfg.HeldRetries)
 }
 
 // envelope is the envelope of the copy of a message that failed: the one it arrived

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/topology"
@@ -18,7 +19,7 @@ import (
 // fakeBackend is an in-memory backend.Backend: it applies every delay as asked (or as
 // effective says) and keeps what it is given to park, or fails as park says.
 type fakeBackend struct {
-	name      string
+	name      delay.Backend
 	effective func(time.Duration) (time.Duration, error)
 	park      func(msg *message.Message) error // nil: accept
 
@@ -35,7 +36,7 @@ type parked struct {
 
 var _ backend.Backend = (*fakeBackend)(nil)
 
-func (b *fakeBackend) Name() string {
+func (b *fakeBackend) Name() delay.Backend {
 	if b.name == "" {
 		return "fake"
 	}

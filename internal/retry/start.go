@@ -94,7 +94,7 @@ func Start(cfg amqpretry.Config, conn Conn) (*Retry, error) {
 
 func (r *Retry) start(spec backend.Spec) error {
 	cfg, e, v := r.cfg, r.Engine, r.handoff.Version()
-	if cfg.DelayedRetries > 0 && !version.DelayedRetry(v) {
+	if cfg.HeldRetries > 0 && !version.DelayedRetry(v) {
 		return backend.UnsupportedError(delay.DelayedRetry, v)
 	}
 	b, err := backend.New(spec, backend.Env{Handoff: r.handoff, Memory: cfg.Memory, Redeliver: r.conn.Redeliver, Logger: cfg.Logger})
@@ -115,7 +115,7 @@ func (r *Retry) start(spec backend.Spec) error {
 	case inPlace:
 		// Every retry stays in the work queue: no way back to bind.
 		e.inPlace, e.wiring.Bound = b, nil
-	case cfg.DelayedRetries > 0:
+	case cfg.HeldRetries > 0:
 		held, err := backend.New(backend.Spec{Name: delay.DelayedRetry, RetryDelay: cfg.DelayedRetryDelay}, backend.Env{})
 		if err != nil {
 			return fmt.Errorf("invalid config: %w", err)
@@ -148,9 +148,9 @@ func (r *Retry) start(spec backend.Spec) error {
 func (r *Retry) logReady() {
 	cfg, e := r.cfg, r.Engine
 	p := schedule.Policy(cfg.Policy)
-	longest, _ := p.Longest(p.Retries(cfg.Policy.Immediate + cfg.DelayedRetries))
+	longest, _ := p.Longest(p.Retries(cfg.Policy.Immediate + cfg.HeldRetries))
 	fields := watermill.LogFields{
-		"delay_backend": cfg.Backend, "delayed_retries": cfg.DelayedRetries, "poison_queue": cfg.PoisonQueue,
+		"delay_backend": cfg.Backend, "held_retries": cfg.HeldRetries, "poison_queue": cfg.PoisonQueue,
 		"max_attempts": cfg.Policy.MaxAttempts, "schedule": p.String(), "longest_delay": longest.String(),
 	}
 	if r.conn.URI != "" {
@@ -164,8 +164,8 @@ func (r *Retry) logReady() {
 		lim = backend.LimitsOf(e.inPlace)
 	}
 	fields["backend_limits"] = lim.Text
-	if cfg.DelayedRetries > 0 {
-		fields["schedule"] = fmt.Sprintf("%d retries held in the work queue %s apart, then %s", cfg.DelayedRetries, cfg.DelayedRetryDelay, p.String())
+	if cfg.HeldRetries > 0 {
+		fields["schedule"] = fmt.Sprintf("%d retries held in the work queue %s apart, then %s", cfg.HeldRetries, cfg.DelayedRetryDelay, p.String())
 	}
 	if cfg.Backend == delay.DelayedRetry {
 		fields["schedule"] = fmt.Sprintf("every retry held in the work queue %s (DelayedRetryDelay)", cfg.DelayedRetryDelay)
@@ -199,7 +199,7 @@ func (r *Retry) SubscriberMarshal() marshal.Options {
 
 // holdsRetries tells whether work queues hold retries (delayed retry).
 func (r *Retry) holdsRetries() bool {
-	return backend.HoldsRetries(r.cfg.Backend, r.cfg.DelayedRetries)
+	return backend.HoldsRetries(r.cfg.Backend, r.cfg.HeldRetries)
 }
 
 // WorkQueueArgs returns args with what a work queue needs added (a quorum queue that
@@ -274,7 +274,7 @@ func (r *Retry) isBound(queue string) bool {
 func (r *Retry) ApplyCommand(queues ...string) string {
 	c := r.cfg
 	return backend.ApplyCommand(backend.Spec{Name: c.Backend, Prefix: c.Prefix, Tiers: c.Tiers, Levels: c.Levels, RetryDelay: c.DelayedRetryDelay},
-		c.PoisonQueue, c.DelayedRetries, c.DelayedRetryDelay, queues...)
+		c.PoisonQueue, c.HeldRetries, c.DelayedRetryDelay, queues...)
 }
 
 // Scheduler is a message.Publisher that schedules a delayed message to a queue

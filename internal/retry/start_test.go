@@ -64,7 +64,7 @@ func TestNewValidatesEveryField(t *testing.T) {
 		MarshalerType:   "mypkg.Marshaler",
 		QueueArgs:       amqp.Table{"x-queue-type": "classic"},
 	}
-	_, err := New(sub, amqpretry.Config{DelayedRetries: 2, Policy: amqpretry.Policy{MaxAttempts: -2}, HandoffAttempts: -1})
+	_, err := New(sub, amqpretry.Config{HeldRetries: 2, Policy: amqpretry.Policy{MaxAttempts: -2}, HandoffAttempts: -1})
 	for _, want := range []string{
 		"invalid config", "Subscriber: Queue.GenerateName: required", "Subscriber: Consume.NoRequeueOnNack", "Subscriber: Marshaler: mypkg.Marshaler",
 		"Subscriber: Queue.Arguments: x-queue-type classic", "Policy.MaxAttempts: -2", "HandoffAttempts",
@@ -177,14 +177,14 @@ func (p *inPlace) Settle(msg *message.Message, effective time.Duration, envelope
 	return nil
 }
 
-// TestHeldInPlace: with delayed retries the first ones are settled for the broker to
+// TestHeldInPlace: with held retries the first ones are settled for the broker to
 // hold; a retry that comes back long before its due time shows the work queue does not
 // hold them, and its later retries go to the copying backend.
 func TestHeldInPlace(t *testing.T) {
 	b := &fakeBackend{}
 	var events []middleware.Event
 	logs := &countingLogger{}
-	e, _ := newEngine(t, amqpretry.Config{DelayedRetries: 2, DelayedRetryDelay: time.Minute, Logger: logs,
+	e, _ := newEngine(t, amqpretry.Config{HeldRetries: 2, DelayedRetryDelay: time.Minute, Logger: logs,
 		Policy:  amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{7 * time.Second}},
 		Observe: func(ev middleware.Event) { events = append(events, ev) }}, b)
 	held := newInPlace(time.Minute)

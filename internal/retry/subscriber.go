@@ -70,7 +70,7 @@ func (sub Sub) validate(cfg amqpretry.Config) error {
 	if sub.Marshal == nil {
 		errs = append(errs, fmt.Errorf("Subscriber: Marshaler: %s cannot read dead-lettered messages; use the DefaultMarshaler or xdeath.Marshaler", sub.MarshalerType))
 	}
-	if backend.HoldsRetries(cfg.Backend, cfg.DelayedRetries) {
+	if backend.HoldsRetries(cfg.Backend, cfg.HeldRetries) {
 		if t, ok := sub.QueueArgs[declare.QueueTypeArg]; ok && t != declare.QueueTypeQuorum {
 			errs = append(errs, fmt.Errorf("Subscriber: Queue.Arguments: %s %v: delayed retries need quorum work queues", declare.QueueTypeArg, t))
 		}

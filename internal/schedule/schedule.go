@@ -27,7 +27,7 @@ type Policy struct {
 
 // Retries is how many delayed retries of the schedule a message can get from the
 // copying backend: every retry but those run in this process (Immediate) or held in
-// the work queue (stages, its delayed retries), the schedule's n-th delay for the
+// the work queue (stages, its held retries), the schedule's n-th delay for the
 // n-th of them. The engine sizes the retry after attempt a with the schedule's delay
 // a - min(stages, a-1) (engine.fail), so the last, attempt MaxAttempts - 1, gets
 // delay MaxAttempts - 1 - stages.

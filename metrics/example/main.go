@@ -4,7 +4,7 @@
 // a Watermill router whose handler fails some of them (30% once, 10% twice, 2% for
 // good), on RabbitMQ at AMQP_URI through watermill-amqp v3 (wamqp3) with the backend
 // named by DELAY_BACKEND (default ttl-tiers; delayed-retry needs RabbitMQ 4.3), and
-// DELAYED_RETRIES=N to have RabbitMQ 4.3 hold the first N retries in the work queue;
+// HELD_RETRIES=N to have RabbitMQ 4.3 hold the first N retries in the work queue;
 // or in-process on a GoChannel with the memory backend when AMQP_URI is unset. With
 // METRICS_ADDR=host:port it serves /metrics while it runs (and METRICS_HOLD=30s keeps
 // serving that long after). At the end it prints the final metrics in Prometheus text
@@ -80,17 +80,17 @@ func run() error {
 	topic := prefix + ".orders"
 
 	cfg := amqpretry.Config{
-		Backend:       os.Getenv("DELAY_BACKEND"),
+		Backend:       delay.Backend(os.Getenv("DELAY_BACKEND")),
 		Prefix:        prefix,
 		Tiers:         []time.Duration{time.Second, 2 * time.Second},
 		Policy:        amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{time.Second, 2 * time.Second}},
 		RetryLogEvery: -1,
 		Logger:        logger,
 	}
-	if v := os.Getenv("DELAYED_RETRIES"); v != "" {
+	if v := os.Getenv("HELD_RETRIES"); v != "" {
 		var err error
-		if cfg.DelayedRetries, err = strconv.Atoi(v); err != nil {
-			return fmt.Errorf("DELAYED_RETRIES: %w", err)
+		if cfg.HeldRetries, err = strconv.Atoi(v); err != nil {
+			return fmt.Errorf("HELD_RETRIES: %w", err)
 		}
 	}
 	if cfg.Backend == delay.DelayedRetry {
