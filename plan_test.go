@@ -11,14 +11,14 @@ import (
 // metrics module and ops read the roles from the plan rather than rebuild them.
 func TestPlanRoles(t *testing.T) {
 	for _, c := range []struct {
-		backend string
+		backend delay.Backend
 		want    map[string]int // role → queues (the work queue is in a plan when it needs arguments)
 	}{
 		{delay.TTLTiers, map[string]int{"delay": len(amqpretry.Config{}.WithDefaults().Tiers), "parking": 1, "poison": 1, "work": 0}},
 		{delay.BinaryLevels, map[string]int{"delay": amqpretry.Config{}.WithDefaults().Levels, "parking": 1, "poison": 1, "work": 0}},
 		{delay.DelayedRetry, map[string]int{"delay": 0, "parking": 0, "poison": 1, "work": 1}},
 	} {
-		t.Run(c.backend, func(t *testing.T) {
+		t.Run(string(c.backend), func(t *testing.T) {
 			cfg := amqpretry.Config{Backend: c.backend, Prefix: "roles"}
 			plan, err := cfg.Plan("orders")
 			if err != nil {
