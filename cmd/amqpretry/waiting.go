@@ -291,7 +291,7 @@ parking and poison queues only with --shared. --backend must be given: teardown 
 guesses which backend is the old one.
 
 When the configuration in use now shares the prefix, name it with --keep-backend (and
---keep-tiers, --keep-levels): what its plan declares stays.
+--keep-tiers, --keep-levels, --keep-held-retries): what its plan declares stays.
 
 It refuses, removing nothing, while any message waits there (the broker's own counts,
 rabbitmqctl list_queues, which see the expired messages a quorum queue holds for dead
