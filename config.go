@@ -309,6 +309,15 @@ func (c Config) Plan(workQueues ...string) (topology.Topology, error) {
 	return declare.Unique(t), nil
 }
 
+// ApplyCommand returns the command line of the amqpretry command (module
+// github.com/amqpretry/amqpretry/cmd/amqpretry) that declares what Plan(workQueues...)
+// returns: `amqpretry topology apply`, with a flag for each field that differs from
+// its default and a --queue for each work queue. It does not check c: see Plan.
+func (c Config) ApplyCommand(workQueues ...string) string {
+	c = c.WithDefaults()
+	return backend.ApplyCommand(c.spec(), c.PoisonQueue, c.HeldRetries, c.DelayedRetryDelay, workQueues...)
+}
+
 // workQueueArgs are the arguments every work queue needs, or nil: with delayed
 // retries, a quorum queue that holds returned deliveries for DelayedRetryDelay. c has
 // its defaults.

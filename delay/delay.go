@@ -39,6 +39,13 @@ const (
 	Memory Backend = "memory"
 )
 
+// Backends lists the names of the delay backends, the default first: TTLTiers,
+// BinaryLevels, DelayedExchange, DelayedRetry, DeliveryTime, Memory. Every one is a
+// valid amqpretry.Config.Backend.
+func Backends() []Backend {
+	return []Backend{TTLTiers, BinaryLevels, DelayedExchange, DelayedRetry, DeliveryTime, Memory}
+}
+
 var (
 	// ErrDelayTooLong is wrapped by the error for a delay longer than the backend can
 	// hold.

@@ -141,9 +141,17 @@ type Status struct {
 	// Backend and Prefix, as configured.
 	Backend delay.Backend `json:"backend"`
 	Prefix  string        `json:"prefix"`
+	// Warning warns about a broker release that loses retries (RabbitMQ 3.13.0 to
+	// 3.13.2: rabbitmq-server #11159), or is empty.
+	Warning string `json:"warning,omitempty"`
+	// NacksCounted tells that the broker counts each message given back, and so each
+	// peek of a delay queue's head (Peek "always"), against a quorum queue's
+	// delivery-limit (20 by default): RabbitMQ 4.0 to 4.2, or a version not known.
+	NacksCounted bool `json:"nacks_counted,omitempty"`
 	// DelayedExchange, for the delayed-exchange backend, tells whether its exchange
-	// exists, and so that the plugin runs; otherwise false.
-	DelayedExchange bool `json:"delayed_exchange"`
+	// (DelayedExchangeName) exists, and so that the plugin runs; otherwise false.
+	DelayedExchange     bool   `json:"delayed_exchange"`
+	DelayedExchangeName string `json:"delayed_exchange_name,omitempty"`
 	// PluginWaiting, for the delayed-exchange backend, is how many messages the
 	// plugin holds for its exchange, as the plugin itself reports (rabbitmq eval of its
 	// messages_delayed, with Config.Rabbitmqctl); PluginCounted tells it was read.
@@ -224,6 +232,9 @@ type Flag struct {
 	Interval time.Duration `json:"interval_ns,omitempty"`
 	// QueueType: the type of a work queue flagged FlagQueueType.
 	QueueType string `json:"queue_type,omitempty"`
+	// Fix is how to repair it, when the usual fix (Apply) cannot: for FlagQueueType,
+	// how to move to a quorum queue, as a queue's type cannot change.
+	Fix string `json:"fix,omitempty"`
 }
 
 // Status reports the depth and the age of the oldest message of every delay queue, of
@@ -245,7 +256,8 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 		return Status{}, fmt.Errorf("status: invalid options: Peek: unknown mode %q (known: auto, always, never)", opts.Peek)
 	}
 	v := o.handoff.Version()
-	s := Status{Broker: v, Backend: o.retry.Backend, Prefix: o.retry.Prefix, Queues: []QueueStatus{}, Flags: []Flag{}}
+	s := Status{Broker: v, Backend: o.retry.Backend, Prefix: o.retry.Prefix, Queues: []QueueStatus{}, Flags: []Flag{},
+		Warning: version.Warning(v), NacksCounted: version.CountsNacks(v)}
 	flag := func(f Flag) { s.Flags = append(s.Flags, f) }
 
 	var pluginErr error
@@ -254,6 +266,7 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 			flag(Flag{Kind: FlagMissing, Name: "rabbitmq_delayed_message_exchange", Role: "plugin"})
 		}
 		// Only the backend's own exchange tells: its passive declaration.
+		s.DelayedExchangeName = o.names.Delayed()
 		ok, err := o.exchangeExists(o.names.Delayed(), declare.ExchangeDelayedMessage)
 		if err != nil {
 			return s, err
@@ -381,7 +394,7 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 				return s, err
 			}
 			if t != "" && t != declare.QueueTypeQuorum {
-				flag(Flag{Kind: FlagQueueType, Name: qs.Name, Role: qs.Role, QueueType: t})
+				flag(Flag{Kind: FlagQueueType, Name: qs.Name, Role: qs.Role, QueueType: t, Fix: declare.WrongQueueTypeFix(qs.Name, t)})
 			}
 		}
 		underReplicated(qs, flag)

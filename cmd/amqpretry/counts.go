@@ -21,7 +21,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqpretry/amqpretry/internal/redact"
 	"github.com/amqpretry/amqpretry/ops"
 )
 
@@ -278,12 +277,12 @@ func managementCounts(base, uri string, client *http.Client) countsFunc {
 	get := func(ctx context.Context, path string, v any) error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
 		if err != nil {
-			return fmt.Errorf("management api: %w", redact.Error(err, uri))
+			return fmt.Errorf("management api: %w", redactError(err, uri))
 		}
 		req.SetBasicAuth(user, pass)
 		resp, err := client.Do(req)
 		if err != nil {
-			return fmt.Errorf("management api: %s", redact.String(redact.Error(err, uri).Error(), base))
+			return fmt.Errorf("management api: %s", redactString(redactError(err, uri).Error(), base))
 		}
 		defer resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {

@@ -9,12 +9,13 @@ import (
 	"text/tabwriter"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/ops"
+	"github.com/amqpretry/amqpretry/xdeath"
 )
 
 // reasons are the poison reasons --reason takes: every middleware.Reason.
@@ -181,15 +182,35 @@ failure envelope, every other header, and the payload.
 	return c
 }
 
-// shown are the keys printEnvelope prints itself, or leaves out (where the poison
-// queue delivered it, not where it failed).
-var shown = map[string]bool{
-	keys.Queue: true, keys.PoisonReason: true, keys.Error: true, keys.ErrorTypes: true, keys.Attempt: true,
-	keys.MaxAttempts: true, keys.FirstFailure: true, keys.LastFailure: true, keys.Handler: true, keys.Topic: true,
-	keys.RedriveCount: true, keys.RedrivenAt: true, keys.RedrivenFrom: true, keys.TypedHeaders: true,
-	keys.DeliveryExchange: true, keys.DeliveryRoutingKey: true,
-	// this queue's own deliveries of it (quorum queues), the listings among them
-	keys.XDeliveryCount: true, keys.XAcquiredCount: true,
+// shown are the metadata keys printEnvelope prints itself, or leaves out.
+var shown = shownKeys()
+
+// shownKeys returns the keys of the envelope fields printEnvelope prints (as
+// middleware.Envelope.Write writes them), the key in which the library's marshaler
+// (ops reads with it, as xdeath.Marshaler does) lists the headers it encoded, and
+// RabbitMQ's counts of the poison queue's own deliveries of the message (quorum
+// queues), the listings among them.
+func shownKeys() map[string]bool {
+	out := map[string]bool{"x-delivery-count": true, "x-acquired-count": true}
+	t := time.Unix(1, 0)
+	md := map[string]string{}
+	middleware.Envelope{
+		Attempt: 1, MaxAttempts: 1, Reason: middleware.ReasonPermanent, Error: "e", ErrorTypes: []string{"t"},
+		FirstFailure: t, LastFailure: t, Handler: "h", Topic: "t", Queue: "q", RedrivenAt: t, Redriven: 1, RedrivenFrom: "f",
+	}.Write(md)
+	for k := range md {
+		out[k] = true
+	}
+	// What the marshaler adds to a delivery with one typed header: its list.
+	const probe = "probe"
+	if msg, err := (xdeath.Marshaler{}).Unmarshal(amqp.Delivery{Headers: amqp.Table{probe: int64(1)}}); err == nil {
+		for k := range msg.Metadata {
+			if k != probe {
+				out[k] = true
+			}
+		}
+	}
+	return out
 }
 
 func (a *app) printEnvelope(m ops.Message) {

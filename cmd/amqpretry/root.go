@@ -17,9 +17,6 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/backend"
-	"github.com/amqpretry/amqpretry/internal/names"
-	"github.com/amqpretry/amqpretry/internal/redact"
 	"github.com/amqpretry/amqpretry/ops"
 )
 
@@ -245,7 +242,7 @@ func buildVersion() string {
 // brokerBackends are the backends with something on the broker.
 func brokerBackends() []string {
 	var out []string
-	for _, n := range backend.Names() {
+	for _, n := range delay.Backends() {
 		if n != delay.Memory {
 			out = append(out, string(n))
 		}
@@ -281,9 +278,7 @@ func flagNames(s string) string {
 
 // applyCommand is the command line that creates what cfg needs for the queues.
 func applyCommand(cfg amqpretry.Config, queues []string) string {
-	c := cfg.WithDefaults()
-	return backend.ApplyCommand(backend.Spec{Name: c.Backend, Prefix: c.Prefix, Tiers: c.Tiers, Levels: c.Levels, RetryDelay: c.DelayedRetryDelay},
-		c.PoisonQueue, c.HeldRetries, c.DelayedRetryDelay, queues...)
+	return cfg.ApplyCommand(queues...)
 }
 
 // open validates the common flags and connects.
@@ -300,7 +295,7 @@ func (a *app) openWith(ctl ctlRunner) (*ops.Ops, amqpretry.Config, error) {
 }
 
 // redact hides the URI's password in s.
-func (a *app) redact(s string) string { return redact.String(s, a.uri) }
+func (a *app) redact(s string) string { return redactString(s, a.uri) }
 
 // fail prints err, redacted, as JSON on stdout or as text on stderr.
 func (a *app) fail(err error) {
@@ -327,9 +322,22 @@ type durationList []time.Duration
 func (d *durationList) String() string {
 	parts := make([]string, len(*d))
 	for i, t := range *d {
-		parts[i] = names.Tier(t)
+		parts[i] = spell(t)
 	}
 	return strings.Join(parts, ",")
+}
+
+// spell writes d the short way, as the library spells a ttl-tiers tier in its queue
+// names: 1s, 5s, 2m, 1h30m, 250ms (no trailing zero units).
+func spell(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 func (d *durationList) Set(s string) error {

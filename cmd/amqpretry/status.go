@@ -13,10 +13,6 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/declare"
-	"github.com/amqpretry/amqpretry/internal/names"
-	"github.com/amqpretry/amqpretry/internal/redact"
-	"github.com/amqpretry/amqpretry/internal/version"
 	"github.com/amqpretry/amqpretry/ops"
 )
 
@@ -175,7 +171,7 @@ func (src *countsSource) counts(uri string) (countsFunc, bool, error) {
 	case src.mgmt != "":
 		u, err := url.Parse(src.mgmt)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, false, usagef("--management-url: want http(s)://host:port, got %s", redact.String(src.mgmt, uri))
+			return nil, false, usagef("--management-url: want http(s)://host:port, got %s", redactString(src.mgmt, uri))
 		}
 		return managementCounts(src.mgmt, uri, nil), true, nil
 	case len(words) > 0:
@@ -219,24 +215,24 @@ func vhost(uri string) string {
 
 func (a *app) printStatus(s ops.Status, cfg amqpretry.Config, queues []string, peek string, check, explicit bool) {
 	if !check {
-		a.printf("RabbitMQ %s at %s, backend %s, prefix %s\n", s.Broker, redact.URI(a.uri), s.Backend, s.Prefix)
+		a.printf("RabbitMQ %s at %s, backend %s, prefix %s\n", s.Broker, redactURI(a.uri), s.Backend, s.Prefix)
 		if s.Counted {
 			a.printf("broker: %s file descriptors, %s sockets\n", ofLimit(s.FileDescriptors, s.FileDescriptorLimit), ofLimit(s.Sockets, s.SocketLimit))
 		}
 		if s.Backend == delay.DelayedExchange {
-			state := "its exchange " + names.Names{Prefix: s.Prefix}.Delayed() + " exists, so the plugin runs"
+			state := "its exchange " + s.DelayedExchangeName + " exists, so the plugin runs"
 			switch {
-			case version.NoPlugins(s.Broker):
+			case hasFlag(s, ops.FlagMissing, "plugin"):
 				state = "cannot run on RabbitMQ " + s.Broker
 			case !s.DelayedExchange:
-				state = "unknown: its exchange " + names.Names{Prefix: s.Prefix}.Delayed() + " does not exist (not applied yet, or the plugin is not enabled)"
+				state = "unknown: its exchange " + s.DelayedExchangeName + " does not exist (not applied yet, or the plugin is not enabled)"
 			}
 			a.printf("delayed-message plugin: %s\n", state)
 		}
-		if w := version.Warning(s.Broker); w != "" {
-			a.printf("warning: %s\n", w)
+		if s.Warning != "" {
+			a.printf("warning: %s\n", s.Warning)
 		}
-		if peek == "always" && version.CountsNacks(s.Broker) && hasRole(s, "delay") {
+		if peek == "always" && s.NacksCounted && hasRole(s, "delay") {
 			a.printf("note: RabbitMQ %s counts each peek against the delivery-limit of a delay queue's head (20 by default): past it the retry comes back early\n", s.Broker)
 		}
 		if s.CountsError != "" {
@@ -272,7 +268,7 @@ func (a *app) printStatus(s ops.Status, cfg amqpretry.Config, queues []string, p
 				}
 			}
 			if q.TTL > 0 {
-				ttl = names.Tier(q.TTL)
+				ttl = spell(q.TTL)
 			}
 			role := q.Role
 			if q.Old {
@@ -328,6 +324,16 @@ func hasRole(s ops.Status, role string) bool {
 	return false
 }
 
+// hasFlag tells whether s flags something of kind and role.
+func hasFlag(s ops.Status, kind ops.FlagKind, role string) bool {
+	for _, f := range s.Flags {
+		if f.Kind == kind && f.Role == role {
+			return true
+		}
+	}
+	return false
+}
+
 func ofLimit(used, limit int) string {
 	if limit <= 0 {
 		return fmt.Sprintf("%d (limit unknown)", used)
@@ -375,7 +381,7 @@ func (a *app) describe(f ops.Flag, s ops.Status, cfg amqpretry.Config, queues []
 	case ops.FlagUnderReplicated:
 		return fmt.Sprintf("UNDER-REPLICATED %s queue %s: %d of its %d members online; a node is down or its member has not started. It works while a majority is online and stalls, losing nothing, without one: bring the node back (rabbitmq-queues grow adds members on other nodes)", f.Role, f.Name, f.Count, f.Limit)
 	case ops.FlagQueueType:
-		return "QUEUE-TYPE " + declare.WrongQueueTypeFix(f.Name, f.QueueType)
+		return "QUEUE-TYPE " + f.Fix
 	case ops.FlagNearLimit:
 		what := strings.ReplaceAll(f.Name, "_", " ")
 		return fmt.Sprintf("NEAR-LIMIT: the broker uses %d of its %d %s (%d%%); past the limit every new connection hangs in its handshake; on RabbitMQ 3.x each quorum queue holds 3 of them (docs/broker-resources.md): delete unused quorum queues, or raise the limit (ulimit -n, LimitNOFILE)", f.Count, f.Limit, what, f.Count*100/f.Limit)

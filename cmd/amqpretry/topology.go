@@ -12,7 +12,6 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/ops"
 	"github.com/amqpretry/amqpretry/topology"
 )
@@ -217,7 +216,7 @@ func (a *app) printPlan(cfg amqpretry.Config, t topology.Topology, queues []stri
 }
 
 func queueKind(a amqp.Table) string {
-	if t, ok := a[declare.QueueTypeArg].(string); ok {
+	if t, ok := a[amqp.QueueTypeArg].(string); ok {
 		return t
 	}
 	return "classic"
@@ -227,7 +226,7 @@ func queueKind(a amqp.Table) string {
 func args(a amqp.Table) string {
 	keys := make([]string, 0, len(a))
 	for k := range a {
-		if k != declare.QueueTypeArg {
+		if k != amqp.QueueTypeArg {
 			keys = append(keys, k)
 		}
 	}

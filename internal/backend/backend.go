@@ -109,9 +109,7 @@ type Env struct {
 var errDetached = errors.New("backend built for planning cannot park messages")
 
 // Names lists the backend names Lookup knows.
-func Names() []delay.Backend {
-	return []delay.Backend{delay.TTLTiers, delay.BinaryLevels, delay.DelayedExchange, delay.DelayedRetry, delay.DeliveryTime, delay.Memory}
-}
+func Names() []delay.Backend { return delay.Backends() }
 
 // Lookup validates s and returns its backend, without a broker: it plans and sizes.
 // Errors name the configuration field at fault.
