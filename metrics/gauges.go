@@ -56,8 +56,8 @@ func QueuesOf(cfg amqpretry.Config) (Queues, error) {
 }
 
 // WatchQueues refreshes the gauges every interval, until ctx is done, for the queues of
-// cfg (QueuesOf), from passive declarations on a connection of its own to uri, the
-// broker's URI (the subscriber config's). A queue that cannot be read (deleted, or the
+// cfg (QueuesOf), from passive declarations (ops.Status, nothing peeked) on
+// connections of its own to uri, the broker's URI (the subscriber config's). A queue that cannot be read (deleted, or the
 // broker unreachable) is left out of that refresh, and the error returned once ctx is
 // done is the last such error; errors never show the URI's password. An invalid
 // config is returned at once. It refreshes once before the first wait.
@@ -80,7 +80,8 @@ func (m *Metrics) WatchQueues(ctx context.Context, uri string, cfg amqpretry.Con
 }
 
 // RefreshQueues sets the gauges once for the queues of cfg (QueuesOf), from passive
-// declarations on a short-lived connection to uri. Errors never show uri's password.
+// declarations (ops.Status) on short-lived connections to uri. Errors never show
+// uri's password.
 func (m *Metrics) RefreshQueues(uri string, cfg amqpretry.Config) error {
 	queues, err := QueuesOf(cfg)
 	if err != nil {
