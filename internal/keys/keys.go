@@ -32,6 +32,18 @@ const (
 	RedrivenFrom       = "amqpretry-redriven-from"
 )
 
+// InEnvelope tells whether key is one of the failure envelope's (middleware.Envelope
+// writes exactly these).
+func InEnvelope(key string) bool {
+	switch key {
+	case Attempt, MaxAttempts, PoisonReason, Error, ErrorTypes, FirstFailure, LastFailure, Handler, Topic, Queue,
+		OriginalExchange, OriginalRoutingKey, RequestedDelay, EffectiveDelay, Due, DroppedHeaders,
+		RedrivenAt, RedriveCount, RedrivenFrom:
+		return true
+	}
+	return false
+}
+
 // HoldUntil is written on a retry copy whose delay of the error's own (a RetryAfter)
 // is longer than the backend holds: when it is due. The middleware parks it again
 // until then instead of running the handler early.

@@ -245,15 +245,16 @@ func (e *Engine) fail(msg, run *message.Message, d delivery, err error, decided 
 		"attempt": d.attempt, "max_attempts": e.cfg.Policy.MaxAttempts, "err": err.Error(),
 	}}
 	f.envelope = e.envelope(d, err)
-	cp := copyOf(run)
 
+	// The copy (copyOf) is made where a way out publishes one: never for a retry held
+	// in place.
 	switch {
 	case werr != nil:
-		return e.handoffFailed(f, cp, werr, "not-wired", true)
+		return e.handoffFailed(f, copyOf(run), werr, "not-wired", true)
 	case decided.Permanent:
-		return e.poison(f, cp, middleware.ReasonPermanent)
+		return e.poison(f, copyOf(run), middleware.ReasonPermanent)
 	case d.attempt >= e.cfg.Policy.MaxAttempts:
-		return e.poison(f, cp, middleware.ReasonMaxAttempts)
+		return e.poison(f, copyOf(run), middleware.ReasonMaxAttempts)
 	case d.queue == "":
 		return errors.Join(err, fmt.Errorf("%w: no subscribed topic in the message context (is the middleware on a router handler?)", amqpretry.ErrHandoff))
 	}
@@ -263,7 +264,7 @@ func (e *Engine) fail(msg, run *message.Message, d delivery, err error, decided 
 		target = e.inPlace
 	case e.backend == nil && e.held.isBroken(d.queue):
 		f.envelope.Error = fmt.Sprintf("work queue %q does not hold delayed retries (a nacked message came back at once), and no copying backend is configured; handler error: %v", d.queue, err)
-		return e.poison(f, cp, middleware.ReasonHandoffFailed)
+		return e.poison(f, copyOf(run), middleware.ReasonHandoffFailed)
 	case e.backend == nil: // delayed-retry alone, asked for a delay of its own
 		target, inPlace = e.inPlace, true
 	}
@@ -277,7 +278,7 @@ func (e *Engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	if serr != nil {
 		// Handing it off would be refused: poison it, saying why.
 		f.envelope.Error = serr.Error() + "; handler error: " + err.Error()
-		return e.poison(f, cp, middleware.ReasonDelayTooLong)
+		return e.poison(f, copyOf(run), middleware.ReasonDelayTooLong)
 	}
 	var holdUntil time.Time
 	switch {
@@ -304,6 +305,7 @@ func (e *Engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	}
 
 	// Stamp and hand off.
+	cp := copyOf(run)
 	start := time.Now()
 	f.envelope.Attempt = d.attempt + 1
 	f.envelope.RequestedDelay, f.envelope.EffectiveDelay, f.envelope.Due = requested, effective, start.Add(effective)
@@ -369,20 +371,22 @@ func (e *Engine) holdsInPlace(d delivery, dec amqpretry.Decision) bool {
 	return dec.Delay <= 0 && (e.backend == nil || d.attempt <= e.cfg.HeldRetries)
 }
 
-// envelope is the envelope of the copy of a message that failed: the one it arrived
-// with, updated with this failure.
+// envelope is the envelope of the copy of a message that failed, built once: what the
+// message carries from its earlier failures and redrives (first failure, original
+// route, redrives, dropped headers) and this failure. What the way out decides (the
+// attempt, the delays and due time, or the poison reason) is set there, once.
 func (e *Engine) envelope(d delivery, err error) middleware.Envelope {
-	env := d.envelope
+	was := d.envelope
+	env := middleware.Envelope{
+		FirstFailure: was.FirstFailure, OriginalExchange: was.OriginalExchange, OriginalRoutingKey: was.OriginalRoutingKey,
+		DroppedHeaders: was.DroppedHeaders, RedrivenAt: was.RedrivenAt, Redriven: was.Redriven, RedrivenFrom: was.RedrivenFrom,
+		LastFailure: d.at, Error: err.Error(), ErrorTypes: errorTypes(err),
+		Handler: d.handler, Topic: d.topic, Queue: d.queue,
+	}
 	if env.FirstFailure.IsZero() {
 		env.FirstFailure = d.at
 		env.OriginalExchange, env.OriginalRoutingKey = d.exchange, d.key
 	}
-	env.LastFailure = d.at
-	env.Error = err.Error()
-	env.ErrorTypes = errorTypes(err)
-	env.Handler, env.Topic, env.Queue = d.handler, d.topic, d.queue
-	env.Reason, env.MaxAttempts = "", 0
-	env.RequestedDelay, env.EffectiveDelay, env.Due = 0, 0, time.Time{}
 	return env
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/handoff"
+	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
@@ -87,11 +88,9 @@ func (e *Engine) poisonTo(cp *message.Message) error { return e.poisonQ(handoffC
 // dropLargestHeader removes the largest metadata entry that is not the envelope's and
 // names it in env.DroppedHeaders. It returns false when there is nothing left to drop.
 func dropLargestHeader(md message.Metadata, env *middleware.Envelope) bool {
-	ours := message.Metadata{}
-	env.Write(ours)
 	largest, size := "", -1
 	for k, v := range md {
-		if _, mine := ours[k]; !mine && len(k)+len(v) > size {
+		if !keys.InEnvelope(k) && len(k)+len(v) > size {
 			largest, size = k, len(k)+len(v)
 		}
 	}

@@ -1,0 +1,47 @@
+package middleware_test
+
+import (
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/amqpretry/amqpretry/internal/keys"
+	"github.com/amqpretry/amqpretry/middleware"
+)
+
+// TestEnvelopeKeys: a full envelope writes one key per field, and every one is a key
+// keys.InEnvelope knows, which the engine asks (rather than writing an envelope into a
+// scratch map) to tell the envelope's headers from the message's own.
+func TestEnvelopeKeys(t *testing.T) {
+	at := time.Unix(1_700_000_000, 0)
+	env := middleware.Envelope{
+		Attempt: 2, MaxAttempts: 5, Reason: middleware.ReasonPermanent, Error: "e", ErrorTypes: []string{"*errors.errorString"},
+		FirstFailure: at, LastFailure: at, Handler: "h", Topic: "t", Queue: "q",
+		OriginalExchange: "x", OriginalRoutingKey: "k", RequestedDelay: time.Second, EffectiveDelay: time.Second, Due: at,
+		DroppedHeaders: "big (9 bytes)", RedrivenAt: at, Redriven: 1, RedrivenFrom: "p",
+	}
+	if v := reflect.ValueOf(env); !v.IsZero() {
+		for i := range v.NumField() {
+			if v.Field(i).IsZero() {
+				t.Fatalf("test envelope leaves %s zero: set every field", v.Type().Field(i).Name)
+			}
+		}
+	}
+	md := message.Metadata{}
+	env.Write(md)
+	if want := reflect.TypeOf(env).NumField(); len(md) != want {
+		t.Errorf("a full envelope wrote %d keys, want one per field (%d): %v", len(md), want, md)
+	}
+	for k := range md {
+		if !keys.InEnvelope(k) {
+			t.Errorf("the envelope writes %q, which keys.InEnvelope does not know", k)
+		}
+	}
+	for _, k := range []string{keys.HoldUntil, keys.TypedHeaders, keys.Subscriber, "amqpretry-other", "traceparent"} {
+		if keys.InEnvelope(k) {
+			t.Errorf("keys.InEnvelope(%q) = true, want false", k)
+		}
+	}
+}
