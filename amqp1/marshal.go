@@ -9,7 +9,6 @@ import (
 	"time"
 
 	amqp "github.com/Azure/go-amqp"
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
@@ -17,7 +16,9 @@ import (
 // the header name watermill-amqp uses, and RabbitMQ maps AMQP 0-9-1 headers to AMQP 1.0
 // application properties and back, so messages interoperate with watermill-amqp
 // publishers and subscribers in both directions.
-const uuidKey = wamqp.DefaultMessageUUIDHeaderKey
+// TestUUIDKey pins it to watermill-amqp's own constant, the home of that fact, without
+// making this module compile a watermill-amqp major for one string.
+const uuidKey = "_watermill_message_uuid"
 
 // toAMQP builds the AMQP 1.0 message for a Watermill message: the payload as one data
 // section, the metadata and the UUID as application properties (strings), the UUID
