@@ -158,13 +158,13 @@ const defaultHandoffAttempts = 5
 func (c Config) Validate() error {
 	user := c.Policy
 	c = c.WithDefaults()
-	errs := c.topologyErrors()
+	b, errs := c.topologyErrors()
 	if c.Backend == delay.Memory && c.Memory == nil {
 		errs = append(errs, errors.New("Memory: required for the memory backend"))
 	}
 	if err := c.Policy.validate(); err != nil {
 		errs = append(errs, err)
-	} else if b, err := c.backend(); err == nil {
+	} else if b != nil {
 		errs = append(errs, c.fits(b, user)...)
 	}
 	if c.HeldRetries > 0 && c.Policy.Immediate > 0 {
@@ -183,12 +183,13 @@ func (c Config) Validate() error {
 }
 
 // topologyErrors reports every invalid field among those that decide what c declares
-// on the broker: the backend and its settings, the names, the held retries. c has
-// its defaults.
-func (c Config) topologyErrors() []error {
+// on the broker: the backend and its settings, the names, the held retries; and the
+// backend, built once (nil when invalid). c has its defaults.
+func (c Config) topologyErrors() (backend.Backend, []error) {
 	var errs []error
-	if _, err := c.backend(); err != nil {
-		errs = append(errs, err)
+	b, err := c.backend()
+	if err != nil {
+		b, errs = nil, append(errs, err)
 	}
 	if len(c.PoisonQueue) > names.MaxBytes {
 		errs = append(errs, fmt.Errorf("PoisonQueue: %q is %d bytes long, over AMQP's %d", c.PoisonQueue, len(c.PoisonQueue), names.MaxBytes))
@@ -204,7 +205,7 @@ func (c Config) topologyErrors() []error {
 			errs = append(errs, err)
 		}
 	}
-	return errs
+	return b, errs
 }
 
 // fits refuses a policy the backend cannot keep: a delay it can ask for that the
@@ -292,13 +293,13 @@ func (c Config) spec() backend.Spec {
 // topology` command applies and checks it.
 func (c Config) Plan(workQueues ...string) (topology.Topology, error) {
 	c = c.WithDefaults()
-	if err := errors.Join(c.topologyErrors()...); err != nil {
+	b, errs := c.topologyErrors()
+	if err := errors.Join(errs...); err != nil {
 		return topology.Topology{}, fmt.Errorf("invalid config: %w", err)
 	}
 	if c.Backend == delay.Memory {
 		return topology.Topology{}, errors.New("invalid config: Backend: the memory backend has nothing on the broker")
 	}
-	b, _ := c.backend()
 	t := backend.Plan(b, workQueues...)
 	t.Queues = append(t.Queues, declare.HoldingQueue(c.PoisonQueue, "poison"))
 	if args := c.workQueueArgs(); args != nil {

@@ -31,10 +31,13 @@ type Sub struct {
 
 // New validates sub and cfg, every invalid field named, and only then starts a Retry.
 func New(sub Sub, cfg amqpretry.Config) (*Retry, error) {
-	if err := errors.Join(sub.validate(cfg.WithDefaults()), cfg.Validate()); err != nil {
+	withDefaults := cfg.WithDefaults()
+	// Validate reads the policy as given (an explicit value is checked apart from its
+	// default), so it takes cfg itself.
+	if err := errors.Join(sub.validate(withDefaults), cfg.Validate()); err != nil {
 		return nil, fmt.Errorf("invalid config: %w", err)
 	}
-	cfg = cfg.WithDefaults()
+	cfg = withDefaults
 	conn := Conn{URI: sub.URI, QueueArgs: sub.QueueArgs, Queue: sub.QueueName}
 	if sub.Marshal != nil {
 		conn.Marshal = *sub.Marshal
