@@ -75,6 +75,9 @@ func TestReconnectBrokerSideClose(t *testing.T) {
 	var closedAt [][]string
 	closeAt := map[int]bool{total / 3: true, 2 * total / 3: true}
 	var after int // messages received after the last close
+	// wake is publishDone until it has woken the loop once: the last message may arrive
+	// before the publisher is done, and nothing else would wake the loop then.
+	wake := publishDone
 	for {
 		mu.Lock()
 		n := len(received)
@@ -117,6 +120,8 @@ func TestReconnectBrokerSideClose(t *testing.T) {
 			mu.Unlock()
 			after++
 			msg.Ack()
+		case <-wake:
+			wake = nil
 		case <-ctx.Done():
 			mu.Lock()
 			t.Fatalf("timed out: received %d of %d published", len(received), len(published))
