@@ -16,7 +16,7 @@ import (
 // the header name watermill-amqp uses, and RabbitMQ maps AMQP 0-9-1 headers to AMQP 1.0
 // application properties and back, so messages interoperate with watermill-amqp
 // publishers and subscribers in both directions.
-// TestUUIDKey pins it to watermill-amqp's own constant, the home of that fact, without
+// TestPinnedFacts pins it to watermill-amqp's own constant, the home of that fact, without
 // making this module compile a watermill-amqp major for one string.
 const uuidKey = "_watermill_message_uuid"
 

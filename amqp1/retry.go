@@ -82,7 +82,9 @@ func NewRetry(sub SubscriberConfig, cfg amqpretry.Config) (*Retry, error) {
 }
 
 // defaultDeliveryLimit is the x-delivery-limit RabbitMQ 4 gives a quorum queue
-// declared without one.
+// declared without one (TestPinnedFacts: the library's own). Refused here, where the
+// 0-9-1 path only warns: every retry of delivery-time is a failed delivery the limit
+// counts, while on 0-9-1 only a failed hand-off's nack counts, and only before 4.3.
 const defaultDeliveryLimit = 20
 
 // deliveryLimitFits checks the work queue's delivery limit against the policy: a quorum

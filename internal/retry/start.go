@@ -355,8 +355,8 @@ func workQueueWarning(brokerVersion string, args amqp.Table, maxAttempts int) st
 		if !version.DefaultDeliveryLimit(brokerVersion) {
 			return ""
 		}
-		return fmt.Sprintf("quorum queue without %s: RabbitMQ %s applies a limit of 20 deliveries, so a message whose hand-off fails 20 times in a row is dead-lettered or dropped instead of retried; declare %s explicitly (-1 for no limit)",
-			declare.DeliveryLimitArg, brokerVersion, declare.DeliveryLimitArg)
+		return fmt.Sprintf("quorum queue without %s: RabbitMQ %s applies a limit of %d deliveries, so a message whose hand-off fails %d times in a row is dead-lettered or dropped instead of retried; declare %s explicitly (-1 for no limit)",
+			declare.DeliveryLimitArg, brokerVersion, version.DeliveryLimit, version.DeliveryLimit, declare.DeliveryLimitArg)
 	}
 	limit, ok := wire.Integer(raw)
 	switch {

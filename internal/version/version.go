@@ -49,8 +49,14 @@ func CountsNacks(s string) bool {
 	return !ok || v.Major == 4 && v.Minor < 3
 }
 
+// DeliveryLimit is the delivery limit RabbitMQ 4.0+ gives a quorum queue declared
+// without x-delivery-limit: past it, a message is dead-lettered or dropped instead of
+// delivered again. amqp1 keeps its own copy, pinned to this one by its tests.
+const DeliveryLimit = 20
+
 // DefaultDeliveryLimit tells whether version s gives every quorum queue a delivery
-// limit of 20 unless it declares one (4.0+; an unknown version counts as 4.0+).
+// limit of DeliveryLimit unless it declares one (4.0+; an unknown version counts as
+// 4.0+).
 func DefaultDeliveryLimit(s string) bool {
 	v, ok := Parse(s)
 	return !ok || v.AtLeast(4, 0, 0)
