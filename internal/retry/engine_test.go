@@ -112,6 +112,40 @@ func TestEnvelopeKeepsTheFirstFailure(t *testing.T) {
 	}
 }
 
+// TestEnvelopeOfARedrivenPoisonedMessage: a poisoned message redriven to its queue that
+// fails again is retried with what it carries from before (first failure, original
+// route, redrives, dropped headers) and nothing of the poisoning (reason, limit) or of
+// its earlier delays: the envelope is built from those parts, not copied and cleared.
+func TestEnvelopeOfARedrivenPoisonedMessage(t *testing.T) {
+	b := &fakeBackend{}
+	e, _ := newEngine(t, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{time.Second}}}, b)
+	first := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	msg := message.NewMessage("m", nil)
+	middleware.Envelope{Attempt: 1, MaxAttempts: 5, Reason: middleware.ReasonPermanent, Error: "a", ErrorTypes: []string{"x"},
+		FirstFailure: first, LastFailure: first, Handler: "old", Topic: "old", Queue: "work",
+		OriginalExchange: "orders", OriginalRoutingKey: "created", RequestedDelay: 7 * time.Second, EffectiveDelay: 8 * time.Second, Due: first,
+		DroppedHeaders: "big (9000 bytes)", RedrivenAt: first, Redriven: 1, RedrivenFrom: "poison"}.Write(msg.Metadata)
+	if _, err := e.Middleware(failing(errors.New("b")))(msg); err != nil {
+		t.Fatal(err)
+	}
+	env := middleware.ReadEnvelope(b.msgs()[0].Metadata)
+	if env.Reason != "" || env.MaxAttempts != 0 {
+		t.Errorf("reason %q, max attempts %d on a retry; want none", env.Reason, env.MaxAttempts)
+	}
+	if env.RequestedDelay != time.Second || env.EffectiveDelay != time.Second || !env.Due.After(first) {
+		t.Errorf("delays %s/%s due %s; want this retry's (1s) and a new due time", env.RequestedDelay, env.EffectiveDelay, env.Due)
+	}
+	if !env.FirstFailure.Equal(first) || env.OriginalExchange != "orders" || env.OriginalRoutingKey != "created" {
+		t.Errorf("first failure %s, route %q/%q; want them kept", env.FirstFailure, env.OriginalExchange, env.OriginalRoutingKey)
+	}
+	if env.Redriven != 1 || env.RedrivenFrom != "poison" || !env.RedrivenAt.Equal(first) || env.DroppedHeaders != "big (9000 bytes)" {
+		t.Errorf("redrives %d from %q at %s, dropped %q; want them kept", env.Redriven, env.RedrivenFrom, env.RedrivenAt, env.DroppedHeaders)
+	}
+	if env.Error != "b" || env.Attempt != 2 {
+		t.Errorf("error %q, attempt %d; want this failure's and attempt 2", env.Error, env.Attempt)
+	}
+}
+
 func TestRetryPoisonsAfterLastAttempt(t *testing.T) {
 	b := &fakeBackend{}
 	var events []middleware.Event
