@@ -225,9 +225,10 @@ func HeldRetriesThenCopies(t *testing.T, m Major) {
 // DelayedRetryOnAQueueWithoutItFallsBackLoudly: a quorum work queue that exists without
 // the delayed-retry arguments. In declare mode, subscribing fails with the fix (a
 // policy, or re-creating the queue). Where nothing is declared (topology mode none),
-// the first nack comes back at once: that is logged at ERROR, and the retries go to the
-// copying backend instead of looping at wire speed; with the delayed-retry backend
-// alone the message is poisoned, saying why.
+// every nack comes back at once: the first early return is held again (it may be a nack
+// lost with its connection), the second in a row is logged at ERROR, and the retries go
+// to the copying backend instead of looping at wire speed; with the delayed-retry
+// backend alone the message is poisoned, saying why.
 func DelayedRetryOnAQueueWithoutItFallsBackLoudly(t *testing.T, m Major) {
 	need43(t)
 	s := newSetup(t, m, delay.TTLTiers)
@@ -266,7 +267,7 @@ func DelayedRetryOnAQueueWithoutItFallsBackLoudly(t *testing.T, m Major) {
 			plan.Queues = slices.DeleteFunc(plan.Queues, func(q topology.Queue) bool { return q.Name == s.topic })
 			apply(t, plan)
 			r := newRetry(t, m, s.sub, cfg)
-			rec := newRecorder(failFirst(2))
+			rec := newRecorder(failFirst(3))
 			run(t, m, r, s.topic, rec.handle)
 			publish(t, m, s.topic, "m-"+string(name))
 			if name == delay.DelayedRetry {
@@ -275,8 +276,8 @@ func DelayedRetryOnAQueueWithoutItFallsBackLoudly(t *testing.T, m Major) {
 					t.Errorf("poisoned with %+v, want handoff-failed saying the queue does not hold delayed retries", env)
 				}
 			} else {
-				calls := rec.waitCalls(t, 3, 30*time.Second)
-				if env := middleware.ReadEnvelope(calls[2].msg.Metadata); env.EffectiveDelay != 500*time.Millisecond {
+				calls := rec.waitCalls(t, 4, 30*time.Second)
+				if env := middleware.ReadEnvelope(calls[3].msg.Metadata); env.EffectiveDelay != 500*time.Millisecond {
 					t.Errorf("the retry after the fast return went to %+v, want a 500ms copy", env)
 				}
 			}

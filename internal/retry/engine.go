@@ -144,6 +144,10 @@ type delivery struct {
 	// queue's) is due; zero for one hold.
 	heldUntil time.Time
 	rehelds   int // times it was held again
+	// backEarly tells that this held retry came back long before it was due (more
+	// than half the queue's delay), early how many times in a row it did before.
+	backEarly bool
+	early     int
 }
 
 func (e *Engine) read(msg *message.Message) delivery {
@@ -164,7 +168,8 @@ func (e *Engine) read(msg *message.Message) delivery {
 	h, ok := e.held.take(msg.UUID)
 	if ok && d.owned {
 		// A retry held in the work queue comes back without its envelope.
-		d.held, d.heldDue, d.heldUntil, d.rehelds = true, h.due, h.until, h.rehelds
+		d.held, d.heldDue, d.heldUntil, d.rehelds, d.early = true, h.due, h.until, h.rehelds, h.early
+		d.backEarly = e.inPlace != nil && e.inPlace.Name() == delay.DelayedRetry && d.at.Sub(h.due) < -e.cfg.DelayedRetryDelay/2
 		if !h.env.FirstFailure.IsZero() {
 			// What a copy would have carried: the handler reads it as on a copy.
 			d.envelope, remembered = h.env, true

@@ -36,6 +36,9 @@ func (e *Engine) settle(msg *message.Message, f failure, requested, effective ti
 		return e.handoffFailed(f, copyOf(msg), err, "other", true)
 	}
 	h := heldRetry{due: due, first: f.envelope.FirstFailure, env: f.envelope}
+	if f.backEarly {
+		h.early = f.early + 1
+	}
 	if e.inPlace.Name() == delay.DelayedRetry && effective > e.cfg.DelayedRetryDelay {
 		// Back after the queue's delay, then held again until requested is over.
 		h.due, h.until = time.Now().Add(e.cfg.DelayedRetryDelay), time.Now().Add(requested)

@@ -8,7 +8,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
@@ -52,7 +51,11 @@ func (e *Engine) observeDelivery(d delivery) {
 			ev.Backend = e.backend.Name()
 		}
 	}
-	if d.held && e.inPlace.Name() == delay.DelayedRetry && ev.Lateness < -e.cfg.DelayedRetryDelay/2 && e.held.markBroken(d.queue) {
+	// Back long before it was due: its nack may have been lost with its connection (the
+	// broker then gives the delivery back at once), so the queue is judged by a second
+	// early return of the same message in a row, which a queue that holds retries does
+	// not give.
+	if d.backEarly && d.early > 0 && e.held.markBroken(d.queue) {
 		e.cfg.Logger.Error("Work queue does not hold delayed retries: a nacked message came back at once; its retries now go to the copying backend, or are poisoned without one",
 			fmt.Errorf("queue %q: back %s after the nack, expected %s: a quorum queue needs x-delayed-retry-type=returned and x-delayed-retry-min/-max (declare it with them, or apply a delayed-retry policy to it, RabbitMQ 4.3+); a classic queue cannot hold delayed retries (`amqpretry topology verify` tells its type): move to a new quorum queue, or use a copying Backend", d.queue, (e.cfg.DelayedRetryDelay+ev.Lateness).Round(time.Millisecond), e.cfg.DelayedRetryDelay),
 			watermill.LogFields{"queue": d.queue, "message_uuid": d.msg.UUID})
@@ -92,9 +95,10 @@ type heldRetries struct {
 // many times it was held again.
 // env is the envelope the retry would carry on a copy: the broker redelivers the
 // message unchanged, so the engine writes it into the metadata when it comes back.
+// early counts the times in a row the message came back long before it was due.
 type heldRetry struct {
 	due, first, until time.Time
-	rehelds           int
+	rehelds, early    int
 	env               middleware.Envelope
 }
 

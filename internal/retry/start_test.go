@@ -1,6 +1,7 @@
 package retry
 
 import (
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -178,14 +179,16 @@ func (p *inPlace) Settle(msg *message.Message, effective time.Duration, envelope
 }
 
 // TestHeldInPlace: with held retries the first ones are settled for the broker to
-// hold; a retry that comes back long before its due time shows the work queue does not
-// hold them, and its later retries go to the copying backend.
+// hold. A retry that comes back long before its due time may have lost its nack with
+// its connection (the broker gives the delivery back at once): it is held again. When
+// the same message comes back early a second time in a row, the work queue does not
+// hold retries: it is marked, logged, and its later retries go to the copying backend.
 func TestHeldInPlace(t *testing.T) {
 	b := &fakeBackend{}
 	var events []middleware.Event
 	logs := &countingLogger{}
-	e, _ := newEngine(t, amqpretry.Config{HeldRetries: 2, DelayedRetryDelay: time.Minute, Logger: logs,
-		Policy:  amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{7 * time.Second}},
+	e, _ := newEngine(t, amqpretry.Config{HeldRetries: 3, DelayedRetryDelay: time.Minute, Logger: logs,
+		Policy:  amqpretry.Policy{MaxAttempts: 6, Delays: []time.Duration{7 * time.Second}},
 		Observe: func(ev middleware.Event) { events = append(events, ev) }}, b)
 	held := newInPlace(time.Minute)
 	e.inPlace = held
@@ -203,21 +206,79 @@ func TestHeldInPlace(t *testing.T) {
 	if last := events[len(events)-1]; last.Backend != delay.DelayedRetry || last.Effective != time.Minute {
 		t.Errorf("event %+v", last)
 	}
-	// Back at once (the broker counted the return: attempt 2): the queue does not hold
-	// retries. The next retry is a copy, after the schedule's first delay.
-	back := message.NewMessage("m", nil)
-	back.Metadata.Set(keys.Attempt, "2")
-	if _, err := h(back); err != nil {
-		t.Fatal(err)
+	back := func(attempt int) {
+		t.Helper()
+		msg := message.NewMessage("m", nil)
+		msg.Metadata.Set(keys.Attempt, strconv.Itoa(attempt))
+		if _, err := h(msg); err != nil {
+			t.Fatal(err)
+		}
 	}
+	// Back at once (the broker counted the return: attempt 2), once: not judged yet,
+	// held again.
+	back(2)
+	if e.held.isBroken("work") || logs.errors != 0 {
+		t.Errorf("queue marked broken after one early return (errors logged: %d)", logs.errors)
+	}
+	if len(held.settled) != 2 || len(b.parked) != 0 {
+		t.Fatalf("settled %d, parked %d; want the second retry held again", len(held.settled), len(b.parked))
+	}
+	// Back at once again, in a row: the queue does not hold retries. The next retry is
+	// a copy, after the schedule's first delay.
+	back(3)
 	if !e.held.isBroken("work") || logs.errors != 1 {
-		t.Errorf("queue not marked broken (errors logged: %d)", logs.errors)
+		t.Errorf("queue not marked broken after two early returns in a row (errors logged: %d)", logs.errors)
 	}
-	if len(b.parked) != 1 || len(held.settled) != 1 {
-		t.Fatalf("settled %d, parked %d; want the second retry copied", len(held.settled), len(b.parked))
+	if len(b.parked) != 1 || len(held.settled) != 2 {
+		t.Fatalf("settled %d, parked %d; want the third retry copied", len(held.settled), len(b.parked))
 	}
-	if env := middleware.ReadEnvelope(b.msgs()[0].Metadata); env.Attempt != 3 || env.RequestedDelay != 7*time.Second {
-		t.Errorf("copied retry %+v, want attempt 3 after the schedule's first delay", env)
+	if env := middleware.ReadEnvelope(b.msgs()[0].Metadata); env.Attempt != 4 || env.RequestedDelay != 7*time.Second {
+		t.Errorf("copied retry %+v, want attempt 4 after the schedule's first delay", env)
+	}
+}
+
+// TestHeldRetryBackEarlyOnceIsNotJudged: a held retry given back at once (its nack lost
+// with its connection) and then held as it should be never marks the queue, however
+// many messages it happens to.
+func TestHeldRetryBackEarlyOnceIsNotJudged(t *testing.T) {
+	logs := &countingLogger{}
+	e, _ := newEngine(t, amqpretry.Config{Backend: delay.DelayedRetry, DelayedRetryDelay: time.Second, Logger: logs,
+		Policy: amqpretry.Policy{MaxAttempts: 10}}, nil)
+	e.backend = nil
+	e.inPlace = newInPlace(time.Second)
+	h := e.Middleware(failing(errFlaky))
+	for _, id := range []string{"a", "b", "c", "d"} {
+		for attempt := 1; attempt <= 2; attempt++ { // held, then back at once
+			msg := message.NewMessage(id, nil)
+			msg.Metadata.Set(keys.Attempt, strconv.Itoa(attempt))
+			if _, err := h(msg); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if e.held.isBroken("work") || logs.errors != 0 {
+		t.Fatalf("queue marked broken by single early returns (errors logged: %d)", logs.errors)
+	}
+	// Each is now held again; when it comes back due, its count of early returns starts
+	// again.
+	for _, id := range []string{"a", "b", "c", "d"} {
+		hr, ok := e.held.take(id)
+		if !ok || hr.early != 1 {
+			t.Fatalf("%s: held %v, early returns %d; want held again after one", id, ok, hr.early)
+		}
+		hr.due = time.Now()
+		e.held.add(id, hr)
+		msg := message.NewMessage(id, nil)
+		msg.Metadata.Set(keys.Attempt, "3")
+		if _, err := h(msg); err != nil {
+			t.Fatal(err)
+		}
+		if hr, _ := e.held.take(id); hr.early != 0 {
+			t.Errorf("%s: early returns %d after coming back due, want 0", id, hr.early)
+		}
+	}
+	if e.held.isBroken("work") {
+		t.Error("queue marked broken")
 	}
 }
 
