@@ -182,6 +182,15 @@ failure envelope, every other header, and the payload.
 	return c
 }
 
+// moveFlags defines the flags every move (redrive, retry now, purge) shares, for what
+// it moves (noun: "messages", "retries").
+func moveFlags(f *pflag.FlagSet, opts *ops.MoveOptions, rate *rateFlag, window *int, noun string) {
+	f.Var(boundedInt{&opts.Limit, 0}, "limit", "act on at most this many matching "+noun+" (0: all)")
+	f.BoolVar(&opts.DryRun, "dry-run", false, "report what would be done, change nothing")
+	f.Var(rate, "rate", "at most this many "+noun+" per second: N/s or N/m (default: as fast as confirms come)")
+	f.Var(boundedInt{window, 1}, "window", "at most this many "+noun+" held (not matching, unroutable, dry run) before the run stops")
+}
+
 // shown are the metadata keys printEnvelope prints itself, or leaves out.
 var shown = shownKeys()
 
@@ -311,10 +320,7 @@ a progress bar on a terminal, a line of counts a second otherwise (stderr).
 	}
 	f := c.Flags()
 	check = filterFlags(f, &opts.Filter)
-	f.Var(boundedInt{&opts.Limit, 0}, "limit", "act on at most this many matching messages (0: all)")
-	f.BoolVar(&opts.DryRun, "dry-run", false, "report what would be done, change nothing")
-	f.Var(&rate, "rate", "at most this many messages per second: N/s or N/m (default: as fast as confirms come)")
-	f.Var(boundedInt{&window, 1}, "window", "at most this many messages held (not matching, unroutable, dry run) before the run stops")
+	moveFlags(f, &opts, &rate, &window, "messages")
 	if purge {
 		f.BoolVar(&opts.All, "all", false, "purge every message when no filter is given")
 	} else {

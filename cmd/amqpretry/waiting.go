@@ -261,10 +261,7 @@ offers no way to, and purge says so.`
 	}
 	f := c.Flags()
 	check = waitingFilterFlags(c, &opts.Filter)
-	f.Var(boundedInt{&opts.Limit, 0}, "limit", "act on at most this many matching retries (0: all)")
-	f.BoolVar(&opts.DryRun, "dry-run", false, "report what would be done, change nothing")
-	f.Var(&rate, "rate", "at most this many retries per second: N/s or N/m (default: as fast as confirms come)")
-	f.Var(boundedInt{&window, 1}, "window", "at most this many retries held (not matching, unroutable, dry run) before the run stops")
+	moveFlags(f, &opts, &rate, &window, "retries")
 	if purge {
 		f.BoolVar(&opts.All, "all", false, "purge every waiting retry when no filter is given")
 	}
