@@ -14,7 +14,6 @@ import (
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/names"
-	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -86,15 +85,15 @@ type Config struct {
 	Topology topology.Mode
 	// HandoffAttempts is how many hand-offs of one message may fail in a row (broker
 	// trouble, a message the broker refuses, a mis-wired subscriber) before it is
-	// poisoned instead (middleware.ReasonHandoffFailed). Between failures the
+	// poisoned instead (ReasonHandoffFailed). Between failures the
 	// middleware pauses, 100ms doubling to 5s, so nothing is redelivered at wire
 	// speed. Default: 5.
 	HandoffAttempts int
 
 	// Observe, if set, is told every delivery, success, retry, poisoning and failed
-	// hand-off (middleware.Event), on the handler's goroutine: the metrics module's
+	// hand-off (Event), on the handler's goroutine: the metrics module's
 	// Metrics.Observe, for example. Default: nil.
-	Observe func(middleware.Event)
+	Observe func(Event)
 	// RetryLogEvery samples the INFO line logged per scheduled retry: 0 or 1 logs
 	// every one, N one in N, a negative value none. Poisonings and failed hand-offs
 	// are always logged. Default: 0.

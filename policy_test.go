@@ -15,7 +15,6 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/retry"
-	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -35,8 +34,8 @@ func schedule(t testing.TB, policy amqpretry.Policy, attempt, n int) []time.Dura
 		requested []time.Duration
 	)
 	cfg := amqpretry.Config{Backend: delay.Memory, Memory: discard{}, Policy: policy,
-		Observe: func(ev middleware.Event) {
-			if ev.Kind == middleware.EventRetryScheduled {
+		Observe: func(ev amqpretry.Event) {
+			if ev.Kind == amqpretry.EventRetryScheduled {
 				mu.Lock()
 				requested = append(requested, ev.Requested)
 				mu.Unlock()

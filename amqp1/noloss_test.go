@@ -20,9 +20,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/amqp1/internal/noloss1"
 	"github.com/amqpretry/amqpretry/internal/noloss/fates"
-	"github.com/amqpretry/amqpretry/middleware"
 )
 
 // TestNoLoss is the no-loss test of the delivery-time backend (issue 21): N messages
@@ -623,7 +623,7 @@ func (r *nolossRun) finish() {
 			t.Errorf("%s (permanent) was handled", id)
 		case fate != fates.Permanent && len(r.poisoned[id]) > 0:
 			t.Errorf("%s (%s) was poisoned: %v", id, fate, r.poisoned[id])
-		case fate == fates.Permanent && len(r.poisoned[id]) > 0 && r.poisoned[id][0] != string(middleware.ReasonPermanent):
+		case fate == fates.Permanent && len(r.poisoned[id]) > 0 && r.poisoned[id][0] != string(amqpretry.ReasonPermanent):
 			t.Errorf("%s (permanent) poisoned with reason %q", id, r.poisoned[id][0])
 		}
 		for _, rec := range r.records[id] {

@@ -349,7 +349,7 @@ func TestRetryDelays(t *testing.T) {
 	}
 
 	// The poison queue: the full envelope, the message as published.
-	checkPoison := func(p string, reason middleware.Reason, attempt int, failures []arrival) {
+	checkPoison := func(p string, reason amqpretry.Reason, attempt int, failures []arrival) {
 		msg := poisoned[p]
 		if msg == nil {
 			t.Errorf("%s not in the poison queue", p)
@@ -373,8 +373,8 @@ func TestRetryDelays(t *testing.T) {
 			t.Errorf("poisoned %s: carries its last hop's delay: %+v", p, env)
 		}
 	}
-	checkPoison("always", middleware.ReasonMaxAttempts, 4, always)
-	checkPoison("permanent", middleware.ReasonPermanent, 1, byPayload(all, "permanent"))
+	checkPoison("always", amqpretry.ReasonMaxAttempts, 4, always)
+	checkPoison("permanent", amqpretry.ReasonPermanent, 1, byPayload(all, "permanent"))
 	if st := r.retry.Stats(); st.Retries != 5 || st.Poisoned != 2 {
 		t.Errorf("stats: %+v, want 5 retries and 2 poisoned", st)
 	}
@@ -641,7 +641,7 @@ func TestRetryInterop(t *testing.T) {
 	}
 	got := receiveOne(t, ctx, messages)
 	env := middleware.ReadEnvelope(got.Metadata)
-	if got.UUID != sent["permanent"].UUID || got.Metadata.Get("unicode") != "żółw 🐢" || env.Reason != middleware.ReasonPermanent || env.Error != errMalformed.Error() {
+	if got.UUID != sent["permanent"].UUID || got.Metadata.Get("unicode") != "żółw 🐢" || env.Reason != amqpretry.ReasonPermanent || env.Error != errMalformed.Error() {
 		t.Errorf("poisoned: UUID %s metadata %v envelope %+v", got.UUID, got.Metadata, env)
 	}
 	var meta bytes.Buffer
@@ -749,7 +749,7 @@ func TestRetryDeliveryLimitRaised(t *testing.T) {
 	}
 	msg := readPoison(t, ctx, uri, prefix+".poison", 1)["always"]
 	env := middleware.ReadEnvelope(msg.Metadata)
-	if env.Reason != middleware.ReasonMaxAttempts || env.Attempt != 25 || last.Load() != 25 {
+	if env.Reason != amqpretry.ReasonMaxAttempts || env.Attempt != 25 || last.Load() != 25 {
 		t.Errorf("poisoned with reason %q at attempt %d (last handled %d), want max-attempts at 25", env.Reason, env.Attempt, last.Load())
 	}
 }

@@ -20,7 +20,6 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
-	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/topology"
 	"github.com/amqpretry/amqpretry/wamqp3"
 )
@@ -59,7 +58,7 @@ import (
 //     the rounds' ratios.
 //   - lateness: 1,000 messages published at 200 a second, each failing once, held 1 s
 //     (delayed-retry, prefetch 50); lateness is what the middleware observes
-//     (middleware.EventDelivered: arrival minus the nack time plus the delay).
+//     (amqpretry.EventDelivered: arrival minus the nack time plus the delay).
 //   - concurrency: 1, 4 and 16 handlers (one subscription each, prefetch 1): the
 //     healthy and storm mixes, ttl-tiers against ceiling-copy and delayed-retry against
 //     ceiling-native.
@@ -541,7 +540,7 @@ type run43opts struct {
 	n        int
 	round    int
 	delay    time.Duration // the held retries' delay and the copies' tier; default native43Delay
-	observe  func(middleware.Event)
+	observe  func(amqpretry.Event)
 	// outer, if set, is the router's outermost middleware (around the retry).
 	outer message.HandlerMiddleware
 }
@@ -783,8 +782,8 @@ func (e *env) routerAlways43(ctx context.Context, o run43opts) (float64, error) 
 func (e *env) lateness43(ctx context.Context, n, rate int, d time.Duration) (quantiles, error) {
 	var mu sync.Mutex
 	var late []time.Duration
-	o := run43opts{kind: "delayed-retry", mix: "storm", prefetch: 50, handlers: 1, n: n, delay: d, observe: func(ev middleware.Event) {
-		if ev.Kind == middleware.EventDelivered && ev.Late {
+	o := run43opts{kind: "delayed-retry", mix: "storm", prefetch: 50, handlers: 1, n: n, delay: d, observe: func(ev amqpretry.Event) {
+		if ev.Kind == amqpretry.EventDelivered && ev.Late {
 			mu.Lock()
 			late = append(late, ev.Lateness)
 			mu.Unlock()

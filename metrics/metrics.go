@@ -68,10 +68,9 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/amqpretry/amqpretry"
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/amqpretry/amqpretry/middleware"
 )
 
 // DefaultLatenessBuckets are the buckets of amqpretry_redelivery_lateness_seconds, in
@@ -176,9 +175,9 @@ func New(cfg Config) (*Metrics, error) {
 }
 
 // Observe records one middleware event. It is safe for concurrent use.
-func (m *Metrics) Observe(e middleware.Event) {
+func (m *Metrics) Observe(e amqpretry.Event) {
 	switch e.Kind {
-	case middleware.EventDelivered:
+	case amqpretry.EventDelivered:
 		if e.Late {
 			backend := string(e.Backend)
 			if backend == "" {
@@ -186,20 +185,20 @@ func (m *Metrics) Observe(e middleware.Event) {
 			}
 			m.lateness.WithLabelValues(backend).Observe(e.Lateness.Seconds())
 		}
-	case middleware.EventSucceeded:
+	case amqpretry.EventSucceeded:
 		m.attempts.WithLabelValues("succeeded").Observe(float64(e.Attempt))
-	case middleware.EventRetryScheduled:
+	case amqpretry.EventRetryScheduled:
 		backend := orUnknown(string(e.Backend))
 		m.took.set(e.Queue, e.Attempt, backend)
 		m.retries.WithLabelValues(e.Queue, backend).Inc()
 		if e.Handoff > 0 { // a retry the broker holds in place (delayed-retry, delivery-time) is not published
 			m.handoff.Observe(e.Handoff.Seconds())
 		}
-	case middleware.EventPoisoned:
+	case amqpretry.EventPoisoned:
 		m.poisoned.WithLabelValues(e.Queue, string(e.Reason)).Inc()
 		m.handoff.Observe(e.Handoff.Seconds())
 		m.attempts.WithLabelValues("poisoned").Observe(float64(e.Attempt))
-	case middleware.EventHandoffFailed:
+	case amqpretry.EventHandoffFailed:
 		cause := e.Cause
 		if cause == "" {
 			cause = "other"

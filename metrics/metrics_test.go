@@ -27,7 +27,6 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/metrics"
-	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/topology"
 	"github.com/amqpretry/amqpretry/wamqp3"
 )
@@ -299,12 +298,12 @@ func TestObserveLabelsAHeldRetryWithoutItsBackend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mx.Observe(middleware.Event{Kind: middleware.EventRetryScheduled, Queue: "q", Backend: delay.DelayedRetry, Attempt: 1, Effective: time.Second})
-	mx.Observe(middleware.Event{Kind: middleware.EventDelivered, Queue: "q", Attempt: 2, Late: true, Lateness: 3 * time.Millisecond})
-	mx.Observe(middleware.Event{Kind: middleware.EventRetryScheduled, Queue: "q", Backend: delay.TTLTiers, Attempt: 2, Handoff: time.Millisecond})
-	mx.Observe(middleware.Event{Kind: middleware.EventDelivered, Queue: "q", Attempt: 3, Late: true, Lateness: 5 * time.Millisecond})
-	mx.Observe(middleware.Event{Kind: middleware.EventDelivered, Queue: "q", Attempt: 3, Backend: delay.BinaryLevels, Late: true})
-	mx.Observe(middleware.Event{Kind: middleware.EventDelivered, Queue: "other", Attempt: 2, Late: true})
+	mx.Observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: "q", Backend: delay.DelayedRetry, Attempt: 1, Effective: time.Second})
+	mx.Observe(amqpretry.Event{Kind: amqpretry.EventDelivered, Queue: "q", Attempt: 2, Late: true, Lateness: 3 * time.Millisecond})
+	mx.Observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: "q", Backend: delay.TTLTiers, Attempt: 2, Handoff: time.Millisecond})
+	mx.Observe(amqpretry.Event{Kind: amqpretry.EventDelivered, Queue: "q", Attempt: 3, Late: true, Lateness: 5 * time.Millisecond})
+	mx.Observe(amqpretry.Event{Kind: amqpretry.EventDelivered, Queue: "q", Attempt: 3, Backend: delay.BinaryLevels, Late: true})
+	mx.Observe(amqpretry.Event{Kind: amqpretry.EventDelivered, Queue: "other", Attempt: 2, Late: true})
 	got := flatten(mustGather(t, reg))
 	for k, want := range map[string]float64{
 		`amqpretry_redelivery_lateness_seconds_count{backend="delayed-retry"}`: 1,
@@ -328,9 +327,9 @@ func TestHandoffFailuresAreCountedByCause(t *testing.T) {
 	}
 	causes := []string{"returned", "nacked", "timeout", "connection", "too-large", "not-wired", "other"}
 	for _, cause := range causes {
-		mx.Observe(middleware.Event{Kind: middleware.EventHandoffFailed, Queue: "q", Err: errors.New(cause), Cause: cause})
+		mx.Observe(amqpretry.Event{Kind: amqpretry.EventHandoffFailed, Queue: "q", Err: errors.New(cause), Cause: cause})
 	}
-	mx.Observe(middleware.Event{Kind: middleware.EventHandoffFailed, Queue: "q", Err: errors.New("no cause")})
+	mx.Observe(amqpretry.Event{Kind: amqpretry.EventHandoffFailed, Queue: "q", Err: errors.New("no cause")})
 	got := flatten(mustGather(t, reg))
 	for _, cause := range causes {
 		want := 1.0

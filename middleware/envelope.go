@@ -7,6 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/keys"
 )
 
@@ -22,7 +23,7 @@ type Envelope struct {
 	// MaxAttempts is the policy's limit, on a poisoned copy.
 	MaxAttempts int `json:"max_attempts,omitempty"`
 	// Reason is why the message was poisoned; "" on a retry.
-	Reason Reason `json:"reason,omitempty"`
+	Reason amqpretry.Reason `json:"reason,omitempty"`
 	// Error is the latest error's text, at most 2 KiB; ErrorTypes the Go types of its
 	// chain, outermost first, at most 16.
 	Error      string   `json:"error,omitempty"`
@@ -55,27 +56,6 @@ type Envelope struct {
 	RedrivenFrom string    `json:"redriven_from,omitempty"`
 }
 
-// Reason says why a message was poisoned.
-type Reason string
-
-// Values of Reason.
-const (
-	// ReasonPermanent: the handler's error was marked amqpretry.Permanent (or
-	// Classify decided so).
-	ReasonPermanent Reason = "permanent"
-	// ReasonMaxAttempts: the last attempt the policy allows failed.
-	ReasonMaxAttempts Reason = "max-attempts"
-	// ReasonDelayTooLong: the backend cannot hold the delay asked for (a RetryAfter
-	// longer than its longest delay).
-	ReasonDelayTooLong Reason = "delay-too-long"
-	// ReasonHandoffFailed: Config.HandoffAttempts hand-offs of the message failed in a
-	// row (Error holds the last hand-off error and the handler's).
-	ReasonHandoffFailed Reason = "handoff-failed"
-	// ReasonTooLarge: the retry copy, even with a trimmed envelope, is larger than the
-	// broker's frame_max (see DroppedHeaders).
-	ReasonTooLarge Reason = "too-large"
-)
-
 // Bounds of the envelope.
 const (
 	maxErrorBytes     = 2048
@@ -88,7 +68,7 @@ const (
 // are zero.
 func ReadEnvelope(md message.Metadata) Envelope {
 	e := Envelope{
-		Reason: Reason(md[keys.PoisonReason]), Error: md[keys.Error],
+		Reason: amqpretry.Reason(md[keys.PoisonReason]), Error: md[keys.Error],
 		Handler: md[keys.Handler], Topic: md[keys.Topic], Queue: md[keys.Queue],
 		OriginalExchange: md[keys.OriginalExchange], OriginalRoutingKey: md[keys.OriginalRoutingKey],
 		DroppedHeaders: md[keys.DroppedHeaders], RedrivenFrom: md[keys.RedrivenFrom],

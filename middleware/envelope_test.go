@@ -11,6 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/middleware"
 )
@@ -27,7 +28,7 @@ var envelopeKeys = []string{
 func full() middleware.Envelope {
 	at := time.Date(2026, 1, 2, 3, 4, 5, 123456789, time.UTC)
 	return middleware.Envelope{
-		Attempt: 3, MaxAttempts: 5, Reason: middleware.ReasonMaxAttempts,
+		Attempt: 3, MaxAttempts: 5, Reason: amqpretry.ReasonMaxAttempts,
 		Error: "warehouse offline: é", ErrorTypes: []string{"*fmt.wrapError", "*errors.errorString"},
 		FirstFailure: at, LastFailure: at.Add(time.Minute),
 		Handler: "orders", Topic: "orders.created", Queue: "orders",
@@ -130,7 +131,7 @@ func TestEnvelopeBounds(t *testing.T) {
 		Queue:          strings.Repeat("q", 257),
 		DroppedHeaders: strings.Repeat("d", 3000),
 		RedrivenFrom:   strings.Repeat("r", 300),
-		Reason:         middleware.Reason(strings.Repeat("R", 300)),
+		Reason:         amqpretry.Reason(strings.Repeat("R", 300)),
 	}
 	md := message.Metadata{}
 	e.Write(md)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/middleware"
 )
@@ -17,7 +18,7 @@ import (
 func TestEnvelopeKeys(t *testing.T) {
 	at := time.Unix(1_700_000_000, 0)
 	env := middleware.Envelope{
-		Attempt: 2, MaxAttempts: 5, Reason: middleware.ReasonPermanent, Error: "e", ErrorTypes: []string{"*errors.errorString"},
+		Attempt: 2, MaxAttempts: 5, Reason: amqpretry.ReasonPermanent, Error: "e", ErrorTypes: []string{"*errors.errorString"},
 		FirstFailure: at, LastFailure: at, Handler: "h", Topic: "t", Queue: "q",
 		OriginalExchange: "x", OriginalRoutingKey: "k", RequestedDelay: time.Second, EffectiveDelay: time.Second, Due: at,
 		DroppedHeaders: "big (9 bytes)", RedrivenAt: at, Redriven: 1, RedrivenFrom: "p",

@@ -12,21 +12,20 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/middleware"
 )
 
 func TestFilterMatch(t *testing.T) {
 	now := time.Now()
 	m := Message{UUID: "u1", MessageID: "id1", Time: now.Add(-time.Hour)}
-	m.Queue, m.Reason, m.Error = "orders", middleware.ReasonPermanent, "missing customer id"
+	m.Queue, m.Reason, m.Error = "orders", amqpretry.ReasonPermanent, "missing customer id"
 	for _, tt := range []struct {
 		f    Filter
 		want bool
 	}{
 		{Filter{}, true},
-		{Filter{Queue: "orders", Reason: middleware.ReasonPermanent, Error: "customer"}, true},
+		{Filter{Queue: "orders", Reason: amqpretry.ReasonPermanent, Error: "customer"}, true},
 		{Filter{Queue: "billing"}, false},
-		{Filter{Reason: middleware.ReasonMaxAttempts}, false},
+		{Filter{Reason: amqpretry.ReasonMaxAttempts}, false},
 		{Filter{Error: "warehouse"}, false},
 		{Filter{OlderThan: 30 * time.Minute}, true},
 		{Filter{OlderThan: 2 * time.Hour}, false},

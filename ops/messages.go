@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
@@ -29,7 +30,7 @@ type Filter struct {
 	// scheduled by other code than the middleware, the queue it was due back to.
 	Queue string `json:"queue,omitempty"`
 	// Reason: the poison reason.
-	Reason middleware.Reason `json:"reason,omitempty"`
+	Reason amqpretry.Reason `json:"reason,omitempty"`
 	// Error: a substring of the error text (Envelope.Error).
 	Error string `json:"error,omitempty"`
 	// OlderThan and NewerThan compare Message.Time with now. A message without a time

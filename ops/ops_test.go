@@ -97,7 +97,7 @@ func (r *rig) poisonQueue() string { return r.cfg.Retry.WithDefaults().PoisonQue
 // poisoned is one message to put in the poison queue as the middleware would.
 type poisoned struct {
 	uuid, queue, err string
-	reason           middleware.Reason
+	reason           amqpretry.Reason
 	attempt          int
 	lastFailure      time.Time
 }
@@ -328,9 +328,9 @@ func TestListAndShowPoison(t *testing.T) {
 	orders, billing := r.queues[0], r.queues[1]
 	old := time.Now().Add(-2 * time.Hour)
 	r.poison(
-		poisoned{uuid: "p1", queue: orders, reason: middleware.ReasonMaxAttempts, err: "warehouse offline", attempt: 5, lastFailure: old},
-		poisoned{uuid: "p2", queue: billing, reason: middleware.ReasonPermanent, err: "missing customer id", attempt: 1},
-		poisoned{uuid: "p3", queue: orders, reason: middleware.ReasonPermanent, err: "bad sku", attempt: 2},
+		poisoned{uuid: "p1", queue: orders, reason: amqpretry.ReasonMaxAttempts, err: "warehouse offline", attempt: 5, lastFailure: old},
+		poisoned{uuid: "p2", queue: billing, reason: amqpretry.ReasonPermanent, err: "missing customer id", attempt: 1},
+		poisoned{uuid: "p3", queue: orders, reason: amqpretry.ReasonPermanent, err: "bad sku", attempt: 2},
 	)
 	ctx := context.Background()
 	for _, tt := range []struct {
@@ -340,7 +340,7 @@ func TestListAndShowPoison(t *testing.T) {
 	}{
 		{"all", ops.Filter{}, []string{"p1", "p2", "p3"}},
 		{"queue", ops.Filter{Queue: orders}, []string{"p1", "p3"}},
-		{"reason", ops.Filter{Reason: middleware.ReasonPermanent}, []string{"p2", "p3"}},
+		{"reason", ops.Filter{Reason: amqpretry.ReasonPermanent}, []string{"p2", "p3"}},
 		{"error substring", ops.Filter{Error: "customer"}, []string{"p2"}},
 		{"older than", ops.Filter{OlderThan: time.Hour}, []string{"p1"}},
 		{"newer than", ops.Filter{NewerThan: time.Hour}, []string{"p2", "p3"}},
@@ -363,7 +363,7 @@ func TestListAndShowPoison(t *testing.T) {
 		t.Fatalf("show p1: %v, %+v", err, res)
 	}
 	m := res.Messages[0]
-	if m.Queue != orders || m.Reason != middleware.ReasonMaxAttempts || m.Error != "warehouse offline" || m.Attempt != 5 || m.MaxAttempts != 5 ||
+	if m.Queue != orders || m.Reason != amqpretry.ReasonMaxAttempts || m.Error != "warehouse offline" || m.Attempt != 5 || m.MaxAttempts != 5 ||
 		m.Handler != "handler-"+orders || len(m.ErrorTypes) != 2 || m.LastFailure.Sub(old).Abs() > time.Millisecond || !m.Time.Equal(m.LastFailure) ||
 		string(m.Payload) != "payload of p1" || m.Metadata.Get("traceparent") != traceparentOf("p1") || m.RoutingKey != r.poisonQueue() {
 		t.Errorf("envelope of p1: %+v", m)
@@ -381,7 +381,7 @@ func TestRedriveDryRunChangesNothing(t *testing.T) {
 	r := newRig(t, "orders")
 	r.apply()
 	for i := range 20 {
-		r.poison(poisoned{uuid: fmt.Sprintf("m%02d", i), queue: r.queues[0], reason: middleware.ReasonMaxAttempts, err: "e", attempt: 5})
+		r.poison(poisoned{uuid: fmt.Sprintf("m%02d", i), queue: r.queues[0], reason: amqpretry.ReasonMaxAttempts, err: "e", attempt: 5})
 	}
 	before := r.list(ops.Poison)
 	for _, move := range []func(context.Context, ops.Source, ops.MoveOptions) (ops.MoveResult, error){r.ops.Redrive, r.ops.Purge} {
@@ -406,11 +406,11 @@ func TestRedrivePoison(t *testing.T) {
 	r.apply()
 	orders, billing, gone := r.queues[0], r.queues[1], r.prefix+".gone"
 	r.poison(
-		poisoned{uuid: "a1", queue: orders, reason: middleware.ReasonMaxAttempts, err: "timeout", attempt: 5},
-		poisoned{uuid: "b1", queue: billing, reason: middleware.ReasonPermanent, err: "bad input", attempt: 1},
-		poisoned{uuid: "g1", queue: gone, reason: middleware.ReasonMaxAttempts, err: "timeout", attempt: 5},
-		poisoned{uuid: "a2", queue: orders, reason: middleware.ReasonMaxAttempts, err: "timeout", attempt: 5},
-		poisoned{uuid: "b2", queue: billing, reason: middleware.ReasonMaxAttempts, err: "timeout", attempt: 5},
+		poisoned{uuid: "a1", queue: orders, reason: amqpretry.ReasonMaxAttempts, err: "timeout", attempt: 5},
+		poisoned{uuid: "b1", queue: billing, reason: amqpretry.ReasonPermanent, err: "bad input", attempt: 1},
+		poisoned{uuid: "g1", queue: gone, reason: amqpretry.ReasonMaxAttempts, err: "timeout", attempt: 5},
+		poisoned{uuid: "a2", queue: orders, reason: amqpretry.ReasonMaxAttempts, err: "timeout", attempt: 5},
+		poisoned{uuid: "b2", queue: billing, reason: amqpretry.ReasonMaxAttempts, err: "timeout", attempt: 5},
 	)
 	var progress []ops.MoveResult
 	res, err := r.ops.Redrive(context.Background(), ops.Poison, ops.MoveOptions{
@@ -460,7 +460,7 @@ func TestRedrivePoison(t *testing.T) {
 	check(billing, "b2")
 
 	// Without reset, the attempt count stays.
-	r.poison(poisoned{uuid: "k1", queue: orders, reason: middleware.ReasonMaxAttempts, err: "x", attempt: 5})
+	r.poison(poisoned{uuid: "k1", queue: orders, reason: amqpretry.ReasonMaxAttempts, err: "x", attempt: 5})
 	if _, err := r.ops.Redrive(context.Background(), ops.Poison, ops.MoveOptions{Filter: ops.Filter{IDs: []string{"k1"}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -474,14 +474,14 @@ func TestPurgePoison(t *testing.T) {
 	r := newRig(t, "orders")
 	r.apply()
 	r.poison(
-		poisoned{uuid: "x1", queue: r.queues[0], reason: middleware.ReasonPermanent, err: "junk", attempt: 1},
-		poisoned{uuid: "x2", queue: r.queues[0], reason: middleware.ReasonMaxAttempts, err: "keep", attempt: 5},
-		poisoned{uuid: "x3", queue: r.queues[0], reason: middleware.ReasonPermanent, err: "junk", attempt: 1},
+		poisoned{uuid: "x1", queue: r.queues[0], reason: amqpretry.ReasonPermanent, err: "junk", attempt: 1},
+		poisoned{uuid: "x2", queue: r.queues[0], reason: amqpretry.ReasonMaxAttempts, err: "keep", attempt: 5},
+		poisoned{uuid: "x3", queue: r.queues[0], reason: amqpretry.ReasonPermanent, err: "junk", attempt: 1},
 	)
 	if _, err := r.ops.Purge(context.Background(), ops.Poison, ops.MoveOptions{}); err == nil || !strings.Contains(err.Error(), "MoveOptions.All") {
 		t.Fatalf("purge without filter nor All: %v", err)
 	}
-	res, err := r.ops.Purge(context.Background(), ops.Poison, ops.MoveOptions{Filter: ops.Filter{Reason: middleware.ReasonPermanent}})
+	res, err := r.ops.Purge(context.Background(), ops.Poison, ops.MoveOptions{Filter: ops.Filter{Reason: amqpretry.ReasonPermanent}})
 	if err != nil || res.Done != 2 {
 		t.Fatalf("purge: %v, %+v", err, res)
 	}
@@ -499,7 +499,7 @@ func TestWindowKeepsOrder(t *testing.T) {
 	r := newRig(t, "orders", "billing")
 	r.apply()
 	for i := range 10 { // even: orders, odd: billing
-		r.poison(poisoned{uuid: fmt.Sprintf("m%d", i), queue: r.queues[i%2], reason: middleware.ReasonPermanent, err: "e", attempt: 1})
+		r.poison(poisoned{uuid: fmt.Sprintf("m%d", i), queue: r.queues[i%2], reason: amqpretry.ReasonPermanent, err: "e", attempt: 1})
 	}
 	res, err := r.ops.Redrive(context.Background(), ops.Poison, ops.MoveOptions{Filter: ops.Filter{Queue: r.queues[1]}, Window: 3})
 	if err != nil || res.Stopped != "window" || res.Done != 2 {
@@ -526,7 +526,7 @@ func TestRedriveInterrupted(t *testing.T) {
 	r := newRig(t, "orders")
 	r.apply()
 	for i := range 50 {
-		r.poison(poisoned{uuid: fmt.Sprintf("m%02d", i), queue: r.queues[0], reason: middleware.ReasonPermanent, err: "e", attempt: 1})
+		r.poison(poisoned{uuid: fmt.Sprintf("m%02d", i), queue: r.queues[0], reason: amqpretry.ReasonPermanent, err: "e", attempt: 1})
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	res, err := r.ops.Redrive(ctx, ops.Poison, ops.MoveOptions{Rate: 100, Progress: func(p ops.MoveResult) {
@@ -716,7 +716,7 @@ func TestStatusStuck(t *testing.T) {
 func TestStatusHealthy(t *testing.T) {
 	r := newRig(t, "orders")
 	r.apply()
-	r.poison(poisoned{uuid: "old", queue: "q", reason: middleware.ReasonPermanent, err: "e", attempt: 1, lastFailure: time.Now().Add(-time.Hour)})
+	r.poison(poisoned{uuid: "old", queue: "q", reason: amqpretry.ReasonPermanent, err: "e", attempt: 1, lastFailure: time.Now().Add(-time.Hour)})
 	s, err := r.ops.Status(context.Background(), ops.StatusOptions{WorkQueues: r.queues})
 	if err != nil {
 		t.Fatal(err)
@@ -987,7 +987,7 @@ func TestPartialRunKeepsOrder(t *testing.T) {
 	r := newRig(t, "orders")
 	r.apply()
 	for i := range 6 {
-		r.poison(poisoned{uuid: fmt.Sprintf("m%d", i), queue: r.queues[0], reason: middleware.ReasonPermanent, err: "e", attempt: 1})
+		r.poison(poisoned{uuid: fmt.Sprintf("m%d", i), queue: r.queues[0], reason: amqpretry.ReasonPermanent, err: "e", attempt: 1})
 	}
 	ctx := context.Background()
 	want := []string{"m0", "m1", "m2", "m3", "m4", "m5"}
@@ -1023,7 +1023,7 @@ func TestStatusKeepsOrder(t *testing.T) {
 		if i == 1 {
 			at = old // the oldest is not the head
 		}
-		r.poison(poisoned{uuid: fmt.Sprintf("m%d", i), queue: r.queues[0], reason: middleware.ReasonPermanent, err: "e", attempt: 1, lastFailure: at})
+		r.poison(poisoned{uuid: fmt.Sprintf("m%d", i), queue: r.queues[0], reason: amqpretry.ReasonPermanent, err: "e", attempt: 1, lastFailure: at})
 	}
 	r.schedule(r.cfg.Retry, r.queues[0], message.NewMessage("d1", nil), 2*time.Second)
 	for range 3 {

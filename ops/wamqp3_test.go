@@ -82,7 +82,7 @@ func TestRealRetriesThenRedrive(t *testing.T) {
 		}
 		return len(res.Messages) == 1
 	})
-	if m.UUID != "real-1" || m.Queue != queue || m.Topic != queue || m.Handler != "orders" || m.Reason != middleware.ReasonMaxAttempts ||
+	if m.UUID != "real-1" || m.Queue != queue || m.Topic != queue || m.Handler != "orders" || m.Reason != amqpretry.ReasonMaxAttempts ||
 		m.Attempt != 2 || m.MaxAttempts != 2 || m.Error != "warehouse offline" || m.FirstFailure.IsZero() || !m.LastFailure.After(m.FirstFailure) {
 		t.Errorf("poisoned by the middleware: %+v", m)
 	}

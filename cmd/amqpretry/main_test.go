@@ -113,7 +113,7 @@ func (e *env) poison(n int) {
 		q := e.queues[i%len(e.queues)]
 		msg := message.NewMessage(fmt.Sprintf("m%04d", i), []byte(fmt.Sprintf("order %d", i)))
 		middleware.Envelope{
-			Queue: q, Topic: q, Handler: "h", Reason: middleware.ReasonMaxAttempts, Error: "warehouse offline",
+			Queue: q, Topic: q, Handler: "h", Reason: amqpretry.ReasonMaxAttempts, Error: "warehouse offline",
 			ErrorTypes: []string{"*errors.errorString"}, Attempt: 5, MaxAttempts: 5, LastFailure: time.Now(),
 		}.Write(msg.Metadata)
 		if err := e.h.ToQueue(context.Background(), e.prefix+".poison", msg); err != nil {

@@ -13,15 +13,16 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/ops"
 	"github.com/amqpretry/amqpretry/xdeath"
 )
 
-// reasons are the poison reasons --reason takes: every middleware.Reason.
-var reasons = []middleware.Reason{
-	middleware.ReasonPermanent, middleware.ReasonMaxAttempts, middleware.ReasonDelayTooLong,
-	middleware.ReasonHandoffFailed, middleware.ReasonTooLarge,
+// reasons are the poison reasons --reason takes: every amqpretry.Reason.
+var reasons = []amqpretry.Reason{
+	amqpretry.ReasonPermanent, amqpretry.ReasonMaxAttempts, amqpretry.ReasonDelayTooLong,
+	amqpretry.ReasonHandoffFailed, amqpretry.ReasonTooLarge,
 }
 
 func reasonList() string {
@@ -204,7 +205,7 @@ func shownKeys() map[string]bool {
 	t := time.Unix(1, 0)
 	md := map[string]string{}
 	middleware.Envelope{
-		Attempt: 1, MaxAttempts: 1, Reason: middleware.ReasonPermanent, Error: "e", ErrorTypes: []string{"t"},
+		Attempt: 1, MaxAttempts: 1, Reason: amqpretry.ReasonPermanent, Error: "e", ErrorTypes: []string{"t"},
 		FirstFailure: t, LastFailure: t, Handler: "h", Topic: "t", Queue: "q", RedrivenAt: t, Redriven: 1, RedrivenFrom: "f",
 	}.Write(md)
 	for k := range md {

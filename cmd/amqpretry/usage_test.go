@@ -141,7 +141,7 @@ func TestHelp(t *testing.T) {
 	}
 }
 
-// middlewareReasons reads the values of every middleware.Reason constant from the
+// middlewareReasons reads the values of every amqpretry.Reason constant from the
 // library's source, so that a new reason cannot be left out of --reason.
 func middlewareReasons(t *testing.T) []string {
 	t.Helper()

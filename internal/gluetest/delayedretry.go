@@ -40,19 +40,19 @@ func need43(t *testing.T) {
 // events records what Config.Observe is told.
 type events struct {
 	mu  sync.Mutex
-	all []middleware.Event
+	all []amqpretry.Event
 }
 
-func (e *events) observe(ev middleware.Event) {
+func (e *events) observe(ev amqpretry.Event) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.all = append(e.all, ev)
 }
 
-func (e *events) of(kind middleware.EventKind) []middleware.Event {
+func (e *events) of(kind amqpretry.EventKind) []amqpretry.Event {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	var out []middleware.Event
+	var out []amqpretry.Event
 	for _, ev := range e.all {
 		if ev.Kind == kind {
 			out = append(out, ev)
@@ -109,7 +109,7 @@ func DelayedRetry(t *testing.T, m Major) {
 		}
 		prev = c.at
 	}
-	reasons := map[string]middleware.Reason{}
+	reasons := map[string]amqpretry.Reason{}
 	for range 2 {
 		msg := poisoned(t, s.prefix+".poison", 10*time.Second)
 		env := middleware.ReadEnvelope(msg.Metadata)
@@ -120,16 +120,16 @@ func DelayedRetry(t *testing.T, m Major) {
 			t.Errorf("doomed: first failure %s, last %s: the first failure was lost on the way", env.FirstFailure, env.LastFailure)
 		}
 	}
-	if reasons["doomed"] != middleware.ReasonMaxAttempts || reasons["perm"] != middleware.ReasonPermanent {
+	if reasons["doomed"] != amqpretry.ReasonMaxAttempts || reasons["perm"] != amqpretry.ReasonPermanent {
 		t.Errorf("poisoned %v, want doomed for max-attempts and perm for permanent", reasons)
 	}
-	for _, ev := range obs.of(middleware.EventRetryScheduled) {
+	for _, ev := range obs.of(amqpretry.EventRetryScheduled) {
 		if ev.Backend != delay.DelayedRetry || ev.Effective != held {
 			t.Errorf("retry event %+v, want backend delayed-retry, effective %s", ev, held)
 		}
 	}
 	late := 0
-	for _, ev := range obs.of(middleware.EventDelivered) {
+	for _, ev := range obs.of(amqpretry.EventDelivered) {
 		if ev.Late {
 			late++
 			if ev.Lateness < -20*time.Millisecond || ev.Lateness > precision {
@@ -272,7 +272,7 @@ func DelayedRetryOnAQueueWithoutItFallsBackLoudly(t *testing.T, m Major) {
 			publish(t, m, s.topic, "m-"+string(name))
 			if name == delay.DelayedRetry {
 				msg := poisoned(t, s.prefix+".poison", 30*time.Second)
-				if env := middleware.ReadEnvelope(msg.Metadata); env.Reason != middleware.ReasonHandoffFailed || !strings.Contains(env.Error, "does not hold delayed retries") {
+				if env := middleware.ReadEnvelope(msg.Metadata); env.Reason != amqpretry.ReasonHandoffFailed || !strings.Contains(env.Error, "does not hold delayed retries") {
 					t.Errorf("poisoned with %+v, want handoff-failed saying the queue does not hold delayed retries", env)
 				}
 			} else {

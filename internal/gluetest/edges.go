@@ -135,8 +135,8 @@ func PoisonQueueGoneNeverRerunsTheHandler(t *testing.T, m Major) {
 				t.Errorf("stats %+v, want 1 poison pending, none poisoned", st)
 			}
 			missing := 0
-			for _, ev := range obs.of(middleware.EventHandoffFailed) {
-				if ev.Cause == "poison-queue-missing" && ev.Reason == middleware.ReasonPermanent {
+			for _, ev := range obs.of(amqpretry.EventHandoffFailed) {
+				if ev.Cause == "poison-queue-missing" && ev.Reason == amqpretry.ReasonPermanent {
 					missing++
 				}
 			}
@@ -174,7 +174,7 @@ func PoisonQueueGoneNeverRerunsTheHandler(t *testing.T, m Major) {
 			// does not run it again.
 			apply(t, plan)
 			msg := poisoned(t, poison, 30*time.Second)
-			if env := middleware.ReadEnvelope(msg.Metadata); msg.UUID != "bad" || env.Reason != middleware.ReasonPermanent || !strings.Contains(env.Error, "malformed order") {
+			if env := middleware.ReadEnvelope(msg.Metadata); msg.UUID != "bad" || env.Reason != amqpretry.ReasonPermanent || !strings.Contains(env.Error, "malformed order") {
 				t.Errorf("poisoned %s (%s, %q), want bad for permanent with the handler's error", msg.UUID, env.Reason, env.Error)
 			}
 			waitFor(t, 10*time.Second, "1 poisoned, none pending", func() bool {

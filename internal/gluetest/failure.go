@@ -129,7 +129,7 @@ func SubscriberNotBuiltFromSubscriberConfigFailsLoudly(t *testing.T, m Major) {
 
 	msg := poisoned(t, s.prefix+".poison", 30*time.Second)
 	env := middleware.ReadEnvelope(msg.Metadata)
-	if msg.UUID != "misrouted" || env.Reason != middleware.ReasonHandoffFailed {
+	if msg.UUID != "misrouted" || env.Reason != amqpretry.ReasonHandoffFailed {
 		t.Errorf("poisoned %s with reason %q, want misrouted, handoff-failed", msg.UUID, env.Reason)
 	}
 	if !strings.Contains(env.Error, "SubscriberConfig()") || !strings.Contains(env.Error, "AddHandler") {
@@ -242,7 +242,7 @@ func HandoffThatKeepsFailingBacksOffThenPoisons(t *testing.T, m Major) {
 	msg := poisoned(t, s.prefix+".poison", 30*time.Second)
 	took := time.Since(start)
 	env := middleware.ReadEnvelope(msg.Metadata)
-	if msg.UUID != "stuck" || env.Reason != middleware.ReasonHandoffFailed {
+	if msg.UUID != "stuck" || env.Reason != amqpretry.ReasonHandoffFailed {
 		t.Errorf("poisoned %s (%s), want stuck (handoff-failed)", msg.UUID, env.Reason)
 	}
 	if !strings.Contains(env.Error, "not confirmed") || !strings.Contains(env.Error, errFlaky.Error()) {
@@ -365,7 +365,7 @@ func HeadersNearFrameMaxArePoisonedWithTheHeadersThatFit(t *testing.T, m Major) 
 
 	msg := poisoned(t, s.prefix+".poison", 30*time.Second)
 	env := middleware.ReadEnvelope(msg.Metadata)
-	if msg.UUID != "huge" || env.Reason != middleware.ReasonTooLarge {
+	if msg.UUID != "huge" || env.Reason != amqpretry.ReasonTooLarge {
 		t.Fatalf("poisoned %s (%s), want huge (too-large)", msg.UUID, env.Reason)
 	}
 	if _, ok := msg.Metadata["big"]; ok {
@@ -399,7 +399,7 @@ func PoisoningIsLoggedAtError(t *testing.T, m Major) {
 	found := false
 	for deadline := time.Now().Add(5 * time.Second); !found && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		for _, l := range logs.at(watermill.ErrorLogLevel) {
-			found = found || l.Msg == "Message poisoned" && l.Fields["poison_reason"] == string(middleware.ReasonPermanent)
+			found = found || l.Msg == "Message poisoned" && l.Fields["poison_reason"] == string(amqpretry.ReasonPermanent)
 		}
 	}
 	if !found {

@@ -104,7 +104,7 @@ func PoisonAfterMaxAttemptsWithEnvelope(t *testing.T, m Major) {
 	}
 	env := middleware.ReadEnvelope(msg.Metadata)
 	want := middleware.Envelope{
-		Attempt: 3, MaxAttempts: 3, Reason: middleware.ReasonMaxAttempts,
+		Attempt: 3, MaxAttempts: 3, Reason: amqpretry.ReasonMaxAttempts,
 		Error: "charge card: flaky downstream", ErrorTypes: []string{"*fmt.wrapError", "*errors.errorString"},
 		Handler: "handler-" + s.topic, Topic: s.topic, Queue: s.topic,
 		OriginalExchange: "", OriginalRoutingKey: s.topic,
@@ -135,7 +135,7 @@ func PermanentErrorPoisonsOnFirstFailure(t *testing.T, m Major) {
 	publish(t, m, s.topic, "bad")
 
 	msg := poisoned(t, s.prefix+".poison", 30*time.Second)
-	if got := middleware.ReadEnvelope(msg.Metadata).Reason; got != middleware.ReasonPermanent {
+	if got := middleware.ReadEnvelope(msg.Metadata).Reason; got != amqpretry.ReasonPermanent {
 		t.Errorf("reason %q, want permanent", got)
 	}
 	rec.waitSettled(t, 1, 10*time.Second)

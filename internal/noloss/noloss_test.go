@@ -21,6 +21,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/noloss"
@@ -633,7 +634,7 @@ func (r *run) finish() *account {
 	if r.g.o.handoffPoisonOK {
 		poisoned, handled := 0, 0
 		for id, reasons := range acc.poisoned {
-			if r.fates[id] != fates.Permanent && slices.Contains(reasons, middleware.ReasonHandoffFailed) {
+			if r.fates[id] != fates.Permanent && slices.Contains(reasons, amqpretry.ReasonHandoffFailed) {
 				poisoned++
 				if len(acc.handled[id]) > 0 {
 					handled++
@@ -866,7 +867,7 @@ func parseQueues(out []byte) ([]queueStats, error) {
 // account is what the results and poison queues said.
 type account struct {
 	handled  map[string][]record // UUID -> each record
-	poisoned map[string][]middleware.Reason
+	poisoned map[string][]amqpretry.Reason
 	unknown  []string
 }
 
@@ -896,7 +897,7 @@ func (rec record) retries() []hop {
 }
 
 func newAccount() *account {
-	return &account{handled: map[string][]record{}, poisoned: map[string][]middleware.Reason{}}
+	return &account{handled: map[string][]record{}, poisoned: map[string][]amqpretry.Reason{}}
 }
 
 // duplicates returns how many messages were handled (or poisoned) more than once, and
@@ -986,7 +987,7 @@ func (a *account) problems(fateOf map[string]fates.Fate, failures int, handoffPo
 	}
 	for id, reasons := range a.poisoned {
 		fate, ok := fateOf[id]
-		if ok && fate != fates.Permanent && handoffPoisonOK && !slices.ContainsFunc(reasons, func(r middleware.Reason) bool { return r != middleware.ReasonHandoffFailed }) {
+		if ok && fate != fates.Permanent && handoffPoisonOK && !slices.ContainsFunc(reasons, func(r amqpretry.Reason) bool { return r != amqpretry.ReasonHandoffFailed }) {
 			continue
 		}
 		switch {
@@ -996,8 +997,8 @@ func (a *account) problems(fateOf map[string]fates.Fate, failures int, handoffPo
 			out = append(out, fmt.Sprintf("message %s (fate %s) was poisoned: %v", id, fate, reasons))
 		}
 		for _, reason := range reasons {
-			if reason != middleware.ReasonPermanent {
-				out = append(out, fmt.Sprintf("message %s poisoned with reason %q, want %q", id, reason, middleware.ReasonPermanent))
+			if reason != amqpretry.ReasonPermanent {
+				out = append(out, fmt.Sprintf("message %s poisoned with reason %q, want %q", id, reason, amqpretry.ReasonPermanent))
 			}
 		}
 	}
@@ -1013,10 +1014,10 @@ func (r *run) missing(a *account) []string {
 	var out []string
 	for _, id := range r.uuids {
 		if r.fates[id] == fates.Permanent {
-			if !slices.Contains(a.poisoned[id], middleware.ReasonPermanent) {
+			if !slices.Contains(a.poisoned[id], amqpretry.ReasonPermanent) {
 				out = append(out, id)
 			}
-		} else if len(a.handled[id]) == 0 && !(r.g.o.handoffPoisonOK && slices.Contains(a.poisoned[id], middleware.ReasonHandoffFailed)) {
+		} else if len(a.handled[id]) == 0 && !(r.g.o.handoffPoisonOK && slices.Contains(a.poisoned[id], amqpretry.ReasonHandoffFailed)) {
 			out = append(out, id)
 		}
 	}

@@ -106,8 +106,8 @@ func TestImmediateRetriesShareTheAttemptCount(t *testing.T) {
 	// Longer trouble: attempts 1-3 in-process, then the first delayed retry, attempt 4,
 	// after the schedule's first delay.
 	b = &fakeBackend{}
-	var events []middleware.Event
-	e, _ = newEngine(t, amqpretry.Config{Policy: policy, Observe: func(ev middleware.Event) { events = append(events, ev) }}, b)
+	var events []amqpretry.Event
+	e, _ = newEngine(t, amqpretry.Config{Policy: policy, Observe: func(ev amqpretry.Event) { events = append(events, ev) }}, b)
 	c = &counting{do: func(int) error { return errFlaky }}
 	orig := message.NewMessage("down", nil)
 	if _, err := e.Middleware(c.handle)(orig); err != nil {
@@ -123,7 +123,7 @@ func TestImmediateRetriesShareTheAttemptCount(t *testing.T) {
 	if env.Attempt != 4 || env.RequestedDelay != time.Second {
 		t.Errorf("first delayed retry: attempt %d after %s, want 4 after 1s", env.Attempt, env.RequestedDelay)
 	}
-	if last := events[len(events)-1]; last.Kind != middleware.EventRetryScheduled || last.Attempt != 3 {
+	if last := events[len(events)-1]; last.Kind != amqpretry.EventRetryScheduled || last.Attempt != 3 {
 		t.Errorf("retry event %+v, want attempt 3 handed off", last)
 	}
 

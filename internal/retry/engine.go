@@ -107,7 +107,7 @@ func (e *Engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if err == nil {
 			e.failures.forget(msg.UUID)
 			if d.owned {
-				e.observe(middleware.Event{Kind: middleware.EventSucceeded, Queue: d.queue, Attempt: attempt})
+				e.observe(amqpretry.Event{Kind: amqpretry.EventSucceeded, Queue: d.queue, Attempt: attempt})
 			}
 			return produced, nil
 		}
@@ -257,9 +257,9 @@ func (e *Engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	case werr != nil:
 		return e.handoffFailed(f, copyOf(run), werr, "not-wired", true)
 	case decided.Permanent:
-		return e.poison(f, copyOf(run), middleware.ReasonPermanent)
+		return e.poison(f, copyOf(run), amqpretry.ReasonPermanent)
 	case d.attempt >= e.cfg.Policy.MaxAttempts:
-		return e.poison(f, copyOf(run), middleware.ReasonMaxAttempts)
+		return e.poison(f, copyOf(run), amqpretry.ReasonMaxAttempts)
 	case d.queue == "":
 		return errors.Join(err, fmt.Errorf("%w: no subscribed topic in the message context (is the middleware on a router handler?)", amqpretry.ErrHandoff))
 	}
@@ -269,7 +269,7 @@ func (e *Engine) fail(msg, run *message.Message, d delivery, err error, decided 
 		target = e.inPlace
 	case e.backend == nil && e.held.isBroken(d.queue):
 		f.envelope.Error = fmt.Sprintf("work queue %q does not hold delayed retries (a nacked message came back at once), and no copying backend is configured; handler error: %v", d.queue, err)
-		return e.poison(f, copyOf(run), middleware.ReasonHandoffFailed)
+		return e.poison(f, copyOf(run), amqpretry.ReasonHandoffFailed)
 	case e.backend == nil: // delayed-retry alone, asked for a delay of its own
 		target, inPlace = e.inPlace, true
 	}
@@ -283,7 +283,7 @@ func (e *Engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	if serr != nil {
 		// Handing it off would be refused: poison it, saying why.
 		f.envelope.Error = serr.Error() + "; handler error: " + err.Error()
-		return e.poison(f, copyOf(run), middleware.ReasonDelayTooLong)
+		return e.poison(f, copyOf(run), amqpretry.ReasonDelayTooLong)
 	}
 	var holdUntil time.Time
 	switch {
@@ -329,7 +329,7 @@ func (e *Engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	case perr == nil:
 		e.failures.forget(msg.UUID)
 		n := e.stats.retries.add()
-		e.observe(middleware.Event{Kind: middleware.EventRetryScheduled, Queue: d.queue, Backend: e.backend.Name(), Attempt: d.attempt, Err: err,
+		e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: d.queue, Backend: e.backend.Name(), Attempt: d.attempt, Err: err,
 			Requested: requested, Effective: effective, Handoff: time.Since(start)})
 		if e.sampled(n) {
 			e.cfg.Logger.Info("Retry scheduled", f.fields.Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
@@ -339,7 +339,7 @@ func (e *Engine) fail(msg, run *message.Message, d delivery, err error, decided 
 		// Handing it off again would be refused again: poison it, saying why.
 		f.fields["handoff_err"] = perr.Error()
 		f.envelope.Error = "retry copy larger than the broker's frame_max even with a trimmed envelope; handler error: " + err.Error()
-		return e.poison(f, cp, middleware.ReasonTooLarge)
+		return e.poison(f, cp, amqpretry.ReasonTooLarge)
 	}
 	return e.handoffFailed(f, cp, perr, handoff.Cause(perr), true)
 }

@@ -24,10 +24,10 @@ var errFlaky = errors.New("flaky")
 
 func TestRetrySchedulesNextAttemptWithoutTouchingTheOriginal(t *testing.T) {
 	b := &fakeBackend{effective: func(d time.Duration) (time.Duration, error) { return 2 * d, nil }}
-	var events []middleware.Event
+	var events []amqpretry.Event
 	e, poison := newEngine(t, amqpretry.Config{
 		Policy:  amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{time.Second, 5 * time.Second}},
-		Observe: func(ev middleware.Event) { events = append(events, ev) },
+		Observe: func(ev amqpretry.Event) { events = append(events, ev) },
 	}, b)
 	msg := message.NewMessage("uuid-1", []byte("payload"))
 	msg.Metadata.Set("user", "kept")
@@ -71,11 +71,11 @@ func TestRetrySchedulesNextAttemptWithoutTouchingTheOriginal(t *testing.T) {
 			t.Errorf("copy carries Watermill's delay key %s = %q", k, v)
 		}
 	}
-	kinds := []middleware.EventKind{}
+	kinds := []amqpretry.EventKind{}
 	for _, ev := range events {
 		kinds = append(kinds, ev.Kind)
 	}
-	if want := []middleware.EventKind{middleware.EventDelivered, middleware.EventRetryScheduled}; !slices.Equal(kinds, want) {
+	if want := []amqpretry.EventKind{amqpretry.EventDelivered, amqpretry.EventRetryScheduled}; !slices.Equal(kinds, want) {
 		t.Fatalf("events %v, want %v", kinds, want)
 	}
 	if ev := events[1]; ev.Attempt != 1 || ev.Requested != time.Second || ev.Effective != 2*time.Second || ev.Backend != "fake" || ev.Queue != "work" {
@@ -121,7 +121,7 @@ func TestEnvelopeOfARedrivenPoisonedMessage(t *testing.T) {
 	e, _ := newEngine(t, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{time.Second}}}, b)
 	first := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	msg := message.NewMessage("m", nil)
-	middleware.Envelope{Attempt: 1, MaxAttempts: 5, Reason: middleware.ReasonPermanent, Error: "a", ErrorTypes: []string{"x"},
+	middleware.Envelope{Attempt: 1, MaxAttempts: 5, Reason: amqpretry.ReasonPermanent, Error: "a", ErrorTypes: []string{"x"},
 		FirstFailure: first, LastFailure: first, Handler: "old", Topic: "old", Queue: "work",
 		OriginalExchange: "orders", OriginalRoutingKey: "created", RequestedDelay: 7 * time.Second, EffectiveDelay: 8 * time.Second, Due: first,
 		DroppedHeaders: "big (9000 bytes)", RedrivenAt: first, Redriven: 1, RedrivenFrom: "poison"}.Write(msg.Metadata)
@@ -148,9 +148,9 @@ func TestEnvelopeOfARedrivenPoisonedMessage(t *testing.T) {
 
 func TestRetryPoisonsAfterLastAttempt(t *testing.T) {
 	b := &fakeBackend{}
-	var events []middleware.Event
+	var events []amqpretry.Event
 	e, poison := newEngine(t, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 3},
-		Observe: func(ev middleware.Event) { events = append(events, ev) }}, b)
+		Observe: func(ev amqpretry.Event) { events = append(events, ev) }}, b)
 	msg := message.NewMessage("uuid-2", nil)
 	msg.Metadata.Set(keys.Attempt, "3")
 	middleware.Envelope{Attempt: 3, RequestedDelay: time.Second, EffectiveDelay: time.Second, Due: time.Now()}.Write(msg.Metadata)
@@ -178,7 +178,7 @@ func TestRetryPoisonsAfterLastAttempt(t *testing.T) {
 	if !maps.Equal(msg.Metadata, before) {
 		t.Error("the incoming message was modified")
 	}
-	if last := events[len(events)-1]; last.Kind != middleware.EventPoisoned || last.Reason != middleware.ReasonMaxAttempts || last.Attempt != 3 {
+	if last := events[len(events)-1]; last.Kind != amqpretry.EventPoisoned || last.Reason != amqpretry.ReasonMaxAttempts || last.Attempt != 3 {
 		t.Errorf("last event %+v", last)
 	}
 	if st := e.Stats(); st != (middleware.Stats{Poisoned: 1}) {
@@ -308,8 +308,8 @@ func TestRetryWithoutSubscribedTopic(t *testing.T) {
 
 func TestRetrySuccessPassesThrough(t *testing.T) {
 	b := &fakeBackend{}
-	var events []middleware.Event
-	e, _ := newEngine(t, amqpretry.Config{Observe: func(ev middleware.Event) { events = append(events, ev) }}, b)
+	var events []amqpretry.Event
+	e, _ := newEngine(t, amqpretry.Config{Observe: func(ev amqpretry.Event) { events = append(events, ev) }}, b)
 	out := []*message.Message{message.NewMessage("out", nil)}
 	in := message.NewMessage("in", nil)
 	before := maps.Clone(in.Metadata)
@@ -317,7 +317,7 @@ func TestRetrySuccessPassesThrough(t *testing.T) {
 	if err != nil || len(got) != 1 || got[0] != out[0] || len(b.parked) != 0 || !maps.Equal(in.Metadata, before) {
 		t.Fatalf("success path changed: %v %v", got, err)
 	}
-	if len(events) != 2 || events[1].Kind != middleware.EventSucceeded || events[1].Attempt != 1 {
+	if len(events) != 2 || events[1].Kind != amqpretry.EventSucceeded || events[1].Attempt != 1 {
 		t.Errorf("events %+v", events)
 	}
 }
@@ -361,8 +361,8 @@ func TestCopyTooLargeIsTrimmedThenPoisonedWithTheHeadersThatFit(t *testing.T) {
 	b = &fakeBackend{park: tooLarge(1000)}
 	e, poison = newEngine(t, amqpretry.Config{}, b)
 	poison.publish = tooLarge(1000)
-	var events []middleware.Event
-	e.cfg.Observe = func(ev middleware.Event) { events = append(events, ev) }
+	var events []amqpretry.Event
+	e.cfg.Observe = func(ev amqpretry.Event) { events = append(events, ev) }
 	msg := message.NewMessage("big", nil)
 	msg.Metadata.Set("huge", strings.Repeat("h", 5000))
 	msg.Metadata.Set("large", strings.Repeat("l", 3000))
@@ -390,7 +390,7 @@ func TestCopyTooLargeIsTrimmedThenPoisonedWithTheHeadersThatFit(t *testing.T) {
 	if len(md.Get(keys.Error)) > trimmedErrorBytes || !strings.Contains(md.Get(keys.Error), "frame_max") {
 		t.Errorf("error not trimmed or reason lost: %q", md.Get(keys.Error))
 	}
-	if len(events) != 2 || events[1].Kind != middleware.EventPoisoned || events[1].Reason != middleware.ReasonTooLarge {
+	if len(events) != 2 || events[1].Kind != amqpretry.EventPoisoned || events[1].Reason != amqpretry.ReasonTooLarge {
 		t.Errorf("events %+v", events)
 	}
 
@@ -415,8 +415,8 @@ func TestHandoffBackoff(t *testing.T) {
 
 func TestHandoffFailingForOneMessagePausesThenPoisons(t *testing.T) {
 	b := &fakeBackend{park: func(*message.Message) error { return errors.New("nacked") }}
-	var events []middleware.Event
-	e, poison := newEngine(t, amqpretry.Config{HandoffAttempts: 3, Observe: func(ev middleware.Event) { events = append(events, ev) }}, b)
+	var events []amqpretry.Event
+	e, poison := newEngine(t, amqpretry.Config{HandoffAttempts: 3, Observe: func(ev amqpretry.Event) { events = append(events, ev) }}, b)
 	h := e.Middleware(failing(errFlaky))
 
 	// The first failure pauses handoffBackoff(1) before the router nacks: a timer never
@@ -444,7 +444,7 @@ func TestHandoffFailingForOneMessagePausesThenPoisons(t *testing.T) {
 	}
 	var causes []string
 	for _, ev := range events {
-		if ev.Kind == middleware.EventHandoffFailed {
+		if ev.Kind == amqpretry.EventHandoffFailed {
 			causes = append(causes, ev.Cause)
 		}
 	}

@@ -46,7 +46,7 @@ func (e *Engine) settle(msg *message.Message, f failure, requested, effective ti
 	e.held.add(msg.UUID, h)
 	e.failures.forget(msg.UUID)
 	n := e.stats.retries.add()
-	e.observe(middleware.Event{Kind: middleware.EventRetryScheduled, Queue: f.queue, Backend: e.inPlace.Name(), Attempt: f.attempt, Err: f.err,
+	e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: f.queue, Backend: e.inPlace.Name(), Attempt: f.attempt, Err: f.err,
 		Requested: requested, Effective: effective})
 	if e.sampled(n) {
 		e.cfg.Logger.Info("Retry held in the work queue", f.fields.Add(watermill.LogFields{
@@ -58,7 +58,7 @@ func (e *Engine) settle(msg *message.Message, f failure, requested, effective ti
 // poison hands cp, the copy of a message that failed for good, to the poison queue. A
 // copy too large for the broker loses its envelope's longer fields first, then the
 // largest headers that are not the envelope's, named in DroppedHeaders, until it fits.
-func (e *Engine) poison(f failure, cp *message.Message, reason middleware.Reason) error {
+func (e *Engine) poison(f failure, cp *message.Message, reason amqpretry.Reason) error {
 	f.envelope.Reason, f.envelope.Attempt, f.envelope.MaxAttempts = reason, f.attempt, e.cfg.Policy.MaxAttempts
 	f.envelope.Write(cp.Metadata)
 	f.fields["poison_reason"] = string(reason)
@@ -78,7 +78,7 @@ func (e *Engine) poison(f failure, cp *message.Message, reason middleware.Reason
 	e.failures.forget(cp.UUID)
 	e.pending.forget(cp.UUID)
 	e.stats.poisoned.add()
-	e.observe(middleware.Event{Kind: middleware.EventPoisoned, Queue: f.queue, Attempt: f.attempt, Reason: reason, Err: f.err, Handoff: time.Since(start)})
+	e.observe(amqpretry.Event{Kind: amqpretry.EventPoisoned, Queue: f.queue, Attempt: f.attempt, Reason: reason, Err: f.err, Handoff: time.Since(start)})
 	if f.envelope.DroppedHeaders != "" {
 		f.fields["dropped_headers"] = f.envelope.DroppedHeaders
 	}
@@ -116,12 +116,12 @@ func dropLargestHeader(md message.Metadata, env *middleware.Envelope) bool {
 func (e *Engine) handoffFailed(f failure, cp *message.Message, perr error, cause string, mayPoison bool) error {
 	n := e.failures.add(cp.UUID)
 	e.stats.failures.add()
-	e.observe(middleware.Event{Kind: middleware.EventHandoffFailed, Queue: f.queue, Attempt: f.attempt, Err: perr, Cause: cause})
+	e.observe(amqpretry.Event{Kind: amqpretry.EventHandoffFailed, Queue: f.queue, Attempt: f.attempt, Err: perr, Cause: cause})
 	f.fields["handoff_failures"] = n
 	e.cfg.Logger.Error("Could not hand off message, nacking it for redelivery", perr, f.fields)
 	if mayPoison && n >= e.cfg.HandoffAttempts {
 		f.envelope.Error = fmt.Sprintf("%d hand-offs failed in a row, the last: %v; handler error: %v", n, perr, f.err)
-		return e.poison(f, cp, middleware.ReasonHandoffFailed)
+		return e.poison(f, cp, amqpretry.ReasonHandoffFailed)
 	}
 	e.pausePaced(cp.Context(), handoffBackoff(n))
 	return errors.Join(f.err, fmt.Errorf("%w: queue %q: %w", amqpretry.ErrHandoff, f.queue, perr))

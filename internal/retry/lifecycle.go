@@ -17,7 +17,6 @@ import (
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/keys"
-	"github.com/amqpretry/amqpretry/middleware"
 )
 
 // lifecycle is the engine's open or closed state. Once closed, the engine hands
@@ -124,7 +123,7 @@ func (e *Engine) pausePaced(ctx context.Context, d time.Duration) {
 // comes back, never the handler.
 type pendingPoison struct {
 	f        failure // delivery.msg cleared
-	reason   middleware.Reason
+	reason   amqpretry.Reason
 	payload  []byte
 	failures int       // failed poison publishes in a row
 	aside    time.Time // set aside until then: back before it, it is not set aside again
@@ -141,7 +140,7 @@ type pendingPoisons struct {
 
 // add records that the poisoning of f (for reason) failed once more; it returns the
 // failures in a row.
-func (p *pendingPoisons) add(f failure, reason middleware.Reason) int {
+func (p *pendingPoisons) add(f failure, reason amqpretry.Reason) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	uuid := f.msg.UUID
@@ -219,7 +218,7 @@ func (e *Engine) repoison(msg *message.Message, d delivery, pp pendingPoison) er
 // poisonFailed handles a poison publish that failed with perr: the message is
 // remembered (only its poison publish is retried when it comes back), and nacked for
 // redelivery after the paced pause of a failed hand-off.
-func (e *Engine) poisonFailed(f failure, reason middleware.Reason, perr error) error {
+func (e *Engine) poisonFailed(f failure, reason amqpretry.Reason, perr error) error {
 	gone := handoff.RouteGone(perr)
 	perr = fmt.Errorf("poison queue %q: %w", e.cfg.PoisonQueue, perr)
 	if e.poisonHint != nil {
@@ -231,7 +230,7 @@ func (e *Engine) poisonFailed(f failure, reason middleware.Reason, perr error) e
 	if gone {
 		cause = CausePoisonQueueMissing
 	}
-	e.observe(middleware.Event{Kind: middleware.EventHandoffFailed, Queue: f.queue, Attempt: f.attempt, Err: perr, Cause: cause, Reason: reason})
+	e.observe(amqpretry.Event{Kind: amqpretry.EventHandoffFailed, Queue: f.queue, Attempt: f.attempt, Err: perr, Cause: cause, Reason: reason})
 	f.fields["handoff_failures"] = n
 	f.fields["poison_queue"] = e.cfg.PoisonQueue
 	wait := handoffBackoff(n)
@@ -308,7 +307,7 @@ func (e *Engine) parkAgain(msg *message.Message, d delivery, until time.Time) er
 	}
 	n := e.failures.add(msg.UUID)
 	e.stats.failures.add()
-	e.observe(middleware.Event{Kind: middleware.EventHandoffFailed, Queue: d.queue, Attempt: d.attempt, Err: err, Cause: handoff.Cause(err)})
+	e.observe(amqpretry.Event{Kind: amqpretry.EventHandoffFailed, Queue: d.queue, Attempt: d.attempt, Err: err, Cause: handoff.Cause(err)})
 	e.cfg.Logger.Error("Could not park a retry again until it is due, nacking it for redelivery", err, watermill.LogFields{
 		"message_uuid": msg.UUID, "queue": d.queue, "attempt": d.attempt, "handoff_failures": n, "due": until.Format(time.RFC3339Nano)})
 	e.pausePaced(msg.Context(), handoffBackoff(n))

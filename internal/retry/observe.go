@@ -8,6 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
@@ -23,7 +24,7 @@ func (e *Engine) Stats() middleware.Stats {
 }
 
 // observe sends ev to Config.Observe, if set.
-func (e *Engine) observe(ev middleware.Event) {
+func (e *Engine) observe(ev amqpretry.Event) {
 	if e.cfg.Observe != nil {
 		e.cfg.Observe(ev)
 	}
@@ -35,7 +36,7 @@ func (e *Engine) observe(ev middleware.Event) {
 // shows that the work queue does not hold retries: it is logged, and the queue's
 // later retries go to the copying backend (see heldRetries).
 func (e *Engine) observeDelivery(d delivery) {
-	ev := middleware.Event{Kind: middleware.EventDelivered, Queue: d.queue, Attempt: d.attempt}
+	ev := amqpretry.Event{Kind: amqpretry.EventDelivered, Queue: d.queue, Attempt: d.attempt}
 	due := d.heldDue
 	if !d.held && d.attempt > 1 {
 		due = d.envelope.Due

@@ -147,7 +147,7 @@ func TestStartInProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	p = rec.next(t)
-	if p.topic != "amqpretry.poison" || middleware.ReadEnvelope(p.msg.Metadata).Reason != middleware.ReasonMaxAttempts {
+	if p.topic != "amqpretry.poison" || middleware.ReadEnvelope(p.msg.Metadata).Reason != amqpretry.ReasonMaxAttempts {
 		t.Fatalf("poisoned to %q: %v", p.topic, p.msg.Metadata)
 	}
 	if st := r.Stats(); st != (middleware.Stats{Retries: 1, Poisoned: 1}) {
@@ -185,11 +185,11 @@ func (p *inPlace) Settle(msg *message.Message, effective time.Duration, envelope
 // hold retries: it is marked, logged, and its later retries go to the copying backend.
 func TestHeldInPlace(t *testing.T) {
 	b := &fakeBackend{}
-	var events []middleware.Event
+	var events []amqpretry.Event
 	logs := &countingLogger{}
 	e, _ := newEngine(t, amqpretry.Config{HeldRetries: 3, DelayedRetryDelay: time.Minute, Logger: logs,
 		Policy:  amqpretry.Policy{MaxAttempts: 6, Delays: []time.Duration{7 * time.Second}},
-		Observe: func(ev middleware.Event) { events = append(events, ev) }}, b)
+		Observe: func(ev amqpretry.Event) { events = append(events, ev) }}, b)
 	held := newInPlace(time.Minute)
 	e.inPlace = held
 	h := e.Middleware(failing(errFlaky))

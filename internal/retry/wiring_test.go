@@ -10,7 +10,6 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/keys"
-	"github.com/amqpretry/amqpretry/middleware"
 )
 
 // stamped returns a message delivered by the subscriber of the Retry named owner ("":
@@ -75,8 +74,8 @@ func TestEachRetryActsOnlyOnItsOwnSubscribersMessages(t *testing.T) {
 }
 
 func TestNotWiredIsPoisonedAfterHandoffAttempts(t *testing.T) {
-	var events []middleware.Event
-	e, b, poison := wired(t, "billing", amqpretry.Config{HandoffAttempts: 2, Observe: func(ev middleware.Event) { events = append(events, ev) }})
+	var events []amqpretry.Event
+	e, b, poison := wired(t, "billing", amqpretry.Config{HandoffAttempts: 2, Observe: func(ev amqpretry.Event) { events = append(events, ev) }})
 	h := e.Middleware(failing(errFlaky))
 	if _, err := h(stamped("elsewhere")); !errors.Is(err, amqpretry.ErrNotWired) {
 		t.Fatalf("first: %v", err)
@@ -89,7 +88,7 @@ func TestNotWiredIsPoisonedAfterHandoffAttempts(t *testing.T) {
 	}
 	var causes []string
 	for _, ev := range events {
-		if ev.Kind == middleware.EventHandoffFailed {
+		if ev.Kind == amqpretry.EventHandoffFailed {
 			causes = append(causes, ev.Cause)
 		}
 	}
@@ -98,7 +97,7 @@ func TestNotWiredIsPoisonedAfterHandoffAttempts(t *testing.T) {
 	}
 	// A delivery that is not this Retry's is not observed as its own.
 	for _, ev := range events {
-		if ev.Kind == middleware.EventDelivered {
+		if ev.Kind == amqpretry.EventDelivered {
 			t.Errorf("observed another subscriber's delivery: %+v", ev)
 		}
 	}

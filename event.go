@@ -1,4 +1,4 @@
-package middleware
+package amqpretry
 
 import (
 	"time"
@@ -29,7 +29,7 @@ const (
 	EventHandoffFailed
 )
 
-// Event is what amqpretry.Config.Observe is told, on the handler's goroutine. Fields
+// Event is what Config.Observe is told, on the handler's goroutine. Fields
 // may be added.
 type Event struct {
 	Kind EventKind
@@ -62,20 +62,23 @@ type Event struct {
 	Lateness time.Duration
 }
 
-// Stats counts what a Retry did since it was built.
-type Stats struct {
-	// Retries handed off and confirmed, or settled in place.
-	Retries int64
-	// Poisoned messages.
-	Poisoned int64
-	// HandoffFailures: hand-offs that failed (each nacked, or followed by a
-	// poisoning).
-	HandoffFailures int64
-	// PoisonPending: messages that failed for good but whose poison publish keeps
-	// failing (the poison queue is missing, say). Each stays in its work queue, nacked
-	// for redelivery; this process remembers it and retries only its poison publish,
-	// paced, never the handler. Not zero means the poison queue needs attention. The
-	// memory is the process's: after a restart such a message runs through the
-	// handler once more before its poisoning is tried again.
-	PoisonPending int64
-}
+// Reason says why a message was poisoned.
+type Reason string
+
+// Values of Reason.
+const (
+	// ReasonPermanent: the handler's error was marked Permanent (or
+	// Classify decided so).
+	ReasonPermanent Reason = "permanent"
+	// ReasonMaxAttempts: the last attempt the policy allows failed.
+	ReasonMaxAttempts Reason = "max-attempts"
+	// ReasonDelayTooLong: the backend cannot hold the delay asked for (a RetryAfter
+	// longer than its longest delay).
+	ReasonDelayTooLong Reason = "delay-too-long"
+	// ReasonHandoffFailed: Config.HandoffAttempts hand-offs of the message failed in a
+	// row (Error holds the last hand-off error and the handler's).
+	ReasonHandoffFailed Reason = "handoff-failed"
+	// ReasonTooLarge: the retry copy, even with a trimmed envelope, is larger than the
+	// broker's frame_max (see DroppedHeaders).
+	ReasonTooLarge Reason = "too-large"
+)

@@ -1,0 +1,19 @@
+package middleware
+
+// Stats counts what a Retry did since it was built.
+type Stats struct {
+	// Retries handed off and confirmed, or settled in place.
+	Retries int64
+	// Poisoned messages.
+	Poisoned int64
+	// HandoffFailures: hand-offs that failed (each nacked, or followed by a
+	// poisoning).
+	HandoffFailures int64
+	// PoisonPending: messages that failed for good but whose poison publish keeps
+	// failing (the poison queue is missing, say). Each stays in its work queue, nacked
+	// for redelivery; this process remembers it and retries only its poison publish,
+	// paced, never the handler. Not zero means the poison queue needs attention. The
+	// memory is the process's: after a restart such a message runs through the
+	// handler once more before its poisoning is tried again.
+	PoisonPending int64
+}
