@@ -14,7 +14,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/keys"
-	"github.com/amqpretry/amqpretry/internal/retry"
+	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -44,7 +44,7 @@ func schedule(t testing.TB, policy amqpretry.Policy, attempt, n int) []time.Dura
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	r, err := retry.Start(cfg.WithDefaults(), retry.Conn{Queue: func(string) string { return "work" }})
+	r, err := middleware.New(cfg, middleware.Transport{Queue: func(string) string { return "work" }})
 	if err != nil {
 		t.Fatal(err)
 	}

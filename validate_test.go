@@ -14,7 +14,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
-	"github.com/amqpretry/amqpretry/internal/retry"
+	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/wamqp3"
 )
 
@@ -191,7 +191,7 @@ func TestEffectivePolicyLoggedAtStart(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	r, err := retry.Start(cfg.WithDefaults(), retry.Conn{})
+	r, err := middleware.New(cfg, middleware.Transport{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +235,7 @@ func TestTTLTiersLogsOnlyWhatThePolicyAsks(t *testing.T) {
 			t.Fatal(err)
 		}
 		brokertest.CleanupTopology(t, plan)
-		r, err := retry.Start(cfg.WithDefaults(), retry.Conn{URI: brokertest.URI()})
+		r, err := middleware.New(cfg, middleware.Transport{URI: brokertest.URI()})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/amqpretry/amqpretry/middleware"
 )
 
 // Defaults of the config fields left zero.
@@ -114,7 +116,7 @@ type SubscriberConfig struct {
 
 	// retry, set by Retry.AddHandler, makes the Subscriber present each delivery as
 	// the retry middleware reads it (see retryView).
-	retry string
+	retry *middleware.Retry
 }
 
 // QueueConfig says how the Subscriber declares the queues it consumes. The

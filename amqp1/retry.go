@@ -3,19 +3,17 @@ package amqp1
 import (
 	"errors"
 	"fmt"
-	"runtime"
-	"strconv"
+	"math"
+	"reflect"
 	"strings"
 
 	amqp "github.com/Azure/go-amqp"
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/keys"
-	"github.com/amqpretry/amqpretry/internal/retry"
-	"github.com/amqpretry/amqpretry/internal/wire"
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
@@ -30,8 +28,9 @@ import (
 // (middleware.ReadEnvelope). A permanent error or the last attempt goes to the poison
 // queue, with a publish the broker confirms before the delivery is accepted.
 type Retry struct {
-	r   *retry.Retry
-	sub SubscriberConfig
+	*middleware.Retry
+	sub    SubscriberConfig
+	logger watermill.LoggerAdapter
 }
 
 // NewRetry validates sub and cfg, and only if both are valid connects to the broker at
@@ -46,6 +45,21 @@ func NewRetry(sub SubscriberConfig, cfg amqpretry.Config) (*Retry, error) {
 		cfg.Backend = delay.DeliveryTime
 	}
 	sub.setDefaults()
+	r, err := middleware.New(cfg, middleware.Transport{
+		URI:       sub.URI,
+		AMQP:      amqp091.Config{TLSClientConfig: sub.TLSConfig, Properties: handoffProperties(sub.ContainerID)},
+		Queue:     sub.QueueName,
+		Redeliver: Redeliver,
+		Validate:  sub.validateFor,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Retry{Retry: r, sub: sub, logger: cfg.WithDefaults().Logger}, nil
+}
+
+// validateFor reports every setting of sub that cannot run cfg (with its defaults).
+func (sub SubscriberConfig) validateFor(cfg amqpretry.Config) error {
 	var errs []error
 	if err := sub.Validate(); err != nil {
 		errs = append(errs, err)
@@ -56,29 +70,13 @@ func NewRetry(sub SubscriberConfig, cfg amqpretry.Config) (*Retry, error) {
 	if sub.Queue.Type != "quorum" {
 		errs = append(errs, fmt.Errorf("Subscriber: Queue.Type %q: %s needs quorum queues", sub.Queue.Type, delay.DeliveryTime))
 	}
-	if err := deliveryLimitFits(sub.Queue.Arguments, cfg.WithDefaults().Policy.MaxAttempts); err != nil {
+	if err := deliveryLimitFits(sub.Queue.Arguments, cfg.Policy.MaxAttempts); err != nil {
 		errs = append(errs, err)
 	}
 	if cfg.HeldRetries != 0 {
 		errs = append(errs, fmt.Errorf("HeldRetries: every retry is held in the queue with %s", delay.DeliveryTime))
 	}
-	errs = append(errs, cfg.Validate())
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("invalid config: %w", err)
-	}
-	r, err := retry.Start(cfg.WithDefaults(), retry.Conn{
-		URI:       sub.URI,
-		AMQP:      amqp091.Config{TLSClientConfig: sub.TLSConfig, Properties: handoffProperties(sub.ContainerID)},
-		Queue:     sub.QueueName,
-		Redeliver: Redeliver,
-	})
-	if err != nil {
-		return nil, err
-	}
-	w := &Retry{r: r, sub: sub}
-	// A Retry dropped without Close says so at WARN, and closes its connection.
-	runtime.SetFinalizer(w, func(w *Retry) { w.r.Forgotten() })
-	return w, nil
+	return errors.Join(errs...)
 }
 
 // defaultDeliveryLimit is the x-delivery-limit RabbitMQ 4 gives a quorum queue
@@ -97,7 +95,7 @@ const defaultDeliveryLimit = 20
 func deliveryLimitFits(args map[string]any, maxAttempts int) error {
 	limit, set := int64(defaultDeliveryLimit), false
 	if v, ok := args["x-delivery-limit"]; ok {
-		n, isInt := wire.Integer(v)
+		n, isInt := integer(v)
 		if !isInt {
 			return fmt.Errorf("Subscriber: Queue.Arguments: x-delivery-limit %v of type %T: want an integer", v, v)
 		}
@@ -129,16 +127,12 @@ func handoffProperties(containerID string) amqp091.Table {
 	}
 }
 
-// Middleware implements message.HandlerMiddleware: add it to a handler whose
-// subscriber is built from SubscriberConfig().
-func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc { return r.r.Middleware(h) }
-
 // SubscriberConfig returns the subscriber config given to NewRetry, for NewSubscriber:
 // its deliveries carry the attempt, the envelope and the Retry's identity in their
 // metadata, as the middleware reads them.
 func (r *Retry) SubscriberConfig() SubscriberConfig {
 	c := r.sub
-	c.retry = r.r.ID()
+	c.retry = r.Retry
 	return c
 }
 
@@ -146,7 +140,7 @@ func (r *Retry) SubscriberConfig() SubscriberConfig {
 // new Subscriber built from SubscriberConfig(), with this Retry's Middleware on it.
 // The router closes the subscriber when it stops.
 func (r *Retry) AddHandler(router *message.Router, handlerName, topic string, handler message.NoPublishHandlerFunc) (*message.Handler, error) {
-	s, err := NewSubscriber(r.SubscriberConfig(), r.r.Config().Logger)
+	s, err := NewSubscriber(r.SubscriberConfig(), r.logger)
 	if err != nil {
 		return nil, fmt.Errorf("subscriber for handler %q: %w", handlerName, err)
 	}
@@ -155,27 +149,13 @@ func (r *Retry) AddHandler(router *message.Router, handlerName, topic string, ha
 	return h, nil
 }
 
-// Retryable tells whether running the handler again in this process could help after
-// err, as this Retry decides (see wamqp3.Retry.Retryable).
-func (r *Retry) Retryable(err error) bool { return r.r.Retryable(err) }
-
-// Stats returns what the middleware did since NewRetry.
-func (r *Retry) Stats() middleware.Stats { return r.r.Stats() }
-
-// Close stops the middleware and closes the poison queue's connection. Close the
-// router first: a message that fails after Close is nacked for redelivery, paced, with
-// a WARN for the first; Close waits for the hand-offs in flight, logs what this Retry
-// did, and does nothing the second time. A Retry dropped without Close is closed
-// when the garbage collector finds it, with a WARN.
-func (r *Retry) Close() error { return r.r.Close() }
-
 // envelopeAnnotation starts the message annotations the failure envelope travels in.
 const envelopeAnnotation = "x-opt-amqpretry-"
 
 // retryView writes into msg's metadata what the retry middleware reads of delivery m:
-// the failure envelope carried in annotations, the attempt (the broker's delivery
-// count plus one) and the Retry's identity id.
-func retryView(msg *message.Message, m *amqp.Message, id string) {
+// the failure envelope carried in annotations, and, through r.Delivered, that it is r's
+// at the attempt the broker's delivery count plus one says.
+func retryView(msg *message.Message, m *amqp.Message, r *middleware.Retry) {
 	for k, v := range m.Annotations {
 		name, _ := k.(string)
 		if sym, ok := k.(amqp.Symbol); ok {
@@ -189,6 +169,20 @@ func retryView(msg *message.Message, m *amqp.Message, id string) {
 	if m.Header != nil {
 		count = m.Header.DeliveryCount
 	}
-	msg.Metadata[keys.Attempt] = strconv.FormatUint(uint64(count)+1, 10)
-	msg.Metadata[keys.Subscriber] = id
+	r.Delivered(msg, int(count)+1)
+}
+
+// integer reads an AMQP integer of any width, as RabbitMQ takes x-delivery-limit.
+func integer(v any) (int64, bool) {
+	switch n := v.(type) {
+	case int8, int16, int32, int64, int:
+		return reflect.ValueOf(n).Int(), true
+	case uint8, uint16, uint32:
+		return int64(reflect.ValueOf(n).Uint()), true
+	case uint64:
+		return int64(n), n <= math.MaxInt64
+	case uint:
+		return int64(n), uint64(n) <= math.MaxInt64
+	}
+	return 0, false
 }

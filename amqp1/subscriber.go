@@ -322,7 +322,7 @@ func (sub *subscription) handle(ctx, runCtx context.Context, out chan<- *message
 			Description: err.Error(),
 		}})
 	}
-	if s.config.retry != "" {
+	if s.config.retry != nil {
 		retryView(msg, m, s.config.retry)
 	}
 	fields := sub.fields.Add(watermill.LogFields{"message_uuid": msg.UUID})

@@ -15,8 +15,8 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
-	"github.com/amqpretry/amqpretry/internal/retry"
 	"github.com/amqpretry/amqpretry/internal/wire"
+	"github.com/amqpretry/amqpretry/middleware"
 )
 
 // The client-side cost of one hand-off, without a broker:
@@ -86,7 +86,7 @@ func deliveredMessage(tb testing.TB) *message.Message {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	msg, err := marshal.Marshaler{Options: marshal.Options{Retry: true, Subscriber: "bench-subscriber"}}.Unmarshal(amqp.Delivery{
+	msg, err := marshal.Marshaler{Options: marshal.Options{Retry: true, Delivered: func(m *message.Message, _ int) { m.Metadata[keys.Subscriber] = "bench-subscriber" }}}.Unmarshal(amqp.Delivery{
 		Headers: p.Headers, Body: p.Body, RoutingKey: benchQueue, DeliveryMode: amqp.Persistent,
 	})
 	if err != nil {
@@ -104,7 +104,7 @@ func failingRetry(tb testing.TB, pub capture, d time.Duration) message.HandlerFu
 		Backend: delay.Memory, Memory: pub, RetryLogEvery: -1,
 		Policy: amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{d}},
 	}.WithDefaults()
-	r, err := retry.Start(cfg, retry.Conn{Queue: func(string) string { return benchQueue }})
+	r, err := middleware.New(cfg, middleware.Transport{Queue: func(string) string { return benchQueue }})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package wamqp3
 
 import (
 	"fmt"
-	"runtime"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -12,17 +11,18 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/marshal"
-	"github.com/amqpretry/amqpretry/internal/retry"
+	"github.com/amqpretry/amqpretry/internal/wamqp"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/xdeath"
 )
 
-// Retry is the retry middleware for subscribers built from watermill-amqp v3
-// configs. Build it with New, add each handler with AddHandler (or build its
-// subscriber from SubscriberConfig and add Middleware to it or to the router), and
-// Close it after the router.
+// Retry is the retry middleware (middleware.Retry) for subscribers built from
+// watermill-amqp v3 configs. Build it with New, add each handler with AddHandler (or
+// build its subscriber from SubscriberConfig and add Middleware to it or to the
+// router), and Close it after the router.
 type Retry struct {
-	r   *retry.Retry
+	*middleware.Retry
+	w   *wamqp.Wiring
 	sub amqp.Config
 }
 
@@ -34,7 +34,7 @@ type Retry struct {
 // With the memory backend and no URI in sub, everything stays in this process:
 // Config.Memory (a GoChannel, say) receives the retries and the poisoned messages.
 func New(sub amqp.Config, cfg amqpretry.Config) (*Retry, error) {
-	s := retry.Sub{
+	s := wamqp.Sub{
 		URI: sub.Connection.AmqpURI, AMQP: sub.Connection.AmqpConfig, TLS: sub.Connection.TLSConfig,
 		QueueName: sub.Queue.GenerateName, NoRequeueOnNack: sub.Consume.NoRequeueOnNack, QueueArgs: sub.Queue.Arguments,
 		MarshalerType: fmt.Sprintf("%T", sub.Marshaler),
@@ -47,37 +47,31 @@ func New(sub amqp.Config, cfg amqpretry.Config) (*Retry, error) {
 	case xdeath.Marshaler:
 		s.Marshal = &marshal.Options{PostprocessPublishing: m.PostprocessPublishing, NotPersistentDeliveryMode: m.NotPersistentDeliveryMode, MessageUUIDHeaderKey: m.MessageUUIDHeaderKey}
 	}
-	r, err := retry.New(s, cfg)
+	w, err := wamqp.New(s, cfg)
 	if err != nil {
 		return nil, err
 	}
-	w := &Retry{r: r, sub: sub}
-	// A Retry dropped without Close says so at WARN, and closes its connection.
-	runtime.SetFinalizer(w, func(w *Retry) { w.r.Forgotten() })
-	return w, nil
+	return &Retry{Retry: w.Retry, w: w, sub: sub}, nil
 }
 
-// Middleware implements message.HandlerMiddleware: add it to the handler, or to the
-// router.
-func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc { return r.r.Middleware(h) }
-
 // SubscriberConfig returns the subscriber config given to New, ready for
-// amqp.NewSubscriber: its marshaler reads every header and records which Retry
-// delivered each message, its topology builder gives each subscribed queue its way
-// back (as the topology mode says), and, with delayed retries, its queues are declared
-// with the arguments RabbitMQ 4.3 needs to hold them. AddHandler does all of this.
+// amqp.NewSubscriber: its marshaler reads every header and marks each message as this
+// Retry's (Delivered), its topology builder gives each subscribed queue its way back
+// (Bind, as the topology mode says), and, with delayed retries, its queues are
+// declared with the arguments RabbitMQ 4.3 needs to hold them. AddHandler does all of
+// this.
 func (r *Retry) SubscriberConfig() amqp.Config {
 	c := r.sub
-	if r.r.InProcess() {
+	if r.w.InProcess() {
 		return c
 	}
-	c.Marshaler = marshal.Marshaler{Options: r.r.SubscriberMarshal()}
+	c.Marshaler = r.w.Marshaler()
 	inner := c.TopologyBuilder
 	if inner == nil {
 		inner = &amqp.DefaultTopologyBuilder{}
 	}
-	c.TopologyBuilder = builder{inner: inner, r: r.r}
-	c.Queue.Arguments = r.r.WorkQueueArgs(c.Queue.Arguments)
+	c.TopologyBuilder = builder{inner: inner, w: r.w}
+	c.Queue.Arguments = r.w.WorkQueueArgs(c.Queue.Arguments)
 	return c
 }
 
@@ -89,66 +83,38 @@ func (r *Retry) SubscriberConfig() amqp.Config {
 // the handler's Stop(). In-process, the subscriber is Config.Memory, which must then
 // be a message.Subscriber too (and is left open: it is yours).
 func (r *Retry) AddHandler(router *message.Router, handlerName, topic string, handler message.NoPublishHandlerFunc) (*message.Handler, error) {
-	return r.r.AddHandler(router, handlerName, topic, handler, func() (message.Subscriber, error) {
-		return amqp.NewSubscriber(r.SubscriberConfig(), r.r.Config().Logger)
+	return r.w.AddHandler(router, handlerName, topic, handler, func(logger watermill.LoggerAdapter) (message.Subscriber, error) {
+		return amqp.NewSubscriber(r.SubscriberConfig(), logger)
 	})
 }
 
-// Retryable tells whether running the handler again in this process could help after
-// err, as this Retry decides: not for a failed hand-off (amqpretry.ErrHandoff), nor
-// when the error is Permanent or asks for a delay (RetryAfter, or Config.Classify
-// deciding so; Classify is asked without a message). Give it to Watermill's
-// middleware.Retry if you keep that inside this one for in-process retries:
-//
-//	wmiddleware.Retry{MaxRetries: 2, ShouldRetry: func(p wmiddleware.RetryParams) bool { return retry.Retryable(p.Err) }}
-//
-// Policy.Immediate does the same without a second middleware.
-func (r *Retry) Retryable(err error) bool { return r.r.Retryable(err) }
-
-// Scheduler returns a message.Publisher through which any code can schedule a delayed
-// message to a queue a subscriber of this Retry consumes: it reads Watermill's delay
-// metadata (components/delay) and parks the message in the backend. Nil for the
-// delayed-retry backend, which holds only the deliveries that failed.
-func (r *Retry) Scheduler() message.Publisher { return r.r.Scheduler() }
-
-// Stats returns what the middleware did since New.
-func (r *Retry) Stats() middleware.Stats { return r.r.Stats() }
-
-// Close stops the middleware and closes the backend and the hand-off connection. Close
-// the router first: a message that fails after Close is not handed off but nacked for
-// redelivery, paced (the first such message is logged at WARN), so nothing is lost
-// and the next run retries it. Close waits for the hand-offs in flight, then logs what
-// this Retry did since New. A second Close does nothing. A Retry dropped without
-// Close is closed when the garbage collector finds it, with a WARN: close it yourself.
-func (r *Retry) Close() error { return r.r.Close() }
-
-// builder is the subscriber's topology builder (retry.Retry.BuildTopology) over the
+// builder is the subscriber's topology builder (wamqp.Wiring.BuildTopology) over the
 // major's own, inner.
 type builder struct {
 	inner amqp.TopologyBuilder
-	r     *retry.Retry
+	w     *wamqp.Wiring
 }
 
 func (b builder) BuildTopology(ch *amqp091.Channel, params amqp.BuildTopologyParams, config amqp.Config, logger watermill.LoggerAdapter) error {
 	s := subscribed(params.QueueName, params.ExchangeName, params.RoutingKey, config)
-	return b.r.BuildTopology(ch, s, func() error { return b.inner.BuildTopology(ch, params, config, logger) })
+	return b.w.BuildTopology(ch, s, func() error { return b.inner.BuildTopology(ch, params, config, logger) })
 }
 
 func (b builder) ExchangeDeclare(ch *amqp091.Channel, exchange string, config amqp.Config) error {
-	return b.r.DeclareExchange(ch, exchange, exchangeSpec(config), func() error { return b.inner.ExchangeDeclare(ch, exchange, config) })
+	return b.w.DeclareExchange(ch, exchange, exchangeSpec(config), func() error { return b.inner.ExchangeDeclare(ch, exchange, config) })
 }
 
-func subscribed(queue, exchange, key string, c amqp.Config) retry.Subscribed {
+func subscribed(queue, exchange, key string, c amqp.Config) wamqp.Subscribed {
 	q := c.Queue
-	return retry.Subscribed{
+	return wamqp.Subscribed{
 		Queue: queue, Exchange: exchange, Key: key,
-		QueueSpec:    retry.QueueSpec{Durable: q.Durable, AutoDelete: q.AutoDelete, Exclusive: q.Exclusive, NoWait: q.NoWait, Args: q.Arguments},
+		QueueSpec:    wamqp.QueueSpec{Durable: q.Durable, AutoDelete: q.AutoDelete, Exclusive: q.Exclusive, NoWait: q.NoWait, Args: q.Arguments},
 		ExchangeSpec: exchangeSpec(c),
 		BindNoWait:   c.QueueBind.NoWait, BindArgs: c.QueueBind.Arguments,
 	}
 }
 
-func exchangeSpec(c amqp.Config) retry.ExchangeSpec {
+func exchangeSpec(c amqp.Config) wamqp.ExchangeSpec {
 	e := c.Exchange
-	return retry.ExchangeSpec{Type: e.Type, Durable: e.Durable, AutoDelete: e.AutoDeleted, Internal: e.Internal, NoWait: e.NoWait, Args: e.Arguments}
+	return wamqp.ExchangeSpec{Type: e.Type, Durable: e.Durable, AutoDelete: e.AutoDeleted, Internal: e.Internal, NoWait: e.NoWait, Args: e.Arguments}
 }

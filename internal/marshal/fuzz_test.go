@@ -98,7 +98,7 @@ func FuzzMarshalerRoundTrip(f *testing.F) {
 			t.Fatalf("round trip gave\n%#v\nwant\n%#v", p.Headers, want)
 		}
 
-		retry := Marshaler{Options{Retry: true, Subscriber: "s"}}
+		retry := Marshaler{Options{Retry: true, Delivered: deliveredAs("s")}}
 		rmsg, err := retry.Unmarshal(d)
 		if err != nil {
 			t.Fatalf("retry Unmarshal: %v", err)

@@ -29,12 +29,14 @@ type Options struct {
 	MessageUUIDHeaderKey      string
 
 	// Retry is set for the subscriber of a Retry: Unmarshal records where the delivery
-	// was published (keys.DeliveryExchange, keys.DeliveryRoutingKey) and Subscriber
-	// (keys.Subscriber), and leaves out what the retry would only drop: the
-	// non-string headers RabbitMQ owns (x-death, x-delivery-count, ...) and the
-	// ttl-tiers routing header (keys.Tier).
-	Retry      bool
-	Subscriber string
+	// was published (keys.DeliveryExchange, keys.DeliveryRoutingKey), calls Delivered,
+	// and leaves out what the retry would only drop: the non-string headers RabbitMQ
+	// owns (x-death, x-delivery-count, ...) and the ttl-tiers routing header
+	// (keys.Tier).
+	Retry bool
+	// Delivered marks each message as the Retry's (middleware.Retry.Delivered), with
+	// its attempt when the returns counted (0: the one the message carries).
+	Delivered func(msg *message.Message, attempt int)
 	// ReturnedAttempts counts each return of the delivery (RabbitMQ 4.3's
 	// x-acquired-count) as an attempt: keys.Attempt is then the attempt carried by the
 	// message (1 when absent) plus the returns. For work queues whose failed
@@ -117,19 +119,23 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	if m.Retry {
 		md[keys.DeliveryExchange] = d.Exchange
 		md[keys.DeliveryRoutingKey] = d.RoutingKey
-		if m.Subscriber != "" {
-			md[keys.Subscriber] = m.Subscriber
-		}
 	}
+	attempt := 0
 	if returns > 0 {
-		base, err := strconv.ParseInt(md[keys.Attempt], 10, 64)
+		base, err := strconv.Atoi(md[keys.Attempt])
 		if err != nil || base < 1 {
 			base = 1
 		}
-		md[keys.Attempt] = strconv.FormatInt(base+returns, 10)
+		attempt = base + int(returns)
 	}
 	msg := message.NewMessage(uuid, d.Body)
 	msg.Metadata = md
+	switch {
+	case m.Retry && m.Delivered != nil:
+		m.Delivered(msg, attempt)
+	case attempt > 0:
+		md[keys.Attempt] = strconv.Itoa(attempt)
+	}
 	return msg, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -45,7 +46,7 @@ func retried() amqp.Delivery {
 
 func TestRetryOptions(t *testing.T) {
 	d := retried()
-	m := Marshaler{Options{Retry: true, Subscriber: "sub-1"}}
+	m := Marshaler{Options{Retry: true, Delivered: deliveredAs("sub-1")}}
 	msg, err := m.Unmarshal(d)
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +81,7 @@ func TestRetryOptions(t *testing.T) {
 		t.Errorf("published %#v, want %#v", p.Headers, wantHeaders)
 	}
 
-	// Without a Subscriber the key is not written; the delivery's route still is, even
+	// Without a Delivered hook the key is not written; the delivery's route still is, even
 	// the default exchange's "".
 	msg, err = Marshaler{Options{Retry: true}}.Unmarshal(amqp.Delivery{RoutingKey: "q", Headers: amqp.Table{keys.Subscriber: "forged"}})
 	if err != nil {
@@ -287,6 +288,17 @@ func TestBrokerOwned(t *testing.T) {
 	for _, k := range []string{keys.Attempt, keys.Tier, "x-death", ""} {
 		if keys.Reserved(k) {
 			t.Errorf("Reserved(%q) = true", k)
+		}
+	}
+}
+
+// deliveredAs is a Delivered hook that marks each message as the given Retry's, as
+// middleware.Retry.Delivered does.
+func deliveredAs(id string) func(*message.Message, int) {
+	return func(msg *message.Message, attempt int) {
+		msg.Metadata[keys.Subscriber] = id
+		if attempt > 0 {
+			msg.Metadata[keys.Attempt] = strconv.Itoa(attempt)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package retry
+package middleware
 
 import (
 	"errors"
@@ -31,7 +31,7 @@ func TestVerifyModeNamesWhatIsMissing(t *testing.T) {
 	apply := "amqpretry topology apply --backend ttl-tiers --prefix " + prefix + " --tiers 1s,2s"
 
 	// Before apply: Start names what is missing and the command.
-	_, err = Start(cfg.WithDefaults(), Conn{URI: brokertest.URI()})
+	_, err = start(cfg.WithDefaults(), Transport{URI: brokertest.URI()})
 	if !errors.Is(err, topology.ErrMissing) || !strings.Contains(err.Error(), "`"+apply+"`") {
 		t.Fatalf("verify mode before apply: %v", err)
 	}
@@ -43,14 +43,14 @@ func TestVerifyModeNamesWhatIsMissing(t *testing.T) {
 	if err := declare.Declare(ch, plan); err != nil {
 		t.Fatal(err)
 	}
-	r, err := Start(cfg.WithDefaults(), Conn{URI: brokertest.URI()})
+	r, err := start(cfg.WithDefaults(), Transport{URI: brokertest.URI()})
 	if err != nil {
 		t.Fatalf("verify mode after apply: %v", err)
 	}
-	defer r.Close()
+	defer r.close()
 
 	// The work queue was never declared: its binding cannot be made.
-	err = r.BindWorkQueue(ch, orders)
+	err = r.bind(ch, orders)
 	if !errors.Is(err, topology.ErrMissing) || !strings.Contains(err.Error(), `binding of "`+orders+`"`) ||
 		!strings.Contains(err.Error(), "`"+apply+" --queue "+orders+"`") {
 		t.Fatalf("builder verify on a missing queue: %v", err)
@@ -67,18 +67,18 @@ func TestVerifyModeNamesWhatIsMissing(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Verify mode asserts the binding (queue.bind needs no configure permission).
-	if err := r.BindWorkQueue(ch, orders); err != nil || !r.isBound(orders) {
+	if err := r.bind(ch, orders); err != nil || !r.isBound(orders) {
 		t.Fatalf("builder verify on an existing queue: %v (bound: %v)", err, r.isBound(orders))
 	}
 
 	none := cfg
 	none.Topology = topology.ModeNone
-	rn, err := Start(none.WithDefaults(), Conn{URI: brokertest.URI()})
+	rn, err := start(none.WithDefaults(), Transport{URI: brokertest.URI()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rn.Close()
-	if err := rn.BindWorkQueue(nil, "whatever"); err != nil || !rn.isBound("whatever") {
+	defer rn.close()
+	if err := rn.bind(nil, "whatever"); err != nil || !rn.isBound("whatever") {
 		t.Fatalf("mode none: %v", err)
 	}
 }
@@ -96,11 +96,11 @@ func TestStartWarnsAboutTheDeliveryLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	brokertest.CleanupTopology(t, plan)
-	r, err := Start(cfg.WithDefaults(), Conn{URI: brokertest.URI(), QueueArgs: amqp.Table{declare.QueueTypeArg: declare.QueueTypeQuorum, declare.DeliveryLimitArg: int64(2)}})
+	r, err := start(cfg.WithDefaults(), Transport{URI: brokertest.URI(), QueueArgs: amqp.Table{declare.QueueTypeArg: declare.QueueTypeQuorum, declare.DeliveryLimitArg: int64(2)}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close()
+	defer r.close()
 	if v := r.handoff.Version(); workQueueWarning(v, amqp.Table{declare.QueueTypeArg: declare.QueueTypeQuorum, declare.DeliveryLimitArg: int64(2)}, 5) != "" && logs.errors == 0 {
 		t.Errorf("RabbitMQ %s: no warning logged for a delivery limit of 2 with 5 attempts", v)
 	}

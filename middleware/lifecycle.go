@@ -1,4 +1,4 @@
-package retry
+package middleware
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/keys"
+	"github.com/amqpretry/amqpretry/internal/schedule"
 )
 
 // lifecycle is the engine's open or closed state. Once closed, the engine hands
@@ -88,7 +89,7 @@ func (l *lifecycle) isClosed() bool {
 // hand-off connection is closed and is not opened again); the message is nacked for
 // redelivery, after the pause a failed hand-off would take, so that nothing is lost
 // and nothing loops. The first one is logged at WARN, naming the order to close in.
-func (e *Engine) refuseClosed(msg *message.Message, d delivery, err error) error {
+func (e *engine) refuseClosed(msg *message.Message, d delivery, err error) error {
 	n := e.failures.add(msg.UUID)
 	e.life.refused.Add(1)
 	cerr := fmt.Errorf("%w: queue %q: the Retry was closed before the router stopped, so nothing is handed off; the message is nacked for redelivery: close the router first, then the Retry (defer retry.Close() before creating the router, so that it runs after the router's Close)", amqpretry.ErrHandoff, d.queue)
@@ -97,7 +98,7 @@ func (e *Engine) refuseClosed(msg *message.Message, d delivery, err error) error
 			"message_uuid": msg.UUID, "handler": d.handler, "queue": d.queue, "attempt": d.attempt,
 		})
 	}
-	pause(msg.Context(), handoffBackoff(n))
+	pause(msg.Context(), schedule.HandoffPause(n))
 	if err == nil {
 		return cerr
 	}
@@ -105,7 +106,7 @@ func (e *Engine) refuseClosed(msg *message.Message, d delivery, err error) error
 }
 
 // pausePaced waits d, or until ctx is done or the engine is closed.
-func (e *Engine) pausePaced(ctx context.Context, d time.Duration) {
+func (e *engine) pausePaced(ctx context.Context, d time.Duration) {
 	if d <= 0 {
 		return
 	}
@@ -207,7 +208,7 @@ func (p *pendingPoisons) len() int64 { return p.size.Load() }
 
 // repoison retries only the poison publish of msg, which failed for good on an earlier
 // delivery: the handler does not run it again.
-func (e *Engine) repoison(msg *message.Message, d delivery, pp pendingPoison) error {
+func (e *engine) repoison(msg *message.Message, d delivery, pp pendingPoison) error {
 	f := pp.f
 	f.delivery.msg = msg
 	f.fields = maps.Clone(pp.f.fields)
@@ -218,7 +219,7 @@ func (e *Engine) repoison(msg *message.Message, d delivery, pp pendingPoison) er
 // poisonFailed handles a poison publish that failed with perr: the message is
 // remembered (only its poison publish is retried when it comes back), and nacked for
 // redelivery after the paced pause of a failed hand-off.
-func (e *Engine) poisonFailed(f failure, reason amqpretry.Reason, perr error) error {
+func (e *engine) poisonFailed(f failure, reason amqpretry.Reason, perr error) error {
 	gone := handoff.RouteGone(perr)
 	perr = fmt.Errorf("poison queue %q: %w", e.cfg.PoisonQueue, perr)
 	if e.poisonHint != nil {
@@ -233,7 +234,7 @@ func (e *Engine) poisonFailed(f failure, reason amqpretry.Reason, perr error) er
 	e.observe(amqpretry.Event{Kind: amqpretry.EventHandoffFailed, Queue: f.queue, Attempt: f.attempt, Err: perr, Cause: cause, Reason: reason})
 	f.fields["handoff_failures"] = n
 	f.fields["poison_queue"] = e.cfg.PoisonQueue
-	wait := handoffBackoff(n)
+	wait := schedule.HandoffPause(n)
 	if e.pending.setAside(f.msg.UUID, time.Now().Add(wait/2)) && e.setAside(f, wait) {
 		f.fields["set_aside_for"] = wait.String()
 		e.cfg.Logger.Error("Could not poison message: set aside through the delay backend, only its poison publish is retried when it comes back, the handler does not run it again", perr, f.fields)
@@ -249,7 +250,7 @@ func (e *Engine) poisonFailed(f failure, reason amqpretry.Reason, perr error) er
 // in place), so that the messages behind it in its work queue keep flowing: a nack
 // would put it back at the head of the queue. It tells whether it did; a message that
 // cannot be routed back to its queue is not set aside.
-func (e *Engine) setAside(f failure, wait time.Duration) bool {
+func (e *engine) setAside(f failure, wait time.Duration) bool {
 	if e.checkWiring(f.delivery) != nil || f.queue == "" {
 		return false
 	}
@@ -293,7 +294,7 @@ func holdUntilOf(msg *message.Message) (time.Time, bool) {
 
 // parkAgain parks msg, a retry back before until, again for what remains: it never
 // reaches the handler early. A failed park is nacked for redelivery, paced.
-func (e *Engine) parkAgain(msg *message.Message, d delivery, until time.Time) error {
+func (e *engine) parkAgain(msg *message.Message, d delivery, until time.Time) error {
 	now := time.Now()
 	effective, err := e.backend.Effective(until.Sub(now))
 	if err == nil {
@@ -310,6 +311,6 @@ func (e *Engine) parkAgain(msg *message.Message, d delivery, until time.Time) er
 	e.observe(amqpretry.Event{Kind: amqpretry.EventHandoffFailed, Queue: d.queue, Attempt: d.attempt, Err: err, Cause: handoff.Cause(err)})
 	e.cfg.Logger.Error("Could not park a retry again until it is due, nacking it for redelivery", err, watermill.LogFields{
 		"message_uuid": msg.UUID, "queue": d.queue, "attempt": d.attempt, "handoff_failures": n, "due": until.Format(time.RFC3339Nano)})
-	e.pausePaced(msg.Context(), handoffBackoff(n))
+	e.pausePaced(msg.Context(), schedule.HandoffPause(n))
 	return fmt.Errorf("%w: queue %q: park again until %s: %w", amqpretry.ErrHandoff, d.queue, until.Format(time.RFC3339Nano), err)
 }

@@ -1,4 +1,4 @@
-package retry
+package middleware
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 
 // The success path of the retry middleware against the bare handler it wraps:
 //
-//	go test -run '^$' -bench 'BareHandler|RetrySuccessPath' -benchmem ./internal/retry
+//	go test -run '^$' -bench 'BareHandler|RetrySuccessPath' -benchmem ./middleware
 //
 // The difference between the two is what every message that does not fail pays for
 // the middleware (ns/op and allocs/op). The failure path needs a broker hand-off and is
@@ -57,11 +57,11 @@ func BenchmarkBareHandler(b *testing.B) {
 func BenchmarkRetrySuccessPath(b *testing.B) {
 	// In-process, as retry.Start builds it on the memory backend.
 	b.Run("in-process", func(b *testing.B) {
-		r, err := Start(amqpretry.Config{Backend: delay.Memory, Memory: discard{}}.WithDefaults(), Conn{})
+		r, err := start(amqpretry.Config{Backend: delay.Memory, Memory: discard{}}.WithDefaults(), Transport{})
 		if err != nil {
 			b.Fatal(err)
 		}
-		defer r.Close()
+		defer r.close()
 		runHandler(b, r.Middleware(bareHandler), benchMessage())
 	})
 	// Wired to its subscriber, as on a broker: the delivery carries the Retry's id, and

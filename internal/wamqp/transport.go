@@ -1,8 +1,9 @@
-package retry
+package wamqp
 
 import (
 	"fmt"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -43,39 +44,39 @@ type Subscribed struct {
 // queue and exchange with declareInner (the major's own builder), or, in topology mode
 // verify, checks them, or does nothing in mode none; then it gives the queue its way
 // back. Called on every subscribe and reconnect.
-func (r *Retry) BuildTopology(ch *amqp.Channel, s Subscribed, declareInner func() error) error {
-	switch r.cfg.Topology {
+func (w *Wiring) BuildTopology(ch *amqp.Channel, s Subscribed, declareInner func() error) error {
+	switch w.cfg.Topology {
 	case topology.ModeNone:
 	case topology.ModeVerify:
 		q := s.QueueSpec
 		if _, err := ch.QueueDeclarePassive(s.Queue, q.Durable, q.AutoDelete, q.Exclusive, q.NoWait, q.Args); err != nil {
-			return r.Hint(declare.CheckError("queue", s.Queue, err), s.Queue)
+			return w.fix.Hint(declare.CheckError("queue", s.Queue, err), s.Queue)
 		}
 		if s.Exchange != "" {
-			if err := r.DeclareExchange(ch, s.Exchange, s.ExchangeSpec, nil); err != nil {
+			if err := w.DeclareExchange(ch, s.Exchange, s.ExchangeSpec, nil); err != nil {
 				return err
 			}
 			if err := ch.QueueBind(s.Queue, s.Key, s.Exchange, s.BindNoWait, s.BindArgs); err != nil {
-				return r.Hint(declare.BindError(topology.Binding{Exchange: s.Exchange, Destination: s.Queue, Key: s.Key}, err), s.Queue)
+				return w.fix.Hint(declare.BindError(topology.Binding{Exchange: s.Exchange, Destination: s.Queue, Key: s.Key}, err), s.Queue)
 			}
 		}
 	default:
 		if err := declareInner(); err != nil {
-			return r.Hint(err, s.Queue)
+			return w.fix.Hint(err, s.Queue)
 		}
 	}
-	return r.BindWorkQueue(ch, s.Queue)
+	return w.Retry.Bind(ch, s.Queue)
 }
 
 // DeclareExchange declares a subscriber's exchange with declareInner (the major's own
 // builder), checks it in topology mode verify, or does nothing in mode none.
-func (r *Retry) DeclareExchange(ch *amqp.Channel, exchange string, e ExchangeSpec, declareInner func() error) error {
-	switch r.cfg.Topology {
+func (w *Wiring) DeclareExchange(ch *amqp.Channel, exchange string, e ExchangeSpec, declareInner func() error) error {
+	switch w.cfg.Topology {
 	case topology.ModeNone:
 		return nil
 	case topology.ModeVerify:
 		if err := ch.ExchangeDeclarePassive(exchange, e.Type, e.Durable, e.AutoDelete, e.Internal, e.NoWait, e.Args); err != nil {
-			return r.Hint(declare.CheckError("exchange", exchange, err), "")
+			return w.fix.Hint(declare.CheckError("exchange", exchange, err), "")
 		}
 		return nil
 	}
@@ -86,22 +87,22 @@ func (r *Retry) DeclareExchange(ch *amqp.Channel, exchange string, e ExchangeSpe
 // newSubscriber builds, closed when its subscription ends (in-process: Config.Memory,
 // which must be a message.Subscriber, and is left open), with this Retry's middleware
 // on it.
-func (r *Retry) AddHandler(router *message.Router, handlerName, topic string, handler message.NoPublishHandlerFunc, newSubscriber func() (message.Subscriber, error)) (*message.Handler, error) {
+func (w *Wiring) AddHandler(router *message.Router, handlerName, topic string, handler message.NoPublishHandlerFunc, newSubscriber func(watermill.LoggerAdapter) (message.Subscriber, error)) (*message.Handler, error) {
 	var sub message.Subscriber
-	if r.InProcess() {
-		s, ok := r.cfg.Memory.(message.Subscriber)
+	if w.InProcess() {
+		s, ok := w.cfg.Memory.(message.Subscriber)
 		if !ok {
-			return nil, fmt.Errorf("handler %q: Config.Memory (%T) is not a message.Subscriber", handlerName, r.cfg.Memory)
+			return nil, fmt.Errorf("handler %q: Config.Memory (%T) is not a message.Subscriber", handlerName, w.cfg.Memory)
 		}
 		sub = s
 	} else {
-		s, err := newSubscriber()
+		s, err := newSubscriber(w.cfg.Logger)
 		if err != nil {
 			return nil, fmt.Errorf("subscriber for handler %q: %w", handlerName, err)
 		}
 		sub = subclose.OnDone(s)
 	}
 	h := router.AddConsumerHandler(handlerName, topic, sub, handler)
-	h.AddMiddleware(r.Middleware)
+	h.AddMiddleware(w.Retry.Middleware)
 	return h, nil
 }

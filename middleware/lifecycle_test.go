@@ -1,4 +1,4 @@
-package retry
+package middleware
 
 import (
 	"errors"
@@ -31,7 +31,7 @@ func TestCloseWaitsForHandoffsInFlightThenHandsNothingOff(t *testing.T) {
 	}}
 	logs := watermill.NewCaptureLogger()
 	e, poison := newEngine(t, amqpretry.Config{Logger: logs}, b)
-	r := &Retry{Engine: e, cfg: e.cfg}
+	r := &retry{engine: e, cfg: e.cfg}
 	handlerErr := errors.New("boom")
 
 	handled := make(chan error, 1)
@@ -42,7 +42,7 @@ func TestCloseWaitsForHandoffsInFlightThenHandsNothingOff(t *testing.T) {
 	<-parking
 	closed := make(chan bool, 1)
 	go func() {
-		_ = r.Close()
+		_ = r.close()
 		closed <- parkDone.Load()
 	}()
 	// Closed (and the hand-offs in flight counted) before the hand-off may end.
@@ -72,7 +72,7 @@ func TestCloseWaitsForHandoffsInFlightThenHandsNothingOff(t *testing.T) {
 	if n := len(poison.got()); n != 0 {
 		t.Errorf("%d messages poisoned after Close", n)
 	}
-	if err := r.Close(); err != nil {
+	if err := r.close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
 	captured := logs.Captured()

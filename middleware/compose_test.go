@@ -1,4 +1,4 @@
-package retry
+package middleware
 
 import (
 	"errors"
@@ -11,7 +11,6 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/keys"
-	"github.com/amqpretry/amqpretry/middleware"
 )
 
 // counting is a handler that records the attempts it sees and behaves as do says.
@@ -119,7 +118,7 @@ func TestImmediateRetriesShareTheAttemptCount(t *testing.T) {
 	if _, ok := orig.Metadata[keys.Attempt]; ok {
 		t.Error("the immediate retries changed the original message")
 	}
-	env := middleware.ReadEnvelope(b.msgs()[0].Metadata)
+	env := ReadEnvelope(b.msgs()[0].Metadata)
 	if env.Attempt != 4 || env.RequestedDelay != time.Second {
 		t.Errorf("first delayed retry: attempt %d after %s, want 4 after 1s", env.Attempt, env.RequestedDelay)
 	}
@@ -132,7 +131,7 @@ func TestImmediateRetriesShareTheAttemptCount(t *testing.T) {
 	if _, err := e.Middleware(c.handle)(b.msgs()[0]); err != nil {
 		t.Fatal(err)
 	}
-	if env := middleware.ReadEnvelope(b.msgs()[1].Metadata); !slices.Equal(c.attempts, []int{4}) || env.RequestedDelay != 4*time.Second || env.Attempt != 5 {
+	if env := ReadEnvelope(b.msgs()[1].Metadata); !slices.Equal(c.attempts, []int{4}) || env.RequestedDelay != 4*time.Second || env.Attempt != 5 {
 		t.Errorf("after a delayed retry: attempts %v, next %+v; want [4], attempt 5 after 4s", c.attempts, env)
 	}
 

@@ -1,4 +1,4 @@
-package retry
+package middleware
 
 import (
 	"context"
@@ -107,7 +107,7 @@ func (p *poisonQueue) got() []*message.Message {
 
 // newEngine builds an engine on b, with cfg and its defaults, poisoning into a
 // recorder, every message from queue "work". The poison queue is "poison".
-func newEngine(t testing.TB, cfg amqpretry.Config, b backend.Backend) (*Engine, *poisonQueue) {
+func newEngine(t testing.TB, cfg amqpretry.Config, b backend.Backend) (*engine, *poisonQueue) {
 	t.Helper()
 	if cfg.PoisonQueue == "" {
 		cfg.PoisonQueue = "poison"
@@ -116,7 +116,7 @@ func newEngine(t testing.TB, cfg amqpretry.Config, b backend.Backend) (*Engine, 
 		t.Fatal(err)
 	}
 	p := &poisonQueue{}
-	e := &Engine{cfg: cfg.WithDefaults(), backend: b, poisonQ: p.send, wiring: Wiring{Queue: func(string) string { return "work" }}}
+	e := &engine{cfg: cfg.WithDefaults(), backend: b, poisonQ: p.send, wiring: wiring{Queue: func(string) string { return "work" }}}
 	return e, p
 }
 

@@ -1,4 +1,4 @@
-package retry
+package middleware
 
 import (
 	"fmt"
@@ -9,7 +9,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/amqpretry/amqpretry"
-	"github.com/amqpretry/amqpretry/middleware"
 )
 
 // counter is an int64 counted concurrently.
@@ -18,13 +17,13 @@ type counter struct{ atomic.Int64 }
 func (c *counter) add() int64 { return c.Add(1) }
 
 // Stats returns what the engine did since it was built.
-func (e *Engine) Stats() middleware.Stats {
-	return middleware.Stats{Retries: e.stats.retries.Load(), Poisoned: e.stats.poisoned.Load(), HandoffFailures: e.stats.failures.Load(),
+func (e *engine) Stats() Stats {
+	return Stats{Retries: e.stats.retries.Load(), Poisoned: e.stats.poisoned.Load(), HandoffFailures: e.stats.failures.Load(),
 		PoisonPending: e.pending.len()}
 }
 
 // observe sends ev to Config.Observe, if set.
-func (e *Engine) observe(ev amqpretry.Event) {
+func (e *engine) observe(ev amqpretry.Event) {
 	if e.cfg.Observe != nil {
 		e.cfg.Observe(ev)
 	}
@@ -35,7 +34,7 @@ func (e *Engine) observe(ev amqpretry.Event) {
 // here when it was settled. A held retry that came back long before its due time
 // shows that the work queue does not hold retries: it is logged, and the queue's
 // later retries go to the copying backend (see heldRetries).
-func (e *Engine) observeDelivery(d delivery) {
+func (e *engine) observeDelivery(d delivery) {
 	ev := amqpretry.Event{Kind: amqpretry.EventDelivered, Queue: d.queue, Attempt: d.attempt}
 	due := d.heldDue
 	if !d.held && d.attempt > 1 {
@@ -66,7 +65,7 @@ func (e *Engine) observeDelivery(d delivery) {
 
 // sampled tells whether the n-th scheduled retry is logged: every one for
 // RetryLogEvery 0 or 1, none below 0, one in RetryLogEvery otherwise.
-func (e *Engine) sampled(n int64) bool {
+func (e *engine) sampled(n int64) bool {
 	every := int64(e.cfg.RetryLogEvery)
 	switch {
 	case every < 0:
@@ -100,7 +99,7 @@ type heldRetries struct {
 type heldRetry struct {
 	due, first, until time.Time
 	rehelds, early    int
-	env               middleware.Envelope
+	env               Envelope
 }
 
 func (h *heldRetries) add(uuid string, r heldRetry) {

@@ -1,4 +1,4 @@
-package retry
+package middleware
 
 import (
 	"strconv"
@@ -14,7 +14,6 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/keys"
-	"github.com/amqpretry/amqpretry/middleware"
 )
 
 func TestWorkQueueWarning(t *testing.T) {
@@ -56,37 +55,6 @@ func TestWorkQueueWarning(t *testing.T) {
 	}
 }
 
-// TestNewValidatesEveryField: New names every invalid field of the subscriber config
-// and of the Config, and connects to nothing before they are valid.
-func TestNewValidatesEveryField(t *testing.T) {
-	sub := Sub{
-		URI:             "amqp://guest:secret@127.0.0.1:1/", // nothing listens: never dialled
-		NoRequeueOnNack: true,
-		MarshalerType:   "mypkg.Marshaler",
-		QueueArgs:       amqp.Table{"x-queue-type": "classic"},
-	}
-	_, err := New(sub, amqpretry.Config{HeldRetries: 2, Policy: amqpretry.Policy{MaxAttempts: -2}, HandoffAttempts: -1})
-	for _, want := range []string{
-		"invalid config", "Subscriber: Queue.GenerateName: required", "Subscriber: Consume.NoRequeueOnNack", "Subscriber: Marshaler: mypkg.Marshaler",
-		"Subscriber: Queue.Arguments: x-queue-type classic", "Policy.MaxAttempts: -2", "HandoffAttempts",
-	} {
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("New error %v does not say %q", err, want)
-		}
-	}
-	if err != nil && strings.Contains(err.Error(), "secret") {
-		t.Errorf("error shows the password: %v", err)
-	}
-	_, err = New(Sub{}, amqpretry.Config{})
-	if err == nil || !strings.Contains(err.Error(), "Subscriber: Connection.AmqpURI: required for the ttl-tiers backend") {
-		t.Errorf("no URI: %v", err)
-	}
-	_, err = New(Sub{}, amqpretry.Config{Backend: delay.Memory})
-	if err == nil || !strings.Contains(err.Error(), "Memory: required for the memory backend") {
-		t.Errorf("memory backend without Memory: %v", err)
-	}
-}
-
 // recorder is a message.Publisher that hands what it is given to a channel.
 type recorder struct{ got chan published }
 
@@ -120,22 +88,17 @@ func (r recorder) next(t *testing.T) published {
 func TestStartInProcess(t *testing.T) {
 	rec := recorder{got: make(chan published, 10)}
 	cfg := amqpretry.Config{Backend: delay.Memory, Memory: rec, Policy: amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{time.Millisecond}}}
-	r, err := New(Sub{QueueName: func(topic string) string { return topic }}, cfg)
+	retry, err := New(cfg, Transport{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close()
-	if !r.InProcess() || r.ID() != "" || r.Scheduler() == nil || r.Config().PoisonQueue != "amqpretry.poison" {
-		t.Errorf("in-process Retry: in process %v, id %q, config %+v", r.InProcess(), r.ID(), r.Config())
+	defer retry.Close()
+	r := retry.r
+	if r.handoff != nil || r.id != "" || retry.Scheduler() == nil || r.cfg.PoisonQueue != "amqpretry.poison" {
+		t.Errorf("in-process Retry: hand-off %v, id %q, config %+v", r.handoff, r.id, r.cfg)
 	}
-	if o := r.SubscriberMarshal(); !o.Retry || o.Subscriber != "" || o.ReturnedAttempts || o.MessageUUIDHeaderKey != "" {
-		t.Errorf("subscriber marshal options %+v", o)
-	}
-	if args := (amqp.Table{"a": 1}); r.WorkQueueArgs(args)["a"] != 1 || len(r.WorkQueueArgs(args)) != 1 {
-		t.Error("WorkQueueArgs changed the arguments of a Retry that holds no retries")
-	}
-	r.Engine.wiring.Queue = func(string) string { return "work" } // no router: no topic in the context
-	h := r.Middleware(failing(errFlaky))
+	r.engine.wiring.Queue = func(string) string { return "work" } // no router: no topic in the context
+	h := retry.Middleware(failing(errFlaky))
 	if _, err := h(message.NewMessage("m", []byte("body"))); err != nil {
 		t.Fatal(err)
 	}
@@ -147,10 +110,10 @@ func TestStartInProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	p = rec.next(t)
-	if p.topic != "amqpretry.poison" || middleware.ReadEnvelope(p.msg.Metadata).Reason != amqpretry.ReasonMaxAttempts {
+	if p.topic != "amqpretry.poison" || ReadEnvelope(p.msg.Metadata).Reason != amqpretry.ReasonMaxAttempts {
 		t.Fatalf("poisoned to %q: %v", p.topic, p.msg.Metadata)
 	}
-	if st := r.Stats(); st != (middleware.Stats{Retries: 1, Poisoned: 1}) {
+	if st := retry.Stats(); st != (Stats{Retries: 1, Poisoned: 1}) {
 		t.Errorf("stats %+v", st)
 	}
 }
@@ -232,7 +195,7 @@ func TestHeldInPlace(t *testing.T) {
 	if len(b.parked) != 1 || len(held.settled) != 2 {
 		t.Fatalf("settled %d, parked %d; want the third retry copied", len(held.settled), len(b.parked))
 	}
-	if env := middleware.ReadEnvelope(b.msgs()[0].Metadata); env.Attempt != 4 || env.RequestedDelay != 7*time.Second {
+	if env := ReadEnvelope(b.msgs()[0].Metadata); env.Attempt != 4 || env.RequestedDelay != 7*time.Second {
 		t.Errorf("copied retry %+v, want attempt 4 after the schedule's first delay", env)
 	}
 }

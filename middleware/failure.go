@@ -1,4 +1,4 @@
-package retry
+package middleware
 
 import (
 	"context"
@@ -17,13 +17,13 @@ import (
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/keys"
-	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/internal/schedule"
 )
 
 // settle leaves msg in its work queue for the broker to hold and redeliver after
 // effective (an in-place backend): no copy. The envelope goes with it where the
 // transport can carry it.
-func (e *Engine) settle(msg *message.Message, f failure, requested, effective time.Duration) error {
+func (e *engine) settle(msg *message.Message, f failure, requested, effective time.Duration) error {
 	due := time.Now().Add(effective)
 	f.envelope.Attempt = f.attempt + 1
 	f.envelope.RequestedDelay, f.envelope.EffectiveDelay, f.envelope.Due = requested, effective, due
@@ -58,7 +58,7 @@ func (e *Engine) settle(msg *message.Message, f failure, requested, effective ti
 // poison hands cp, the copy of a message that failed for good, to the poison queue. A
 // copy too large for the broker loses its envelope's longer fields first, then the
 // largest headers that are not the envelope's, named in DroppedHeaders, until it fits.
-func (e *Engine) poison(f failure, cp *message.Message, reason amqpretry.Reason) error {
+func (e *engine) poison(f failure, cp *message.Message, reason amqpretry.Reason) error {
 	f.envelope.Reason, f.envelope.Attempt, f.envelope.MaxAttempts = reason, f.attempt, e.cfg.Policy.MaxAttempts
 	f.envelope.Write(cp.Metadata)
 	f.fields["poison_reason"] = string(reason)
@@ -86,11 +86,11 @@ func (e *Engine) poison(f failure, cp *message.Message, reason amqpretry.Reason)
 	return nil
 }
 
-func (e *Engine) poisonTo(cp *message.Message) error { return e.poisonQ(handoffContext(cp), cp) }
+func (e *engine) poisonTo(cp *message.Message) error { return e.poisonQ(handoffContext(cp), cp) }
 
 // dropLargestHeader removes the largest metadata entry that is not the envelope's and
 // names it in env.DroppedHeaders. It returns false when there is nothing left to drop.
-func dropLargestHeader(md message.Metadata, env *middleware.Envelope) bool {
+func dropLargestHeader(md message.Metadata, env *Envelope) bool {
 	largest, size := "", -1
 	for k, v := range md {
 		if !keys.InEnvelope(k) && len(k)+len(v) > size {
@@ -113,7 +113,7 @@ func dropLargestHeader(md message.Metadata, env *middleware.Envelope) bool {
 // handoffFailed handles a hand-off that failed with perr: it poisons the message once
 // HandoffAttempts hand-offs of it have failed in a row (if mayPoison), and otherwise
 // waits a while, then returns the error that makes the router nack it for redelivery.
-func (e *Engine) handoffFailed(f failure, cp *message.Message, perr error, cause string, mayPoison bool) error {
+func (e *engine) handoffFailed(f failure, cp *message.Message, perr error, cause string, mayPoison bool) error {
 	n := e.failures.add(cp.UUID)
 	e.stats.failures.add()
 	e.observe(amqpretry.Event{Kind: amqpretry.EventHandoffFailed, Queue: f.queue, Attempt: f.attempt, Err: perr, Cause: cause})
@@ -123,7 +123,7 @@ func (e *Engine) handoffFailed(f failure, cp *message.Message, perr error, cause
 		f.envelope.Error = fmt.Sprintf("%d hand-offs failed in a row, the last: %v; handler error: %v", n, perr, f.err)
 		return e.poison(f, cp, amqpretry.ReasonHandoffFailed)
 	}
-	e.pausePaced(cp.Context(), handoffBackoff(n))
+	e.pausePaced(cp.Context(), schedule.HandoffPause(n))
 	return errors.Join(f.err, fmt.Errorf("%w: queue %q: %w", amqpretry.ErrHandoff, f.queue, perr))
 }
 
@@ -160,15 +160,6 @@ func (c *failureCounts) forget(uuid string) {
 	c.size.Store(int64(len(c.n)))
 }
 
-// handoffBackoff is the wait after the n-th failed hand-off of a message in a row.
-func handoffBackoff(n int) time.Duration {
-	const first, most = 100 * time.Millisecond, 5 * time.Second
-	if n > 6 {
-		return most
-	}
-	return min(first<<max(n-1, 0), most)
-}
-
 // pause waits d, or until ctx is done.
 func pause(ctx context.Context, d time.Duration) {
 	if d <= 0 {
@@ -182,7 +173,7 @@ func pause(ctx context.Context, d time.Duration) {
 	}
 }
 
-// chain lists the Retry middlewares (by Wiring.ID) a message passes through.
+// chain lists the Retry middlewares (by wiring.ID) a message passes through.
 type chain struct {
 	mu  sync.Mutex
 	ids []string
@@ -219,7 +210,7 @@ var errOtherRetry = errors.New("message of another retry middleware on this hand
 
 // checkWiring tells whether this Retry may hand off d: nil, errOtherRetry, or an
 // error wrapping ErrNotWired that names the fix.
-func (e *Engine) checkWiring(d delivery) error {
+func (e *engine) checkWiring(d delivery) error {
 	if e.wiring.ID == "" {
 		return nil
 	}
@@ -275,7 +266,7 @@ func warn(l watermill.LoggerAdapter, msg string, err error, fields watermill.Log
 // longer than the queue's and not yet due: it never reaches the handler early. It
 // tells whether it did. A retry back long before the queue's delay is not held (the
 // queue does not hold retries: observeDelivery reports it).
-func (e *Engine) holdAgain(msg *message.Message, d delivery) bool {
+func (e *engine) holdAgain(msg *message.Message, d delivery) bool {
 	if !d.held || d.heldUntil.IsZero() || !d.at.Before(d.heldUntil) || e.inPlace == nil || e.held.isBroken(d.queue) {
 		return false
 	}

@@ -1,4 +1,4 @@
-package retry
+package middleware
 
 import (
 	"errors"
@@ -23,17 +23,17 @@ func stamped(owner string) *message.Message {
 }
 
 // wired returns an engine with Retry id, its queues named after it.
-func wired(t *testing.T, id string, cfg amqpretry.Config) (*Engine, *fakeBackend, *poisonQueue) {
+func wired(t *testing.T, id string, cfg amqpretry.Config) (*engine, *fakeBackend, *poisonQueue) {
 	t.Helper()
 	b := &fakeBackend{}
 	e, poison := newEngine(t, cfg, b)
-	e.wiring = Wiring{ID: id, Queue: func(string) string { return "q-" + id }}
+	e.wiring = wiring{ID: id, Queue: func(string) string { return "q-" + id }}
 	return e, b, poison
 }
 
 func TestEachRetryActsOnlyOnItsOwnSubscribersMessages(t *testing.T) {
 	backends := map[string]*fakeBackend{}
-	engines := map[string]*Engine{}
+	engines := map[string]*engine{}
 	for _, id := range []string{"billing", "shipping"} {
 		engines[id], backends[id], _ = wired(t, id, amqpretry.Config{})
 	}

@@ -3,7 +3,7 @@
 // and hands the copy off (or, for an in-place backend, settles the delivery for the
 // broker to hold), in that order and in one pass. The transport packages (wamqp2,
 // wamqp3, amqp1) wire it to their subscriber.
-package retry
+package middleware
 
 import (
 	"context"
@@ -22,11 +22,10 @@ import (
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/keys"
-	"github.com/amqpretry/amqpretry/middleware"
 )
 
-// Wiring is what the engine needs to know of the subscriber side.
-type Wiring struct {
+// wiring is what the engine needs to know of the subscriber side.
+type wiring struct {
 	// ID identifies the Retry; its subscriber's marshaler stamps it on every delivery
 	// (keys.Subscriber). "" means every message is this Retry's (in-process).
 	ID string
@@ -40,13 +39,13 @@ type Wiring struct {
 	Attempt func(msg *message.Message) int
 }
 
-// Engine is the middleware. Build it with newEngine (Start does).
-type Engine struct {
+// engine is the middleware. Build it with newEngine (Start does).
+type engine struct {
 	cfg     amqpretry.Config // with defaults
 	backend backend.Backend  // copies: nil for delayed-retry alone
 	inPlace backend.Backend  // retries held in place (backend.InPlace): the first ones, or every one; nil for none
 	poisonQ func(ctx context.Context, msg *message.Message) error
-	wiring  Wiring
+	wiring  wiring
 
 	failures failureCounts
 	held     heldRetries
@@ -60,7 +59,7 @@ type Engine struct {
 }
 
 // Middleware implements message.HandlerMiddleware.
-func (e *Engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
+func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		if e.wiring.ID != "" {
 			joinChain(msg, e.wiring.ID)
@@ -129,7 +128,7 @@ type delivery struct {
 	owned    bool
 	owner    string
 	attempt  int
-	envelope middleware.Envelope
+	envelope Envelope
 	handler  string
 	topic    string
 	queue    string
@@ -150,12 +149,12 @@ type delivery struct {
 	early     int
 }
 
-func (e *Engine) read(msg *message.Message) delivery {
+func (e *engine) read(msg *message.Message) delivery {
 	ctx := msg.Context()
 	d := delivery{
 		msg:      msg,
 		owner:    msg.Metadata[keys.Subscriber],
-		envelope: middleware.ReadEnvelope(msg.Metadata),
+		envelope: ReadEnvelope(msg.Metadata),
 		handler:  message.HandlerNameFromCtx(ctx),
 		topic:    message.SubscribeTopicFromCtx(ctx),
 		exchange: msg.Metadata[keys.DeliveryExchange],
@@ -202,7 +201,7 @@ func (e *Engine) read(msg *message.Message) delivery {
 // in-process retry: on its first delivery, within Policy.Immediate and MaxAttempts,
 // if it is this Retry's and its error asks for no delay and is not permanent. It
 // returns the decision when it classified err, so that Classify runs once per failure.
-func (e *Engine) retryNow(d delivery, run *message.Message, attempt int, err error) (bool, *amqpretry.Decision) {
+func (e *engine) retryNow(d delivery, run *message.Message, attempt int, err error) (bool, *amqpretry.Decision) {
 	p := e.cfg.Policy
 	if attempt > p.Immediate || attempt >= p.MaxAttempts || !d.owned || errors.Is(err, amqpretry.ErrHandoff) {
 		return false, nil
@@ -212,7 +211,7 @@ func (e *Engine) retryNow(d delivery, run *message.Message, attempt int, err err
 }
 
 // decide classifies err: the error's marks, then Classify if set.
-func (e *Engine) decide(msg *message.Message, err error, attempt int) amqpretry.Decision {
+func (e *engine) decide(msg *message.Message, err error, attempt int) amqpretry.Decision {
 	p := amqpretry.ClassifyParams{Err: err, Message: msg, Attempt: attempt, Default: amqpretry.DecisionOf(err)}
 	if e.cfg.Classify == nil {
 		return p.Default
@@ -223,7 +222,7 @@ func (e *Engine) decide(msg *message.Message, err error, attempt int) amqpretry.
 // Retryable tells whether running the handler again in this process could help after
 // err, as this Retry would decide: not for a failed hand-off, nor when the error's
 // decision poisons it or asks for a delay. Classify is asked with no message.
-func (e *Engine) Retryable(err error) bool {
+func (e *engine) Retryable(err error) bool {
 	if err == nil || errors.Is(err, amqpretry.ErrHandoff) {
 		return false
 	}
@@ -233,7 +232,7 @@ func (e *Engine) Retryable(err error) bool {
 
 // fail decides what becomes of msg after run (msg or an immediate retry's copy of it)
 // failed with err, sizes the delay with the backend, stamps the copy and hands it off.
-func (e *Engine) fail(msg, run *message.Message, d delivery, err error, decided *amqpretry.Decision) error {
+func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided *amqpretry.Decision) error {
 	if errors.Is(err, amqpretry.ErrHandoff) {
 		return err // a Retry nearer the handler has dealt with it
 	}
@@ -357,14 +356,14 @@ func handoffContext(cp *message.Message) context.Context {
 
 // stages is how many retries come before the copying backend's schedule: the
 // immediate ones, or those held in the work queue.
-func (e *Engine) stages() int { return e.cfg.Policy.Immediate + e.cfg.HeldRetries }
+func (e *engine) stages() int { return e.cfg.Policy.Immediate + e.cfg.HeldRetries }
 
 // holdsInPlace tells whether the retry after d's failed attempt is held in the work
 // queue. A backend that holds any delay in place (delivery-time) holds every retry;
 // delayed-retry, whose delay is the queue's, holds every retry when it is alone, else
 // the first HeldRetries, and neither when the queue was found not to hold them or
 // the error asks for a delay of its own (the copying backend can keep it).
-func (e *Engine) holdsInPlace(d delivery, dec amqpretry.Decision) bool {
+func (e *engine) holdsInPlace(d delivery, dec amqpretry.Decision) bool {
 	switch {
 	case e.inPlace == nil:
 		return false
@@ -380,9 +379,9 @@ func (e *Engine) holdsInPlace(d delivery, dec amqpretry.Decision) bool {
 // message carries from its earlier failures and redrives (first failure, original
 // route, redrives, dropped headers) and this failure. What the way out decides (the
 // attempt, the delays and due time, or the poison reason) is set there, once.
-func (e *Engine) envelope(d delivery, err error) middleware.Envelope {
+func (e *engine) envelope(d delivery, err error) Envelope {
 	was := d.envelope
-	env := middleware.Envelope{
+	env := Envelope{
 		FirstFailure: was.FirstFailure, OriginalExchange: was.OriginalExchange, OriginalRoutingKey: was.OriginalRoutingKey,
 		DroppedHeaders: was.DroppedHeaders, RedrivenAt: was.RedrivenAt, Redriven: was.Redriven, RedrivenFrom: was.RedrivenFrom,
 		LastFailure: d.at, Error: err.Error(), ErrorTypes: errorTypes(err),
@@ -399,7 +398,7 @@ func (e *Engine) envelope(d delivery, err error) middleware.Envelope {
 type failure struct {
 	delivery
 	err      error
-	envelope middleware.Envelope
+	envelope Envelope
 	fields   watermill.LogFields
 }
 
@@ -442,7 +441,7 @@ const trimmedErrorBytes = 256
 
 // trim shortens the envelope of a copy too large for the broker: the error text to
 // trimmedErrorBytes, the error types left out.
-func trim(env *middleware.Envelope) {
+func trim(env *Envelope) {
 	env.Error = keys.Truncate(env.Error, trimmedErrorBytes)
 	env.ErrorTypes = nil
 }

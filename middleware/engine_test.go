@@ -1,4 +1,4 @@
-package retry
+package middleware
 
 import (
 	"errors"
@@ -17,7 +17,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/keys"
-	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/internal/schedule"
 )
 
 var errFlaky = errors.New("flaky")
@@ -53,7 +53,7 @@ func TestRetrySchedulesNextAttemptWithoutTouchingTheOriginal(t *testing.T) {
 	if cp.UUID != msg.UUID || string(cp.Payload) != "payload" || cp.Metadata.Get("user") != "kept" {
 		t.Errorf("copy lost the message: %+v", cp)
 	}
-	env := middleware.ReadEnvelope(cp.Metadata)
+	env := ReadEnvelope(cp.Metadata)
 	if env.Attempt != 2 || env.RequestedDelay != time.Second || env.EffectiveDelay != 2*time.Second {
 		t.Errorf("copy: attempt %d, requested %s, effective %s; want 2, 1s, 2s", env.Attempt, env.RequestedDelay, env.EffectiveDelay)
 	}
@@ -81,7 +81,7 @@ func TestRetrySchedulesNextAttemptWithoutTouchingTheOriginal(t *testing.T) {
 	if ev := events[1]; ev.Attempt != 1 || ev.Requested != time.Second || ev.Effective != 2*time.Second || ev.Backend != "fake" || ev.Queue != "work" {
 		t.Errorf("retry event %+v", ev)
 	}
-	if st := e.Stats(); st != (middleware.Stats{Retries: 1}) {
+	if st := e.Stats(); st != (Stats{Retries: 1}) {
 		t.Errorf("stats %+v", st)
 	}
 }
@@ -93,14 +93,14 @@ func TestEnvelopeKeepsTheFirstFailure(t *testing.T) {
 	e, _ := newEngine(t, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{time.Second}}}, b)
 	first := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	msg := message.NewMessage("m", nil)
-	middleware.Envelope{Attempt: 2, FirstFailure: first, LastFailure: first, Error: "a", ErrorTypes: []string{"x"},
+	Envelope{Attempt: 2, FirstFailure: first, LastFailure: first, Error: "a", ErrorTypes: []string{"x"},
 		OriginalExchange: "orders", OriginalRoutingKey: "created", RequestedDelay: time.Second, Due: first}.Write(msg.Metadata)
 	msg.Metadata.Set(keys.DeliveryExchange, "amqpretry.deliver")
 	msg.Metadata.Set(keys.DeliveryRoutingKey, "work")
 	if _, err := e.Middleware(failing(errors.New("b")))(msg); err != nil {
 		t.Fatal(err)
 	}
-	env := middleware.ReadEnvelope(b.msgs()[0].Metadata)
+	env := ReadEnvelope(b.msgs()[0].Metadata)
 	if !env.FirstFailure.Equal(first) || !env.LastFailure.After(first) {
 		t.Errorf("first %s, last %s; want the first kept and the latest after it", env.FirstFailure, env.LastFailure)
 	}
@@ -121,14 +121,14 @@ func TestEnvelopeOfARedrivenPoisonedMessage(t *testing.T) {
 	e, _ := newEngine(t, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{time.Second}}}, b)
 	first := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	msg := message.NewMessage("m", nil)
-	middleware.Envelope{Attempt: 1, MaxAttempts: 5, Reason: amqpretry.ReasonPermanent, Error: "a", ErrorTypes: []string{"x"},
+	Envelope{Attempt: 1, MaxAttempts: 5, Reason: amqpretry.ReasonPermanent, Error: "a", ErrorTypes: []string{"x"},
 		FirstFailure: first, LastFailure: first, Handler: "old", Topic: "old", Queue: "work",
 		OriginalExchange: "orders", OriginalRoutingKey: "created", RequestedDelay: 7 * time.Second, EffectiveDelay: 8 * time.Second, Due: first,
 		DroppedHeaders: "big (9000 bytes)", RedrivenAt: first, Redriven: 1, RedrivenFrom: "poison"}.Write(msg.Metadata)
 	if _, err := e.Middleware(failing(errors.New("b")))(msg); err != nil {
 		t.Fatal(err)
 	}
-	env := middleware.ReadEnvelope(b.msgs()[0].Metadata)
+	env := ReadEnvelope(b.msgs()[0].Metadata)
 	if env.Reason != "" || env.MaxAttempts != 0 {
 		t.Errorf("reason %q, max attempts %d on a retry; want none", env.Reason, env.MaxAttempts)
 	}
@@ -153,7 +153,7 @@ func TestRetryPoisonsAfterLastAttempt(t *testing.T) {
 		Observe: func(ev amqpretry.Event) { events = append(events, ev) }}, b)
 	msg := message.NewMessage("uuid-2", nil)
 	msg.Metadata.Set(keys.Attempt, "3")
-	middleware.Envelope{Attempt: 3, RequestedDelay: time.Second, EffectiveDelay: time.Second, Due: time.Now()}.Write(msg.Metadata)
+	Envelope{Attempt: 3, RequestedDelay: time.Second, EffectiveDelay: time.Second, Due: time.Now()}.Write(msg.Metadata)
 	before := maps.Clone(msg.Metadata)
 	if _, err := e.Middleware(failing(errors.New("still broken")))(msg); err != nil {
 		t.Fatal(err)
@@ -181,7 +181,7 @@ func TestRetryPoisonsAfterLastAttempt(t *testing.T) {
 	if last := events[len(events)-1]; last.Kind != amqpretry.EventPoisoned || last.Reason != amqpretry.ReasonMaxAttempts || last.Attempt != 3 {
 		t.Errorf("last event %+v", last)
 	}
-	if st := e.Stats(); st != (middleware.Stats{Poisoned: 1}) {
+	if st := e.Stats(); st != (Stats{Poisoned: 1}) {
 		t.Errorf("stats %+v", st)
 	}
 }
@@ -220,7 +220,7 @@ func TestRetryAfterAndClassifyOverride(t *testing.T) {
 	if _, err := e.Middleware(failing(amqpretry.RetryAfter(errors.New("429"), 42*time.Second)))(msg); err != nil {
 		t.Fatal(err)
 	}
-	if got := middleware.ReadEnvelope(b.msgs()[0].Metadata).RequestedDelay; got != 42*time.Second {
+	if got := ReadEnvelope(b.msgs()[0].Metadata).RequestedDelay; got != 42*time.Second {
 		t.Errorf("RetryAfter delay %s, want 42s", got)
 	}
 	if len(seen) != 1 || seen[0].Attempt != 1 || seen[0].Default != (amqpretry.Decision{Delay: 42 * time.Second}) || seen[0].Message.UUID != "a" {
@@ -229,7 +229,7 @@ func TestRetryAfterAndClassifyOverride(t *testing.T) {
 	if _, err := e.Middleware(failing(errors.New("slow")))(message.NewMessage("s", nil)); err != nil {
 		t.Fatal(err)
 	}
-	if got := middleware.ReadEnvelope(b.msgs()[1].Metadata).RequestedDelay; got != 7*time.Second {
+	if got := ReadEnvelope(b.msgs()[1].Metadata).RequestedDelay; got != 7*time.Second {
 		t.Errorf("classified delay %s, want 7s", got)
 	}
 	if _, err := e.Middleware(failing(errors.New("fatal")))(message.NewMessage("b", nil)); err != nil {
@@ -261,7 +261,7 @@ func TestRetryHandoffFailureFailsTheHandler(t *testing.T) {
 	if !errors.Is(err, amqpretry.ErrHandoff) || !errors.Is(err, handlerErr) || !strings.Contains(err.Error(), `poison queue "poison"`) {
 		t.Fatalf("poison hand-off failure: got %v, want ErrHandoff naming the poison queue", err)
 	}
-	if st := e.Stats(); st != (middleware.Stats{HandoffFailures: 2, PoisonPending: 1}) {
+	if st := e.Stats(); st != (Stats{HandoffFailures: 2, PoisonPending: 1}) {
 		t.Errorf("stats %+v", st)
 	}
 	// A Retry nearer the handler dealt with it: passed through as is.
@@ -287,7 +287,7 @@ func TestHandoffOutlivesTheDeliveryContext(t *testing.T) {
 		t.Fatalf("parked %+v, want one, with a live context", b.parked)
 	}
 	last := hurried("closing")
-	middleware.Envelope{Attempt: 2}.Write(last.Metadata)
+	Envelope{Attempt: 2}.Write(last.Metadata)
 	if _, err := e.Middleware(failing(errors.New("boom")))(last); err != nil || len(poison.got()) != 1 {
 		t.Fatalf("last attempt while the router closes: %v, %d poisoned; want it poisoned", err, len(poison.got()))
 	}
@@ -352,7 +352,7 @@ func TestCopyTooLargeIsTrimmedThenPoisonedWithTheHeadersThatFit(t *testing.T) {
 	if len(b.parked) != 1 || len(poison.got()) != 0 {
 		t.Fatalf("parked %d, poisoned %d; want the trimmed retry parked", len(b.parked), len(poison.got()))
 	}
-	env := middleware.ReadEnvelope(b.msgs()[0].Metadata)
+	env := ReadEnvelope(b.msgs()[0].Metadata)
 	if len(env.Error) > trimmedErrorBytes || !strings.HasSuffix(env.Error, "…") || !utf8.ValidString(env.Error) || env.ErrorTypes != nil {
 		t.Errorf("trimmed envelope: error %d bytes %q, types %v", len(env.Error), env.Error, env.ErrorTypes)
 	}
@@ -407,8 +407,8 @@ func TestCopyTooLargeIsTrimmedThenPoisonedWithTheHeadersThatFit(t *testing.T) {
 func TestHandoffBackoff(t *testing.T) {
 	ms := time.Millisecond
 	for n, want := range map[int]time.Duration{0: 100 * ms, 1: 100 * ms, 2: 200 * ms, 3: 400 * ms, 4: 800 * ms, 5: 1600 * ms, 6: 3200 * ms, 7: 5 * time.Second, 100: 5 * time.Second} {
-		if got := handoffBackoff(n); got != want {
-			t.Errorf("handoffBackoff(%d) = %s, want %s", n, got, want)
+		if got := schedule.HandoffPause(n); got != want {
+			t.Errorf("schedule.HandoffPause(%d) = %s, want %s", n, got, want)
 		}
 	}
 }
@@ -419,12 +419,12 @@ func TestHandoffFailingForOneMessagePausesThenPoisons(t *testing.T) {
 	e, poison := newEngine(t, amqpretry.Config{HandoffAttempts: 3, Observe: func(ev amqpretry.Event) { events = append(events, ev) }}, b)
 	h := e.Middleware(failing(errFlaky))
 
-	// The first failure pauses handoffBackoff(1) before the router nacks: a timer never
+	// The first failure pauses schedule.HandoffPause(1) before the router nacks: a timer never
 	// fires early, so this is a lower bound, not a timing threshold.
 	start := time.Now()
 	_, err := h(message.NewMessage("stuck", nil))
-	if took := time.Since(start); took < handoffBackoff(1) {
-		t.Errorf("returned after %s, want a pause of at least %s", took, handoffBackoff(1))
+	if took := time.Since(start); took < schedule.HandoffPause(1) {
+		t.Errorf("returned after %s, want a pause of at least %s", took, schedule.HandoffPause(1))
 	}
 	if !errors.Is(err, amqpretry.ErrHandoff) || !errors.Is(err, errFlaky) {
 		t.Fatalf("failure 1: %v, want ErrHandoff joined with the handler's error", err)
@@ -473,9 +473,9 @@ func TestErrorTypes(t *testing.T) {
 		want []string
 	}{
 		{"plain", errors.New("x"), []string{"*errors.errorString"}},
-		{"wrapped", fmt.Errorf("a: %w", customError{}), []string{"*fmt.wrapError", "retry.customError"}},
-		{"joined", errors.Join(customError{}, errors.New("y")), []string{"*errors.joinError", "retry.customError", "*errors.errorString"}},
-		{"marked", amqpretry.Permanent(customError{}), []string{"*amqpretry.permanentError", "retry.customError"}},
+		{"wrapped", fmt.Errorf("a: %w", customError{}), []string{"*fmt.wrapError", "middleware.customError"}},
+		{"joined", errors.Join(customError{}, errors.New("y")), []string{"*errors.joinError", "middleware.customError", "*errors.errorString"}},
+		{"marked", amqpretry.Permanent(customError{}), []string{"*amqpretry.permanentError", "middleware.customError"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,0 +1,60 @@
+package declare
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/topology"
+)
+
+// Fix is what the fix of a topology error depends on, for one configuration: the
+// middleware's start and its subscribers' topology builders give every error they
+// return through its Hint.
+type Fix struct {
+	Mode topology.Mode
+	// HoldsRetries: the work queues hold delayed retries (RabbitMQ 4.3), RetryDelay
+	// apart.
+	HoldsRetries bool
+	RetryDelay   time.Duration
+	Backend      delay.Backend
+	// Apply is the `amqpretry topology apply` command that creates what the
+	// configuration needs, for the work queues given (amqpretry.Config.ApplyCommand).
+	Apply func(workQueues ...string) string
+}
+
+// Hint adds the fix to an error of the topology checks: the command that creates what
+// is missing (with queue, when there is one); for a work queue that exists without the
+// arguments delayed retries need, how to give them; for a user refused the configure
+// permission in topology mode declare, the least-privilege mode.
+func (f Fix) Hint(err error, queue string) error {
+	var queues []string
+	if queue != "" {
+		queues = []string{queue}
+	}
+	if t, ok := QueueTypeClash(err); ok && queue != "" && f.HoldsRetries && t != QueueTypeQuorum {
+		return fmt.Errorf("%s: %w (%w)", WrongQueueTypeFix(queue, t), topology.ErrMismatch, err)
+	}
+	delayedRetryArgs := queue != "" && IsCode(err, amqp.PreconditionFailed) && strings.Contains(err.Error(), "x-delayed-retry")
+	switch {
+	case errors.Is(err, topology.ErrMissing):
+		return fmt.Errorf("%w; create it with `%s` as a user with configure permission (topology mode %s declares nothing)", err, f.Apply(queues...), topology.ModeVerify)
+	case delayedRetryArgs && f.HoldsRetries:
+		ms := f.RetryDelay.Milliseconds()
+		return fmt.Errorf("%w; work queue %q exists without the arguments delayed retries need: delete it and let the library declare it again, or apply a policy, `rabbitmqctl set_policy amqpretry-delayed-retry '^%s$' '{\"delayed-retry-type\":\"returned\",\"delayed-retry-min\":%d,\"delayed-retry-max\":%d}' --apply-to quorum_queues`, and run with Config.Topology set to topology.ModeVerify so that it is not declared again",
+			err, queue, regexp.QuoteMeta(queue), ms, ms)
+	case delayedRetryArgs:
+		// Moving off delayed-retry: the queue cannot lose its arguments, and the
+		// retries it holds need them until they are back.
+		return fmt.Errorf("%w; work queue %q was declared for delayed retries (RabbitMQ 4.3) and may still hold some: do not delete it, keep its arguments: give the subscriber config's Queue.Arguments the x-delayed-retry-* values it was declared with, or run with Config.Topology set to topology.ModeVerify (with %s, a delayed retry of the queue only delays the redelivery of a failed hand-off); see docs/switching-backends.md",
+			err, queue, f.Backend)
+	case IsCode(err, amqp.AccessRefused) && f.Mode == topology.ModeDeclare:
+		return fmt.Errorf("%w; a user without configure permission cannot declare: have an administrator run `%s`, then set Config.Topology to topology.ModeVerify", err, f.Apply(queues...))
+	}
+	return err
+}

@@ -1,0 +1,131 @@
+// Package wamqp is the one implementation of the transport packages wamqp2 and wamqp3:
+// what a watermill-amqp subscriber config says, read once into Sub, and what the
+// subscriber needs of a Retry (its marshaler, its topology builder, its queue
+// arguments). The two packages translate their major's types into these, and nothing
+// else.
+package wamqp
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"maps"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/marshal"
+	"github.com/amqpretry/amqpretry/middleware"
+)
+
+// Sub is what a transport package reads from its watermill-amqp subscriber config.
+type Sub struct {
+	URI             string
+	AMQP            *amqp.Config
+	TLS             *tls.Config
+	QueueName       func(topic string) string
+	NoRequeueOnNack bool
+	QueueArgs       amqp.Table
+	// Marshal holds the options of the subscriber's marshaler, nil when it is of a
+	// type the retry cannot use (MarshalerType names it).
+	Marshal       *marshal.Options
+	MarshalerType string
+}
+
+// Wiring is a Retry and what a subscriber config needs to be wired to it.
+type Wiring struct {
+	Retry *middleware.Retry
+	cfg   amqpretry.Config // with defaults
+	sub   Sub
+	fix   declare.Fix
+}
+
+// New validates sub and cfg, every invalid field named, and only then builds the
+// Retry (middleware.New) with the subscriber config's connection and marshaling.
+func New(sub Sub, cfg amqpretry.Config) (*Wiring, error) {
+	t := middleware.Transport{URI: sub.URI, Queue: sub.QueueName, QueueArgs: sub.QueueArgs, Validate: sub.validate}
+	if m := sub.Marshal; m != nil {
+		t.UUIDHeader, t.NotPersistent, t.Postprocess = m.MessageUUIDHeaderKey, m.NotPersistentDeliveryMode, m.PostprocessPublishing
+	}
+	switch {
+	case sub.AMQP != nil:
+		t.AMQP = *sub.AMQP
+	default:
+		t.AMQP = amqp.Config{TLSClientConfig: sub.TLS, Heartbeat: 10 * time.Second}
+	}
+	r, err := middleware.New(cfg, t)
+	if err != nil {
+		return nil, err
+	}
+	cfg = cfg.WithDefaults()
+	return &Wiring{Retry: r, cfg: cfg, sub: sub, fix: declare.Fix{
+		Mode: cfg.Topology, HoldsRetries: backend.HoldsRetries(cfg.Backend, cfg.HeldRetries),
+		RetryDelay: cfg.DelayedRetryDelay, Backend: cfg.Backend, Apply: cfg.ApplyCommand,
+	}}, nil
+}
+
+// InProcess tells whether the Retry runs without a broker (the memory backend, no
+// URI): its subscriber config is then left as it is.
+func (w *Wiring) InProcess() bool { return w.sub.URI == "" }
+
+// Marshaler is the subscriber's marshaler: the user's options, with what the Retry
+// reads on each delivery (where it was published, the returns RabbitMQ 4.3 counts
+// when work queues hold retries), each delivery marked as the Retry's.
+func (w *Wiring) Marshaler() marshal.Marshaler {
+	o := marshal.Options{}
+	if w.sub.Marshal != nil {
+		o = *w.sub.Marshal
+	}
+	o.Retry, o.Delivered = true, w.Retry.Delivered
+	o.ReturnedAttempts = w.fix.HoldsRetries
+	return marshal.Marshaler{Options: o}
+}
+
+// WorkQueueArgs returns args with what a work queue needs added (a quorum queue that
+// holds returned deliveries, with delayed retries), as a new table; args itself when
+// it needs nothing.
+func (w *Wiring) WorkQueueArgs(args amqp.Table) amqp.Table {
+	if !w.fix.HoldsRetries {
+		return args
+	}
+	out := maps.Clone(args)
+	if out == nil {
+		out = amqp.Table{}
+	}
+	maps.Copy(out, backend.WorkQueueArgs(w.cfg.DelayedRetryDelay))
+	return out
+}
+
+// validate reports every invalid field of sub, for cfg (with defaults).
+func (sub Sub) validate(cfg amqpretry.Config) error {
+	if sub.URI == "" {
+		if cfg.Backend != delay.Memory {
+			return fmt.Errorf("Subscriber: Connection.AmqpURI: required for the %s backend", cfg.Backend)
+		}
+		return nil
+	}
+	var errs []error
+	if cfg.Backend == delay.DeliveryTime {
+		errs = append(errs, fmt.Errorf("Backend: %s is %w on the AMQP 0-9-1 transport (watermill-amqp): it settles a failed delivery with an AMQP 1.0 outcome; use the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1, or another Backend (%s, %s, %s)",
+			cfg.Backend, delay.ErrUnsupported, delay.TTLTiers, delay.BinaryLevels, delay.DelayedRetry))
+	}
+	if sub.QueueName == nil {
+		errs = append(errs, errors.New("Subscriber: Queue.GenerateName: required"))
+	}
+	if sub.NoRequeueOnNack {
+		errs = append(errs, errors.New("Subscriber: Consume.NoRequeueOnNack: must be false, or a failed hand-off would drop the message instead of requeueing it"))
+	}
+	if sub.Marshal == nil {
+		errs = append(errs, fmt.Errorf("Subscriber: Marshaler: %s cannot read dead-lettered messages; use the DefaultMarshaler or xdeath.Marshaler", sub.MarshalerType))
+	}
+	if backend.HoldsRetries(cfg.Backend, cfg.HeldRetries) {
+		if t, ok := sub.QueueArgs[declare.QueueTypeArg]; ok && t != declare.QueueTypeQuorum {
+			errs = append(errs, fmt.Errorf("Subscriber: Queue.Arguments: %s %v: delayed retries need quorum work queues", declare.QueueTypeArg, t))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,151 @@
+package middleware
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/keys"
+)
+
+// Transport is what the retry middleware needs of the transport its messages come
+// through: where the hand-off reaches RabbitMQ, how its subscriber names queues and
+// marshals messages, and, for a transport whose broker holds a failed delivery itself,
+// how to settle one to come back later. The transport packages wamqp3, wamqp2 and amqp1
+// build one from their subscriber config; a transport of your own builds its own, and
+// its subscriber calls Retry.Delivered on each delivery and, where retries come back
+// through the broker, Retry.Bind on each subscribe.
+type Transport struct {
+	// URI of the broker, over AMQP 0-9-1: the hand-off publishes retries and
+	// poisoned messages through it, confirmed, on a connection of its own. It never
+	// appears in logs or errors with its password. "" runs in this process: the
+	// memory backend only.
+	URI string
+	// AMQP configures the hand-off's connection (TLS, heartbeat, client properties).
+	AMQP amqp.Config
+	// UUIDHeader is the header a copy carries the message UUID in, where the
+	// subscriber reads it (watermill-amqp's MessageUUIDHeaderKey). Default:
+	// watermill-amqp's "_watermill_message_uuid".
+	UUIDHeader string
+	// NotPersistent and Postprocess are watermill-amqp's marshaler options
+	// (NotPersistentDeliveryMode, PostprocessPublishing), applied to every copy.
+	NotPersistent bool
+	Postprocess   func(amqp.Publishing) amqp.Publishing
+	// Queue maps the topic a handler subscribes to onto the queue it consumes, where
+	// its retries come back. Default: the topic.
+	Queue func(topic string) string
+	// QueueArgs are the arguments the subscriber declares its queues with: New warns
+	// when the broker's delivery limit on them could drop a message.
+	QueueArgs amqp.Table
+	// Redeliver settles msg, the delivery that failed, so that the broker holds it
+	// until at and delivers it again with the message annotations given: the
+	// delivery-time backend runs on it (the AMQP 1.0 transport on RabbitMQ 4.3).
+	Redeliver func(msg *message.Message, at time.Time, annotations map[string]any) error
+	// Validate, if set, checks the transport's own settings against the Config (with
+	// its defaults); New reports its errors with the Config's, before it connects.
+	Validate func(cfg amqpretry.Config) error
+}
+
+// Retry is the retry middleware: on a handler error it decides what becomes of the
+// message (Config.Policy, Config.Classify), sizes the delay with the delay backend,
+// stamps the failure Envelope on a copy and hands the copy to the backend, confirmed
+// before the delivery is acked (or, for a backend that holds retries in the work
+// queue, settles the delivery for the broker to hold), and poisons what failed for
+// good. Build it with New, or with the New of your transport package, which also
+// gives the subscriber config it needs; Close it after the router.
+type Retry struct{ r *retry }
+
+// New validates cfg and t, every invalid field named, and only if both are valid
+// connects to the broker at t.URI, refuses a backend the broker cannot run, declares
+// (or, in topology mode verify, checks) the backend's topology and the poison queue,
+// and builds the middleware. An invalid config touches nothing on the broker.
+//
+// With the memory backend and no URI, everything stays in this process:
+// Config.Memory (a GoChannel, say) receives the retries and the poisoned messages.
+func New(cfg amqpretry.Config, t Transport) (*Retry, error) {
+	withDefaults := cfg.WithDefaults()
+	var errs []error
+	if t.Validate != nil {
+		errs = append(errs, t.Validate(withDefaults))
+	}
+	// Validate reads the policy as given (an explicit value is checked apart from its
+	// default), so it takes cfg itself.
+	errs = append(errs, cfg.Validate())
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("invalid config: %w", err)
+	}
+	if t.URI == "" && withDefaults.Backend != delay.Memory {
+		return nil, fmt.Errorf("invalid config: Transport.URI: required for the %s backend", withDefaults.Backend)
+	}
+	r, err := start(withDefaults, t)
+	if err != nil {
+		return nil, err
+	}
+	h := &Retry{r: r}
+	// A Retry dropped without Close says so at WARN, and closes its connection.
+	runtime.SetFinalizer(h, func(h *Retry) { h.r.forgotten() })
+	return h, nil
+}
+
+// Middleware implements message.HandlerMiddleware: add it to the handler, or to the
+// router.
+func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc { return r.r.Middleware(h) }
+
+// Retryable tells whether running the handler again in this process could help after
+// err, as this Retry decides: not for a failed hand-off (amqpretry.ErrHandoff), nor
+// when the error is Permanent or asks for a delay (RetryAfter, or Config.Classify
+// deciding so; Classify is asked without a message). Give it to Watermill's
+// middleware.Retry if you keep that inside this one for in-process retries:
+//
+//	wmiddleware.Retry{MaxRetries: 2, ShouldRetry: func(p wmiddleware.RetryParams) bool { return retry.Retryable(p.Err) }}
+//
+// Policy.Immediate does the same without a second middleware.
+func (r *Retry) Retryable(err error) bool { return r.r.Retryable(err) }
+
+// Scheduler returns a message.Publisher through which any code can schedule a delayed
+// message to a queue a subscriber of this Retry consumes: it reads Watermill's delay
+// metadata (components/delay) and parks the message in the backend. Nil for the
+// delayed-retry and delivery-time backends, which hold only the deliveries that
+// failed.
+func (r *Retry) Scheduler() message.Publisher { return r.r.scheduler() }
+
+// Stats returns what the middleware did since New.
+func (r *Retry) Stats() Stats { return r.r.Stats() }
+
+// Close stops the middleware and closes the backend and the hand-off connection. Close
+// the router first: a message that fails after Close is not handed off but nacked for
+// redelivery, paced (the first such message is logged at WARN), so nothing is lost
+// and the next run retries it. Close waits for the hand-offs in flight, then logs what
+// this Retry did since New. A second Close does nothing. A Retry dropped without
+// Close is closed when the garbage collector finds it, with a WARN: close it yourself.
+func (r *Retry) Close() error { return r.r.close() }
+
+// Delivered marks msg as delivered by a subscriber wired to this Retry, at attempt
+// (from 1; 0 keeps the attempt the message's envelope carries): a transport's
+// subscriber calls it on each message, before the router runs the handler. The
+// middleware hands off only the messages so marked (others fail with
+// amqpretry.ErrNotWired), so that a retry never goes where no subscriber of this
+// Retry waits for it.
+func (r *Retry) Delivered(msg *message.Message, attempt int) {
+	if r.r.id != "" {
+		msg.Metadata[keys.Subscriber] = r.r.id
+	}
+	if attempt > 0 {
+		msg.Metadata[keys.Attempt] = strconv.Itoa(attempt)
+	}
+}
+
+// Bind gives queue its way back from the delay backend on ch, as Config.Topology says
+// (declares it, checks it, or nothing), and records that retries can come back to
+// queue: a transport's subscriber calls it after declaring queue, on every subscribe
+// and reconnect. The middleware hands off no retry for a queue never bound
+// (amqpretry.ErrNotWired). With delayed retries in topology mode verify it also
+// checks that queue is a quorum queue.
+func (r *Retry) Bind(ch *amqp.Channel, queue string) error { return r.r.bind(ch, queue) }
