@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -282,7 +284,7 @@ func (c Config) backend() (backend.Backend, error) {
 }
 
 func (c Config) spec() backend.Spec {
-	return backend.Spec{Name: c.Backend, Prefix: c.Prefix, Tiers: c.Tiers, Levels: c.Levels, RetryDelay: c.DelayedRetryDelay}
+	return backend.Spec{Name: string(c.Backend), Prefix: c.Prefix, Tiers: c.Tiers, Levels: c.Levels, RetryDelay: c.DelayedRetryDelay}
 }
 
 // Plan returns everything c needs on the broker for the given work queues, without a
@@ -315,14 +317,40 @@ func (c Config) Plan(workQueues ...string) (topology.Topology, error) {
 // its default and a --queue for each work queue. It does not check c: see Plan.
 func (c Config) ApplyCommand(workQueues ...string) string {
 	c = c.WithDefaults()
-	return backend.ApplyCommand(c.spec(), c.PoisonQueue, c.HeldRetries, c.DelayedRetryDelay, workQueues...)
+	args := []string{"amqpretry", "topology", "apply", "--backend", string(c.Backend)}
+	if c.Prefix != names.DefaultPrefix {
+		args = append(args, "--prefix", c.Prefix)
+	}
+	switch {
+	case c.Backend == delay.TTLTiers && !slices.Equal(c.Tiers, backend.DefaultTiers()):
+		tiers := make([]string, len(c.Tiers))
+		for i, t := range c.Tiers {
+			tiers[i] = names.Tier(t)
+		}
+		args = append(args, "--tiers", strings.Join(tiers, ","))
+	case c.Backend == delay.BinaryLevels && c.Levels != backend.DefaultLevels:
+		args = append(args, "--levels", strconv.Itoa(c.Levels))
+	}
+	if c.HeldRetries > 0 && c.Backend != delay.DelayedRetry {
+		args = append(args, "--held-retries", strconv.Itoa(c.HeldRetries))
+	}
+	if (c.HeldRetries > 0 || c.Backend == delay.DelayedRetry) && c.DelayedRetryDelay != backend.DefaultRetryDelay {
+		args = append(args, "--retry-delay", c.DelayedRetryDelay.String())
+	}
+	if c.PoisonQueue != (names.Names{Prefix: c.Prefix}).Poison() {
+		args = append(args, "--poison-queue", c.PoisonQueue)
+	}
+	for _, q := range workQueues {
+		args = append(args, "--queue", q)
+	}
+	return strings.Join(args, " ")
 }
 
 // workQueueArgs are the arguments every work queue needs, or nil: with delayed
 // retries, a quorum queue that holds returned deliveries for DelayedRetryDelay. c has
 // its defaults.
 func (c Config) workQueueArgs() map[string]interface{} {
-	if !backend.HoldsRetries(c.Backend, c.HeldRetries) {
+	if !backend.HoldsRetries(string(c.Backend), c.HeldRetries) {
 		return nil
 	}
 	return backend.WorkQueueArgs(c.DelayedRetryDelay)

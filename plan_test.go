@@ -2,6 +2,7 @@ package amqpretry_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
@@ -40,5 +41,31 @@ func TestPlanRoles(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestApplyCommand: the command that creates what a config needs gives a flag for each
+// field that differs from its default, and a --queue for each work queue.
+func TestApplyCommand(t *testing.T) {
+	for _, tt := range []struct {
+		cfg    amqpretry.Config
+		queues []string
+		want   string
+	}{
+		{amqpretry.Config{}, nil, "amqpretry topology apply --backend ttl-tiers"},
+		{amqpretry.Config{Prefix: "shop", Tiers: []time.Duration{time.Second, 90 * time.Second}}, []string{"q1", "q2"},
+			"amqpretry topology apply --backend ttl-tiers --prefix shop --tiers 1s,1m30s --queue q1 --queue q2"},
+		{amqpretry.Config{Backend: delay.BinaryLevels, Levels: 10}, nil, "amqpretry topology apply --backend binary-levels --levels 10"},
+		{amqpretry.Config{Backend: delay.BinaryLevels}, nil, "amqpretry topology apply --backend binary-levels"},
+		{amqpretry.Config{Backend: delay.DelayedExchange, Prefix: "x"}, []string{"q"}, "amqpretry topology apply --backend delayed-exchange --prefix x --queue q"},
+		{amqpretry.Config{HeldRetries: 2, DelayedRetryDelay: 5 * time.Second, PoisonQueue: "dead"}, []string{"q"},
+			"amqpretry topology apply --backend ttl-tiers --held-retries 2 --retry-delay 5s --poison-queue dead --queue q"},
+		{amqpretry.Config{HeldRetries: 2}, nil, "amqpretry topology apply --backend ttl-tiers --held-retries 2"},
+		{amqpretry.Config{Backend: delay.DelayedRetry}, nil, "amqpretry topology apply --backend delayed-retry"},
+		{amqpretry.Config{Backend: delay.DelayedRetry, DelayedRetryDelay: 2500 * time.Millisecond}, nil, "amqpretry topology apply --backend delayed-retry --retry-delay 2.5s"},
+	} {
+		if got := tt.cfg.ApplyCommand(tt.queues...); got != tt.want {
+			t.Errorf("ApplyCommand(%+v) = %q, want %q", tt.cfg, got, tt.want)
+		}
 	}
 }

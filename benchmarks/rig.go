@@ -32,8 +32,8 @@ type rig struct {
 // RabbitMQ 4.3 experiments (-broker43).
 func benchBackends() []string {
 	var out []string
-	for _, name := range backend.Names() {
-		b, err := backend.Lookup(backend.Spec{Name: name, Prefix: "x", Tiers: backend.DefaultTiers(), Levels: backend.DefaultLevels, RetryDelay: backend.DefaultRetryDelay})
+	for _, name := range delay.Backends() {
+		b, err := backend.Lookup(backend.Spec{Name: string(name), Prefix: "x", Tiers: backend.DefaultTiers(), Levels: backend.DefaultLevels, RetryDelay: backend.DefaultRetryDelay})
 		if _, inPlace := b.(backend.InPlace); err == nil && inPlace {
 			continue
 		}
@@ -53,7 +53,7 @@ func (e *env) newRig(name, scope string, tiers []time.Duration) (r *rig, skip st
 		return nil, "", err
 	}
 	prefix := e.name(scope, name)
-	spec := backend.Spec{Name: delay.Backend(name), Prefix: prefix, Tiers: tiers, Levels: backend.DefaultLevels, RetryDelay: backend.DefaultRetryDelay}
+	spec := backend.Spec{Name: string(delay.Backend(name)), Prefix: prefix, Tiers: tiers, Levels: backend.DefaultLevels, RetryDelay: backend.DefaultRetryDelay}
 	b, err := backend.New(spec, backend.Env{Handoff: h, Memory: queuePublisher{h}})
 	if err == nil {
 		e.reg.topology(b.Topology())

@@ -354,7 +354,7 @@ func (e *env) sameSecond(ctx context.Context, r *rig, rate float64) (any, float6
 	}
 	defer c.close()
 	ahead := time.Duration(1.5*float64(n)/rate*float64(time.Second)) + 5*time.Second
-	if r.b.Name() == delay.TTLTiers && ahead > scaleMaxTier-5*time.Second {
+	if delay.Backend(r.b.Name()) == delay.TTLTiers && ahead > scaleMaxTier-5*time.Second {
 		return nil, 0, fmt.Errorf("%d hand-offs at %.0f/s would not fit in the %s tiers", n, rate, scaleMaxTier)
 	}
 	T := time.Now().Add(ahead)
@@ -368,7 +368,7 @@ func (e *env) sameSecond(ctx context.Context, r *rig, rate float64) (any, float6
 			outside++
 			mu.Unlock()
 		}
-		if r.b.Name() == delay.BinaryLevels {
+		if delay.Backend(r.b.Name()) == delay.BinaryLevels {
 			return levelPublish(ctx, r, fmt.Sprintf("same-%06d", i), d)
 		}
 		return r.schedule(fmt.Sprintf("same-%06d", i), d)

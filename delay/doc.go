@@ -1,4 +1,11 @@
-// Package delay names the delay backends (type Backend) and the errors they return.
+// Package delay holds the delay backends: their names (type Backend), the errors they
+// return, and their implementations, one file per backend (ttltiers.go,
+// binarylevels.go, delayedexchange.go, delayedretry.go, deliverytime.go, memory.go),
+// each saying what it declares, how it sizes a delay and how it parks a message or
+// leaves it in place; prepare.go readies a backend on the broker at start-up. The
+// middleware reaches them through the contract in the library's internal/backend,
+// with which this package registers them.
+//
 // Import it to name a backend in code (amqpretry.Config.Backend is a Backend; a name
 // read from configuration converts with delay.Backend(s), so a deployment can switch
 // backends by configuration alone) or to match ErrDelayTooLong, ErrPluginMissing or

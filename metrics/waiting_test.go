@@ -53,7 +53,7 @@ func TestRefreshWaiting(t *testing.T) {
 	}
 	defer h.Close()
 	c := cfg.WithDefaults()
-	b, err := backend.New(backend.Spec{Name: c.Backend, Prefix: c.Prefix, Tiers: c.Tiers}, backend.Env{Handoff: h})
+	b, err := backend.New(backend.Spec{Name: string(c.Backend), Prefix: c.Prefix, Tiers: c.Tiers}, backend.Env{Handoff: h})
 	if err != nil {
 		t.Fatal(err)
 	}

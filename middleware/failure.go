@@ -28,7 +28,7 @@ func (e *engine) settle(msg *message.Message, f failure, requested, effective ti
 	f.envelope.Attempt = f.attempt + 1
 	f.envelope.RequestedDelay, f.envelope.EffectiveDelay, f.envelope.Due = requested, effective, due
 	var md message.Metadata
-	if e.inPlace.Name() != delay.DelayedRetry { // a nack cannot carry it
+	if delay.Backend(e.inPlace.Name()) != delay.DelayedRetry { // a nack cannot carry it
 		md = message.Metadata{}
 		f.envelope.Write(md)
 	}
@@ -39,18 +39,18 @@ func (e *engine) settle(msg *message.Message, f failure, requested, effective ti
 	if f.backEarly {
 		h.early = f.early + 1
 	}
-	if e.inPlace.Name() == delay.DelayedRetry && effective > e.cfg.DelayedRetryDelay {
+	if delay.Backend(e.inPlace.Name()) == delay.DelayedRetry && effective > e.cfg.DelayedRetryDelay {
 		// Back after the queue's delay, then held again until requested is over.
 		h.due, h.until = time.Now().Add(e.cfg.DelayedRetryDelay), time.Now().Add(requested)
 	}
 	e.held.add(msg.UUID, h)
 	e.failures.forget(msg.UUID)
 	n := e.stats.retries.add()
-	e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: f.queue, Backend: e.inPlace.Name(), Attempt: f.attempt, Err: f.err,
+	e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: f.queue, Backend: delay.Backend(e.inPlace.Name()), Attempt: f.attempt, Err: f.err,
 		Requested: requested, Effective: effective})
 	if e.sampled(n) {
 		e.cfg.Logger.Info("Retry held in the work queue", f.fields.Add(watermill.LogFields{
-			"requested_delay": requested.String(), "effective_delay": effective.String(), "delay_backend": e.inPlace.Name()}))
+			"requested_delay": requested.String(), "effective_delay": effective.String(), "delay_backend": delay.Backend(e.inPlace.Name())}))
 	}
 	return nil
 }

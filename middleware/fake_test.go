@@ -36,11 +36,11 @@ type parked struct {
 
 var _ backend.Backend = (*fakeBackend)(nil)
 
-func (b *fakeBackend) Name() delay.Backend {
+func (b *fakeBackend) Name() string {
 	if b.name == "" {
 		return "fake"
 	}
-	return b.name
+	return string(b.name)
 }
 
 func (b *fakeBackend) Effective(d time.Duration) (time.Duration, error) {

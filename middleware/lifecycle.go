@@ -268,7 +268,7 @@ func (e *engine) setAside(f failure, wait time.Duration) bool {
 		return e.backend.Park(handoffContext(cp), f.queue, cp, effective) == nil
 	case e.inPlace != nil:
 		var md message.Metadata
-		if e.inPlace.Name() != delay.DelayedRetry {
+		if delay.Backend(e.inPlace.Name()) != delay.DelayedRetry {
 			md = message.Metadata{}
 			f.envelope.Write(md)
 		}

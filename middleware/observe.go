@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
 )
 
 // counter is an int64 counted concurrently.
@@ -46,9 +47,9 @@ func (e *engine) observeDelivery(d delivery) {
 	if d.attempt > 1 {
 		switch {
 		case e.inPlace != nil && (d.held || e.backend == nil || d.envelope.EffectiveDelay == 0):
-			ev.Backend = e.inPlace.Name() // held in the work queue
+			ev.Backend = delay.Backend(e.inPlace.Name()) // held in the work queue
 		case e.backend != nil:
-			ev.Backend = e.backend.Name()
+			ev.Backend = delay.Backend(e.backend.Name())
 		}
 	}
 	// Back long before it was due: its nack may have been lost with its connection (the

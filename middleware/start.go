@@ -46,12 +46,12 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 		t.Queue = func(topic string) string { return topic }
 	}
 	r := &retry{cfg: cfg, t: t, fix: declare.Fix{
-		Mode: cfg.Topology, HoldsRetries: backend.HoldsRetries(cfg.Backend, cfg.HeldRetries),
-		RetryDelay: cfg.DelayedRetryDelay, Backend: cfg.Backend, Apply: cfg.ApplyCommand,
+		Mode: cfg.Topology, HoldsRetries: backend.HoldsRetries(string(cfg.Backend), cfg.HeldRetries),
+		RetryDelay: cfg.DelayedRetryDelay, Backend: string(cfg.Backend), Apply: cfg.ApplyCommand,
 	}}
 	e := &engine{cfg: cfg, wiring: wiring{Queue: t.Queue}}
 	r.engine = e
-	spec := backend.Spec{Name: cfg.Backend, Prefix: cfg.Prefix, Tiers: cfg.Tiers, Levels: cfg.Levels, RetryDelay: cfg.DelayedRetryDelay}
+	spec := backend.Spec{Name: string(cfg.Backend), Prefix: cfg.Prefix, Tiers: cfg.Tiers, Levels: cfg.Levels, RetryDelay: cfg.DelayedRetryDelay}
 	if t.URI == "" {
 		b, err := backend.New(spec, backend.Env{Memory: cfg.Memory, Logger: cfg.Logger})
 		if err != nil {
@@ -80,8 +80,16 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 
 func (r *retry) prepare(spec backend.Spec) error {
 	cfg, e, v := r.cfg, r.engine, r.handoff.Version()
-	if cfg.HeldRetries > 0 && !version.DelayedRetry(v) {
-		return backend.UnsupportedError(delay.DelayedRetry, v)
+	var held backend.Backend // the first retries, held in the work queue
+	if cfg.HeldRetries > 0 {
+		var err error
+		if held, err = backend.New(backend.Spec{Name: string(delay.DelayedRetry), RetryDelay: cfg.DelayedRetryDelay}, backend.Env{}); err != nil {
+			return fmt.Errorf("invalid config: %w", err)
+		}
+		// Refuses a broker older than 4.3, before anything is declared.
+		if err := backend.Prepare(held, r.handoff, cfg.Topology); err != nil {
+			return err
+		}
 	}
 	b, err := backend.New(spec, backend.Env{Handoff: r.handoff, Memory: cfg.Memory, Redeliver: r.t.Redeliver, Logger: cfg.Logger})
 	if err != nil {
@@ -101,11 +109,7 @@ func (r *retry) prepare(spec backend.Spec) error {
 	case inPlace:
 		// Every retry stays in the work queue: no way back to bind.
 		e.inPlace, e.wiring.Bound = b, nil
-	case cfg.HeldRetries > 0:
-		held, err := backend.New(backend.Spec{Name: delay.DelayedRetry, RetryDelay: cfg.DelayedRetryDelay}, backend.Env{})
-		if err != nil {
-			return fmt.Errorf("invalid config: %w", err)
-		}
+	case held != nil:
 		e.backend, e.inPlace = b, held
 	default:
 		e.backend = b

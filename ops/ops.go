@@ -132,7 +132,7 @@ func topologyConfig(r amqpretry.Config) (amqpretry.Config, error) {
 
 // spec is the backend r names. r has its defaults.
 func spec(r amqpretry.Config) backend.Spec {
-	return backend.Spec{Name: r.Backend, Prefix: r.Prefix, Tiers: r.Tiers, Levels: r.Levels, RetryDelay: r.DelayedRetryDelay}
+	return backend.Spec{Name: string(r.Backend), Prefix: r.Prefix, Tiers: r.Tiers, Levels: r.Levels, RetryDelay: r.DelayedRetryDelay}
 }
 
 // Close closes both connections.

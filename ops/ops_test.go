@@ -549,7 +549,7 @@ func TestRedriveInterrupted(t *testing.T) {
 func (r *rig) schedule(cfg amqpretry.Config, queue string, msg *message.Message, d time.Duration) {
 	r.t.Helper()
 	c := cfg.WithDefaults()
-	b, err := backend.New(backend.Spec{Name: c.Backend, Prefix: c.Prefix, Tiers: c.Tiers, Levels: c.Levels, RetryDelay: c.DelayedRetryDelay}, backend.Env{Handoff: r.h})
+	b, err := backend.New(backend.Spec{Name: string(c.Backend), Prefix: c.Prefix, Tiers: c.Tiers, Levels: c.Levels, RetryDelay: c.DelayedRetryDelay}, backend.Env{Handoff: r.h})
 	if err != nil {
 		r.t.Fatal(err)
 	}

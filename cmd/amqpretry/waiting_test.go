@@ -47,7 +47,7 @@ func TestWaitingAndTeardown(t *testing.T) {
 		t.Fatalf("apply: %d %s%s", code, out, errOut)
 	}
 	c := cfg.WithDefaults()
-	b, err := backend.New(backend.Spec{Name: c.Backend, Prefix: c.Prefix, Tiers: c.Tiers}, backend.Env{Handoff: e.h})
+	b, err := backend.New(backend.Spec{Name: string(c.Backend), Prefix: c.Prefix, Tiers: c.Tiers}, backend.Env{Handoff: e.h})
 	if err != nil {
 		t.Fatal(err)
 	}

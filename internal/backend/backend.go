@@ -1,31 +1,28 @@
-// Package backend implements the delay backends named in package delay: what each
-// declares, how it sizes a delay, and how it parks a message (or, for delayed-retry,
-// leaves it in place). Lookup is the one place a backend name is switched on.
+// Package backend is the contract between the delay backends, which package delay
+// implements (one file per backend), and the packages that use them: the middleware,
+// the root package's Config (validation, plan) and ops. Package delay registers its
+// implementation when it is imported; every user of this package imports delay too.
+// A backend's name is the string of its delay.Backend.
 package backend
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wdelay "github.com/ThreeDotsLabs/watermill/components/delay"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/handoff"
-	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
 // Defaults of the backend settings: amqpretry.Config documents them.
 const (
 	DefaultLevels     = 28
-	maxLevels         = 29 // level 29 would hold messages 2^29 s, longer than maxTTL
 	DefaultRetryDelay = time.Second
 )
 
@@ -45,12 +42,9 @@ func DefaultTiers() []time.Duration {
 	return append(tiers, 10*time.Minute, 15*time.Minute, 20*time.Minute, 30*time.Minute, 45*time.Minute, time.Hour)
 }
 
-// maxTTL is the longest TTL RabbitMQ accepts (315,360,000,000 ms, ten years).
-const maxTTL = 315_360_000_000 * time.Millisecond
-
 // Spec is a backend as configured, defaults applied.
 type Spec struct {
-	Name   delay.Backend
+	Name   string // a delay.Backend
 	Prefix string
 	Tiers  []time.Duration // ttl-tiers
 	Levels int             // binary-levels
@@ -69,7 +63,7 @@ type DelayQueue struct {
 // it also parks.
 type Backend interface {
 	// Name is the backend's name (package delay).
-	Name() delay.Backend
+	Name() string
 	// Effective returns the delay the backend applies for requested, or an error
 	// wrapping delay.ErrDelayTooLong.
 	Effective(requested time.Duration) (time.Duration, error)
@@ -106,91 +100,50 @@ type Env struct {
 	Logger    watermill.LoggerAdapter
 }
 
-var errDetached = errors.New("backend built for planning cannot park messages")
+// Impl is what package delay registers: the one place a backend name is switched on.
+type Impl struct {
+	// New validates s and returns its backend, parking through env.
+	New func(s Spec, env Env) (Backend, error)
+	// Prepare readies b on the broker at start-up, as mode says: it refuses a
+	// backend the broker's version cannot run, then declares (or, in
+	// topology.ModeVerify, checks) b's publishing side.
+	Prepare func(b Backend, h *handoff.Handoff, mode topology.Mode) error
+	// Limits returns b's limits.
+	Limits func(b Backend) Limits
+}
 
-// Names lists the backend names Lookup knows.
-func Names() []delay.Backend { return delay.Backends() }
+var impl Impl
+
+// Register is called by package delay's init.
+func Register(i Impl) { impl = i }
+
+func registered() error {
+	if impl.New == nil {
+		return errors.New("no delay backend registered: import github.com/amqpretry/amqpretry/delay")
+	}
+	return nil
+}
+
+// New validates s and returns its backend, parking through env. Errors name the
+// configuration field at fault.
+func New(s Spec, env Env) (Backend, error) {
+	if err := registered(); err != nil {
+		return nil, err
+	}
+	return impl.New(s, env)
+}
+
+// Prepare readies b on the broker at start-up (Impl.Prepare).
+func Prepare(b Backend, h *handoff.Handoff, mode topology.Mode) error {
+	return impl.Prepare(b, h, mode)
+}
+
+// LimitsOf returns b's limits.
+func LimitsOf(b Backend) Limits { return impl.Limits(b) }
 
 // Lookup validates s and returns its backend, without a broker: it plans and sizes.
 // Errors name the configuration field at fault.
 func Lookup(s Spec) (Backend, error) { return New(s, Env{}) }
-
-// New validates s and returns its backend, parking through env.
-func New(s Spec, env Env) (Backend, error) {
-	if env.Logger == nil {
-		env.Logger = watermill.NopLogger{}
-	}
-	if strings.ContainsAny(s.Prefix, "*# ") {
-		return nil, fmt.Errorf("Prefix: %q must not contain '*', '#' or spaces", s.Prefix)
-	}
-	n := names.Names{Prefix: s.Prefix}
-	var b Backend
-	switch s.Name {
-	case delay.TTLTiers:
-		if err := validateTiers(s.Tiers); err != nil {
-			return nil, err
-		}
-		tiers := slices.Clone(s.Tiers)
-		slices.Sort(tiers)
-		b = &ttlTiers{env: env, names: n, tiers: tiers}
-	case delay.BinaryLevels:
-		if s.Levels < 1 || s.Levels > maxLevels {
-			return nil, fmt.Errorf("Levels: %d is outside 1 to %d (a level holding 2^%d s would need a TTL longer than RabbitMQ's ten-year maximum)", s.Levels, maxLevels, maxLevels)
-		}
-		b = &binaryLevels{env: env, names: n, levels: s.Levels}
-	case delay.DelayedExchange:
-		b = &delayedExchange{env: env, names: n, bound: map[string]bool{}}
-	case delay.DelayedRetry:
-		if err := CheckRetryDelay(s.RetryDelay); err != nil {
-			return nil, err
-		}
-		b = delayedRetry{delay: s.RetryDelay}
-	case delay.DeliveryTime:
-		b = deliveryTime{redeliver: env.Redeliver}
-	case delay.Memory:
-		b = newMemory(env)
-	default:
-		known := make([]string, 0, len(Names()))
-		for _, name := range Names() {
-			known = append(known, string(name))
-		}
-		return nil, fmt.Errorf("Backend: unknown backend %q (known: %s)", s.Name, strings.Join(known, ", "))
-	}
-	for _, name := range allNames(b.Topology()) {
-		if len(name) > names.MaxBytes {
-			return nil, fmt.Errorf("Prefix: makes the name %q %d bytes long, over AMQP's %d", name, len(name), names.MaxBytes)
-		}
-	}
-	return b, nil
-}
-
-func allNames(t topology.Topology) []string {
-	var out []string
-	for _, e := range t.Exchanges {
-		out = append(out, e.Name)
-	}
-	for _, q := range t.Queues {
-		out = append(out, q.Name)
-	}
-	return out
-}
-
-func validateTiers(tiers []time.Duration) error {
-	if len(tiers) == 0 {
-		return errors.New("Tiers: empty; leave it nil for the default ladder")
-	}
-	for i, t := range tiers {
-		switch {
-		case t < time.Millisecond || t > maxTTL:
-			return fmt.Errorf("Tiers[%d]: %s is outside 1ms to %s", i, t, maxTTL)
-		case t%time.Millisecond != 0:
-			return fmt.Errorf("Tiers[%d]: %s is not a whole number of milliseconds", i, t)
-		case slices.Contains(tiers[:i], t):
-			return fmt.Errorf("Tiers[%d]: %s appears twice", i, t)
-		}
-	}
-	return nil
-}
 
 // Plan is everything s needs on the broker for the work queues: its own topology,
 // then each queue's way back, without duplicates.
@@ -200,33 +153,6 @@ func Plan(b Backend, workQueues ...string) topology.Topology {
 		ts = append(ts, b.WorkQueue(q))
 	}
 	return declare.Unique(declare.Merge(ts...))
-}
-
-// delivery is a delivery exchange of the given name and kind, with the parking
-// exchange and queue as its alternate exchange: a dead letter that matches no binding
-// is parked, never stuck at the head of a delay queue (at-least-once dead lettering
-// would retry it forever).
-func delivery(n names.Names, exchange, kind string) topology.Topology {
-	return topology.Topology{
-		Exchanges: []topology.Exchange{
-			{Name: n.Parking(), Kind: "fanout"},
-			{Name: exchange, Kind: kind, Args: map[string]interface{}{declare.AlternateExchangeArg: n.Parking()}},
-		},
-		Queues:   []topology.Queue{declare.HoldingQueue(n.Parking(), "parking")},
-		Bindings: []topology.Binding{{Exchange: n.Parking(), Destination: n.Parking()}},
-	}
-}
-
-// delayQueueArgs are the arguments of a queue that holds messages for ttl and then
-// dead-letters them, at least once, to dlx.
-func delayQueueArgs(ttl time.Duration, dlx string) map[string]interface{} {
-	return map[string]interface{}{
-		declare.QueueTypeArg:          declare.QueueTypeQuorum,
-		declare.MessageTTLArg:         ttl.Milliseconds(),
-		declare.DeadLetterExchangeArg: dlx,
-		declare.DeadLetterStrategyArg: declare.DeadLetterAtLeastOnce,
-		declare.OverflowArg:           declare.OverflowRejectPublish,
-	}
 }
 
 // Scheduler is the message.Publisher through which any code schedules a delayed
@@ -286,14 +212,4 @@ func requested(msg *message.Message) (time.Duration, error) {
 		return max(time.Until(t), 0), nil
 	}
 	return 0, nil
-}
-
-// wholeMillis rounds d up to whole milliseconds, at least 1 ms: the precision of the
-// backends that take a delay in milliseconds.
-func wholeMillis(d time.Duration) time.Duration {
-	ms := d / time.Millisecond
-	if d%time.Millisecond > 0 {
-		ms++
-	}
-	return max(ms, 1) * time.Millisecond
 }

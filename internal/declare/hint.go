@@ -9,7 +9,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -22,7 +21,7 @@ type Fix struct {
 	// apart.
 	HoldsRetries bool
 	RetryDelay   time.Duration
-	Backend      delay.Backend
+	Backend      string // a delay.Backend
 	// Apply is the `amqpretry topology apply` command that creates what the
 	// configuration needs, for the work queues given (amqpretry.Config.ApplyCommand).
 	Apply func(workQueues ...string) string

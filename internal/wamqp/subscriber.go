@@ -63,8 +63,8 @@ func New(sub Sub, cfg amqpretry.Config) (*Wiring, error) {
 	}
 	cfg = cfg.WithDefaults()
 	return &Wiring{Retry: r, cfg: cfg, sub: sub, fix: declare.Fix{
-		Mode: cfg.Topology, HoldsRetries: backend.HoldsRetries(cfg.Backend, cfg.HeldRetries),
-		RetryDelay: cfg.DelayedRetryDelay, Backend: cfg.Backend, Apply: cfg.ApplyCommand,
+		Mode: cfg.Topology, HoldsRetries: backend.HoldsRetries(string(cfg.Backend), cfg.HeldRetries),
+		RetryDelay: cfg.DelayedRetryDelay, Backend: string(cfg.Backend), Apply: cfg.ApplyCommand,
 	}}, nil
 }
 
@@ -122,7 +122,7 @@ func (sub Sub) validate(cfg amqpretry.Config) error {
 	if sub.Marshal == nil {
 		errs = append(errs, fmt.Errorf("Subscriber: Marshaler: %s cannot read dead-lettered messages; use the DefaultMarshaler or xdeath.Marshaler", sub.MarshalerType))
 	}
-	if backend.HoldsRetries(cfg.Backend, cfg.HeldRetries) {
+	if backend.HoldsRetries(string(cfg.Backend), cfg.HeldRetries) {
 		if t, ok := sub.QueueArgs[declare.QueueTypeArg]; ok && t != declare.QueueTypeQuorum {
 			errs = append(errs, fmt.Errorf("Subscriber: Queue.Arguments: %s %v: delayed retries need quorum work queues", declare.QueueTypeArg, t))
 		}

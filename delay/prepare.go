@@ -1,33 +1,28 @@
-package backend
+package delay
 
 import (
 	"fmt"
-	"slices"
-	"strconv"
-	"strings"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/handoff"
-	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/internal/version"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
-// Prepare readies b on the broker at start-up, as mode says: it refuses a backend the
+// prepare readies b on the broker at start-up, as mode says: it refuses a backend the
 // broker's version cannot run, then declares (or, in topology.ModeVerify, checks) b's
-// publishing side.
-func Prepare(b Backend, h *handoff.Handoff, mode topology.Mode) error {
+// publishing side (backend.Prepare).
+func prepare(b backend.Backend, h *handoff.Handoff, mode topology.Mode) error {
 	v := h.Version()
 	de, isDE := b.(*delayedExchange)
 	switch {
 	case isDE && version.NoPlugins(v):
 		return de.errPluginMissing(v, nil)
-	case (b.Name() == delay.DelayedRetry || b.Name() == delay.DeliveryTime) && !version.DelayedRetry(v):
-		return UnsupportedError(b.Name(), v)
+	case (Backend(b.Name()) == DelayedRetry || Backend(b.Name()) == DeliveryTime) && !version.DelayedRetry(v):
+		return unsupportedError(Backend(b.Name()), v)
 	}
 	if bl, ok := b.(*binaryLevels); ok && mode != topology.ModeNone {
 		if err := bl.checkLadder(h); err != nil {
@@ -79,14 +74,14 @@ func (b *binaryLevels) checkLadder(h *handoff.Handoff) error {
 	const fix = "the level exchanges' bindings depend on Levels, and sharing them would duplicate retries and bring copies back late: keep Levels, or change Prefix with it (the old ladder keeps delivering its retries until it is empty; remove it then)"
 	above := b.names.Level(b.levels)
 	if ok, err := exists(queue(above)); err != nil {
-		return fmt.Errorf("%s: check queue %q: %w", delay.BinaryLevels, above, err)
+		return fmt.Errorf("%s: check queue %q: %w", BinaryLevels, above, err)
 	} else if ok {
 		return fmt.Errorf("Levels: %d, but queue %q exists: prefix %q holds a binary-levels ladder of more levels: %w: %s", b.levels, above, b.names.Prefix, topology.ErrMismatch, fix)
 	}
 	bottom, top := b.names.Level(0), b.names.Level(b.levels-1)
 	ok, err := exists(queue(bottom))
 	if err != nil {
-		return fmt.Errorf("%s: check queue %q: %w", delay.BinaryLevels, bottom, err)
+		return fmt.Errorf("%s: check queue %q: %w", BinaryLevels, bottom, err)
 	}
 	if !ok {
 		return nil
@@ -95,7 +90,7 @@ func (b *binaryLevels) checkLadder(h *handoff.Handoff) error {
 		return ch.ExchangeDeclarePassive(top, amqp.ExchangeTopic, true, false, false, false, nil)
 	})
 	if err != nil {
-		return fmt.Errorf("%s: check exchange %q: %w", delay.BinaryLevels, top, err)
+		return fmt.Errorf("%s: check exchange %q: %w", BinaryLevels, top, err)
 	}
 	if !ok {
 		return fmt.Errorf("Levels: %d, but queue %q exists without exchange %q: prefix %q holds a binary-levels ladder of fewer levels: %w: %s", b.levels, bottom, top, b.names.Prefix, topology.ErrMismatch, fix)
@@ -103,50 +98,16 @@ func (b *binaryLevels) checkLadder(h *handoff.Handoff) error {
 	return nil
 }
 
-// UnsupportedError is the start-up error of a backend that retries in place (name) on
+// unsupportedError is the start-up error of a backend that retries in place (name) on
 // a broker older than 4.3.
-func UnsupportedError(name delay.Backend, brokerVersion string) error {
+func unsupportedError(name Backend, brokerVersion string) error {
 	if brokerVersion == "" {
 		brokerVersion = "of unknown version"
 	}
 	why := "it would ignore the work queue's x-delayed-retry-* arguments and redeliver every nacked message at once, a hot loop"
-	if name == delay.DeliveryTime {
+	if name == DeliveryTime {
 		why = "it does not hold a delivery settled with x-opt-delivery-time"
 	}
 	return fmt.Errorf("%s is %w by this broker: retries held in the work queue need RabbitMQ 4.3 or later, and the broker is %s: %s; use %s or %s there",
-		name, delay.ErrUnsupported, brokerVersion, why, delay.TTLTiers, delay.BinaryLevels)
-}
-
-// ApplyCommand returns the `amqpretry topology apply` command line that creates what s
-// needs, with the poison queue and the work queues, giving only the flags that differ
-// from the defaults. retries is the number of retries held in the work queue
-// (0 for none), retryDelay their delay.
-func ApplyCommand(s Spec, poison string, retries int, retryDelay time.Duration, queues ...string) string {
-	args := []string{"amqpretry", "topology", "apply", "--backend", string(s.Name)}
-	if s.Prefix != names.DefaultPrefix {
-		args = append(args, "--prefix", s.Prefix)
-	}
-	switch {
-	case s.Name == delay.TTLTiers && !slices.Equal(s.Tiers, DefaultTiers()):
-		tiers := make([]string, len(s.Tiers))
-		for i, t := range s.Tiers {
-			tiers[i] = names.Tier(t)
-		}
-		args = append(args, "--tiers", strings.Join(tiers, ","))
-	case s.Name == delay.BinaryLevels && s.Levels != DefaultLevels:
-		args = append(args, "--levels", strconv.Itoa(s.Levels))
-	}
-	if retries > 0 && s.Name != delay.DelayedRetry {
-		args = append(args, "--held-retries", strconv.Itoa(retries))
-	}
-	if (retries > 0 || s.Name == delay.DelayedRetry) && retryDelay != DefaultRetryDelay {
-		args = append(args, "--retry-delay", retryDelay.String())
-	}
-	if poison != (names.Names{Prefix: s.Prefix}).Poison() {
-		args = append(args, "--poison-queue", poison)
-	}
-	for _, q := range queues {
-		args = append(args, "--queue", q)
-	}
-	return strings.Join(args, " ")
+		name, ErrUnsupported, brokerVersion, why, TTLTiers, BinaryLevels)
 }

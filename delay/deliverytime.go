@@ -1,4 +1,4 @@
-package backend
+package delay
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -24,7 +24,7 @@ type deliveryTime struct {
 // annotationPrefix starts the message annotations the envelope travels in.
 const annotationPrefix = "x-opt-"
 
-func (deliveryTime) Name() delay.Backend { return delay.DeliveryTime }
+func (deliveryTime) Name() string { return string(DeliveryTime) }
 
 // Effective rounds requested up to whole milliseconds, at least 1 ms.
 func (deliveryTime) Effective(requested time.Duration) (time.Duration, error) {
@@ -33,13 +33,13 @@ func (deliveryTime) Effective(requested time.Duration) (time.Duration, error) {
 
 func (deliveryTime) Topology() topology.Topology        { return topology.Topology{} }
 func (deliveryTime) WorkQueue(string) topology.Topology { return topology.Topology{} }
-func (deliveryTime) DelayQueues() []DelayQueue          { return nil }
+func (deliveryTime) DelayQueues() []backend.DelayQueue  { return nil }
 
 func (deliveryTime) Park(context.Context, string, *message.Message, time.Duration) error {
-	return fmt.Errorf("%s: retries in place, it parks no copy", delay.DeliveryTime)
+	return fmt.Errorf("%s: retries in place, it parks no copy", DeliveryTime)
 }
 
-var errNoTransport = fmt.Errorf("%s is %w on the AMQP 0-9-1 transport: it needs the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1", delay.DeliveryTime, delay.ErrUnsupported)
+var errNoTransport = fmt.Errorf("%s is %w on the AMQP 0-9-1 transport: it needs the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1", DeliveryTime, ErrUnsupported)
 
 // Settle asks the transport to settle msg modified, due after effective, with the
 // envelope as annotations, and nacks it.
@@ -52,7 +52,7 @@ func (b deliveryTime) Settle(msg *message.Message, effective time.Duration, enve
 		ann[annotationPrefix+k] = v
 	}
 	if err := b.redeliver(msg, time.Now().Add(effective), ann); err != nil {
-		return fmt.Errorf("%s: settle message %s: %w", delay.DeliveryTime, msg.UUID, err)
+		return fmt.Errorf("%s: settle message %s: %w", DeliveryTime, msg.UUID, err)
 	}
 	msg.Nack()
 	return nil

@@ -1,4 +1,4 @@
-package backend
+package delay
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/names"
@@ -36,7 +36,7 @@ import (
 // queue it binds the queue to the exchange (an error if the queue does not exist). The
 // plugin cannot run on RabbitMQ 4.3 or later (metadata in Khepri only).
 type delayedExchange struct {
-	env   Env
+	env   backend.Env
 	names names.Names
 
 	mu    sync.Mutex
@@ -46,7 +46,7 @@ type delayedExchange struct {
 // maxPluginDelay is the longest delay the plugin honours (an Erlang timer's maximum).
 const maxPluginDelay = (1<<32 - 1) * time.Millisecond
 
-func (b *delayedExchange) Name() delay.Backend { return delay.DelayedExchange }
+func (b *delayedExchange) Name() string { return string(DelayedExchange) }
 
 func (b *delayedExchange) Topology() topology.Topology {
 	return topology.Topology{Exchanges: []topology.Exchange{{
@@ -55,7 +55,7 @@ func (b *delayedExchange) Topology() topology.Topology {
 	}}}
 }
 
-func (b *delayedExchange) DelayQueues() []DelayQueue { return nil }
+func (b *delayedExchange) DelayQueues() []backend.DelayQueue { return nil }
 
 // WorkQueue binds queue to the delayed exchange under its own name.
 func (b *delayedExchange) WorkQueue(queue string) topology.Topology {
@@ -72,7 +72,7 @@ func (b *delayedExchange) binding(queue string) topology.Binding {
 // past 2^32-1 ms.
 func (b *delayedExchange) Effective(requested time.Duration) (time.Duration, error) {
 	if requested > maxPluginDelay {
-		return 0, fmt.Errorf("%s: %w: %s is longer than the plugin's maximum %s (2^32-1 ms)", delay.DelayedExchange, delay.ErrDelayTooLong, requested, maxPluginDelay)
+		return 0, fmt.Errorf("%s: %w: %s is longer than the plugin's maximum %s (2^32-1 ms)", DelayedExchange, ErrDelayTooLong, requested, maxPluginDelay)
 	}
 	return wholeMillis(requested), nil
 }
@@ -86,7 +86,7 @@ func (b *delayedExchange) bind(queue string) error {
 		return nil
 	}
 	if err := b.env.Handoff.Ensure(topology.ModeDeclare, topology.Topology{Bindings: []topology.Binding{b.binding(queue)}}); err != nil {
-		return fmt.Errorf("%s: queue %q cannot receive from exchange %q (does it exist?): %w", delay.DelayedExchange, queue, b.names.Delayed(), err)
+		return fmt.Errorf("%s: queue %q cannot receive from exchange %q (does it exist?): %w", DelayedExchange, queue, b.names.Delayed(), err)
 	}
 	b.mu.Lock()
 	b.bound[queue] = true
@@ -120,10 +120,10 @@ const pluginName = "rabbitmq_delayed_message_exchange"
 func (b *delayedExchange) errPluginMissing(brokerVersion string, cause error) error {
 	if version.NoPlugins(brokerVersion) {
 		return fmt.Errorf("%s: %w: RabbitMQ %s cannot run the %s plugin (4.3 and later keep their metadata in Khepri only, which the plugin does not support; it is archived); use %s (any delay, 1 s steps), %s, or %s (4.3 keeps the retry in the work queue, one delay per queue)",
-			delay.DelayedExchange, delay.ErrPluginMissing, brokerVersion, pluginName, delay.BinaryLevels, delay.TTLTiers, delay.DelayedRetry)
+			DelayedExchange, ErrPluginMissing, brokerVersion, pluginName, BinaryLevels, TTLTiers, DelayedRetry)
 	}
 	err := fmt.Errorf("%s: cannot declare exchange %q of type %s: %w on the broker; enable it on every node with `rabbitmq-plugins enable %s`, or use the %s backend, which needs no plugin",
-		delay.DelayedExchange, b.names.Delayed(), declare.ExchangeDelayedMessage, delay.ErrPluginMissing, pluginName, delay.BinaryLevels)
+		DelayedExchange, b.names.Delayed(), declare.ExchangeDelayedMessage, ErrPluginMissing, pluginName, BinaryLevels)
 	if cause != nil {
 		return fmt.Errorf("%w: %w", err, cause)
 	}

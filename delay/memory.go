@@ -1,4 +1,4 @@
-package backend
+package delay
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -26,13 +26,13 @@ type memory struct {
 	closed bool
 }
 
-func newMemory(env Env) *memory {
+func newMemory(env backend.Env) *memory {
 	return &memory{pub: env.Memory, logger: env.Logger, timers: map[*time.Timer]struct{}{}}
 }
 
 var errMemoryClosed = errors.New("memory delay backend is closed")
 
-func (m *memory) Name() delay.Backend { return delay.Memory }
+func (m *memory) Name() string { return string(Memory) }
 
 // Effective is requested: timers have no tiers.
 func (m *memory) Effective(requested time.Duration) (time.Duration, error) { return requested, nil }
@@ -43,7 +43,7 @@ func (m *memory) Topology() topology.Topology { return topology.Topology{} }
 // WorkQueue needs nothing: the memory backend publishes straight to the topic.
 func (m *memory) WorkQueue(string) topology.Topology { return topology.Topology{} }
 
-func (m *memory) DelayQueues() []DelayQueue { return nil }
+func (m *memory) DelayQueues() []backend.DelayQueue { return nil }
 
 // Park publishes a copy of msg to queue on the memory publisher once effective has
 // passed.

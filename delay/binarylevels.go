@@ -1,4 +1,4 @@
-package backend
+package delay
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/topology"
 )
@@ -22,7 +22,7 @@ import (
 // bit, then the destination queue: with 4 levels, 5s for queue orders is
 // "0.1.0.1.orders". Each level's topic exchange sends bit 1 to its queue and bit 0 on
 // to the next level's exchange, so a message waits only in the levels whose bit is set
-// and its waits add up to the delay. Every queue has one TTL, so FIFO order is expiry
+// and its waits add up to the  Every queue has one TTL, so FIFO order is expiry
 // order: no head-of-line blocking.
 //
 //	<prefix>.level.<L>       topic exchange AND quorum queue of level L; copies are
@@ -37,12 +37,12 @@ import (
 // never receives another queue's retries. The level exchanges' bindings depend on
 // Levels: to change Levels, change the prefix too.
 type binaryLevels struct {
-	env    Env
+	env    backend.Env
 	names  names.Names
 	levels int
 }
 
-func (b *binaryLevels) Name() delay.Backend { return delay.BinaryLevels }
+func (b *binaryLevels) Name() string { return string(BinaryLevels) }
 
 func (b *binaryLevels) Topology() topology.Topology {
 	t := delivery(b.names, b.names.LevelsDeliver(), amqp.ExchangeTopic)
@@ -62,10 +62,10 @@ func (b *binaryLevels) Topology() topology.Topology {
 	return t
 }
 
-func (b *binaryLevels) DelayQueues() []DelayQueue {
-	out := make([]DelayQueue, b.levels)
+func (b *binaryLevels) DelayQueues() []backend.DelayQueue {
+	out := make([]backend.DelayQueue, b.levels)
 	for l := range b.levels {
-		out[l] = DelayQueue{Name: b.names.Level(l), TTL: time.Second << l}
+		out[l] = backend.DelayQueue{Name: b.names.Level(l), TTL: time.Second << l}
 	}
 	return out
 }
@@ -88,7 +88,7 @@ func (b *binaryLevels) maxDelay() time.Duration { return (time.Second << b.level
 // Effective rounds requested up to whole seconds, and refuses it past the maximum.
 func (b *binaryLevels) Effective(requested time.Duration) (time.Duration, error) {
 	if requested > b.maxDelay() {
-		return 0, fmt.Errorf("%s: %w: %s is longer than the maximum %s (2^%d - 1 s)", delay.BinaryLevels, delay.ErrDelayTooLong, requested, b.maxDelay(), b.levels)
+		return 0, fmt.Errorf("%s: %w: %s is longer than the maximum %s (2^%d - 1 s)", BinaryLevels, ErrDelayTooLong, requested, b.maxDelay(), b.levels)
 	}
 	secs := max(requested, 0) / time.Second
 	if requested%time.Second > 0 {
@@ -117,11 +117,11 @@ func (b *binaryLevels) routingKey(effective time.Duration, queue string) string 
 func (b *binaryLevels) checkQueue(queue string) error {
 	switch {
 	case queue == "":
-		return fmt.Errorf("%s: empty destination queue", delay.BinaryLevels)
+		return fmt.Errorf("%s: empty destination queue", BinaryLevels)
 	case strings.ContainsAny(queue, "*#"):
-		return fmt.Errorf("%s: queue %q: a name with '*' or '#' cannot be bound literally on topic exchange %q", delay.BinaryLevels, queue, b.names.LevelsDeliver())
+		return fmt.Errorf("%s: queue %q: a name with '*' or '#' cannot be bound literally on topic exchange %q", BinaryLevels, queue, b.names.LevelsDeliver())
 	case 2*b.levels+len(queue) > names.MaxBytes:
-		return fmt.Errorf("%s: queue %q: name longer than %d bytes, the routing key would exceed %d bytes", delay.BinaryLevels, queue, names.MaxBytes-2*b.levels, names.MaxBytes)
+		return fmt.Errorf("%s: queue %q: name longer than %d bytes, the routing key would exceed %d bytes", BinaryLevels, queue, names.MaxBytes-2*b.levels, names.MaxBytes)
 	}
 	return nil
 }
@@ -135,7 +135,7 @@ func (b *binaryLevels) Park(ctx context.Context, queue string, msg *message.Mess
 		return err
 	}
 	top := b.names.Level(b.levels - 1)
-	owned := func() topology.Topology { return Plan(b, queue) }
+	owned := func() topology.Topology { return backend.Plan(b, queue) }
 	if err := b.env.Handoff.Publish(ctx, top, b.routingKey(effective, queue), msg, nil, true, owned); err != nil {
 		return fmt.Errorf("exchange %s: %w", top, err)
 	}

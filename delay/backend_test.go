@@ -1,4 +1,4 @@
-package backend
+package delay
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/names"
@@ -23,9 +23,9 @@ import (
 	"github.com/amqpretry/amqpretry/topology"
 )
 
-func lookup(t *testing.T, s Spec) Backend {
+func lookup(t *testing.T, s backend.Spec) backend.Backend {
 	t.Helper()
-	b, err := Lookup(s)
+	b, err := backend.Lookup(s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,13 +36,13 @@ func levels(n int) *binaryLevels { return &binaryLevels{names: names.Names{Prefi
 
 // TestEffective: what each backend applies for a requested delay.
 func TestEffective(t *testing.T) {
-	tiers := lookup(t, Spec{Name: delay.TTLTiers, Prefix: "p", Tiers: []time.Duration{5 * time.Second, time.Second, 2 * time.Second}})
-	dx := lookup(t, Spec{Name: delay.DelayedExchange, Prefix: "p"})
-	dr := lookup(t, Spec{Name: delay.DelayedRetry, RetryDelay: 3 * time.Second})
-	mem := lookup(t, Spec{Name: delay.Memory})
+	tiers := lookup(t, backend.Spec{Name: string(TTLTiers), Prefix: "p", Tiers: []time.Duration{5 * time.Second, time.Second, 2 * time.Second}})
+	dx := lookup(t, backend.Spec{Name: string(DelayedExchange), Prefix: "p"})
+	dr := lookup(t, backend.Spec{Name: string(DelayedRetry), RetryDelay: 3 * time.Second})
+	mem := lookup(t, backend.Spec{Name: string(Memory)})
 	maxPlugin := (1<<32 - 1) * time.Millisecond
 	for _, tt := range []struct {
-		backend   Backend
+		backend   backend.Backend
 		requested time.Duration
 		want      time.Duration // 0 with tooLong
 		tooLong   bool
@@ -90,7 +90,7 @@ func TestEffective(t *testing.T) {
 		got, err := tt.backend.Effective(tt.requested)
 		name := fmt.Sprintf("%s(%v) %s", tt.backend.Name(), tt.backend, tt.requested)
 		switch {
-		case tt.tooLong && !errors.Is(err, delay.ErrDelayTooLong):
+		case tt.tooLong && !errors.Is(err, ErrDelayTooLong):
 			t.Errorf("%s: err %v, want ErrDelayTooLong", name, err)
 		case tt.tooLong && (!strings.Contains(err.Error(), tt.requested.String()) || !strings.HasPrefix(err.Error(), string(tt.backend.Name())+": ")):
 			t.Errorf("%s: error %q does not name the backend and the delay", name, err)
@@ -185,7 +185,7 @@ func checkDelayQueue(t *testing.T, q topology.Queue) {
 }
 
 func TestTTLTiersTopology(t *testing.T) {
-	b := lookup(t, Spec{Name: delay.TTLTiers, Prefix: "p", Tiers: []time.Duration{90 * time.Second, time.Second}})
+	b := lookup(t, backend.Spec{Name: string(TTLTiers), Prefix: "p", Tiers: []time.Duration{90 * time.Second, time.Second}})
 	topo := b.Topology()
 	var queues []string
 	for _, q := range topo.Queues {
@@ -219,7 +219,7 @@ func TestTTLTiersTopology(t *testing.T) {
 	if last := wq.Bindings[len(wq.Bindings)-1]; !reflect.DeepEqual(last, topology.Binding{Exchange: "p.deliver", Destination: "orders", Key: "orders"}) {
 		t.Errorf("work queue binding %+v", last)
 	}
-	if got := b.DelayQueues(); !slices.Equal(got, []DelayQueue{{"p.delay.1s", time.Second}, {"p.delay.1m30s", 90 * time.Second}}) {
+	if got := b.DelayQueues(); !slices.Equal(got, []backend.DelayQueue{{Name: "p.delay.1s", TTL: time.Second}, {Name: "p.delay.1m30s", TTL: 90 * time.Second}}) {
 		t.Errorf("DelayQueues %v", got)
 	}
 }
@@ -265,7 +265,7 @@ func TestBinaryLevelsWorkQueue(t *testing.T) {
 func TestBinaryLevelsRouteEveryDelay(t *testing.T) {
 	b := levels(4)
 	queues := []string{"orders", "x.orders", "a.b.c"}
-	topo := Plan(b, queues...)
+	topo := backend.Plan(b, queues...)
 	for secs := range 16 {
 		for _, q := range queues {
 			d := time.Duration(secs) * time.Second
@@ -350,7 +350,7 @@ func topicMatch(pattern, key []string) bool {
 }
 
 func TestDelayedExchangeTopology(t *testing.T) {
-	b := lookup(t, Spec{Name: delay.DelayedExchange, Prefix: "p"})
+	b := lookup(t, backend.Spec{Name: string(DelayedExchange), Prefix: "p"})
 	wq := b.WorkQueue("orders")
 	if len(wq.Exchanges) != 1 || len(wq.Queues) != 0 || len(wq.Bindings) != 1 {
 		t.Fatalf("WorkQueue: %+v, want the exchange and one binding", wq)
@@ -396,13 +396,13 @@ func TestStartupErrors(t *testing.T) {
 	err := de.errPluginMissing("3.13.7", errors.New("cause"))
 	for _, want := range []string{"delayed-exchange: ", `cannot declare exchange "shop.delayed" of type x-delayed-message`,
 		"rabbitmq-plugins enable rabbitmq_delayed_message_exchange", "binary-levels backend, which needs no plugin", ": cause"} {
-		if !errors.Is(err, delay.ErrPluginMissing) || !strings.Contains(err.Error(), want) {
+		if !errors.Is(err, ErrPluginMissing) || !strings.Contains(err.Error(), want) {
 			t.Errorf("plugin missing on 3.13: %v, does not say %q", err, want)
 		}
 	}
 	err = de.errPluginMissing("4.3.6", nil)
 	for _, want := range []string{"RabbitMQ 4.3.6 cannot run the rabbitmq_delayed_message_exchange plugin", "4.3 and later", "Khepri", "binary-levels", "ttl-tiers", "delayed-retry"} {
-		if !errors.Is(err, delay.ErrPluginMissing) || !strings.Contains(err.Error(), want) {
+		if !errors.Is(err, ErrPluginMissing) || !strings.Contains(err.Error(), want) {
 			t.Errorf("plugin on 4.3: %v, does not say %q", err, want)
 		}
 	}
@@ -412,118 +412,79 @@ func TestStartupErrors(t *testing.T) {
 
 func TestValidationNamesTheField(t *testing.T) {
 	for _, tt := range []struct {
-		spec Spec
+		spec backend.Spec
 		want string
 	}{
-		{Spec{Name: delay.TTLTiers, Prefix: "a*b", Tiers: DefaultTiers()}, `Prefix: "a*b" must not contain`},
-		{Spec{Name: delay.TTLTiers, Prefix: "a b", Tiers: DefaultTiers()}, "Prefix:"},
-		{Spec{Name: delay.TTLTiers, Prefix: "p", Tiers: []time.Duration{}}, "Tiers: empty"},
-		{Spec{Name: delay.TTLTiers, Prefix: "p", Tiers: []time.Duration{time.Second, 0}}, "Tiers[1]: 0s is outside 1ms to"},
-		{Spec{Name: delay.TTLTiers, Prefix: "p", Tiers: []time.Duration{11 * 365 * 24 * time.Hour}}, "Tiers[0]:"},
-		{Spec{Name: delay.TTLTiers, Prefix: "p", Tiers: []time.Duration{time.Second, 1500 * time.Microsecond}}, "Tiers[1]: 1.5ms is not a whole number of milliseconds"},
-		{Spec{Name: delay.TTLTiers, Prefix: "p", Tiers: []time.Duration{time.Second, 2 * time.Second, time.Second}}, "Tiers[2]: 1s appears twice"},
-		{Spec{Name: delay.BinaryLevels, Prefix: "p", Levels: 0}, "Levels: 0 is outside 1 to 29"},
-		{Spec{Name: delay.BinaryLevels, Prefix: "p", Levels: 30}, "Levels: 30"},
-		{Spec{Name: delay.DelayedRetry, RetryDelay: 0}, "DelayedRetryDelay: 0s must be a whole number of milliseconds, at least 1ms"},
-		{Spec{Name: delay.DelayedRetry, RetryDelay: 1500 * time.Microsecond}, "DelayedRetryDelay:"},
-		{Spec{Name: "rabbit"}, `Backend: unknown backend "rabbit" (known: ttl-tiers, binary-levels, delayed-exchange, delayed-retry, delivery-time, memory)`},
+		{backend.Spec{Name: string(TTLTiers), Prefix: "a*b", Tiers: backend.DefaultTiers()}, `Prefix: "a*b" must not contain`},
+		{backend.Spec{Name: string(TTLTiers), Prefix: "a b", Tiers: backend.DefaultTiers()}, "Prefix:"},
+		{backend.Spec{Name: string(TTLTiers), Prefix: "p", Tiers: []time.Duration{}}, "Tiers: empty"},
+		{backend.Spec{Name: string(TTLTiers), Prefix: "p", Tiers: []time.Duration{time.Second, 0}}, "Tiers[1]: 0s is outside 1ms to"},
+		{backend.Spec{Name: string(TTLTiers), Prefix: "p", Tiers: []time.Duration{11 * 365 * 24 * time.Hour}}, "Tiers[0]:"},
+		{backend.Spec{Name: string(TTLTiers), Prefix: "p", Tiers: []time.Duration{time.Second, 1500 * time.Microsecond}}, "Tiers[1]: 1.5ms is not a whole number of milliseconds"},
+		{backend.Spec{Name: string(TTLTiers), Prefix: "p", Tiers: []time.Duration{time.Second, 2 * time.Second, time.Second}}, "Tiers[2]: 1s appears twice"},
+		{backend.Spec{Name: string(BinaryLevels), Prefix: "p", Levels: 0}, "Levels: 0 is outside 1 to 29"},
+		{backend.Spec{Name: string(BinaryLevels), Prefix: "p", Levels: 30}, "Levels: 30"},
+		{backend.Spec{Name: string(DelayedRetry), RetryDelay: 0}, "DelayedRetryDelay: 0s must be a whole number of milliseconds, at least 1ms"},
+		{backend.Spec{Name: string(DelayedRetry), RetryDelay: 1500 * time.Microsecond}, "DelayedRetryDelay:"},
+		{backend.Spec{Name: string("rabbit")}, `Backend: unknown backend "rabbit" (known: ttl-tiers, binary-levels, delayed-exchange, delayed-retry, delivery-time, memory)`},
 		// Names longer than AMQP carries.
-		{Spec{Name: delay.TTLTiers, Prefix: strings.Repeat("p", 247), Tiers: []time.Duration{time.Second}}, "Prefix: makes the name"},
-		{Spec{Name: delay.BinaryLevels, Prefix: strings.Repeat("p", 245), Levels: 10}, "over AMQP's 255"},
-		{Spec{Name: delay.DelayedExchange, Prefix: strings.Repeat("p", 248)}, "Prefix: makes the name"},
+		{backend.Spec{Name: string(TTLTiers), Prefix: strings.Repeat("p", 247), Tiers: []time.Duration{time.Second}}, "Prefix: makes the name"},
+		{backend.Spec{Name: string(BinaryLevels), Prefix: strings.Repeat("p", 245), Levels: 10}, "over AMQP's 255"},
+		{backend.Spec{Name: string(DelayedExchange), Prefix: strings.Repeat("p", 248)}, "Prefix: makes the name"},
 	} {
-		_, err := Lookup(tt.spec)
+		_, err := backend.Lookup(tt.spec)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("Lookup(%s, prefix %.10q): %v, want %q", tt.spec.Name, tt.spec.Prefix, err, tt.want)
+			t.Errorf("backend.Lookup(%s, prefix %.10q): %v, want %q", tt.spec.Name, tt.spec.Prefix, err, tt.want)
 		}
 	}
 	// At the limits: accepted.
-	for _, s := range []Spec{
-		{Name: delay.TTLTiers, Prefix: strings.Repeat("p", names.MaxBytes-len(".delay.1s")), Tiers: []time.Duration{time.Second}},
-		{Name: delay.BinaryLevels, Prefix: "p", Levels: 29},
-		{Name: delay.BinaryLevels, Prefix: "p", Levels: 1},
-		{Name: delay.DelayedRetry, RetryDelay: time.Millisecond},
-		{Name: delay.TTLTiers, Prefix: "p", Tiers: []time.Duration{time.Millisecond, 315_360_000_000 * time.Millisecond}},
+	for _, s := range []backend.Spec{
+		{Name: string(TTLTiers), Prefix: strings.Repeat("p", names.MaxBytes-len(".delay.1s")), Tiers: []time.Duration{time.Second}},
+		{Name: string(BinaryLevels), Prefix: "p", Levels: 29},
+		{Name: string(BinaryLevels), Prefix: "p", Levels: 1},
+		{Name: string(DelayedRetry), RetryDelay: time.Millisecond},
+		{Name: string(TTLTiers), Prefix: "p", Tiers: []time.Duration{time.Millisecond, 315_360_000_000 * time.Millisecond}},
 	} {
-		if _, err := Lookup(s); err != nil {
-			t.Errorf("Lookup(%s): %v", s.Name, err)
+		if _, err := backend.Lookup(s); err != nil {
+			t.Errorf("backend.Lookup(%s): %v", s.Name, err)
 		}
 	}
-	for _, name := range []delay.Backend{delay.TTLTiers, delay.BinaryLevels, delay.DelayedExchange, delay.DelayedRetry, delay.Memory} {
-		if !slices.Contains(Names(), name) {
-			t.Errorf("Names() = %v, without %s", Names(), name)
+	for _, name := range []Backend{TTLTiers, BinaryLevels, DelayedExchange, DelayedRetry, Memory} {
+		if !slices.Contains(Backends(), name) {
+			t.Errorf("Backends() = %v, without %s", Backends(), name)
 		}
 	}
 }
 
 func TestPlanWithoutBroker(t *testing.T) {
-	b := lookup(t, Spec{Name: delay.TTLTiers, Prefix: "p", Tiers: []time.Duration{5 * time.Second, time.Second}})
-	p := Plan(b, "a", "b", "a")
+	b := lookup(t, backend.Spec{Name: string(TTLTiers), Prefix: "p", Tiers: []time.Duration{5 * time.Second, time.Second}})
+	p := backend.Plan(b, "a", "b", "a")
 	if len(p.Exchanges) != 3 || len(p.Queues) != 3 || len(p.Bindings) != 5 {
 		t.Errorf("ttl-tiers plan: %d exchanges, %d queues, %d bindings; want 3, 3, 5 (no duplicates)", len(p.Exchanges), len(p.Queues), len(p.Bindings))
 	}
-	if got := lookup(t, Spec{Name: delay.BinaryLevels, Prefix: "p", Levels: 3}).DelayQueues(); len(got) != 3 || got[2] != (DelayQueue{"p.level.2", 4 * time.Second}) {
+	if got := lookup(t, backend.Spec{Name: string(BinaryLevels), Prefix: "p", Levels: 3}).DelayQueues(); len(got) != 3 || got[2] != (backend.DelayQueue{Name: "p.level.2", TTL: 4 * time.Second}) {
 		t.Errorf("binary-levels delay queues: %v", got)
 	}
-	for _, name := range []delay.Backend{delay.Memory, delay.DelayedRetry} {
-		if p := Plan(lookup(t, Spec{Name: name, RetryDelay: time.Second}), "a"); p.Queues != nil || p.Exchanges != nil || p.Bindings != nil {
+	for _, name := range []Backend{Memory, DelayedRetry} {
+		if p := backend.Plan(lookup(t, backend.Spec{Name: string(name), RetryDelay: time.Second}), "a"); p.Queues != nil || p.Exchanges != nil || p.Bindings != nil {
 			t.Errorf("%s plans %+v, want nothing on the broker", name, p)
 		}
 	}
-	if p := Plan(lookup(t, Spec{Name: delay.DelayedExchange, Prefix: "p"}), "a", "b"); len(p.Exchanges) != 1 || len(p.Bindings) != 2 {
+	if p := backend.Plan(lookup(t, backend.Spec{Name: string(DelayedExchange), Prefix: "p"}), "a", "b"); len(p.Exchanges) != 1 || len(p.Bindings) != 2 {
 		t.Errorf("delayed-exchange plan %+v", p)
 	}
 }
 
-func TestApplyCommand(t *testing.T) {
-	def := func(s Spec) Spec {
-		if s.Prefix == "" {
-			s.Prefix = names.DefaultPrefix
-		}
-		if s.Tiers == nil {
-			s.Tiers = DefaultTiers()
-		}
-		if s.Levels == 0 {
-			s.Levels = DefaultLevels
-		}
-		return s
-	}
-	for _, tt := range []struct {
-		spec       Spec
-		poison     string
-		retries    int
-		retryDelay time.Duration
-		queues     []string
-		want       string
-	}{
-		{Spec{Name: delay.TTLTiers}, "amqpretry.poison", 0, time.Second, nil, "amqpretry topology apply --backend ttl-tiers"},
-		{Spec{Name: delay.TTLTiers, Prefix: "shop", Tiers: []time.Duration{time.Second, 90 * time.Second}}, "shop.poison", 0, time.Second, []string{"q1", "q2"},
-			"amqpretry topology apply --backend ttl-tiers --prefix shop --tiers 1s,1m30s --queue q1 --queue q2"},
-		{Spec{Name: delay.BinaryLevels, Levels: 10}, "amqpretry.poison", 0, time.Second, nil, "amqpretry topology apply --backend binary-levels --levels 10"},
-		{Spec{Name: delay.BinaryLevels}, "amqpretry.poison", 0, time.Second, nil, "amqpretry topology apply --backend binary-levels"},
-		{Spec{Name: delay.DelayedExchange, Prefix: "x"}, "x.poison", 0, time.Second, []string{"q"}, "amqpretry topology apply --backend delayed-exchange --prefix x --queue q"},
-		{Spec{Name: delay.TTLTiers}, "dead", 2, 5 * time.Second, []string{"q"},
-			"amqpretry topology apply --backend ttl-tiers --held-retries 2 --retry-delay 5s --poison-queue dead --queue q"},
-		{Spec{Name: delay.TTLTiers}, "amqpretry.poison", 2, time.Second, nil, "amqpretry topology apply --backend ttl-tiers --held-retries 2"},
-		{Spec{Name: delay.DelayedRetry}, "amqpretry.poison", 0, time.Second, nil, "amqpretry topology apply --backend delayed-retry"},
-		{Spec{Name: delay.DelayedRetry}, "amqpretry.poison", 0, 2500 * time.Millisecond, nil, "amqpretry topology apply --backend delayed-retry --retry-delay 2.5s"},
-	} {
-		if got := ApplyCommand(def(tt.spec), tt.poison, tt.retries, tt.retryDelay, tt.queues...); got != tt.want {
-			t.Errorf("ApplyCommand(%+v) = %q, want %q", tt.spec, got, tt.want)
-		}
-	}
-}
-
 func TestDelayedRetry(t *testing.T) {
-	b := lookup(t, Spec{Name: delay.DelayedRetry, RetryDelay: 2 * time.Second})
-	if _, ok := b.(InPlace); !ok {
+	b := lookup(t, backend.Spec{Name: string(DelayedRetry), RetryDelay: 2 * time.Second})
+	if _, ok := b.(backend.InPlace); !ok {
 		t.Fatal("delayed-retry does not retry in place")
 	}
 	if err := b.Park(context.Background(), "q", message.NewMessage("m", nil), time.Second); err == nil {
 		t.Error("delayed-retry parked a copy")
 	}
 	msg := message.NewMessage("m", nil)
-	if err := b.(InPlace).Settle(msg, 2*time.Second, nil); err != nil {
+	if err := b.(backend.InPlace).Settle(msg, 2*time.Second, nil); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -532,7 +493,7 @@ func TestDelayedRetry(t *testing.T) {
 		t.Error("Settle did not nack the delivery")
 	}
 	want := amqp.Table{"x-queue-type": "quorum", "x-delayed-retry-type": "returned", "x-delayed-retry-min": int64(2000), "x-delayed-retry-max": int64(2000)}
-	if got := WorkQueueArgs(2 * time.Second); !maps.Equal(got, want) {
+	if got := backend.WorkQueueArgs(2 * time.Second); !maps.Equal(got, want) {
 		t.Errorf("WorkQueueArgs = %v, want %v", got, want)
 	}
 }
@@ -556,11 +517,11 @@ func (r recorder) Publish(topic string, msgs ...*message.Message) error {
 func (recorder) Close() error { return nil }
 
 func TestMemory(t *testing.T) {
-	if err := lookup(t, Spec{Name: delay.Memory}).Park(context.Background(), "q", message.NewMessage("m", nil), 0); !errors.Is(err, errDetached) {
+	if err := lookup(t, backend.Spec{Name: string(Memory)}).Park(context.Background(), "q", message.NewMessage("m", nil), 0); !errors.Is(err, errDetached) {
 		t.Errorf("memory backend without a publisher: %v", err)
 	}
 	rec := recorder{ch: make(chan published, 2)}
-	b, err := New(Spec{Name: delay.Memory}, Env{Memory: rec})
+	b, err := backend.New(backend.Spec{Name: string(Memory)}, backend.Env{Memory: rec})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -596,7 +557,7 @@ type fake struct {
 	parked    []published
 }
 
-func (f *fake) Name() delay.Backend { return "fake" }
+func (f *fake) Name() string { return "fake" }
 func (f *fake) Effective(d time.Duration) (time.Duration, error) {
 	f.asked = append(f.asked, d)
 	if f.effective != nil {
@@ -606,7 +567,7 @@ func (f *fake) Effective(d time.Duration) (time.Duration, error) {
 }
 func (f *fake) Topology() topology.Topology        { return topology.Topology{} }
 func (f *fake) WorkQueue(string) topology.Topology { return topology.Topology{} }
-func (f *fake) DelayQueues() []DelayQueue          { return nil }
+func (f *fake) DelayQueues() []backend.DelayQueue  { return nil }
 func (f *fake) Close() error                       { return nil }
 func (f *fake) Park(_ context.Context, queue string, msg *message.Message, effective time.Duration) error {
 	if f.parkErr != nil {
@@ -618,7 +579,7 @@ func (f *fake) Park(_ context.Context, queue string, msg *message.Message, effec
 
 func TestSchedulerStripsWatermillDelayKeys(t *testing.T) {
 	f := &fake{}
-	s := Scheduler{Backend: f}
+	s := backend.Scheduler{Backend: f}
 	for _, tt := range []struct {
 		name string
 		set  func(*message.Message)
@@ -668,22 +629,22 @@ func TestSchedulerStripsWatermillDelayKeys(t *testing.T) {
 func TestSchedulerRefuses(t *testing.T) {
 	bad := message.NewMessage("bad", nil)
 	bad.Metadata.Set(wdelay.DelayedForKey, "soon")
-	if err := (Scheduler{Backend: &fake{}}).Publish("q", bad); err == nil || !strings.Contains(err.Error(), wdelay.DelayedForKey) || !strings.Contains(err.Error(), "bad") {
+	if err := (backend.Scheduler{Backend: &fake{}}).Publish("q", bad); err == nil || !strings.Contains(err.Error(), wdelay.DelayedForKey) || !strings.Contains(err.Error(), "bad") {
 		t.Errorf("unreadable delay: %v", err)
 	}
 	badUntil := message.NewMessage("bad", nil)
 	badUntil.Metadata.Set(wdelay.DelayedUntilKey, "tomorrow")
-	if err := (Scheduler{Backend: &fake{}}).Publish("q", badUntil); err == nil || !strings.Contains(err.Error(), wdelay.DelayedUntilKey) {
+	if err := (backend.Scheduler{Backend: &fake{}}).Publish("q", badUntil); err == nil || !strings.Contains(err.Error(), wdelay.DelayedUntilKey) {
 		t.Errorf("unreadable time: %v", err)
 	}
-	if err := (Scheduler{Backend: &fake{}}).Publish("", message.NewMessage("m", nil)); err == nil || !strings.Contains(err.Error(), "empty destination queue") {
+	if err := (backend.Scheduler{Backend: &fake{}}).Publish("", message.NewMessage("m", nil)); err == nil || !strings.Contains(err.Error(), "empty destination queue") {
 		t.Errorf("empty queue: %v", err)
 	}
-	if err := (Scheduler{Backend: lookup(t, Spec{Name: delay.DelayedRetry, RetryDelay: time.Second})}).Publish("q", message.NewMessage("m", nil)); err == nil || !strings.Contains(err.Error(), "retries in place") {
+	if err := (backend.Scheduler{Backend: lookup(t, backend.Spec{Name: string(DelayedRetry), RetryDelay: time.Second})}).Publish("q", message.NewMessage("m", nil)); err == nil || !strings.Contains(err.Error(), "retries in place") {
 		t.Errorf("in-place backend: %v", err)
 	}
 	f := &fake{parkErr: handoff.ErrReturned}
-	if err := (Scheduler{Backend: f}).Publish("q", message.NewMessage("m", nil)); !errors.Is(err, handoff.ErrReturned) || !strings.Contains(err.Error(), `park message m for queue "q" (fake backend)`) {
+	if err := (backend.Scheduler{Backend: f}).Publish("q", message.NewMessage("m", nil)); !errors.Is(err, handoff.ErrReturned) || !strings.Contains(err.Error(), `park message m for queue "q" (fake backend)`) {
 		t.Errorf("park failure: %v", err)
 	}
 
@@ -693,8 +654,8 @@ func TestSchedulerRefuses(t *testing.T) {
 	msg := message.NewMessage("m", nil)
 	wdelay.Message(msg, wdelay.For(15500*time.Millisecond))
 	before := maps.Clone(msg.Metadata)
-	err := Scheduler{Backend: b}.Publish("orders", msg)
-	if !errors.Is(err, delay.ErrDelayTooLong) || !strings.Contains(err.Error(), `"orders"`) || !strings.Contains(err.Error(), "maximum 15s") {
+	err := backend.Scheduler{Backend: b}.Publish("orders", msg)
+	if !errors.Is(err, ErrDelayTooLong) || !strings.Contains(err.Error(), `"orders"`) || !strings.Contains(err.Error(), "maximum 15s") {
 		t.Fatalf("err %v, want ErrDelayTooLong naming the queue and the maximum", err)
 	}
 	if !maps.Equal(msg.Metadata, before) {
@@ -704,11 +665,11 @@ func TestSchedulerRefuses(t *testing.T) {
 
 // TestBackendsBuiltForPlanningDoNotPark: Lookup's backends plan and size only.
 func TestBackendsBuiltForPlanningDoNotPark(t *testing.T) {
-	for _, s := range []Spec{
-		{Name: delay.TTLTiers, Prefix: "p", Tiers: DefaultTiers()},
-		{Name: delay.BinaryLevels, Prefix: "p", Levels: 4},
-		{Name: delay.DelayedExchange, Prefix: "p"},
-		{Name: delay.Memory},
+	for _, s := range []backend.Spec{
+		{Name: string(TTLTiers), Prefix: "p", Tiers: backend.DefaultTiers()},
+		{Name: string(BinaryLevels), Prefix: "p", Levels: 4},
+		{Name: string(DelayedExchange), Prefix: "p"},
+		{Name: string(Memory)},
 	} {
 		if err := lookup(t, s).Park(context.Background(), "q", message.NewMessage("m", nil), time.Second); !errors.Is(err, errDetached) {
 			t.Errorf("%s: Park = %v, want errDetached", s.Name, err)
@@ -769,6 +730,23 @@ func TestVersionRules(t *testing.T) {
 		got := [4]bool{version.DelayedRetry(v), version.NoPlugins(v), version.CountsNacks(v), version.DefaultDeliveryLimit(v)}
 		if got != want {
 			t.Errorf("version %q: DelayedRetry, NoPlugins, CountsNacks, DefaultDeliveryLimit = %v, want %v", v, got, want)
+		}
+	}
+}
+
+// TestContractNames: the contract with the backends' users names the one backend whose
+// work queues hold every retry as package delay does.
+func TestContractNames(t *testing.T) {
+	if backend.DelayedRetryName != string(DelayedRetry) {
+		t.Errorf("backend.DelayedRetryName %q, want %q", backend.DelayedRetryName, DelayedRetry)
+	}
+	for _, name := range Backends() {
+		b, err := backend.Lookup(backend.Spec{Name: string(name), Prefix: "p", Tiers: backend.DefaultTiers(), Levels: backend.DefaultLevels, RetryDelay: time.Second})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if b.Name() != string(name) {
+			t.Errorf("backend %s is named %q", name, b.Name())
 		}
 	}
 }

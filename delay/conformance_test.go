@@ -1,4 +1,4 @@
-package backend_test
+package delay_test
 
 import (
 	"context"
@@ -103,7 +103,7 @@ func newRig(t *testing.T, bc backendCase) *rig {
 	t.Helper()
 	h := dialHandoff(t)
 	prefix := brokertest.Prefix(t)
-	b, err := backend.New(backend.Spec{Name: bc.name, Prefix: prefix, Tiers: conformanceTiers, Levels: conformanceLevels},
+	b, err := backend.New(backend.Spec{Name: string(bc.name), Prefix: prefix, Tiers: conformanceTiers, Levels: conformanceLevels},
 		backend.Env{Handoff: h, Memory: queuePublisher{h}})
 	if err != nil {
 		t.Fatal(err)
@@ -375,7 +375,7 @@ func TestBinaryLevelsRefusesDelayPastMaximum(t *testing.T) {
 	t.Parallel()
 	h := dialHandoff(t)
 	prefix := brokertest.Prefix(t)
-	b, err := backend.New(backend.Spec{Name: delay.BinaryLevels, Prefix: prefix, Levels: 4}, backend.Env{Handoff: h})
+	b, err := backend.New(backend.Spec{Name: string(delay.BinaryLevels), Prefix: prefix, Levels: 4}, backend.Env{Handoff: h})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -419,7 +419,7 @@ func TestBackendsShareAPrefix(t *testing.T) {
 	h := dialHandoff(t)
 	prefix := brokertest.Prefix(t)
 	for _, name := range []delay.Backend{delay.TTLTiers, delay.BinaryLevels, delay.TTLTiers} {
-		b, err := backend.New(backend.Spec{Name: name, Prefix: prefix, Tiers: []time.Duration{time.Second, time.Minute}, Levels: 4}, backend.Env{Handoff: h})
+		b, err := backend.New(backend.Spec{Name: string(name), Prefix: prefix, Tiers: []time.Duration{time.Second, time.Minute}, Levels: 4}, backend.Env{Handoff: h})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -440,7 +440,7 @@ func TestBinaryLevelsRefusesAnotherLadderUnderItsPrefix(t *testing.T) {
 	h := dialHandoff(t)
 	prefix, other := brokertest.Prefix(t), brokertest.Prefix(t)+"-b"
 	ladder := func(prefix string, levels int) backend.Backend {
-		b, err := backend.New(backend.Spec{Name: delay.BinaryLevels, Prefix: prefix, Levels: levels}, backend.Env{Handoff: h})
+		b, err := backend.New(backend.Spec{Name: string(delay.BinaryLevels), Prefix: prefix, Levels: levels}, backend.Env{Handoff: h})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -496,7 +496,7 @@ func TestPrepare(t *testing.T) {
 	v := h.Version()
 	prefix := brokertest.Prefix(t)
 
-	dr, err := backend.New(backend.Spec{Name: delay.DelayedRetry, RetryDelay: time.Second}, backend.Env{Handoff: h})
+	dr, err := backend.New(backend.Spec{Name: string(delay.DelayedRetry), RetryDelay: time.Second}, backend.Env{Handoff: h})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -508,7 +508,7 @@ func TestPrepare(t *testing.T) {
 		t.Errorf("delayed-retry on RabbitMQ %s: %v, want ErrUnsupported naming 4.3 and the version", v, err)
 	}
 
-	dx, err := backend.New(backend.Spec{Name: delay.DelayedExchange, Prefix: prefix}, backend.Env{Handoff: h})
+	dx, err := backend.New(backend.Spec{Name: string(delay.DelayedExchange), Prefix: prefix}, backend.Env{Handoff: h})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -533,7 +533,7 @@ func TestPrepare(t *testing.T) {
 		}
 	}
 
-	tt, err := backend.New(backend.Spec{Name: delay.TTLTiers, Prefix: prefix, Tiers: []time.Duration{time.Second}}, backend.Env{Handoff: h})
+	tt, err := backend.New(backend.Spec{Name: string(delay.TTLTiers), Prefix: prefix, Tiers: []time.Duration{time.Second}}, backend.Env{Handoff: h})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package backend
+package delay
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/topology"
@@ -22,19 +22,19 @@ import (
 // that failed, which is bound there under its own name: it goes back to that queue only.
 //
 //	<prefix>.delay          headers exchange, where copies are published
-//	<prefix>.delay.<tier>   one quorum queue per tier, bound on keys.Tier
+//	<prefix>.<tier>   one quorum queue per tier, bound on keys.Tier
 //	<prefix>.deliver        direct exchange, the tiers' dead-letter exchange
 //	<prefix>.parking        the delivery exchange's alternate exchange and its queue
 //
 // A requested delay snaps to the shortest tier at least as long; a delay longer than
 // the longest tier gets the longest tier (the one case where a retry comes back early).
 type ttlTiers struct {
-	env   Env
+	env   backend.Env
 	names names.Names
 	tiers []time.Duration // ascending
 }
 
-func (b *ttlTiers) Name() delay.Backend { return delay.TTLTiers }
+func (b *ttlTiers) Name() string { return string(TTLTiers) }
 
 func (b *ttlTiers) Topology() topology.Topology {
 	t := delivery(b.names, b.names.Deliver(), amqp.ExchangeDirect)
@@ -50,10 +50,10 @@ func (b *ttlTiers) Topology() topology.Topology {
 	return t
 }
 
-func (b *ttlTiers) DelayQueues() []DelayQueue {
-	out := make([]DelayQueue, len(b.tiers))
+func (b *ttlTiers) DelayQueues() []backend.DelayQueue {
+	out := make([]backend.DelayQueue, len(b.tiers))
 	for i, tier := range b.tiers {
-		out[i] = DelayQueue{Name: b.names.TierQueue(tier), TTL: tier}
+		out[i] = backend.DelayQueue{Name: b.names.TierQueue(tier), TTL: tier}
 	}
 	return out
 }
@@ -78,7 +78,7 @@ func (b *ttlTiers) Park(ctx context.Context, queue string, msg *message.Message,
 		return errDetached
 	}
 	headers := amqp.Table{keys.Tier: names.Tier(effective)}
-	owned := func() topology.Topology { return Plan(b, queue) }
+	owned := func() topology.Topology { return backend.Plan(b, queue) }
 	if err := b.env.Handoff.Publish(ctx, b.names.DelayExchange(), queue, msg, headers, true, owned); err != nil {
 		return fmt.Errorf("queue %s: %w", b.names.TierQueue(effective), err)
 	}

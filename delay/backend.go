@@ -1,0 +1,143 @@
+package delay
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/names"
+	"github.com/amqpretry/amqpretry/topology"
+)
+
+// The backends register themselves with the contract their users know them by.
+func init() {
+	backend.Register(backend.Impl{New: open, Prepare: prepare, Limits: limitsOf})
+}
+
+// maxLevels: level 29 would hold messages 2^29 s, longer than maxTTL.
+const maxLevels = 29
+
+// maxTTL is the longest TTL RabbitMQ accepts (315,360,000,000 ms, ten years).
+const maxTTL = 315_360_000_000 * time.Millisecond
+
+var errDetached = errors.New("backend built for planning cannot park messages")
+
+// open validates s and returns its backend, parking through env (backend.New).
+func open(s backend.Spec, env backend.Env) (backend.Backend, error) {
+	if env.Logger == nil {
+		env.Logger = watermill.NopLogger{}
+	}
+	if strings.ContainsAny(s.Prefix, "*# ") {
+		return nil, fmt.Errorf("Prefix: %q must not contain '*', '#' or spaces", s.Prefix)
+	}
+	n := names.Names{Prefix: s.Prefix}
+	var b backend.Backend
+	switch Backend(s.Name) {
+	case TTLTiers:
+		if err := validateTiers(s.Tiers); err != nil {
+			return nil, err
+		}
+		tiers := slices.Clone(s.Tiers)
+		slices.Sort(tiers)
+		b = &ttlTiers{env: env, names: n, tiers: tiers}
+	case BinaryLevels:
+		if s.Levels < 1 || s.Levels > maxLevels {
+			return nil, fmt.Errorf("Levels: %d is outside 1 to %d (a level holding 2^%d s would need a TTL longer than RabbitMQ's ten-year maximum)", s.Levels, maxLevels, maxLevels)
+		}
+		b = &binaryLevels{env: env, names: n, levels: s.Levels}
+	case DelayedExchange:
+		b = &delayedExchange{env: env, names: n, bound: map[string]bool{}}
+	case DelayedRetry:
+		if err := backend.CheckRetryDelay(s.RetryDelay); err != nil {
+			return nil, err
+		}
+		b = delayedRetry{delay: s.RetryDelay}
+	case DeliveryTime:
+		b = deliveryTime{redeliver: env.Redeliver}
+	case Memory:
+		b = newMemory(env)
+	default:
+		known := make([]string, 0, len(Backends()))
+		for _, name := range Backends() {
+			known = append(known, string(name))
+		}
+		return nil, fmt.Errorf("Backend: unknown backend %q (known: %s)", s.Name, strings.Join(known, ", "))
+	}
+	for _, name := range allNames(b.Topology()) {
+		if len(name) > names.MaxBytes {
+			return nil, fmt.Errorf("Prefix: makes the name %q %d bytes long, over AMQP's %d", name, len(name), names.MaxBytes)
+		}
+	}
+	return b, nil
+}
+
+func allNames(t topology.Topology) []string {
+	var out []string
+	for _, e := range t.Exchanges {
+		out = append(out, e.Name)
+	}
+	for _, q := range t.Queues {
+		out = append(out, q.Name)
+	}
+	return out
+}
+
+func validateTiers(tiers []time.Duration) error {
+	if len(tiers) == 0 {
+		return errors.New("Tiers: empty; leave it nil for the default ladder")
+	}
+	for i, t := range tiers {
+		switch {
+		case t < time.Millisecond || t > maxTTL:
+			return fmt.Errorf("Tiers[%d]: %s is outside 1ms to %s", i, t, maxTTL)
+		case t%time.Millisecond != 0:
+			return fmt.Errorf("Tiers[%d]: %s is not a whole number of milliseconds", i, t)
+		case slices.Contains(tiers[:i], t):
+			return fmt.Errorf("Tiers[%d]: %s appears twice", i, t)
+		}
+	}
+	return nil
+}
+
+// delivery is a delivery exchange of the given name and kind, with the parking
+// exchange and queue as its alternate exchange: a dead letter that matches no binding
+// is parked, never stuck at the head of a delay queue (at-least-once dead lettering
+// would retry it forever).
+func delivery(n names.Names, exchange, kind string) topology.Topology {
+	return topology.Topology{
+		Exchanges: []topology.Exchange{
+			{Name: n.Parking(), Kind: "fanout"},
+			{Name: exchange, Kind: kind, Args: map[string]interface{}{declare.AlternateExchangeArg: n.Parking()}},
+		},
+		Queues:   []topology.Queue{declare.HoldingQueue(n.Parking(), "parking")},
+		Bindings: []topology.Binding{{Exchange: n.Parking(), Destination: n.Parking()}},
+	}
+}
+
+// delayQueueArgs are the arguments of a queue that holds messages for ttl and then
+// dead-letters them, at least once, to dlx.
+func delayQueueArgs(ttl time.Duration, dlx string) map[string]interface{} {
+	return map[string]interface{}{
+		declare.QueueTypeArg:          declare.QueueTypeQuorum,
+		declare.MessageTTLArg:         ttl.Milliseconds(),
+		declare.DeadLetterExchangeArg: dlx,
+		declare.DeadLetterStrategyArg: declare.DeadLetterAtLeastOnce,
+		declare.OverflowArg:           declare.OverflowRejectPublish,
+	}
+}
+
+// wholeMillis rounds d up to whole milliseconds, at least 1 ms: the precision of the
+// backends that take a delay in milliseconds.
+func wholeMillis(d time.Duration) time.Duration {
+	ms := d / time.Millisecond
+	if d%time.Millisecond > 0 {
+		ms++
+	}
+	return max(ms, 1) * time.Millisecond
+}
