@@ -9,7 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqpretry/amqpretry/internal/handoff"
+	"github.com/amqpretry/amqpretry/internal/backend"
 )
 
 // Cluster returns an amqp091-go Config whose connections go to any of the nodes of a
@@ -28,7 +28,7 @@ import (
 // dial, and the subscriber and your publishers may dial at the same moment.
 func Cluster(nodes ...string) *amqp.Config {
 	d := &dialer{nodes: nodes}
-	return &amqp.Config{Dial: d.dial, Heartbeat: 10 * time.Second, Locale: handoff.Locale}
+	return &amqp.Config{Dial: d.dial, Heartbeat: 10 * time.Second, Locale: backend.Locale}
 }
 
 // dialer dials the nodes in turn.

@@ -14,7 +14,6 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
-	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/topology"
 )
@@ -136,7 +135,7 @@ func (c Config) WithDefaults() Config {
 		c.PoisonQueue = names.Names{Prefix: c.Prefix}.Poison()
 	}
 	if c.ConfirmTimeout == 0 {
-		c.ConfirmTimeout = handoff.DefaultConfirmTimeout
+		c.ConfirmTimeout = backend.DefaultConfirmTimeout
 	}
 	if c.Topology == "" {
 		c.Topology = topology.ModeDeclare

@@ -13,7 +13,6 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
-	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/topology"
@@ -21,7 +20,7 @@ import (
 
 // rig is one delay backend on its own hand-off connection, wired to a fresh work queue.
 type rig struct {
-	h     *handoff.Handoff
+	h     backend.Handoff
 	b     backend.Backend
 	queue string
 }
@@ -48,7 +47,7 @@ func benchBackends() []string {
 // non-empty skip reason (delayed-exchange without its plugin: delay.ErrPluginMissing;
 // delayed-retry before 4.3: delay.ErrUnsupported). err is for everything else.
 func (e *env) newRig(name, scope string, tiers []time.Duration) (r *rig, skip string, err error) {
-	h, err := handoff.Dial(handoff.Config{URI: e.uri, Topology: topology.ModeDeclare})
+	h, err := backend.Dial(backend.HandoffConfig{URI: e.uri, Topology: topology.ModeDeclare})
 	if err != nil {
 		return nil, "", err
 	}
@@ -83,7 +82,7 @@ func (e *env) newRig(name, scope string, tiers []time.Duration) (r *rig, skip st
 
 // queuePublisher publishes to the queue named by the topic through the hand-off:
 // where the memory backend delivers a retry when its delay is over.
-type queuePublisher struct{ h *handoff.Handoff }
+type queuePublisher struct{ h backend.Handoff }
 
 func (p queuePublisher) Publish(queue string, msgs ...*message.Message) error {
 	for _, msg := range msgs {

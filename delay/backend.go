@@ -17,7 +17,13 @@ import (
 
 // The backends register themselves with the contract their users know them by.
 func init() {
-	backend.Register(backend.Impl{New: open, Prepare: prepare, Limits: limitsOf})
+	backend.Register(backend.Impl{New: open, Prepare: prepare, Limits: limitsOf, Dial: func(cfg backend.HandoffConfig) (backend.Handoff, error) {
+		p, err := dial(cfg)
+		if err != nil {
+			return nil, err // a nil interface, not a nil *publisher
+		}
+		return p, nil
+	}})
 }
 
 // maxLevels: level 29 would hold messages 2^29 s, longer than maxTTL.

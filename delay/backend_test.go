@@ -17,7 +17,6 @@ import (
 
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
-	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/internal/version"
 	"github.com/amqpretry/amqpretry/topology"
@@ -226,7 +225,7 @@ func TestTTLTiersTopology(t *testing.T) {
 
 func TestBinaryLevelsWorkQueue(t *testing.T) {
 	b := levels(4)
-	b.env.Handoff = &handoff.Handoff{} // never reached: Park refuses the name first
+	b.env.Handoff = &publisher{} // never reached: Park refuses the name first
 	tooLong := strings.Repeat("q", names.MaxBytes-2*4+1)
 	for _, tt := range []struct {
 		queue string
@@ -643,14 +642,14 @@ func TestSchedulerRefuses(t *testing.T) {
 	if err := (backend.Scheduler{Backend: lookup(t, backend.Spec{Name: string(DelayedRetry), RetryDelay: time.Second})}).Publish("q", message.NewMessage("m", nil)); err == nil || !strings.Contains(err.Error(), "retries in place") {
 		t.Errorf("in-place backend: %v", err)
 	}
-	f := &fake{parkErr: handoff.ErrReturned}
-	if err := (backend.Scheduler{Backend: f}).Publish("q", message.NewMessage("m", nil)); !errors.Is(err, handoff.ErrReturned) || !strings.Contains(err.Error(), `park message m for queue "q" (fake backend)`) {
+	f := &fake{parkErr: backend.ErrReturned}
+	if err := (backend.Scheduler{Backend: f}).Publish("q", message.NewMessage("m", nil)); !errors.Is(err, backend.ErrReturned) || !strings.Contains(err.Error(), `park message m for queue "q" (fake backend)`) {
 		t.Errorf("park failure: %v", err)
 	}
 
 	// A delay the backend refuses, refused before anything is published.
 	b := levels(4)
-	b.env.Handoff = &handoff.Handoff{} // publishing would fail: never reached
+	b.env.Handoff = &publisher{} // publishing would fail: never reached
 	msg := message.NewMessage("m", nil)
 	wdelay.Message(msg, wdelay.For(15500*time.Millisecond))
 	before := maps.Clone(msg.Metadata)

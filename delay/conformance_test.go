@@ -18,7 +18,6 @@ import (
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/declare"
-	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/internal/version"
@@ -51,7 +50,7 @@ var backendCases = []backendCase{
 
 // queuePublisher is where the memory backend delivers: the queue named by the topic,
 // through the hand-off.
-type queuePublisher struct{ h *handoff.Handoff }
+type queuePublisher struct{ h backend.Handoff }
 
 func (p queuePublisher) Publish(queue string, msgs ...*message.Message) error {
 	for _, m := range msgs {
@@ -65,10 +64,10 @@ func (queuePublisher) Close() error { return nil }
 
 // dialHandoff connects a Handoff to the test broker (or skips, see brokertest.Dial) and
 // closes it when the test ends.
-func dialHandoff(t *testing.T) *handoff.Handoff {
+func dialHandoff(t *testing.T) backend.Handoff {
 	t.Helper()
 	brokertest.Dial(t)
-	h, err := handoff.Dial(handoff.Config{URI: brokertest.URI()})
+	h, err := backend.Dial(backend.HandoffConfig{URI: brokertest.URI()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +76,7 @@ func dialHandoff(t *testing.T) *handoff.Handoff {
 }
 
 // skipWithoutPlugin skips t when err says the delayed-message plugin is missing.
-func skipWithoutPlugin(t *testing.T, h *handoff.Handoff, err error) {
+func skipWithoutPlugin(t *testing.T, h backend.Handoff, err error) {
 	t.Helper()
 	if errors.Is(err, delay.ErrPluginMissing) && version.NoPlugins(h.Version()) {
 		t.Skipf("needs the rabbitmq_delayed_message_exchange plugin, which RabbitMQ %s at AMQP_URI cannot run (4.3 and later); point AMQP_URI at an older broker that has it: %v", h.Version(), err)
@@ -93,7 +92,7 @@ func skipWithoutPlugin(t *testing.T, h *handoff.Handoff, err error) {
 type rig struct {
 	t       *testing.T
 	backend backend.Backend
-	handoff *handoff.Handoff
+	handoff backend.Handoff
 	queue   string
 	prefix  string
 }

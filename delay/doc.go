@@ -2,9 +2,11 @@
 // return, and their implementations, one file per backend (ttltiers.go,
 // binarylevels.go, delayedexchange.go, delayedretry.go, deliverytime.go, memory.go),
 // each saying what it declares, how it sizes a delay and how it parks a message or
-// leaves it in place; prepare.go readies a backend on the broker at start-up. The
-// middleware reaches them through the contract in the library's internal/backend,
-// with which this package registers them.
+// leaves it in place; prepare.go readies a backend on the broker at start-up; and
+// handoff.go is the hand-off, the delay publisher: the confirmed publish, on a
+// connection of its own, through which every copy reaches the broker before its
+// original is acked. The middleware and package ops reach them through the contract
+// in the library's internal/backend, with which this package registers them.
 //
 // Import it to name a backend in code (amqpretry.Config.Backend is a Backend; a name
 // read from configuration converts with delay.Backend(s), so a deployment can switch

@@ -7,7 +7,6 @@ import (
 
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
-	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/version"
 	"github.com/amqpretry/amqpretry/topology"
 )
@@ -15,7 +14,7 @@ import (
 // prepare readies b on the broker at start-up, as mode says: it refuses a backend the
 // broker's version cannot run, then declares (or, in topology.ModeVerify, checks) b's
 // publishing side (backend.Prepare).
-func prepare(b backend.Backend, h *handoff.Handoff, mode topology.Mode) error {
+func prepare(b backend.Backend, h backend.Handoff, mode topology.Mode) error {
 	v := h.Version()
 	de, isDE := b.(*delayedExchange)
 	switch {
@@ -45,7 +44,7 @@ func prepare(b backend.Backend, h *handoff.Handoff, mode topology.Mode) error {
 // would also match the other's bindings, and be duplicated, a copy coming back late. A larger ladder leaves queue <prefix>.level.<Levels>; a smaller one has
 // level 0's queue but not the top level's exchange (every exchange is declared before
 // any queue).
-func (b *binaryLevels) checkLadder(h *handoff.Handoff) error {
+func (b *binaryLevels) checkLadder(h backend.Handoff) error {
 	conn, err := h.Connection()
 	if err != nil {
 		return err

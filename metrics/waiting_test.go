@@ -16,7 +16,6 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
-	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/metrics"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/ops"
@@ -47,7 +46,7 @@ func TestRefreshWaiting(t *testing.T) {
 	if _, err := o.Apply(context.Background(), busy, idle); err != nil {
 		t.Fatal(err)
 	}
-	h, err := handoff.Dial(handoff.Config{URI: brokertest.URI()})
+	h, err := backend.Dial(backend.HandoffConfig{URI: brokertest.URI()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,6 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
-	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/keys"
 )
 
@@ -319,7 +318,7 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 		cp.Metadata[keys.HoldUntil] = holdUntil.UTC().Format(time.RFC3339Nano)
 	}
 	perr := e.backend.Park(handoffContext(cp), d.queue, cp, effective)
-	if errors.Is(perr, handoff.ErrTooLarge) {
+	if errors.Is(perr, backend.ErrTooLarge) {
 		trim(&f.envelope)
 		f.envelope.Write(cp.Metadata)
 		perr = e.backend.Park(handoffContext(cp), d.queue, cp, effective)
@@ -334,13 +333,13 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 			e.cfg.Logger.Info("Retry scheduled", f.fields.Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
 		}
 		return nil
-	case errors.Is(perr, handoff.ErrTooLarge):
+	case errors.Is(perr, backend.ErrTooLarge):
 		// Handing it off again would be refused again: poison it, saying why.
 		f.fields["handoff_err"] = perr.Error()
 		f.envelope.Error = "retry copy larger than the broker's frame_max even with a trimmed envelope; handler error: " + err.Error()
 		return e.poison(f, cp, amqpretry.ReasonTooLarge)
 	}
-	return e.handoffFailed(f, cp, perr, handoff.Cause(perr), true)
+	return e.handoffFailed(f, cp, perr, backend.Cause(perr), true)
 }
 
 // handoffContext is the context of a hand-off of cp: the delivery's, but not canceled

@@ -15,7 +15,6 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
-	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/schedule"
 )
@@ -64,12 +63,12 @@ func (e *engine) poison(f failure, cp *message.Message, reason amqpretry.Reason)
 	f.fields["poison_reason"] = string(reason)
 	start := time.Now()
 	perr := e.poisonTo(cp)
-	if errors.Is(perr, handoff.ErrTooLarge) {
+	if errors.Is(perr, backend.ErrTooLarge) {
 		trim(&f.envelope)
 		f.envelope.Write(cp.Metadata)
 		perr = e.poisonTo(cp)
 	}
-	for errors.Is(perr, handoff.ErrTooLarge) && dropLargestHeader(cp.Metadata, &f.envelope) {
+	for errors.Is(perr, backend.ErrTooLarge) && dropLargestHeader(cp.Metadata, &f.envelope) {
 		perr = e.poisonTo(cp)
 	}
 	if perr != nil {

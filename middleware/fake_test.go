@@ -12,7 +12,6 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
-	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -140,7 +139,7 @@ func tooLarge(limit int) func(*message.Message) error {
 	return func(msg *message.Message) error {
 		for k, v := range msg.Metadata {
 			if len(k)+len(v) > limit {
-				return fmt.Errorf("publish: %w: %s", handoff.ErrTooLarge, k)
+				return fmt.Errorf("publish: %w: %s", backend.ErrTooLarge, k)
 			}
 		}
 		return nil

@@ -15,7 +15,6 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
-	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/schedule"
 )
@@ -220,14 +219,14 @@ func (e *engine) repoison(msg *message.Message, d delivery, pp pendingPoison) er
 // remembered (only its poison publish is retried when it comes back), and nacked for
 // redelivery after the paced pause of a failed hand-off.
 func (e *engine) poisonFailed(f failure, reason amqpretry.Reason, perr error) error {
-	gone := handoff.RouteGone(perr)
+	gone := backend.RouteGone(perr)
 	perr = fmt.Errorf("poison queue %q: %w", e.cfg.PoisonQueue, perr)
 	if e.poisonHint != nil {
 		perr = e.poisonHint(perr, gone)
 	}
 	n := e.pending.add(f, reason)
 	e.stats.failures.add()
-	cause := handoff.Cause(perr)
+	cause := backend.Cause(perr)
 	if gone {
 		cause = CausePoisonQueueMissing
 	}
@@ -308,7 +307,7 @@ func (e *engine) parkAgain(msg *message.Message, d delivery, until time.Time) er
 	}
 	n := e.failures.add(msg.UUID)
 	e.stats.failures.add()
-	e.observe(amqpretry.Event{Kind: amqpretry.EventHandoffFailed, Queue: d.queue, Attempt: d.attempt, Err: err, Cause: handoff.Cause(err)})
+	e.observe(amqpretry.Event{Kind: amqpretry.EventHandoffFailed, Queue: d.queue, Attempt: d.attempt, Err: err, Cause: backend.Cause(err)})
 	e.cfg.Logger.Error("Could not park a retry again until it is due, nacking it for redelivery", err, watermill.LogFields{
 		"message_uuid": msg.UUID, "queue": d.queue, "attempt": d.attempt, "handoff_failures": n, "due": until.Format(time.RFC3339Nano)})
 	e.pausePaced(msg.Context(), schedule.HandoffPause(n))

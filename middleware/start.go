@@ -14,7 +14,6 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
-	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/internal/redact"
 	"github.com/amqpretry/amqpretry/internal/schedule"
@@ -30,7 +29,7 @@ type retry struct {
 	*engine
 	cfg     amqpretry.Config
 	t       Transport
-	handoff *handoff.Handoff // nil in-process
+	handoff backend.Handoff // nil in-process
 	fix     declare.Fix
 	id      string
 
@@ -64,7 +63,7 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 	}
 	r.id = watermill.NewShortUUID()
 	e.wiring.ID, e.wiring.Bound = r.id, r.isBound
-	h, err := handoff.Dial(handoff.Config{URI: t.URI, AMQP: t.AMQP, ConfirmTimeout: cfg.ConfirmTimeout,
+	h, err := backend.Dial(backend.HandoffConfig{URI: t.URI, AMQP: t.AMQP, ConfirmTimeout: cfg.ConfirmTimeout,
 		Marshal:  marshal.Options{MessageUUIDHeaderKey: t.UUIDHeader, NotPersistentDeliveryMode: t.NotPersistent, PostprocessPublishing: t.Postprocess},
 		Topology: cfg.Topology, Logger: cfg.Logger})
 	if err != nil {

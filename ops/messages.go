@@ -12,7 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
-	"github.com/amqpretry/amqpretry/internal/handoff"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/middleware"
@@ -382,7 +382,7 @@ func (o *Ops) moveQueue(ctx context.Context, queue string, opts MoveOptions, red
 		if redrive {
 			err := o.send(ctx, queue, d, m, opts.ResetAttempts, waiting)
 			switch {
-			case errors.Is(err, handoff.ErrReturned) || errors.Is(err, errNoQueue):
+			case errors.Is(err, backend.ErrReturned) || errors.Is(err, errNoQueue):
 				sc.hold(d)
 				res.Unroutable++
 				res.Unrouted = append(res.Unrouted, m)

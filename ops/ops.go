@@ -13,7 +13,6 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
-	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/internal/redact"
 	"github.com/amqpretry/amqpretry/topology"
@@ -59,7 +58,7 @@ type Ops struct {
 	// its queue: one "0." or "1." word per level for binary-levels, else none.
 	skip    int
 	parking bool // the backend has a parking queue
-	handoff *handoff.Handoff
+	handoff backend.Handoff
 	conn    *amqp.Connection
 	ctl     func(ctx context.Context, args ...string) ([]byte, error) // Config.Rabbitmqctl
 	vhost   string
@@ -100,7 +99,7 @@ func New(cfg Config) (*Ops, error) {
 		o.skip = 2 * retry.Levels
 	}
 	o.parking = slices.ContainsFunc(b.Topology().Queues, func(q topology.Queue) bool { return q.Name == o.names.Parking() })
-	h, err := handoff.Dial(handoff.Config{
+	h, err := backend.Dial(backend.HandoffConfig{
 		URI: cfg.URI, AMQP: cfg.AMQP, ConfirmTimeout: retry.ConfirmTimeout,
 		// A redrive never declares: a message whose queue is gone stays where it is.
 		Topology: topology.ModeNone, Logger: cfg.Logger,
@@ -108,7 +107,7 @@ func New(cfg Config) (*Ops, error) {
 	if err != nil {
 		return nil, o.redact(err)
 	}
-	conn, err := handoff.DialConn(cfg.URI, cfg.AMQP)
+	conn, err := backend.DialConn(cfg.URI, cfg.AMQP)
 	if err != nil {
 		_ = h.Close()
 		return nil, o.redact(err)

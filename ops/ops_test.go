@@ -21,7 +21,6 @@ import (
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/declare"
-	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/version"
 	"github.com/amqpretry/amqpretry/middleware"
@@ -38,7 +37,7 @@ type rig struct {
 	prefix string
 	cfg    ops.Config
 	ops    *ops.Ops
-	h      *handoff.Handoff
+	h      backend.Handoff
 	queues []string
 }
 
@@ -74,7 +73,7 @@ func newRigWith(t *testing.T, retry amqpretry.Config, workQueues ...string) *rig
 	}
 	t.Cleanup(func() { _ = o.Close() })
 	r.ops = o
-	h, err := handoff.Dial(handoff.Config{URI: brokertest.URI()})
+	h, err := backend.Dial(backend.HandoffConfig{URI: brokertest.URI()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,8 +20,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
-	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
@@ -48,7 +48,7 @@ type env struct {
 	t      *testing.T
 	prefix string
 	queues []string
-	h      *handoff.Handoff
+	h      backend.Handoff
 }
 
 var testTiers = []time.Duration{time.Second, 2 * time.Second}
@@ -67,7 +67,7 @@ func newEnv(t *testing.T, queues ...string) *env {
 	}
 	brokertest.CleanupTopology(t, p)
 	brokertest.Cleanup(t, e.queues, nil)
-	h, err := handoff.Dial(handoff.Config{URI: brokertest.URI()})
+	h, err := backend.Dial(backend.HandoffConfig{URI: brokertest.URI()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,6 @@
-// Package backend is the contract between the delay backends, which package delay
-// implements (one file per backend), and the packages that use them: the middleware,
-// the root package's Config (validation, plan) and ops. Package delay registers its
+// Package backend is the contract between the delay backends and the hand-off, which
+// package delay implements (one file per backend, and handoff.go), and the packages
+// that use them: the middleware, the root package's Config (validation, plan) and ops. Package delay registers its
 // implementation when it is imported; every user of this package imports delay too.
 // A backend's name is the string of its delay.Backend.
 package backend
@@ -16,7 +16,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry/internal/declare"
-	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -91,7 +90,7 @@ type InPlace interface {
 
 // Env is what New gives a backend to reach the broker.
 type Env struct {
-	Handoff *handoff.Handoff
+	Handoff Handoff
 	// Memory receives the memory backend's messages when their delay is over.
 	Memory message.Publisher
 	// Redeliver asks the AMQP 1.0 transport to settle msg, when it is nacked, so that
@@ -107,9 +106,11 @@ type Impl struct {
 	// Prepare readies b on the broker at start-up, as mode says: it refuses a
 	// backend the broker's version cannot run, then declares (or, in
 	// topology.ModeVerify, checks) b's publishing side.
-	Prepare func(b Backend, h *handoff.Handoff, mode topology.Mode) error
+	Prepare func(b Backend, h Handoff, mode topology.Mode) error
 	// Limits returns b's limits.
 	Limits func(b Backend) Limits
+	// Dial connects a hand-off (Dial).
+	Dial func(cfg HandoffConfig) (Handoff, error)
 }
 
 var impl Impl
@@ -134,7 +135,7 @@ func New(s Spec, env Env) (Backend, error) {
 }
 
 // Prepare readies b on the broker at start-up (Impl.Prepare).
-func Prepare(b Backend, h *handoff.Handoff, mode topology.Mode) error {
+func Prepare(b Backend, h Handoff, mode topology.Mode) error {
 	return impl.Prepare(b, h, mode)
 }
 

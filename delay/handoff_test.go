@@ -1,4 +1,4 @@
-package handoff
+package delay
 
 import (
 	"context"
@@ -13,19 +13,20 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/version"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
-// dial connects a Handoff to the test broker (or skips, see brokertest.Dial), closed
+// dialTest connects a hand-off to the test broker (or skips, see brokertest.Dial), closed
 // when the test ends.
-func dial(t *testing.T, cfg Config) *Handoff {
+func dialTest(t *testing.T, cfg backend.HandoffConfig) *publisher {
 	t.Helper()
 	brokertest.Dial(t)
 	cfg.URI = brokertest.URI()
-	h, err := Dial(cfg)
+	h, err := dial(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,9 +35,9 @@ func dial(t *testing.T, cfg Config) *Handoff {
 }
 
 // withQueue dials a Handoff and declares a classic queue for it, deleted at the end.
-func withQueue(t *testing.T) (*Handoff, string) {
+func withQueue(t *testing.T) (*publisher, string) {
 	t.Helper()
-	h := dial(t, Config{})
+	h := dialTest(t, backend.HandoffConfig{})
 	q := brokertest.Prefix(t) + ".q"
 	brokertest.Cleanup(t, []string{q}, nil)
 	if err := h.Ensure(topology.ModeDeclare, topology.Topology{Queues: []topology.Queue{{Name: q}}}); err != nil {
@@ -52,13 +53,13 @@ func TestHandoffFailuresAreReportedAndRecovered(t *testing.T) {
 
 	// Unroutable: the broker returns the mandatory publish before it acks it.
 	err := h.Publish(ctx, "", q+".nowhere", msg(), nil, true, nil)
-	if !errors.Is(err, ErrReturned) || !strings.Contains(err.Error(), "312 NO_ROUTE") || Cause(err) != "returned" {
-		t.Fatalf("publish to a missing queue: %v (cause %s), want ErrReturned", err, Cause(err))
+	if !errors.Is(err, backend.ErrReturned) || !strings.Contains(err.Error(), "312 NO_ROUTE") || backend.Cause(err) != "returned" {
+		t.Fatalf("publish to a missing queue: %v (cause %s), want backend.ErrReturned", err, backend.Cause(err))
 	}
 	// A missing exchange makes the broker close the channel: no confirm ever comes.
 	err = h.Publish(ctx, q+".no-such-exchange", q, msg(), nil, true, nil)
-	if !errors.Is(err, ErrNotConfirmed) || !declare.IsCode(err, amqp.NotFound) || Cause(err) != "connection" {
-		t.Fatalf("publish to a missing exchange: %v (cause %s), want ErrNotConfirmed with the 404", err, Cause(err))
+	if !errors.Is(err, backend.ErrNotConfirmed) || !declare.IsCode(err, amqp.NotFound) || backend.Cause(err) != "connection" {
+		t.Fatalf("publish to a missing exchange: %v (cause %s), want backend.ErrNotConfirmed with the 404", err, backend.Cause(err))
 	}
 	// The next publish opens a new channel and goes through.
 	if err := h.Publish(ctx, "", q, msg(), nil, true, nil); err != nil {
@@ -139,7 +140,7 @@ func TestHandoffPublishesSafeCopies(t *testing.T) {
 // TestHandoffMarshalsWithTheSubscribersOptions: the copy carries the UUID in the
 // header the subscriber reads it from.
 func TestHandoffMarshalsWithTheSubscribersOptions(t *testing.T) {
-	h := dial(t, Config{})
+	h := dialTest(t, backend.HandoffConfig{})
 	h.cfg.Marshal.MessageUUIDHeaderKey = "id"
 	q := brokertest.Prefix(t) + ".q"
 	brokertest.Cleanup(t, []string{q}, nil)
@@ -198,12 +199,12 @@ func TestFrameMax(t *testing.T) {
 		t.Fatalf("the largest publish the check allows (%d bytes): %v", lo, err)
 	}
 	err = h.publish(ctx, "", q, publishing(lo+1), true)
-	if !errors.Is(err, ErrTooLarge) || Cause(err) != "too-large" || !strings.Contains(err.Error(), fmt.Sprintf("over frame_max %d", frameMax)) {
-		t.Fatalf("one byte more: %v (cause %s), want ErrTooLarge naming frame_max", err, Cause(err))
+	if !errors.Is(err, backend.ErrTooLarge) || backend.Cause(err) != "too-large" || !strings.Contains(err.Error(), fmt.Sprintf("over frame_max %d", frameMax)) {
+		t.Fatalf("one byte more: %v (cause %s), want backend.ErrTooLarge naming frame_max", err, backend.Cause(err))
 	}
 	msg := message.NewMessage("huge", nil)
 	msg.Metadata.Set("huge", strings.Repeat("h", 2*frameMax))
-	if err := h.Publish(ctx, "", q, msg, nil, true, nil); !errors.Is(err, ErrTooLarge) {
+	if err := h.Publish(ctx, "", q, msg, nil, true, nil); !errors.Is(err, backend.ErrTooLarge) {
 		t.Fatalf("Publish of a message larger than frame_max: %v", err)
 	}
 	if conn, err := h.Connection(); err != nil || conn.IsClosed() || conn != pc.chConn(h) {
@@ -215,7 +216,7 @@ func TestFrameMax(t *testing.T) {
 }
 
 // chConn returns the connection pc's channel belongs to, the hand-off's current one.
-func (pc *pubChannel) chConn(h *Handoff) *amqp.Connection {
+func (pc *pubChannel) chConn(h *publisher) *amqp.Connection {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.pc != pc {
@@ -228,14 +229,14 @@ func TestFitsFrame(t *testing.T) {
 	if err := fitsFrame(amqp.Publishing{Headers: amqp.Table{"a": strings.Repeat("x", 1<<20)}}, 0); err != nil {
 		t.Errorf("frame_max 0 is no limit: %v", err)
 	}
-	if err := fitsFrame(amqp.Publishing{Headers: amqp.Table{"u": uint64(1)}}, 4096); err == nil || errors.Is(err, ErrTooLarge) {
+	if err := fitsFrame(amqp.Publishing{Headers: amqp.Table{"u": uint64(1)}}, 4096); err == nil || errors.Is(err, backend.ErrTooLarge) {
 		t.Errorf("a header amqp091-go cannot publish: %v", err)
 	}
 	// Every property counts, at its full length.
 	base := amqp.Publishing{Headers: amqp.Table{}}
 	size := func(p amqp.Publishing) int {
 		var n int
-		if _, err := fmt.Sscanf(fitsFrame(p, 1).Error()[len(ErrTooLarge.Error())+2:], "header frame of %d bytes", &n); err != nil {
+		if _, err := fmt.Sscanf(fitsFrame(p, 1).Error()[len(backend.ErrTooLarge.Error())+2:], "header frame of %d bytes", &n); err != nil {
 			t.Fatal(err)
 		}
 		return n
@@ -272,7 +273,7 @@ func boolInt(b bool) int {
 // application runs comes back at the first publish that needs it, once, in topology
 // mode declare only.
 func TestDeletedOwnedRouteIsDeclaredAgain(t *testing.T) {
-	h := dial(t, Config{})
+	h := dialTest(t, backend.HandoffConfig{})
 	ctx := context.Background()
 	prefix := brokertest.Prefix(t)
 	q, x := prefix+".q", prefix+".x"
@@ -305,20 +306,20 @@ func TestDeletedOwnedRouteIsDeclaredAgain(t *testing.T) {
 	}
 	// A route that stays unroutable after declaring: the error stands, one try only.
 	err = h.Publish(ctx, x, q+".other", message.NewMessage("3", nil), nil, true, ownedFn)
-	if !errors.Is(err, ErrReturned) || declared != 3 {
+	if !errors.Is(err, backend.ErrReturned) || declared != 3 {
 		t.Fatalf("unroutable after declaring: %v, declared %d times", err, declared)
 	}
 	// Without owned, or in another mode, nothing is declared.
 	if _, err := ch.QueueDelete(q, false, false, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.Publish(ctx, x, q, message.NewMessage("4", nil), nil, true, nil); !errors.Is(err, ErrReturned) {
+	if err := h.Publish(ctx, x, q, message.NewMessage("4", nil), nil, true, nil); !errors.Is(err, backend.ErrReturned) {
 		t.Fatalf("no owned topology: %v", err)
 	}
 	for _, mode := range []topology.Mode{topology.ModeVerify, topology.ModeNone} {
-		hv := dial(t, Config{Topology: mode})
-		if err := hv.Publish(ctx, x, q, message.NewMessage("5", nil), nil, true, ownedFn); !errors.Is(err, ErrReturned) || declared != 3 {
-			t.Fatalf("mode %s: %v, declared %d times; want ErrReturned and nothing declared", mode, err, declared)
+		hv := dialTest(t, backend.HandoffConfig{Topology: mode})
+		if err := hv.Publish(ctx, x, q, message.NewMessage("5", nil), nil, true, ownedFn); !errors.Is(err, backend.ErrReturned) || declared != 3 {
+			t.Fatalf("mode %s: %v, declared %d times; want backend.ErrReturned and nothing declared", mode, err, declared)
 		}
 	}
 
@@ -336,7 +337,7 @@ func TestDeletedOwnedRouteIsDeclaredAgain(t *testing.T) {
 }
 
 func TestEnsure(t *testing.T) {
-	h := dial(t, Config{})
+	h := dialTest(t, backend.HandoffConfig{})
 	prefix := brokertest.Prefix(t)
 	top := topology.Topology{Queues: []topology.Queue{{Name: prefix + ".q"}}}
 	brokertest.CleanupTopology(t, top)
@@ -364,7 +365,7 @@ func TestEnsure(t *testing.T) {
 
 // TestVersion reads the broker's version without disturbing the hand-off connection.
 func TestVersion(t *testing.T) {
-	h := dial(t, Config{})
+	h := dialTest(t, backend.HandoffConfig{})
 	before, err := h.Connection()
 	if err != nil {
 		t.Fatal(err)
@@ -385,9 +386,9 @@ func TestDialErrorsHideThePassword(t *testing.T) {
 		"amqp://guest:hunter2@127.0.0.1:1/",   // nothing listens
 		"amqp://guest:hunter2@127.0.0.1:1:2/", // malformed
 	} {
-		_, err := Dial(Config{URI: uri})
+		_, err := dial(backend.HandoffConfig{URI: uri})
 		if err == nil || strings.Contains(err.Error(), "hunter2") || !strings.Contains(err.Error(), "127.0.0.1") {
-			t.Errorf("Dial(%s): %v, want an error naming the host without the password", strings.ReplaceAll(uri, "hunter2", "***"), err)
+			t.Errorf("dial(%s): %v, want an error naming the host without the password", strings.ReplaceAll(uri, "hunter2", "***"), err)
 		}
 	}
 	brokertest.Dial(t)
@@ -395,7 +396,7 @@ func TestDialErrorsHideThePassword(t *testing.T) {
 	if wrong == brokertest.URI() {
 		t.Skip("AMQP_URI does not use guest:guest")
 	}
-	if _, err := Dial(Config{URI: wrong}); err == nil || strings.Contains(err.Error(), "hunter2") {
+	if _, err := dial(backend.HandoffConfig{URI: wrong}); err == nil || strings.Contains(err.Error(), "hunter2") {
 		t.Errorf("wrong password: %v", err)
 	}
 }
@@ -405,17 +406,17 @@ func TestCause(t *testing.T) {
 		err  error
 		want string
 	}{
-		{fmt.Errorf("p: %w: 312 NO_ROUTE", ErrReturned), "returned"},
-		{fmt.Errorf("p: %w", ErrTooLarge), "too-large"},
-		{fmt.Errorf("p: %w: %w", ErrNotConfirmed, context.DeadlineExceeded), "timeout"},
-		{fmt.Errorf("p: %w: %w", ErrNotConfirmed, &amqp.Error{Code: amqp.NotFound}), "connection"},
+		{fmt.Errorf("p: %w: 312 NO_ROUTE", backend.ErrReturned), "returned"},
+		{fmt.Errorf("p: %w", backend.ErrTooLarge), "too-large"},
+		{fmt.Errorf("p: %w: %w", backend.ErrNotConfirmed, context.DeadlineExceeded), "timeout"},
+		{fmt.Errorf("p: %w: %w", backend.ErrNotConfirmed, &amqp.Error{Code: amqp.NotFound}), "connection"},
 		{fmt.Errorf("p: %w", amqp.ErrClosed), "connection"},
 		{fmt.Errorf("connect: %w", &net.OpError{Op: "dial", Err: errors.New("refused")}), "connection"},
-		{fmt.Errorf("p: %w", ErrNotConfirmed), "nacked"},
+		{fmt.Errorf("p: %w", backend.ErrNotConfirmed), "nacked"},
 		{errors.New("x"), "other"},
 		{nil, "other"},
 	} {
-		if got := Cause(tt.err); got != tt.want {
+		if got := backend.Cause(tt.err); got != tt.want {
 			t.Errorf("Cause(%v) = %q, want %q", tt.err, got, tt.want)
 		}
 	}

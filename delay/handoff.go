@@ -1,14 +1,10 @@
-// Package handoff is the one way the library moves a message into RabbitMQ: a
-// confirmed publish on a connection of its own, never the consuming one. Only when the
-// broker has confirmed a copy, and not returned it, may the caller ack the original.
-package handoff
+package delay
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"sync"
 	"time"
 
@@ -16,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/internal/redact"
@@ -23,59 +20,22 @@ import (
 	"github.com/amqpretry/amqpretry/topology"
 )
 
-var (
-	// ErrNotConfirmed: the broker nacked the publish, or its channel or connection
-	// closed before the confirm arrived, so it is unknown whether the broker has it.
-	ErrNotConfirmed = errors.New("publish not confirmed by the broker")
-	// ErrReturned: the broker returned the mandatory publish as unroutable.
-	ErrReturned = errors.New("publish returned unroutable")
-	// ErrTooLarge: the message's properties and headers do not fit in one frame of the
-	// size the connection negotiated (frame_max, 128 KiB by default). The broker would
-	// close the whole connection over it, so it is never sent.
-	ErrTooLarge = errors.New("message headers larger than the broker's frame_max")
-)
+// The hand-off: the design's delay publisher, through which every copy reaches the
+// broker confirmed before its original is acked.
 
-// Locale is the locale every connection of the library asks for: RabbitMQ knows no
-// other.
-const Locale = "en_US"
-
-// DefaultConfirmTimeout bounds the wait for a publisher confirm.
-const DefaultConfirmTimeout = 10 * time.Second
-
-// Config configures Dial.
-type Config struct {
-	// URI of the broker. It never appears in errors or logs with its password.
-	URI string
-	// AMQP is passed to amqp091-go's DialConfig (TLS, heartbeat, properties).
-	AMQP amqp.Config
-	// ConfirmTimeout bounds the wait for each publisher confirm. Default (0):
-	// DefaultConfirmTimeout, which amqpretry.Config.WithDefaults gives too.
-	ConfirmTimeout time.Duration
-	// Marshal turns a Watermill message into a publishing: the subscriber's options,
-	// so that the UUID travels in the header the subscriber reads it from.
-	Marshal marshal.Options
-	// Topology says whether a route found gone when publishing (a deleted queue or
-	// exchange of the library's) is declared again, once: only in ModeDeclare.
-	Topology topology.Mode
-	Logger   watermill.LoggerAdapter
-}
-
-// Handoff publishes with confirms. Every publish is persistent, carries a fresh
+// publisher is the hand-off (backend.publisher): it publishes with confirms. Every publish is persistent, carries a fresh
 // MessageId and no expiration, and goes out on a confirm-mode channel of the hand-off's
 // own connection. It is safe for concurrent use: concurrent publishes share one channel
 // with deferred confirmations. After a channel or connection failure the next publish
 // opens a new one.
-type Handoff struct {
-	cfg Config
+type publisher struct {
+	cfg backend.HandoffConfig
 
 	mu     sync.Mutex // guards conn, pc and closed
 	conn   *amqp.Connection
 	pc     *pubChannel
 	closed bool // by Close: nothing is opened again
 }
-
-// ErrClosed: the hand-off was closed; it opens no connection again.
-var ErrClosed = errors.New("hand-off closed")
 
 // pubChannel is one confirm-mode channel and the returns it has seen.
 type pubChannel struct {
@@ -93,54 +53,37 @@ type pubChannel struct {
 // amqp091-go blocks its reader on a full return listener.
 const returnsBuffer = 4096
 
-// Dial connects to the broker and opens the confirm channel.
-func Dial(cfg Config) (*Handoff, error) {
+// dial connects to the broker and opens the confirm channel.
+func dial(cfg backend.HandoffConfig) (*publisher, error) {
 	if cfg.ConfirmTimeout <= 0 {
-		cfg.ConfirmTimeout = DefaultConfirmTimeout
+		cfg.ConfirmTimeout = backend.DefaultConfirmTimeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}
 	}
 	if cfg.AMQP.Locale == "" {
-		cfg.AMQP.Locale = Locale
+		cfg.AMQP.Locale = backend.Locale
 	}
-	h := &Handoff{cfg: cfg}
+	h := &publisher{cfg: cfg}
 	if _, err := h.channel(); err != nil {
 		return nil, err
 	}
 	return h, nil
 }
 
-// DialConn opens a plain connection to uri, its errors redacted.
-func DialConn(uri string, cfg amqp.Config) (*amqp.Connection, error) {
-	if cfg.Locale == "" {
-		cfg.Locale = Locale
-	}
-	// amqp091-go writes into the Properties map it is given; the subscriber may dial
-	// with the same Config at the same moment (a failover): give it a map of its own.
-	if cfg.Properties != nil {
-		cfg.Properties = maps.Clone(cfg.Properties)
-	}
-	conn, err := amqp.DialConfig(uri, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", redact.URI(uri), redact.Error(err, uri, amqp.ErrSyntax, amqp.ErrCredentials, amqp.ErrSASL, amqp.ErrVhost))
-	}
-	return conn, nil
-}
-
 // channel returns the open confirm channel, reconnecting when it or its connection
 // has closed.
-func (h *Handoff) channel() (*pubChannel, error) {
+func (h *publisher) channel() (*pubChannel, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
-		return nil, ErrClosed
+		return nil, backend.ErrClosed
 	}
 	if h.pc != nil && !h.pc.ch.IsClosed() {
 		return h.pc, nil
 	}
 	if h.conn == nil || h.conn.IsClosed() {
-		conn, err := DialConn(h.cfg.URI, h.cfg.AMQP)
+		conn, err := backend.DialConn(h.cfg.URI, h.cfg.AMQP)
 		if err != nil {
 			return nil, err
 		}
@@ -167,7 +110,7 @@ func (h *Handoff) channel() (*pubChannel, error) {
 
 // Connection returns the hand-off connection (for example to read the broker's server
 // properties), reconnecting if needed.
-func (h *Handoff) Connection() (*amqp.Connection, error) {
+func (h *publisher) Connection() (*amqp.Connection, error) {
 	if _, err := h.channel(); err != nil {
 		return nil, err
 	}
@@ -177,7 +120,7 @@ func (h *Handoff) Connection() (*amqp.Connection, error) {
 }
 
 // Version is the broker's version from the server properties ("4.3.6"), or "".
-func (h *Handoff) Version() string {
+func (h *publisher) Version() string {
 	conn, err := h.Connection()
 	if err != nil {
 		return ""
@@ -187,7 +130,7 @@ func (h *Handoff) Version() string {
 }
 
 // Ensure applies t on a short-lived channel of the hand-off connection as mode says.
-func (h *Handoff) Ensure(mode topology.Mode, t topology.Topology) error {
+func (h *publisher) Ensure(mode topology.Mode, t topology.Topology) error {
 	if mode == topology.ModeNone {
 		return nil
 	}
@@ -211,7 +154,7 @@ func (h *Handoff) Ensure(mode topology.Mode, t topology.Topology) error {
 // application runs comes back at the first message that needs it. Non-mandatory, a
 // publish that no queue takes is confirmed as well: the caller must know it is
 // routable.
-func (h *Handoff) Publish(ctx context.Context, exchange, key string, msg *message.Message, headers amqp.Table, mandatory bool, owned func() topology.Topology) error {
+func (h *publisher) Publish(ctx context.Context, exchange, key string, msg *message.Message, headers amqp.Table, mandatory bool, owned func() topology.Topology) error {
 	p, err := marshal.Marshaler{Options: h.cfg.Marshal}.Marshal(msg)
 	if err != nil {
 		return fmt.Errorf("marshal message %s: %w", msg.UUID, err)
@@ -219,7 +162,7 @@ func (h *Handoff) Publish(ctx context.Context, exchange, key string, msg *messag
 	// p.Headers is the marshaler's own: no clone.
 	maps.Copy(p.Headers, headers)
 	err = h.publish(ctx, exchange, key, p, mandatory)
-	if err == nil || owned == nil || !RouteGone(err) || (h.cfg.Topology != topology.ModeDeclare && h.cfg.Topology != "") {
+	if err == nil || owned == nil || !backend.RouteGone(err) || (h.cfg.Topology != topology.ModeDeclare && h.cfg.Topology != "") {
 		return err
 	}
 	if derr := h.Ensure(topology.ModeDeclare, owned()); derr != nil {
@@ -233,22 +176,16 @@ func (h *Handoff) Publish(ctx context.Context, exchange, key string, msg *messag
 
 // ToQueue publishes msg to queue, a poison queue, through the default exchange,
 // mandatory. A queue that is gone is declared again (declare.HoldingQueue).
-func (h *Handoff) ToQueue(ctx context.Context, queue string, msg *message.Message) error {
+func (h *publisher) ToQueue(ctx context.Context, queue string, msg *message.Message) error {
 	owned := func() topology.Topology {
 		return topology.Topology{Queues: []topology.Queue{declare.HoldingQueue(queue, "poison")}}
 	}
 	return h.Publish(ctx, "", queue, msg, nil, true, owned)
 }
 
-// RouteGone tells whether a publish failed because its exchange or destination does
-// not exist.
-func RouteGone(err error) bool {
-	return errors.Is(err, ErrReturned) || declare.IsCode(err, amqp.NotFound)
-}
-
 // publish publishes p and waits for the broker's confirm. It returns nil only if the
 // broker confirmed the message and, when mandatory, did not return it.
-func (h *Handoff) publish(ctx context.Context, exchange, key string, p amqp.Publishing, mandatory bool) error {
+func (h *publisher) publish(ctx context.Context, exchange, key string, p amqp.Publishing, mandatory bool) error {
 	p.DeliveryMode = amqp.Persistent
 	p.Expiration = ""
 	p.MessageId = watermill.NewULID()
@@ -273,13 +210,13 @@ func (h *Handoff) publish(ctx context.Context, exchange, key string, p amqp.Publ
 	ret, returned := pc.takeReturn(p.MessageId)
 	switch {
 	case err != nil:
-		return fmt.Errorf("publish to exchange %q with key %q: %w: %w", exchange, key, ErrNotConfirmed, err)
+		return fmt.Errorf("publish to exchange %q with key %q: %w: %w", exchange, key, backend.ErrNotConfirmed, err)
 	case !ok && pc.closeReason() != nil:
-		return fmt.Errorf("publish to exchange %q with key %q: %w: %w", exchange, key, ErrNotConfirmed, pc.closeReason())
+		return fmt.Errorf("publish to exchange %q with key %q: %w: %w", exchange, key, backend.ErrNotConfirmed, pc.closeReason())
 	case !ok:
-		return fmt.Errorf("publish to exchange %q with key %q: %w", exchange, key, ErrNotConfirmed)
+		return fmt.Errorf("publish to exchange %q with key %q: %w", exchange, key, backend.ErrNotConfirmed)
 	case returned:
-		return fmt.Errorf("publish to exchange %q with key %q: %w: %d %s", exchange, key, ErrReturned, ret.ReplyCode, ret.ReplyText)
+		return fmt.Errorf("publish to exchange %q with key %q: %w: %d %s", exchange, key, backend.ErrReturned, ret.ReplyCode, ret.ReplyText)
 	}
 	return nil
 }
@@ -302,7 +239,7 @@ func fitsFrame(p amqp.Publishing, frameMax int) error {
 		size += 1 + len(s)
 	}
 	if size > frameMax {
-		return fmt.Errorf("%w: header frame of %d bytes (headers table %d) over frame_max %d", ErrTooLarge, size, headers, frameMax)
+		return fmt.Errorf("%w: header frame of %d bytes (headers table %d) over frame_max %d", backend.ErrTooLarge, size, headers, frameMax)
 	}
 	return nil
 }
@@ -344,9 +281,9 @@ func (pc *pubChannel) takeReturn(id string) (amqp.Return, bool) {
 }
 
 // Close closes the hand-off connection, for good (a publish after it fails with
-// ErrClosed, opening nothing), waiting at most ConfirmTimeout for the broker
+// backend.ErrClosed, opening nothing), waiting at most ConfirmTimeout for the broker
 // (a node that lost its majority may never answer).
-func (h *Handoff) Close() error {
+func (h *publisher) Close() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.closed = true
@@ -354,23 +291,4 @@ func (h *Handoff) Close() error {
 		return nil
 	}
 	return h.conn.CloseDeadline(time.Now().Add(h.cfg.ConfirmTimeout))
-}
-
-// Cause names why a hand-off failed, for metrics labels and logs: returned, nacked,
-// timeout, connection, too-large or other.
-func Cause(err error) string {
-	var amqpErr *amqp.Error
-	switch {
-	case errors.Is(err, ErrReturned):
-		return "returned"
-	case errors.Is(err, ErrTooLarge):
-		return "too-large"
-	case errors.Is(err, context.DeadlineExceeded):
-		return "timeout"
-	case errors.As(err, &amqpErr), errors.Is(err, amqp.ErrClosed), errors.As(err, new(*net.OpError)):
-		return "connection"
-	case errors.Is(err, ErrNotConfirmed):
-		return "nacked"
-	}
-	return "other"
 }
