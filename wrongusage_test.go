@@ -17,7 +17,6 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
-	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/version"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/topology"
@@ -156,7 +155,7 @@ func (e *wuEnv) apply(cfg amqpretry.Config) {
 		e.t.Fatal(err)
 	}
 	defer ch.Close()
-	if err := declare.Declare(ch, plan); err != nil {
+	if err := plan.Apply(ch, topology.ModeDeclare); err != nil {
 		e.t.Fatal(err)
 	}
 }

@@ -21,7 +21,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/topology"
@@ -66,7 +65,7 @@ func (e *env) declare(conn *amqp.Connection, t topology.Topology) error {
 		return err
 	}
 	defer ch.Close() //nolint:errcheck // a failed declare closed it already
-	return declare.Declare(ch, t)
+	return t.Apply(ch, topology.ModeDeclare)
 }
 
 // registry records every queue and exchange the run declares.

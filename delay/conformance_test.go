@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/amqperr"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/declare"
@@ -475,7 +476,7 @@ func TestBinaryLevelsRefusesAnotherLadderUnderItsPrefix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ch.QueueDeclarePassive(prefix+".level.3", true, false, false, false, nil); !declare.IsCode(err, 404) {
+	if _, err := ch.QueueDeclarePassive(prefix+".level.3", true, false, false, false, nil); !amqperr.IsCode(err, 404) {
 		t.Errorf("queue %s.level.3 after the refusal: %v, want 404", prefix, err)
 	}
 	for _, b := range []backend.Backend{ladder(prefix, 3), ladder(other, 4)} {

@@ -143,7 +143,7 @@ func (h *publisher) Ensure(mode topology.Mode, t topology.Topology) error {
 		return fmt.Errorf("open topology channel: %w", err)
 	}
 	defer ch.Close() //nolint:errcheck // a failed declare has closed it already
-	return declare.Ensure(ch, mode, t)
+	return t.Apply(ch, mode)
 }
 
 // Publish marshals msg (without mutating it), adds headers, and publishes it to

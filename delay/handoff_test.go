@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/amqperr"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/declare"
@@ -58,7 +59,7 @@ func TestHandoffFailuresAreReportedAndRecovered(t *testing.T) {
 	}
 	// A missing exchange makes the broker close the channel: no confirm ever comes.
 	err = h.Publish(ctx, q+".no-such-exchange", q, msg(), nil, true, nil)
-	if !errors.Is(err, backend.ErrNotConfirmed) || !declare.IsCode(err, amqp.NotFound) || backend.Cause(err) != "connection" {
+	if !errors.Is(err, backend.ErrNotConfirmed) || !amqperr.IsCode(err, amqp.NotFound) || backend.Cause(err) != "connection" {
 		t.Fatalf("publish to a missing exchange: %v (cause %s), want backend.ErrNotConfirmed with the 404", err, backend.Cause(err))
 	}
 	// The next publish opens a new channel and goes through.

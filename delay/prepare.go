@@ -5,8 +5,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/amqperr"
 	"github.com/amqpretry/amqpretry/internal/backend"
-	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/version"
 	"github.com/amqpretry/amqpretry/topology"
 )
@@ -58,7 +58,7 @@ func (b *binaryLevels) checkLadder(h backend.Handoff) error {
 		switch err := check(ch); {
 		case err == nil:
 			return true, nil
-		case declare.IsCode(err, amqp.NotFound):
+		case amqperr.IsCode(err, amqp.NotFound):
 			return false, nil
 		default:
 			return false, err

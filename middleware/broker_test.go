@@ -40,7 +40,7 @@ func TestVerifyModeNamesWhatIsMissing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := declare.Declare(ch, plan); err != nil {
+	if err := plan.Apply(ch, topology.ModeDeclare); err != nil {
 		t.Fatal(err)
 	}
 	r, err := start(cfg.WithDefaults(), Transport{URI: brokertest.URI()})

@@ -175,7 +175,7 @@ func (r *retry) bind(ch *amqp.Channel, queue string) error {
 		return err
 	}
 	if r.engine.backend != nil {
-		if err := declare.Ensure(ch, r.cfg.Topology, r.engine.backend.WorkQueue(queue)); err != nil {
+		if err := r.engine.backend.WorkQueue(queue).Apply(ch, r.cfg.Topology); err != nil {
 			return fmt.Errorf("retry topology for queue %q: %w", queue, r.fix.Hint(err, queue))
 		}
 	}

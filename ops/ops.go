@@ -11,8 +11,8 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/amqperr"
 	"github.com/amqpretry/amqpretry/internal/backend"
-	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/internal/redact"
 	"github.com/amqpretry/amqpretry/topology"
@@ -178,7 +178,7 @@ func (o *Ops) inspect(queue string) (q amqp.Queue, exists bool, err error) {
 	switch {
 	case err == nil:
 		return q, true, nil
-	case declare.IsCode(err, amqp.NotFound):
+	case amqperr.IsCode(err, amqp.NotFound):
 		return q, false, nil
 	}
 	return q, false, fmt.Errorf("queue %q: %w", queue, o.redact(err))
@@ -195,7 +195,7 @@ func (o *Ops) exchangeExists(exchange, kind string) (bool, error) {
 	switch {
 	case err == nil:
 		return true, nil
-	case declare.IsCode(err, amqp.NotFound):
+	case amqperr.IsCode(err, amqp.NotFound):
 		return false, nil
 	}
 	return false, fmt.Errorf("exchange %q: %w", exchange, o.redact(err))

@@ -18,6 +18,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/amqperr"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/declare"
@@ -295,7 +296,7 @@ func TestApplyHeldRetriesWorkQueue(t *testing.T) {
 	if _, err := ch.QueueDeclare(r.queues[0], true, false, false, false, args); err != nil {
 		t.Fatalf("work queue not declared with the plan's arguments: %v", err)
 	}
-	if _, err := ch.QueueDeclare(r.queues[0], true, false, false, false, nil); !declare.IsCode(err, amqp.PreconditionFailed) {
+	if _, err := ch.QueueDeclare(r.queues[0], true, false, false, false, nil); !amqperr.IsCode(err, amqp.PreconditionFailed) {
 		t.Errorf("work queue declared classic: %v", err)
 	}
 	ch2, err := brokertest.Dial(t).Channel()

@@ -45,7 +45,7 @@ func (o *Ops) Apply(ctx context.Context, workQueues ...string) (created []string
 		return created, err
 	}
 	defer ch.Close() //nolint:errcheck // a failed declaration has closed it already
-	if err := declare.Declare(ch, plan); err != nil {
+	if err := plan.Apply(ch, topology.ModeDeclare); err != nil {
 		return created, o.redact(err)
 	}
 	return created, nil

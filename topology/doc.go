@@ -1,9 +1,16 @@
-// Package topology describes, as data, what the library needs on the broker: the
-// exchanges, queues and bindings of a delay backend and of each work queue's way back,
-// the topology modes, and what a check of them finds. Import it to set
-// amqpretry.Config.Topology (least privilege), to read amqpretry.Config.Plan, or to
+// Package topology is what the library needs on the broker, as data, and how it gets
+// there: the exchanges, queues and bindings of a delay backend and of each work
+// queue's way back (Topology), the topology modes (Mode), Topology.Apply, which
+// declares a topology, verifies it without declaring (least privilege) or leaves it
+// alone, as the mode says (apply.go), and what a check of it finds (Finding). Import
+// it to set amqpretry.Config.Topology, to read or apply amqpretry.Config.Plan, or to
 // match ErrMissing and ErrMismatch.
 //
-// Plan a topology without a broker with amqpretry.Config.Plan; the amqpretry command
-// (`amqpretry topology plan|apply|verify`) and package ops apply and check it.
+// Plan a topology without a broker with amqpretry.Config.Plan, and apply it with
+// Apply, or with the amqpretry command (`amqpretry topology plan|apply|verify`);
+// package ops checks it declaration by declaration (ops.Ops.Verify).
+//
+//	plan, err := cfg.Plan("orders")
+//	if err != nil { ... }
+//	err = plan.Apply(ch, topology.ModeDeclare) // an administrator's channel
 package topology

@@ -105,20 +105,11 @@ func (b builder) BuildTopology(ch *amqp091.Channel, queue, exchange string, conf
 }
 
 func (b builder) ExchangeDeclare(ch *amqp091.Channel, exchange string, config amqp.Config) error {
-	return b.w.DeclareExchange(ch, exchange, exchangeSpec(config), func() error { return b.inner.ExchangeDeclare(ch, exchange, config) })
+	e := config.Exchange
+	return b.w.DeclareExchange(ch, exchange, e.Type, e.Arguments, func() error { return b.inner.ExchangeDeclare(ch, exchange, config) })
 }
 
 func subscribed(queue, exchange, key string, c amqp.Config) wamqp.Subscribed {
-	q := c.Queue
-	return wamqp.Subscribed{
-		Queue: queue, Exchange: exchange, Key: key,
-		QueueSpec:    wamqp.QueueSpec{Durable: q.Durable, AutoDelete: q.AutoDelete, Exclusive: q.Exclusive, NoWait: q.NoWait, Args: q.Arguments},
-		ExchangeSpec: exchangeSpec(c),
-		BindNoWait:   c.QueueBind.NoWait, BindArgs: c.QueueBind.Arguments,
-	}
-}
-
-func exchangeSpec(c amqp.Config) wamqp.ExchangeSpec {
-	e := c.Exchange
-	return wamqp.ExchangeSpec{Type: e.Type, Durable: e.Durable, AutoDelete: e.AutoDeleted, Internal: e.Internal, NoWait: e.NoWait, Args: e.Arguments}
+	return wamqp.Subscribed{Queue: queue, QueueArgs: c.Queue.Arguments, Exchange: exchange, ExchangeType: c.Exchange.Type,
+		ExchangeArgs: c.Exchange.Arguments, Key: key, BindArgs: c.QueueBind.Arguments}
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/amqperr"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/internal/redact"
 	"github.com/amqpretry/amqpretry/topology"
@@ -115,7 +115,7 @@ func DialConn(uri string, cfg amqp.Config) (*amqp.Connection, error) {
 // RouteGone tells whether a publish failed because its exchange or destination does
 // not exist.
 func RouteGone(err error) bool {
-	return errors.Is(err, ErrReturned) || declare.IsCode(err, amqp.NotFound)
+	return errors.Is(err, ErrReturned) || amqperr.IsCode(err, amqp.NotFound)
 }
 
 // Cause names why a hand-off failed, for metrics labels and logs: returned, nacked,

@@ -6,6 +6,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/amqperr"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -70,14 +71,16 @@ func Check(conn *amqp.Connection, t topology.Topology, opts CheckOptions) ([]top
 			out = append(out, f)
 			continue
 		}
-		err := withChannel(conn, func(ch *amqp.Channel) error { return bind(ch, b) })
+		err := withChannel(conn, func(ch *amqp.Channel) error {
+			return topology.Topology{Bindings: []topology.Binding{b}}.Apply(ch, topology.ModeDeclare)
+		})
 		switch {
 		case err == nil:
 			f.Status = topology.VerdictOK
-		case IsCode(err, amqp.NotFound):
-			f.Status, f.Detail = topology.VerdictMissing, reason(err)
+		case amqperr.IsCode(err, amqp.NotFound):
+			f.Status, f.Detail = topology.VerdictMissing, amqperr.Reason(err)
 		case isChannelErr(err):
-			f.Status, f.Detail = topology.VerdictError, reason(err)
+			f.Status, f.Detail = topology.VerdictError, amqperr.Reason(err)
 		default:
 			return out, err
 		}
@@ -93,11 +96,11 @@ func checkOne(conn *amqp.Connection, opts CheckOptions, f topology.Finding, pass
 	switch {
 	case err == nil:
 		f.Status = topology.VerdictOK
-	case IsCode(err, amqp.NotFound):
-		f.Status, f.Detail = topology.VerdictMissing, reason(err)
+	case amqperr.IsCode(err, amqp.NotFound):
+		f.Status, f.Detail = topology.VerdictMissing, amqperr.Reason(err)
 		return f, nil
 	case isChannelErr(err):
-		f.Status, f.Detail = topology.VerdictError, reason(err)
+		f.Status, f.Detail = topology.VerdictError, amqperr.Reason(err)
 		return f, nil
 	default:
 		return f, err
@@ -108,15 +111,15 @@ func checkOne(conn *amqp.Connection, opts CheckOptions, f topology.Finding, pass
 	err = withChannel(conn, active)
 	switch {
 	case err == nil:
-	case IsCode(err, amqp.PreconditionFailed):
-		f.Status, f.Detail = topology.VerdictMismatch, reason(err)
-		if m := inequivalentArg.FindStringSubmatch(reason(err)); m != nil {
+	case amqperr.IsCode(err, amqp.PreconditionFailed):
+		f.Status, f.Detail = topology.VerdictMismatch, amqperr.Reason(err)
+		if m := amqperr.InequivalentArg.FindStringSubmatch(amqperr.Reason(err)); m != nil {
 			f.Arg = m[1]
 		}
-	case IsCode(err, amqp.AccessRefused):
-		f.Status, f.Detail = topology.VerdictUnchecked, reason(err)
+	case amqperr.IsCode(err, amqp.AccessRefused):
+		f.Status, f.Detail = topology.VerdictUnchecked, amqperr.Reason(err)
 	case isChannelErr(err):
-		f.Status, f.Detail = topology.VerdictError, reason(err)
+		f.Status, f.Detail = topology.VerdictError, amqperr.Reason(err)
 	default:
 		return f, err
 	}

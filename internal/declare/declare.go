@@ -1,14 +1,12 @@
-// Package declare applies a topology.Topology on a channel: declares it, verifies it
-// without declaring (least privilege), or checks each declaration and reports on it.
-// It also names the arguments RabbitMQ gives meaning to, once.
+// Package declare holds what the library's packages share about declarations: the
+// arguments RabbitMQ gives meaning to, named once; the holding queues (poison,
+// parking); Check, which checks each declaration of a topology and reports on it (ops
+// Verify); the queue-type probe; and the fix each topology error suggests (Fix). A
+// topology is applied with topology.Topology.Apply.
 package declare
 
 import (
-	"errors"
 	"fmt"
-	"regexp"
-
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/topology"
 )
@@ -91,116 +89,4 @@ func Unique(t topology.Topology) topology.Topology {
 		}
 	}
 	return out
-}
-
-// Ensure applies t on ch as mode says: topology.ModeDeclare (or "") declares it,
-// topology.ModeVerify verifies it, topology.ModeNone does nothing. A failed
-// declaration or check closes ch.
-func Ensure(ch *amqp.Channel, mode topology.Mode, t topology.Topology) error {
-	switch mode {
-	case topology.ModeDeclare, "":
-		return Declare(ch, t)
-	case topology.ModeVerify:
-		return Verify(ch, t)
-	case topology.ModeNone:
-		return nil
-	}
-	return fmt.Errorf("unknown topology mode %q", mode)
-}
-
-// Declare declares everything in t on ch, idempotently. A clash with an existing
-// declaration returns an error wrapping topology.ErrMismatch that names the queue or
-// exchange and the argument that differs; the broker closes ch in that case.
-func Declare(ch *amqp.Channel, t topology.Topology) error {
-	for _, e := range t.Exchanges {
-		if err := ch.ExchangeDeclare(e.Name, e.Kind, true, false, false, false, e.Args); err != nil {
-			return declareError("exchange", e.Name, err)
-		}
-	}
-	for _, q := range t.Queues {
-		if _, err := ch.QueueDeclare(q.Name, true, false, false, false, q.Args); err != nil {
-			return declareError("queue", q.Name, err)
-		}
-	}
-	for _, b := range t.Bindings {
-		if err := bind(ch, b); err != nil {
-			return fmt.Errorf("bind %q to exchange %q with key %q: %w", b.Destination, b.Exchange, b.Key, err)
-		}
-	}
-	return nil
-}
-
-// Verify checks t on ch without declaring any exchange or queue: each one is declared
-// passively, which needs no configure permission and fails (404, wrapped in
-// topology.ErrMissing) when it does not exist. Bindings cannot be read in AMQP 0-9-1,
-// so Verify asserts them. It stops at the first problem, which has closed ch.
-func Verify(ch *amqp.Channel, t topology.Topology) error {
-	for _, e := range t.Exchanges {
-		if err := ch.ExchangeDeclarePassive(e.Name, e.Kind, true, false, false, false, e.Args); err != nil {
-			return CheckError("exchange", e.Name, err)
-		}
-	}
-	for _, q := range t.Queues {
-		if _, err := ch.QueueDeclarePassive(q.Name, true, false, false, false, q.Args); err != nil {
-			return CheckError("queue", q.Name, err)
-		}
-	}
-	for _, b := range t.Bindings {
-		if err := bind(ch, b); err != nil {
-			return BindError(b, err)
-		}
-	}
-	return nil
-}
-
-func bind(ch *amqp.Channel, b topology.Binding) error {
-	if b.ToExchange {
-		return ch.ExchangeBind(b.Destination, b.Key, b.Exchange, false, b.Args)
-	}
-	return ch.QueueBind(b.Destination, b.Key, b.Exchange, false, b.Args)
-}
-
-var inequivalentArg = regexp.MustCompile(`inequivalent arg '([^']+)'`)
-
-func declareError(kind, name string, err error) error {
-	// Only "inequivalent arg" is a clash with an existing declaration: RabbitMQ 4.x
-	// answers 406 as well to an unknown exchange type (a missing plugin) and to an
-	// invalid argument, where deleting the existing object would not help.
-	if m := inequivalentArg.FindStringSubmatch(reason(err)); IsCode(err, amqp.PreconditionFailed) && m != nil {
-		return fmt.Errorf("declare %s %q: %w: argument %s differs from the existing declaration (delete it or align the config): %w",
-			kind, name, topology.ErrMismatch, m[1], err)
-	}
-	return fmt.Errorf("declare %s %q: %w", kind, name, err)
-}
-
-// CheckError names the object of a failed passive declaration; a 404 wraps
-// topology.ErrMissing.
-func CheckError(kind, name string, err error) error {
-	if IsCode(err, amqp.NotFound) {
-		return fmt.Errorf("%s %q: %w: %w", kind, name, topology.ErrMissing, err)
-	}
-	return fmt.Errorf("check %s %q: %w", kind, name, err)
-}
-
-// BindError names the binding that could not be made; a 404 wraps
-// topology.ErrMissing.
-func BindError(b topology.Binding, err error) error {
-	if IsCode(err, amqp.NotFound) {
-		return fmt.Errorf("binding of %q to exchange %q with key %q: %w (its exchange or queue does not exist): %w", b.Destination, b.Exchange, b.Key, topology.ErrMissing, err)
-	}
-	return fmt.Errorf("bind %q to exchange %q with key %q: %w", b.Destination, b.Exchange, b.Key, err)
-}
-
-// IsCode tells whether err is an AMQP error with the given reply code.
-func IsCode(err error, code int) bool {
-	var amqpErr *amqp.Error
-	return errors.As(err, &amqpErr) && amqpErr.Code == code
-}
-
-func reason(err error) string {
-	var amqpErr *amqp.Error
-	if errors.As(err, &amqpErr) {
-		return amqpErr.Reason
-	}
-	return err.Error()
 }

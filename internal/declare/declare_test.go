@@ -8,6 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/amqperr"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/topology"
@@ -42,7 +43,7 @@ func TestEnsureModes(t *testing.T) {
 	prefix := brokertest.Prefix(t)
 	top := sample(t, prefix)
 	ensure := func(mode topology.Mode) error {
-		return onChannel(t, conn, func(ch *amqp.Channel) error { return declare.Ensure(ch, mode, top) })
+		return onChannel(t, conn, func(ch *amqp.Channel) error { return top.Apply(ch, mode) })
 	}
 	if err := ensure(topology.ModeNone); err != nil {
 		t.Fatalf("none: %v", err)
@@ -70,15 +71,15 @@ func TestVerifyNamesWhatIsMissing(t *testing.T) {
 	prefix := brokertest.Prefix(t)
 	top := sample(t, prefix)
 	verify := func(top topology.Topology) error {
-		return onChannel(t, conn, func(ch *amqp.Channel) error { return declare.Verify(ch, top) })
+		return onChannel(t, conn, func(ch *amqp.Channel) error { return top.Apply(ch, topology.ModeVerify) })
 	}
 	if err := onChannel(t, conn, func(ch *amqp.Channel) error {
-		return declare.Declare(ch, topology.Topology{Exchanges: top.Exchanges})
+		return (topology.Topology{Exchanges: top.Exchanges}).Apply(ch, topology.ModeDeclare)
 	}); err != nil {
 		t.Fatal(err)
 	}
 	err := verify(top)
-	if !errors.Is(err, topology.ErrMissing) || !strings.Contains(err.Error(), `queue "`+prefix+`.q"`) || !declare.IsCode(err, amqp.NotFound) {
+	if !errors.Is(err, topology.ErrMissing) || !strings.Contains(err.Error(), `queue "`+prefix+`.q"`) || !amqperr.IsCode(err, amqp.NotFound) {
 		t.Fatalf("missing queue: %v", err)
 	}
 	// Bindings cannot be read: Verify asserts them, and names the one whose end is gone.
@@ -97,17 +98,17 @@ func TestDeclareMismatchNamesTheArgument(t *testing.T) {
 	conn := brokertest.Dial(t)
 	prefix := brokertest.Prefix(t)
 	top := sample(t, prefix)
-	if err := onChannel(t, conn, func(ch *amqp.Channel) error { return declare.Declare(ch, top) }); err != nil {
+	if err := onChannel(t, conn, func(ch *amqp.Channel) error { return top.Apply(ch, topology.ModeDeclare) }); err != nil {
 		t.Fatal(err)
 	}
 	clash := topology.Topology{Queues: []topology.Queue{{Name: prefix + ".q", Args: amqp.Table{declare.MessageTTLArg: int64(1000)}}}}
-	err := onChannel(t, conn, func(ch *amqp.Channel) error { return declare.Declare(ch, clash) })
-	if !errors.Is(err, topology.ErrMismatch) || !declare.IsCode(err, amqp.PreconditionFailed) ||
+	err := onChannel(t, conn, func(ch *amqp.Channel) error { return clash.Apply(ch, topology.ModeDeclare) })
+	if !errors.Is(err, topology.ErrMismatch) || !amqperr.IsCode(err, amqp.PreconditionFailed) ||
 		!strings.Contains(err.Error(), `declare queue "`+prefix+`.q"`) || !strings.Contains(err.Error(), "argument x-message-ttl differs") {
 		t.Fatalf("clash: %v, want ErrMismatch naming the queue and the argument", err)
 	}
 	kind := topology.Topology{Exchanges: []topology.Exchange{{Name: prefix + ".x", Kind: amqp.ExchangeFanout}}}
-	err = onChannel(t, conn, func(ch *amqp.Channel) error { return declare.Declare(ch, kind) })
+	err = onChannel(t, conn, func(ch *amqp.Channel) error { return kind.Apply(ch, topology.ModeDeclare) })
 	if !errors.Is(err, topology.ErrMismatch) || !strings.Contains(err.Error(), `declare exchange "`+prefix+`.x"`) || !strings.Contains(err.Error(), "argument type differs") {
 		t.Fatalf("exchange kind clash: %v", err)
 	}
@@ -136,11 +137,13 @@ func TestCheck(t *testing.T) {
 		}
 	}
 	// Check never creates what it checks.
-	if err := onChannel(t, conn, func(ch *amqp.Channel) error { return declare.Verify(ch, topology.Topology{Queues: top.Queues}) }); err == nil {
+	if err := onChannel(t, conn, func(ch *amqp.Channel) error {
+		return (topology.Topology{Queues: top.Queues}).Apply(ch, topology.ModeVerify)
+	}); err == nil {
 		t.Fatal("Check created the queue")
 	}
 
-	if err := onChannel(t, conn, func(ch *amqp.Channel) error { return declare.Declare(ch, top) }); err != nil {
+	if err := onChannel(t, conn, func(ch *amqp.Channel) error { return top.Apply(ch, topology.ModeDeclare) }); err != nil {
 		t.Fatal(err)
 	}
 	findings, err = declare.Check(conn, top, declare.CheckOptions{CompareArgs: true, Bind: true, Kind: "work queue"})
@@ -223,23 +226,9 @@ func TestMergeAndUnique(t *testing.T) {
 	}
 }
 
-func TestErrorsNameTheObject(t *testing.T) {
+func TestIsCode(t *testing.T) {
 	notFound := &amqp.Error{Code: amqp.NotFound, Reason: "NOT_FOUND - no queue 'q'", Server: true}
-	refused := &amqp.Error{Code: amqp.AccessRefused, Reason: "ACCESS_REFUSED", Server: true}
-	if err := declare.CheckError("queue", "q", notFound); !errors.Is(err, topology.ErrMissing) || err.Error() != `queue "q": not found: Exception (404) Reason: "NOT_FOUND - no queue 'q'"` {
-		t.Errorf("CheckError 404: %v", err)
-	}
-	if err := declare.CheckError("exchange", "x", refused); errors.Is(err, topology.ErrMissing) || !strings.Contains(err.Error(), `check exchange "x"`) || !declare.IsCode(err, amqp.AccessRefused) {
-		t.Errorf("CheckError 403: %v", err)
-	}
-	b := topology.Binding{Exchange: "x", Destination: "q", Key: "k"}
-	if err := declare.BindError(b, notFound); !errors.Is(err, topology.ErrMissing) || !strings.Contains(err.Error(), `binding of "q" to exchange "x" with key "k"`) {
-		t.Errorf("BindError 404: %v", err)
-	}
-	if err := declare.BindError(b, refused); errors.Is(err, topology.ErrMissing) || !strings.Contains(err.Error(), `bind "q" to exchange "x" with key "k"`) {
-		t.Errorf("BindError 403: %v", err)
-	}
-	if declare.IsCode(errors.New("x"), amqp.NotFound) || declare.IsCode(nil, amqp.NotFound) || !declare.IsCode(errors.Join(errors.New("a"), notFound), amqp.NotFound) {
+	if amqperr.IsCode(errors.New("x"), amqp.NotFound) || amqperr.IsCode(nil, amqp.NotFound) || !amqperr.IsCode(errors.Join(errors.New("a"), notFound), amqp.NotFound) {
 		t.Error("IsCode misjudges")
 	}
 }
@@ -261,22 +250,22 @@ func TestLeastPrivilege(t *testing.T) {
 	defer lp.Close()
 
 	// Before the administrator declares: Verify names what is missing.
-	err = onChannel(t, lp, func(ch *amqp.Channel) error { return declare.Ensure(ch, topology.ModeVerify, top) })
+	err = onChannel(t, lp, func(ch *amqp.Channel) error { return top.Apply(ch, topology.ModeVerify) })
 	if !errors.Is(err, topology.ErrMissing) {
 		t.Fatalf("verify before apply: %v", err)
 	}
-	if err := onChannel(t, admin, func(ch *amqp.Channel) error { return declare.Declare(ch, top) }); err != nil {
+	if err := onChannel(t, admin, func(ch *amqp.Channel) error { return top.Apply(ch, topology.ModeDeclare) }); err != nil {
 		t.Fatal(err)
 	}
 
 	// Declaring is refused, even what exists with the same arguments...
-	err = onChannel(t, lp, func(ch *amqp.Channel) error { return declare.Ensure(ch, topology.ModeDeclare, top) })
-	if !declare.IsCode(err, amqp.AccessRefused) || !strings.Contains(err.Error(), "403") {
+	err = onChannel(t, lp, func(ch *amqp.Channel) error { return top.Apply(ch, topology.ModeDeclare) })
+	if !amqperr.IsCode(err, amqp.AccessRefused) || !strings.Contains(err.Error(), "403") {
 		t.Fatalf("declare without configure permission: %v, want 403 ACCESS_REFUSED", err)
 	}
 	// ...but Verify passes, binding included (queue.bind needs write on the queue and
 	// read on the exchange).
-	if err := onChannel(t, lp, func(ch *amqp.Channel) error { return declare.Ensure(ch, topology.ModeVerify, top) }); err != nil {
+	if err := onChannel(t, lp, func(ch *amqp.Channel) error { return top.Apply(ch, topology.ModeVerify) }); err != nil {
 		t.Fatalf("verify after apply: %v", err)
 	}
 
@@ -330,7 +319,7 @@ func TestRefusalsThatAreNotMismatches(t *testing.T) {
 		if tt.name == "unknown exchange type" { // a connection error on RabbitMQ 3.x: a connection of its own
 			c = brokertest.Dial(t)
 		}
-		err := onChannel(t, c, func(ch *amqp.Channel) error { return declare.Declare(ch, tt.top) })
+		err := onChannel(t, c, func(ch *amqp.Channel) error { return tt.top.Apply(ch, topology.ModeDeclare) })
 		if err == nil || errors.Is(err, topology.ErrMismatch) || strings.Contains(err.Error(), "delete it") || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: %v, want an error naming the object, not a mismatch", tt.name, err)
 		}

@@ -9,6 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/amqperr"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -39,7 +40,7 @@ func (f Fix) Hint(err error, queue string) error {
 	if t, ok := QueueTypeClash(err); ok && queue != "" && f.HoldsRetries && t != QueueTypeQuorum {
 		return fmt.Errorf("%s: %w (%w)", WrongQueueTypeFix(queue, t), topology.ErrMismatch, err)
 	}
-	delayedRetryArgs := queue != "" && IsCode(err, amqp.PreconditionFailed) && strings.Contains(err.Error(), "x-delayed-retry")
+	delayedRetryArgs := queue != "" && amqperr.IsCode(err, amqp.PreconditionFailed) && strings.Contains(err.Error(), "x-delayed-retry")
 	switch {
 	case errors.Is(err, topology.ErrMissing):
 		return fmt.Errorf("%w; create it with `%s` as a user with configure permission (topology mode %s declares nothing)", err, f.Apply(queues...), topology.ModeVerify)
@@ -52,7 +53,7 @@ func (f Fix) Hint(err error, queue string) error {
 		// retries it holds need them until they are back.
 		return fmt.Errorf("%w; work queue %q was declared for delayed retries (RabbitMQ 4.3) and may still hold some: do not delete it, keep its arguments: give the subscriber config's Queue.Arguments the x-delayed-retry-* values it was declared with, or run with Config.Topology set to topology.ModeVerify (with %s, a delayed retry of the queue only delays the redelivery of a failed hand-off); see docs/switching-backends.md",
 			err, queue, f.Backend)
-	case IsCode(err, amqp.AccessRefused) && f.Mode == topology.ModeDeclare:
+	case amqperr.IsCode(err, amqp.AccessRefused) && f.Mode == topology.ModeDeclare:
 		return fmt.Errorf("%w; a user without configure permission cannot declare: have an administrator run `%s`, then set Config.Topology to topology.ModeVerify", err, f.Apply(queues...))
 	}
 	return err

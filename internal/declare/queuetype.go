@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 
+	"github.com/amqpretry/amqpretry/internal/amqperr"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -15,10 +16,10 @@ var queueTypeClash = regexp.MustCompile(`inequivalent arg '` + QueueTypeArg + `'
 // QueueTypeClash tells, for an error of a queue declaration, the type of the existing
 // queue when the clash is its type (406 on x-queue-type).
 func QueueTypeClash(err error) (current string, ok bool) {
-	if err == nil || !IsCode(err, amqp.PreconditionFailed) {
+	if err == nil || !amqperr.IsCode(err, amqp.PreconditionFailed) {
 		return "", false
 	}
-	current = CurrentQueueType(reason(err))
+	current = CurrentQueueType(amqperr.Reason(err))
 	return current, current != ""
 }
 
@@ -43,7 +44,7 @@ func QueueType(conn *amqp.Connection, queue string) (current string, known bool,
 		return err
 	})
 	switch {
-	case IsCode(err, amqp.NotFound):
+	case amqperr.IsCode(err, amqp.NotFound):
 		return "", false, nil
 	case err != nil && !isChannelErr(err):
 		return "", false, err
@@ -58,7 +59,7 @@ func QueueType(conn *amqp.Connection, queue string) (current string, known bool,
 		return t, true, nil
 	}
 	switch {
-	case err == nil, IsCode(err, amqp.PreconditionFailed):
+	case err == nil, amqperr.IsCode(err, amqp.PreconditionFailed):
 		return QueueTypeQuorum, true, nil
 	case isChannelErr(err):
 		return "", false, nil // access refused: cannot tell

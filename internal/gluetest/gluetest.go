@@ -354,7 +354,8 @@ func poisoned(t *testing.T, queue string, timeout time.Duration) *message.Messag
 }
 
 // poisonedDelivery takes the next message from queue, as it is on the wire. The queue
-// may not exist yet (a test deleted it for the library to declare again).
+// may not exist yet, or not be running yet (a test deleted it for the library to
+// declare again).
 func poisonedDelivery(t *testing.T, queue string, timeout time.Duration) amqp.Delivery {
 	t.Helper()
 	conn := brokertest.Dial(t)
@@ -367,8 +368,11 @@ func poisonedDelivery(t *testing.T, queue string, timeout time.Duration) amqp.De
 	for {
 		d, ok, err := ch.Get(queue, true)
 		var amqpErr *amqp.Error
-		if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound && time.Now().Before(deadline) {
-			if ch, err = conn.Channel(); err != nil { // the 404 closed the channel
+		// 404: not declared again yet; 541 noproc: declared again a moment ago, and its
+		// quorum queue process not started yet (RabbitMQ 3.10).
+		notYet := errors.As(err, &amqpErr) && (amqpErr.Code == amqp.NotFound || amqpErr.Code == amqp.InternalError && strings.Contains(amqpErr.Reason, "noproc"))
+		if notYet && time.Now().Before(deadline) {
+			if ch, err = conn.Channel(); err != nil { // the error closed the channel
 				t.Fatal(err)
 			}
 			time.Sleep(100 * time.Millisecond)

@@ -33,7 +33,7 @@ func apply(t *testing.T, plan topology.Topology, workQueues ...string) {
 		t.Fatal(err)
 	}
 	defer ch.Close()
-	if err := declare.Declare(ch, declare.Unique(plan)); err != nil {
+	if err := declare.Unique(plan).Apply(ch, topology.ModeDeclare); err != nil {
 		t.Fatal(err)
 	}
 }

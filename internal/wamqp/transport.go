@@ -7,7 +7,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/subclose"
 	"github.com/amqpretry/amqpretry/topology"
 )
@@ -17,27 +16,25 @@ import (
 // in their signature. The transport packages (wamqp2, wamqp3) translate their major's
 // types into these and call the methods below; everything else is done here once.
 
-// QueueSpec is a subscriber config's queue declaration.
-type QueueSpec struct {
-	Durable, AutoDelete, Exclusive, NoWait bool
-	Args                                   amqp.Table
-}
-
-// ExchangeSpec is a subscriber config's exchange declaration.
-type ExchangeSpec struct {
-	Type                                  string
-	Durable, AutoDelete, Internal, NoWait bool
-	Args                                  amqp.Table
-}
-
-// Subscribed is what one subscribe declares: the queue, and the exchange and binding
-// key when the config has an exchange (pub/sub).
+// Subscribed is what one subscribe declares, as the subscriber config spells it: the
+// queue, and, when the config has an exchange (pub/sub), the exchange and the binding.
 type Subscribed struct {
-	Queue, Exchange, Key string
-	QueueSpec            QueueSpec
-	ExchangeSpec         ExchangeSpec
-	BindNoWait           bool
-	BindArgs             amqp.Table
+	Queue                  string
+	QueueArgs              amqp.Table
+	Exchange, ExchangeType string
+	ExchangeArgs           amqp.Table
+	Key                    string
+	BindArgs               amqp.Table
+}
+
+// topology is s as declarations (durable, which a passive check does not compare).
+func (s Subscribed) topology() topology.Topology {
+	t := topology.Topology{Queues: []topology.Queue{{Name: s.Queue, Args: s.QueueArgs}}}
+	if s.Exchange != "" {
+		t.Exchanges = []topology.Exchange{{Name: s.Exchange, Kind: s.ExchangeType, Args: s.ExchangeArgs}}
+		t.Bindings = []topology.Binding{{Exchange: s.Exchange, Destination: s.Queue, Key: s.Key, Args: s.BindArgs}}
+	}
+	return t
 }
 
 // BuildTopology is the subscriber's topology builder: it declares the subscriber's
@@ -48,17 +45,8 @@ func (w *Wiring) BuildTopology(ch *amqp.Channel, s Subscribed, declareInner func
 	switch w.cfg.Topology {
 	case topology.ModeNone:
 	case topology.ModeVerify:
-		q := s.QueueSpec
-		if _, err := ch.QueueDeclarePassive(s.Queue, q.Durable, q.AutoDelete, q.Exclusive, q.NoWait, q.Args); err != nil {
-			return w.fix.Hint(declare.CheckError("queue", s.Queue, err), s.Queue)
-		}
-		if s.Exchange != "" {
-			if err := w.DeclareExchange(ch, s.Exchange, s.ExchangeSpec, nil); err != nil {
-				return err
-			}
-			if err := ch.QueueBind(s.Queue, s.Key, s.Exchange, s.BindNoWait, s.BindArgs); err != nil {
-				return w.fix.Hint(declare.BindError(topology.Binding{Exchange: s.Exchange, Destination: s.Queue, Key: s.Key}, err), s.Queue)
-			}
+		if err := s.topology().Apply(ch, topology.ModeVerify); err != nil {
+			return w.fix.Hint(err, s.Queue)
 		}
 	default:
 		if err := declareInner(); err != nil {
@@ -70,13 +58,14 @@ func (w *Wiring) BuildTopology(ch *amqp.Channel, s Subscribed, declareInner func
 
 // DeclareExchange declares a subscriber's exchange with declareInner (the major's own
 // builder), checks it in topology mode verify, or does nothing in mode none.
-func (w *Wiring) DeclareExchange(ch *amqp.Channel, exchange string, e ExchangeSpec, declareInner func() error) error {
+func (w *Wiring) DeclareExchange(ch *amqp.Channel, exchange, kind string, args amqp.Table, declareInner func() error) error {
 	switch w.cfg.Topology {
 	case topology.ModeNone:
 		return nil
 	case topology.ModeVerify:
-		if err := ch.ExchangeDeclarePassive(exchange, e.Type, e.Durable, e.AutoDelete, e.Internal, e.NoWait, e.Args); err != nil {
-			return w.fix.Hint(declare.CheckError("exchange", exchange, err), "")
+		t := topology.Topology{Exchanges: []topology.Exchange{{Name: exchange, Kind: kind, Args: args}}}
+		if err := t.Apply(ch, topology.ModeVerify); err != nil {
+			return w.fix.Hint(err, "")
 		}
 		return nil
 	}
