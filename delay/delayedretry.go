@@ -34,9 +34,9 @@ func (b delayedRetry) Park(context.Context, string, *message.Message, time.Durat
 	return fmt.Errorf("%s: retries in place, it parks no copy", DelayedRetry)
 }
 
-// Settle nacks msg: the subscriber requeues it and the broker holds it.
-func (b delayedRetry) Settle(msg *message.Message, _ time.Duration, _ message.Metadata) error {
-	msg.Nack()
+// Settle has nothing to arrange: the middleware's nack requeues msg and the broker
+// holds it.
+func (b delayedRetry) Settle(*message.Message, time.Duration, message.Metadata) error {
 	return nil
 }
 

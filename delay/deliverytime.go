@@ -42,7 +42,7 @@ func (deliveryTime) Park(context.Context, string, *message.Message, time.Duratio
 var errNoTransport = fmt.Errorf("%s is %w on the AMQP 0-9-1 transport: it needs the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1", DeliveryTime, ErrUnsupported)
 
 // Settle asks the transport to settle msg modified, due after effective, with the
-// envelope as annotations, and nacks it.
+// envelope as annotations, when the middleware nacks it.
 func (b deliveryTime) Settle(msg *message.Message, effective time.Duration, envelope message.Metadata) error {
 	if b.redeliver == nil {
 		return errNoTransport
@@ -54,7 +54,6 @@ func (b deliveryTime) Settle(msg *message.Message, effective time.Duration, enve
 	if err := b.redeliver(msg, time.Now().Add(effective), ann); err != nil {
 		return fmt.Errorf("%s: settle message %s: %w", DeliveryTime, msg.UUID, err)
 	}
-	msg.Nack()
 	return nil
 }
 

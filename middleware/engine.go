@@ -167,7 +167,7 @@ func (e *engine) read(msg *message.Message) delivery {
 	if ok && d.owned {
 		// A retry held in the work queue comes back without its envelope.
 		d.held, d.heldDue, d.heldUntil, d.rehelds, d.early = true, h.due, h.until, h.rehelds, h.early
-		d.backEarly = e.inPlace != nil && delay.Backend(e.inPlace.Name()) == delay.DelayedRetry && d.at.Sub(h.due) < -e.cfg.DelayedRetryDelay/2
+		d.backEarly = e.inPlace != nil && nameOf(e.inPlace) == delay.DelayedRetry && d.at.Sub(h.due) < -e.cfg.DelayedRetryDelay/2
 		if !h.env.FirstFailure.IsZero() {
 			// What a copy would have carried: the handler reads it as on a copy.
 			d.envelope, remembered = h.env, true
@@ -285,18 +285,18 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	}
 	var holdUntil time.Time
 	switch {
-	case requested > effective && delay.Backend(target.Name()) == delay.TTLTiers && decided.Delay > 0 && !inPlace:
+	case requested > effective && nameOf(target) == delay.TTLTiers && decided.Delay > 0 && !inPlace:
 		// A delay of the error's own (a server's Retry-After) is never cut short: the
 		// copy is parked again when it comes back, until it is due.
 		holdUntil = time.Now().Add(requested)
 		notice(e.cfg.Logger, "Delay asked for is longer than the longest tier: the retry is parked again until it is due",
 			f.fields.Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
-	case requested > effective && delay.Backend(target.Name()) == delay.TTLTiers:
+	case requested > effective && nameOf(target) == delay.TTLTiers:
 		e.cfg.Logger.Error("Delay longer than the longest tier, using the longest: the retry comes back early", delay.ErrDelayTooLong,
 			f.fields.Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
 	}
 	if inPlace {
-		if delay.Backend(target.Name()) == delay.DelayedRetry && decided.Delay > effective {
+		if nameOf(target) == delay.DelayedRetry && decided.Delay > effective {
 			// The queue holds a retry for one delay: held again until it is due, never
 			// back before the delay asked for (a server's Retry-After).
 			holds := (requested + effective - 1) / effective
@@ -327,7 +327,7 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	case perr == nil:
 		e.failures.forget(msg.UUID)
 		n := e.stats.retries.add()
-		e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: d.queue, Backend: delay.Backend(e.backend.Name()), Attempt: d.attempt, Err: err,
+		e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: d.queue, Backend: nameOf(e.backend), Attempt: d.attempt, Err: err,
 			Requested: requested, Effective: effective, Handoff: time.Since(start)})
 		if e.sampled(n) {
 			e.cfg.Logger.Info("Retry scheduled", f.fields.Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
@@ -366,7 +366,7 @@ func (e *engine) holdsInPlace(d delivery, dec amqpretry.Decision) bool {
 	switch {
 	case e.inPlace == nil:
 		return false
-	case delay.Backend(e.inPlace.Name()) != delay.DelayedRetry:
+	case nameOf(e.inPlace) != delay.DelayedRetry:
 		return true
 	case e.held.isBroken(d.queue):
 		return false

@@ -27,29 +27,33 @@ func (e *engine) settle(msg *message.Message, f failure, requested, effective ti
 	f.envelope.Attempt = f.attempt + 1
 	f.envelope.RequestedDelay, f.envelope.EffectiveDelay, f.envelope.Due = requested, effective, due
 	var md message.Metadata
-	if delay.Backend(e.inPlace.Name()) != delay.DelayedRetry { // a nack cannot carry it
+	if nameOf(e.inPlace) != delay.DelayedRetry { // a nack cannot carry it
 		md = message.Metadata{}
 		f.envelope.Write(md)
 	}
 	if err := e.inPlace.(backend.InPlace).Settle(msg, effective, md); err != nil {
 		return e.handoffFailed(f, copyOf(msg), err, "other", true)
 	}
+	// The one settlement of the delivery: nacked, for the broker to hold. The handler
+	// then returns nil, and the router's Ack that follows does nothing (a Watermill
+	// message nacked once is never acked: TestInPlaceSettlesOnce).
+	msg.Nack()
 	h := heldRetry{due: due, first: f.envelope.FirstFailure, env: f.envelope}
 	if f.backEarly {
 		h.early = f.early + 1
 	}
-	if delay.Backend(e.inPlace.Name()) == delay.DelayedRetry && effective > e.cfg.DelayedRetryDelay {
+	if nameOf(e.inPlace) == delay.DelayedRetry && effective > e.cfg.DelayedRetryDelay {
 		// Back after the queue's delay, then held again until requested is over.
 		h.due, h.until = time.Now().Add(e.cfg.DelayedRetryDelay), time.Now().Add(requested)
 	}
 	e.held.add(msg.UUID, h)
 	e.failures.forget(msg.UUID)
 	n := e.stats.retries.add()
-	e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: f.queue, Backend: delay.Backend(e.inPlace.Name()), Attempt: f.attempt, Err: f.err,
+	e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: f.queue, Backend: nameOf(e.inPlace), Attempt: f.attempt, Err: f.err,
 		Requested: requested, Effective: effective})
 	if e.sampled(n) {
 		e.cfg.Logger.Info("Retry held in the work queue", f.fields.Add(watermill.LogFields{
-			"requested_delay": requested.String(), "effective_delay": effective.String(), "delay_backend": delay.Backend(e.inPlace.Name())}))
+			"requested_delay": requested.String(), "effective_delay": effective.String(), "delay_backend": nameOf(e.inPlace)}))
 	}
 	return nil
 }

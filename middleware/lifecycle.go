@@ -267,7 +267,7 @@ func (e *engine) setAside(f failure, wait time.Duration) bool {
 		return e.backend.Park(handoffContext(cp), f.queue, cp, effective) == nil
 	case e.inPlace != nil:
 		var md message.Metadata
-		if delay.Backend(e.inPlace.Name()) != delay.DelayedRetry {
+		if nameOf(e.inPlace) != delay.DelayedRetry {
 			md = message.Metadata{}
 			f.envelope.Write(md)
 		}

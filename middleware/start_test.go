@@ -245,6 +245,37 @@ func TestHeldRetryBackEarlyOnceIsNotJudged(t *testing.T) {
 	}
 }
 
+// TestInPlaceSettlesOnce: a retry held in the work queue is settled once, by the
+// middleware's nack; the handler chain then returns nil, and the router's Ack that
+// follows does nothing: the delivery stays nacked, for the broker to hold.
+func TestInPlaceSettlesOnce(t *testing.T) {
+	e, _ := newEngine(t, amqpretry.Config{Backend: delay.DelayedRetry, DelayedRetryDelay: time.Second,
+		Policy: amqpretry.Policy{MaxAttempts: 3}}, nil)
+	e.backend = nil
+	held := newInPlace(time.Second)
+	e.inPlace = held
+	msg := message.NewMessage("m", nil)
+	if _, err := e.Middleware(failing(errFlaky))(msg); err != nil {
+		t.Fatal(err)
+	}
+	if len(held.settled) != 1 {
+		t.Fatalf("settled %d times, want once", len(held.settled))
+	}
+	select {
+	case <-msg.Nacked():
+	default:
+		t.Fatal("the held retry was not nacked")
+	}
+	if msg.Ack() {
+		t.Error("the router's Ack acked a delivery the middleware had nacked")
+	}
+	select {
+	case <-msg.Acked():
+		t.Error("the delivery is acked: the broker would drop the retry")
+	default:
+	}
+}
+
 // countingLogger counts the errors logged.
 type countingLogger struct {
 	mu     sync.Mutex

@@ -80,11 +80,12 @@ type Backend interface {
 }
 
 // InPlace is implemented by a backend that retries without a copy: the middleware
-// settles the failed delivery so that the broker itself holds it and redelivers it
+// nacks the failed delivery so that the broker itself holds it and redelivers it
 // after the delay.
 type InPlace interface {
-	// Settle settles msg, the delivery that failed, to come back after effective.
-	// envelope is the failure envelope, for a transport that can carry it.
+	// Settle arranges how msg, the delivery that failed, is settled when the
+	// middleware nacks it, to come back after effective; it does not settle it
+	// itself. envelope is the failure envelope, for a transport that can carry it.
 	Settle(msg *message.Message, effective time.Duration, envelope message.Metadata) error
 }
 
