@@ -31,13 +31,9 @@ func (e *engine) settle(msg *message.Message, f failure, requested, effective ti
 		md = message.Metadata{}
 		f.envelope.Write(md)
 	}
-	if err := e.inPlace.(backend.InPlace).Settle(msg, effective, md); err != nil {
+	if err := e.holdInPlace(msg, effective, md); err != nil {
 		return e.handoffFailed(f, copyOf(msg), err, "other", true)
 	}
-	// The one settlement of the delivery: nacked, for the broker to hold. The handler
-	// then returns nil, and the router's Ack that follows does nothing (a Watermill
-	// message nacked once is never acked: TestInPlaceSettlesOnce).
-	msg.Nack()
 	h := heldRetry{due: due, first: f.envelope.FirstFailure, env: f.envelope}
 	if f.backEarly {
 		h.early = f.early + 1
@@ -55,6 +51,19 @@ func (e *engine) settle(msg *message.Message, f failure, requested, effective ti
 		e.cfg.Logger.Info("Retry held in the work queue", f.fields.Add(watermill.LogFields{
 			"requested_delay": requested.String(), "effective_delay": effective.String(), "delay_backend": nameOf(e.inPlace)}))
 	}
+	return nil
+}
+
+// holdInPlace has the broker hold msg, the delivery that failed, in its work queue for
+// effective: the in-place backend arranges how (with envelope where the transport can
+// carry it), and the middleware nacks it. That nack is the delivery's one settlement:
+// the handler chain then returns nil, and the router's Ack that follows does nothing
+// (a Watermill message nacked once is never acked: TestInPlaceSettlesOnce).
+func (e *engine) holdInPlace(msg *message.Message, effective time.Duration, envelope message.Metadata) error {
+	if err := e.inPlace.(backend.InPlace).Settle(msg, effective, envelope); err != nil {
+		return err
+	}
+	msg.Nack()
 	return nil
 }
 
@@ -277,7 +286,7 @@ func (e *engine) holdAgain(msg *message.Message, d delivery) bool {
 	if d.at.Before(d.heldDue.Add(-hold / 2)) {
 		return false
 	}
-	if err := e.inPlace.(backend.InPlace).Settle(msg, hold, nil); err != nil {
+	if err := e.holdInPlace(msg, hold, nil); err != nil {
 		return false
 	}
 	e.held.add(msg.UUID, heldRetry{due: d.at.Add(hold), until: d.heldUntil, first: d.envelope.FirstFailure, rehelds: d.rehelds + 1, env: d.envelope})

@@ -228,7 +228,7 @@ func (e *engine) poisonFailed(f failure, reason amqpretry.Reason, perr error) er
 	e.stats.failures.add()
 	cause := backend.Cause(perr)
 	if gone {
-		cause = CausePoisonQueueMissing
+		cause = causePoisonQueueMissing
 	}
 	e.observe(amqpretry.Event{Kind: amqpretry.EventHandoffFailed, Queue: f.queue, Attempt: f.attempt, Err: perr, Cause: cause, Reason: reason})
 	f.fields["handoff_failures"] = n
@@ -271,14 +271,14 @@ func (e *engine) setAside(f failure, wait time.Duration) bool {
 			md = message.Metadata{}
 			f.envelope.Write(md)
 		}
-		return e.inPlace.(backend.InPlace).Settle(f.msg, wait, md) == nil
+		return e.holdInPlace(f.msg, wait, md) == nil
 	}
 	return false
 }
 
-// CausePoisonQueueMissing is the Event.Cause of a poison publish the broker returned
+// causePoisonQueueMissing is the Event.Cause of a poison publish the broker returned
 // unroutable: the poison queue does not exist.
-const CausePoisonQueueMissing = "poison-queue-missing"
+const causePoisonQueueMissing = "poison-queue-missing"
 
 // holdUntilOf reads keys.HoldUntil: when a retry parked for longer than the backend
 // holds is due.
