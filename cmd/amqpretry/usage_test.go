@@ -128,7 +128,7 @@ func TestHelp(t *testing.T) {
 		}
 	}
 	_, out, _ = runArgs("poison", "list", "--help")
-	for _, r := range middlewareReasons(t) {
+	for _, r := range poisonReasons(t) {
 		if !strings.Contains(out, r) {
 			t.Errorf("--reason help lacks %q:\n%s", r, out)
 		}
@@ -141,11 +141,11 @@ func TestHelp(t *testing.T) {
 	}
 }
 
-// middlewareReasons reads the values of every amqpretry.Reason constant from the
+// poisonReasons reads the values of every amqpretry.Reason constant from the
 // library's source, so that a new reason cannot be left out of --reason.
-func middlewareReasons(t *testing.T) []string {
+func poisonReasons(t *testing.T) []string {
 	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), "../../middleware/envelope.go", nil, 0)
+	f, err := parser.ParseFile(token.NewFileSet(), "../../event.go", nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func middlewareReasons(t *testing.T) []string {
 		t.Fatalf("found reasons %v", out)
 	}
 	if len(out) != len(reasons) {
-		t.Errorf("middleware has reasons %v; --reason takes %v", out, reasons)
+		t.Errorf("amqpretry has reasons %v; --reason takes %v", out, reasons)
 	}
 	return out
 }
