@@ -359,22 +359,31 @@ func poisoned(t *testing.T, queue string, timeout time.Duration) *message.Messag
 func poisonedDelivery(t *testing.T, queue string, timeout time.Duration) amqp.Delivery {
 	t.Helper()
 	conn := brokertest.Dial(t)
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ch.Close() }()
+	var ch *amqp.Channel
+	defer func() {
+		if ch != nil {
+			_ = ch.Close()
+		}
+	}()
 	deadline := time.Now().Add(timeout)
 	for {
+		var err error
+		if ch == nil || ch.IsClosed() {
+			if ch, err = conn.Channel(); err != nil {
+				// The connection is closed, or about to be: a new one.
+				conn = brokertest.Dial(t)
+				if ch, err = conn.Channel(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
 		d, ok, err := ch.Get(queue, true)
 		var amqpErr *amqp.Error
-		// 404: not declared again yet; 541 noproc: declared again a moment ago, and its
-		// quorum queue process not started yet (RabbitMQ 3.10).
+		// 404 (it closes the channel): not declared again yet. 541 noproc (it closes
+		// the connection): declared again a moment ago, its quorum queue process not
+		// started yet (RabbitMQ 3.10).
 		notYet := errors.As(err, &amqpErr) && (amqpErr.Code == amqp.NotFound || amqpErr.Code == amqp.InternalError && strings.Contains(amqpErr.Reason, "noproc"))
 		if notYet && time.Now().Before(deadline) {
-			if ch, err = conn.Channel(); err != nil { // the error closed the channel
-				t.Fatal(err)
-			}
 			time.Sleep(100 * time.Millisecond)
 			continue
 		}
