@@ -35,6 +35,11 @@ func (m Marshaler) impl() marshal.Marshaler {
 // cannot carry (a non-string value under a name that is not UTF-8, nesting deeper than
 // 64) is kept losslessly in a metadata key of its own. Unmarshal never fails for a
 // header: a delivery is never nacked and redelivered forever for one.
+//
+// It refuses only the zero amqp.Delivery, which no broker sends: watermill-amqp
+// (v2.1.3, v3.0.1) can read one from its consumer's closed delivery channel as a
+// connection drops, and would otherwise hand the handler a message with no UUID, no
+// headers and no body. Refused, it reaches no handler, and the subscriber reconnects.
 func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	return m.impl().Unmarshal(d)
 }

@@ -7,6 +7,7 @@ package marshal
 import (
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"sort"
 	"strconv"
 	"unicode/utf8"
@@ -17,6 +18,9 @@ import (
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/wire"
 )
+
+// ErrZeroDelivery: Unmarshal was given the zero amqp.Delivery, which no broker sends.
+var ErrZeroDelivery = errors.New("the zero amqp.Delivery, read from a consumer's closed delivery channel, is not a message: refused, so that no handler runs on it (the subscriber reconnects)")
 
 // DefaultUUIDKey is the header watermill-amqp keeps the message UUID in.
 const DefaultUUIDKey = "_watermill_message_uuid"
@@ -61,7 +65,16 @@ func (o Options) UUIDKey() string {
 // keys.TypedHeaders, or, where the encoding cannot carry it, kept under
 // keys.RawHeaders. Headers named like the keys the marshaler reserves are ignored.
 // It never fails for a header, so a delivery is never nacked forever for one.
+//
+// It refuses the zero Delivery (ErrZeroDelivery): what a receive from a consumer's
+// closed delivery channel gives. watermill-amqp (v2.1.3, v3.0.1) can read one as its
+// channel or connection closes and would hand it to the handler as a message with no
+// UUID, no headers and no body. Refused, it reaches no handler and is handed off
+// nowhere: watermill-amqp then fails to nack it (nothing to nack) and reconnects.
 func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
+	if d.Acknowledger == nil && d.DeliveryTag == 0 && d.Headers == nil && d.Body == nil {
+		return nil, ErrZeroDelivery
+	}
 	uuidKey := m.UUIDKey()
 	uuid := ""
 	md := make(message.Metadata, len(d.Headers)+4)

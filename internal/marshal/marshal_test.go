@@ -302,3 +302,25 @@ func deliveredAs(id string) func(*message.Message, int) {
 		}
 	}
 }
+
+// TestZeroDeliveryIsRefused: the zero Delivery, which watermill-amqp can read from a
+// consumer's closed delivery channel, is refused before anything sees it (Delivered
+// is not called). A real delivery with no headers and no body is a message: the broker
+// gave it a delivery tag, and the channel acknowledges it.
+func TestZeroDeliveryIsRefused(t *testing.T) {
+	delivered := 0
+	for _, m := range []Marshaler{{}, {Options{Retry: true, Delivered: func(*message.Message, int) { delivered++ }}}} {
+		msg, err := m.Unmarshal(amqp.Delivery{})
+		if !errors.Is(err, ErrZeroDelivery) || msg != nil {
+			t.Errorf("Unmarshal(zero Delivery), retry %v = %v, %v; want ErrZeroDelivery", m.Retry, msg, err)
+		}
+		for _, d := range []amqp.Delivery{{DeliveryTag: 1}, {Body: []byte{}}, {Headers: amqp.Table{}}} {
+			if msg, err := m.Unmarshal(d); err != nil || msg == nil {
+				t.Errorf("Unmarshal(%+v), retry %v = %v; want a message", d, m.Retry, err)
+			}
+		}
+	}
+	if delivered != 3 {
+		t.Errorf("Delivered called %d times, want 3 (never for the zero Delivery)", delivered)
+	}
+}
