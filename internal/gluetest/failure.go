@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -440,5 +441,43 @@ func TraceContextSurvivesRetryAndPoison(t *testing.T, m Major) {
 		if m.Metadata.Get("traceparent") != traceparent || m.Metadata.Get("tracestate") != tracestate {
 			t.Errorf("hop %d lost the trace context: %q %q", i, m.Metadata.Get("traceparent"), m.Metadata.Get("tracestate"))
 		}
+	}
+}
+
+// WorkPerCopyIsEncodeOnReceiptDecodeOnPublish pins the failure path's header work: a
+// message with three headers of AMQP types other than string, retried once on
+// ttl-tiers, has each of them encoded once per receipt (Watermill metadata holds
+// strings) and decoded once for its one copy, and nothing more: the middleware
+// decides, stamps and hands off without reading them back, and the broker's x-death on
+// the retry is not encoded at all (the retry subscriber leaves it out). The headers
+// reach the second attempt as they reached the first.
+func WorkPerCopyIsEncodeOnReceiptDecodeOnPublish(t *testing.T, m Major) {
+	s := newSetup(t, m, delay.TTLTiers)
+	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{500 * time.Millisecond}}
+	r := newRetry(t, m, s.sub, s.cfg)
+	rec := newRecorder(failFirst(1))
+	run(t, m, r, s.topic, rec.handle, rec.settle)
+	typed := amqp.Table{"tenant": int32(7), "ctx": amqp.Table{"region": "eu", "shard": int64(3)}, "sent": time.Unix(1_700_000_000, 0)}
+	headers := amqp.Table{"plain": "kept"}
+	maps.Copy(headers, typed)
+	enc0, dec0 := marshal.WorkDone()
+	publishRaw(t, s.topic, "typed", headers)
+	rec.waitSettled(t, 2, 30*time.Second) // the failure handed off, then the retry handled
+	enc, dec := marshal.WorkDone()
+	if k := int64(len(typed)); enc-enc0 != 2*k || dec-dec0 != k {
+		t.Errorf("%d encodings and %d decodings for %d typed headers, one failure and one retry; want %d (one per header per receipt) and %d (one per header for the one copy)",
+			enc-enc0, dec-dec0, k, 2*k, k)
+	}
+	calls := rec.snapshot()
+	if len(calls) != 2 {
+		t.Fatalf("handled %d times, want 2", len(calls))
+	}
+	for k := range headers {
+		if first, retry := calls[0].msg.Metadata[k], calls[1].msg.Metadata[k]; first == "" || first != retry {
+			t.Errorf("header %q reached attempt 1 as %q and attempt 2 as %q, want the same", k, first, retry)
+		}
+	}
+	if _, ok := calls[1].msg.Metadata[keys.XDeath]; ok {
+		t.Errorf("the retry subscriber kept x-death in the metadata")
 	}
 }

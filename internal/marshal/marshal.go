@@ -174,7 +174,7 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 		}
 		headers[k] = s
 		if typed[k] {
-			if v, err := decode([]byte(s), k, 0); err == nil {
+			if v, err := decodeValue(s, k); err == nil {
 				headers[k] = v
 			}
 		}
@@ -231,7 +231,7 @@ func Header(md message.Metadata, typed map[string]bool, key string) (value inter
 	if !typed[key] {
 		return s, true, nil
 	}
-	v, err := decode([]byte(s), key, 0)
+	v, err := decodeValue(s, key)
 	if err != nil {
 		return nil, false, err
 	}

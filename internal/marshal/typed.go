@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -76,6 +77,7 @@ func EncodeValue(v interface{}) (string, error) {
 const MaxDepth = 64
 
 func encodeValue(v interface{}, path string) (string, error) {
+	work.encoded.Add(1)
 	tree, err := encode(v, path, 0)
 	if err != nil {
 		return "", err
@@ -88,7 +90,23 @@ func encodeValue(v interface{}, path string) (string, error) {
 // the wire: time.Unix(sec, 0), a nil []interface{} and a non-nil []byte{}.
 // Errors wrap ErrMalformed.
 func DecodeValue(s string) (interface{}, error) {
-	return decode([]byte(s), "", 0)
+	return decodeValue(s, "")
+}
+
+// decodeValue decodes one header value, counted in the work done.
+func decodeValue(s, path string) (interface{}, error) {
+	work.decoded.Add(1)
+	return decode([]byte(s), path, 0)
+}
+
+// work counts the header values encoded and decoded by this process.
+var work struct{ encoded, decoded atomic.Int64 }
+
+// WorkDone returns how many header values this process encoded into metadata
+// (Unmarshal, EncodeValue) and decoded back (Marshal, Header, DecodeValue): what a
+// test of the failure path's work per copy reads.
+func WorkDone() (encoded, decoded int64) {
+	return work.encoded.Load(), work.decoded.Load()
 }
 
 // TypeName names the AMQP-relevant type of v, using the encoding's tags.
