@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/internal/version"
@@ -499,29 +500,11 @@ func TestDelayedRetry(t *testing.T) {
 	}
 }
 
-// recorder is a message.Publisher keeping what it is given.
-type recorder struct {
-	ch chan published
-}
-
-type published struct {
-	topic string
-	msg   *message.Message
-}
-
-func (r recorder) Publish(topic string, msgs ...*message.Message) error {
-	for _, m := range msgs {
-		r.ch <- published{topic, m}
-	}
-	return nil
-}
-func (recorder) Close() error { return nil }
-
 func TestMemory(t *testing.T) {
 	if err := lookup(t, backend.Spec{Name: string(Memory)}).Park(context.Background(), "q", message.NewMessage("m", nil), 0); !errors.Is(err, errDetached) {
 		t.Errorf("memory backend without a publisher: %v", err)
 	}
-	rec := recorder{ch: make(chan published, 2)}
+	rec := brokertest.NewRecorder(2)
 	b, err := backend.New(backend.Spec{Name: string(Memory)}, backend.Env{Memory: rec})
 	if err != nil {
 		t.Fatal(err)
@@ -534,13 +517,8 @@ func TestMemory(t *testing.T) {
 	if err := b.Park(context.Background(), "work", message.NewMessage("later", nil), time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case p := <-rec.ch:
-		if p.topic != "work" || p.msg.UUID != "m" || string(p.msg.Payload) != "p" || p.msg.Metadata.Get("changed") != "" {
-			t.Errorf("delivered %q: %+v", p.topic, p.msg)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("nothing delivered within 10s")
+	if p := rec.Next(t); p.Topic != "work" || p.Msg.UUID != "m" || string(p.Msg.Payload) != "p" || p.Msg.Metadata.Get("changed") != "" {
+		t.Errorf("delivered %q: %+v", p.Topic, p.Msg)
 	}
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
@@ -555,7 +533,7 @@ type fake struct {
 	effective func(time.Duration) (time.Duration, error)
 	parkErr   error
 	asked     []time.Duration
-	parked    []published
+	parked    []brokertest.Published
 }
 
 func (f *fake) Name() string { return "fake" }
@@ -574,7 +552,7 @@ func (f *fake) Park(_ context.Context, queue string, msg *message.Message, effec
 	if f.parkErr != nil {
 		return f.parkErr
 	}
-	f.parked = append(f.parked, published{queue, msg})
+	f.parked = append(f.parked, brokertest.Published{Topic: queue, Msg: msg})
 	return nil
 }
 
@@ -602,10 +580,10 @@ func TestSchedulerStripsWatermillDelayKeys(t *testing.T) {
 		if len(f.asked) != 1 || f.asked[0] != tt.want {
 			t.Errorf("%s: asked the backend for %v, want %s", tt.name, f.asked, tt.want)
 		}
-		if len(f.parked) != 1 || f.parked[0].topic != "orders" {
+		if len(f.parked) != 1 || f.parked[0].Topic != "orders" {
 			t.Fatalf("%s: parked %+v", tt.name, f.parked)
 		}
-		cp := f.parked[0].msg
+		cp := f.parked[0].Msg
 		for _, k := range []string{wdelay.DelayedForKey, wdelay.DelayedUntilKey} {
 			if v, ok := cp.Metadata[k]; ok {
 				t.Errorf("%s: parked copy keeps %s = %q; it would be delayed again", tt.name, k, v)

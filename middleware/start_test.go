@@ -13,6 +13,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/keys"
 )
 
@@ -55,38 +56,11 @@ func TestWorkQueueWarning(t *testing.T) {
 	}
 }
 
-// recorder is a message.Publisher that hands what it is given to a channel.
-type recorder struct{ got chan published }
-
-type published struct {
-	topic string
-	msg   *message.Message
-}
-
-func (r recorder) Publish(topic string, msgs ...*message.Message) error {
-	for _, m := range msgs {
-		r.got <- published{topic, m}
-	}
-	return nil
-}
-func (recorder) Close() error { return nil }
-
-func (r recorder) next(t *testing.T) published {
-	t.Helper()
-	select {
-	case p := <-r.got:
-		return p
-	case <-time.After(10 * time.Second):
-		t.Fatal("nothing published within 10s")
-	}
-	return published{}
-}
-
 // TestStartInProcess: without a URI the Retry runs in this process on the memory
 // backend: retries come back to the topic after their delay, poisoned messages go to
 // the poison queue's topic.
 func TestStartInProcess(t *testing.T) {
-	rec := recorder{got: make(chan published, 10)}
+	rec := brokertest.NewRecorder(10)
 	cfg := amqpretry.Config{Backend: delay.Memory, Memory: rec, Policy: amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{time.Millisecond}}}
 	retry, err := New(cfg, Transport{})
 	if err != nil {
@@ -102,16 +76,16 @@ func TestStartInProcess(t *testing.T) {
 	if _, err := h(message.NewMessage("m", []byte("body"))); err != nil {
 		t.Fatal(err)
 	}
-	p := rec.next(t)
-	if p.topic != "work" || p.msg.UUID != "m" || string(p.msg.Payload) != "body" || amqpretry.Attempt(p.msg) != 2 {
-		t.Fatalf("retry published to %q: %+v", p.topic, p.msg)
+	p := rec.Next(t)
+	if p.Topic != "work" || p.Msg.UUID != "m" || string(p.Msg.Payload) != "body" || amqpretry.Attempt(p.Msg) != 2 {
+		t.Fatalf("retry published to %q: %+v", p.Topic, p.Msg)
 	}
-	if _, err := h(p.msg); err != nil {
+	if _, err := h(p.Msg); err != nil {
 		t.Fatal(err)
 	}
-	p = rec.next(t)
-	if p.topic != "amqpretry.poison" || ReadEnvelope(p.msg.Metadata).Reason != amqpretry.ReasonMaxAttempts {
-		t.Fatalf("poisoned to %q: %v", p.topic, p.msg.Metadata)
+	p = rec.Next(t)
+	if p.Topic != "amqpretry.poison" || ReadEnvelope(p.Msg.Metadata).Reason != amqpretry.ReasonMaxAttempts {
+		t.Fatalf("poisoned to %q: %v", p.Topic, p.Msg.Metadata)
 	}
 	if st := retry.Stats(); st != (Stats{Retries: 1, Poisoned: 1}) {
 		t.Errorf("stats %+v", st)
