@@ -79,35 +79,32 @@ func (o *Ops) Verify(ctx context.Context, opts VerifyOptions, workQueues ...stri
 	if err != nil {
 		return nil, err
 	}
-	own := plan
+	// The backend's own declarations, then the work queues: those the plan gives
+	// arguments (delayed retries) first, then the others, which are checked to exist.
+	own, work := plan, topology.Topology{}
 	own.Queues = nil
-	var compared, existing topology.Topology
 	for _, q := range plan.Queues {
 		if slices.Contains(workQueues, q.Name) {
-			compared.Queues = append(compared.Queues, q)
+			q.Role = "work"
+			work.Queues = append(work.Queues, q)
 		} else {
 			own.Queues = append(own.Queues, q)
 		}
 	}
 	for _, q := range workQueues {
-		if !slices.ContainsFunc(compared.Queues, func(c topology.Queue) bool { return c.Name == q }) &&
-			!slices.ContainsFunc(existing.Queues, func(c topology.Queue) bool { return c.Name == q }) {
-			existing.Queues = append(existing.Queues, topology.Queue{Name: q, Role: "work"})
+		if !slices.ContainsFunc(work.Queues, func(c topology.Queue) bool { return c.Name == q }) {
+			work.Queues = append(work.Queues, topology.Queue{Name: q, Role: "work"})
 		}
 	}
 	var out []topology.Finding
 	for _, step := range []struct {
 		t    topology.Topology
-		opts declare.CheckOptions
-	}{
-		{own, declare.CheckOptions{CompareArgs: true, Bind: opts.Bind}},
-		{compared, declare.CheckOptions{CompareArgs: true, Kind: "work queue"}},
-		{existing, declare.CheckOptions{Kind: "work queue"}},
-	} {
+		bind bool
+	}{{own, opts.Bind}, {work, false}} {
 		if err := ctx.Err(); err != nil {
 			return out, err
 		}
-		f, err := declare.Check(o.conn, step.t, step.opts)
+		f, err := step.t.Check(o.conn, step.bind)
 		out = append(out, f...)
 		if err != nil {
 			return out, fmt.Errorf("verify: %w", o.redact(err))

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"regexp"
 
-	"github.com/amqpretry/amqpretry/internal/amqperr"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/amqperr"
+	"github.com/amqpretry/amqpretry/topology"
 )
 
 // queueTypeClash reads RabbitMQ's 406 for a queue declared with another type than the
@@ -32,39 +34,27 @@ func CurrentQueueType(text string) string {
 	return ""
 }
 
-// QueueType checks on a throwaway channel of conn that the existing queue is a quorum
-// queue, by declaring it again with x-queue-type quorum only: a no-op for a quorum
-// queue (a clash on another argument tells nothing about the type), a 406 naming the
-// type for another. It needs configure permission; without it (403), or when the queue
-// does not exist (checked first, passively, so that nothing is created), known is
-// false.
+// QueueType checks on conn that the existing queue is a quorum queue, by checking it
+// (topology.Topology.Check) with x-queue-type quorum as its only argument: a quorum
+// queue matches (a clash on another argument tells nothing about the type), another
+// type is a mismatch on x-queue-type whose text names the type. Comparing needs
+// configure permission; without it, or when the queue does not exist (nothing is
+// created), known is false.
 func QueueType(conn *amqp.Connection, queue string) (current string, known bool, err error) {
-	err = withChannel(conn, func(ch *amqp.Channel) error {
-		_, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-		return err
-	})
-	switch {
-	case amqperr.IsCode(err, amqp.NotFound):
-		return "", false, nil
-	case err != nil && !isChannelErr(err):
+	f, err := topology.Topology{Queues: []topology.Queue{{Name: queue, Args: amqp.Table{QueueTypeArg: QueueTypeQuorum}}}}.Check(conn, false)
+	if err != nil || len(f) != 1 {
 		return "", false, err
-	case err != nil:
-		return "", false, nil
 	}
-	err = withChannel(conn, func(ch *amqp.Channel) error {
-		_, err := ch.QueueDeclare(queue, true, false, false, false, amqp.Table{QueueTypeArg: QueueTypeQuorum})
-		return err
-	})
-	if t, ok := QueueTypeClash(err); ok {
-		return t, true, nil
-	}
-	switch {
-	case err == nil, amqperr.IsCode(err, amqp.PreconditionFailed):
+	switch f[0].Status {
+	case topology.VerdictOK:
 		return QueueTypeQuorum, true, nil
-	case isChannelErr(err):
-		return "", false, nil // access refused: cannot tell
+	case topology.VerdictMismatch:
+		if t := CurrentQueueType(f[0].Detail); t != "" {
+			return t, true, nil
+		}
+		return QueueTypeQuorum, true, nil
 	}
-	return "", false, err
+	return "", false, nil // missing, or refused: cannot tell
 }
 
 // NotQuorum is the type of a queue known only not to be a quorum queue (the broker's

@@ -72,7 +72,7 @@ func (o Options) UUIDKey() string {
 // UUID, no headers and no body. Refused, it reaches no handler and is handed off
 // nowhere: watermill-amqp then fails to nack it (nothing to nack) and reconnects.
 func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
-	if d.Acknowledger == nil && d.DeliveryTag == 0 && d.Headers == nil && d.Body == nil {
+	if isZero(&d) {
 		return nil, ErrZeroDelivery
 	}
 	uuidKey := m.UUIDKey()
@@ -150,6 +150,15 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 		md[keys.Attempt] = strconv.Itoa(attempt)
 	}
 	return msg, nil
+}
+
+// isZero tells whether d is the zero Delivery: every field of it.
+func isZero(d *amqp.Delivery) bool {
+	return d.Acknowledger == nil && d.DeliveryTag == 0 && d.Headers == nil && d.Body == nil &&
+		d.Exchange == "" && d.RoutingKey == "" && d.ConsumerTag == "" && d.MessageId == "" &&
+		d.ContentType == "" && d.ContentEncoding == "" && d.DeliveryMode == 0 && d.Priority == 0 &&
+		d.CorrelationId == "" && d.ReplyTo == "" && d.Expiration == "" && d.Timestamp.IsZero() &&
+		d.Type == "" && d.UserId == "" && d.AppId == "" && d.MessageCount == 0 && !d.Redelivered
 }
 
 // Marshal converts a message to a publishing without modifying the message. Typed

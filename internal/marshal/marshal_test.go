@@ -314,13 +314,13 @@ func TestZeroDeliveryIsRefused(t *testing.T) {
 		if !errors.Is(err, ErrZeroDelivery) || msg != nil {
 			t.Errorf("Unmarshal(zero Delivery), retry %v = %v, %v; want ErrZeroDelivery", m.Retry, msg, err)
 		}
-		for _, d := range []amqp.Delivery{{DeliveryTag: 1}, {Body: []byte{}}, {Headers: amqp.Table{}}} {
+		for _, d := range []amqp.Delivery{{DeliveryTag: 1}, {Body: []byte{}}, {Headers: amqp.Table{}}, {RoutingKey: "q"}, {Redelivered: true}} {
 			if msg, err := m.Unmarshal(d); err != nil || msg == nil {
 				t.Errorf("Unmarshal(%+v), retry %v = %v; want a message", d, m.Retry, err)
 			}
 		}
 	}
-	if delivered != 3 {
-		t.Errorf("Delivered called %d times, want 3 (never for the zero Delivery)", delivered)
+	if delivered != 5 {
+		t.Errorf("Delivered called %d times, want 5 (never for the zero Delivery)", delivered)
 	}
 }
