@@ -66,15 +66,8 @@ func (t Topology) Check(conn *amqp.Connection, bind bool) ([]Finding, error) {
 			out = append(out, f)
 			continue
 		}
-		err := withChannel(conn, b.bind)
-		switch {
-		case err == nil:
-			f.Status = VerdictOK
-		case amqperr.IsCode(err, amqp.NotFound):
-			f.Status, f.Detail = VerdictMissing, amqperr.Reason(err)
-		case isChannelErr(err):
-			f.Status, f.Detail = VerdictError, amqperr.Reason(err)
-		default:
+		f, err := checkOne(conn, false, f, b.bind, nil)
+		if err != nil {
 			return out, err
 		}
 		out = append(out, f)
@@ -83,7 +76,8 @@ func (t Topology) Check(conn *amqp.Connection, bind bool) ([]Finding, error) {
 }
 
 // checkOne checks one exchange or queue: exists (passive), then the same arguments
-// (active, when compare is true and the broker allows it).
+// (active, when compare is true and the broker allows it). For a binding, passive is
+// the assertion itself.
 func checkOne(conn *amqp.Connection, compare bool, f Finding, passive, active func(*amqp.Channel) error) (Finding, error) {
 	err := withChannel(conn, passive)
 	switch {
