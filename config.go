@@ -13,6 +13,7 @@ import (
 
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/configured"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/topology"
@@ -282,8 +283,28 @@ func (c Config) backend() (backend.Backend, error) {
 	return backend.Lookup(c.spec())
 }
 
+// spec is the backend c names. c has its defaults.
 func (c Config) spec() backend.Spec {
 	return backend.Spec{Name: string(c.Backend), Prefix: c.Prefix, Tiers: c.Tiers, Levels: c.Levels, RetryDelay: c.DelayedRetryDelay}
+}
+
+func init() { configured.Register(Config.view) }
+
+// view is what the middleware, its transports and ops derive from c (package
+// configured), each fact computed here only. c has its defaults.
+func (c Config) view() configured.View {
+	v := configured.View{Backend: c.spec(), WorkQueueArgs: c.workQueueArgs(), Schedule: c.Policy.describe()}
+	v.Longest, _ = c.Policy.longest(c.HeldRetries)
+	if c.HeldRetries > 0 {
+		v.Held = &backend.Spec{Name: string(delay.DelayedRetry), RetryDelay: c.DelayedRetryDelay}
+		v.Schedule = fmt.Sprintf("%d retries held in the work queue %s apart, then %s", c.HeldRetries, c.DelayedRetryDelay, v.Schedule)
+	}
+	if c.Backend == delay.DelayedRetry {
+		v.Schedule = fmt.Sprintf("every retry held in the work queue %s (DelayedRetryDelay)", c.DelayedRetryDelay)
+		v.Longest = c.DelayedRetryDelay
+	}
+	v.Fix = declare.Fix{Mode: c.Topology, HoldsRetries: v.WorkQueueArgs != nil, RetryDelay: c.DelayedRetryDelay, Backend: string(c.Backend), Apply: c.ApplyCommand}
+	return v
 }
 
 // Plan returns everything c needs on the broker for the given work queues, without a
@@ -333,7 +354,7 @@ func (c Config) ApplyCommand(workQueues ...string) string {
 	if c.HeldRetries > 0 && c.Backend != delay.DelayedRetry {
 		args = append(args, "--held-retries", strconv.Itoa(c.HeldRetries))
 	}
-	if (c.HeldRetries > 0 || c.Backend == delay.DelayedRetry) && c.DelayedRetryDelay != backend.DefaultRetryDelay {
+	if c.workQueueArgs() != nil && c.DelayedRetryDelay != backend.DefaultRetryDelay {
 		args = append(args, "--retry-delay", c.DelayedRetryDelay.String())
 	}
 	if c.PoisonQueue != (names.Names{Prefix: c.Prefix}).Poison() {
@@ -345,11 +366,12 @@ func (c Config) ApplyCommand(workQueues ...string) string {
 	return strings.Join(args, " ")
 }
 
-// workQueueArgs are the arguments every work queue needs, or nil: with delayed
-// retries, a quorum queue that holds returned deliveries for DelayedRetryDelay. c has
-// its defaults.
-func (c Config) workQueueArgs() map[string]interface{} {
-	if !backend.HoldsRetries(string(c.Backend), c.HeldRetries) {
+// workQueueArgs are the arguments every work queue needs, or nil: when the work
+// queues hold retries (the delayed-retry backend, or held retries in front of
+// another), a quorum queue that holds returned deliveries for DelayedRetryDelay. It is
+// the one place that decides whether they do. c has its defaults.
+func (c Config) workQueueArgs() map[string]any {
+	if c.Backend != delay.DelayedRetry && c.HeldRetries == 0 {
 		return nil
 	}
 	return backend.WorkQueueArgs(c.DelayedRetryDelay)

@@ -18,7 +18,6 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
-	pace "github.com/amqpretry/amqpretry/internal/schedule"
 )
 
 // The figures the docs give about the topology, its limits and its defaults are marked
@@ -89,8 +88,8 @@ func expectedFigures(t *testing.T) map[string]string {
 	want["delayed-exchange.longest"] = fmt.Sprintf("%.1f days", longest(t, def, delay.DelayedExchange, time.Millisecond).Hours()/24)
 
 	want["handoff-attempts"] = strconv.Itoa(def.HandoffAttempts)
-	want["handoff-pause-first"] = figureDuration(pace.HandoffPause(1))
-	want["handoff-pause-most"] = figureDuration(pace.HandoffPause(1000))
+	want["handoff-pause-first"] = figureDuration(backend.HandoffPause(1))
+	want["handoff-pause-most"] = figureDuration(backend.HandoffPause(1000))
 	want["confirm-timeout"] = figureDuration(def.ConfirmTimeout)
 
 	want["go"] = goLine(t, "go.mod")

@@ -3,9 +3,8 @@ package amqpretry
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
-
-	"github.com/amqpretry/amqpretry/internal/schedule"
 )
 
 // Policy says how often and how long apart a message is retried. The zero value, after
@@ -109,9 +108,75 @@ func (p Policy) validate() error {
 }
 
 // longest is the longest delay p can ask of the copying backend, after stages retries
-// run in this process or held in the work queue, and the field that decides it
-// (package schedule). p has its defaults.
+// held in the work queue (Config.HeldRetries), jitter's upper bound included, and the
+// field that decides it: "Delays[i]", the longest entry within reach, or
+// "MaxInterval", which caps the exponential schedule. 0 and "" when it asks for none.
+// Config.Validate checks it against the backend's limits, and the middleware logs it
+// at start. p has its defaults.
 func (p Policy) longest(stages int) (time.Duration, string) {
-	s := schedule.Policy(p)
-	return s.Longest(s.Retries(p.Immediate + stages))
+	// The copying backend's retries: every retry but those run in this process
+	// (Immediate) or held in the work queue. The engine sizes the retry after attempt
+	// a with the schedule's delay a - min(stages, a-1), so the last, attempt
+	// MaxAttempts - 1, gets delay MaxAttempts - 1 - stages.
+	n := max(p.MaxAttempts-1-max(p.Immediate+stages, 0), 0)
+	if n < 1 {
+		return 0, ""
+	}
+	if len(p.Delays) > 0 {
+		var longest time.Duration
+		field := ""
+		for i, d := range p.Delays[:min(n, len(p.Delays))] {
+			if field == "" || d > longest {
+				longest, field = d, fmt.Sprintf("Delays[%d]", i)
+			}
+		}
+		return longest, field
+	}
+	// The interval of the n-th delay, grown as github.com/cenkalti/backoff grows it
+	// (the engine's delayOf): set to MaxInterval once it would pass it.
+	interval := p.InitialInterval
+	for i := 1; i < n && interval < p.MaxInterval; i++ {
+		next := p.MaxInterval
+		if float64(interval) < float64(p.MaxInterval)/p.Multiplier {
+			next = time.Duration(float64(interval) * p.Multiplier)
+		}
+		if next == interval {
+			break // Multiplier 1: constant
+		}
+		interval = next
+	}
+	// backoff draws from [interval - delta, interval + delta + 1ns) with delta =
+	// Jitter * interval, truncated to whole nanoseconds; the engine caps the draw at
+	// MaxInterval.
+	jitter := p.Jitter
+	if p.NoJitter {
+		jitter = 0
+	}
+	if float64(interval)*(1+jitter) >= float64(p.MaxInterval) {
+		return p.MaxInterval, "MaxInterval"
+	}
+	upper := time.Duration(math.Floor(float64(interval) + jitter*float64(interval)))
+	return min(upper, p.MaxInterval), "MaxInterval"
+}
+
+// describe describes p's schedule, for the log at start: "1s, ×2 per retry up to
+// 10m0s, jitter ±20%", or "delays [1s 5s], the last repeating", after "2 immediate
+// retries, then " when it has them. p has its defaults.
+func (p Policy) describe() string {
+	var s string
+	switch {
+	case len(p.Delays) > 0:
+		s = fmt.Sprintf("delays %v, the last repeating", p.Delays)
+	case p.Multiplier == 1:
+		s = fmt.Sprintf("%s per retry", p.InitialInterval)
+	default:
+		s = fmt.Sprintf("%s, ×%g per retry up to %s", p.InitialInterval, p.Multiplier, p.MaxInterval)
+	}
+	if len(p.Delays) == 0 && !p.NoJitter && p.Jitter > 0 {
+		s += fmt.Sprintf(", jitter ±%g%%", p.Jitter*100)
+	}
+	if p.Immediate > 0 {
+		s = fmt.Sprintf("%d immediate retries %s apart, then %s", p.Immediate, p.ImmediateInterval, s)
+	}
+	return s
 }

@@ -713,12 +713,8 @@ func TestVersionRules(t *testing.T) {
 	}
 }
 
-// TestContractNames: the contract with the backends' users names the one backend whose
-// work queues hold every retry as package delay does.
+// TestContractNames: each backend is named as package delay names it.
 func TestContractNames(t *testing.T) {
-	if backend.DelayedRetryName != string(DelayedRetry) {
-		t.Errorf("backend.DelayedRetryName %q, want %q", backend.DelayedRetryName, DelayedRetry)
-	}
 	for _, name := range Backends() {
 		b, err := backend.Lookup(backend.Spec{Name: string(name), Prefix: "p", Tiers: backend.DefaultTiers(), Levels: backend.DefaultLevels, RetryDelay: time.Second})
 		if err != nil {

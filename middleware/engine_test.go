@@ -16,8 +16,8 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/keys"
-	"github.com/amqpretry/amqpretry/internal/schedule"
 )
 
 var errFlaky = errors.New("flaky")
@@ -407,8 +407,8 @@ func TestCopyTooLargeIsTrimmedThenPoisonedWithTheHeadersThatFit(t *testing.T) {
 func TestHandoffBackoff(t *testing.T) {
 	ms := time.Millisecond
 	for n, want := range map[int]time.Duration{0: 100 * ms, 1: 100 * ms, 2: 200 * ms, 3: 400 * ms, 4: 800 * ms, 5: 1600 * ms, 6: 3200 * ms, 7: 5 * time.Second, 100: 5 * time.Second} {
-		if got := schedule.HandoffPause(n); got != want {
-			t.Errorf("schedule.HandoffPause(%d) = %s, want %s", n, got, want)
+		if got := backend.HandoffPause(n); got != want {
+			t.Errorf("backend.HandoffPause(%d) = %s, want %s", n, got, want)
 		}
 	}
 }
@@ -419,12 +419,12 @@ func TestHandoffFailingForOneMessagePausesThenPoisons(t *testing.T) {
 	e, poison := newEngine(t, amqpretry.Config{HandoffAttempts: 3, Observe: func(ev amqpretry.Event) { events = append(events, ev) }}, b)
 	h := e.Middleware(failing(errFlaky))
 
-	// The first failure pauses schedule.HandoffPause(1) before the router nacks: a timer never
+	// The first failure pauses backend.HandoffPause(1) before the router nacks: a timer never
 	// fires early, so this is a lower bound, not a timing threshold.
 	start := time.Now()
 	_, err := h(message.NewMessage("stuck", nil))
-	if took := time.Since(start); took < schedule.HandoffPause(1) {
-		t.Errorf("returned after %s, want a pause of at least %s", took, schedule.HandoffPause(1))
+	if took := time.Since(start); took < backend.HandoffPause(1) {
+		t.Errorf("returned after %s, want a pause of at least %s", took, backend.HandoffPause(1))
 	}
 	if !errors.Is(err, amqpretry.ErrHandoff) || !errors.Is(err, errFlaky) {
 		t.Fatalf("failure 1: %v, want ErrHandoff joined with the handler's error", err)

@@ -16,7 +16,6 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/keys"
-	"github.com/amqpretry/amqpretry/internal/schedule"
 )
 
 // lifecycle is the engine's open or closed state. Once closed, the engine hands
@@ -97,7 +96,7 @@ func (e *engine) refuseClosed(msg *message.Message, d delivery, err error) error
 			"message_uuid": msg.UUID, "handler": d.handler, "queue": d.queue, "attempt": d.attempt,
 		})
 	}
-	pause(msg.Context(), schedule.HandoffPause(n))
+	pause(msg.Context(), backend.HandoffPause(n))
 	if err == nil {
 		return cerr
 	}
@@ -233,7 +232,7 @@ func (e *engine) poisonFailed(f failure, reason amqpretry.Reason, perr error) er
 	e.observe(amqpretry.Event{Kind: amqpretry.EventHandoffFailed, Queue: f.queue, Attempt: f.attempt, Err: perr, Cause: cause, Reason: reason})
 	f.fields["handoff_failures"] = n
 	f.fields["poison_queue"] = e.cfg.PoisonQueue
-	wait := schedule.HandoffPause(n)
+	wait := backend.HandoffPause(n)
 	if e.pending.setAside(f.msg.UUID, time.Now().Add(wait/2)) && e.setAside(f, wait) {
 		f.fields["set_aside_for"] = wait.String()
 		e.cfg.Logger.Error("Could not poison message: set aside through the delay backend, only its poison publish is retried when it comes back, the handler does not run it again", perr, f.fields)
@@ -310,6 +309,6 @@ func (e *engine) parkAgain(msg *message.Message, d delivery, until time.Time) er
 	e.observe(amqpretry.Event{Kind: amqpretry.EventHandoffFailed, Queue: d.queue, Attempt: d.attempt, Err: err, Cause: backend.Cause(err)})
 	e.cfg.Logger.Error("Could not park a retry again until it is due, nacking it for redelivery", err, watermill.LogFields{
 		"message_uuid": msg.UUID, "queue": d.queue, "attempt": d.attempt, "handoff_failures": n, "due": until.Format(time.RFC3339Nano)})
-	e.pausePaced(msg.Context(), schedule.HandoffPause(n))
+	e.pausePaced(msg.Context(), backend.HandoffPause(n))
 	return fmt.Errorf("%w: queue %q: park again until %s: %w", amqpretry.ErrHandoff, d.queue, until.Format(time.RFC3339Nano), err)
 }

@@ -13,10 +13,10 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/configured"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/internal/redact"
-	"github.com/amqpretry/amqpretry/internal/schedule"
 	"github.com/amqpretry/amqpretry/internal/version"
 	"github.com/amqpretry/amqpretry/internal/wire"
 	"github.com/amqpretry/amqpretry/topology"
@@ -29,8 +29,8 @@ type retry struct {
 	*engine
 	cfg     amqpretry.Config
 	t       Transport
+	view    configured.View // what cfg derives
 	handoff backend.Handoff // nil in-process
-	fix     declare.Fix
 	id      string
 
 	mu    sync.Mutex
@@ -44,15 +44,12 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 	if t.Queue == nil {
 		t.Queue = func(topic string) string { return topic }
 	}
-	r := &retry{cfg: cfg, t: t, fix: declare.Fix{
-		Mode: cfg.Topology, HoldsRetries: backend.HoldsRetries(string(cfg.Backend), cfg.HeldRetries),
-		RetryDelay: cfg.DelayedRetryDelay, Backend: string(cfg.Backend), Apply: cfg.ApplyCommand,
-	}}
+	v := configured.Of(cfg)
+	r := &retry{cfg: cfg, view: v, t: t}
 	e := &engine{cfg: cfg, wiring: wiring{Queue: t.Queue}}
 	r.engine = e
-	spec := backend.Spec{Name: string(cfg.Backend), Prefix: cfg.Prefix, Tiers: cfg.Tiers, Levels: cfg.Levels, RetryDelay: cfg.DelayedRetryDelay}
 	if t.URI == "" {
-		b, err := backend.New(spec, backend.Env{Memory: cfg.Memory, Logger: cfg.Logger})
+		b, err := backend.New(v.Backend, backend.Env{Memory: cfg.Memory, Logger: cfg.Logger})
 		if err != nil {
 			return nil, fmt.Errorf("invalid config: %w", err)
 		}
@@ -70,19 +67,19 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 		return nil, err
 	}
 	r.handoff = h
-	if err := r.prepare(spec); err != nil {
+	if err := r.prepare(); err != nil {
 		return nil, errors.Join(err, r.close())
 	}
 	r.logReady()
 	return r, nil
 }
 
-func (r *retry) prepare(spec backend.Spec) error {
+func (r *retry) prepare() error {
 	cfg, e, v := r.cfg, r.engine, r.handoff.Version()
 	var held backend.Backend // the first retries, held in the work queue
-	if cfg.HeldRetries > 0 {
+	if r.view.Held != nil {
 		var err error
-		if held, err = backend.New(backend.Spec{Name: string(delay.DelayedRetry), RetryDelay: cfg.DelayedRetryDelay}, backend.Env{}); err != nil {
+		if held, err = backend.New(*r.view.Held, backend.Env{}); err != nil {
 			return fmt.Errorf("invalid config: %w", err)
 		}
 		// Refuses a broker older than 4.3, before anything is declared.
@@ -90,7 +87,7 @@ func (r *retry) prepare(spec backend.Spec) error {
 			return err
 		}
 	}
-	b, err := backend.New(spec, backend.Env{Handoff: r.handoff, Memory: cfg.Memory, Redeliver: r.t.Redeliver, Logger: cfg.Logger})
+	b, err := backend.New(r.view.Backend, backend.Env{Handoff: r.handoff, Memory: cfg.Memory, Redeliver: r.t.Redeliver, Logger: cfg.Logger})
 	if err != nil {
 		return fmt.Errorf("invalid config: %w", err)
 	}
@@ -98,11 +95,11 @@ func (r *retry) prepare(spec backend.Spec) error {
 	// declared.
 	if cfg.Backend != delay.Memory {
 		if err := backend.Prepare(b, r.handoff, cfg.Topology); err != nil {
-			return r.fix.Hint(err, "")
+			return r.view.Fix.Hint(err, "")
 		}
 	}
 	if err := r.handoff.Ensure(cfg.Topology, topology.Topology{Queues: []topology.Queue{declare.HoldingQueue(cfg.PoisonQueue, "poison")}}); err != nil {
-		return fmt.Errorf("poison queue (topology mode %s): %w", cfg.Topology, r.fix.Hint(err, ""))
+		return fmt.Errorf("poison queue (topology mode %s): %w", cfg.Topology, r.view.Fix.Hint(err, ""))
 	}
 	switch _, inPlace := b.(backend.InPlace); {
 	case inPlace:
@@ -135,12 +132,10 @@ func (r *retry) prepare(spec backend.Spec) error {
 // schedule, the longest delay it can ask for, and the backend's limits; and, at INFO,
 // when that delay is longer than ttl-tiers holds.
 func (r *retry) logReady() {
-	cfg, e := r.cfg, r.engine
-	p := schedule.Policy(cfg.Policy)
-	longest, _ := p.Longest(p.Retries(cfg.Policy.Immediate + cfg.HeldRetries))
+	cfg, e, longest := r.cfg, r.engine, r.view.Longest
 	fields := watermill.LogFields{
 		"delay_backend": cfg.Backend, "held_retries": cfg.HeldRetries, "poison_queue": cfg.PoisonQueue,
-		"max_attempts": cfg.Policy.MaxAttempts, "schedule": p.String(), "longest_delay": longest.String(),
+		"max_attempts": cfg.Policy.MaxAttempts, "schedule": r.view.Schedule, "longest_delay": longest.String(),
 	}
 	if r.t.URI != "" {
 		fields["amqp_uri"] = redact.URI(r.t.URI)
@@ -153,13 +148,6 @@ func (r *retry) logReady() {
 		lim = backend.LimitsOf(e.inPlace)
 	}
 	fields["backend_limits"] = lim.Text
-	if cfg.HeldRetries > 0 {
-		fields["schedule"] = fmt.Sprintf("%d retries held in the work queue %s apart, then %s", cfg.HeldRetries, cfg.DelayedRetryDelay, p.String())
-	}
-	if cfg.Backend == delay.DelayedRetry {
-		fields["schedule"] = fmt.Sprintf("every retry held in the work queue %s (DelayedRetryDelay)", cfg.DelayedRetryDelay)
-		fields["longest_delay"] = cfg.DelayedRetryDelay.String()
-	}
 	cfg.Logger.Info("Broker-side retry ready", fields)
 	if e.backend != nil && lim.Longest > 0 && !lim.Refuses && longest > lim.Longest {
 		cfg.Logger.Info("The policy's longest delay is longer than the backend holds; those retries come back early", watermill.LogFields{
@@ -176,7 +164,7 @@ func (r *retry) bind(ch *amqp.Channel, queue string) error {
 	}
 	if r.engine.backend != nil {
 		if err := r.engine.backend.WorkQueue(queue).Apply(ch, r.cfg.Topology); err != nil {
-			return fmt.Errorf("retry topology for queue %q: %w", queue, r.fix.Hint(err, queue))
+			return fmt.Errorf("retry topology for queue %q: %w", queue, r.view.Fix.Hint(err, queue))
 		}
 	}
 	r.mu.Lock()
@@ -194,7 +182,7 @@ func (r *retry) bind(ch *amqp.Channel, queue string) error {
 // arguments already (a clash fails there, see Hint); without configure permission the
 // type cannot be read over AMQP, and the engine notices at the first retry instead.
 func (r *retry) checkWorkQueueType(queue string) error {
-	if r.cfg.Topology != topology.ModeVerify || !r.fix.HoldsRetries || r.handoff == nil {
+	if r.cfg.Topology != topology.ModeVerify || !r.view.Fix.HoldsRetries || r.handoff == nil {
 		return nil
 	}
 	conn, err := r.handoff.Connection()

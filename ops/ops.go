@@ -13,6 +13,7 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/amqperr"
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/configured"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/internal/redact"
 	"github.com/amqpretry/amqpretry/topology"
@@ -87,7 +88,7 @@ func New(cfg Config) (*Ops, error) {
 	if cfg.URI == "" {
 		return nil, errors.New("invalid config: URI: required")
 	}
-	b, err := backend.Lookup(spec(retry))
+	b, err := backend.Lookup(configured.Of(retry).Backend)
 	if err != nil {
 		return nil, fmt.Errorf("invalid config: %w", err)
 	}
@@ -127,11 +128,6 @@ func topologyConfig(r amqpretry.Config) (amqpretry.Config, error) {
 		return r, err
 	}
 	return r, nil
-}
-
-// spec is the backend r names. r has its defaults.
-func spec(r amqpretry.Config) backend.Spec {
-	return backend.Spec{Name: string(r.Backend), Prefix: r.Prefix, Tiers: r.Tiers, Levels: r.Levels, RetryDelay: r.DelayedRetryDelay}
 }
 
 // Close closes both connections.

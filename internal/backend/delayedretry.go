@@ -20,17 +20,6 @@ func WorkQueueArgs(d time.Duration) amqp.Table {
 	}
 }
 
-// HoldsRetries tells whether the work queues of a config with this backend and this
-// many held retries hold retries themselves (RabbitMQ 4.3's delayed retry): then
-// they must be quorum queues with WorkQueueArgs.
-func HoldsRetries(name string, heldRetries int) bool {
-	return name == DelayedRetryName || heldRetries > 0
-}
-
-// DelayedRetryName is the name of the backend whose work queues hold every retry,
-// delay.DelayedRetry (package delay's TestContractNames pins it).
-const DelayedRetryName = "delayed-retry"
-
 // CheckRetryDelay refuses a DelayedRetryDelay the broker cannot take: it is given in
 // whole milliseconds, at least one.
 func CheckRetryDelay(d time.Duration) error {

@@ -136,3 +136,14 @@ func Cause(err error) string {
 	}
 	return "other"
 }
+
+// HandoffPause is the pause after the n-th failed hand-off of a message in a row (1 is
+// the first): 100ms doubling to 5s, so that nothing is redelivered at wire speed. The
+// README's figures about the hand-off's pacing are checked against it.
+func HandoffPause(n int) time.Duration {
+	const first, most = 100 * time.Millisecond, 5 * time.Second
+	if n > 6 {
+		return most
+	}
+	return min(first<<max(n-1, 0), most)
+}

@@ -16,7 +16,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/configured"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/middleware"
@@ -41,7 +41,7 @@ type Wiring struct {
 	Retry *middleware.Retry
 	cfg   amqpretry.Config // with defaults
 	sub   Sub
-	fix   declare.Fix
+	view  configured.View // what cfg derives
 }
 
 // New validates sub and cfg, every invalid field named, and only then builds the
@@ -62,10 +62,7 @@ func New(sub Sub, cfg amqpretry.Config) (*Wiring, error) {
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
-	return &Wiring{Retry: r, cfg: cfg, sub: sub, fix: declare.Fix{
-		Mode: cfg.Topology, HoldsRetries: backend.HoldsRetries(string(cfg.Backend), cfg.HeldRetries),
-		RetryDelay: cfg.DelayedRetryDelay, Backend: string(cfg.Backend), Apply: cfg.ApplyCommand,
-	}}, nil
+	return &Wiring{Retry: r, cfg: cfg, sub: sub, view: configured.Of(cfg)}, nil
 }
 
 // InProcess tells whether the Retry runs without a broker (the memory backend, no
@@ -81,7 +78,7 @@ func (w *Wiring) Marshaler() marshal.Marshaler {
 		o = *w.sub.Marshal
 	}
 	o.Retry, o.Delivered = true, w.Retry.Delivered
-	o.ReturnedAttempts = w.fix.HoldsRetries
+	o.ReturnedAttempts = w.view.WorkQueueArgs != nil
 	return marshal.Marshaler{Options: o}
 }
 
@@ -89,14 +86,14 @@ func (w *Wiring) Marshaler() marshal.Marshaler {
 // holds returned deliveries, with delayed retries), as a new table; args itself when
 // it needs nothing.
 func (w *Wiring) WorkQueueArgs(args amqp.Table) amqp.Table {
-	if !w.fix.HoldsRetries {
+	if w.view.WorkQueueArgs == nil {
 		return args
 	}
 	out := maps.Clone(args)
 	if out == nil {
 		out = amqp.Table{}
 	}
-	maps.Copy(out, backend.WorkQueueArgs(w.cfg.DelayedRetryDelay))
+	maps.Copy(out, w.view.WorkQueueArgs)
 	return out
 }
 
@@ -122,7 +119,7 @@ func (sub Sub) validate(cfg amqpretry.Config) error {
 	if sub.Marshal == nil {
 		errs = append(errs, fmt.Errorf("Subscriber: Marshaler: %s cannot read dead-lettered messages; use the DefaultMarshaler or xdeath.Marshaler", sub.MarshalerType))
 	}
-	if backend.HoldsRetries(string(cfg.Backend), cfg.HeldRetries) {
+	if configured.Of(cfg).WorkQueueArgs != nil {
 		if t, ok := sub.QueueArgs[declare.QueueTypeArg]; ok && t != declare.QueueTypeQuorum {
 			errs = append(errs, fmt.Errorf("Subscriber: Queue.Arguments: %s %v: delayed retries need quorum work queues", declare.QueueTypeArg, t))
 		}
