@@ -177,6 +177,7 @@ func (c Config) Validate() error {
 	if c.HandoffAttempts < 0 {
 		errs = append(errs, fmt.Errorf("HandoffAttempts: %d is negative", c.HandoffAttempts))
 	}
+	errs = append(errs, c.unusedNegatives()...)
 	if !slices.Contains([]topology.Mode{topology.ModeDeclare, topology.ModeVerify, topology.ModeNone}, c.Topology) {
 		errs = append(errs, fmt.Errorf("Topology: unknown mode %q (known: %s, %s, %s)", c.Topology, topology.ModeDeclare, topology.ModeVerify, topology.ModeNone))
 	}
@@ -375,4 +376,25 @@ func (c Config) workQueueArgs() map[string]any {
 		return nil
 	}
 	return backend.WorkQueueArgs(c.DelayedRetryDelay)
+}
+
+// unusedNegatives refuses a negative value in a backend setting that c's backend does
+// not use: it is ignored, but it is a mistake all the same (a backend checks the
+// settings it uses itself, in topologyErrors). c has its defaults.
+func (c Config) unusedNegatives() []error {
+	var errs []error
+	if c.Backend != delay.TTLTiers {
+		for i, t := range c.Tiers {
+			if t < 0 {
+				errs = append(errs, fmt.Errorf("Tiers[%d]: %s, must not be negative (the %s backend does not use Tiers: leave it nil)", i, t, c.Backend))
+			}
+		}
+	}
+	if c.Backend != delay.BinaryLevels && c.Levels < 0 {
+		errs = append(errs, fmt.Errorf("Levels: %d, must not be negative (the %s backend does not use Levels: leave it 0)", c.Levels, c.Backend))
+	}
+	if c.Backend != delay.DelayedRetry && c.HeldRetries == 0 && c.DelayedRetryDelay < 0 {
+		errs = append(errs, fmt.Errorf("DelayedRetryDelay: %s, must not be negative (the %s backend without HeldRetries does not use it: leave it 0)", c.DelayedRetryDelay, c.Backend))
+	}
+	return errs
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	wamqpv2 "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	wamqpv3 "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -20,6 +21,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/version"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/topology"
+	"github.com/amqpretry/amqpretry/wamqp2"
 	"github.com/amqpretry/amqpretry/wamqp3"
 )
 
@@ -43,6 +45,8 @@ type wrongUsage struct {
 	// want are the texts that must all appear in it: the fix named, exactly. Nil: do
 	// must show nothing (the usage is right after all).
 	want []string
+	// not are texts that must not appear in it: a fix that does not apply.
+	not []string
 	// is, if set, must be wrapped by the error (do's err, kept in e.Err).
 	is error
 }
@@ -50,6 +54,8 @@ type wrongUsage struct {
 const (
 	brokerAny = "any"
 	broker43  = "4.3"
+	// brokerBefore43: a broker older than 4.3 there (skipped on 4.3 or later).
+	brokerBefore43 = "before 4.3"
 )
 
 // wuEnv is a case's world: its unique names, the logs, the last error.
@@ -83,6 +89,24 @@ func runRouter(e *wuEnv, cfg amqpretry.Config) string {
 	if err != nil {
 		return e.shown(err)
 	}
+	return e.run(r)
+}
+
+// runRouterV2: runRouter through watermill-amqp v2 (wamqp2).
+func runRouterV2(e *wuEnv, cfg amqpretry.Config) string {
+	r, err := wamqp2.New(wamqpv2.NewDurableQueueConfig(e.subConfig().Connection.AmqpURI), cfg)
+	if err != nil {
+		return e.shown(err)
+	}
+	return e.run(r)
+}
+
+// run runs r's handler on e.Queue in a router: what AddHandler or Run returns, or ""
+// when the router runs.
+func (e *wuEnv) run(r interface {
+	AddHandler(*message.Router, string, string, message.NoPublishHandlerFunc) (*message.Handler, error)
+	Close() error
+}) string {
 	defer r.Close()
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
 	if err != nil {
@@ -140,6 +164,21 @@ func (e *wuEnv) declareClassic() {
 	}
 }
 
+// declareQuorum declares e.Queue as a quorum queue, as delayed-retry's subscriber
+// config did, deleted when the test ends.
+func (e *wuEnv) declareQuorum() {
+	e.t.Helper()
+	ch, err := e.conn.Channel()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer ch.Close()
+	brokertest.Cleanup(e.t, []string{e.Queue}, nil)
+	if _, err := ch.QueueDeclare(e.Queue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 // apply declares what cfg's plan needs besides the work queues (the poison queue, the
 // backend's topology), as an administrator would for topology mode verify, deleted
 // when the test ends.
@@ -172,6 +211,16 @@ func classicUnderDelayedRetry(m topology.Mode) func(e *wuEnv) amqpretry.Config {
 	return func(e *wuEnv) amqpretry.Config {
 		return amqpretry.Config{Backend: delay.DelayedRetry, Prefix: e.Prefix, Topology: m, Logger: logger{e.Logs}}
 	}
+}
+
+// quorumBackFix is the fix the refusal of a quorum work queue declared without
+// arguments names: the queue, what it has and what the config asks, the fixes, the doc.
+var quorumBackFix = []string{
+	`work queue "<queue>": declared with different arguments: it has x-queue-type quorum, the subscriber config asks for `, // none on 3.10, classic on 4.x
+	"an existing queue's arguments cannot change",
+	`give the subscriber config's Queue.Arguments x-queue-type: "quorum" (the queue's own)`,
+	"or set Config.Topology to topology.ModeVerify so that the queue is checked, not declared",
+	"see docs/switching-backends.md",
 }
 
 // classicFix is the fix every refusal of a classic work queue under delayed retries
@@ -256,6 +305,72 @@ func TestWrongUsage(t *testing.T) {
 			want: []string{"Backend: delivery-time is not supported on the AMQP 0-9-1 transport (watermill-amqp)",
 				"use the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1, or another Backend (ttl-tiers, binary-levels, delayed-retry)"},
 			is: delay.ErrUnsupported,
+		},
+		{
+			name: "negative Levels, unused by ttl-tiers",
+			cfg:  func(*wuEnv) amqpretry.Config { return amqpretry.Config{Levels: -3} },
+			want: []string{"Levels: -3, must not be negative (the ttl-tiers backend does not use Levels: leave it 0)"},
+		},
+		{
+			name: "negative DelayedRetryDelay, unused by ttl-tiers",
+			cfg:  func(*wuEnv) amqpretry.Config { return amqpretry.Config{DelayedRetryDelay: -time.Second} },
+			want: []string{"DelayedRetryDelay: -1s, must not be negative (the ttl-tiers backend without HeldRetries does not use it: leave it 0)"},
+		},
+		{
+			name: "negative tier, unused by binary-levels",
+			cfg: func(*wuEnv) amqpretry.Config {
+				return amqpretry.Config{Backend: delay.BinaryLevels, Tiers: []time.Duration{time.Second, -time.Second}}
+			},
+			want: []string{"Tiers[1]: -1s, must not be negative (the binary-levels backend does not use Tiers: leave it nil)"},
+		},
+		{
+			// The user is on ttl-tiers already: the field that asked for 4.3 is HeldRetries.
+			name:   "HeldRetries before RabbitMQ 4.3",
+			broker: brokerBefore43,
+			cfg: func(e *wuEnv) amqpretry.Config {
+				return amqpretry.Config{Prefix: e.Prefix, HeldRetries: 2, Tiers: []time.Duration{time.Second}}
+			},
+			do:   newRetry,
+			want: []string{"HeldRetries: 2: delayed-retry is not supported by this broker", "retries held in the work queue need RabbitMQ 4.3 or later", "on this broker set HeldRetries to 0 (Backend ttl-tiers then takes every retry), or move to RabbitMQ 4.3 or later"},
+			not:  []string{"set Backend", "use ttl-tiers or binary-levels there"},
+			is:   delay.ErrUnsupported,
+		},
+		{
+			name:   "Backend delayed-retry before RabbitMQ 4.3",
+			broker: brokerBefore43,
+			cfg: func(e *wuEnv) amqpretry.Config {
+				return amqpretry.Config{Prefix: e.Prefix, Backend: delay.DelayedRetry}
+			},
+			do:   newRetry,
+			want: []string{"Backend: delayed-retry is not supported by this broker", "(the copying backends, ttl-tiers and binary-levels, run on any broker)", "on this broker set Backend to a copying backend, or move to RabbitMQ 4.3 or later"},
+			not:  []string{"HeldRetries"},
+			is:   delay.ErrUnsupported,
+		},
+		{
+			// Back from delayed-retry, which made the work queue a quorum queue, on a
+			// subscriber config without its queue arguments (the README's).
+			name:   "quorum work queue back on ttl-tiers, watermill-amqp v3",
+			broker: brokerAny,
+			cfg:    func(e *wuEnv) amqpretry.Config { return amqpretry.Config{Prefix: e.Prefix} },
+			setup:  func(e *wuEnv) { e.declareQuorum() },
+			do: func(e *wuEnv, cfg amqpretry.Config) string {
+				e.cleanup(cfg)
+				return runRouter(e, cfg)
+			},
+			want: quorumBackFix,
+			is:   topology.ErrMismatch,
+		},
+		{
+			name:   "quorum work queue back on ttl-tiers, watermill-amqp v2",
+			broker: brokerAny,
+			cfg:    func(e *wuEnv) amqpretry.Config { return amqpretry.Config{Prefix: e.Prefix} },
+			setup:  func(e *wuEnv) { e.declareQuorum() },
+			do: func(e *wuEnv, cfg amqpretry.Config) string {
+				e.cleanup(cfg)
+				return runRouterV2(e, cfg)
+			},
+			want: quorumBackFix,
+			is:   topology.ErrMismatch,
 		},
 		{
 			name:   "classic work queue under delayed-retry, topology mode declare",
@@ -357,8 +472,12 @@ func TestWrongUsage(t *testing.T) {
 			e := &wuEnv{t: t, Logs: &logged{}}
 			if tc.broker != "" {
 				e.conn = brokertest.Dial(t)
-				if v, _ := e.conn.Properties["version"].(string); tc.broker == broker43 && !version.DelayedRetry(v) {
+				v, _ := e.conn.Properties["version"].(string)
+				if tc.broker == broker43 && !version.DelayedRetry(v) {
 					t.Skipf("RabbitMQ %s: the case needs 4.3 or later (scripts/test.sh runs it there)", v)
+				}
+				if tc.broker == brokerBefore43 && version.DelayedRetry(v) {
+					t.Skipf("RabbitMQ %s: the case needs a broker older than 4.3 (scripts/test.sh runs it on 3.10 and 4.0)", v)
 				}
 				e.Prefix = brokertest.Prefix(t)
 				e.Queue = e.Prefix + ".work"
@@ -384,6 +503,11 @@ func TestWrongUsage(t *testing.T) {
 				w = strings.ReplaceAll(w, `"<queue>"`, fmt.Sprintf("%q", e.Queue))
 				if w = strings.ReplaceAll(w, "<prefix>", e.Prefix); !strings.Contains(got, w) {
 					t.Errorf("shown:\n%s\ndoes not say:\n%s", got, w)
+				}
+			}
+			for _, n := range tc.not {
+				if strings.Contains(got, n) {
+					t.Errorf("shown:\n%s\nsays %q, a fix that does not apply", got, n)
 				}
 			}
 			if tc.is != nil && !errors.Is(e.Err, tc.is) {

@@ -2,6 +2,8 @@ package amqp1
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +12,8 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/topology"
 )
 
 // The interop tests exchange messages with watermill-amqp v3 (AMQP 0-9-1) through the
@@ -183,5 +187,33 @@ func TestInteropQuorumQueue(t *testing.T) {
 	assertSameMessage(t, want, got)
 	if n, ok := DeliveryCount(got); !ok || n != 0 {
 		t.Errorf("DeliveryCount = %d, %v; want 0, true", n, ok)
+	}
+}
+
+// A queue that exists with another type than the subscriber config asks for (back from
+// a backend that made it a quorum queue, say): the refusal names the queue, what it has
+// and what the config asks for, the fix and the doc (issue 33).
+func TestDeclareClashNamesTheFix(t *testing.T) {
+	uri := requireBroker(t)
+	queue := queueName(t, "clash")
+	declareQueue(t, queue, "quorum", nil)
+	sub, err := NewSubscriber(SubscriberConfig{URI: uri, Queue: QueueConfig{Type: "classic"}}, testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	err = sub.SubscribeInitialize(queue)
+	if !errors.Is(err, topology.ErrMismatch) {
+		t.Fatalf("SubscribeInitialize = %v, want an error wrapping topology.ErrMismatch", err)
+	}
+	for _, want := range []string{
+		fmt.Sprintf("work queue %q: declared with different arguments: it has x-queue-type quorum, the subscriber config asks for classic", queue),
+		"an existing queue's arguments cannot change",
+		`give the subscriber config the queue's own, SubscriberConfig.Queue.Type "quorum", or set SubscriberConfig.Queue.NoDeclare so that it is not declared`,
+		"see docs/switching-backends.md",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error:\n%v\ndoes not say:\n%s", err, want)
+		}
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	amqp "github.com/Azure/go-amqp"
+
+	"github.com/amqpretry/amqpretry/topology"
 )
 
 // managementAddress is RabbitMQ 4's HTTP-over-AMQP management node: a request is a
@@ -140,9 +142,28 @@ func (m *management) declareQueue(ctx context.Context, queue, queueType string, 
 		return err
 	}
 	if status != 200 && status != 201 {
-		return &errManagement{status: status, reason: fmt.Sprint(value)}
+		err := &errManagement{status: status, reason: fmt.Sprint(value)}
+		if c, ok := topology.ParseClash(err.reason); ok {
+			return clashError(queue, c, err)
+		}
+		return err
 	}
 	return nil
+}
+
+// clashError names, for a queue declared with other arguments than the existing
+// queue's, what it has, what the config asks for, and the fix.
+func clashError(queue string, c topology.Clash, err error) error {
+	fix := fmt.Sprintf("SubscriberConfig.Queue.Arguments %s: %q", c.Arg, c.Has)
+	switch {
+	case c.Arg == "x-queue-type":
+		fix = fmt.Sprintf("SubscriberConfig.Queue.Type %q", c.Has)
+	case c.Has == "none":
+		fix = "SubscriberConfig.Queue.Arguments without " + c.Arg
+	}
+	return fmt.Errorf("work queue %q: %w: it has %s %s, the subscriber config asks for %s (%w); an existing queue's arguments cannot change: "+
+		"give the subscriber config the queue's own, %s, or set SubscriberConfig.Queue.NoDeclare so that it is not declared; see docs/switching-backends.md",
+		queue, topology.ErrMismatch, c.Arg, c.Has, c.Asked, err, fix)
 }
 
 // deleteQueue deletes a queue; a queue that does not exist is not an error.

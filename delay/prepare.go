@@ -98,7 +98,8 @@ func (b *binaryLevels) checkLadder(h backend.Handoff) error {
 }
 
 // unsupportedError is the start-up error of a backend that retries in place (name) on
-// a broker older than 4.3.
+// a broker older than 4.3. It names no fix: that depends on the field that asked for
+// the backend (Backend, or HeldRetries), which the middleware names.
 func unsupportedError(name Backend, brokerVersion string) error {
 	if brokerVersion == "" {
 		brokerVersion = "of unknown version"
@@ -107,6 +108,6 @@ func unsupportedError(name Backend, brokerVersion string) error {
 	if name == DeliveryTime {
 		why = "it does not hold a delivery settled with x-opt-delivery-time"
 	}
-	return fmt.Errorf("%s is %w by this broker: retries held in the work queue need RabbitMQ 4.3 or later, and the broker is %s: %s; use %s or %s there",
+	return fmt.Errorf("%s is %w by this broker: retries held in the work queue need RabbitMQ 4.3 or later, and the broker is %s: %s (the copying backends, %s and %s, run on any broker)",
 		name, ErrUnsupported, brokerVersion, why, TTLTiers, BinaryLevels)
 }

@@ -84,6 +84,9 @@ func (r *retry) prepare() error {
 		}
 		// Refuses a broker older than 4.3, before anything is declared.
 		if err := backend.Prepare(held, r.handoff, cfg.Topology); err != nil {
+			if errors.Is(err, delay.ErrUnsupported) {
+				return fmt.Errorf("HeldRetries: %d: %w; on this broker set HeldRetries to 0 (Backend %s then takes every retry), or move to RabbitMQ 4.3 or later", cfg.HeldRetries, err, cfg.Backend)
+			}
 			return err
 		}
 	}
@@ -95,6 +98,9 @@ func (r *retry) prepare() error {
 	// declared.
 	if cfg.Backend != delay.Memory {
 		if err := backend.Prepare(b, r.handoff, cfg.Topology); err != nil {
+			if errors.Is(err, delay.ErrUnsupported) {
+				return fmt.Errorf("Backend: %w; on this broker set Backend to a copying backend, or move to RabbitMQ 4.3 or later", err)
+			}
 			return r.view.Fix.Hint(err, "")
 		}
 	}

@@ -173,8 +173,15 @@ func runScenario(runID, topic string, s setup, logger watermill.LoggerAdapter) e
 		}
 	}()
 
-	go func() { _ = router.Run(ctx) }()
-	<-router.Running()
+	// Run returns at once when the router cannot start (a subscription the broker
+	// refused, say): wait for whichever comes first, so that its error is not lost.
+	runErr := make(chan error, 1)
+	go func() { runErr <- router.Run(ctx) }()
+	select {
+	case <-router.Running():
+	case err := <-runErr:
+		return fmt.Errorf("the router did not start: %w", err)
+	}
 	defer router.Close()
 
 	start := time.Now()

@@ -53,8 +53,23 @@ func (f Fix) Hint(err error, queue string) error {
 		// retries it holds need them until they are back.
 		return fmt.Errorf("%w; work queue %q was declared for delayed retries (RabbitMQ 4.3) and may still hold some: do not delete it, keep its arguments: give the subscriber config's Queue.Arguments the x-delayed-retry-* values it was declared with, or run with Config.Topology set to topology.ModeVerify (with %s, a delayed retry of the queue only delays the redelivery of a failed hand-off); see docs/switching-backends.md",
 			err, queue, f.Backend)
+	case queue != "" && amqperr.IsCode(err, amqp.PreconditionFailed):
+		if c, ok := topology.ParseClash(amqperr.Reason(err)); ok {
+			return fmt.Errorf("work queue %q: %w: it has %s %s, the subscriber config asks for %s (%w); an existing queue's arguments cannot change: "+
+				"give the subscriber config's Queue.Arguments %s, or set Config.Topology to topology.ModeVerify so that the queue is checked, not declared; see docs/switching-backends.md",
+				queue, topology.ErrMismatch, c.Arg, c.Has, c.Asked, err, argFix(c))
+		}
 	case amqperr.IsCode(err, amqp.AccessRefused) && f.Mode == topology.ModeDeclare:
 		return fmt.Errorf("%w; a user without configure permission cannot declare: have an administrator run `%s`, then set Config.Topology to topology.ModeVerify", err, f.Apply(queues...))
 	}
 	return err
+}
+
+// argFix says what the subscriber config's queue arguments must hold for the existing
+// queue of clash c.
+func argFix(c topology.Clash) string {
+	if c.Has == "none" {
+		return "no " + c.Arg
+	}
+	return fmt.Sprintf("%s: %q (the queue's own)", c.Arg, c.Has)
 }
