@@ -93,15 +93,6 @@ func expectedFigures(t *testing.T) map[string]string {
 	want["confirm-timeout"] = figureDuration(def.ConfirmTimeout)
 
 	want["go"] = goLine(t, "go.mod")
-	script, err := os.ReadFile("scripts/test.sh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`apicount -max (\d+)`).FindSubmatch(script)
-	if m == nil {
-		t.Fatal("scripts/test.sh runs no `apicount -max N`")
-	}
-	want["api-budget"] = string(m[1])
 	return want
 }
 

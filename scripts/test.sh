@@ -2,7 +2,7 @@
 # The whole test suite, the one command the README gives and CI runs (.ci/run).
 #
 #   checks      gofmt, go vet and staticcheck of every module, shellcheck, the API
-#               budget (internal/cmd/apicount), the README snippet on each watermill-amqp major
+#               count (internal/cmd/apicount), the README snippet on each watermill-amqp major
 #               (scripts/majors.sh), each example in a module outside the repository
 #               (scripts/examples.sh)
 #   3.10        every package's tests with the race detector on the broker at AMQP_URI
@@ -133,8 +133,8 @@ go run "$staticcheck" ./...
 for m in metrics amqp1 internal/watermillsuite internal/netdelay _examples/quickstart amqp1/examples/quickstart; do (cd "$m" && go run "$staticcheck" ./...); done
 cmd/amqpretry/go.sh run "$staticcheck" ./...
 
-step "API budget: at most 130 exported identifiers (internal/cmd/apicount)"
-go run ./internal/cmd/apicount -max 130
+step "exported API, counted (internal/cmd/apicount; no budget: export what users and the sibling modules need, documented)"
+go run ./internal/cmd/apicount
 
 step "sibling modules build on the public API: no import of the root module's internal/ (metrics, cmd/amqpretry, amqp1)"
 # Their own test harnesses (a module's internal/ packages and _test files) may reach
