@@ -150,3 +150,17 @@ func TestPluginCountFailsLoudly(t *testing.T) {
 		t.Errorf("plugin count without the plugin: %d, %v", n, err)
 	}
 }
+
+// TestTeardownAdviceOnDelayedExchange (issue 33): teardown's refusal advised `waiting
+// retry-now`, which cannot act on the plugin; on delayed-exchange it says to wait for
+// the plugin's count to reach 0, watched with status.
+func TestTeardownAdviceOnDelayedExchange(t *testing.T) {
+	o := &Ops{retry: amqpretry.Config{Backend: delay.DelayedExchange}.WithDefaults()}
+	if got := o.waitAdvice(); strings.Contains(got, "retry-now") || !strings.Contains(got, "plugin's count reaches 0") || !strings.Contains(got, "amqpretry status") {
+		t.Errorf("delayed-exchange: %q", got)
+	}
+	o.retry.Backend = delay.TTLTiers
+	if got := o.waitAdvice(); !strings.Contains(got, "amqpretry waiting retry-now") {
+		t.Errorf("ttl-tiers: %q", got)
+	}
+}

@@ -43,7 +43,31 @@ import (
 //     no other filter, and says so.
 //   - Purge drops the matching ones (acked without a copy), dry run first. It cannot
 //     drop what delayed-retry holds: RabbitMQ offers no way to, and Purge says so.
+//
+// On the delayed-exchange backend List, Redrive and Purge of Waiting refuse
+// (ErrPluginWaiting): the delayed-message plugin offers no way to read, bring back or
+// drop what it holds. Status.PluginWaiting counts it.
 const Waiting Source = "waiting"
+
+// ErrPluginWaiting: the retries of the delayed-exchange backend wait in the
+// delayed-message plugin, which offers no way to list them, bring them back early or
+// drop them: they come back when due.
+var ErrPluginWaiting = errors.New("the delayed-message plugin offers no way to list, bring back or drop the retries it holds")
+
+// refusePlugin is the error of an operation on the waiting retries of the
+// delayed-exchange backend (what, e.g. "list"), with the plugin's count when it can be
+// read, or nil for another backend.
+func (o *Ops) refusePlugin(ctx context.Context, what string) error {
+	if o.retry.Backend != delay.DelayedExchange {
+		return nil
+	}
+	count := ""
+	if n, err := o.pluginWaiting(ctx); err == nil {
+		count = fmt.Sprintf("; %d wait there now, by its own count", n)
+	}
+	return fmt.Errorf("%s waiting retries of the delayed-exchange backend (exchange %q): %w%s. They come back to their work queues when due: watch the count reach 0 with `amqpretry status` (Status.PluginWaiting); see docs/waiting.md",
+		what, o.names.Delayed(), ErrPluginWaiting, count)
+}
 
 // errNoCtl: reading waiting retries without changing them needs rabbitmqctl.
 var errNoCtl = errors.New("listing waiting retries without changing them needs rabbitmqctl eval (Config.Rabbitmqctl; the CLI's --rabbitmqctl): AMQP 0-9-1 can only take a message and give it back, which changes its delivery counters and its order")
@@ -332,6 +356,9 @@ func (o *Ops) peekDelayed(ctx context.Context, queue string) ([]Message, error) 
 // order.
 func (o *Ops) listWaiting(ctx context.Context, opts ListOptions) (ListResult, error) {
 	res := ListResult{Queue: opts.Queue, Messages: []Message{}}
+	if err := o.refusePlugin(ctx, "list"); err != nil {
+		return res, err
+	}
 	if o.ctl == nil {
 		return res, errNoCtl
 	}
@@ -399,7 +426,14 @@ func due(m Message) time.Time {
 // moveWaiting is Redrive (retry now) or Purge of Waiting: each delay queue in turn,
 // then, for retry now, the delayed retries RabbitMQ 4.3 holds in the work queue.
 func (o *Ops) moveWaiting(ctx context.Context, opts MoveOptions, redrive bool) (MoveResult, error) {
-	res := MoveResult{Queue: opts.Queue, DryRun: opts.DryRun, Messages: []Message{}, Unrouted: []Message{}}
+	res := MoveResult{Queue: opts.Queue, DryRun: opts.DryRun, Messages: []Message{}, Unrouted: []Message{}, DelayQueues: []string{}}
+	what := "purge"
+	if redrive {
+		what = "retry now"
+	}
+	if err := o.refusePlugin(ctx, what); err != nil {
+		return res, err
+	}
 	queues, _, err := o.waitingQueues(ctx)
 	if err != nil {
 		return res, err
@@ -412,6 +446,7 @@ func (o *Ops) moveWaiting(ctx context.Context, opts MoveOptions, redrive bool) (
 		if !exists {
 			continue
 		}
+		res.DelayQueues = append(res.DelayQueues, q)
 		limit := opts.Limit
 		if limit > 0 {
 			limit -= res.Matched
@@ -445,6 +480,7 @@ func (o *Ops) retryDelayed(ctx context.Context, opts MoveOptions, redrive bool, 
 	if len(held) == 0 {
 		return res, nil
 	}
+	res.DelayQueues = append(res.DelayQueues, q)
 	if !redrive {
 		return res, fmt.Errorf("queue %q holds %d delayed retries: RabbitMQ offers no way to drop them (purge the queue, or consume them); retry now brings them back", q, len(held))
 	}
@@ -494,6 +530,7 @@ func sum(a, b MoveResult) MoveResult {
 	a.Skipped += b.Skipped
 	a.Unroutable += b.Unroutable
 	a.Messages = append(a.Messages, b.Messages...)
+	a.DelayQueues = append(a.DelayQueues, b.DelayQueues...)
 	a.Unrouted = append(a.Unrouted, b.Unrouted...)
 	a.Stopped = b.Stopped
 	return a
