@@ -164,3 +164,15 @@ func TestTeardownAdviceOnDelayedExchange(t *testing.T) {
 		t.Errorf("ttl-tiers: %q", got)
 	}
 }
+
+// TestReadEval: what an eval expression prints, as rabbitmqctl passes it on: warnings
+// around it, JSON documents, the first result and the first error.
+func TestReadEval(t *testing.T) {
+	r := readEval([]byte("Warning: something\n{\"pos\":0}\namqpretry-result {ok,2}\n  {\"pos\":1}  \namqpretry-error q: not_found\namqpretry-error later\nok\n"))
+	if !r.hasResult || r.result != "{ok,2}" || !r.hasFailed || r.failed != "q: not_found" || len(r.json) != 2 || r.json[1] != `{"pos":1}` {
+		t.Errorf("readEval: %+v", r)
+	}
+	if r := readEval([]byte("ok\n")); r.hasResult || r.hasFailed || len(r.json) != 0 {
+		t.Errorf("readEval of nothing: %+v", r)
+	}
+}

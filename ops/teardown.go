@@ -335,10 +335,9 @@ func (o *Ops) pluginWaiting(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("%w for exchange %q: rabbitmqctl eval (needs admin rights): %w", errPluginCount, x, o.redact(err))
 	}
-	s := string(out)
-	if i := strings.Index(s, "amqpretry-error "); i >= 0 {
-		why, _, _ := strings.Cut(s[i+len("amqpretry-error "):], "\n")
-		why = strings.TrimSpace(why)
+	r := readEval(out)
+	if r.hasFailed {
+		why := r.failed
 		switch why {
 		case "plugin_not_running":
 			why = "the rabbitmq_delayed_message_exchange plugin does not run on this node (not enabled, or RabbitMQ 4.3+, which cannot run it): its messages, if any, are out of reach"
@@ -349,14 +348,9 @@ func (o *Ops) pluginWaiting(ctx context.Context) (int, error) {
 		}
 		return 0, fmt.Errorf("%w for exchange %q is unknown: %s", errPluginCount, x, why)
 	}
-	i := strings.Index(s, "amqpretry-result ")
-	if i < 0 {
-		return 0, fmt.Errorf("%w for exchange %q is unknown: rabbitmqctl eval printed %q", errPluginCount, x, strings.TrimSpace(s))
-	}
-	num, _, _ := strings.Cut(s[i+len("amqpretry-result "):], "\n")
-	n, err := strconv.Atoi(strings.TrimSpace(num))
-	if err != nil {
-		return 0, fmt.Errorf("%w for exchange %q is unknown: rabbitmqctl eval printed %q", errPluginCount, x, strings.TrimSpace(s))
+	n, err := strconv.Atoi(r.result)
+	if !r.hasResult || err != nil {
+		return 0, fmt.Errorf("%w for exchange %q is unknown: rabbitmqctl eval printed %q", errPluginCount, x, strings.TrimSpace(string(out)))
 	}
 	return n, nil
 }

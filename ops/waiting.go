@@ -1,10 +1,7 @@
 package ops
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -99,27 +96,6 @@ func (o *Ops) waitingQueues(ctx context.Context) (queues []string, old map[strin
 		}
 	}
 	return queues, old, nil
-}
-
-// inPlace tells whether retries may wait in the work queue itself (RabbitMQ 4.3's
-// delayed retry).
-func (o *Ops) inPlace() bool {
-	return o.retry.Backend == delay.DelayedRetry || o.retry.HeldRetries > 0
-}
-
-// erlBinary spells s as an Erlang binary of its bytes: nothing in a name can break out
-// of it.
-func erlBinary(s string) string {
-	var b strings.Builder
-	b.WriteString("<<")
-	for i := 0; i < len(s); i++ {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.Itoa(int(s[i])))
-	}
-	b.WriteString(">>")
-	return b.String()
 }
 
 // peekExpr lists, one JSON document a line, every quorum queue of the vhost whose name
@@ -221,63 +197,6 @@ type peeked struct {
 	Expiry        *int64            `json:"expiry"`
 	Release       *int64            `json:"release"`
 	headers       map[string]string // Props' header.* strings
-}
-
-// eval runs expr with rabbitmqctl eval and returns its JSON lines; a line the
-// expression marks as an error fails it, naming queue.
-func (o *Ops) eval(ctx context.Context, queue, expr string) ([]peeked, error) {
-	if o.ctl == nil {
-		return nil, errNoCtl
-	}
-	out, err := o.ctl(ctx, "-q", "eval", expr)
-	if err != nil {
-		return nil, fmt.Errorf("queue %q: rabbitmqctl eval (needs admin rights on the node of the broker): %w", queue, o.redact(err))
-	}
-	var res []peeked
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		switch {
-		case strings.HasPrefix(line, "amqpretry-error "):
-			what := strings.TrimPrefix(line, "amqpretry-error ")
-			if name, rest, ok := strings.Cut(what, ": "); ok {
-				queue, what = name, rest
-			}
-			return res, evalError(queue, what)
-		case !strings.HasPrefix(line, "{"):
-			continue
-		}
-		var p peeked
-		if err := json.Unmarshal([]byte(line), &p); err != nil {
-			return res, fmt.Errorf("queue %q: read rabbitmqctl eval output: %w", queue, err)
-		}
-		p.headers = map[string]string{}
-		for k, v := range p.Props {
-			if s, ok := v.(string); ok && strings.HasPrefix(k, "header.") {
-				p.headers[strings.TrimPrefix(k, "header.")] = s
-			}
-		}
-		res = append(res, p)
-	}
-	return res, nil
-}
-
-// evalError turns what an eval expression reported into an error that names the fix.
-func evalError(queue, what string) error {
-	switch {
-	case strings.Contains(what, "is not a quorum queue"):
-		return fmt.Errorf("queue %q: %s", queue, what)
-	case what == "not_found":
-		return fmt.Errorf("queue %q does not exist", queue)
-	case what == "no_delayed_retry":
-		return fmt.Errorf("queue %q holds no delayed retries: it is not a quorum queue of RabbitMQ 4.3 or later", queue)
-	case what == "no_retry_delayed":
-		return fmt.Errorf("queue %q: this broker has no rabbit_quorum_queue:retry_delayed (RabbitMQ 4.3 and later): retry now cannot bring its delayed retries back", queue)
-	case strings.Contains(what, "classic_queue_not_supported"), strings.Contains(what, "not_quorum_queue"):
-		return fmt.Errorf("queue %q is not a quorum queue: the broker can peek only quorum queues", queue)
-	}
-	return fmt.Errorf("queue %q: rabbitmqctl eval: %s", queue, what)
 }
 
 // peekAll lists the delay queues under the prefix (queues, sorted) and up to max
@@ -403,7 +322,7 @@ func (o *Ops) waiting(ctx context.Context, workQueue string, window int) (all []
 			all = append(all, m)
 		}
 	}
-	if workQueue != "" && o.inPlace() {
+	if workQueue != "" && o.holdsRetries() {
 		msgs, err := o.peekDelayed(ctx, workQueue)
 		if err != nil {
 			return nil, false, err
@@ -463,7 +382,7 @@ func (o *Ops) moveWaiting(ctx context.Context, opts MoveOptions, redrive bool) (
 			return res, err
 		}
 	}
-	if opts.Queue == "" || !o.inPlace() {
+	if opts.Queue == "" || !o.holdsRetries() {
 		return res, nil
 	}
 	return o.retryDelayed(ctx, opts, redrive, res)
@@ -506,17 +425,15 @@ func (o *Ops) retryDelayed(ctx context.Context, opts MoveOptions, redrive bool, 
 	if err != nil {
 		return res, fmt.Errorf("queue %q: rabbitmqctl eval rabbit_quorum_queue:retry_delayed (needs admin rights): %w", q, o.redact(err))
 	}
-	s := string(out)
-	if i := strings.Index(s, "amqpretry-error "); i >= 0 {
-		what, _, _ := strings.Cut(s[i+len("amqpretry-error "):], "\n")
-		return res, evalError(q, strings.TrimSpace(what))
+	r := readEval(out)
+	if r.hasFailed {
+		return res, evalError(q, r.failed)
 	}
-	i := strings.Index(s, "amqpretry-result {ok,")
-	if i < 0 {
-		return res, fmt.Errorf("queue %q: rabbit_quorum_queue:retry_delayed: %s", q, strings.TrimSpace(s))
+	num, ok := strings.CutPrefix(r.result, "{ok,")
+	if !r.hasResult || !ok {
+		return res, fmt.Errorf("queue %q: rabbit_quorum_queue:retry_delayed: %s", q, strings.TrimSpace(string(out)))
 	}
-	num, _, _ := strings.Cut(s[i+len("amqpretry-result {ok,"):], "}")
-	done, _ := strconv.Atoi(strings.TrimSpace(num))
+	done, _ := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(num, "}")))
 	res.Done += done
 	return res, nil
 }
