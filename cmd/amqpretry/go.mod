@@ -4,6 +4,7 @@ go 1.25.0
 
 require (
 	github.com/amqpretry/amqpretry v0.0.0-00010101000000-000000000000
+	github.com/creack/pty v1.1.24
 	github.com/rabbitmq/amqp091-go v1.10.0
 	github.com/schollz/progressbar/v3 v3.19.1
 	github.com/spf13/cobra v1.10.2

@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	wdelay "github.com/ThreeDotsLabs/watermill/components/delay"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/creack/pty"
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
@@ -236,4 +239,53 @@ func ioPipe(t *testing.T) (*os.File, *os.File) {
 	}
 	t.Cleanup(func() { _ = r.Close() })
 	return r, w
+}
+
+// TestPurgeAsksOnATerminal (issue 33): the command itself, on a pseudo-terminal: it
+// detects the terminal, shows the dry run and asks; "n" leaves the messages, "y"
+// purges them.
+func TestPurgeAsksOnATerminal(t *testing.T) {
+	e := newEnv(t, "orders")
+	e.apply()
+	e.poison(2)
+	poison := e.prefix + ".poison"
+	for _, tt := range []struct {
+		answer string
+		code   int
+		left   int
+		out    string
+	}{
+		{"n", exitFailed, 2, "not confirmed: nothing changed"},
+		{"y", exitOK, 0, "purged 2 of 2 messages in " + poison},
+	} {
+		cmd := exec.Command(binary, append([]string{"poison", "purge", "--all"}, e.flags()...)...)
+		tty, err := pty.Start(cmd)
+		if err != nil {
+			t.Skipf("no pseudo-terminal here: %v", err)
+		}
+		var out lockedBuffer
+		copied := make(chan struct{})
+		go func() { _, _ = io.Copy(&out, tty); close(copied) }() // ends with EIO once the command exits
+		for deadline := time.Now().Add(time.Minute); !strings.Contains(out.String(), "[y/N] "); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				_ = cmd.Process.Kill()
+				t.Fatalf("no question within a minute:\n%s", out.String())
+			}
+		}
+		if !strings.Contains(out.String(), "dry run: would purge 2 of 2 messages in "+poison) || !strings.Contains(out.String(), "purge these 2 messages for good? [y/N] ") {
+			t.Errorf("before the question:\n%s", out.String())
+		}
+		if _, err := tty.Write([]byte(tt.answer + "\n")); err != nil {
+			t.Fatal(err)
+		}
+		err = cmd.Wait()
+		<-copied
+		_ = tty.Close()
+		if code := cmd.ProcessState.ExitCode(); code != tt.code || !strings.Contains(out.String(), tt.out) {
+			t.Errorf("answer %q: exit %d (%v), want %d and %q:\n%s", tt.answer, code, err, tt.code, tt.out, out.String())
+		}
+		if n := brokertest.QueueLength(t, poison); n != tt.left {
+			t.Errorf("answer %q: %d left in the poison queue, want %d", tt.answer, n, tt.left)
+		}
+	}
 }
