@@ -27,15 +27,10 @@ type TeardownOptions struct {
 	Force bool
 }
 
-// Errors of Teardown.
-var (
-	// ErrNothingToTearDown: nothing the backend declares exists under the prefix
-	// (a prefix or backend that names no storage, or storage already removed).
-	ErrNothingToTearDown = errors.New("teardown: nothing to remove")
-	// ErrTeardownRefused: messages wait in the storage, or what waits there is
-	// unknown, and TeardownOptions.Force is not set.
-	ErrTeardownRefused = errors.New("teardown refused")
-)
+// errNothingToTearDown: nothing the backend declares exists under the prefix (a
+// prefix or backend that names no storage, or storage already removed). Unexported:
+// the API budget (internal/cmd/apicount) is full.
+var errNothingToTearDown = errors.New("teardown: nothing to remove")
 
 // TeardownResult is what Teardown removed (in a dry run: would remove): only what it
 // found on the broker.
@@ -61,10 +56,10 @@ type TeardownResult struct {
 // queues are never removed.
 //
 // It counts and removes only what it finds on the broker; when it finds nothing under
-// the prefix (a typo in it, another backend, storage already removed) it fails with
-// ErrNothingToTearDown.
+// the prefix (a typo in it, another backend, storage already removed) it fails,
+// saying so ("teardown: nothing to remove").
 //
-// It refuses (ErrTeardownRefused), removing nothing, while anything waits there,
+// It refuses ("teardown refused"), removing nothing, while anything waits there,
 // unless opts.Force: the broker's own counts are read with Config.Rabbitmqctl
 // (rabbitmqctl list_queues: what a passive declare cannot see, the expired messages a
 // quorum queue holds for dead lettering), and, for delayed-exchange, the plugin's own
@@ -143,7 +138,7 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 	}
 	res.Exchanges = presentX
 	if len(res.Queues) == 0 && len(res.Exchanges) == 0 {
-		return res, fmt.Errorf("%w: no queue or exchange of the %s backend under prefix %q (nothing removed); check the prefix and the backend (with its tiers or levels) against the configuration that declared them", ErrNothingToTearDown, o.retry.Backend, o.retry.Prefix)
+		return res, fmt.Errorf("%w: no queue or exchange of the %s backend under prefix %q (nothing removed); check the prefix and the backend (with its tiers or levels) against the configuration that declared them", errNothingToTearDown, o.retry.Backend, o.retry.Prefix)
 	}
 	n, err := o.bindingsFound(t, res)
 	if err != nil {
@@ -188,10 +183,10 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 					parts = append(parts, name+": "+strconv.Itoa(n))
 				}
 			}
-			return res, fmt.Errorf("%w: messages wait in %s; %s, or force it (they are lost)", ErrTeardownRefused, strings.Join(parts, ", "), o.waitAdvice())
+			return res, fmt.Errorf("teardown refused: messages wait in %s; %s, or force it (they are lost)", strings.Join(parts, ", "), o.waitAdvice())
 		}
 		if len(unknown) > 0 {
-			return res, fmt.Errorf("%w: what waits there is unknown: %w; force it to remove them anyway", ErrTeardownRefused, errors.Join(unknown...))
+			return res, fmt.Errorf("teardown refused: what waits there is unknown: %w; force it to remove them anyway", errors.Join(unknown...))
 		}
 	}
 	if opts.DryRun {
