@@ -10,8 +10,10 @@
 //   - Apply, Verify: the topology amqpretry.Config.Plan returns, declared idempotently or
 //     checked without declaring anything (topology.Finding per declaration).
 //   - List, Redrive (retry now), Purge on the retries waiting in the delay backend
-//     (Source Waiting), read without changing anything through Config.Rabbitmqctl;
-//     Teardown of a backend's storage once nothing waits there (docs/waiting.md).
+//     (Source Waiting), read without changing anything through Config.Rabbitmqctl
+//     (refused on delayed-exchange: its plugin offers no way; Status counts what it
+//     holds); Teardown of a backend's storage once nothing waits there, removing and
+//     counting only what it finds (docs/waiting.md).
 //   - List, Redrive, Purge on the poison and parking queues (Source), with a Filter.
 //     Redrive sends each message back to the queue it failed on through the library's
 //     confirmed hand-off and acks it only after the confirm: at-least-once, nothing

@@ -150,3 +150,29 @@ func TestPluginCountFailsLoudly(t *testing.T) {
 		t.Errorf("plugin count without the plugin: %d, %v", n, err)
 	}
 }
+
+// TestTeardownAdviceOnDelayedExchange (issue 33): teardown's refusal advised `waiting
+// retry-now`, which cannot act on the plugin; on delayed-exchange it says to wait for
+// the plugin's count to reach 0, watched with status.
+func TestTeardownAdviceOnDelayedExchange(t *testing.T) {
+	o := &Ops{retry: amqpretry.Config{Backend: delay.DelayedExchange}.WithDefaults()}
+	if got := o.waitAdvice(); strings.Contains(got, "retry-now") || !strings.Contains(got, "plugin's count reaches 0") || !strings.Contains(got, "amqpretry status") {
+		t.Errorf("delayed-exchange: %q", got)
+	}
+	o.retry.Backend = delay.TTLTiers
+	if got := o.waitAdvice(); !strings.Contains(got, "amqpretry waiting retry-now") {
+		t.Errorf("ttl-tiers: %q", got)
+	}
+}
+
+// TestReadEval: what an eval expression prints, as rabbitmqctl passes it on: warnings
+// around it, JSON documents, the first result and the first error.
+func TestReadEval(t *testing.T) {
+	r := readEval([]byte("Warning: something\n{\"pos\":0}\namqpretry-result {ok,2}\n  {\"pos\":1}  \namqpretry-error q: not_found\namqpretry-error later\nok\n"))
+	if !r.hasResult || r.result != "{ok,2}" || !r.hasFailed || r.failed != "q: not_found" || len(r.json) != 2 || r.json[1] != `{"pos":1}` {
+		t.Errorf("readEval: %+v", r)
+	}
+	if r := readEval([]byte("ok\n")); r.hasResult || r.hasFailed || len(r.json) != 0 {
+		t.Errorf("readEval of nothing: %+v", r)
+	}
+}

@@ -253,6 +253,9 @@ type MoveResult struct {
 	Unroutable int `json:"unroutable"`
 	// DryRun: nothing was changed.
 	DryRun bool `json:"dry_run"`
+	// DelayQueues, for Source Waiting, are the queues the retries were taken from: the
+	// delay queues, and the work queue itself for RabbitMQ 4.3's delayed retry.
+	DelayQueues []string `json:"delay_queues,omitempty"`
 	// Messages acted on (in a dry run, those that would be), without metadata, and
 	// Unrouted, the unroutable ones, left in place (Message.Queue is where each should
 	// have gone, "" when unknown).
@@ -309,8 +312,11 @@ func (o *Ops) move(ctx context.Context, source Source, opts MoveOptions, redrive
 // waiting retries, sent back as they are (retry now).
 func (o *Ops) moveQueue(ctx context.Context, queue string, opts MoveOptions, redrive, waiting bool) (MoveResult, error) {
 	verb := "redrive"
-	if !redrive {
+	switch {
+	case !redrive:
 		verb = "purge"
+	case waiting:
+		verb = "retry now"
 	}
 	res := MoveResult{Queue: queue, DryRun: opts.DryRun, Messages: []Message{}, Unrouted: []Message{}}
 	errs := []error{opts.validate(), nonNegative("Limit", opts.Limit), nonNegative("Window", opts.Window)}
@@ -359,6 +365,9 @@ func (o *Ops) moveQueue(ctx context.Context, queue string, opts MoveOptions, red
 		if err != nil {
 			sc.hold(d)
 			return res, err
+		}
+		if waiting {
+			m.DelayQueue = queue
 		}
 		if !opts.match(m, now) {
 			sc.hold(d)

@@ -130,6 +130,13 @@ func topologyConfig(r amqpretry.Config) (amqpretry.Config, error) {
 	return r, nil
 }
 
+// holdsRetries tells whether the work queues hold retries (RabbitMQ 4.3's delayed
+// retry: the delayed-retry backend, or HeldRetries), and so must be quorum queues, and
+// retries may wait in them: ops's one answer to that.
+func (o *Ops) holdsRetries() bool {
+	return o.retry.Backend == delay.DelayedRetry || o.retry.HeldRetries > 0
+}
+
 // Close closes both connections.
 func (o *Ops) Close() error {
 	return o.redact(errors.Join(o.conn.Close(), o.handoff.Close()))

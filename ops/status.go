@@ -411,12 +411,6 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 	return s, nil
 }
 
-// holdsRetries tells whether the work queues hold retries (delayed retry), and so
-// must be quorum queues.
-func (o *Ops) holdsRetries() bool {
-	return o.retry.Backend == delay.DelayedRetry || o.retry.HeldRetries > 0
-}
-
 // workQueueType is the type of work queue qs, which exists, or "" when unknown: over
 // AMQP (a declaration with x-queue-type quorum, which needs configure permission and
 // changes nothing), else from the broker's counts (only quorum queues have members).
@@ -635,7 +629,7 @@ func (o *Ops) statusWaiting(ctx context.Context, opts StatusOptions) (waiting []
 			old = append(old, q)
 		}
 	}
-	if o.inPlace() {
+	if o.holdsRetries() {
 		for _, q := range opts.WorkQueues {
 			held, err := o.peekDelayed(ctx, q)
 			if err != nil {

@@ -27,9 +27,17 @@ type TeardownOptions struct {
 	Force bool
 }
 
-// TeardownResult is what Teardown removed (in a dry run: would remove).
+// errNothingToTearDown: nothing the backend declares exists under the prefix (a
+// prefix or backend that names no storage, or storage already removed). Unexported:
+// the API budget (internal/cmd/apicount) is full.
+var errNothingToTearDown = errors.New("teardown: nothing to remove")
+
+// TeardownResult is what Teardown removed (in a dry run: would remove): only what it
+// found on the broker.
 type TeardownResult struct {
-	// Queues and Exchanges removed, and the Bindings that went with them.
+	// Queues and Exchanges removed (each found on the broker), and the Bindings that
+	// went with them: those of the backend's plan between two objects found, one of
+	// them removed (AMQP 0-9-1 cannot list bindings).
 	Queues    []string `json:"queues"`
 	Exchanges []string `json:"exchanges"`
 	Bindings  int      `json:"bindings"`
@@ -47,11 +55,15 @@ type TeardownResult struct {
 // opts.Keep names stays; the parking and poison queues stay unless opts.Shared. Work
 // queues are never removed.
 //
-// It refuses, removing nothing, while anything waits there, unless opts.Force: the
-// broker's own counts are read with Config.Rabbitmqctl (rabbitmqctl list_queues: what
-// a passive declare cannot see, the expired messages a quorum queue holds for dead
-// lettering), and, for delayed-exchange, the plugin's own count (rabbitmqctl eval);
-// without them it cannot know and refuses. Queues go first, then exchanges. Quorum
+// It counts and removes only what it finds on the broker; when it finds nothing under
+// the prefix (a typo in it, another backend, storage already removed) it fails,
+// saying so ("teardown: nothing to remove").
+//
+// It refuses ("teardown refused"), removing nothing, while anything waits there,
+// unless opts.Force: the broker's own counts are read with Config.Rabbitmqctl
+// (rabbitmqctl list_queues: what a passive declare cannot see, the expired messages a
+// quorum queue holds for dead lettering), and, for delayed-exchange, the plugin's own
+// count (rabbitmqctl eval); without them it cannot know and refuses. Queues go first, then exchanges. Quorum
 // queues cannot be deleted "if empty": a retry parked into the old storage between the
 // count and the delete would be lost, so stop every application instance still running
 // the old configuration first.
@@ -93,11 +105,46 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 			res.Exchanges = append(res.Exchanges, x.Name)
 		}
 	}
-	for _, b := range t.Bindings {
-		if slices.Contains(res.Exchanges, b.Exchange) || slices.Contains(res.Queues, b.Destination) || slices.Contains(res.Exchanges, b.Destination) {
-			res.Bindings++
+
+	// What is there: only that is removed.
+	ready := map[string]int{} // what a passive declare sees
+	present := []string{}
+	for _, q := range res.Queues {
+		declared, exists, err := o.inspect(q)
+		if err != nil {
+			return res, err
+		}
+		if exists {
+			present = append(present, q)
+			ready[q] = declared.Messages
 		}
 	}
+	res.Queues = present
+	presentX := []string{}
+	for _, x := range res.Exchanges {
+		kind := ""
+		for _, tx := range t.Exchanges {
+			if tx.Name == x {
+				kind = tx.Kind
+			}
+		}
+		ok, err := o.exchangeExists(x, kind)
+		if err != nil {
+			return res, err
+		}
+		if ok {
+			presentX = append(presentX, x)
+		}
+	}
+	res.Exchanges = presentX
+	if len(res.Queues) == 0 && len(res.Exchanges) == 0 {
+		return res, fmt.Errorf("%w: no queue or exchange of the %s backend under prefix %q (nothing removed); check the prefix and the backend (with its tiers or levels) against the configuration that declared them", errNothingToTearDown, o.retry.Backend, o.retry.Prefix)
+	}
+	n, err := o.bindingsFound(t, res)
+	if err != nil {
+		return res, err
+	}
+	res.Bindings = n
 
 	// What waits there.
 	var unknown []error
@@ -111,50 +158,22 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 		}
 		counts = c
 	}
-	var present []string
 	for _, q := range res.Queues {
-		declared, exists, err := o.inspect(q)
-		if err != nil {
-			return res, err
-		}
-		if !exists {
-			continue
-		}
-		present = append(present, q)
 		// list_queues' count lags (the broker's stats interval, 5 s by default) and a
 		// passive declare sees only the ready messages: the larger of the two.
-		if n := max(counts.Messages[q], declared.Messages); n > 0 {
+		if n := max(counts.Messages[q], ready[q]); n > 0 {
 			res.Waiting[q] = n
 		}
 	}
-	res.Queues = present
-	var presentX []string
-	for _, x := range res.Exchanges {
-		kind := ""
-		for _, tx := range t.Exchanges {
-			if tx.Name == x {
-				kind = tx.Kind
-			}
-		}
-		ok, err := o.exchangeExists(x, kind)
-		if err != nil {
-			return res, err
-		}
-		if !ok {
-			continue
-		}
-		presentX = append(presentX, x)
-		if o.retry.Backend == delay.DelayedExchange && x == o.names.Delayed() {
-			n, err := o.pluginWaiting(ctx)
-			switch {
-			case err != nil:
-				unknown = append(unknown, err)
-			case n > 0:
-				res.Waiting[x] = n
-			}
+	if o.retry.Backend == delay.DelayedExchange && slices.Contains(res.Exchanges, o.names.Delayed()) {
+		n, err := o.pluginWaiting(ctx)
+		switch {
+		case err != nil:
+			unknown = append(unknown, err)
+		case n > 0:
+			res.Waiting[o.names.Delayed()] = n
 		}
 	}
-	res.Exchanges = presentX
 
 	if !opts.Force {
 		if len(res.Waiting) > 0 {
@@ -164,9 +183,9 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 					parts = append(parts, name+": "+strconv.Itoa(n))
 				}
 			}
-			return res, fmt.Errorf("teardown refused: messages wait in %s; wait until they have come due (amqpretry status), bring them back now (amqpretry waiting retry-now), or force it (they are lost)", strings.Join(parts, ", "))
+			return res, fmt.Errorf("teardown refused: messages wait in %s; %s, or force it (they are lost)", strings.Join(parts, ", "), o.waitAdvice())
 		}
-		if len(unknown) > 0 && (len(res.Queues) > 0 || len(res.Exchanges) > 0) {
+		if len(unknown) > 0 {
 			return res, fmt.Errorf("teardown refused: what waits there is unknown: %w; force it to remove them anyway", errors.Join(unknown...))
 		}
 	}
@@ -191,6 +210,75 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 		}
 	}
 	return res, nil
+}
+
+// waitAdvice says what to do about the messages waiting in the storage of the backend
+// torn down, short of forcing it.
+func (o *Ops) waitAdvice() string {
+	if o.retry.Backend == delay.DelayedExchange {
+		// The plugin cannot give its messages back early: waiting is all there is.
+		return "wait until the plugin's count reaches 0 as they come due (watch it with `amqpretry status --backend delayed-exchange`; the plugin offers no way to bring them back early)"
+	}
+	return "wait until they have come due (amqpretry status), bring them back now (amqpretry waiting retry-now)"
+}
+
+// bindingsFound counts the bindings of the backend's plan t that go with what res
+// removes and whose two ends exist: only those can be on the broker.
+func (o *Ops) bindingsFound(t topology.Topology, res TeardownResult) (int, error) {
+	queues, exchanges := map[string]bool{}, map[string]bool{}
+	for _, q := range res.Queues {
+		queues[q] = true
+	}
+	for _, x := range res.Exchanges {
+		exchanges[x] = true
+	}
+	kinds := map[string]string{}
+	for _, x := range t.Exchanges {
+		kinds[x.Name] = x.Kind
+	}
+	seenQ, seenX := map[string]bool{}, map[string]bool{}
+	for q := range queues {
+		seenQ[q] = true
+	}
+	for x := range exchanges {
+		seenX[x] = true
+	}
+	exists := func(name string, exchange bool) (bool, error) {
+		seen := seenQ
+		if exchange {
+			seen = seenX
+		}
+		if ok, known := seen[name]; known {
+			return ok, nil
+		}
+		var ok bool
+		var err error
+		if exchange {
+			ok, err = o.exchangeExists(name, kinds[name])
+		} else {
+			_, ok, err = o.inspect(name)
+		}
+		seen[name] = ok
+		return ok, err
+	}
+	n := 0
+	for _, b := range t.Bindings {
+		if !exchanges[b.Exchange] && !(b.ToExchange && exchanges[b.Destination]) && !(!b.ToExchange && queues[b.Destination]) {
+			continue
+		}
+		src, err := exists(b.Exchange, true)
+		if err != nil {
+			return n, err
+		}
+		dst, err := exists(b.Destination, b.ToExchange)
+		if err != nil {
+			return n, err
+		}
+		if src && dst {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // ctlCounts reads every queue's messages with rabbitmqctl list_queues.
@@ -242,10 +330,9 @@ func (o *Ops) pluginWaiting(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("%w for exchange %q: rabbitmqctl eval (needs admin rights): %w", errPluginCount, x, o.redact(err))
 	}
-	s := string(out)
-	if i := strings.Index(s, "amqpretry-error "); i >= 0 {
-		why, _, _ := strings.Cut(s[i+len("amqpretry-error "):], "\n")
-		why = strings.TrimSpace(why)
+	r := readEval(out)
+	if r.hasFailed {
+		why := r.failed
 		switch why {
 		case "plugin_not_running":
 			why = "the rabbitmq_delayed_message_exchange plugin does not run on this node (not enabled, or RabbitMQ 4.3+, which cannot run it): its messages, if any, are out of reach"
@@ -256,14 +343,9 @@ func (o *Ops) pluginWaiting(ctx context.Context) (int, error) {
 		}
 		return 0, fmt.Errorf("%w for exchange %q is unknown: %s", errPluginCount, x, why)
 	}
-	i := strings.Index(s, "amqpretry-result ")
-	if i < 0 {
-		return 0, fmt.Errorf("%w for exchange %q is unknown: rabbitmqctl eval printed %q", errPluginCount, x, strings.TrimSpace(s))
-	}
-	num, _, _ := strings.Cut(s[i+len("amqpretry-result "):], "\n")
-	n, err := strconv.Atoi(strings.TrimSpace(num))
-	if err != nil {
-		return 0, fmt.Errorf("%w for exchange %q is unknown: rabbitmqctl eval printed %q", errPluginCount, x, strings.TrimSpace(s))
+	n, err := strconv.Atoi(r.result)
+	if !r.hasResult || err != nil {
+		return 0, fmt.Errorf("%w for exchange %q is unknown: rabbitmqctl eval printed %q", errPluginCount, x, strings.TrimSpace(string(out)))
 	}
 	return n, nil
 }

@@ -139,3 +139,69 @@ func TestTeardownForceAndUnknown(t *testing.T) {
 		t.Error("forced teardown: the tier queue is still there, or the parking queue went")
 	}
 }
+
+// TestTeardownCountsOnlyWhatItFinds (issue 33): a prefix under which nothing is
+// declared made teardown report "removed 0 queues, 0 exchanges, 34 bindings" and
+// succeed. It fails, saying nothing is there, and counts no binding; on a real
+// topology it counts only the bindings whose two ends exist.
+func TestTeardownCountsOnlyWhatItFinds(t *testing.T) {
+	r := newRigWith(t, amqpretry.Config{}) // the default ladder: 34 tiers, nothing declared
+	for _, dry := range []bool{true, false} {
+		res, err := r.ops.Teardown(context.Background(), ops.TeardownOptions{DryRun: dry, Force: true})
+		if err == nil || !strings.Contains(err.Error(), `teardown: nothing to remove: no queue or exchange of the ttl-tiers backend under prefix "`+r.prefix+`"`) ||
+			res.Bindings != 0 || len(res.Queues) != 0 || len(res.Exchanges) != 0 {
+			t.Errorf("teardown (dry run %v) of a prefix with nothing declared: %v %+v", dry, err, res)
+		}
+	}
+
+	r = newRigWith(t, amqpretry.Config{Tiers: []time.Duration{waitDelay}}, "orders")
+	r.apply()
+	tier := r.prefix + ".delay.10m"
+	opts := ops.TeardownOptions{DryRun: true, Force: true} // no rabbitmqctl: forced, as what waits is unknown
+	res, err := r.ops.Teardown(context.Background(), opts)
+	// The delay exchange's binding to the tier queue; the parking exchange and queue stay.
+	if err != nil || !slices.Equal(res.Queues, []string{tier}) || len(res.Exchanges) != 2 || res.Bindings != 1 {
+		t.Fatalf("dry run: %v %+v", err, res)
+	}
+	ch, err := brokertest.Dial(t).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if _, err := ch.QueueDelete(tier, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	res, err = r.ops.Teardown(context.Background(), opts)
+	if err != nil || len(res.Queues) != 0 || len(res.Exchanges) != 2 || res.Bindings != 0 {
+		t.Errorf("dry run without the tier queue: %v %+v, want its binding not counted", err, res)
+	}
+}
+
+// TestWaitingOnDelayedExchangeRefuses (issue 33): on delayed-exchange, list, retry
+// now and purge of the waiting retries reported "0 of 0" (or asked for rabbitmqctl).
+// They refuse, saying why, naming the backend's exchange and what to do.
+func TestWaitingOnDelayedExchangeRefuses(t *testing.T) {
+	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedExchange}, "orders")
+	if _, err := brokertest.Ctl(context.Background(), "-q", "list_queues", "name"); err == nil {
+		r.cfg.Rabbitmqctl = brokertest.Ctl
+		o, err := ops.New(r.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer o.Close()
+		r.ops = o
+	}
+	ctx := context.Background()
+	check := func(what string, err error) {
+		t.Helper()
+		if err == nil || !strings.Contains(err.Error(), "the delayed-message plugin offers no way to list, bring back or drop the retries it holds") || !strings.Contains(err.Error(), r.prefix+".delayed") || !strings.Contains(err.Error(), "amqpretry status") {
+			t.Errorf("%s on delayed-exchange: %v", what, err)
+		}
+	}
+	_, err := r.ops.List(ctx, ops.Waiting, ops.ListOptions{})
+	check("list", err)
+	_, err = r.ops.Redrive(ctx, ops.Waiting, ops.MoveOptions{Filter: ops.Filter{Queue: r.queues[0]}, DryRun: true})
+	check("retry now", err)
+	_, err = r.ops.Purge(ctx, ops.Waiting, ops.MoveOptions{All: true, DryRun: true})
+	check("purge", err)
+}

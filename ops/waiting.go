@@ -1,10 +1,7 @@
 package ops
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -43,7 +40,32 @@ import (
 //     no other filter, and says so.
 //   - Purge drops the matching ones (acked without a copy), dry run first. It cannot
 //     drop what delayed-retry holds: RabbitMQ offers no way to, and Purge says so.
+//
+// On the delayed-exchange backend List, Redrive and Purge of Waiting refuse
+// (errPluginWaiting): the delayed-message plugin offers no way to read, bring back or
+// drop what it holds. Status.PluginWaiting counts it.
 const Waiting Source = "waiting"
+
+// errPluginWaiting: the retries of the delayed-exchange backend wait in the
+// delayed-message plugin, which offers no way to list them, bring them back early or
+// drop them: they come back when due. Unexported: the API budget
+// (internal/cmd/apicount) is full.
+var errPluginWaiting = errors.New("the delayed-message plugin offers no way to list, bring back or drop the retries it holds")
+
+// refusePlugin is the error of an operation on the waiting retries of the
+// delayed-exchange backend (what, e.g. "list"), with the plugin's count when it can be
+// read, or nil for another backend.
+func (o *Ops) refusePlugin(ctx context.Context, what string) error {
+	if o.retry.Backend != delay.DelayedExchange {
+		return nil
+	}
+	count := ""
+	if n, err := o.pluginWaiting(ctx); err == nil {
+		count = fmt.Sprintf("; %d wait there now, by its own count", n)
+	}
+	return fmt.Errorf("%s waiting retries of the delayed-exchange backend (exchange %q): %w%s. They come back to their work queues when due: watch the count reach 0 with `amqpretry status` (Status.PluginWaiting); see docs/waiting.md",
+		what, o.names.Delayed(), errPluginWaiting, count)
+}
 
 // errNoCtl: reading waiting retries without changing them needs rabbitmqctl.
 var errNoCtl = errors.New("listing waiting retries without changing them needs rabbitmqctl eval (Config.Rabbitmqctl; the CLI's --rabbitmqctl): AMQP 0-9-1 can only take a message and give it back, which changes its delivery counters and its order")
@@ -75,27 +97,6 @@ func (o *Ops) waitingQueues(ctx context.Context) (queues []string, old map[strin
 		}
 	}
 	return queues, old, nil
-}
-
-// inPlace tells whether retries may wait in the work queue itself (RabbitMQ 4.3's
-// delayed retry).
-func (o *Ops) inPlace() bool {
-	return o.retry.Backend == delay.DelayedRetry || o.retry.HeldRetries > 0
-}
-
-// erlBinary spells s as an Erlang binary of its bytes: nothing in a name can break out
-// of it.
-func erlBinary(s string) string {
-	var b strings.Builder
-	b.WriteString("<<")
-	for i := 0; i < len(s); i++ {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.Itoa(int(s[i])))
-	}
-	b.WriteString(">>")
-	return b.String()
 }
 
 // peekExpr lists, one JSON document a line, every quorum queue of the vhost whose name
@@ -199,63 +200,6 @@ type peeked struct {
 	headers       map[string]string // Props' header.* strings
 }
 
-// eval runs expr with rabbitmqctl eval and returns its JSON lines; a line the
-// expression marks as an error fails it, naming queue.
-func (o *Ops) eval(ctx context.Context, queue, expr string) ([]peeked, error) {
-	if o.ctl == nil {
-		return nil, errNoCtl
-	}
-	out, err := o.ctl(ctx, "-q", "eval", expr)
-	if err != nil {
-		return nil, fmt.Errorf("queue %q: rabbitmqctl eval (needs admin rights on the node of the broker): %w", queue, o.redact(err))
-	}
-	var res []peeked
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		switch {
-		case strings.HasPrefix(line, "amqpretry-error "):
-			what := strings.TrimPrefix(line, "amqpretry-error ")
-			if name, rest, ok := strings.Cut(what, ": "); ok {
-				queue, what = name, rest
-			}
-			return res, evalError(queue, what)
-		case !strings.HasPrefix(line, "{"):
-			continue
-		}
-		var p peeked
-		if err := json.Unmarshal([]byte(line), &p); err != nil {
-			return res, fmt.Errorf("queue %q: read rabbitmqctl eval output: %w", queue, err)
-		}
-		p.headers = map[string]string{}
-		for k, v := range p.Props {
-			if s, ok := v.(string); ok && strings.HasPrefix(k, "header.") {
-				p.headers[strings.TrimPrefix(k, "header.")] = s
-			}
-		}
-		res = append(res, p)
-	}
-	return res, nil
-}
-
-// evalError turns what an eval expression reported into an error that names the fix.
-func evalError(queue, what string) error {
-	switch {
-	case strings.Contains(what, "is not a quorum queue"):
-		return fmt.Errorf("queue %q: %s", queue, what)
-	case what == "not_found":
-		return fmt.Errorf("queue %q does not exist", queue)
-	case what == "no_delayed_retry":
-		return fmt.Errorf("queue %q holds no delayed retries: it is not a quorum queue of RabbitMQ 4.3 or later", queue)
-	case what == "no_retry_delayed":
-		return fmt.Errorf("queue %q: this broker has no rabbit_quorum_queue:retry_delayed (RabbitMQ 4.3 and later): retry now cannot bring its delayed retries back", queue)
-	case strings.Contains(what, "classic_queue_not_supported"), strings.Contains(what, "not_quorum_queue"):
-		return fmt.Errorf("queue %q is not a quorum queue: the broker can peek only quorum queues", queue)
-	}
-	return fmt.Errorf("queue %q: rabbitmqctl eval: %s", queue, what)
-}
-
 // peekAll lists the delay queues under the prefix (queues, sorted) and up to max
 // messages of each, without changing them.
 func (o *Ops) peekAll(ctx context.Context, max int) (queues []string, msgs []Message, err error) {
@@ -332,6 +276,9 @@ func (o *Ops) peekDelayed(ctx context.Context, queue string) ([]Message, error) 
 // order.
 func (o *Ops) listWaiting(ctx context.Context, opts ListOptions) (ListResult, error) {
 	res := ListResult{Queue: opts.Queue, Messages: []Message{}}
+	if err := o.refusePlugin(ctx, "list"); err != nil {
+		return res, err
+	}
 	if o.ctl == nil {
 		return res, errNoCtl
 	}
@@ -376,7 +323,7 @@ func (o *Ops) waiting(ctx context.Context, workQueue string, window int) (all []
 			all = append(all, m)
 		}
 	}
-	if workQueue != "" && o.inPlace() {
+	if workQueue != "" && o.holdsRetries() {
 		msgs, err := o.peekDelayed(ctx, workQueue)
 		if err != nil {
 			return nil, false, err
@@ -399,7 +346,14 @@ func due(m Message) time.Time {
 // moveWaiting is Redrive (retry now) or Purge of Waiting: each delay queue in turn,
 // then, for retry now, the delayed retries RabbitMQ 4.3 holds in the work queue.
 func (o *Ops) moveWaiting(ctx context.Context, opts MoveOptions, redrive bool) (MoveResult, error) {
-	res := MoveResult{Queue: opts.Queue, DryRun: opts.DryRun, Messages: []Message{}, Unrouted: []Message{}}
+	res := MoveResult{Queue: opts.Queue, DryRun: opts.DryRun, Messages: []Message{}, Unrouted: []Message{}, DelayQueues: []string{}}
+	what := "purge"
+	if redrive {
+		what = "retry now"
+	}
+	if err := o.refusePlugin(ctx, what); err != nil {
+		return res, err
+	}
 	queues, _, err := o.waitingQueues(ctx)
 	if err != nil {
 		return res, err
@@ -412,6 +366,7 @@ func (o *Ops) moveWaiting(ctx context.Context, opts MoveOptions, redrive bool) (
 		if !exists {
 			continue
 		}
+		res.DelayQueues = append(res.DelayQueues, q)
 		limit := opts.Limit
 		if limit > 0 {
 			limit -= res.Matched
@@ -428,7 +383,7 @@ func (o *Ops) moveWaiting(ctx context.Context, opts MoveOptions, redrive bool) (
 			return res, err
 		}
 	}
-	if opts.Queue == "" || !o.inPlace() {
+	if opts.Queue == "" || !o.holdsRetries() {
 		return res, nil
 	}
 	return o.retryDelayed(ctx, opts, redrive, res)
@@ -445,6 +400,7 @@ func (o *Ops) retryDelayed(ctx context.Context, opts MoveOptions, redrive bool, 
 	if len(held) == 0 {
 		return res, nil
 	}
+	res.DelayQueues = append(res.DelayQueues, q)
 	if !redrive {
 		return res, fmt.Errorf("queue %q holds %d delayed retries: RabbitMQ offers no way to drop them (purge the queue, or consume them); retry now brings them back", q, len(held))
 	}
@@ -470,17 +426,15 @@ func (o *Ops) retryDelayed(ctx context.Context, opts MoveOptions, redrive bool, 
 	if err != nil {
 		return res, fmt.Errorf("queue %q: rabbitmqctl eval rabbit_quorum_queue:retry_delayed (needs admin rights): %w", q, o.redact(err))
 	}
-	s := string(out)
-	if i := strings.Index(s, "amqpretry-error "); i >= 0 {
-		what, _, _ := strings.Cut(s[i+len("amqpretry-error "):], "\n")
-		return res, evalError(q, strings.TrimSpace(what))
+	r := readEval(out)
+	if r.hasFailed {
+		return res, evalError(q, r.failed)
 	}
-	i := strings.Index(s, "amqpretry-result {ok,")
-	if i < 0 {
-		return res, fmt.Errorf("queue %q: rabbit_quorum_queue:retry_delayed: %s", q, strings.TrimSpace(s))
+	num, ok := strings.CutPrefix(r.result, "{ok,")
+	if !r.hasResult || !ok {
+		return res, fmt.Errorf("queue %q: rabbit_quorum_queue:retry_delayed: %s", q, strings.TrimSpace(string(out)))
 	}
-	num, _, _ := strings.Cut(s[i+len("amqpretry-result {ok,"):], "}")
-	done, _ := strconv.Atoi(strings.TrimSpace(num))
+	done, _ := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(num, "}")))
 	res.Done += done
 	return res, nil
 }
@@ -494,6 +448,7 @@ func sum(a, b MoveResult) MoveResult {
 	a.Skipped += b.Skipped
 	a.Unroutable += b.Unroutable
 	a.Messages = append(a.Messages, b.Messages...)
+	a.DelayQueues = append(a.DelayQueues, b.DelayQueues...)
 	a.Unrouted = append(a.Unrouted, b.Unrouted...)
 	a.Stopped = b.Stopped
 	return a

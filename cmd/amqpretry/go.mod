@@ -4,10 +4,12 @@ go 1.25.0
 
 require (
 	github.com/amqpretry/amqpretry v0.0.0-00010101000000-000000000000
+	github.com/creack/pty v1.1.24
 	github.com/rabbitmq/amqp091-go v1.10.0
 	github.com/schollz/progressbar/v3 v3.19.1
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/pflag v1.0.9
+	golang.org/x/term v0.44.0
 )
 
 require (
@@ -20,5 +22,4 @@ require (
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/rivo/uniseg v0.4.7 // indirect
 	golang.org/x/sys v0.46.0 // indirect
-	golang.org/x/term v0.44.0 // indirect
 )

@@ -85,9 +85,15 @@ func (e *env) run(args ...string) (int, string, string) {
 	return runArgs(append(slices.Clone(args), e.flags()...)...)
 }
 
+// runArgs runs the command with stdin not a terminal, as in a script.
 func runArgs(args ...string) (int, string, string) {
+	return runInput(false, "", args...)
+}
+
+// runInput runs the command with stdin reading input, a terminal or not.
+func runInput(terminal bool, input string, args ...string) (int, string, string) {
 	var stdout, stderr bytes.Buffer
-	code := run(context.Background(), args, &stdout, &stderr)
+	code := runWith(context.Background(), args, strings.NewReader(input), terminal, &stdout, &stderr)
 	return code, stdout.String(), stderr.String()
 }
 
@@ -227,7 +233,7 @@ func TestPoisonListShowDryRun(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &l); err != nil || code != exitOK || len(l.Messages) != 4 || l.Messages[0].UUID != "m0000" || l.Messages[3].UUID != "m0003" || l.Messages[0].Reason != "max-attempts" {
 		t.Errorf("list --json after dry runs: %v\n%s", err, out)
 	}
-	code, out, _ = e.run("poison", "purge", "--reason", "max-attempts", "--queue", e.queues[1])
+	code, out, _ = e.run("poison", "purge", "--reason", "max-attempts", "--queue", e.queues[1], "--yes")
 	if code != exitOK || !strings.Contains(out, "purged 2 of 4 messages") {
 		t.Errorf("purge (%d):\n%s", code, out)
 	}

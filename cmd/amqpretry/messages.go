@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"sort"
 	"strconv"
 	"strings"
@@ -62,7 +63,7 @@ func (a *app) poisonCmd() *cobra.Command {
 
 func (a *app) parkingCmd() *cobra.Command {
 	return group("parking", "The parking queue: retries whose work queue was gone when they came due",
-		a.listCmd(ops.Parking), a.moveCmd(ops.Parking, false))
+		a.listCmd(ops.Parking), a.moveCmd(ops.Parking, false), a.moveCmd(ops.Parking, true))
 }
 
 const readingHelp = `Messages are read with basic.get and held unacknowledged, then given back with one
@@ -263,8 +264,9 @@ func (a *app) moveCmd(source ops.Source, purge bool) *cobra.Command {
 	var opts ops.MoveOptions
 	window := 10_000
 	var rate rateFlag
+	var yes bool
 	var check func() error
-	name, verb, doing := "redrive", "redriven", "redriving"
+	name, doing := "redrive", "redriving"
 	short := fmt.Sprintf("Send matching messages of the %s queue back to the queue each failed on", source)
 	long := `redrive sends each matching message back to the queue it failed on (for a parked retry,
 the queue it was due back to) through the library's confirmed hand-off: persistent,
@@ -276,10 +278,11 @@ just before the kill may be in both); Ctrl-C stops between two messages.`
 		short = "Send matching parked retries to the queue each was due back to, once it exists again"
 	}
 	if purge {
-		name, verb, doing = "purge", "purged", "purging"
-		short = "Delete matching messages of the poison queue (no filter: needs --all)"
-		long = `purge deletes (acks) each matching message. Without a filter it needs --all.`
+		name, doing = "purge", "purging"
+		short = fmt.Sprintf("Delete matching messages of the %s queue (asks first; no filter: needs --all)", source)
+		long = "purge deletes (acks) each matching message. Without a filter it needs --all.\n\n" + confirmHelp
 	}
+	kind := moveKind{source: source, purge: purge}
 	c := &cobra.Command{
 		Use:   name,
 		Short: short,
@@ -298,25 +301,28 @@ a progress bar on a terminal, a line of counts a second otherwise (stderr).
 				opts.Filter.OlderThan == 0 && opts.Filter.NewerThan == 0 && len(opts.Filter.IDs) == 0 && !opts.All {
 				return usagef("%s purge: no filter given; pass --all to purge every message", source)
 			}
+			if purge && !opts.DryRun {
+				if err := a.mayDestroy(fmt.Sprintf("%s purge deletes messages for good", source), yes); err != nil {
+					return err
+				}
+			}
 			opts.Rate, opts.Window = float64(rate), window
 			o, _, err := a.open()
 			if err != nil {
 				return err
 			}
 			defer o.Close()
-			prog := newProgress(a.stderr, doing, verb)
-			opts.Progress = prog.update
-			var r ops.MoveResult
-			if purge {
-				r, err = o.Purge(a.ctx, source, opts)
-			} else {
-				r, err = o.Redrive(a.ctx, source, opts)
+			if !purge {
+				prog := newProgress(a.stderr, doing, kind.done())
+				opts.Progress = prog.update
+				r, err := o.Redrive(a.ctx, source, opts)
+				prog.done()
+				if err != nil {
+					return err
+				}
+				return a.reportMove(r, kind, opts)
 			}
-			prog.done()
-			if err != nil {
-				return err
-			}
-			return a.reportMove(r, verb, purge, opts)
+			return a.purge(o, kind, yes, opts)
 		},
 	}
 	f := c.Flags()
@@ -324,6 +330,7 @@ a progress bar on a terminal, a line of counts a second otherwise (stderr).
 	moveFlags(f, &opts, &rate, &window, "messages")
 	if purge {
 		f.BoolVar(&opts.All, "all", false, "purge every message when no filter is given")
+		yesFlag(c, &yes)
 	} else {
 		def := source == ops.Poison
 		f.BoolVar(&opts.ResetAttempts, "reset-attempts", def,
@@ -332,15 +339,77 @@ a progress bar on a terminal, a line of counts a second otherwise (stderr).
 	return c
 }
 
+// purge runs a purge of kind.source, confirmed (confirmMove), and reports it.
+func (a *app) purge(o *ops.Ops, kind moveKind, yes bool, opts ops.MoveOptions) error {
+	r, confirmed, err := a.confirmMove(yes, opts,
+		func(opts ops.MoveOptions, progress bool) (ops.MoveResult, error) {
+			if !progress {
+				return o.Purge(a.ctx, kind.source, opts)
+			}
+			prog := newProgress(a.stderr, "purging", kind.done())
+			opts.Progress = prog.update
+			defer prog.done()
+			return o.Purge(a.ctx, kind.source, opts)
+		},
+		func(r ops.MoveResult) string {
+			return fmt.Sprintf("purge these %d %s for good?", r.Matched, kind.noun())
+		},
+		func(r ops.MoveResult) { a.printMove(a.stderr, r, kind, opts) })
+	if err != nil {
+		return err
+	}
+	kind.confirmed = confirmed
+	return a.reportMove(r, kind, opts)
+}
+
+// moveKind is what a move does (redrive or retry now, or purge) and to which source:
+// the words of its output.
+type moveKind struct {
+	source ops.Source
+	purge  bool
+	// confirmed: the run acted on what the prompt showed, and stopped there.
+	confirmed bool
+}
+
+// noun is what the move acts on.
+func (k moveKind) noun() string {
+	if k.source == ops.Waiting {
+		return "retries" // each line says where they wait
+	}
+	return "messages"
+}
+
+// verb is the move in the infinitive: purge, retry now, redrive.
+func (k moveKind) verb() string {
+	switch {
+	case k.purge:
+		return "purge"
+	case k.source == ops.Waiting:
+		return "retry now"
+	}
+	return "redrive"
+}
+
+// done is the move's past participle: purged, retried now, redriven.
+func (k moveKind) done() string {
+	switch {
+	case k.purge:
+		return "purged"
+	case k.source == ops.Waiting:
+		return "retried now"
+	}
+	return "redriven"
+}
+
 // reportMove prints r (as JSON with --json) and returns the exit it calls for: an
 // interrupted run, or messages left unrouted, are not a success.
-func (a *app) reportMove(r ops.MoveResult, verb string, purge bool, opts ops.MoveOptions) error {
+func (a *app) reportMove(r ops.MoveResult, kind moveKind, opts ops.MoveOptions) error {
 	if a.json {
 		if err := a.emit(r); err != nil {
 			return err
 		}
 	} else {
-		a.printMove(r, verb, purge, opts)
+		a.printMove(a.stdout, r, kind, opts)
 	}
 	switch {
 	case r.Stopped == "interrupted":
@@ -351,40 +420,79 @@ func (a *app) reportMove(r ops.MoveResult, verb string, purge bool, opts ops.Mov
 	return nil
 }
 
-func (a *app) printMove(r ops.MoveResult, verb string, purge bool, opts ops.MoveOptions) {
-	if r.DryRun {
-		would := "redrive"
-		if purge {
-			would = "purge"
+// printMove prints r as text on w. For waiting retries every line names where they
+// wait (the delay queues) and the work queue they come back to.
+func (a *app) printMove(w io.Writer, r ops.MoveResult, kind moveKind, opts ops.MoveOptions) {
+	printf := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	from := r.Queue
+	if kind.source == ops.Waiting {
+		where := "no delay queue"
+		if len(r.DelayQueues) > 0 {
+			where = strings.Join(r.DelayQueues, ", ")
 		}
-		a.printf("dry run: would %s %d of %d messages in %s (%d scanned, %d not matching); nothing changed\n",
-			would, r.Matched, r.Depth, r.Queue, r.Scanned, r.Skipped)
-		for _, m := range r.Messages {
-			if purge {
-				a.printf("  %s (%s)\n", m.UUID, about(m))
-			} else {
-				a.printf("  %s -> %s (%s)\n", m.UUID, orUnknown(m.Queue), about(m))
-			}
+		work := "their work queues"
+		if opts.Queue != "" {
+			work = "work queue " + opts.Queue
+		}
+		from = "waiting in " + where
+		if kind.purge {
+			from += ", due back to " + work
+		} else {
+			from += ", back to " + work
 		}
 	} else {
-		a.printf("%s %d of %d messages in %s (%d scanned, %d not matching, %d unroutable)\n",
-			verb, r.Done, r.Depth, r.Queue, r.Scanned, r.Skipped, r.Unroutable)
+		from = "in " + from
+	}
+	if r.DryRun {
+		printf("dry run: would %s %d of %d %s %s (%d scanned, %d not matching); nothing changed\n",
+			kind.verb(), r.Matched, r.Depth, kind.noun(), from, r.Scanned, r.Skipped)
+		for _, m := range r.Messages {
+			printf("  %s\n", moveLine(m, kind))
+		}
+	} else {
+		printf("%s %d of %d %s %s (%d scanned, %d not matching, %d unroutable)\n",
+			kind.done(), r.Done, r.Depth, kind.noun(), from, r.Scanned, r.Skipped, r.Unroutable)
 	}
 	for _, m := range r.Unrouted {
+		stays := "left in place"
+		if kind.source == ops.Waiting {
+			stays = "left waiting in " + m.DelayQueue
+		}
 		if m.Queue == "" {
-			a.printf("  left in place, its queue is unknown (no envelope, no queue in its routing key): %s\n", m.UUID)
+			printf("  %s, its queue is unknown (no envelope, no queue in its routing key): %s\n", stays, m.UUID)
 			continue
 		}
-		a.printf("  left in place, queue %q does not exist: %s\n", m.Queue, m.UUID)
+		printf("  %s, queue %q does not exist: %s\n", stays, m.Queue, m.UUID)
 	}
 	switch r.Stopped {
 	case "interrupted":
-		a.printf("interrupted: stopped between two messages; the rest is still in %s\n", r.Queue)
+		rest := r.Queue
+		if kind.source == ops.Waiting {
+			rest = strings.Join(r.DelayQueues, ", ")
+		}
+		printf("interrupted: stopped between two messages; the rest is still in %s\n", rest)
 	case "window":
-		a.printf("stopped: %d messages held (--window); run again to continue\n", opts.Window)
+		printf("stopped: %d messages held (--window); run again to continue\n", opts.Window)
 	case "limit":
-		a.printf("stopped at --limit %d\n", opts.Limit)
+		if kind.confirmed {
+			break // it acted on what the prompt showed: the limit is that, not --limit
+		}
+		printf("stopped at --limit %d\n", opts.Limit)
 	}
+}
+
+// moveLine is the line of one message of a dry run: where it goes (redrive, retry now)
+// and, for a waiting retry, where it waits.
+func moveLine(m ops.Message, kind moveKind) string {
+	switch {
+	case kind.source == ops.Waiting && kind.purge:
+		return fmt.Sprintf("%s in %s, due back to %s (%s)", m.UUID, m.DelayQueue, orUnknown(m.Queue), about(m))
+	case kind.source == ops.Waiting:
+		return fmt.Sprintf("%s in %s -> %s (%s)", m.UUID, m.DelayQueue, orUnknown(m.Queue), about(m))
+	case kind.purge:
+		return fmt.Sprintf("%s (%s)", m.UUID, about(m))
+	}
+	return fmt.Sprintf("%s -> %s (%s)", m.UUID, orUnknown(m.Queue), about(m))
 }
 
 // about describes a message in a few words: why it failed, or, for a parked retry,

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
 
 	"github.com/amqpretry/amqpretry/ops"
 )
@@ -28,14 +29,11 @@ func newProgress(w io.Writer, doing, verb string) *progress {
 	return &progress{w: w, tty: isTerminal(w), doing: doing, verb: verb, start: time.Now()}
 }
 
-// isTerminal tells whether w is a character device (a terminal).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+// isTerminal tells whether f (stdin, stderr) is a terminal: not merely a character
+// device, which /dev/null is too.
+func isTerminal(f any) bool {
+	file, ok := f.(*os.File)
+	return ok && term.IsTerminal(int(file.Fd()))
 }
 
 // update takes the result so far (ops.MoveOptions.Progress).

@@ -26,6 +26,10 @@ type app struct {
 	ctx            context.Context
 	stdout, stderr io.Writer
 	uri            string
+	// stdin answers the confirmation of a destructive move, asked only when terminal
+	// (stdin is a terminal).
+	stdin    io.Reader
+	terminal bool
 
 	json        bool
 	backend     string
@@ -58,8 +62,10 @@ var errFlagged = errors.New("flagged")
 const exitHelp = `Exit status, the same for every command:
   0    all is well
   1    an error, or something flagged: status found a problem, verify found the
-       topology incomplete, a redrive left unroutable messages
-  2    usage error: unknown command or flag, bad value, missing --all
+       topology incomplete, a redrive left unroutable messages, teardown found nothing
+       to remove or refused, a destructive move not confirmed at its prompt
+  2    usage error: unknown command or flag, bad value, missing --all, a destructive
+       move (purge, teardown --force) without --yes when stdin is not a terminal
   130  interrupted (Ctrl-C, SIGTERM): a redrive or purge stops between two messages
 
 The broker URI comes from AMQP_URI (default ` + defaultURI + `);
@@ -67,9 +73,15 @@ its password is never printed. An amqps:// URI takes the CA and a client certifi
 as query parameters: ?cacertfile=ca.pem&certfile=c.pem&keyfile=c.key, and
 &auth_mechanism=external for SASL EXTERNAL.`
 
-// run runs the command line args and returns the exit status.
+// run runs the command line args with the process's stdin and returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	a := &app{ctx: ctx, stdout: stdout, stderr: stderr, uri: os.Getenv(uriEnv)}
+	return runWith(ctx, args, os.Stdin, isTerminal(os.Stdin), stdout, stderr)
+}
+
+// runWith is run with stdin, a terminal or not (where a destructive move asks for
+// confirmation).
+func runWith(ctx context.Context, args []string, stdin io.Reader, terminal bool, stdout, stderr io.Writer) int {
+	a := &app{ctx: ctx, stdout: stdout, stderr: stderr, uri: os.Getenv(uriEnv), stdin: stdin, terminal: terminal}
 	if a.uri == "" {
 		a.uri = defaultURI
 	}

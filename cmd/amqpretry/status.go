@@ -228,6 +228,12 @@ func (a *app) printStatus(s ops.Status, cfg amqpretry.Config, queues []string, p
 				state = "unknown: its exchange " + s.DelayedExchangeName + " does not exist (not applied yet, or the plugin is not enabled)"
 			}
 			a.printf("delayed-message plugin: %s\n", state)
+			switch {
+			case s.PluginCounted:
+				a.printf("waiting in the plugin: %d retries, by its own count (they come back to their work queues when due; the plugin offers no way to list, retry now or purge them)\n", s.PluginWaiting)
+			case s.DelayedExchange:
+				a.printf("waiting in the plugin: unknown (its count is read with rabbitmqctl eval: --rabbitmqctl)\n")
+			}
 		}
 		if s.Warning != "" {
 			a.printf("warning: %s\n", s.Warning)
@@ -280,7 +286,12 @@ func (a *app) printStatus(s ops.Status, cfg amqpretry.Config, queues []string, p
 		a.printWaiting(s)
 	}
 	if len(s.Flags) == 0 {
-		if !check {
+		switch {
+		case check:
+		case s.PluginCounted && s.PluginWaiting > 0:
+			// Retries wait, out of sight of the table: "nothing" would hide them.
+			a.printf("\nno problem flagged; %d retries wait in the delayed-message plugin (exchange %s) until due\n", s.PluginWaiting, s.DelayedExchangeName)
+		default:
 			a.printf("\nnothing flagged\n")
 		}
 		return

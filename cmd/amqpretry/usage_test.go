@@ -68,6 +68,11 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"waiting", "list", "--reason", "permanent"}, "a waiting retry has no poison reason"},
 		{[]string{"waiting", "list", "--rabbitmqctl", "off"}, "waiting list needs rabbitmqctl"},
 		{[]string{"teardown"}, "--backend is required"},
+		// Issue 33: a destructive move needs --yes when stdin is not a terminal to ask on.
+		{[]string{"poison", "purge", "--all"}, "poison purge deletes messages for good: pass --yes to confirm"},
+		{[]string{"parking", "purge", "--queue", "q"}, "parking purge deletes messages for good: pass --yes to confirm"},
+		{[]string{"waiting", "purge", "--all"}, "waiting purge drops retries for good: pass --yes to confirm"},
+		{[]string{"--backend", "ttl-tiers", "teardown", "--force"}, "teardown --force removes the storage with the messages waiting there: pass --yes"},
 		{[]string{"--backend", "ttl-tiers", "teardown", "--keep-backend", "binary-levels", "--keep-levels", "99"}, "invalid --keep-* configuration"},
 	} {
 		code, out, errOut := runArgs(tt.args...)
@@ -198,7 +203,7 @@ func TestPasswordNeverPrinted(t *testing.T) {
 	u.User = url.UserPassword("guest", secret)
 	commands := [][]string{
 		{"status"}, {"status", "--json"}, {"status", "--management-url", "http://127.0.0.1:1"}, {"topology", "apply"}, {"topology", "verify"},
-		{"poison", "list"}, {"poison", "show", "x"}, {"poison", "redrive"}, {"poison", "purge", "--all"}, {"poison", "list", "--json"},
+		{"poison", "list"}, {"poison", "show", "x"}, {"poison", "redrive"}, {"poison", "purge", "--all", "--yes"}, {"poison", "list", "--json"},
 		{"parking", "list"}, {"parking", "redrive"},
 	}
 	for _, uri := range []string{"amqp://user:" + secret + "@host:badport/", "amqp//user:" + secret + "@host/", u.String()} {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -57,7 +58,10 @@ in delayed retry (delayed-retry backend, --held-retries; name it with --queue).
 They are read with rabbitmqctl eval (admin rights on the broker's node), through the
 quorum queue's own read-only peek: no basic.get, no return, so their order, due times and
 the broker's counters (x-delivery-count, x-acquired-count) stay as they are. AMQP 0-9-1
-offers only take-and-give-back, which changes them. See docs/waiting.md.`
+offers only take-and-give-back, which changes them. On delayed-exchange they wait in the
+delayed-message plugin, which offers no way to list them, bring them back early or drop
+them: list, retry-now and purge refuse (exit status 1); status shows the plugin's count.
+See docs/waiting.md.`
 
 func (a *app) waitingCmd() *cobra.Command {
 	return group("waiting", "Retries waiting in the delay backend: list, retry now, purge",
@@ -106,7 +110,9 @@ counters; then a histogram of their due times.
 				opts.Limit = -1
 			}
 			ctl := src.ctlRunner(a.uri)
-			if ctl == nil {
+			// On delayed-exchange ops refuses, with the plugin's reason (and its count,
+			// when rabbitmqctl reads it): no retry can be listed there.
+			if ctl == nil && a.backend != string(delay.DelayedExchange) {
 				return usagef("waiting list needs rabbitmqctl (--rabbitmqctl): AMQP cannot read waiting retries without changing them")
 			}
 			o, err := a.openCtl(ctl)
@@ -192,28 +198,33 @@ func (a *app) waitingMoveCmd(purge bool) *cobra.Command {
 	window := 10_000
 	var rate rateFlag
 	var src countsSource
+	var yes bool
 	var check func() error
-	name, verb, doing := "retry-now", "retried now", "retrying"
-	short := "Bring the matching waiting retries of one work queue back to it at once"
-	long := `retry-now sends each matching waiting retry of the work queue --queue to it now, as it is
-(its attempt count kept): persistent, mandatory, confirm awaited, and only then acked in
-its delay queue: nothing is removed before the broker has confirmed its copy. Killed
-mid-run, a retry is back in its work queue or still waiting (the one whose confirm
-arrived just before the kill may be in both). The retries it does not take keep their
-place; taken and given back, each counts one more delivery (x-delivery-count on RabbitMQ
-3.x, x-acquired-count on 4.x; 4.0-4.2 count it against the delivery-limit, 20 by default).
+	kind := moveKind{source: ops.Waiting, purge: purge}
+	name := "retry-now"
+	short := "Bring the matching waiting retries of one work queue back to it now, before they are due"
+	long := `retry-now takes each matching retry waiting for the work queue --queue out of its delay
+queue and sends it to that work queue now, as it is (its attempt count kept): persistent,
+mandatory, confirm awaited, and only then acked in its delay queue: nothing is removed
+before the broker has confirmed its copy. Killed mid-run, a retry is back in its work
+queue or still waiting (the one whose confirm arrived just before the kill may be in
+both). The retries it does not take keep their place; taken and given back, each counts
+one more delivery (x-delivery-count on RabbitMQ 3.x, x-acquired-count on 4.x; 4.0-4.2
+count it against the delivery-limit, 20 by default). Its output names the delay queues
+the retries wait in and the work queue they come back to.
 
 On RabbitMQ 4.3, what the work queue holds in delayed retry comes back through the
 broker's internal rabbit_quorum_queue:retry_delayed, run with rabbitmqctl eval (admin
 rights, the node of AMQP_URI): all of it, or the --limit due first; it takes no other
 filter and says so.`
 	if purge {
-		name, verb, doing = "purge", "purged", "purging"
-		short = "Drop matching waiting retries (dry run first; no filter: needs --all)"
-		long = `purge drops (acks) each matching waiting retry: it never comes back. Run it with
---dry-run first: it counts and lists what would go, and changes nothing. Without a filter
-it needs --all. What RabbitMQ 4.3 holds in delayed retry cannot be dropped: RabbitMQ
-offers no way to, and purge says so.`
+		name = "purge"
+		short = "Drop matching waiting retries (asks first; no filter: needs --all)"
+		long = `purge drops (acks) each matching waiting retry: it never comes back. Without a filter it
+needs --all. What RabbitMQ 4.3 holds in delayed retry cannot be dropped: RabbitMQ offers
+no way to, and purge says so.
+
+` + confirmHelp
 	}
 	c := &cobra.Command{
 		Use:   name,
@@ -235,28 +246,28 @@ offers no way to, and purge says so.`
 			if purge && f.Queue == "" && f.Error == "" && f.OlderThan == 0 && f.NewerThan == 0 && len(f.IDs) == 0 && !opts.All {
 				return usagef("waiting purge: no filter given; pass --all to purge every waiting retry")
 			}
+			if purge && !opts.DryRun {
+				if err := a.mayDestroy("waiting purge drops retries for good", yes); err != nil {
+					return err
+				}
+			}
 			opts.Rate, opts.Window = float64(rate), window
 			o, err := a.openCtl(src.ctlRunner(a.uri))
 			if err != nil {
 				return err
 			}
 			defer o.Close()
-			prog := newProgress(a.stderr, doing, verb)
-			opts.Progress = prog.update
-			var r ops.MoveResult
 			if purge {
-				r, err = o.Purge(a.ctx, ops.Waiting, opts)
-			} else {
-				r, err = o.Redrive(a.ctx, ops.Waiting, opts)
+				return a.purge(o, kind, yes, opts)
 			}
+			prog := newProgress(a.stderr, "retrying", kind.done())
+			opts.Progress = prog.update
+			r, err := o.Redrive(a.ctx, ops.Waiting, opts)
 			prog.done()
 			if err != nil {
 				return err
 			}
-			if r.Queue == "" {
-				r.Queue = "the delay queues"
-			}
-			return a.reportMove(r, verb, purge, opts)
+			return a.reportMove(r, kind, opts)
 		},
 	}
 	f := c.Flags()
@@ -264,6 +275,7 @@ offers no way to, and purge says so.`
 	moveFlags(f, &opts, &rate, &window, "retries")
 	if purge {
 		f.BoolVar(&opts.All, "all", false, "purge every waiting retry when no filter is given")
+		yesFlag(c, &yes)
 	}
 	src.ctlFlags(c)
 	return c
@@ -276,6 +288,7 @@ func (a *app) teardownCmd() *cobra.Command {
 		keepBackend           string
 		keepTiers             durationList
 		keepLevels, keepRetry int
+		yes                   bool
 	)
 	c := &cobra.Command{
 		Use:   "teardown",
@@ -290,14 +303,21 @@ guesses which backend is the old one.
 When the configuration in use now shares the prefix, name it with --keep-backend (and
 --keep-tiers, --keep-levels, --keep-held-retries): what its plan declares stays.
 
+It counts and removes only what it finds; when it finds nothing of the backend under the
+prefix (a typo in --prefix, another backend) it says so and exits 1.
+
 It refuses, removing nothing, while any message waits there (the broker's own counts,
 rabbitmqctl list_queues, which see the expired messages a quorum queue holds for dead
 lettering; for delayed-exchange, the plugin's own count), or while that is unknown,
 unless --force: those messages are then lost. Bring them back first with
-` + "`amqpretry waiting retry-now`" + `, or wait for them to come due (` + "`amqpretry status`" + `). Stop every
-application instance still on the old configuration first: a retry parked between the
-count and the delete would be lost (quorum queues cannot be deleted "if empty").
+` + "`amqpretry waiting retry-now`" + `, or wait for them to come due (` + "`amqpretry status`" + `); on
+delayed-exchange only waiting works: the plugin's count, in ` + "`amqpretry status`" + `, reaches 0
+as they come due. Stop every application instance still on the old configuration first:
+a retry parked between the count and the delete would be lost (quorum queues cannot be
+deleted "if empty"). --force asks first, as a purge does.
 --dry-run lists what would be removed and what waits there.
+
+` + confirmHelp + `
 
 ` + exitHelp,
 		Args: noArgs,
@@ -320,43 +340,44 @@ count and the delete would be lost (quorum queues cannot be deleted "if empty").
 				}
 				opts.Keep = plan
 			}
+			if opts.Force && !opts.DryRun {
+				if err := a.mayDestroy("teardown --force removes the storage with the messages waiting there", yes); err != nil {
+					return err
+				}
+			}
 			o, err := a.openCtl(src.ctlRunner(a.uri))
 			if err != nil {
 				return err
 			}
 			defer o.Close()
-			r, err := o.Teardown(a.ctx, opts)
-			if a.json {
+			if opts.Force && !opts.DryRun && !yes {
+				dry := opts
+				dry.DryRun = true
+				r, err := o.Teardown(a.ctx, dry)
+				if err != nil {
+					return a.reportTeardown(r, cfg.Prefix, err)
+				}
+				a.printTeardown(a.stderr, r, cfg.Prefix)
+				lost := 0
+				for _, n := range r.Waiting {
+					lost += n
+				}
+				ok, err := a.ask(fmt.Sprintf("remove these %d queues and %d exchanges, and the %d messages waiting there, for good?", len(r.Queues), len(r.Exchanges), lost))
 				if err != nil {
 					return err
 				}
-				return a.emit(r)
-			}
-			for _, name := range append(slices.Clone(r.Queues), r.Exchanges...) {
-				if n, ok := r.Waiting[name]; ok {
-					a.printf("  %s: %d messages waiting\n", name, n)
+				if !ok {
+					return errDeclined
 				}
 			}
-			if err != nil {
-				return err
-			}
-			verb := "removed"
-			if r.DryRun {
-				verb = "dry run: would remove"
-			}
-			a.printf("%s %d queues, %d exchanges, %d bindings under prefix %s\n", verb, len(r.Queues), len(r.Exchanges), r.Bindings, cfg.Prefix)
-			for _, q := range r.Queues {
-				a.printf("  queue %s\n", q)
-			}
-			for _, x := range r.Exchanges {
-				a.printf("  exchange %s\n", x)
-			}
-			return nil
+			r, err := o.Teardown(a.ctx, opts)
+			return a.reportTeardown(r, cfg.Prefix, err)
 		},
 	}
 	f := c.Flags()
 	f.BoolVar(&opts.DryRun, "dry-run", false, "list what would be removed and what waits there; remove nothing")
-	f.BoolVar(&opts.Force, "force", false, "remove even while messages wait there (they are lost)")
+	f.BoolVar(&opts.Force, "force", false, "remove even while messages wait there (they are lost; asks first, or --yes)")
+	yesFlag(c, &yes)
 	f.BoolVar(&opts.Shared, "shared", false, "also remove the parking queue and exchange and the poison queue, which every backend under the prefix shares")
 	f.StringVar(&keepBackend, "keep-backend", "", "the backend in use now under the same prefix: what its plan declares stays")
 	f.Var(&keepTiers, "keep-tiers", "ttl-tiers in use now: its tier ladder")
@@ -367,4 +388,66 @@ count and the delete would be lost (quorum queues cannot be deleted "if empty").
 	_ = f.MarkDeprecated("keep-delayed-retries", "use --keep-held-retries")
 	src.ctlFlags(c)
 	return c
+}
+
+// teardownJSON is teardown's --json output: the result, and why it failed.
+type teardownJSON struct {
+	ops.TeardownResult
+	Prefix string `json:"prefix"`
+	Error  string `json:"error,omitempty"`
+}
+
+// reportTeardown prints what teardown found, removed or refused (as JSON with
+// --json, with the error in it), and returns the exit it calls for.
+func (a *app) reportTeardown(r ops.TeardownResult, prefix string, err error) error {
+	if a.json {
+		out := teardownJSON{TeardownResult: r, Prefix: prefix}
+		if err != nil {
+			out.Error = a.redact(err.Error())
+		}
+		if e := a.emit(out); e != nil {
+			return e
+		}
+		if err != nil {
+			return errFlagged
+		}
+		return nil
+	}
+	if err != nil {
+		for _, name := range append(slices.Clone(r.Queues), r.Exchanges...) {
+			if n, ok := r.Waiting[name]; ok {
+				a.printf("  %s: %d messages waiting\n", name, n)
+			}
+		}
+		return err
+	}
+	a.printTeardown(a.stdout, r, prefix)
+	return nil
+}
+
+// printTeardown prints what a teardown removed (would remove, in a dry run) on w.
+func (a *app) printTeardown(w io.Writer, r ops.TeardownResult, prefix string) {
+	verb := "removed"
+	if r.DryRun {
+		verb = "dry run: would remove"
+	}
+	fmt.Fprintf(w, "%s %d queues, %d exchanges, %d bindings under prefix %s\n", verb, len(r.Queues), len(r.Exchanges), r.Bindings, prefix)
+	for _, q := range r.Queues {
+		fmt.Fprintf(w, "  queue %s%s\n", q, waitingNote(r, q))
+	}
+	for _, x := range r.Exchanges {
+		fmt.Fprintf(w, "  exchange %s%s\n", x, waitingNote(r, x))
+	}
+}
+
+// waitingNote is ": N messages waiting" (removed: "lost") when some wait in name.
+func waitingNote(r ops.TeardownResult, name string) string {
+	n := r.Waiting[name]
+	switch {
+	case n == 0:
+		return ""
+	case r.DryRun:
+		return fmt.Sprintf(": %d messages waiting", n)
+	}
+	return fmt.Sprintf(": %d messages waiting, lost with it", n)
 }

@@ -79,13 +79,23 @@ func TestWaitingAndTeardown(t *testing.T) {
 	if code != exitOK || !regexp.MustCompile(regexp.QuoteMeta(queue)+`\s+3\s+0\s+20\d\d-`).MatchString(out) {
 		t.Errorf("status (%d):\n%s%s", code, out, errOut)
 	}
-	if code, out, _ := run("waiting", "purge", "--id", "w-c", "--dry-run"); code != exitOK || !strings.Contains(out, "would purge 1 of 3") {
+	tier := e.prefix + ".delay.10m"
+	// Issue 33: each line names where the retries wait and the work queue they come
+	// back to; retry-now's words are its own (it said "would redrive ... in <work queue>").
+	if code, out, _ := run("waiting", "purge", "--id", "w-c", "--dry-run"); code != exitOK ||
+		!strings.Contains(out, "dry run: would purge 1 of 3 retries waiting in "+tier+", due back to their work queues") ||
+		!strings.Contains(out, "  w-c in "+tier+", due back to "+queue+" (attempt 2") {
 		t.Errorf("purge dry run (%d):\n%s", code, out)
+	}
+	if code, out, _ := run("waiting", "retry-now", "--queue", queue, "--id", "w-b", "--dry-run"); code != exitOK || strings.Contains(out, "redrive") ||
+		!strings.Contains(out, "dry run: would retry now 1 of 3 retries waiting in "+tier+", back to work queue "+queue+" (3 scanned, 2 not matching); nothing changed") ||
+		!strings.Contains(out, "  w-b in "+tier+" -> "+queue+" (attempt 2") {
+		t.Errorf("retry-now dry run (%d):\n%s", code, out)
 	}
 	if code, _, errOut := run("waiting", "retry-now"); code != exitUsage || !strings.Contains(errOut, "--queue is required") {
 		t.Errorf("retry-now without --queue (%d): %s", code, errOut)
 	}
-	if code, out, errOut := run("waiting", "retry-now", "--queue", queue, "--id", "w-b"); code != exitOK || !strings.Contains(out, "retried now 1 of 3") {
+	if code, out, errOut := run("waiting", "retry-now", "--queue", queue, "--id", "w-b"); code != exitOK || !strings.Contains(out, "retried now 1 of 3 retries waiting in "+tier+", back to work queue "+queue) {
 		t.Errorf("retry-now w-b (%d):\n%s%s", code, out, errOut)
 	}
 	if got := brokertest.Drain(t, queue); len(got) != 1 || got[0].UUID != "w-b" {
@@ -94,7 +104,6 @@ func TestWaitingAndTeardown(t *testing.T) {
 	if code, _, errOut := run("teardown"); code != exitUsage || !strings.Contains(errOut, "--backend is required") {
 		t.Errorf("teardown without --backend (%d): %s", code, errOut)
 	}
-	tier := e.prefix + ".delay.10m"
 	// Refused every time; the count it names comes from the broker's stats, which lag
 	// (list_queues may still count w-b for a few seconds): it reaches 2.
 	deadline = time.Now().Add(30 * time.Second)
