@@ -27,10 +27,10 @@ type TeardownOptions struct {
 	Force bool
 }
 
-// errNothingToTearDown: nothing the backend declares exists under the prefix (a
-// prefix or backend that names no storage, or storage already removed). Unexported:
-// the API budget (internal/cmd/apicount) is full.
-var errNothingToTearDown = errors.New("teardown: nothing to remove")
+// ErrNothingToTearDown is wrapped by Teardown's error when nothing the backend
+// declares exists under the prefix (a prefix or backend that names no storage, or
+// storage already removed).
+var ErrNothingToTearDown = errors.New("teardown: nothing to remove")
 
 // TeardownResult is what Teardown removed (in a dry run: would remove): only what it
 // found on the broker.
@@ -138,7 +138,7 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 	}
 	res.Exchanges = presentX
 	if len(res.Queues) == 0 && len(res.Exchanges) == 0 {
-		return res, fmt.Errorf("%w: no queue or exchange of the %s backend under prefix %q (nothing removed); check the prefix and the backend (with its tiers or levels) against the configuration that declared them", errNothingToTearDown, o.retry.Backend, o.retry.Prefix)
+		return res, fmt.Errorf("%w: no queue or exchange of the %s backend under prefix %q (nothing removed); check the prefix and the backend (with its tiers or levels) against the configuration that declared them", ErrNothingToTearDown, o.retry.Backend, o.retry.Prefix)
 	}
 	n, err := o.bindingsFound(t, res)
 	if err != nil {

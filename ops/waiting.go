@@ -42,15 +42,15 @@ import (
 //     drop what delayed-retry holds: RabbitMQ offers no way to, and Purge says so.
 //
 // On the delayed-exchange backend List, Redrive and Purge of Waiting refuse
-// (errPluginWaiting): the delayed-message plugin offers no way to read, bring back or
+// (ErrPluginWaiting): the delayed-message plugin offers no way to read, bring back or
 // drop what it holds. Status.PluginWaiting counts it.
 const Waiting Source = "waiting"
 
-// errPluginWaiting: the retries of the delayed-exchange backend wait in the
-// delayed-message plugin, which offers no way to list them, bring them back early or
-// drop them: they come back when due. Unexported: the API budget
-// (internal/cmd/apicount) is full.
-var errPluginWaiting = errors.New("the delayed-message plugin offers no way to list, bring back or drop the retries it holds")
+// ErrPluginWaiting is wrapped by List, Redrive and Purge of Waiting on the
+// delayed-exchange backend: its retries wait in the delayed-message plugin, which
+// offers no way to list them, bring them back early or drop them; they come back when
+// due.
+var ErrPluginWaiting = errors.New("the delayed-message plugin offers no way to list, bring back or drop the retries it holds")
 
 // refusePlugin is the error of an operation on the waiting retries of the
 // delayed-exchange backend (what, e.g. "list"), with the plugin's count when it can be
@@ -64,7 +64,7 @@ func (o *Ops) refusePlugin(ctx context.Context, what string) error {
 		count = fmt.Sprintf("; %d wait there now, by its own count", n)
 	}
 	return fmt.Errorf("%s waiting retries of the delayed-exchange backend (exchange %q): %w%s. They come back to their work queues when due: watch the count reach 0 with `amqpretry status` (Status.PluginWaiting); see docs/waiting.md",
-		what, o.names.Delayed(), errPluginWaiting, count)
+		what, o.names.Delayed(), ErrPluginWaiting, count)
 }
 
 // errNoCtl: reading waiting retries without changing them needs rabbitmqctl.
