@@ -233,7 +233,9 @@ func TestConsoleBrowser(t *testing.T) {
 	}
 
 	// The chart sums to waiting list --json; one retry comes back now.
-	act(t, ctx, "open the waiting retries", chromedp.Click(chromedp.CSS(`#waiting tr[data-queue="`+queue+`"] a`)), chromedp.WaitVisible(chromedp.CSS("#chart")))
+	// From a fresh overview: it reloads itself every 10 s, which a click must not meet.
+	act(t, ctx, "open the waiting retries", chromedp.Navigate(con.base+"/"), chromedp.WaitVisible(chromedp.CSS("#waiting")),
+		chromedp.Click(chromedp.CSS(`#waiting tr[data-queue="`+queue+`"] a`)), chromedp.WaitVisible(chromedp.CSS("#chart")))
 	sum := read(t, ctx, "sum the chart", chromedp.Evaluate[int](chartSum))
 	if listed := waitingJSON(t, append([]string{"--queue", queue}, flags...)...); sum != listed || sum != 3 {
 		t.Errorf("the chart's buckets sum to %d, waiting list --json lists %d (want 3)", sum, listed)

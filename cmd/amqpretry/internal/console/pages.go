@@ -450,7 +450,7 @@ func chart(msgs []ops.Message, now time.Time, span time.Duration, n int) (bars [
 	const width, barH, gap = 36, 120, 4
 	height = barH + 40
 	for i, c := range counts {
-		label := "+" + short(time.Duration(i)*step)
+		label := spell(time.Duration(i-1) * step) // where the bucket starts
 		switch i {
 		case 0:
 			label = "overdue"
@@ -467,6 +467,14 @@ func chart(msgs []ops.Message, now time.Time, span time.Duration, n int) (bars [
 		bars = append(bars, bar{Label: label, Count: c, X: i * (width + gap), Y: 10 + barH - h, W: width, H: h, TextY: 10 + barH - h - 2})
 	}
 	return bars, height
+}
+
+// spell writes a bucket's start from now: +0m, +5m, +1h.
+func spell(d time.Duration) string {
+	if d%time.Hour == 0 && d > 0 {
+		return fmt.Sprintf("+%dh", d/time.Hour)
+	}
+	return fmt.Sprintf("+%dm", d/time.Minute)
 }
 
 // due is when a waiting retry is due back: its envelope's due time, else its release.
