@@ -237,6 +237,10 @@ func TestConsoleBrowser(t *testing.T) {
 	act(t, ctx, "open the waiting retries", chromedp.Navigate(con.base+"/"), chromedp.WaitVisible(chromedp.CSS("#waiting")),
 		chromedp.Click(chromedp.CSS(`#waiting tr[data-queue="`+queue+`"] a`)), chromedp.WaitVisible(chromedp.CSS("#chart")))
 	sum := read(t, ctx, "sum the chart", chromedp.Evaluate[int](chartSum))
+	if path := os.Getenv("I34_WAITING_SHOT"); path != "" {
+		png := read(t, ctx, "screenshot", chromedp.CaptureScreenshot())
+		_ = os.WriteFile(path, png, 0o644)
+	}
 	if listed := waitingJSON(t, append([]string{"--queue", queue}, flags...)...); sum != listed || sum != 3 {
 		t.Errorf("the chart's buckets sum to %d, waiting list --json lists %d (want 3)", sum, listed)
 	}
@@ -251,6 +255,11 @@ func TestConsoleBrowser(t *testing.T) {
 	}
 	if n := brokertest.QueueLength(t, queue); n != 1 {
 		t.Errorf("work queue holds %d after retry now, want 1", n)
+	}
+
+	act(t, ctx, "an unknown work queue", chromedp.Navigate(con.base+"/waiting?queue=nope"), chromedp.WaitVisible(chromedp.CSS("#error")))
+	if text := read(t, ctx, "read the error", chromedp.Text(chromedp.CSS("#error"))); !strings.HasPrefix(text, `unknown work queue "nope"`) {
+		t.Errorf("an unknown work queue: %q", text)
 	}
 
 	// A poisoned message's envelope; the script in another one is text.

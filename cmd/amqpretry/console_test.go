@@ -138,7 +138,7 @@ func TestConsoleSecurity(t *testing.T) {
 	t.Setenv(uriEnv, uri)
 	u, _ := url.Parse(uri)
 	password, _ := u.User.Password()
-	c := startConsole(t, e.flags()...)
+	c := startConsole(t, append(e.flags(), "--rabbitmqctl", "off")...)
 	var seen []string // every body and error shown
 	check := func(what string, status int, body string, want int, contains string) {
 		t.Helper()
@@ -224,6 +224,8 @@ func TestConsoleSecurity(t *testing.T) {
 		{"malformed age", "/poison?older=soon", nil, http.StatusBadRequest, "older: want a duration"},
 		{"unknown reason", "/poison?reason=bogus", nil, http.StatusBadRequest, "unknown reason"},
 		{"unknown page", "/nope", nil, http.StatusNotFound, "no page"},
+		{"waiting retries without rabbitmqctl", "/waiting", nil, http.StatusBadRequest, "--rabbitmqctl"},
+		{"bad page", "/poison?page=0", nil, http.StatusBadRequest, "page"},
 		{"unknown message", "/message?source=poison&id=nope", nil, http.StatusNotFound, "no message"},
 		{"unknown source", "/move", url.Values{"source": {"elsewhere"}, "action": {"redrive"}, "step": {"do"}}, http.StatusBadRequest, "source"},
 		{"purge without filter", "/move", url.Values{"source": {"poison"}, "action": {"purge"}, "step": {"do"}}, http.StatusBadRequest, "all"},
@@ -256,7 +258,7 @@ func TestConsoleSecurity(t *testing.T) {
 
 	// A broker that cannot be reached: 502, and the password of its URI nowhere.
 	t.Setenv(uriEnv, "amqp://operator:s3cret-"+password+"@127.0.0.1:1/")
-	gone := startConsole(t, e.flags()...)
+	gone := startConsole(t, append(e.flags(), "--rabbitmqctl", "off")...)
 	gcl := gone.client(t)
 	if resp, err := gcl.Get(gone.start); err == nil {
 		_ = resp.Body.Close()

@@ -432,7 +432,7 @@ type bar struct {
 }
 
 // chart counts msgs by due time from now: overdue, span cut in n buckets, later.
-func chart(msgs []ops.Message, now time.Time, span time.Duration, n int) (bars []bar, height int) {
+func chart(msgs []ops.Message, now time.Time, span time.Duration, n int) (bars []bar, total, height int) {
 	step := span / time.Duration(n)
 	counts := make([]int, n+2)
 	for _, m := range msgs {
@@ -447,7 +447,7 @@ func chart(msgs []ops.Message, now time.Time, span time.Duration, n int) (bars [
 		}
 	}
 	most := slices.Max(counts)
-	const width, barH, gap = 36, 120, 4
+	const width, barH, gap = 46, 120, 6
 	height = barH + 40
 	for i, c := range counts {
 		label := spell(time.Duration(i-1) * step) // where the bucket starts
@@ -466,7 +466,7 @@ func chart(msgs []ops.Message, now time.Time, span time.Duration, n int) (bars [
 		}
 		bars = append(bars, bar{Label: label, Count: c, X: i * (width + gap), Y: 10 + barH - h, W: width, H: h, TextY: 10 + barH - h - 2})
 	}
-	return bars, height
+	return bars, len(counts) * (width + gap), height
 }
 
 // spell writes a bucket's start from now: +0m, +5m, +1h.
@@ -504,11 +504,11 @@ func (s *Server) waiting(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, notFound("unknown work queue %q: the console knows %s (start it with --queue %s)", f.Queue, knownQueues(s.cfg.Status.WorkQueues), f.Queue))
 		return
 	}
-	span, n := time.Hour, 12
+	span, n, spanName := time.Hour, 12, "hour"
 	switch q.Get("span") {
 	case "", "hour":
 	case "day":
-		span, n = 24*time.Hour, 24
+		span, n, spanName = 24*time.Hour, 24, "day"
 	default:
 		s.fail(w, r, badRequest("span: want hour or day, got %q", q.Get("span")))
 		return
@@ -527,7 +527,7 @@ func (s *Server) waiting(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	bars, height := chart(res.Messages, time.Now(), span, n)
+	bars, width, height := chart(res.Messages, time.Now(), span, n)
 	from := min((pageNo-1)*s.cfg.Limit, len(res.Messages))
 	to := min(from+s.cfg.Limit, len(res.Messages))
 	link := func(p int) string {
@@ -560,7 +560,7 @@ func (s *Server) waiting(w http.ResponseWriter, r *http.Request) {
 		DayLink       string
 		Filter        ops.Filter
 		Window        int
-	}{res, res.Messages[from:to], from + 1, to, pageNo, prev, next, bars, len(bars) * 40, height, short(span),
+	}{res, res.Messages[from:to], from + 1, to, pageNo, prev, next, bars, width, height, spanName,
 		spanLink("hour"), spanLink("day"), f, s.cfg.Window})
 }
 

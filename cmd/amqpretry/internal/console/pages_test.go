@@ -22,7 +22,7 @@ func TestChartCountsEveryRetryOnce(t *testing.T) {
 	released := ops.Message{Release: now.Add(7 * time.Minute)}
 	msgs := []ops.Message{at(-time.Second), at(0), at(4*time.Minute + 59*time.Second), at(5 * time.Minute), released,
 		at(59 * time.Minute), at(time.Hour), at(48 * time.Hour)}
-	bars, _ := chart(msgs, now, time.Hour, 12)
+	bars, _, _ := chart(msgs, now, time.Hour, 12)
 	if len(bars) != 14 {
 		t.Fatalf("%d bars, want overdue, 12 and later", len(bars))
 	}
