@@ -237,10 +237,6 @@ func TestConsoleBrowser(t *testing.T) {
 	act(t, ctx, "open the waiting retries", chromedp.Navigate(con.base+"/"), chromedp.WaitVisible(chromedp.CSS("#waiting")),
 		chromedp.Click(chromedp.CSS(`#waiting tr[data-queue="`+queue+`"] a`)), chromedp.WaitVisible(chromedp.CSS("#chart")))
 	sum := read(t, ctx, "sum the chart", chromedp.Evaluate[int](chartSum))
-	if path := os.Getenv("I34_WAITING_SHOT"); path != "" {
-		png := read(t, ctx, "screenshot", chromedp.CaptureScreenshot())
-		_ = os.WriteFile(path, png, 0o644)
-	}
 	if listed := waitingJSON(t, append([]string{"--queue", queue}, flags...)...); sum != listed || sum != 3 {
 		t.Errorf("the chart's buckets sum to %d, waiting list --json lists %d (want 3)", sum, listed)
 	}
