@@ -318,3 +318,27 @@ func waitingJSON(t *testing.T, args ...string) int {
 	}
 	return len(r.Messages)
 }
+
+// TestConsoleRefusesUnsafeStart: before listening or dialling, the console refuses an
+// address other than loopback without TLS (unless --insecure-no-tls), an unspecified
+// one without --host, half a TLS pair, and a short token, as usage errors.
+func TestConsoleRefusesUnsafeStart(t *testing.T) {
+	t.Setenv(consoleTokenEnv, "")
+	for _, c := range []struct {
+		args []string
+		env  string
+		says string
+	}{
+		{[]string{"--listen", "192.0.2.1:7433"}, "", "needs TLS"},
+		{[]string{"--listen", "0.0.0.0:7433", "--insecure-no-tls"}, "", "--host"},
+		{[]string{"--listen", "127.0.0.1:7433", "--tls-cert", "c.pem"}, "", "go together"},
+		{[]string{"--listen", "7433"}, "", "host:port"},
+		{nil, "short-token", "at least 22"},
+	} {
+		t.Setenv(consoleTokenEnv, c.env)
+		code, out, errOut := runArgs(append([]string{"console"}, c.args...)...)
+		if code != exitUsage || !strings.Contains(errOut, c.says) || out != "" {
+			t.Errorf("console %v (token %q): %d, want %d saying %q:\n%s%s", c.args, c.env, code, exitUsage, c.says, out, errOut)
+		}
+	}
+}
