@@ -148,7 +148,10 @@ it the console shows the rest.
 				mode = " (read-only)"
 			}
 			fmt.Fprintf(a.stdout, "amqpretry console%s: open %s\n", mode, start.String())
-			hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, ErrorLog: nil}
+			// Requests run under the command's context: Ctrl-C stops a move between two
+			// messages, as in the CLI.
+			hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second,
+				BaseContext: func(net.Listener) context.Context { return a.ctx }}
 			done := make(chan error, 1)
 			go func() { done <- hs.Serve(ln) }()
 			select {

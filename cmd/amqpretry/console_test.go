@@ -264,7 +264,7 @@ func TestConsoleSecurity(t *testing.T) {
 		_ = resp.Body.Close()
 	}
 	st, body = get(t, gcl, gone.base+"/")
-	check("broker gone", st, body, http.StatusBadGateway, "nothing was changed")
+	check("broker gone", st, body, http.StatusBadGateway, "Nothing was changed.")
 	st, body = get(t, gcl, gone.base+"/poison")
 	check("broker gone, poison", st, body, http.StatusBadGateway, "broker")
 	seen = append(seen, gone.stderr.String(), gone.stdout)

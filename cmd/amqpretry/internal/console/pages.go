@@ -706,7 +706,7 @@ func (s *Server) move(w http.ResponseWriter, r *http.Request) {
 		res, err := s.run(r, m, false)
 		s.audit(r, string(m.Source)+"."+strings.ReplaceAll(m.Verb(), " ", "-"), m.Filter, res, err)
 		if err != nil {
-			s.fail(w, r, err)
+			s.failNote(w, r, err, fmt.Sprintf("%d %s before it stopped; the rest stayed in place (the audit line on the console's stderr has the counts).", res.Done, m.Done()))
 			return
 		}
 		status := http.StatusOK

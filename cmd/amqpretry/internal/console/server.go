@@ -344,6 +344,11 @@ func (s *Server) render(w http.ResponseWriter, status int, name, nav string, dat
 // fail renders err as a page with its status: 400/404 for bad input, 502 for the
 // broker, redacted.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	s.failNote(w, r, err, "Nothing was changed.")
+}
+
+// failNote is fail with a note on what was changed.
+func (s *Server) failNote(w http.ResponseWriter, r *http.Request, err error, note string) {
 	status, msg := http.StatusInternalServerError, err.Error()
 	var in inputError
 	var be brokerError
@@ -352,13 +357,13 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status = in.status
 	case errors.As(err, &be):
 		status = http.StatusBadGateway
-		msg = "the broker did not answer as expected (nothing was changed; the next request reconnects): " + msg
+		msg = "the broker did not answer as expected (the next request connects again): " + msg
 	}
 	s.render(w, status, "error", "", struct {
 		Status  int
 		Message string
-		Back    string
-	}{status, s.cfg.Redact(msg), r.URL.Path})
+		Note    string
+	}{status, s.cfg.Redact(msg), note})
 }
 
 // audit writes one line for a move: time, client, action, filter, counts.
