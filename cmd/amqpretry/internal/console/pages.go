@@ -272,7 +272,6 @@ func (s *Server) messages(w http.ResponseWriter, r *http.Request) {
 	})
 	from := min((pageNo-1)*s.cfg.Limit, len(res.Messages))
 	to := min(from+s.cfg.Limit, len(res.Messages))
-	base := filterQuery(f)
 	link := func(p int) string {
 		v := filterQuery(f)
 		v.Set("page", strconv.Itoa(p))
@@ -295,11 +294,10 @@ func (s *Server) messages(w http.ResponseWriter, r *http.Request) {
 		Filter         ops.Filter
 		Reasons        []amqpretry.Reason
 		Window         int
-		Query          string
 		CanPurge       bool
 		ResetByDefault bool
 	}{source, res, res.Messages[from:to], from + 1, to, pageNo, prev, next, groups, f, reasons, s.cfg.Window,
-		base.Encode(), source == ops.Poison, source == ops.Poison})
+		source == ops.Poison, source == ops.Poison})
 }
 
 func pageNumber(q url.Values) (int, error) {
