@@ -7,7 +7,8 @@
 #               (scripts/examples.sh)
 #   3.10        every package's tests with the race detector on the broker at AMQP_URI
 #               (default amqp://guest:guest@127.0.0.1:5672/, the machine's RabbitMQ
-#               3.10.8), the metrics and command modules, the quickstarts, Watermill's
+#               3.10.8), the metrics and command modules (with the console's browser
+#               tests in headless Chromium), the quickstarts, Watermill's
 #               own pub/sub suites; no queue, exchange or user left behind
 #   4.0, 4.3    the same on RabbitMQ 4.0.5 and 4.3.6 (scripts/rabbitmq4.sh), with the
 #               4.3-only backends, the AMQP 1.0 module and its quickstart
@@ -104,6 +105,16 @@ if [ "$CLUSTER" != 1 ]; then
 fi
 if [ "$TLS" != 1 ]; then
   notes+=("SKIPPED: the TLS steps. Opt in with AMQPRETRY_TLS=1 ./scripts/test.sh (root; scripts/tls.sh makes the certificates and may restart the machine's RabbitMQ 3.10 once to open its TLS listener); CI=true does.")
+fi
+# The console's browser tests (cmd/amqpretry, TestConsoleBrowser*) drive headless
+# Chromium: installed under CI=true, else skipped when missing.
+if [ -z "${AMQPRETRY_CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then
+  if [ "$CI" = "true" ]; then
+    echo "==> Chromium for the console's browser tests: apt-get install chromium"
+    apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
+  else
+    notes+=("SKIPPED: the console's browser tests (cmd/amqpretry TestConsoleBrowser*): no Chromium. Install it (apt-get install chromium) or set AMQPRETRY_CHROMIUM to a Chrome binary; CI=true installs it.")
+  fi
 fi
 print_notes() { if [ "${#notes[@]}" -gt 0 ]; then printf '%s\n' "${notes[@]}"; fi; }
 print_notes
