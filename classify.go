@@ -42,7 +42,8 @@ type retryAfterError struct {
 func (e *retryAfterError) Error() string { return e.err.Error() }
 func (e *retryAfterError) Unwrap() error { return e.err }
 
-// Decision is what happens to a message after a failed attempt.
+// Decision is what happens to a message after a failed attempt. It is decided by the
+// middleware; it is declared here because Config.Classify returns it.
 type Decision struct {
 	// Permanent poisons the message now.
 	Permanent bool
@@ -90,7 +91,9 @@ func Attempt(msg *message.Message) int {
 var (
 	// ErrHandoff is wrapped by the error the middleware returns when a retry could not
 	// be handed off: the router then nacks the original, with requeue, and the broker
-	// redelivers it. Keep watermill-amqp's Consume.NoRequeueOnNack false.
+	// redelivers it. Keep watermill-amqp's Consume.NoRequeueOnNack false. The
+	// middleware produces it; it is declared here, beside Config, so that a Classify
+	// or an application matches it without importing the middleware.
 	ErrHandoff = errors.New("retry hand-off failed, message nacked for redelivery")
 	// ErrNotWired is wrapped by the hand-off error of a message the middleware cannot
 	// route back: its subscriber was not built from the Retry's SubscriberConfig, or

@@ -43,8 +43,10 @@ type engine struct {
 	cfg     amqpretry.Config // with defaults
 	backend backend.Backend  // copies: nil for delayed-retry alone
 	inPlace backend.Backend  // retries held in place (backend.InPlace): the first ones, or every one; nil for none
-	poisonQ func(ctx context.Context, msg *message.Message) error
-	wiring  wiring
+	// caps and inPlaceCaps are what backend and inPlace can do, read once at start.
+	caps, inPlaceCaps backend.Caps
+	poisonQ           func(ctx context.Context, msg *message.Message) error
+	wiring            wiring
 
 	failures failureCounts
 	held     heldRetries
@@ -167,7 +169,7 @@ func (e *engine) read(msg *message.Message) delivery {
 	if ok && d.owned {
 		// A retry held in the work queue comes back without its envelope.
 		d.held, d.heldDue, d.heldUntil, d.rehelds, d.early = true, h.due, h.until, h.rehelds, h.early
-		d.backEarly = e.inPlace != nil && nameOf(e.inPlace) == delay.DelayedRetry && d.at.Sub(h.due) < -e.cfg.DelayedRetryDelay/2
+		d.backEarly = e.inPlace != nil && e.inPlaceCaps.Delays == backend.ConstantDelay && d.at.Sub(h.due) < -e.inPlaceCaps.Longest/2
 		if !h.env.FirstFailure.IsZero() {
 			// What a copy would have carried: the handler reads it as on a copy.
 			d.envelope, remembered = h.env, true
@@ -284,19 +286,23 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 		return e.poison(f, copyOf(run), amqpretry.ReasonDelayTooLong)
 	}
 	var holdUntil time.Time
+	caps := e.caps
+	if inPlace {
+		caps = e.inPlaceCaps
+	}
 	switch {
-	case requested > effective && nameOf(target) == delay.TTLTiers && decided.Delay > 0 && !inPlace:
+	case requested > effective && caps.PastLongest == backend.ParkAgain && decided.Delay > 0:
 		// A delay of the error's own (a server's Retry-After) is never cut short: the
 		// copy is parked again when it comes back, until it is due.
 		holdUntil = time.Now().Add(requested)
 		notice(e.cfg.Logger, "Delay asked for is longer than the longest tier: the retry is parked again until it is due",
 			f.fields.Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
-	case requested > effective && nameOf(target) == delay.TTLTiers:
+	case requested > effective && caps.PastLongest == backend.ParkAgain:
 		e.cfg.Logger.Error("Delay longer than the longest tier, using the longest: the retry comes back early", delay.ErrDelayTooLong,
 			f.fields.Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
 	}
 	if inPlace {
-		if nameOf(target) == delay.DelayedRetry && decided.Delay > effective {
+		if caps.PastLongest == backend.HoldAgain && decided.Delay > effective {
 			// The queue holds a retry for one delay: held again until it is due, never
 			// back before the delay asked for (a server's Retry-After).
 			holds := (requested + effective - 1) / effective
@@ -327,7 +333,7 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	case perr == nil:
 		e.failures.forget(msg.UUID)
 		n := e.stats.retries.add()
-		e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: d.queue, Backend: nameOf(e.backend), Attempt: d.attempt, Err: err,
+		e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: d.queue, Backend: delay.Backend(e.backend.Name()), Attempt: d.attempt, Err: err,
 			Requested: requested, Effective: effective, Handoff: time.Since(start)})
 		if e.sampled(n) {
 			e.cfg.Logger.Info("Retry scheduled", f.fields.Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
@@ -359,14 +365,14 @@ func (e *engine) stages() int { return e.cfg.Policy.Immediate + e.cfg.HeldRetrie
 
 // holdsInPlace tells whether the retry after d's failed attempt is held in the work
 // queue. A backend that holds any delay in place (delivery-time) holds every retry;
-// delayed-retry, whose delay is the queue's, holds every retry when it is alone, else
-// the first HeldRetries, and neither when the queue was found not to hold them or
-// the error asks for a delay of its own (the copying backend can keep it).
+// one with a constant delay, the queue's (delayed-retry), holds every retry when it is
+// alone, else the first HeldRetries, and neither when the queue was found not to hold
+// them or the error asks for a delay of its own (the copying backend can keep it).
 func (e *engine) holdsInPlace(d delivery, dec amqpretry.Decision) bool {
 	switch {
 	case e.inPlace == nil:
 		return false
-	case nameOf(e.inPlace) != delay.DelayedRetry:
+	case e.inPlaceCaps.Delays != backend.ConstantDelay:
 		return true
 	case e.held.isBroken(d.queue):
 		return false

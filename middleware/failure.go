@@ -26,7 +26,7 @@ func (e *engine) settle(msg *message.Message, f failure, requested, effective ti
 	f.envelope.Attempt = f.attempt + 1
 	f.envelope.RequestedDelay, f.envelope.EffectiveDelay, f.envelope.Due = requested, effective, due
 	var md message.Metadata
-	if nameOf(e.inPlace) != delay.DelayedRetry { // a nack cannot carry it
+	if e.inPlaceCaps.CarriesEnvelope {
 		md = message.Metadata{}
 		f.envelope.Write(md)
 	}
@@ -37,18 +37,18 @@ func (e *engine) settle(msg *message.Message, f failure, requested, effective ti
 	if f.backEarly {
 		h.early = f.early + 1
 	}
-	if nameOf(e.inPlace) == delay.DelayedRetry && effective > e.cfg.DelayedRetryDelay {
+	if hold := e.inPlaceCaps.Longest; e.inPlaceCaps.PastLongest == backend.HoldAgain && effective > hold {
 		// Back after the queue's delay, then held again until requested is over.
-		h.due, h.until = time.Now().Add(e.cfg.DelayedRetryDelay), time.Now().Add(requested)
+		h.due, h.until = time.Now().Add(hold), time.Now().Add(requested)
 	}
 	e.held.add(msg.UUID, h)
 	e.failures.forget(msg.UUID)
 	n := e.stats.retries.add()
-	e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: f.queue, Backend: nameOf(e.inPlace), Attempt: f.attempt, Err: f.err,
+	e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: f.queue, Backend: delay.Backend(e.inPlace.Name()), Attempt: f.attempt, Err: f.err,
 		Requested: requested, Effective: effective})
 	if e.sampled(n) {
 		e.cfg.Logger.Info("Retry held in the work queue", f.fields.Add(watermill.LogFields{
-			"requested_delay": requested.String(), "effective_delay": effective.String(), "delay_backend": nameOf(e.inPlace)}))
+			"requested_delay": requested.String(), "effective_delay": effective.String(), "delay_backend": e.inPlace.Name()}))
 	}
 	return nil
 }
@@ -281,7 +281,7 @@ func (e *engine) holdAgain(msg *message.Message, d delivery) bool {
 	if !d.held || d.heldUntil.IsZero() || !d.at.Before(d.heldUntil) || e.inPlace == nil || e.held.isBroken(d.queue) {
 		return false
 	}
-	hold := e.cfg.DelayedRetryDelay
+	hold := e.inPlaceCaps.Longest
 	if d.at.Before(d.heldDue.Add(-hold / 2)) {
 		return false
 	}

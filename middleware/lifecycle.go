@@ -13,7 +13,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry"
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/keys"
 )
@@ -266,7 +265,7 @@ func (e *engine) setAside(f failure, wait time.Duration) bool {
 		return e.backend.Park(handoffContext(cp), f.queue, cp, effective) == nil
 	case e.inPlace != nil:
 		var md message.Metadata
-		if nameOf(e.inPlace) != delay.DelayedRetry {
+		if e.inPlaceCaps.CarriesEnvelope {
 			md = message.Metadata{}
 			f.envelope.Write(md)
 		}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/backend"
 )
 
 // counter is an int64 counted concurrently.
@@ -48,9 +47,9 @@ func (e *engine) observeDelivery(d delivery) {
 	if d.attempt > 1 {
 		switch {
 		case e.inPlace != nil && (d.held || e.backend == nil || d.envelope.EffectiveDelay == 0):
-			ev.Backend = nameOf(e.inPlace) // held in the work queue
+			ev.Backend = delay.Backend(e.inPlace.Name()) // held in the work queue
 		case e.backend != nil:
-			ev.Backend = nameOf(e.backend)
+			ev.Backend = delay.Backend(e.backend.Name())
 		}
 	}
 	// Back long before it was due: its nack may have been lost with its connection (the
@@ -146,6 +145,3 @@ func (h *heldRetries) isBroken(queue string) bool {
 	defer h.mu.Unlock()
 	return h.broken[queue]
 }
-
-// nameOf is b's name, as package delay spells it.
-func nameOf(b backend.Backend) delay.Backend { return delay.Backend(b.Name()) }

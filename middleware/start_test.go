@@ -13,6 +13,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/keys"
 )
@@ -102,7 +103,8 @@ type inPlace struct {
 }
 
 func newInPlace(d time.Duration) *inPlace {
-	return &inPlace{fakeBackend: fakeBackend{name: delay.DelayedRetry, effective: func(time.Duration) (time.Duration, error) { return d, nil }}}
+	return &inPlace{fakeBackend: fakeBackend{name: delay.DelayedRetry, effective: func(time.Duration) (time.Duration, error) { return d, nil },
+		caps: backend.Caps{Keeps: backend.KeepsDelivery, Delays: backend.ConstantDelay, Longest: d, PastLongest: backend.HoldAgain}}}
 }
 
 func (p *inPlace) Settle(msg *message.Message, effective time.Duration, envelope message.Metadata) error {
@@ -129,6 +131,7 @@ func TestHeldInPlace(t *testing.T) {
 		Observe: func(ev amqpretry.Event) { events = append(events, ev) }}, b)
 	held := newInPlace(time.Minute)
 	e.inPlace = held
+	e.inPlaceCaps = e.inPlace.Caps()
 	h := e.Middleware(failing(errFlaky))
 
 	if _, err := h(message.NewMessage("m", nil)); err != nil {
@@ -183,6 +186,7 @@ func TestHeldRetryBackEarlyOnceIsNotJudged(t *testing.T) {
 		Policy: amqpretry.Policy{MaxAttempts: 10}}, nil)
 	e.backend = nil
 	e.inPlace = newInPlace(time.Second)
+	e.inPlaceCaps = e.inPlace.Caps()
 	h := e.Middleware(failing(errFlaky))
 	for _, id := range []string{"a", "b", "c", "d"} {
 		for attempt := 1; attempt <= 2; attempt++ { // held, then back at once
@@ -228,6 +232,7 @@ func TestInPlaceSettlesOnce(t *testing.T) {
 	e.backend = nil
 	held := newInPlace(time.Second)
 	e.inPlace = held
+	e.inPlaceCaps = e.inPlace.Caps()
 	msg := message.NewMessage("m", nil)
 	if _, err := e.Middleware(failing(errFlaky))(msg); err != nil {
 		t.Fatal(err)

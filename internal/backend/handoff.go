@@ -21,7 +21,7 @@ import (
 // Handoff is the one way the library moves a message into RabbitMQ: a confirmed
 // publish on a connection of its own, never the consuming one. Only when the broker
 // has confirmed a copy, and not returned it, may the caller ack the original. Package
-// delay implements it (handoff.go): the backends park through it, the middleware
+// delay implements it (handoff.go; delay.Dial connects one): the backends park through it, the middleware
 // publishes poisoned messages through it, and ops its moves. Every publish is
 // persistent, carries a fresh MessageId and no expiration. It is safe for concurrent
 // use. After a channel or connection failure the next publish opens a new one.
@@ -45,14 +45,6 @@ type Handoff interface {
 	// Close closes the connection, for good (a publish after it fails with
 	// ErrClosed, opening nothing), waiting at most ConfirmTimeout for the broker.
 	Close() error
-}
-
-// Dial connects to the broker and opens the confirm channel.
-func Dial(cfg HandoffConfig) (Handoff, error) {
-	if err := registered(); err != nil {
-		return nil, err
-	}
-	return impl.Dial(cfg)
 }
 
 var (
