@@ -2,7 +2,6 @@ package amqpretry
 
 import (
 	"errors"
-	"strconv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -69,22 +68,41 @@ type ClassifyParams struct {
 // RetryAfter sets the delay, and any other error is retried on the policy's schedule.
 // It is what ClassifyParams.Default holds.
 func DecisionOf(err error) Decision {
-	var p *permanentError
-	d := Decision{Permanent: errors.As(err, &p)}
-	var r *retryAfterError
-	if errors.As(err, &r) {
-		d.Delay = max(r.after, 0)
-	}
+	var d Decision
+	marks(err, &d, new(bool))
 	return d
+}
+
+// marks reads the marks of err's chain into d, as errors.As finds them (depth first,
+// outermost first): Permanent anywhere, and the first RetryAfter's delay (found).
+func marks(err error, d *Decision, found *bool) {
+	for err != nil {
+		switch e := err.(type) {
+		case *permanentError:
+			d.Permanent = true
+		case *retryAfterError:
+			if !*found {
+				d.Delay, *found = max(e.after, 0), true
+			}
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, inner := range u.Unwrap() {
+				marks(inner, d, found)
+			}
+			return
+		default:
+			return
+		}
+	}
 }
 
 // Attempt returns which attempt this delivery of msg is, from 1 (a missing or
 // unreadable count is the first).
 func Attempt(msg *message.Message) int {
-	n, err := strconv.Atoi(msg.Metadata.Get(keys.Attempt))
-	if err != nil || n < 1 {
-		return 1
-	}
+	n, _ := keys.ParseAttempt(msg.Metadata.Get(keys.Attempt))
 	return n
 }
 

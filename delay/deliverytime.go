@@ -22,8 +22,10 @@ type deliveryTime struct {
 	redeliver func(msg *message.Message, at time.Time, annotations map[string]any) error
 }
 
-// annotationPrefix starts the message annotations the envelope travels in.
-const annotationPrefix = "x-opt-"
+// AnnotationPrefix starts the message annotations the failure envelope travels in on
+// delivery-time: the prefix, then the envelope's metadata key. The AMQP 1.0 transport
+// reads them back with it.
+const AnnotationPrefix = "x-opt-"
 
 func openDeliveryTime(_ backend.Spec, env backend.Env, _ names.Names) (backend.Backend, error) {
 	return deliveryTime{redeliver: env.Redeliver}, nil
@@ -65,7 +67,7 @@ func (b deliveryTime) Settle(msg *message.Message, effective time.Duration, enve
 	}
 	ann := make(map[string]any, len(envelope))
 	for k, v := range envelope {
-		ann[annotationPrefix+k] = v
+		ann[AnnotationPrefix+k] = v
 	}
 	if err := b.redeliver(msg, time.Now().Add(effective), ann); err != nil {
 		return fmt.Errorf("%s: settle message %s: %w", DeliveryTime, msg.UUID, err)

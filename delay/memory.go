@@ -65,7 +65,6 @@ func (m *memory) Park(_ context.Context, queue string, msg *message.Message, d t
 	if m.closed {
 		return errMemoryClosed
 	}
-	msg = msg.Copy()
 	var t *time.Timer
 	t = time.AfterFunc(d, func() {
 		m.mu.Lock()

@@ -1,21 +1,19 @@
-// Package retry is the retry middleware: on a handler error it decides what becomes of
-// the message, sizes the delay with the backend, stamps the failure envelope on a copy
-// and hands the copy off (or, for an in-place backend, settles the delivery for the
-// broker to hold), in that order and in one pass. The transport packages (wamqp2,
-// wamqp3, amqp1) wire it to their subscriber.
 package middleware
+
+// The engine: on a handler error it decides what becomes of the message, sizes the
+// delay with the backend, stamps the failure envelope on a copy and hands the copy off
+// (or, for a backend that keeps the failed delivery, settles it for the broker to
+// hold), in that order and in one pass.
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"strconv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/cenkalti/backoff/v4"
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
@@ -23,22 +21,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/keys"
 )
 
-// wiring is what the engine needs to know of the subscriber side.
-type wiring struct {
-	// ID identifies the Retry; its subscriber's marshaler stamps it on every delivery
-	// (keys.Subscriber). "" means every message is this Retry's (in-process).
-	ID string
-	// Queue maps the topic a handler subscribes to onto the queue its messages come
-	// from, where a retry must come back. Default: the topic.
-	Queue func(topic string) string
-	// Bound tells whether a queue's way back was declared by this Retry's subscriber.
-	// Nil: not checked.
-	Bound func(queue string) bool
-	// Attempt reads the attempt of a delivery. Default: keys.Attempt of its metadata.
-	Attempt func(msg *message.Message) int
-}
-
-// engine is the middleware. Build it with newEngine (Start does).
+// engine is the middleware. start builds it.
 type engine struct {
 	cfg     amqpretry.Config // with defaults
 	backend backend.Backend  // copies: nil for delayed-retry alone
@@ -179,11 +162,7 @@ func (e *engine) read(msg *message.Message) delivery {
 			d.envelope.FirstFailure = h.first
 		}
 	}
-	if e.wiring.Attempt != nil {
-		d.attempt = e.wiring.Attempt(msg)
-	} else {
-		d.attempt = max(d.envelope.Attempt, 1)
-	}
+	d.attempt = max(d.envelope.Attempt, 1)
 	if d.rehelds > 0 && !remembered {
 		// The broker counted each time it was held again as a return: not attempts.
 		d.attempt = max(d.attempt-d.rehelds, 1)
@@ -245,10 +224,7 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 		dec := e.decide(run, err, d.attempt)
 		decided = &dec
 	}
-	f := failure{delivery: d, err: err, fields: watermill.LogFields{
-		"message_uuid": msg.UUID, "handler": d.handler, "topic": d.topic, "queue": d.queue,
-		"attempt": d.attempt, "max_attempts": e.cfg.Policy.MaxAttempts, "err": err.Error(),
-	}}
+	f := failure{delivery: d, err: err, maxAttempts: e.cfg.Policy.MaxAttempts}
 	f.envelope = e.envelope(d, err)
 
 	// The copy (copyOf) is made where a way out publishes one: never for a retry held
@@ -275,8 +251,16 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	}
 
 	// Size.
+	caps := e.caps
+	if inPlace {
+		caps = e.inPlaceCaps
+	}
 	requested := decided.Delay
-	if requested <= 0 {
+	switch {
+	case requested > 0:
+	case caps.Delays == backend.ConstantDelay:
+		requested = caps.Longest // its one delay is the one asked for: no schedule to follow
+	default:
 		requested = delayOf(e.cfg.Policy, d.attempt-min(e.stages(), d.attempt-1))
 	}
 	effective, serr := target.Effective(requested)
@@ -286,27 +270,23 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 		return e.poison(f, copyOf(run), amqpretry.ReasonDelayTooLong)
 	}
 	var holdUntil time.Time
-	caps := e.caps
-	if inPlace {
-		caps = e.inPlaceCaps
-	}
 	switch {
 	case requested > effective && caps.PastLongest == backend.ParkAgain && decided.Delay > 0:
 		// A delay of the error's own (a server's Retry-After) is never cut short: the
 		// copy is parked again when it comes back, until it is due.
 		holdUntil = time.Now().Add(requested)
 		notice(e.cfg.Logger, "Delay asked for is longer than the longest tier: the retry is parked again until it is due",
-			f.fields.Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
+			f.log().Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
 	case requested > effective && caps.PastLongest == backend.ParkAgain:
 		e.cfg.Logger.Error("Delay longer than the longest tier, using the longest: the retry comes back early", delay.ErrDelayTooLong,
-			f.fields.Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
+			f.log().Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
 	}
 	if inPlace {
 		if caps.PastLongest == backend.HoldAgain && decided.Delay > effective {
 			// The queue holds a retry for one delay: held again until it is due, never
 			// back before the delay asked for (a server's Retry-After).
 			holds := (requested + effective - 1) / effective
-			notice(e.cfg.Logger, "Delay asked for is longer than the work queue's delayed-retry delay: the retry is held again until it is due", f.fields.Add(watermill.LogFields{
+			notice(e.cfg.Logger, "Delay asked for is longer than the work queue's delayed-retry delay: the retry is held again until it is due", f.log().Add(watermill.LogFields{
 				"requested_delay": requested.String(), "effective_delay": (holds * effective).String(), "holds": int64(holds)}))
 			effective = holds * effective
 		}
@@ -336,27 +316,16 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 		e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: d.queue, Backend: delay.Backend(e.backend.Name()), Attempt: d.attempt, Err: err,
 			Requested: requested, Effective: effective, Handoff: time.Since(start)})
 		if e.sampled(n) {
-			e.cfg.Logger.Info("Retry scheduled", f.fields.Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
+			e.cfg.Logger.Info("Retry scheduled", f.log().Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
 		}
 		return nil
 	case errors.Is(perr, backend.ErrTooLarge):
 		// Handing it off again would be refused again: poison it, saying why.
-		f.fields["handoff_err"] = perr.Error()
+		f.log()["handoff_err"] = perr.Error()
 		f.envelope.Error = "retry copy larger than the broker's frame_max even with a trimmed envelope; handler error: " + err.Error()
 		return e.poison(f, cp, amqpretry.ReasonTooLarge)
 	}
 	return e.handoffFailed(f, cp, perr, backend.Cause(perr), true)
-}
-
-// handoffContext is the context of a hand-off of cp: the delivery's, but not canceled
-// with it. The router cancels it when it closes, while the handlers still run and the
-// subscriber may still deliver; a hand-off canceled then would count as failed, again
-// at each redelivery to the closing process, and poison the message after
-// HandoffAttempts of them (seen stopping a consumer in the no-loss test that changes
-// backends). Bounded by ConfirmTimeout, the hand-off is confirmed, and the original
-// acked, or fails, and the original is nacked.
-func handoffContext(cp *message.Message) context.Context {
-	return context.WithoutCancel(cp.Context())
 }
 
 // stages is how many retries come before the copying backend's schedule: the
@@ -378,98 +347,4 @@ func (e *engine) holdsInPlace(d delivery, dec amqpretry.Decision) bool {
 		return false
 	}
 	return dec.Delay <= 0 && (e.backend == nil || d.attempt <= e.cfg.HeldRetries)
-}
-
-// envelope is the envelope of the copy of a message that failed, built once: what the
-// message carries from its earlier failures and redrives (first failure, original
-// route, redrives, dropped headers) and this failure. What the way out decides (the
-// attempt, the delays and due time, or the poison reason) is set there, once.
-func (e *engine) envelope(d delivery, err error) Envelope {
-	was := d.envelope
-	env := Envelope{
-		FirstFailure: was.FirstFailure, OriginalExchange: was.OriginalExchange, OriginalRoutingKey: was.OriginalRoutingKey,
-		DroppedHeaders: was.DroppedHeaders, RedrivenAt: was.RedrivenAt, Redriven: was.Redriven, RedrivenFrom: was.RedrivenFrom,
-		LastFailure: d.at, Error: err.Error(), ErrorTypes: errorTypes(err),
-		Handler: d.handler, Topic: d.topic, Queue: d.queue,
-	}
-	if env.FirstFailure.IsZero() {
-		env.FirstFailure = d.at
-		env.OriginalExchange, env.OriginalRoutingKey = d.exchange, d.key
-	}
-	return env
-}
-
-// failure is one failed attempt being dealt with.
-type failure struct {
-	delivery
-	err      error
-	envelope Envelope
-	fields   watermill.LogFields
-}
-
-// envelopeRoom is how many keys the envelope adds to a copy at most.
-const envelopeRoom = 20
-
-// copyOf copies msg, with its context, into metadata sized for the envelope, without
-// the keys its marshaler wrote on receipt (they are never published).
-func copyOf(msg *message.Message) *message.Message {
-	cp := message.NewMessageWithContext(msg.Context(), msg.UUID, msg.Payload)
-	cp.Metadata = make(message.Metadata, len(msg.Metadata)+envelopeRoom)
-	maps.Copy(cp.Metadata, msg.Metadata)
-	return cp
-}
-
-// errorTypes lists the Go types in err's chain, depth first, outermost first.
-func errorTypes(err error) []string {
-	var types []string
-	var walk func(error)
-	walk = func(e error) {
-		if e == nil || len(types) >= keys.MaxErrorTypes {
-			return
-		}
-		types = append(types, fmt.Sprintf("%T", e))
-		switch u := e.(type) {
-		case interface{ Unwrap() error }:
-			walk(u.Unwrap())
-		case interface{ Unwrap() []error }:
-			for _, inner := range u.Unwrap() {
-				walk(inner)
-			}
-		}
-	}
-	walk(err)
-	return types
-}
-
-// trimmedErrorBytes bounds the error text of an envelope trimmed to fit frame_max.
-const trimmedErrorBytes = 256
-
-// trim shortens the envelope of a copy too large for the broker: the error text to
-// trimmedErrorBytes, the error types left out.
-func trim(env *Envelope) {
-	env.Error = keys.Truncate(env.Error, trimmedErrorBytes)
-	env.ErrorTypes = nil
-}
-
-// delayOf returns the delay of the n-th delayed retry of p (from 1: the first is
-// InitialInterval for the exponential schedule), jitter included. p has its defaults.
-func delayOf(p amqpretry.Policy, n int) time.Duration {
-	n = max(n, 1)
-	if len(p.Delays) > 0 {
-		return p.Delays[min(n, len(p.Delays))-1]
-	}
-	b := &backoff.ExponentialBackOff{
-		InitialInterval:     p.InitialInterval,
-		RandomizationFactor: p.Jitter,
-		Multiplier:          p.Multiplier,
-		MaxInterval:         p.MaxInterval,
-		Stop:                backoff.Stop,
-		Clock:               backoff.SystemClock,
-	}
-	b.Reset()
-	var d time.Duration
-	for range n {
-		d = b.NextBackOff()
-	}
-	return min(d, p.MaxInterval)
 }

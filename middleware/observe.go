@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -11,6 +10,8 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 )
+
+// Observation: Stats, and the Events told to Config.Observe.
 
 // counter is an int64 counted concurrently.
 type counter struct{ atomic.Int64 }
@@ -62,86 +63,4 @@ func (e *engine) observeDelivery(d delivery) {
 			watermill.LogFields{"queue": d.queue, "message_uuid": d.msg.UUID})
 	}
 	e.observe(ev)
-}
-
-// sampled tells whether the n-th scheduled retry is logged: every one for
-// RetryLogEvery 0 or 1, none below 0, one in RetryLogEvery otherwise.
-func (e *engine) sampled(n int64) bool {
-	every := int64(e.cfg.RetryLogEvery)
-	switch {
-	case every < 0:
-		return false
-	case every <= 1:
-		return true
-	}
-	return n%every == 1
-}
-
-// heldRetries remembers the retries this process left in their work queue, by UUID,
-// with their due time: to measure their lateness when they come back (the broker
-// redelivers them unchanged, so nothing on the message says when), and to notice a
-// work queue that does not hold them (a retry back long before its due time: the
-// queue lacks its delayed-retry settings, and every nack would come back at once).
-// It forgets everything when it would hold more than maxTracked.
-type heldRetries struct {
-	mu     sync.Mutex
-	due    map[string]heldRetry
-	broken map[string]bool // work queues found not to hold retries
-	size   atomic.Int64
-}
-
-// heldRetry is what the engine knows of a retry it held: when it is due, and when the
-// message first failed (the broker redelivers it unchanged, without its envelope).
-// until is when a retry held more than once is due (zero: due at due), rehelds how
-// many times it was held again.
-// env is the envelope the retry would carry on a copy: the broker redelivers the
-// message unchanged, so the engine writes it into the metadata when it comes back.
-// early counts the times in a row the message came back long before it was due.
-type heldRetry struct {
-	due, first, until time.Time
-	rehelds, early    int
-	env               Envelope
-}
-
-func (h *heldRetries) add(uuid string, r heldRetry) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.due == nil || len(h.due) >= maxTracked {
-		h.due = map[string]heldRetry{}
-	}
-	h.due[uuid] = r
-	h.size.Store(int64(len(h.due)))
-}
-
-// take returns and forgets what it knows of uuid, if this process held it.
-func (h *heldRetries) take(uuid string) (heldRetry, bool) {
-	if h.size.Load() == 0 {
-		return heldRetry{}, false
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	due, ok := h.due[uuid]
-	delete(h.due, uuid)
-	h.size.Store(int64(len(h.due)))
-	return due, ok
-}
-
-// markBroken records that queue does not hold retries; it tells whether that is news.
-func (h *heldRetries) markBroken(queue string) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.broken[queue] {
-		return false
-	}
-	if h.broken == nil {
-		h.broken = map[string]bool{}
-	}
-	h.broken[queue] = true
-	return true
-}
-
-func (h *heldRetries) isBroken(queue string) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.broken[queue]
 }

@@ -207,48 +207,6 @@ func (r *retry) scheduler() message.Publisher {
 	return backend.Scheduler{Backend: r.engine.backend}
 }
 
-// close stops the retry: from then on the middleware hands nothing off and opens
-// nothing (a message that fails is nacked for redelivery, paced, and the first one is
-// logged at WARN); it waits for the hand-offs in flight, closes the backend and the
-// hand-off connection, and logs what the Retry did since it started. Close the router
-// first. A second Close does nothing.
-func (r *retry) close() error {
-	waited, first := r.engine.life.close()
-	if !first {
-		return nil
-	}
-	var errs []error
-	if r.engine.backend != nil {
-		errs = append(errs, r.engine.backend.Close())
-	}
-	if r.handoff != nil {
-		errs = append(errs, r.handoff.Close())
-	}
-	err := errors.Join(errs...)
-	st := r.Stats()
-	fields := watermill.LogFields{
-		"retries": st.Retries, "poisoned": st.Poisoned, "handoff_failures": st.HandoffFailures,
-		"handoffs_waited_for": waited, "poison_pending": st.PoisonPending,
-	}
-	if err != nil {
-		fields["close_err"] = err.Error()
-	}
-	r.cfg.Logger.Info("Broker-side retry closed", fields)
-	return err
-}
-
-// forgotten is the finalizer of a Retry: one dropped without Close logs it at WARN
-// and closes its hand-off connection, which would leak otherwise.
-func (r *retry) forgotten() {
-	if r.engine.life.isClosed() {
-		return
-	}
-	warn(r.cfg.Logger, "Retry garbage-collected without Close: closing its hand-off connection now",
-		errors.New("Retry.Close was never called: call it once the router has stopped (defer retry.Close() before creating the router)"),
-		watermill.LogFields{"delay_backend": r.cfg.Backend, "amqp_uri": redact.URI(r.t.URI)})
-	go func() { _ = r.close() }()
-}
-
 // poisonHint adds the fix to the error of a failed poison publish: for a poison queue
 // that does not exist, the command that creates it.
 func (r *retry) poisonHint(err error, gone bool) error {

@@ -75,7 +75,8 @@ type Backend interface {
 	// DelayQueues are the queues where retries wait, for monitoring.
 	DelayQueues() []DelayQueue
 	// Park hands msg, stamped, to the broker to wait effective and come back to
-	// queue, and returns once the broker has confirmed it. A backend that keeps the
+	// queue, and returns once the broker has confirmed it. msg is the backend's from
+	// then on: the caller made it for Park and does not change it once parked. A backend that keeps the
 	// failed delivery (KeepsDelivery, InPlace) does not park.
 	Park(ctx context.Context, queue string, msg *message.Message, effective time.Duration) error
 	Close() error

@@ -63,6 +63,10 @@ var (
 // other.
 const Locale = "en_US"
 
+// Heartbeat is the heartbeat of the connections the library configures itself (the
+// subscriber's, when its config gives no amqp.Config, and Cluster's).
+const Heartbeat = 10 * time.Second
+
 // DefaultConfirmTimeout bounds the wait for a publisher confirm.
 const DefaultConfirmTimeout = 10 * time.Second
 

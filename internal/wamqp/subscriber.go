@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -55,7 +54,7 @@ func New(sub Sub, cfg amqpretry.Config) (*Wiring, error) {
 	case sub.AMQP != nil:
 		t.AMQP = *sub.AMQP
 	default:
-		t.AMQP = amqp.Config{TLSClientConfig: sub.TLS, Heartbeat: 10 * time.Second}
+		t.AMQP = amqp.Config{TLSClientConfig: sub.TLS, Heartbeat: backend.Heartbeat}
 	}
 	r, err := middleware.New(cfg, t)
 	if err != nil {
