@@ -24,12 +24,10 @@ import (
 // engine is the middleware. start builds it.
 type engine struct {
 	cfg     amqpretry.Config // with defaults
-	backend backend.Backend  // copies: nil for delayed-retry alone
-	inPlace backend.Backend  // retries held in place (backend.InPlace): the first ones, or every one; nil for none
-	// caps and inPlaceCaps are what backend and inPlace can do, read once at start.
-	caps, inPlaceCaps backend.Caps
-	poisonQ           func(ctx context.Context, msg *message.Message) error
-	wiring            wiring
+	backend *kept            // copies: nil for delayed-retry alone
+	inPlace *kept            // retries held in place (backend.InPlace): the first ones, or every one; nil for none
+	poisonQ func(ctx context.Context, msg *message.Message) error
+	wiring  wiring
 
 	failures failureCounts
 	held     heldRetries
@@ -40,6 +38,22 @@ type engine struct {
 	// poisonHint adds the fix to a failed poison publish's error (gone: the poison
 	// queue does not exist). Nil: none.
 	poisonHint func(err error, gone bool) error
+}
+
+// kept is a backend as the engine uses it: with what it can do and its name, read once
+// at start.
+type kept struct {
+	backend.Backend
+	caps backend.Caps
+	name delay.Backend
+}
+
+// keep reads b's caps and name once; nil for none.
+func keep(b backend.Backend) *kept {
+	if b == nil {
+		return nil
+	}
+	return &kept{Backend: b, caps: b.Caps(), name: delay.Backend(b.Name())}
 }
 
 // Middleware implements message.HandlerMiddleware.
@@ -152,7 +166,7 @@ func (e *engine) read(msg *message.Message) delivery {
 	if ok && d.owned {
 		// A retry held in the work queue comes back without its envelope.
 		d.held, d.heldDue, d.heldUntil, d.rehelds, d.early = true, h.due, h.until, h.rehelds, h.early
-		d.backEarly = e.inPlace != nil && e.inPlaceCaps.Delays == backend.ConstantDelay && d.at.Sub(h.due) < -e.inPlaceCaps.Longest/2
+		d.backEarly = e.inPlace != nil && e.inPlace.caps.Delays == backend.ConstantDelay && d.at.Sub(h.due) < -e.inPlace.caps.Longest/2
 		if !h.env.FirstFailure.IsZero() {
 			// What a copy would have carried: the handler reads it as on a copy.
 			d.envelope, remembered = h.env, true
@@ -251,10 +265,7 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	}
 
 	// Size.
-	caps := e.caps
-	if inPlace {
-		caps = e.inPlaceCaps
-	}
+	caps := target.caps
 	requested := decided.Delay
 	switch {
 	case requested > 0:
@@ -313,7 +324,7 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	case perr == nil:
 		e.failures.forget(msg.UUID)
 		n := e.stats.retries.add()
-		e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: d.queue, Backend: delay.Backend(e.backend.Name()), Attempt: d.attempt, Err: err,
+		e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: d.queue, Backend: e.backend.name, Attempt: d.attempt, Err: err,
 			Requested: requested, Effective: effective, Handoff: time.Since(start)})
 		if e.sampled(n) {
 			e.cfg.Logger.Info("Retry scheduled", f.log().Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
@@ -341,7 +352,7 @@ func (e *engine) holdsInPlace(d delivery, dec amqpretry.Decision) bool {
 	switch {
 	case e.inPlace == nil:
 		return false
-	case e.inPlaceCaps.Delays != backend.ConstantDelay:
+	case e.inPlace.caps.Delays != backend.ConstantDelay:
 		return true
 	case e.held.isBroken(d.queue):
 		return false

@@ -119,9 +119,9 @@ func newEngine(t testing.TB, cfg amqpretry.Config, b backend.Backend) (*engine, 
 		t.Fatal(err)
 	}
 	p := &poisonQueue{}
-	e := &engine{cfg: cfg.WithDefaults(), backend: b, poisonQ: p.send, wiring: wiring{Queue: func(string) string { return "work" }}}
+	e := &engine{cfg: cfg.WithDefaults(), poisonQ: p.send, wiring: wiring{Queue: func(string) string { return "work" }}}
 	if b != nil {
-		e.caps = b.Caps()
+		e.backend = keep(b)
 	}
 	return e, p
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry"
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 )
 
@@ -25,7 +24,7 @@ func (e *engine) settle(msg *message.Message, f failure, requested, effective ti
 	f.envelope.Attempt = f.attempt + 1
 	f.envelope.RequestedDelay, f.envelope.EffectiveDelay, f.envelope.Due = requested, effective, due
 	var md message.Metadata
-	if e.inPlaceCaps.CarriesEnvelope {
+	if e.inPlace.caps.CarriesEnvelope {
 		md = message.Metadata{}
 		f.envelope.Write(md)
 	}
@@ -36,18 +35,18 @@ func (e *engine) settle(msg *message.Message, f failure, requested, effective ti
 	if f.backEarly {
 		h.early = f.early + 1
 	}
-	if hold := e.inPlaceCaps.Longest; e.inPlaceCaps.PastLongest == backend.HoldAgain && effective > hold {
+	if hold := e.inPlace.caps.Longest; e.inPlace.caps.PastLongest == backend.HoldAgain && effective > hold {
 		// Back after the queue's delay, then held again until requested is over.
 		h.due, h.until = time.Now().Add(hold), time.Now().Add(requested)
 	}
 	e.held.add(msg.UUID, h)
 	e.failures.forget(msg.UUID)
 	n := e.stats.retries.add()
-	e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: f.queue, Backend: delay.Backend(e.inPlace.Name()), Attempt: f.attempt, Err: f.err,
+	e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: f.queue, Backend: e.inPlace.name, Attempt: f.attempt, Err: f.err,
 		Requested: requested, Effective: effective})
 	if e.sampled(n) {
 		e.cfg.Logger.Info("Retry held in the work queue", f.log().Add(watermill.LogFields{
-			"requested_delay": requested.String(), "effective_delay": effective.String(), "delay_backend": e.inPlace.Name()}))
+			"requested_delay": requested.String(), "effective_delay": effective.String(), "delay_backend": e.inPlace.name}))
 	}
 	return nil
 }
@@ -58,7 +57,7 @@ func (e *engine) settle(msg *message.Message, f failure, requested, effective ti
 // the handler chain then returns nil, and the router's Ack that follows does nothing
 // (a Watermill message nacked once is never acked: TestInPlaceSettlesOnce).
 func (e *engine) holdInPlace(msg *message.Message, effective time.Duration, envelope message.Metadata) error {
-	if err := e.inPlace.(backend.InPlace).Settle(msg, effective, envelope); err != nil {
+	if err := e.inPlace.Backend.(backend.InPlace).Settle(msg, effective, envelope); err != nil {
 		return err
 	}
 	msg.Nack()
@@ -73,7 +72,7 @@ func (e *engine) holdAgain(msg *message.Message, d delivery) bool {
 	if !d.held || d.heldUntil.IsZero() || !d.at.Before(d.heldUntil) || e.inPlace == nil || e.held.isBroken(d.queue) {
 		return false
 	}
-	hold := e.inPlaceCaps.Longest
+	hold := e.inPlace.caps.Longest
 	if d.at.Before(d.heldDue.Add(-hold / 2)) {
 		return false
 	}

@@ -8,7 +8,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/amqpretry/amqpretry"
-	"github.com/amqpretry/amqpretry/delay"
 )
 
 // Observation: Stats, and the Events told to Config.Observe.
@@ -48,9 +47,9 @@ func (e *engine) observeDelivery(d delivery) {
 	if d.attempt > 1 {
 		switch {
 		case e.inPlace != nil && (d.held || e.backend == nil || d.envelope.EffectiveDelay == 0):
-			ev.Backend = delay.Backend(e.inPlace.Name()) // held in the work queue
+			ev.Backend = e.inPlace.name // held in the work queue
 		case e.backend != nil:
-			ev.Backend = delay.Backend(e.backend.Name())
+			ev.Backend = e.backend.name
 		}
 	}
 	// Back long before it was due: its nack may have been lost with its connection (the

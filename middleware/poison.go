@@ -223,7 +223,7 @@ func (e *engine) setAside(f failure, wait time.Duration) bool {
 		return e.backend.Park(handoffContext(cp), f.queue, cp, effective) == nil
 	case e.inPlace != nil:
 		var md message.Metadata
-		if e.inPlaceCaps.CarriesEnvelope {
+		if e.inPlace.caps.CarriesEnvelope {
 			md = message.Metadata{}
 			f.envelope.Write(md)
 		}

@@ -52,7 +52,7 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 		if err != nil {
 			return nil, fmt.Errorf("invalid config: %w", err)
 		}
-		e.backend, e.caps = b, b.Caps()
+		e.backend = keep(b)
 		e.poisonQ = func(_ context.Context, msg *message.Message) error { return cfg.Memory.Publish(cfg.PoisonQueue, msg) }
 		r.logReady()
 		return r, nil
@@ -101,11 +101,9 @@ func (r *retry) prepare() error {
 	switch {
 	case b.Caps().Keeps == backend.KeepsDelivery:
 		// Every retry stays in the work queue: no way back to bind.
-		e.inPlace, e.inPlaceCaps, e.wiring.Bound = b, b.Caps(), nil
-	case held != nil:
-		e.backend, e.caps, e.inPlace, e.inPlaceCaps = b, b.Caps(), held, held.Caps()
+		e.inPlace, e.wiring.Bound = keep(b), nil
 	default:
-		e.backend, e.caps = b, b.Caps()
+		e.backend, e.inPlace = keep(b), keep(held)
 	}
 	e.poisonQ = func(ctx context.Context, msg *message.Message) error {
 		return r.handoff.ToQueue(ctx, cfg.PoisonQueue, msg)
@@ -136,10 +134,11 @@ func (r *retry) logReady() {
 	if r.t.URI != "" {
 		fields["amqp_uri"] = redact.URI(r.t.URI)
 	}
-	lim := e.caps
-	if e.backend == nil {
-		lim = e.inPlaceCaps
+	k := e.backend
+	if k == nil {
+		k = e.inPlace
 	}
+	lim := k.caps
 	fields["backend_limits"] = lim.Text
 	cfg.Logger.Info("Broker-side retry ready", fields)
 	if e.backend != nil && lim.PastLongest == backend.ParkAgain && longest > lim.Longest {
@@ -204,7 +203,7 @@ func (r *retry) scheduler() message.Publisher {
 	if r.engine.backend == nil {
 		return nil
 	}
-	return backend.Scheduler{Backend: r.engine.backend}
+	return backend.Scheduler{Backend: r.engine.backend.Backend}
 }
 
 // poisonHint adds the fix to the error of a failed poison publish: for a poison queue
