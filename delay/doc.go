@@ -27,8 +27,8 @@
 // message and bring it back through a delivery exchange, to which each work queue is
 // bound under its own name: a retry never reaches another subscriber group of a fanout
 // topic. No queue mixes delays, so a short delay never waits behind a long one. A
-// retry whose work queue is gone when it comes due is parked (<prefix>.parking),
-// except on delayed-exchange, whose plugin drops it.
+// retry whose work queue is gone when it comes due goes to the parking queue
+// (<prefix>.parking), except on delayed-exchange, whose plugin drops it.
 //
 // delayed-retry copies nothing: the middleware settles the failed delivery with a
 // requeue and RabbitMQ 4.3 holds it aside in the work queue for the queue's delay. It
