@@ -64,16 +64,16 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		d := e.read(msg)
 		if d.owned {
-			if e.holdAgain(msg, d) {
+			if d.held && e.holdAgain(msg, d) {
 				return nil, nil
 			}
-			if until, ok := holdUntilOf(msg); ok && e.backend != nil && d.at.Before(until) {
+			if e.backend != nil && d.at.Before(d.parkedUntil) {
 				// Parked for a delay longer than the backend holds: not due yet.
 				if !e.life.begin() {
 					return nil, e.refuseClosed(msg, d, nil)
 				}
 				defer e.life.end()
-				return nil, e.parkAgain(msg, d, until)
+				return nil, e.parkAgain(msg, d, d.parkedUntil)
 			}
 			if pp, ok := e.pending.get(msg); ok {
 				// It failed for good already: only its poison publish is retried.
@@ -145,6 +145,9 @@ type delivery struct {
 	// than half the queue's delay), early how many times in a row it did before.
 	backEarly bool
 	early     int
+	// parkedUntil is when a copy parked for longer than the backend keeps is due
+	// (keys.HoldUntil); zero for any other.
+	parkedUntil time.Time
 }
 
 func (e *engine) read(msg *message.Message) delivery {
@@ -161,8 +164,15 @@ func (e *engine) read(msg *message.Message) delivery {
 	}
 	d.owned = e.wiring.ID == "" || d.owner == e.wiring.ID
 	d.queue = e.wiring.Queue(d.topic)
+	if v, ok := msg.Metadata[keys.HoldUntil]; ok {
+		d.parkedUntil, _ = time.Parse(time.RFC3339Nano, v) // zero when unreadable
+	}
 	remembered := false // the envelope is the one kept when it was held
-	h, ok := e.held.take(msg.UUID)
+	var h heldRetry
+	ok := false
+	if e.inPlace != nil { // only a backend that keeps the delivery leaves held retries
+		h, ok = e.held.take(msg.UUID)
+	}
 	if ok && d.owned {
 		// A retry held in the work queue comes back without its envelope.
 		d.held, d.heldDue, d.heldUntil, d.rehelds, d.early = true, h.due, h.until, h.rehelds, h.early

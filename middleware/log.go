@@ -2,7 +2,7 @@ package middleware
 
 import "github.com/ThreeDotsLabs/watermill"
 
-// Log helpers: WARN where the logger has it, and the sampling of retry lines.
+// Log helpers: WARN where the logger has it.
 
 // warner is a logger with a WARN level. watermill.LoggerAdapter has none: where the
 // logger given has a Warn method it is used, else the line goes out at ERROR, so that
@@ -35,17 +35,4 @@ func warn(l watermill.LoggerAdapter, msg string, err error, fields watermill.Log
 		return
 	}
 	l.Error(msg, err, fields)
-}
-
-// sampled tells whether the n-th scheduled retry is logged: every one for
-// RetryLogEvery 0 or 1, none below 0, one in RetryLogEvery otherwise.
-func (e *engine) sampled(n int64) bool {
-	every := int64(e.cfg.RetryLogEvery)
-	switch {
-	case every < 0:
-		return false
-	case every <= 1:
-		return true
-	}
-	return n%every == 1
 }

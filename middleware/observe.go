@@ -10,7 +10,8 @@ import (
 	"github.com/amqpretry/amqpretry"
 )
 
-// Observation: Stats, and the Events told to Config.Observe.
+// Observation: Stats, the Events told to Config.Observe, and the sampling of retry
+// log lines.
 
 // counter is an int64 counted concurrently.
 type counter struct{ atomic.Int64 }
@@ -62,4 +63,17 @@ func (e *engine) observeDelivery(d delivery) {
 			watermill.LogFields{"queue": d.queue, "message_uuid": d.msg.UUID})
 	}
 	e.observe(ev)
+}
+
+// sampled tells whether the n-th scheduled retry is logged: every one for
+// RetryLogEvery 0 or 1, none below 0, one in RetryLogEvery otherwise.
+func (e *engine) sampled(n int64) bool {
+	every := int64(e.cfg.RetryLogEvery)
+	switch {
+	case every < 0:
+		return false
+	case every <= 1:
+		return true
+	}
+	return n%every == 1
 }

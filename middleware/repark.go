@@ -9,22 +9,10 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/backend"
-	"github.com/amqpretry/amqpretry/internal/keys"
 )
 
 // Re-parking: a copy parked for a delay longer than the backend keeps comes back
 // before it is due and is parked again for what remains (keys.HoldUntil).
-
-// holdUntilOf reads keys.HoldUntil: when a retry parked for longer than the backend
-// holds is due.
-func holdUntilOf(msg *message.Message) (time.Time, bool) {
-	v, ok := msg.Metadata[keys.HoldUntil]
-	if !ok {
-		return time.Time{}, false
-	}
-	t, err := time.Parse(time.RFC3339Nano, v)
-	return t, err == nil
-}
 
 // parkAgain parks msg, a retry back before until, again for what remains: it never
 // reaches the handler early. A failed park is nacked for redelivery, paced.
