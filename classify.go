@@ -2,7 +2,6 @@ package amqpretry
 
 import (
 	"errors"
-	"strconv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -42,7 +41,8 @@ type retryAfterError struct {
 func (e *retryAfterError) Error() string { return e.err.Error() }
 func (e *retryAfterError) Unwrap() error { return e.err }
 
-// Decision is what happens to a message after a failed attempt.
+// Decision is what happens to a message after a failed attempt. It is decided by the
+// middleware; it is declared here because Config.Classify returns it.
 type Decision struct {
 	// Permanent poisons the message now.
 	Permanent bool
@@ -68,29 +68,50 @@ type ClassifyParams struct {
 // RetryAfter sets the delay, and any other error is retried on the policy's schedule.
 // It is what ClassifyParams.Default holds.
 func DecisionOf(err error) Decision {
-	var p *permanentError
-	d := Decision{Permanent: errors.As(err, &p)}
-	var r *retryAfterError
-	if errors.As(err, &r) {
-		d.Delay = max(r.after, 0)
-	}
+	var d Decision
+	marks(err, &d, new(bool))
 	return d
+}
+
+// marks reads the marks of err's chain into d, as errors.As finds them (depth first,
+// outermost first): Permanent anywhere, and the first RetryAfter's delay (found).
+func marks(err error, d *Decision, found *bool) {
+	for err != nil {
+		switch e := err.(type) {
+		case *permanentError:
+			d.Permanent = true
+		case *retryAfterError:
+			if !*found {
+				d.Delay, *found = max(e.after, 0), true
+			}
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, inner := range u.Unwrap() {
+				marks(inner, d, found)
+			}
+			return
+		default:
+			return
+		}
+	}
 }
 
 // Attempt returns which attempt this delivery of msg is, from 1 (a missing or
 // unreadable count is the first).
 func Attempt(msg *message.Message) int {
-	n, err := strconv.Atoi(msg.Metadata.Get(keys.Attempt))
-	if err != nil || n < 1 {
-		return 1
-	}
+	n, _ := keys.ParseAttempt(msg.Metadata.Get(keys.Attempt))
 	return n
 }
 
 var (
 	// ErrHandoff is wrapped by the error the middleware returns when a retry could not
 	// be handed off: the router then nacks the original, with requeue, and the broker
-	// redelivers it. Keep watermill-amqp's Consume.NoRequeueOnNack false.
+	// redelivers it. Keep watermill-amqp's Consume.NoRequeueOnNack false. The
+	// middleware produces it; it is declared here, beside Config, so that a Classify
+	// or an application matches it without importing the middleware.
 	ErrHandoff = errors.New("retry hand-off failed, message nacked for redelivery")
 	// ErrNotWired is wrapped by the hand-off error of a message the middleware cannot
 	// route back: its subscriber was not built from the Retry's SubscriberConfig, or

@@ -28,7 +28,7 @@ import (
 // dial, and the subscriber and your publishers may dial at the same moment.
 func Cluster(nodes ...string) *amqp.Config {
 	d := &dialer{nodes: nodes}
-	return &amqp.Config{Dial: d.dial, Heartbeat: 10 * time.Second, Locale: backend.Locale}
+	return &amqp.Config{Dial: d.dial, Heartbeat: backend.Heartbeat, Locale: backend.Locale}
 }
 
 // dialer dials the nodes in turn.

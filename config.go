@@ -13,7 +13,6 @@ import (
 
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
-	"github.com/amqpretry/amqpretry/internal/configured"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/topology"
@@ -224,7 +223,7 @@ func (c Config) fits(b backend.Backend, user Policy) []error {
 		return nil
 	}
 	if _, err := b.Effective(longest); err != nil {
-		lim := backend.LimitsOf(b)
+		lim := b.Caps()
 		fix := fmt.Sprintf("set Policy.MaxInterval to at most %s", lim.Longest)
 		if field != "MaxInterval" {
 			fix = fmt.Sprintf("shorten Policy.%s to at most %s, or lower Policy.MaxAttempts", field, lim.Longest)
@@ -281,7 +280,7 @@ func (c Config) fitsDelayedRetry(user Policy) []error {
 
 // backend returns the backend c names, for planning and sizing. c has its defaults.
 func (c Config) backend() (backend.Backend, error) {
-	return backend.Lookup(c.spec())
+	return delay.Lookup(c.spec())
 }
 
 // spec is the backend c names. c has its defaults.
@@ -289,12 +288,16 @@ func (c Config) spec() backend.Spec {
 	return backend.Spec{Name: string(c.Backend), Prefix: c.Prefix, Tiers: c.Tiers, Levels: c.Levels, RetryDelay: c.DelayedRetryDelay}
 }
 
-func init() { configured.Register(Config.view) }
-
-// view is what the middleware, its transports and ops derive from c (package
-// configured), each fact computed here only. c has its defaults.
-func (c Config) view() configured.View {
-	v := configured.View{Backend: c.spec(), WorkQueueArgs: c.workQueueArgs(), Schedule: c.Policy.describe()}
+// Derived returns what c, with its defaults, derives beyond its fields, each fact
+// computed here only: the backend it names and what that backend can do, the one held
+// in front of it, how to fix a topology error, what its work queues need, and the
+// schedule. It is for this module's middleware, transports and ops (its type is
+// internal); c has its defaults.
+func (c Config) Derived() backend.Derived {
+	v := backend.Derived{Backend: c.spec(), WorkQueueArgs: c.workQueueArgs(), Schedule: c.Policy.describe()}
+	if b, err := c.backend(); err == nil {
+		v.Caps = b.Caps()
+	}
 	v.Longest, _ = c.Policy.longest(c.HeldRetries)
 	if c.HeldRetries > 0 {
 		v.Held = &backend.Spec{Name: string(delay.DelayedRetry), RetryDelay: c.DelayedRetryDelay}

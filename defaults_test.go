@@ -100,7 +100,7 @@ func TestConfigDefaultsFollowAndKeep(t *testing.T) {
 // (On the old ladder, 1s 5s 30s 2m 10m 1h, delays asked for 1, 2, 4 and 8 s came back
 // as 9% at 1 s, 72% at 5 s and 19% at 30 s.)
 func TestDefaultPolicyJitterSurvivesDefaultTiers(t *testing.T) {
-	tiers, err := backend.Lookup(backend.Spec{Name: string(delay.TTLTiers), Prefix: "amqpretry", Tiers: backend.DefaultTiers()})
+	tiers, err := delay.Lookup(backend.Spec{Name: string(delay.TTLTiers), Prefix: "amqpretry", Tiers: backend.DefaultTiers()})
 	if err != nil {
 		t.Fatal(err)
 	}

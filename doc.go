@@ -36,10 +36,29 @@
 // attempt, or on a permanent error, the message goes to the poison queue with its
 // envelope.
 //
+// # Words
+//
+// One word per concept, in the code, the docs, the logs and the events:
+//
+//   - park: copy a failed message into delay storage, confirmed before the original is
+//     acked (ttl-tiers, binary-levels, delayed-exchange, memory: a backend that keeps a
+//     copy).
+//   - hold: have the broker keep the failed delivery itself in its work queue, no copy
+//     (delayed-retry and Config.HeldRetries, delivery-time: a backend that keeps the
+//     delivery).
+//   - the parking queue: <Prefix>.parking, where a retry whose work queue is gone when
+//     it comes due waits; the poison queue: where a message that failed for good goes.
+//   - re-park: park a retry again when it comes back before it is due, because its
+//     delay (a RetryAfter) is longer than the backend's longest; hold again is the same
+//     for a held retry.
+//
+// What each backend can do (how it keeps a retry, which delays, past its longest) is
+// in the table of package delay.
+//
 // # Packages
 //
 //   - wamqp3, wamqp2: New, AddHandler, SubscriberConfig for watermill-amqp v3 or v2.
-//   - delay: the backends' names and errors.
+//   - delay: the backends: their names, errors and what each can do.
 //   - middleware: the failure Envelope (reading the poison queue), Events and Stats.
 //   - topology: the least-privilege Mode and the declarations of Config.Plan.
 //   - xdeath: a marshaler that reads dead-lettered messages, and x-death parsing.

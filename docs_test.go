@@ -100,7 +100,7 @@ func expectedFigures(t *testing.T) map[string]string {
 // backend's Effective accepts it and refuses one step more.
 func longest(t *testing.T, c amqpretry.Config, name delay.Backend, step time.Duration) time.Duration {
 	t.Helper()
-	b, err := backend.Lookup(backend.Spec{Name: string(name), Prefix: c.Prefix, Tiers: c.Tiers, Levels: c.Levels, RetryDelay: c.DelayedRetryDelay})
+	b, err := delay.Lookup(backend.Spec{Name: string(name), Prefix: c.Prefix, Tiers: c.Tiers, Levels: c.Levels, RetryDelay: c.DelayedRetryDelay})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,8 @@ const (
 )
 
 // Event is what Config.Observe is told, on the handler's goroutine. Fields
-// may be added.
+// may be added. The middleware produces it; it is declared here because Config.Observe
+// takes it (the middleware imports this package, not the other way round).
 type Event struct {
 	Kind EventKind
 	// Queue is the queue the message came from: one the application subscribes to.
@@ -62,7 +63,8 @@ type Event struct {
 	Lateness time.Duration
 }
 
-// Reason says why a message was poisoned.
+// Reason says why a message was poisoned. Declared here, beside Event, which
+// carries it.
 type Reason string
 
 // Values of Reason.

@@ -9,11 +9,10 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
-	"github.com/amqpretry/amqpretry/internal/configured"
 )
 
 // TestConfiguredView: what the middleware, its transports and ops derive from a
-// Config (configured.Of) agrees with what the Config itself plans and validates: the
+// Config (Config.Derived) agrees with what the Config itself plans and validates: the
 // backend it names, the one held in front of it, the work queues' arguments (the
 // plan's), the longest delay and the fix's command.
 func TestConfiguredView(t *testing.T) {
@@ -34,7 +33,7 @@ func TestConfiguredView(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := c.cfg.WithDefaults()
-			v := configured.Of(cfg)
+			v := cfg.Derived()
 			want := backend.Spec{Name: string(cfg.Backend), Prefix: cfg.Prefix, Tiers: cfg.Tiers, Levels: cfg.Levels, RetryDelay: cfg.DelayedRetryDelay}
 			if !reflect.DeepEqual(v.Backend, want) {
 				t.Errorf("Backend = %+v, want %+v", v.Backend, want)

@@ -168,7 +168,7 @@ func (c SubscriberConfig) Validate() error {
 	default:
 		return fmt.Errorf("amqp1: SubscriberConfig.Queue.Type %q is not quorum or classic", c.Queue.Type)
 	}
-	if _, ok := c.Queue.Arguments["x-queue-type"]; ok {
+	if _, ok := c.Queue.Arguments[queueTypeArg]; ok {
 		return errors.New("amqp1: SubscriberConfig.Queue.Arguments: set the queue type with Queue.Type, not x-queue-type")
 	}
 	if c.Credit < 1 || c.Credit > math.MaxInt32 {

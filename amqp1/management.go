@@ -130,7 +130,7 @@ func (m *management) declareQueue(ctx context.Context, queue, queueType string, 
 		arguments[k] = v
 	}
 	if queueType != "" {
-		arguments["x-queue-type"] = queueType
+		arguments[queueTypeArg] = queueType
 	}
 	status, value, err := m.request(ctx, "PUT", QueueAddress(queue), map[string]any{
 		"durable":     true,

@@ -64,7 +64,7 @@ func (sub SubscriberConfig) validateFor(cfg amqpretry.Config) error {
 	if err := sub.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if cfg.Backend != delay.DeliveryTime {
+	if !cfg.Derived().Caps.AMQP1 { // a backend that settles with an AMQP 1.0 outcome
 		errs = append(errs, fmt.Errorf("Backend: %q: the AMQP 1.0 transport retries with %s only", cfg.Backend, delay.DeliveryTime))
 	}
 	if sub.Queue.Type != "quorum" {
@@ -94,7 +94,7 @@ const defaultDeliveryLimit = 20
 // MaxAttempts <= the limit leaves one lost connection of room.
 func deliveryLimitFits(args map[string]any, maxAttempts int) error {
 	limit, set := int64(defaultDeliveryLimit), false
-	if v, ok := args["x-delivery-limit"]; ok {
+	if v, ok := args[deliveryLimitArg]; ok {
 		n, isInt := integer(v)
 		if !isInt {
 			return fmt.Errorf("Subscriber: Queue.Arguments: x-delivery-limit %v of type %T: want an integer", v, v)
@@ -111,6 +111,14 @@ func deliveryLimitFits(args map[string]any, maxAttempts int) error {
 	return fmt.Errorf("Policy.MaxAttempts: %d is above %s: the broker would dead-letter or drop a message after that many failed deliveries, before its last attempt; lower MaxAttempts or set Queue.Arguments[\"x-delivery-limit\"] to at least %d (-1: no limit)",
 		maxAttempts, where, maxAttempts)
 }
+
+// Queue arguments RabbitMQ gives meaning to: copies of the library's internal
+// declare.DeliveryLimitArg and declare.QueueTypeArg, which this module cannot import
+// (a test pins the copies).
+const (
+	deliveryLimitArg = "x-delivery-limit"
+	queueTypeArg     = "x-queue-type"
+)
 
 // handoffProperties are the client properties of the poison queue's AMQP 0-9-1
 // connection: its connection_name is the subscriber's ContainerID (or
@@ -149,8 +157,10 @@ func (r *Retry) AddHandler(router *message.Router, handlerName, topic string, ha
 	return h, nil
 }
 
-// envelopeAnnotation starts the message annotations the failure envelope travels in.
-const envelopeAnnotation = "x-opt-amqpretry-"
+// envelopeAnnotation starts the message annotations the failure envelope travels in:
+// delay.AnnotationPrefix, then the envelope's keys (the library's internal/keys; a
+// test pins the copy).
+const envelopeAnnotation = delay.AnnotationPrefix + "amqpretry-"
 
 // retryView writes into msg's metadata what the retry middleware reads of delivery m:
 // the failure envelope carried in annotations, and, through r.Delivered, that it is r's
@@ -162,7 +172,7 @@ func retryView(msg *message.Message, m *amqp.Message, r *middleware.Retry) {
 			name = string(sym)
 		}
 		if s, ok := v.(string); ok && strings.HasPrefix(name, envelopeAnnotation) {
-			msg.Metadata[strings.TrimPrefix(name, "x-opt-")] = s
+			msg.Metadata[strings.TrimPrefix(name, delay.AnnotationPrefix)] = s
 		}
 	}
 	count := uint32(0)
@@ -172,7 +182,9 @@ func retryView(msg *message.Message, m *amqp.Message, r *middleware.Retry) {
 	r.Delivered(msg, int(count)+1)
 }
 
-// integer reads an AMQP integer of any width, as RabbitMQ takes x-delivery-limit.
+// integer reads an AMQP integer of any width, as RabbitMQ takes x-delivery-limit: a
+// copy of the library's internal wire.Integer, which this module cannot import (a test
+// pins the copy).
 func integer(v any) (int64, bool) {
 	switch n := v.(type) {
 	case int8, int16, int32, int64, int:

@@ -448,7 +448,7 @@ func TestRetryRefusedBefore43(t *testing.T) {
 	}
 	t.Logf("RabbitMQ %s: %v", v, err)
 	if queueExists(t, uri, prefix+".poison") {
-		t.Logf("NewRetry declared the poison queue %s.poison before refusing (middleware/start.go declares it before backend.Prepare checks the version)", prefix)
+		t.Logf("NewRetry declared the poison queue %s.poison before refusing (middleware/start.go declares it before delay.Prepare checks the version)", prefix)
 	}
 }
 

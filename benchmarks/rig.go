@@ -32,7 +32,7 @@ type rig struct {
 func benchBackends() []string {
 	var out []string
 	for _, name := range delay.Backends() {
-		b, err := backend.Lookup(backend.Spec{Name: string(name), Prefix: "x", Tiers: backend.DefaultTiers(), Levels: backend.DefaultLevels, RetryDelay: backend.DefaultRetryDelay})
+		b, err := delay.Lookup(backend.Spec{Name: string(name), Prefix: "x", Tiers: backend.DefaultTiers(), Levels: backend.DefaultLevels, RetryDelay: backend.DefaultRetryDelay})
 		if _, inPlace := b.(backend.InPlace); err == nil && inPlace {
 			continue
 		}
@@ -42,21 +42,21 @@ func benchBackends() []string {
 }
 
 // newRig builds the backend called name as the library does for any backend
-// (backend.New, then backend.Prepare: refuse what the broker cannot run, declare),
+// (delay.New, then delay.Prepare: refuse what the broker cannot run, declare),
 // changing nothing but the name. A backend that cannot run on this broker returns a
 // non-empty skip reason (delayed-exchange without its plugin: delay.ErrPluginMissing;
 // delayed-retry before 4.3: delay.ErrUnsupported). err is for everything else.
 func (e *env) newRig(name, scope string, tiers []time.Duration) (r *rig, skip string, err error) {
-	h, err := backend.Dial(backend.HandoffConfig{URI: e.uri, Topology: topology.ModeDeclare})
+	h, err := delay.Dial(backend.HandoffConfig{URI: e.uri, Topology: topology.ModeDeclare})
 	if err != nil {
 		return nil, "", err
 	}
 	prefix := e.name(scope, name)
 	spec := backend.Spec{Name: string(delay.Backend(name)), Prefix: prefix, Tiers: tiers, Levels: backend.DefaultLevels, RetryDelay: backend.DefaultRetryDelay}
-	b, err := backend.New(spec, backend.Env{Handoff: h, Memory: queuePublisher{h}})
+	b, err := delay.New(spec, backend.Env{Handoff: h, Memory: queuePublisher{h}})
 	if err == nil {
 		e.reg.topology(b.Topology())
-		if err = backend.Prepare(b, h, topology.ModeDeclare); err != nil {
+		if err = delay.Prepare(b, h, topology.ModeDeclare); err != nil {
 			_ = b.Close()
 		}
 	}

@@ -15,15 +15,21 @@ import (
 	"github.com/amqpretry/amqpretry/topology"
 )
 
-// The backends register themselves with the contract their users know them by.
-func init() {
-	backend.Register(backend.Impl{New: open, Prepare: prepare, Limits: limitsOf, Dial: func(cfg backend.HandoffConfig) (backend.Handoff, error) {
-		p, err := dial(cfg)
-		if err != nil {
-			return nil, err // a nil interface, not a nil *publisher
-		}
-		return p, nil
-	}})
+// backends is the one table of the backends, the default first: adding a backend is a
+// file of its own in this package and its line here. open validates the backend's
+// settings in s (errors name the field at fault) and builds it, parking through env.
+var backends = []entry{
+	{TTLTiers, openTTLTiers},
+	{BinaryLevels, openBinaryLevels},
+	{DelayedExchange, openDelayedExchange},
+	{DelayedRetry, openDelayedRetry},
+	{DeliveryTime, openDeliveryTime},
+	{Memory, openMemory},
+}
+
+type entry struct {
+	name Backend
+	open func(s backend.Spec, env backend.Env, n names.Names) (backend.Backend, error)
 }
 
 // maxLevels: level 29 would hold messages 2^29 s, longer than maxTTL.
@@ -34,46 +40,26 @@ const maxTTL = 315_360_000_000 * time.Millisecond
 
 var errDetached = errors.New("backend built for planning cannot park messages")
 
-// open validates s and returns its backend, parking through env (backend.New).
-func open(s backend.Spec, env backend.Env) (backend.Backend, error) {
+// New validates s and returns its backend, parking through env. Errors name the
+// configuration field at fault.
+func New(s backend.Spec, env backend.Env) (backend.Backend, error) {
 	if env.Logger == nil {
 		env.Logger = watermill.NopLogger{}
 	}
 	if strings.ContainsAny(s.Prefix, "*# ") {
 		return nil, fmt.Errorf("Prefix: %q must not contain '*', '#' or spaces", s.Prefix)
 	}
-	n := names.Names{Prefix: s.Prefix}
-	var b backend.Backend
-	switch Backend(s.Name) {
-	case TTLTiers:
-		if err := validateTiers(s.Tiers); err != nil {
-			return nil, err
-		}
-		tiers := slices.Clone(s.Tiers)
-		slices.Sort(tiers)
-		b = &ttlTiers{env: env, names: n, tiers: tiers}
-	case BinaryLevels:
-		if s.Levels < 1 || s.Levels > maxLevels {
-			return nil, fmt.Errorf("Levels: %d is outside 1 to %d (a level holding 2^%d s would need a TTL longer than RabbitMQ's ten-year maximum)", s.Levels, maxLevels, maxLevels)
-		}
-		b = &binaryLevels{env: env, names: n, levels: s.Levels}
-	case DelayedExchange:
-		b = &delayedExchange{env: env, names: n, bound: map[string]bool{}}
-	case DelayedRetry:
-		if err := backend.CheckRetryDelay(s.RetryDelay); err != nil {
-			return nil, err
-		}
-		b = delayedRetry{delay: s.RetryDelay}
-	case DeliveryTime:
-		b = deliveryTime{redeliver: env.Redeliver}
-	case Memory:
-		b = newMemory(env)
-	default:
-		known := make([]string, 0, len(Backends()))
-		for _, name := range Backends() {
-			known = append(known, string(name))
+	i := slices.IndexFunc(backends, func(e entry) bool { return string(e.name) == s.Name })
+	if i < 0 {
+		known := make([]string, 0, len(backends))
+		for _, b := range backends {
+			known = append(known, string(b.name))
 		}
 		return nil, fmt.Errorf("Backend: unknown backend %q (known: %s)", s.Name, strings.Join(known, ", "))
+	}
+	b, err := backends[i].open(s, env, names.Names{Prefix: s.Prefix})
+	if err != nil {
+		return nil, err
 	}
 	for _, name := range allNames(b.Topology()) {
 		if len(name) > names.MaxBytes {
@@ -81,6 +67,19 @@ func open(s backend.Spec, env backend.Env) (backend.Backend, error) {
 		}
 	}
 	return b, nil
+}
+
+// Lookup validates s and returns its backend, without a broker: it plans and sizes.
+// Errors name the configuration field at fault.
+func Lookup(s backend.Spec) (backend.Backend, error) { return New(s, backend.Env{}) }
+
+// Dial connects a hand-off to the broker and opens its confirm channel.
+func Dial(cfg backend.HandoffConfig) (backend.Handoff, error) {
+	p, err := dial(cfg)
+	if err != nil {
+		return nil, err // a nil interface, not a nil *publisher
+	}
+	return p, nil
 }
 
 func allNames(t topology.Topology) []string {

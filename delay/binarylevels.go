@@ -42,7 +42,20 @@ type binaryLevels struct {
 	levels int
 }
 
+func openBinaryLevels(s backend.Spec, env backend.Env, n names.Names) (backend.Backend, error) {
+	if s.Levels < 1 || s.Levels > maxLevels {
+		return nil, fmt.Errorf("Levels: %d is outside 1 to %d (a level holding 2^%d s would need a TTL longer than RabbitMQ's ten-year maximum)", s.Levels, maxLevels, maxLevels)
+	}
+	return &binaryLevels{env: env, names: n, levels: s.Levels}, nil
+}
+
 func (b *binaryLevels) Name() string { return string(BinaryLevels) }
+
+func (b *binaryLevels) Caps() backend.Caps {
+	return backend.Caps{Keeps: backend.KeepsCopy, Delays: backend.AnyDelay, Longest: b.maxDelay(), PastLongest: backend.Refuse,
+		CarriesEnvelope: true, Fix: "raise Levels (Prefix with it)",
+		Text: fmt.Sprintf("1s steps up to %s (Levels %d), a longer delay is refused", b.maxDelay(), b.levels)}
+}
 
 func (b *binaryLevels) Topology() topology.Topology {
 	t := delivery(b.names, b.names.LevelsDeliver(), amqp.ExchangeTopic)

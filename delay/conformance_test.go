@@ -68,7 +68,7 @@ func (queuePublisher) Close() error { return nil }
 func dialHandoff(t *testing.T) backend.Handoff {
 	t.Helper()
 	brokertest.Dial(t)
-	h, err := backend.Dial(backend.HandoffConfig{URI: brokertest.URI()})
+	h, err := delay.Dial(backend.HandoffConfig{URI: brokertest.URI()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func newRig(t *testing.T, bc backendCase) *rig {
 	t.Helper()
 	h := dialHandoff(t)
 	prefix := brokertest.Prefix(t)
-	b, err := backend.New(backend.Spec{Name: string(bc.name), Prefix: prefix, Tiers: conformanceTiers, Levels: conformanceLevels},
+	b, err := delay.New(backend.Spec{Name: string(bc.name), Prefix: prefix, Tiers: conformanceTiers, Levels: conformanceLevels},
 		backend.Env{Handoff: h, Memory: queuePublisher{h}})
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +111,7 @@ func newRig(t *testing.T, bc backendCase) *rig {
 	t.Cleanup(func() { _ = b.Close() })
 	brokertest.CleanupTopology(t, b.Topology())
 	if bc.name != delay.Memory {
-		if err := backend.Prepare(b, h, topology.ModeDeclare); err != nil {
+		if err := delay.Prepare(b, h, topology.ModeDeclare); err != nil {
 			skipWithoutPlugin(t, h, err)
 			t.Fatal(err)
 		}
@@ -375,12 +375,12 @@ func TestBinaryLevelsRefusesDelayPastMaximum(t *testing.T) {
 	t.Parallel()
 	h := dialHandoff(t)
 	prefix := brokertest.Prefix(t)
-	b, err := backend.New(backend.Spec{Name: string(delay.BinaryLevels), Prefix: prefix, Levels: 4}, backend.Env{Handoff: h})
+	b, err := delay.New(backend.Spec{Name: string(delay.BinaryLevels), Prefix: prefix, Levels: 4}, backend.Env{Handoff: h})
 	if err != nil {
 		t.Fatal(err)
 	}
 	brokertest.CleanupTopology(t, b.Topology())
-	if err := backend.Prepare(b, h, topology.ModeDeclare); err != nil {
+	if err := delay.Prepare(b, h, topology.ModeDeclare); err != nil {
 		t.Fatal(err)
 	}
 	queue := prefix + ".orders"
@@ -419,12 +419,12 @@ func TestBackendsShareAPrefix(t *testing.T) {
 	h := dialHandoff(t)
 	prefix := brokertest.Prefix(t)
 	for _, name := range []delay.Backend{delay.TTLTiers, delay.BinaryLevels, delay.TTLTiers} {
-		b, err := backend.New(backend.Spec{Name: string(name), Prefix: prefix, Tiers: []time.Duration{time.Second, time.Minute}, Levels: 4}, backend.Env{Handoff: h})
+		b, err := delay.New(backend.Spec{Name: string(name), Prefix: prefix, Tiers: []time.Duration{time.Second, time.Minute}, Levels: 4}, backend.Env{Handoff: h})
 		if err != nil {
 			t.Fatal(err)
 		}
 		brokertest.CleanupTopology(t, b.Topology())
-		if err := backend.Prepare(b, h, topology.ModeDeclare); err != nil {
+		if err := delay.Prepare(b, h, topology.ModeDeclare); err != nil {
 			t.Fatalf("%s under a prefix shared with the other backend: %v", name, err)
 		}
 	}
@@ -440,14 +440,14 @@ func TestBinaryLevelsRefusesAnotherLadderUnderItsPrefix(t *testing.T) {
 	h := dialHandoff(t)
 	prefix, other := brokertest.Prefix(t), brokertest.Prefix(t)+"-b"
 	ladder := func(prefix string, levels int) backend.Backend {
-		b, err := backend.New(backend.Spec{Name: string(delay.BinaryLevels), Prefix: prefix, Levels: levels}, backend.Env{Handoff: h})
+		b, err := delay.New(backend.Spec{Name: string(delay.BinaryLevels), Prefix: prefix, Levels: levels}, backend.Env{Handoff: h})
 		if err != nil {
 			t.Fatal(err)
 		}
 		brokertest.CleanupTopology(t, b.Topology())
 		return b
 	}
-	if err := backend.Prepare(ladder(prefix, 3), h, topology.ModeDeclare); err != nil {
+	if err := delay.Prepare(ladder(prefix, 3), h, topology.ModeDeclare); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
@@ -458,7 +458,7 @@ func TestBinaryLevelsRefusesAnotherLadderUnderItsPrefix(t *testing.T) {
 		{2, prefix + ".level.2", "more levels"},
 	} {
 		b := ladder(prefix, c.levels)
-		err := backend.Prepare(b, h, topology.ModeDeclare)
+		err := delay.Prepare(b, h, topology.ModeDeclare)
 		if !errors.Is(err, topology.ErrMismatch) {
 			t.Fatalf("Levels %d under a prefix with 3: %v, want ErrMismatch", c.levels, err)
 		}
@@ -467,7 +467,7 @@ func TestBinaryLevelsRefusesAnotherLadderUnderItsPrefix(t *testing.T) {
 				t.Errorf("Levels %d: error %q does not say %q", c.levels, err, want)
 			}
 		}
-		if err := backend.Prepare(b, h, topology.ModeVerify); !errors.Is(err, topology.ErrMismatch) {
+		if err := delay.Prepare(b, h, topology.ModeVerify); !errors.Is(err, topology.ErrMismatch) {
 			t.Errorf("Levels %d in verify mode: %v, want ErrMismatch", c.levels, err)
 		}
 	}
@@ -480,7 +480,7 @@ func TestBinaryLevelsRefusesAnotherLadderUnderItsPrefix(t *testing.T) {
 		t.Errorf("queue %s.level.3 after the refusal: %v, want 404", prefix, err)
 	}
 	for _, b := range []backend.Backend{ladder(prefix, 3), ladder(other, 4)} {
-		if err := backend.Prepare(b, h, topology.ModeDeclare); err != nil {
+		if err := delay.Prepare(b, h, topology.ModeDeclare); err != nil {
 			t.Errorf("%v", err)
 		}
 	}
@@ -496,11 +496,11 @@ func TestPrepare(t *testing.T) {
 	v := h.Version()
 	prefix := brokertest.Prefix(t)
 
-	dr, err := backend.New(backend.Spec{Name: string(delay.DelayedRetry), RetryDelay: time.Second}, backend.Env{Handoff: h})
+	dr, err := delay.New(backend.Spec{Name: string(delay.DelayedRetry), RetryDelay: time.Second}, backend.Env{Handoff: h})
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = backend.Prepare(dr, h, topology.ModeDeclare)
+	err = delay.Prepare(dr, h, topology.ModeDeclare)
 	switch at43 := version.DelayedRetry(v); {
 	case at43 && err != nil:
 		t.Errorf("delayed-retry on RabbitMQ %s: %v", v, err)
@@ -508,12 +508,12 @@ func TestPrepare(t *testing.T) {
 		t.Errorf("delayed-retry on RabbitMQ %s: %v, want ErrUnsupported naming 4.3 and the version", v, err)
 	}
 
-	dx, err := backend.New(backend.Spec{Name: string(delay.DelayedExchange), Prefix: prefix}, backend.Env{Handoff: h})
+	dx, err := delay.New(backend.Spec{Name: string(delay.DelayedExchange), Prefix: prefix}, backend.Env{Handoff: h})
 	if err != nil {
 		t.Fatal(err)
 	}
 	brokertest.CleanupTopology(t, dx.Topology())
-	err = backend.Prepare(dx, h, topology.ModeDeclare)
+	err = delay.Prepare(dx, h, topology.ModeDeclare)
 	switch {
 	case version.NoPlugins(v):
 		if !errors.Is(err, delay.ErrPluginMissing) || !strings.Contains(err.Error(), "RabbitMQ "+v+" cannot run the rabbitmq_delayed_message_exchange plugin (4.3 and later") {
@@ -533,22 +533,22 @@ func TestPrepare(t *testing.T) {
 		}
 	}
 
-	tt, err := backend.New(backend.Spec{Name: string(delay.TTLTiers), Prefix: prefix, Tiers: []time.Duration{time.Second}}, backend.Env{Handoff: h})
+	tt, err := delay.New(backend.Spec{Name: string(delay.TTLTiers), Prefix: prefix, Tiers: []time.Duration{time.Second}}, backend.Env{Handoff: h})
 	if err != nil {
 		t.Fatal(err)
 	}
 	brokertest.CleanupTopology(t, tt.Topology())
-	if err := backend.Prepare(tt, h, topology.ModeNone); err != nil {
+	if err := delay.Prepare(tt, h, topology.ModeNone); err != nil {
 		t.Fatal(err)
 	}
-	err = backend.Prepare(tt, h, topology.ModeVerify)
+	err = delay.Prepare(tt, h, topology.ModeVerify)
 	if !errors.Is(err, topology.ErrMissing) || !strings.Contains(err.Error(), "ttl-tiers topology (mode verify)") {
 		t.Fatalf("verify before declaring: %v", err)
 	}
-	if err := backend.Prepare(tt, h, topology.ModeDeclare); err != nil {
+	if err := delay.Prepare(tt, h, topology.ModeDeclare); err != nil {
 		t.Fatal(err)
 	}
-	if err := backend.Prepare(tt, h, topology.ModeVerify); err != nil {
+	if err := delay.Prepare(tt, h, topology.ModeVerify); err != nil {
 		t.Fatalf("verify after declaring: %v", err)
 	}
 	// The hand-off still publishes after every refusal.

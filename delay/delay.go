@@ -6,7 +6,8 @@ import "errors"
 // TTLTiers ("ttl-tiers", the default), BinaryLevels ("binary-levels"),
 // DelayedExchange ("delayed-exchange"), DelayedRetry ("delayed-retry"), DeliveryTime
 // ("delivery-time", over AMQP 1.0) or Memory ("memory"). A name read from
-// configuration converts with Backend(s); an unknown one is refused by New.
+// configuration converts with Backend(s); an unknown one is refused by New. The name
+// is for configuration, logs and errors: what a backend can do is its Caps.
 type Backend string
 
 // Names of the delay backends: the values of amqpretry.Config.Backend.
@@ -43,7 +44,11 @@ const (
 // BinaryLevels, DelayedExchange, DelayedRetry, DeliveryTime, Memory. Every one is a
 // valid amqpretry.Config.Backend.
 func Backends() []Backend {
-	return []Backend{TTLTiers, BinaryLevels, DelayedExchange, DelayedRetry, DeliveryTime, Memory}
+	out := make([]Backend, len(backends))
+	for i, e := range backends {
+		out[i] = e.name
+	}
+	return out
 }
 
 var (

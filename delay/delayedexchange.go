@@ -46,7 +46,17 @@ type delayedExchange struct {
 // maxPluginDelay is the longest delay the plugin honours (an Erlang timer's maximum).
 const maxPluginDelay = (1<<32 - 1) * time.Millisecond
 
+func openDelayedExchange(_ backend.Spec, env backend.Env, n names.Names) (backend.Backend, error) {
+	return &delayedExchange{env: env, names: n, bound: map[string]bool{}}, nil
+}
+
 func (b *delayedExchange) Name() string { return string(DelayedExchange) }
+
+func (b *delayedExchange) Caps() backend.Caps {
+	return backend.Caps{Keeps: backend.KeepsCopy, Delays: backend.AnyDelay, Longest: maxPluginDelay, PastLongest: backend.Refuse,
+		CarriesEnvelope: true, Text: fmt.Sprintf("1ms steps up to %s (the plugin's 2^32-1 ms), a longer delay is refused", maxPluginDelay),
+		Risk: "The delayed-exchange backend may lose retries that come due while the broker stops (the plugin routes them fire-and-forget); ttl-tiers and binary-levels do not"}
+}
 
 func (b *delayedExchange) Topology() topology.Topology {
 	return topology.Topology{Exchanges: []topology.Exchange{{

@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -21,7 +22,21 @@ import (
 // back unchanged; the attempt is counted from the broker's own x-acquired-count.
 type delayedRetry struct{ delay time.Duration }
 
+func openDelayedRetry(s backend.Spec, _ backend.Env, _ names.Names) (backend.Backend, error) {
+	if err := backend.CheckRetryDelay(s.RetryDelay); err != nil {
+		return nil, err
+	}
+	return delayedRetry{delay: s.RetryDelay}, nil
+}
+
 func (b delayedRetry) Name() string { return string(DelayedRetry) }
+
+// Caps: a nack carries nothing, so the retry comes back without its envelope; a
+// longer delay is held again.
+func (b delayedRetry) Caps() backend.Caps {
+	return backend.Caps{Keeps: backend.KeepsDelivery, Delays: backend.ConstantDelay, Longest: b.delay, PastLongest: backend.HoldAgain,
+		Text: fmt.Sprintf("one constant delay, %s (DelayedRetryDelay), whatever is asked", b.delay)}
+}
 
 // Effective is the queue's delay, whatever was asked: the broker knows no other.
 func (b delayedRetry) Effective(time.Duration) (time.Duration, error) { return b.delay, nil }

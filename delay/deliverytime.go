@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -21,10 +22,20 @@ type deliveryTime struct {
 	redeliver func(msg *message.Message, at time.Time, annotations map[string]any) error
 }
 
-// annotationPrefix starts the message annotations the envelope travels in.
-const annotationPrefix = "x-opt-"
+// AnnotationPrefix starts the message annotations the failure envelope travels in on
+// delivery-time: the prefix, then the envelope's metadata key. The AMQP 1.0 transport
+// reads them back with it.
+const AnnotationPrefix = "x-opt-"
+
+func openDeliveryTime(_ backend.Spec, env backend.Env, _ names.Names) (backend.Backend, error) {
+	return deliveryTime{redeliver: env.Redeliver}, nil
+}
 
 func (deliveryTime) Name() string { return string(DeliveryTime) }
+
+func (deliveryTime) Caps() backend.Caps {
+	return backend.Caps{Keeps: backend.KeepsDelivery, Delays: backend.AnyDelay, CarriesEnvelope: true, AMQP1: true, Text: "1ms steps, any delay"}
+}
 
 // Effective rounds requested up to whole milliseconds, at least 1 ms.
 func (deliveryTime) Effective(requested time.Duration) (time.Duration, error) {
@@ -39,6 +50,13 @@ func (deliveryTime) Park(context.Context, string, *message.Message, time.Duratio
 	return fmt.Errorf("%s: retries in place, it parks no copy", DeliveryTime)
 }
 
+// NeedsAMQP1 is the error of a backend that needs the AMQP 1.0 transport (Caps.AMQP1)
+// configured with an AMQP 0-9-1 one (watermill-amqp).
+func NeedsAMQP1(name Backend) error {
+	return fmt.Errorf("Backend: %s is %w on the AMQP 0-9-1 transport (watermill-amqp): it settles a failed delivery with an AMQP 1.0 outcome; use the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1, or another Backend (%s, %s, %s)",
+		name, ErrUnsupported, TTLTiers, BinaryLevels, DelayedRetry)
+}
+
 var errNoTransport = fmt.Errorf("%s is %w on the AMQP 0-9-1 transport: it needs the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1", DeliveryTime, ErrUnsupported)
 
 // Settle asks the transport to settle msg modified, due after effective, with the
@@ -49,7 +67,7 @@ func (b deliveryTime) Settle(msg *message.Message, effective time.Duration, enve
 	}
 	ann := make(map[string]any, len(envelope))
 	for k, v := range envelope {
-		ann[annotationPrefix+k] = v
+		ann[AnnotationPrefix+k] = v
 	}
 	if err := b.redeliver(msg, time.Now().Add(effective), ann); err != nil {
 		return fmt.Errorf("%s: settle message %s: %w", DeliveryTime, msg.UUID, err)

@@ -5,8 +5,10 @@
 // leaves it in place; prepare.go readies a backend on the broker at start-up; and
 // handoff.go is the hand-off, the delay publisher: the confirmed publish, on a
 // connection of its own, through which every copy reaches the broker before its
-// original is acked. The middleware and package ops reach them through the contract
-// in the library's internal/backend, with which this package registers them.
+// original is acked. New builds a backend, Dial a hand-off; the contract, with what
+// each backend can do (Caps), is the library's internal/backend, and the middleware and
+// package ops decide from that alone. Adding a backend is a file here and its line in
+// the table of backend.go.
 //
 // Import it to name a backend in code (amqpretry.Config.Backend is a Backend; a name
 // read from configuration converts with delay.Backend(s), so a deployment can switch
@@ -25,8 +27,8 @@
 // message and bring it back through a delivery exchange, to which each work queue is
 // bound under its own name: a retry never reaches another subscriber group of a fanout
 // topic. No queue mixes delays, so a short delay never waits behind a long one. A
-// retry whose work queue is gone when it comes due is parked (<prefix>.parking),
-// except on delayed-exchange, whose plugin drops it.
+// retry whose work queue is gone when it comes due goes to the parking queue
+// (<prefix>.parking), except on delayed-exchange, whose plugin drops it.
 //
 // delayed-retry copies nothing: the middleware settles the failed delivery with a
 // requeue and RabbitMQ 4.3 holds it aside in the work queue for the queue's delay. It

@@ -23,7 +23,7 @@ import (
 // The hand-off: the design's delay publisher, through which every copy reaches the
 // broker confirmed before its original is acked.
 
-// publisher is the hand-off (backend.publisher): it publishes with confirms. Every publish is persistent, carries a fresh
+// publisher is the hand-off (backend.Handoff): it publishes with confirms. Every publish is persistent, carries a fresh
 // MessageId and no expiration, and goes out on a confirm-mode channel of the hand-off's
 // own connection. It is safe for concurrent use: concurrent publishes share one channel
 // with deferred confirmations. After a channel or connection failure the next publish

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -32,7 +33,15 @@ func newMemory(env backend.Env) *memory {
 
 var errMemoryClosed = errors.New("memory delay backend is closed")
 
+func openMemory(_ backend.Spec, env backend.Env, _ names.Names) (backend.Backend, error) {
+	return newMemory(env), nil
+}
+
 func (m *memory) Name() string { return string(Memory) }
+
+func (m *memory) Caps() backend.Caps {
+	return backend.Caps{Keeps: backend.KeepsCopy, Delays: backend.AnyDelay, CarriesEnvelope: true, InProcess: true, Text: "any delay, held in this process"}
+}
 
 // Effective is requested: timers have no tiers.
 func (m *memory) Effective(requested time.Duration) (time.Duration, error) { return requested, nil }
@@ -56,7 +65,6 @@ func (m *memory) Park(_ context.Context, queue string, msg *message.Message, d t
 	if m.closed {
 		return errMemoryClosed
 	}
-	msg = msg.Copy()
 	var t *time.Timer
 	t = time.AfterFunc(d, func() {
 		m.mu.Lock()

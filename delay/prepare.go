@@ -11,16 +11,19 @@ import (
 	"github.com/amqpretry/amqpretry/topology"
 )
 
-// prepare readies b on the broker at start-up, as mode says: it refuses a backend the
+// Prepare readies b on the broker at start-up, as mode says: it refuses a backend the
 // broker's version cannot run, then declares (or, in topology.ModeVerify, checks) b's
-// publishing side (backend.Prepare).
-func prepare(b backend.Backend, h backend.Handoff, mode topology.Mode) error {
+// publishing side. A backend that keeps retries in this process needs nothing there.
+func Prepare(b backend.Backend, h backend.Handoff, mode topology.Mode) error {
+	if b.Caps().InProcess {
+		return nil
+	}
 	v := h.Version()
 	de, isDE := b.(*delayedExchange)
 	switch {
 	case isDE && version.NoPlugins(v):
 		return de.errPluginMissing(v, nil)
-	case (Backend(b.Name()) == DelayedRetry || Backend(b.Name()) == DeliveryTime) && !version.DelayedRetry(v):
+	case b.Caps().Keeps == backend.KeepsDelivery && !version.DelayedRetry(v):
 		return unsupportedError(Backend(b.Name()), v)
 	}
 	if bl, ok := b.(*binaryLevels); ok && mode != topology.ModeNone {

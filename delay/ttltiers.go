@@ -22,7 +22,7 @@ import (
 // that failed, which is bound there under its own name: it goes back to that queue only.
 //
 //	<prefix>.delay          headers exchange, where copies are published
-//	<prefix>.<tier>   one quorum queue per tier, bound on keys.Tier
+//	<prefix>.delay.<tier>   one quorum queue per tier, bound on keys.Tier
 //	<prefix>.deliver        direct exchange, the tiers' dead-letter exchange
 //	<prefix>.parking        the delivery exchange's alternate exchange and its queue
 //
@@ -34,7 +34,23 @@ type ttlTiers struct {
 	tiers []time.Duration // ascending
 }
 
+func openTTLTiers(s backend.Spec, env backend.Env, n names.Names) (backend.Backend, error) {
+	if err := validateTiers(s.Tiers); err != nil {
+		return nil, err
+	}
+	tiers := slices.Clone(s.Tiers)
+	slices.Sort(tiers)
+	return &ttlTiers{env: env, names: n, tiers: tiers}, nil
+}
+
 func (b *ttlTiers) Name() string { return string(TTLTiers) }
+
+func (b *ttlTiers) Caps() backend.Caps {
+	longest := b.tiers[len(b.tiers)-1]
+	return backend.Caps{Keeps: backend.KeepsCopy, Delays: backend.LadderDelays, Longest: longest, PastLongest: backend.ParkAgain,
+		CarriesEnvelope: true, Fix: "add a longer tier to Tiers",
+		Text: fmt.Sprintf("%d tiers from %s to %s, a delay snaps up to the next, a longer one is held %s", len(b.tiers), b.tiers[0], longest, longest)}
+}
 
 func (b *ttlTiers) Topology() topology.Topology {
 	t := delivery(b.names, b.names.Deliver(), amqp.ExchangeDirect)

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/amqpretry/amqpretry"
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/ops"
 	"github.com/amqpretry/amqpretry/topology"
 )
@@ -34,7 +33,7 @@ func QueuesOf(cfg amqpretry.Config) (Queues, error) {
 	if err := cfg.Validate(); err != nil {
 		return Queues{}, fmt.Errorf("metrics: invalid amqpretry config: %w", err)
 	}
-	if cfg.WithDefaults().Backend == delay.Memory {
+	if cfg.WithDefaults().Derived().Caps.InProcess {
 		return Queues{}, errors.New("metrics: the memory backend has no queues on the broker")
 	}
 	plan, err := cfg.Plan()

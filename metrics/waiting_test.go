@@ -14,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v2"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/metrics"
@@ -46,13 +47,13 @@ func TestRefreshWaiting(t *testing.T) {
 	if _, err := o.Apply(context.Background(), busy, idle); err != nil {
 		t.Fatal(err)
 	}
-	h, err := backend.Dial(backend.HandoffConfig{URI: brokertest.URI()})
+	h, err := delay.Dial(backend.HandoffConfig{URI: brokertest.URI()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer h.Close()
 	c := cfg.WithDefaults()
-	b, err := backend.New(backend.Spec{Name: string(c.Backend), Prefix: c.Prefix, Tiers: c.Tiers}, backend.Env{Handoff: h})
+	b, err := delay.New(backend.Spec{Name: string(c.Backend), Prefix: c.Prefix, Tiers: c.Tiers}, backend.Env{Handoff: h})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,21 +1,19 @@
-// Package retry is the retry middleware: on a handler error it decides what becomes of
-// the message, sizes the delay with the backend, stamps the failure envelope on a copy
-// and hands the copy off (or, for an in-place backend, settles the delivery for the
-// broker to hold), in that order and in one pass. The transport packages (wamqp2,
-// wamqp3, amqp1) wire it to their subscriber.
 package middleware
+
+// The engine: on a handler error it decides what becomes of the message, sizes the
+// delay with the backend, stamps the failure envelope on a copy and hands the copy off
+// (or, for a backend that keeps the failed delivery, settles it for the broker to
+// hold), in that order and in one pass.
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"strconv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/cenkalti/backoff/v4"
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
@@ -23,26 +21,11 @@ import (
 	"github.com/amqpretry/amqpretry/internal/keys"
 )
 
-// wiring is what the engine needs to know of the subscriber side.
-type wiring struct {
-	// ID identifies the Retry; its subscriber's marshaler stamps it on every delivery
-	// (keys.Subscriber). "" means every message is this Retry's (in-process).
-	ID string
-	// Queue maps the topic a handler subscribes to onto the queue its messages come
-	// from, where a retry must come back. Default: the topic.
-	Queue func(topic string) string
-	// Bound tells whether a queue's way back was declared by this Retry's subscriber.
-	// Nil: not checked.
-	Bound func(queue string) bool
-	// Attempt reads the attempt of a delivery. Default: keys.Attempt of its metadata.
-	Attempt func(msg *message.Message) int
-}
-
-// engine is the middleware. Build it with newEngine (Start does).
+// engine is the middleware. start builds it.
 type engine struct {
 	cfg     amqpretry.Config // with defaults
-	backend backend.Backend  // copies: nil for delayed-retry alone
-	inPlace backend.Backend  // retries held in place (backend.InPlace): the first ones, or every one; nil for none
+	backend *kept            // copies: nil for delayed-retry alone
+	inPlace *kept            // retries held in place (backend.InPlace): the first ones, or every one; nil for none
 	poisonQ func(ctx context.Context, msg *message.Message) error
 	wiring  wiring
 
@@ -57,6 +40,22 @@ type engine struct {
 	poisonHint func(err error, gone bool) error
 }
 
+// kept is a backend as the engine uses it: with what it can do and its name, read once
+// at start.
+type kept struct {
+	backend.Backend
+	caps backend.Caps
+	name delay.Backend
+}
+
+// keep reads b's caps and name once; nil for none.
+func keep(b backend.Backend) *kept {
+	if b == nil {
+		return nil
+	}
+	return &kept{Backend: b, caps: b.Caps(), name: delay.Backend(b.Name())}
+}
+
 // Middleware implements message.HandlerMiddleware.
 func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
@@ -65,16 +64,16 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		d := e.read(msg)
 		if d.owned {
-			if e.holdAgain(msg, d) {
+			if d.held && e.holdAgain(msg, d) {
 				return nil, nil
 			}
-			if until, ok := holdUntilOf(msg); ok && e.backend != nil && d.at.Before(until) {
+			if e.backend != nil && d.at.Before(d.parkedUntil) {
 				// Parked for a delay longer than the backend holds: not due yet.
 				if !e.life.begin() {
 					return nil, e.refuseClosed(msg, d, nil)
 				}
 				defer e.life.end()
-				return nil, e.parkAgain(msg, d, until)
+				return nil, e.parkAgain(msg, d, d.parkedUntil)
 			}
 			if pp, ok := e.pending.get(msg); ok {
 				// It failed for good already: only its poison publish is retried.
@@ -146,6 +145,9 @@ type delivery struct {
 	// than half the queue's delay), early how many times in a row it did before.
 	backEarly bool
 	early     int
+	// parkedUntil is when a copy parked for longer than the backend keeps is due
+	// (keys.HoldUntil); zero for any other.
+	parkedUntil time.Time
 }
 
 func (e *engine) read(msg *message.Message) delivery {
@@ -162,12 +164,19 @@ func (e *engine) read(msg *message.Message) delivery {
 	}
 	d.owned = e.wiring.ID == "" || d.owner == e.wiring.ID
 	d.queue = e.wiring.Queue(d.topic)
+	if v, ok := msg.Metadata[keys.HoldUntil]; ok {
+		d.parkedUntil, _ = time.Parse(time.RFC3339Nano, v) // zero when unreadable
+	}
 	remembered := false // the envelope is the one kept when it was held
-	h, ok := e.held.take(msg.UUID)
+	var h heldRetry
+	ok := false
+	if e.inPlace != nil { // only a backend that keeps the delivery leaves held retries
+		h, ok = e.held.take(msg.UUID)
+	}
 	if ok && d.owned {
 		// A retry held in the work queue comes back without its envelope.
 		d.held, d.heldDue, d.heldUntil, d.rehelds, d.early = true, h.due, h.until, h.rehelds, h.early
-		d.backEarly = e.inPlace != nil && nameOf(e.inPlace) == delay.DelayedRetry && d.at.Sub(h.due) < -e.cfg.DelayedRetryDelay/2
+		d.backEarly = e.inPlace != nil && e.inPlace.caps.Delays == backend.ConstantDelay && d.at.Sub(h.due) < -e.inPlace.caps.Longest/2
 		if !h.env.FirstFailure.IsZero() {
 			// What a copy would have carried: the handler reads it as on a copy.
 			d.envelope, remembered = h.env, true
@@ -177,11 +186,7 @@ func (e *engine) read(msg *message.Message) delivery {
 			d.envelope.FirstFailure = h.first
 		}
 	}
-	if e.wiring.Attempt != nil {
-		d.attempt = e.wiring.Attempt(msg)
-	} else {
-		d.attempt = max(d.envelope.Attempt, 1)
-	}
+	d.attempt = max(d.envelope.Attempt, 1)
 	if d.rehelds > 0 && !remembered {
 		// The broker counted each time it was held again as a return: not attempts.
 		d.attempt = max(d.attempt-d.rehelds, 1)
@@ -243,10 +248,7 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 		dec := e.decide(run, err, d.attempt)
 		decided = &dec
 	}
-	f := failure{delivery: d, err: err, fields: watermill.LogFields{
-		"message_uuid": msg.UUID, "handler": d.handler, "topic": d.topic, "queue": d.queue,
-		"attempt": d.attempt, "max_attempts": e.cfg.Policy.MaxAttempts, "err": err.Error(),
-	}}
+	f := failure{delivery: d, err: err, maxAttempts: e.cfg.Policy.MaxAttempts}
 	f.envelope = e.envelope(d, err)
 
 	// The copy (copyOf) is made where a way out publishes one: never for a retry held
@@ -273,8 +275,13 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	}
 
 	// Size.
+	caps := target.caps
 	requested := decided.Delay
-	if requested <= 0 {
+	switch {
+	case requested > 0:
+	case caps.Delays == backend.ConstantDelay:
+		requested = caps.Longest // its one delay is the one asked for: no schedule to follow
+	default:
 		requested = delayOf(e.cfg.Policy, d.attempt-min(e.stages(), d.attempt-1))
 	}
 	effective, serr := target.Effective(requested)
@@ -285,22 +292,22 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	}
 	var holdUntil time.Time
 	switch {
-	case requested > effective && nameOf(target) == delay.TTLTiers && decided.Delay > 0 && !inPlace:
+	case requested > effective && caps.PastLongest == backend.ParkAgain && decided.Delay > 0:
 		// A delay of the error's own (a server's Retry-After) is never cut short: the
 		// copy is parked again when it comes back, until it is due.
 		holdUntil = time.Now().Add(requested)
 		notice(e.cfg.Logger, "Delay asked for is longer than the longest tier: the retry is parked again until it is due",
-			f.fields.Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
-	case requested > effective && nameOf(target) == delay.TTLTiers:
+			f.log().Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
+	case requested > effective && caps.PastLongest == backend.ParkAgain:
 		e.cfg.Logger.Error("Delay longer than the longest tier, using the longest: the retry comes back early", delay.ErrDelayTooLong,
-			f.fields.Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
+			f.log().Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
 	}
 	if inPlace {
-		if nameOf(target) == delay.DelayedRetry && decided.Delay > effective {
+		if caps.PastLongest == backend.HoldAgain && decided.Delay > effective {
 			// The queue holds a retry for one delay: held again until it is due, never
 			// back before the delay asked for (a server's Retry-After).
 			holds := (requested + effective - 1) / effective
-			notice(e.cfg.Logger, "Delay asked for is longer than the work queue's delayed-retry delay: the retry is held again until it is due", f.fields.Add(watermill.LogFields{
+			notice(e.cfg.Logger, "Delay asked for is longer than the work queue's delayed-retry delay: the retry is held again until it is due", f.log().Add(watermill.LogFields{
 				"requested_delay": requested.String(), "effective_delay": (holds * effective).String(), "holds": int64(holds)}))
 			effective = holds * effective
 		}
@@ -327,30 +334,19 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	case perr == nil:
 		e.failures.forget(msg.UUID)
 		n := e.stats.retries.add()
-		e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: d.queue, Backend: nameOf(e.backend), Attempt: d.attempt, Err: err,
+		e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: d.queue, Backend: e.backend.name, Attempt: d.attempt, Err: err,
 			Requested: requested, Effective: effective, Handoff: time.Since(start)})
 		if e.sampled(n) {
-			e.cfg.Logger.Info("Retry scheduled", f.fields.Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
+			e.cfg.Logger.Info("Retry scheduled", f.log().Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
 		}
 		return nil
 	case errors.Is(perr, backend.ErrTooLarge):
 		// Handing it off again would be refused again: poison it, saying why.
-		f.fields["handoff_err"] = perr.Error()
+		f.log()["handoff_err"] = perr.Error()
 		f.envelope.Error = "retry copy larger than the broker's frame_max even with a trimmed envelope; handler error: " + err.Error()
 		return e.poison(f, cp, amqpretry.ReasonTooLarge)
 	}
 	return e.handoffFailed(f, cp, perr, backend.Cause(perr), true)
-}
-
-// handoffContext is the context of a hand-off of cp: the delivery's, but not canceled
-// with it. The router cancels it when it closes, while the handlers still run and the
-// subscriber may still deliver; a hand-off canceled then would count as failed, again
-// at each redelivery to the closing process, and poison the message after
-// HandoffAttempts of them (seen stopping a consumer in the no-loss test that changes
-// backends). Bounded by ConfirmTimeout, the hand-off is confirmed, and the original
-// acked, or fails, and the original is nacked.
-func handoffContext(cp *message.Message) context.Context {
-	return context.WithoutCancel(cp.Context())
 }
 
 // stages is how many retries come before the copying backend's schedule: the
@@ -359,111 +355,17 @@ func (e *engine) stages() int { return e.cfg.Policy.Immediate + e.cfg.HeldRetrie
 
 // holdsInPlace tells whether the retry after d's failed attempt is held in the work
 // queue. A backend that holds any delay in place (delivery-time) holds every retry;
-// delayed-retry, whose delay is the queue's, holds every retry when it is alone, else
-// the first HeldRetries, and neither when the queue was found not to hold them or
-// the error asks for a delay of its own (the copying backend can keep it).
+// one with a constant delay, the queue's (delayed-retry), holds every retry when it is
+// alone, else the first HeldRetries, and neither when the queue was found not to hold
+// them or the error asks for a delay of its own (the copying backend can keep it).
 func (e *engine) holdsInPlace(d delivery, dec amqpretry.Decision) bool {
 	switch {
 	case e.inPlace == nil:
 		return false
-	case nameOf(e.inPlace) != delay.DelayedRetry:
+	case e.inPlace.caps.Delays != backend.ConstantDelay:
 		return true
 	case e.held.isBroken(d.queue):
 		return false
 	}
 	return dec.Delay <= 0 && (e.backend == nil || d.attempt <= e.cfg.HeldRetries)
-}
-
-// envelope is the envelope of the copy of a message that failed, built once: what the
-// message carries from its earlier failures and redrives (first failure, original
-// route, redrives, dropped headers) and this failure. What the way out decides (the
-// attempt, the delays and due time, or the poison reason) is set there, once.
-func (e *engine) envelope(d delivery, err error) Envelope {
-	was := d.envelope
-	env := Envelope{
-		FirstFailure: was.FirstFailure, OriginalExchange: was.OriginalExchange, OriginalRoutingKey: was.OriginalRoutingKey,
-		DroppedHeaders: was.DroppedHeaders, RedrivenAt: was.RedrivenAt, Redriven: was.Redriven, RedrivenFrom: was.RedrivenFrom,
-		LastFailure: d.at, Error: err.Error(), ErrorTypes: errorTypes(err),
-		Handler: d.handler, Topic: d.topic, Queue: d.queue,
-	}
-	if env.FirstFailure.IsZero() {
-		env.FirstFailure = d.at
-		env.OriginalExchange, env.OriginalRoutingKey = d.exchange, d.key
-	}
-	return env
-}
-
-// failure is one failed attempt being dealt with.
-type failure struct {
-	delivery
-	err      error
-	envelope Envelope
-	fields   watermill.LogFields
-}
-
-// envelopeRoom is how many keys the envelope adds to a copy at most.
-const envelopeRoom = 20
-
-// copyOf copies msg, with its context, into metadata sized for the envelope, without
-// the keys its marshaler wrote on receipt (they are never published).
-func copyOf(msg *message.Message) *message.Message {
-	cp := message.NewMessageWithContext(msg.Context(), msg.UUID, msg.Payload)
-	cp.Metadata = make(message.Metadata, len(msg.Metadata)+envelopeRoom)
-	maps.Copy(cp.Metadata, msg.Metadata)
-	return cp
-}
-
-// errorTypes lists the Go types in err's chain, depth first, outermost first.
-func errorTypes(err error) []string {
-	var types []string
-	var walk func(error)
-	walk = func(e error) {
-		if e == nil || len(types) >= keys.MaxErrorTypes {
-			return
-		}
-		types = append(types, fmt.Sprintf("%T", e))
-		switch u := e.(type) {
-		case interface{ Unwrap() error }:
-			walk(u.Unwrap())
-		case interface{ Unwrap() []error }:
-			for _, inner := range u.Unwrap() {
-				walk(inner)
-			}
-		}
-	}
-	walk(err)
-	return types
-}
-
-// trimmedErrorBytes bounds the error text of an envelope trimmed to fit frame_max.
-const trimmedErrorBytes = 256
-
-// trim shortens the envelope of a copy too large for the broker: the error text to
-// trimmedErrorBytes, the error types left out.
-func trim(env *Envelope) {
-	env.Error = keys.Truncate(env.Error, trimmedErrorBytes)
-	env.ErrorTypes = nil
-}
-
-// delayOf returns the delay of the n-th delayed retry of p (from 1: the first is
-// InitialInterval for the exponential schedule), jitter included. p has its defaults.
-func delayOf(p amqpretry.Policy, n int) time.Duration {
-	n = max(n, 1)
-	if len(p.Delays) > 0 {
-		return p.Delays[min(n, len(p.Delays))-1]
-	}
-	b := &backoff.ExponentialBackOff{
-		InitialInterval:     p.InitialInterval,
-		RandomizationFactor: p.Jitter,
-		Multiplier:          p.Multiplier,
-		MaxInterval:         p.MaxInterval,
-		Stop:                backoff.Stop,
-		Clock:               backoff.SystemClock,
-	}
-	b.Reset()
-	var d time.Duration
-	for range n {
-		d = b.NextBackOff()
-	}
-	return min(d, p.MaxInterval)
 }

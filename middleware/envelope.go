@@ -73,7 +73,9 @@ func ReadEnvelope(md message.Metadata) Envelope {
 		OriginalExchange: md[keys.OriginalExchange], OriginalRoutingKey: md[keys.OriginalRoutingKey],
 		DroppedHeaders: md[keys.DroppedHeaders], RedrivenFrom: md[keys.RedrivenFrom],
 	}
-	e.Attempt = readInt(md, keys.Attempt)
+	if n, ok := keys.ParseAttempt(md[keys.Attempt]); ok {
+		e.Attempt = n
+	}
 	e.MaxAttempts = readInt(md, keys.MaxAttempts)
 	e.Redriven = readInt(md, keys.RedriveCount)
 	if s := md[keys.ErrorTypes]; s != "" {
@@ -181,6 +183,9 @@ func putDuration(md message.Metadata, key string, d time.Duration) {
 
 // joinTypes joins at most keys.MaxErrorTypes types, each bounded.
 func joinTypes(types []string) string {
+	if len(types) == 1 {
+		return keys.Truncate(types[0], maxErrorTypeBytes)
+	}
 	var b strings.Builder
 	for i, t := range types[:min(len(types), keys.MaxErrorTypes)] {
 		if i > 0 {

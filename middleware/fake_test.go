@@ -16,9 +16,11 @@ import (
 )
 
 // fakeBackend is an in-memory backend.Backend: it applies every delay as asked (or as
-// effective says) and keeps what it is given to park, or fails as park says.
+// effective says) and keeps what it is given to park, or fails as park says. It can
+// what caps says (zero: keeps a copy, any delay, no longest).
 type fakeBackend struct {
 	name      delay.Backend
+	caps      backend.Caps
 	effective func(time.Duration) (time.Duration, error)
 	park      func(msg *message.Message) error // nil: accept
 
@@ -41,6 +43,8 @@ func (b *fakeBackend) Name() string {
 	}
 	return string(b.name)
 }
+
+func (b *fakeBackend) Caps() backend.Caps { return b.caps }
 
 func (b *fakeBackend) Effective(d time.Duration) (time.Duration, error) {
 	if b.effective != nil {
@@ -115,7 +119,10 @@ func newEngine(t testing.TB, cfg amqpretry.Config, b backend.Backend) (*engine, 
 		t.Fatal(err)
 	}
 	p := &poisonQueue{}
-	e := &engine{cfg: cfg.WithDefaults(), backend: b, poisonQ: p.send, wiring: wiring{Queue: func(string) string { return "work" }}}
+	e := &engine{cfg: cfg.WithDefaults(), poisonQ: p.send, wiring: wiring{Queue: func(string) string { return "work" }}}
+	if b != nil {
+		e.backend = keep(b)
+	}
 	return e, p
 }
 

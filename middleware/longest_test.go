@@ -5,10 +5,9 @@ import (
 	"time"
 
 	"github.com/amqpretry/amqpretry"
-	"github.com/amqpretry/amqpretry/internal/configured"
 )
 
-// TestLongestBoundsEveryDelay: the policy's longest delay (configured.View.Longest),
+// TestLongestBoundsEveryDelay: the policy's longest delay (Config.Derived().Longest),
 // which Config.Validate checks against the backend's limits and the start logs, bounds every delay the engine asks for (delayOf) in the
 // retries it counts, and is reached without jitter.
 func TestLongestBoundsEveryDelay(t *testing.T) {
@@ -22,7 +21,7 @@ func TestLongestBoundsEveryDelay(t *testing.T) {
 		{MaxAttempts: 6, NoJitter: true, Multiplier: 3},
 	} {
 		cfg := amqpretry.Config{Policy: p}.WithDefaults()
-		p, longest := cfg.Policy, configured.Of(cfg).Longest
+		p, longest := cfg.Policy, cfg.Derived().Longest
 		n := p.MaxAttempts - 1 // the retries: none run in this process, none held
 		var seen time.Duration
 		for i := 1; i <= n; i++ {

@@ -2,16 +2,16 @@ package middleware
 
 import (
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/amqpretry/amqpretry"
-	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/backend"
 )
+
+// Observation: Stats, the Events told to Config.Observe, and the sampling of retry
+// log lines.
 
 // counter is an int64 counted concurrently.
 type counter struct{ atomic.Int64 }
@@ -48,9 +48,9 @@ func (e *engine) observeDelivery(d delivery) {
 	if d.attempt > 1 {
 		switch {
 		case e.inPlace != nil && (d.held || e.backend == nil || d.envelope.EffectiveDelay == 0):
-			ev.Backend = nameOf(e.inPlace) // held in the work queue
+			ev.Backend = e.inPlace.name // held in the work queue
 		case e.backend != nil:
-			ev.Backend = nameOf(e.backend)
+			ev.Backend = e.backend.name
 		}
 	}
 	// Back long before it was due: its nack may have been lost with its connection (the
@@ -77,75 +77,3 @@ func (e *engine) sampled(n int64) bool {
 	}
 	return n%every == 1
 }
-
-// heldRetries remembers the retries this process left in their work queue, by UUID,
-// with their due time: to measure their lateness when they come back (the broker
-// redelivers them unchanged, so nothing on the message says when), and to notice a
-// work queue that does not hold them (a retry back long before its due time: the
-// queue lacks its delayed-retry settings, and every nack would come back at once).
-// It forgets everything when it would hold more than maxTracked.
-type heldRetries struct {
-	mu     sync.Mutex
-	due    map[string]heldRetry
-	broken map[string]bool // work queues found not to hold retries
-	size   atomic.Int64
-}
-
-// heldRetry is what the engine knows of a retry it held: when it is due, and when the
-// message first failed (the broker redelivers it unchanged, without its envelope).
-// until is when a retry held more than once is due (zero: due at due), rehelds how
-// many times it was held again.
-// env is the envelope the retry would carry on a copy: the broker redelivers the
-// message unchanged, so the engine writes it into the metadata when it comes back.
-// early counts the times in a row the message came back long before it was due.
-type heldRetry struct {
-	due, first, until time.Time
-	rehelds, early    int
-	env               Envelope
-}
-
-func (h *heldRetries) add(uuid string, r heldRetry) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.due == nil || len(h.due) >= maxTracked {
-		h.due = map[string]heldRetry{}
-	}
-	h.due[uuid] = r
-	h.size.Store(int64(len(h.due)))
-}
-
-// take returns and forgets what it knows of uuid, if this process held it.
-func (h *heldRetries) take(uuid string) (heldRetry, bool) {
-	if h.size.Load() == 0 {
-		return heldRetry{}, false
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	due, ok := h.due[uuid]
-	delete(h.due, uuid)
-	h.size.Store(int64(len(h.due)))
-	return due, ok
-}
-
-// markBroken records that queue does not hold retries; it tells whether that is news.
-func (h *heldRetries) markBroken(queue string) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.broken[queue] {
-		return false
-	}
-	if h.broken == nil {
-		h.broken = map[string]bool{}
-	}
-	h.broken[queue] = true
-	return true
-}
-
-func (h *heldRetries) isBroken(queue string) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.broken[queue]
-}
-
-// nameOf is b's name, as package delay spells it.
-func nameOf(b backend.Backend) delay.Backend { return delay.Backend(b.Name()) }

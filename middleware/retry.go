@@ -11,7 +11,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/keys"
 )
 
@@ -81,7 +80,7 @@ func New(cfg amqpretry.Config, t Transport) (*Retry, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("invalid config: %w", err)
 	}
-	if t.URI == "" && withDefaults.Backend != delay.Memory {
+	if t.URI == "" && !withDefaults.Derived().Caps.InProcess {
 		return nil, fmt.Errorf("invalid config: Transport.URI: required for the %s backend", withDefaults.Backend)
 	}
 	r, err := start(withDefaults, t)

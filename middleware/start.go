@@ -13,7 +13,6 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
-	"github.com/amqpretry/amqpretry/internal/configured"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/internal/redact"
@@ -29,7 +28,7 @@ type retry struct {
 	*engine
 	cfg     amqpretry.Config
 	t       Transport
-	view    configured.View // what cfg derives
+	view    backend.Derived // what cfg derives
 	handoff backend.Handoff // nil in-process
 	id      string
 
@@ -44,23 +43,23 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 	if t.Queue == nil {
 		t.Queue = func(topic string) string { return topic }
 	}
-	v := configured.Of(cfg)
+	v := cfg.Derived()
 	r := &retry{cfg: cfg, view: v, t: t}
 	e := &engine{cfg: cfg, wiring: wiring{Queue: t.Queue}}
 	r.engine = e
 	if t.URI == "" {
-		b, err := backend.New(v.Backend, backend.Env{Memory: cfg.Memory, Logger: cfg.Logger})
+		b, err := delay.New(v.Backend, backend.Env{Memory: cfg.Memory, Logger: cfg.Logger})
 		if err != nil {
 			return nil, fmt.Errorf("invalid config: %w", err)
 		}
-		e.backend = b
+		e.backend = keep(b)
 		e.poisonQ = func(_ context.Context, msg *message.Message) error { return cfg.Memory.Publish(cfg.PoisonQueue, msg) }
 		r.logReady()
 		return r, nil
 	}
 	r.id = watermill.NewShortUUID()
 	e.wiring.ID, e.wiring.Bound = r.id, r.isBound
-	h, err := backend.Dial(backend.HandoffConfig{URI: t.URI, AMQP: t.AMQP, ConfirmTimeout: cfg.ConfirmTimeout,
+	h, err := delay.Dial(backend.HandoffConfig{URI: t.URI, AMQP: t.AMQP, ConfirmTimeout: cfg.ConfirmTimeout,
 		Marshal:  marshal.Options{MessageUUIDHeaderKey: t.UUIDHeader, NotPersistentDeliveryMode: t.NotPersistent, PostprocessPublishing: t.Postprocess},
 		Topology: cfg.Topology, Logger: cfg.Logger})
 	if err != nil {
@@ -79,42 +78,38 @@ func (r *retry) prepare() error {
 	var held backend.Backend // the first retries, held in the work queue
 	if r.view.Held != nil {
 		var err error
-		if held, err = backend.New(*r.view.Held, backend.Env{}); err != nil {
+		if held, err = delay.New(*r.view.Held, backend.Env{}); err != nil {
 			return fmt.Errorf("invalid config: %w", err)
 		}
 		// Refuses a broker older than 4.3, before anything is declared.
-		if err := backend.Prepare(held, r.handoff, cfg.Topology); err != nil {
+		if err := delay.Prepare(held, r.handoff, cfg.Topology); err != nil {
 			if errors.Is(err, delay.ErrUnsupported) {
 				return fmt.Errorf("HeldRetries: %d: %w; on this broker set HeldRetries to 0 (Backend %s then takes every retry), or move to RabbitMQ 4.3 or later", cfg.HeldRetries, err, cfg.Backend)
 			}
 			return err
 		}
 	}
-	b, err := backend.New(r.view.Backend, backend.Env{Handoff: r.handoff, Memory: cfg.Memory, Redeliver: r.t.Redeliver, Logger: cfg.Logger})
+	b, err := delay.New(r.view.Backend, backend.Env{Handoff: r.handoff, Memory: cfg.Memory, Redeliver: r.t.Redeliver, Logger: cfg.Logger})
 	if err != nil {
 		return fmt.Errorf("invalid config: %w", err)
 	}
 	// The backend first: a broker that cannot run it is refused before anything is
 	// declared.
-	if cfg.Backend != delay.Memory {
-		if err := backend.Prepare(b, r.handoff, cfg.Topology); err != nil {
-			if errors.Is(err, delay.ErrUnsupported) {
-				return fmt.Errorf("Backend: %w; on this broker set Backend to a copying backend, or move to RabbitMQ 4.3 or later", err)
-			}
-			return r.view.Fix.Hint(err, "")
+	if err := delay.Prepare(b, r.handoff, cfg.Topology); err != nil {
+		if errors.Is(err, delay.ErrUnsupported) {
+			return fmt.Errorf("Backend: %w; on this broker set Backend to a copying backend, or move to RabbitMQ 4.3 or later", err)
 		}
+		return r.view.Fix.Hint(err, "")
 	}
 	if err := r.handoff.Ensure(cfg.Topology, topology.Topology{Queues: []topology.Queue{declare.HoldingQueue(cfg.PoisonQueue, "poison")}}); err != nil {
 		return fmt.Errorf("poison queue (topology mode %s): %w", cfg.Topology, r.view.Fix.Hint(err, ""))
 	}
-	switch _, inPlace := b.(backend.InPlace); {
-	case inPlace:
+	switch {
+	case b.Caps().Keeps == backend.KeepsDelivery:
 		// Every retry stays in the work queue: no way back to bind.
-		e.inPlace, e.wiring.Bound = b, nil
-	case held != nil:
-		e.backend, e.inPlace = b, held
+		e.inPlace, e.wiring.Bound = keep(b), nil
 	default:
-		e.backend = b
+		e.backend, e.inPlace = keep(b), keep(held)
 	}
 	e.poisonQ = func(ctx context.Context, msg *message.Message) error {
 		return r.handoff.ToQueue(ctx, cfg.PoisonQueue, msg)
@@ -127,9 +122,8 @@ func (r *retry) prepare() error {
 	if w := workQueueWarning(v, r.t.QueueArgs, cfg.Policy.MaxAttempts); w != "" {
 		cfg.Logger.Error("Work queues may lose retries", errors.New(w), fields)
 	}
-	if cfg.Backend == delay.DelayedExchange {
-		cfg.Logger.Error("The delayed-exchange backend may lose retries that come due while the broker stops (the plugin routes them fire-and-forget); ttl-tiers and binary-levels do not",
-			errors.New("retries due while the broker stops may be lost"), fields)
+	if risk := b.Caps().Risk; risk != "" {
+		cfg.Logger.Error(risk, errors.New("retries due while the broker stops may be lost"), fields)
 	}
 	return nil
 }
@@ -146,16 +140,14 @@ func (r *retry) logReady() {
 	if r.t.URI != "" {
 		fields["amqp_uri"] = redact.URI(r.t.URI)
 	}
-	var lim backend.Limits
-	switch {
-	case e.backend != nil:
-		lim = backend.LimitsOf(e.backend)
-	case e.inPlace != nil:
-		lim = backend.LimitsOf(e.inPlace)
+	k := e.backend
+	if k == nil {
+		k = e.inPlace
 	}
+	lim := k.caps
 	fields["backend_limits"] = lim.Text
 	cfg.Logger.Info("Broker-side retry ready", fields)
-	if e.backend != nil && lim.Longest > 0 && !lim.Refuses && longest > lim.Longest {
+	if e.backend != nil && lim.PastLongest == backend.ParkAgain && longest > lim.Longest {
 		cfg.Logger.Info("The policy's longest delay is longer than the backend holds; those retries come back early", watermill.LogFields{
 			"delay_backend": cfg.Backend, "policy_longest_delay": longest.String(), "effective_delay": lim.Longest.String(),
 		})
@@ -217,49 +209,7 @@ func (r *retry) scheduler() message.Publisher {
 	if r.engine.backend == nil {
 		return nil
 	}
-	return backend.Scheduler{Backend: r.engine.backend}
-}
-
-// close stops the retry: from then on the middleware hands nothing off and opens
-// nothing (a message that fails is nacked for redelivery, paced, and the first one is
-// logged at WARN); it waits for the hand-offs in flight, closes the backend and the
-// hand-off connection, and logs what the Retry did since it started. Close the router
-// first. A second Close does nothing.
-func (r *retry) close() error {
-	waited, first := r.engine.life.close()
-	if !first {
-		return nil
-	}
-	var errs []error
-	if r.engine.backend != nil {
-		errs = append(errs, r.engine.backend.Close())
-	}
-	if r.handoff != nil {
-		errs = append(errs, r.handoff.Close())
-	}
-	err := errors.Join(errs...)
-	st := r.Stats()
-	fields := watermill.LogFields{
-		"retries": st.Retries, "poisoned": st.Poisoned, "handoff_failures": st.HandoffFailures,
-		"handoffs_waited_for": waited, "poison_pending": st.PoisonPending,
-	}
-	if err != nil {
-		fields["close_err"] = err.Error()
-	}
-	r.cfg.Logger.Info("Broker-side retry closed", fields)
-	return err
-}
-
-// forgotten is the finalizer of a Retry: one dropped without Close logs it at WARN
-// and closes its hand-off connection, which would leak otherwise.
-func (r *retry) forgotten() {
-	if r.engine.life.isClosed() {
-		return
-	}
-	warn(r.cfg.Logger, "Retry garbage-collected without Close: closing its hand-off connection now",
-		errors.New("Retry.Close was never called: call it once the router has stopped (defer retry.Close() before creating the router)"),
-		watermill.LogFields{"delay_backend": r.cfg.Backend, "amqp_uri": redact.URI(r.t.URI)})
-	go func() { _ = r.close() }()
+	return backend.Scheduler{Backend: r.engine.backend.Backend}
 }
 
 // poisonHint adds the fix to the error of a failed poison publish: for a poison queue

@@ -13,6 +13,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/keys"
 )
@@ -102,7 +103,8 @@ type inPlace struct {
 }
 
 func newInPlace(d time.Duration) *inPlace {
-	return &inPlace{fakeBackend: fakeBackend{name: delay.DelayedRetry, effective: func(time.Duration) (time.Duration, error) { return d, nil }}}
+	return &inPlace{fakeBackend: fakeBackend{name: delay.DelayedRetry, effective: func(time.Duration) (time.Duration, error) { return d, nil },
+		caps: backend.Caps{Keeps: backend.KeepsDelivery, Delays: backend.ConstantDelay, Longest: d, PastLongest: backend.HoldAgain}}}
 }
 
 func (p *inPlace) Settle(msg *message.Message, effective time.Duration, envelope message.Metadata) error {
@@ -128,7 +130,7 @@ func TestHeldInPlace(t *testing.T) {
 		Policy:  amqpretry.Policy{MaxAttempts: 6, Delays: []time.Duration{7 * time.Second}},
 		Observe: func(ev amqpretry.Event) { events = append(events, ev) }}, b)
 	held := newInPlace(time.Minute)
-	e.inPlace = held
+	e.inPlace = keep(held)
 	h := e.Middleware(failing(errFlaky))
 
 	if _, err := h(message.NewMessage("m", nil)); err != nil {
@@ -182,7 +184,7 @@ func TestHeldRetryBackEarlyOnceIsNotJudged(t *testing.T) {
 	e, _ := newEngine(t, amqpretry.Config{Backend: delay.DelayedRetry, DelayedRetryDelay: time.Second, Logger: logs,
 		Policy: amqpretry.Policy{MaxAttempts: 10}}, nil)
 	e.backend = nil
-	e.inPlace = newInPlace(time.Second)
+	e.inPlace = keep(newInPlace(time.Second))
 	h := e.Middleware(failing(errFlaky))
 	for _, id := range []string{"a", "b", "c", "d"} {
 		for attempt := 1; attempt <= 2; attempt++ { // held, then back at once
@@ -227,7 +229,7 @@ func TestInPlaceSettlesOnce(t *testing.T) {
 		Policy: amqpretry.Policy{MaxAttempts: 3}}, nil)
 	e.backend = nil
 	held := newInPlace(time.Second)
-	e.inPlace = held
+	e.inPlace = keep(held)
 	msg := message.NewMessage("m", nil)
 	if _, err := e.Middleware(failing(errFlaky))(msg); err != nil {
 		t.Fatal(err)

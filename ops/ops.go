@@ -13,7 +13,6 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/amqperr"
 	"github.com/amqpretry/amqpretry/internal/backend"
-	"github.com/amqpretry/amqpretry/internal/configured"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/internal/redact"
 	"github.com/amqpretry/amqpretry/topology"
@@ -88,7 +87,7 @@ func New(cfg Config) (*Ops, error) {
 	if cfg.URI == "" {
 		return nil, errors.New("invalid config: URI: required")
 	}
-	b, err := backend.Lookup(configured.Of(retry).Backend)
+	b, err := delay.Lookup(retry.Derived().Backend)
 	if err != nil {
 		return nil, fmt.Errorf("invalid config: %w", err)
 	}
@@ -100,7 +99,7 @@ func New(cfg Config) (*Ops, error) {
 		o.skip = 2 * retry.Levels
 	}
 	o.parking = slices.ContainsFunc(b.Topology().Queues, func(q topology.Queue) bool { return q.Name == o.names.Parking() })
-	h, err := backend.Dial(backend.HandoffConfig{
+	h, err := delay.Dial(backend.HandoffConfig{
 		URI: cfg.URI, AMQP: cfg.AMQP, ConfirmTimeout: retry.ConfirmTimeout,
 		// A redrive never declares: a message whose queue is gone stays where it is.
 		Topology: topology.ModeNone, Logger: cfg.Logger,

@@ -74,7 +74,7 @@ func newRigWith(t *testing.T, retry amqpretry.Config, workQueues ...string) *rig
 	}
 	t.Cleanup(func() { _ = o.Close() })
 	r.ops = o
-	h, err := backend.Dial(backend.HandoffConfig{URI: brokertest.URI()})
+	h, err := delay.Dial(backend.HandoffConfig{URI: brokertest.URI()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -549,7 +549,7 @@ func TestRedriveInterrupted(t *testing.T) {
 func (r *rig) schedule(cfg amqpretry.Config, queue string, msg *message.Message, d time.Duration) {
 	r.t.Helper()
 	c := cfg.WithDefaults()
-	b, err := backend.New(backend.Spec{Name: string(c.Backend), Prefix: c.Prefix, Tiers: c.Tiers, Levels: c.Levels, RetryDelay: c.DelayedRetryDelay}, backend.Env{Handoff: r.h})
+	b, err := delay.New(backend.Spec{Name: string(c.Backend), Prefix: c.Prefix, Tiers: c.Tiers, Levels: c.Levels, RetryDelay: c.DelayedRetryDelay}, backend.Env{Handoff: r.h})
 	if err != nil {
 		r.t.Fatal(err)
 	}

@@ -2,7 +2,8 @@
 # The whole test suite, the one command the README gives and CI runs (.ci/run).
 #
 #   checks      gofmt, go vet and staticcheck of every module, shellcheck, the API
-#               count (internal/cmd/apicount), the README snippet on each watermill-amqp major
+#               size (internal/cmd/apicount, printed), no backend name compared and no
+#               init() in the library, the README snippet on each watermill-amqp major
 #               (scripts/majors.sh), each example in a module outside the repository
 #               (scripts/examples.sh)
 #   3.10        every package's tests with the race detector on the broker at AMQP_URI
@@ -144,8 +145,27 @@ go run "$staticcheck" ./...
 for m in metrics amqp1 internal/watermillsuite internal/netdelay _examples/quickstart amqp1/examples/quickstart; do (cd "$m" && go run "$staticcheck" ./...); done
 cmd/amqpretry/go.sh run "$staticcheck" ./...
 
-step "exported API, counted (internal/cmd/apicount; no budget: export what users and the sibling modules need, documented)"
+step "API size: exported identifiers per public package (internal/cmd/apicount; printed, no limit)"
 go run ./internal/cmd/apicount
+
+step "backends by what they can do: no name compared outside delay/ and the Config's validation (config.go); no init-time registration"
+# The library's production code (the root module, without its test harnesses, and the
+# AMQP 1.0 transport) decides from a backend's Caps (internal/backend/caps.go), never
+# its name. ops/ and cmd/ (the operations tooling) are not covered yet.
+lib=$(git ls-files '*.go' ':!:*_test.go' ':!:delay/' ':!:config.go' ':!:ops/' ':!:cmd/' ':!:benchmarks/' ':!:metrics/' ':!:_examples/' ':!:amqp1/' \
+  ':!:internal/gluetest/' ':!:internal/noloss/' ':!:internal/brokertest/' ':!:internal/tlstest/' ':!:internal/watermillsuite/' ':!:internal/netdelay/' ':!:internal/cmd/')
+names=$(grep -nE 'delay\.(TTLTiers|BinaryLevels|DelayedExchange|DelayedRetry|DeliveryTime|Memory)\b|"(ttl-tiers|binary-levels|delayed-exchange|delayed-retry|delivery-time|memory)"|nameOf\(' $lib | grep -vE '^\S+:[0-9]+:\s*//' || true)
+if [ -n "$names" ]; then
+  echo "$names"
+  echo "FAIL: production code compares a backend's name: decide from its Caps instead (internal/backend/caps.go)"
+  exit 1
+fi
+inits=$(grep -ln '^func init()' $lib || true)
+if [ -n "$inits" ]; then
+  echo "$inits"
+  echo "FAIL: init-time registration in the library: let the imports show what depends on what"
+  exit 1
+fi
 
 step "sibling modules build on the public API: no import of the root module's internal/ (metrics, cmd/amqpretry, amqp1)"
 # Their own test harnesses (a module's internal/ packages and _test files) may reach

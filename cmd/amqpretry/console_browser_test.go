@@ -191,7 +191,7 @@ func TestConsoleBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := cfg.WithDefaults()
-	b, err := backend.New(backend.Spec{Name: string(c.Backend), Prefix: c.Prefix, Tiers: c.Tiers}, backend.Env{Handoff: e.h})
+	b, err := delay.New(backend.Spec{Name: string(c.Backend), Prefix: c.Prefix, Tiers: c.Tiers}, backend.Env{Handoff: e.h})
 	if err != nil {
 		t.Fatal(err)
 	}

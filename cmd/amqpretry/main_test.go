@@ -20,6 +20,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/middleware"
@@ -67,7 +68,7 @@ func newEnv(t *testing.T, queues ...string) *env {
 	}
 	brokertest.CleanupTopology(t, p)
 	brokertest.Cleanup(t, e.queues, nil)
-	h, err := backend.Dial(backend.HandoffConfig{URI: brokertest.URI()})
+	h, err := delay.Dial(backend.HandoffConfig{URI: brokertest.URI()})
 	if err != nil {
 		t.Fatal(err)
 	}

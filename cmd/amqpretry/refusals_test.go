@@ -199,7 +199,7 @@ func TestDelayedExchangeWithPlugin(t *testing.T) {
 	if code, out, errOut := runArgs("topology", "apply", "--backend", "delayed-exchange", "--prefix", e.prefix, "--queue", e.queues[0]); code != exitOK {
 		t.Skipf("needs the rabbitmq_delayed_message_exchange plugin, which this broker does not run (topology apply: %d %s%s)", code, out, errOut)
 	}
-	b, err := backend.New(backend.Spec{Name: string(delay.DelayedExchange), Prefix: e.prefix}, backend.Env{Handoff: e.h})
+	b, err := delay.New(backend.Spec{Name: string(delay.DelayedExchange), Prefix: e.prefix}, backend.Env{Handoff: e.h})
 	if err != nil {
 		t.Fatal(err)
 	}

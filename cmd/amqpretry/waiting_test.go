@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/middleware"
@@ -47,7 +48,7 @@ func TestWaitingAndTeardown(t *testing.T) {
 		t.Fatalf("apply: %d %s%s", code, out, errOut)
 	}
 	c := cfg.WithDefaults()
-	b, err := backend.New(backend.Spec{Name: string(c.Backend), Prefix: c.Prefix, Tiers: c.Tiers}, backend.Env{Handoff: e.h})
+	b, err := delay.New(backend.Spec{Name: string(c.Backend), Prefix: c.Prefix, Tiers: c.Tiers}, backend.Env{Handoff: e.h})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,13 +1,13 @@
 // Package backend is the contract between the delay backends and the hand-off, which
-// package delay implements (one file per backend, and handoff.go), and the packages
-// that use them: the middleware, the root package's Config (validation, plan) and ops. Package delay registers its
-// implementation when it is imported; every user of this package imports delay too.
-// A backend's name is the string of its delay.Backend.
+// package delay implements (one file per backend, and handoff.go; delay.New builds a
+// backend, delay.Dial a hand-off), and the packages that use them: the middleware, its
+// transports, the root package's Config (validation, plan) and ops. What a backend can
+// do is its Caps (caps.go): its users decide from that alone, never from its name.
+// A backend's name is the string of its delay.Backend, for logs, events and errors.
 package backend
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -58,11 +58,13 @@ type DelayQueue struct {
 	TTL  time.Duration
 }
 
-// Backend is a delay backend. Built by Lookup it only plans and sizes; built by New
-// it also parks.
+// Backend is a delay backend. Built by delay.Lookup it only plans and sizes; built by
+// delay.New it also parks.
 type Backend interface {
-	// Name is the backend's name (package delay).
+	// Name is the backend's name (package delay), for logs, events and errors.
 	Name() string
+	// Caps is what the backend can do.
+	Caps() Caps
 	// Effective returns the delay the backend applies for requested, or an error
 	// wrapping delay.ErrDelayTooLong.
 	Effective(requested time.Duration) (time.Duration, error)
@@ -73,8 +75,9 @@ type Backend interface {
 	// DelayQueues are the queues where retries wait, for monitoring.
 	DelayQueues() []DelayQueue
 	// Park hands msg, stamped, to the broker to wait effective and come back to
-	// queue, and returns once the broker has confirmed it. The in-place backends
-	// (InPlace) do not park.
+	// queue, and returns once the broker has confirmed it. msg is the backend's from
+	// then on: the caller made it for Park and does not change it once parked. A backend that keeps the
+	// failed delivery (KeepsDelivery, InPlace) does not park.
 	Park(ctx context.Context, queue string, msg *message.Message, effective time.Duration) error
 	Close() error
 }
@@ -100,53 +103,6 @@ type Env struct {
 	Logger    watermill.LoggerAdapter
 }
 
-// Impl is what package delay registers: the one place a backend name is switched on.
-type Impl struct {
-	// New validates s and returns its backend, parking through env.
-	New func(s Spec, env Env) (Backend, error)
-	// Prepare readies b on the broker at start-up, as mode says: it refuses a
-	// backend the broker's version cannot run, then declares (or, in
-	// topology.ModeVerify, checks) b's publishing side.
-	Prepare func(b Backend, h Handoff, mode topology.Mode) error
-	// Limits returns b's limits.
-	Limits func(b Backend) Limits
-	// Dial connects a hand-off (Dial).
-	Dial func(cfg HandoffConfig) (Handoff, error)
-}
-
-var impl Impl
-
-// Register is called by package delay's init.
-func Register(i Impl) { impl = i }
-
-func registered() error {
-	if impl.New == nil {
-		return errors.New("no delay backend registered: import github.com/amqpretry/amqpretry/delay")
-	}
-	return nil
-}
-
-// New validates s and returns its backend, parking through env. Errors name the
-// configuration field at fault.
-func New(s Spec, env Env) (Backend, error) {
-	if err := registered(); err != nil {
-		return nil, err
-	}
-	return impl.New(s, env)
-}
-
-// Prepare readies b on the broker at start-up (Impl.Prepare).
-func Prepare(b Backend, h Handoff, mode topology.Mode) error {
-	return impl.Prepare(b, h, mode)
-}
-
-// LimitsOf returns b's limits.
-func LimitsOf(b Backend) Limits { return impl.Limits(b) }
-
-// Lookup validates s and returns its backend, without a broker: it plans and sizes.
-// Errors name the configuration field at fault.
-func Lookup(s Spec) (Backend, error) { return New(s, Env{}) }
-
 // Plan is everything s needs on the broker for the work queues: its own topology,
 // then each queue's way back, without duplicates.
 func Plan(b Backend, workQueues ...string) topology.Topology {
@@ -169,7 +125,7 @@ func (s Scheduler) Publish(queue string, msgs ...*message.Message) error {
 	if queue == "" {
 		return fmt.Errorf("%s: empty destination queue", s.Backend.Name())
 	}
-	if _, ok := s.Backend.(InPlace); ok {
+	if s.Backend.Caps().Keeps == KeepsDelivery {
 		return fmt.Errorf("%s: retries in place and cannot schedule a new message; use a copying backend", s.Backend.Name())
 	}
 	for _, msg := range msgs {

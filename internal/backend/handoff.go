@@ -21,7 +21,7 @@ import (
 // Handoff is the one way the library moves a message into RabbitMQ: a confirmed
 // publish on a connection of its own, never the consuming one. Only when the broker
 // has confirmed a copy, and not returned it, may the caller ack the original. Package
-// delay implements it (handoff.go): the backends park through it, the middleware
+// delay implements it (handoff.go; delay.Dial connects one): the backends park through it, the middleware
 // publishes poisoned messages through it, and ops its moves. Every publish is
 // persistent, carries a fresh MessageId and no expiration. It is safe for concurrent
 // use. After a channel or connection failure the next publish opens a new one.
@@ -47,14 +47,6 @@ type Handoff interface {
 	Close() error
 }
 
-// Dial connects to the broker and opens the confirm channel.
-func Dial(cfg HandoffConfig) (Handoff, error) {
-	if err := registered(); err != nil {
-		return nil, err
-	}
-	return impl.Dial(cfg)
-}
-
 var (
 	// ErrNotConfirmed: the broker nacked the publish, or its channel or connection
 	// closed before the confirm arrived, so it is unknown whether the broker has it.
@@ -70,6 +62,10 @@ var (
 // Locale is the locale every connection of the library asks for: RabbitMQ knows no
 // other.
 const Locale = "en_US"
+
+// Heartbeat is the heartbeat of the connections the library configures itself (the
+// subscriber's, when its config gives no amqp.Config, and Cluster's).
+const Heartbeat = 10 * time.Second
 
 // DefaultConfirmTimeout bounds the wait for a publisher confirm.
 const DefaultConfirmTimeout = 10 * time.Second

@@ -1,8 +1,8 @@
 // Package declare holds what the library's packages share about declarations: the
 // arguments RabbitMQ gives meaning to, named once; the holding queues (poison,
-// parking); Check, which checks each declaration of a topology and reports on it (ops
-// Verify); the queue-type probe; and the fix each topology error suggests (Fix). A
-// topology is applied with topology.Topology.Apply.
+// parking); the queue-type probe; and the fix each topology error suggests (Fix). A
+// topology is applied with topology.Topology.Apply, and checked with
+// topology.Topology.Check.
 package declare
 
 import (

@@ -73,6 +73,6 @@ func WrongQueueTypeFix(queue, current string) string {
 		"a queue's type cannot change, not even by a policy. Either move to a new quorum queue: declare it under another name "+
 		"(`amqpretry topology apply` with that name creates it with the arguments delayed retries need), move the messages to it "+
 		"(a shovel, or consume and republish), and subscribe to it; or, once %q is empty and its publishers stopped, delete it and "+
-		"let the library declare it again; or keep it %s and use a copying Backend (%s or %s) without HeldRetries",
-		queue, is, queue, "as it is", "ttl-tiers", "binary-levels")
+		"let the library declare it again; or keep it as it is and use a copying Backend (ttl-tiers or binary-levels) without HeldRetries",
+		queue, is, queue)
 }

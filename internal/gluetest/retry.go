@@ -36,7 +36,7 @@ func ScenarioFailThreeTimesThenSucceed(t *testing.T, m Major) {
 			s := newSetup(t, m, name)
 			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: policyDelays}
 			r := newRetry(t, m, s.sub, s.cfg)
-			sized, err := backend.Lookup(backend.Spec{Name: string(name), Prefix: s.prefix, Tiers: s.cfg.Tiers, Levels: 28})
+			sized, err := delay.Lookup(backend.Spec{Name: string(name), Prefix: s.prefix, Tiers: s.cfg.Tiers, Levels: 28})
 			if err != nil {
 				t.Fatal(err)
 			}

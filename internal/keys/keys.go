@@ -4,6 +4,7 @@
 package keys
 
 import (
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -31,6 +32,20 @@ const (
 	RedriveCount       = "amqpretry-redrive-count"
 	RedrivenFrom       = "amqpretry-redriven-from"
 )
+
+// ParseAttempt reads a value of Attempt: which attempt a delivery is, from 1. A
+// missing or unreadable value is the first attempt, and ok is false. It is the one
+// parser of an attempt.
+func ParseAttempt(s string) (n int, ok bool) {
+	if s == "" {
+		return 1, false // most deliveries are first attempts: no error to build
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return 1, false
+	}
+	return n, true
+}
 
 // InEnvelope tells whether key is one of the failure envelope's (middleware.Envelope
 // writes exactly these).
@@ -68,6 +83,13 @@ const (
 // routing data for the broker: the retry subscriber's marshaler does not carry it into
 // metadata.
 const Tier = "amqpretry-tier"
+
+// OfDelivery tells whether key is one the marshaler writes on receipt about the
+// delivery itself (where it was published, which Retry's subscriber delivered it): a
+// copy of the message never carries it.
+func OfDelivery(key string) bool {
+	return key == DeliveryExchange || key == DeliveryRoutingKey || key == Subscriber
+}
 
 // Reserved tells whether key is one the marshaler writes on receipt and never
 // publishes.

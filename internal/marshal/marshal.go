@@ -135,10 +135,7 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	}
 	attempt := 0
 	if returns > 0 {
-		base, err := strconv.Atoi(md[keys.Attempt])
-		if err != nil || base < 1 {
-			base = 1
-		}
+		base, _ := keys.ParseAttempt(md[keys.Attempt])
 		attempt = base + int(returns)
 	}
 	msg := message.NewMessage(uuid, d.Body)

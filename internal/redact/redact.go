@@ -1,6 +1,7 @@
 // Package redact keeps passwords out of what the library, its command and its tests
-// print. It is the one place that knows how: every URI shown and every error that may
-// quote a URI goes through it.
+// print: every URI the root module shows and every error of it that may quote a URI
+// goes through it. The modules of their own (amqp1, metrics, cmd/amqpretry, the
+// quickstarts) build on the public API only and redact with their own code.
 package redact
 
 import (

@@ -10,13 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/configured"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/middleware"
@@ -41,7 +40,7 @@ type Wiring struct {
 	Retry *middleware.Retry
 	cfg   amqpretry.Config // with defaults
 	sub   Sub
-	view  configured.View // what cfg derives
+	view  backend.Derived // what cfg derives
 }
 
 // New validates sub and cfg, every invalid field named, and only then builds the
@@ -55,14 +54,14 @@ func New(sub Sub, cfg amqpretry.Config) (*Wiring, error) {
 	case sub.AMQP != nil:
 		t.AMQP = *sub.AMQP
 	default:
-		t.AMQP = amqp.Config{TLSClientConfig: sub.TLS, Heartbeat: 10 * time.Second}
+		t.AMQP = amqp.Config{TLSClientConfig: sub.TLS, Heartbeat: backend.Heartbeat}
 	}
 	r, err := middleware.New(cfg, t)
 	if err != nil {
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
-	return &Wiring{Retry: r, cfg: cfg, sub: sub, view: configured.Of(cfg)}, nil
+	return &Wiring{Retry: r, cfg: cfg, sub: sub, view: cfg.Derived()}, nil
 }
 
 // InProcess tells whether the Retry runs without a broker (the memory backend, no
@@ -99,16 +98,16 @@ func (w *Wiring) WorkQueueArgs(args amqp.Table) amqp.Table {
 
 // validate reports every invalid field of sub, for cfg (with defaults).
 func (sub Sub) validate(cfg amqpretry.Config) error {
+	v := cfg.Derived()
 	if sub.URI == "" {
-		if cfg.Backend != delay.Memory {
+		if !v.Caps.InProcess {
 			return fmt.Errorf("Subscriber: Connection.AmqpURI: required for the %s backend", cfg.Backend)
 		}
 		return nil
 	}
 	var errs []error
-	if cfg.Backend == delay.DeliveryTime {
-		errs = append(errs, fmt.Errorf("Backend: %s is %w on the AMQP 0-9-1 transport (watermill-amqp): it settles a failed delivery with an AMQP 1.0 outcome; use the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1, or another Backend (%s, %s, %s)",
-			cfg.Backend, delay.ErrUnsupported, delay.TTLTiers, delay.BinaryLevels, delay.DelayedRetry))
+	if v.Caps.AMQP1 {
+		errs = append(errs, delay.NeedsAMQP1(cfg.Backend))
 	}
 	if sub.QueueName == nil {
 		errs = append(errs, errors.New("Subscriber: Queue.GenerateName: required"))
@@ -119,7 +118,7 @@ func (sub Sub) validate(cfg amqpretry.Config) error {
 	if sub.Marshal == nil {
 		errs = append(errs, fmt.Errorf("Subscriber: Marshaler: %s cannot read dead-lettered messages; use the DefaultMarshaler or xdeath.Marshaler", sub.MarshalerType))
 	}
-	if configured.Of(cfg).WorkQueueArgs != nil {
+	if v.WorkQueueArgs != nil {
 		if t, ok := sub.QueueArgs[declare.QueueTypeArg]; ok && t != declare.QueueTypeQuorum {
 			errs = append(errs, fmt.Errorf("Subscriber: Queue.Arguments: %s %v: delayed retries need quorum work queues", declare.QueueTypeArg, t))
 		}

@@ -1,0 +1,153 @@
+package middleware
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/internal/backend"
+)
+
+// The hold: a retry the broker keeps as the failed delivery itself, in its work queue
+// (settle, holdInPlace), held again until due (holdAgain), and what this process
+// remembers of it until it comes back (heldRetries).
+
+// settle leaves msg in its work queue for the broker to hold and redeliver after
+// effective (an in-place backend): no copy. The envelope goes with it where the
+// transport can carry it.
+func (e *engine) settle(msg *message.Message, f failure, requested, effective time.Duration) error {
+	due := time.Now().Add(effective)
+	f.envelope.Attempt = f.attempt + 1
+	f.envelope.RequestedDelay, f.envelope.EffectiveDelay, f.envelope.Due = requested, effective, due
+	var md message.Metadata
+	if e.inPlace.caps.CarriesEnvelope {
+		md = message.Metadata{}
+		f.envelope.Write(md)
+	}
+	if err := e.holdInPlace(msg, effective, md); err != nil {
+		return e.handoffFailed(f, copyOf(msg), err, "other", true)
+	}
+	h := heldRetry{due: due, first: f.envelope.FirstFailure, env: f.envelope}
+	if f.backEarly {
+		h.early = f.early + 1
+	}
+	if hold := e.inPlace.caps.Longest; e.inPlace.caps.PastLongest == backend.HoldAgain && effective > hold {
+		// Back after the queue's delay, then held again until requested is over.
+		h.due, h.until = time.Now().Add(hold), time.Now().Add(requested)
+	}
+	e.held.add(msg.UUID, h)
+	e.failures.forget(msg.UUID)
+	n := e.stats.retries.add()
+	e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: f.queue, Backend: e.inPlace.name, Attempt: f.attempt, Err: f.err,
+		Requested: requested, Effective: effective})
+	if e.sampled(n) {
+		e.cfg.Logger.Info("Retry held in the work queue", f.log().Add(watermill.LogFields{
+			"requested_delay": requested.String(), "effective_delay": effective.String(), "delay_backend": e.inPlace.name}))
+	}
+	return nil
+}
+
+// holdInPlace has the broker hold msg, the delivery that failed, in its work queue for
+// effective: the in-place backend arranges how (with envelope where the transport can
+// carry it), and the middleware nacks it. That nack is the delivery's one settlement:
+// the handler chain then returns nil, and the router's Ack that follows does nothing
+// (a Watermill message nacked once is never acked: TestInPlaceSettlesOnce).
+func (e *engine) holdInPlace(msg *message.Message, effective time.Duration, envelope message.Metadata) error {
+	if err := e.inPlace.Backend.(backend.InPlace).Settle(msg, effective, envelope); err != nil {
+		return err
+	}
+	msg.Nack()
+	return nil
+}
+
+// holdAgain holds msg in its work queue once more when it is a retry held for a delay
+// longer than the queue's and not yet due: it never reaches the handler early. It
+// tells whether it did. A retry back long before the queue's delay is not held (the
+// queue does not hold retries: observeDelivery reports it).
+func (e *engine) holdAgain(msg *message.Message, d delivery) bool {
+	if !d.held || d.heldUntil.IsZero() || !d.at.Before(d.heldUntil) || e.inPlace == nil || e.held.isBroken(d.queue) {
+		return false
+	}
+	hold := e.inPlace.caps.Longest
+	if d.at.Before(d.heldDue.Add(-hold / 2)) {
+		return false
+	}
+	if err := e.holdInPlace(msg, hold, nil); err != nil {
+		return false
+	}
+	e.held.add(msg.UUID, heldRetry{due: d.at.Add(hold), until: d.heldUntil, first: d.envelope.FirstFailure, rehelds: d.rehelds + 1, env: d.envelope})
+	return true
+}
+
+// heldRetries remembers the retries this process left in their work queue, by UUID,
+// with their due time: to measure their lateness when they come back (the broker
+// redelivers them unchanged, so nothing on the message says when), and to notice a
+// work queue that does not hold them (a retry back long before its due time: the
+// queue lacks its delayed-retry settings, and every nack would come back at once).
+// It forgets everything when it would hold more than maxTracked.
+type heldRetries struct {
+	mu     sync.Mutex
+	due    map[string]heldRetry
+	broken map[string]bool // work queues found not to hold retries
+	size   atomic.Int64
+}
+
+// heldRetry is what the engine knows of a retry it held: when it is due, and when the
+// message first failed (the broker redelivers it unchanged, without its envelope).
+// until is when a retry held more than once is due (zero: due at due), rehelds how
+// many times it was held again.
+// env is the envelope the retry would carry on a copy: the broker redelivers the
+// message unchanged, so the engine writes it into the metadata when it comes back.
+// early counts the times in a row the message came back long before it was due.
+type heldRetry struct {
+	due, first, until time.Time
+	rehelds, early    int
+	env               Envelope
+}
+
+func (h *heldRetries) add(uuid string, r heldRetry) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.due == nil || len(h.due) >= maxTracked {
+		h.due = map[string]heldRetry{}
+	}
+	h.due[uuid] = r
+	h.size.Store(int64(len(h.due)))
+}
+
+// take returns and forgets what it knows of uuid, if this process held it.
+func (h *heldRetries) take(uuid string) (heldRetry, bool) {
+	if h.size.Load() == 0 {
+		return heldRetry{}, false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	due, ok := h.due[uuid]
+	delete(h.due, uuid)
+	h.size.Store(int64(len(h.due)))
+	return due, ok
+}
+
+// markBroken records that queue does not hold retries; it tells whether that is news.
+func (h *heldRetries) markBroken(queue string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.broken[queue] {
+		return false
+	}
+	if h.broken == nil {
+		h.broken = map[string]bool{}
+	}
+	h.broken[queue] = true
+	return true
+}
+
+func (h *heldRetries) isBroken(queue string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.broken[queue]
+}

@@ -1,0 +1,38 @@
+package middleware
+
+import "github.com/ThreeDotsLabs/watermill"
+
+// Log helpers: WARN where the logger has it.
+
+// warner is a logger with a WARN level. watermill.LoggerAdapter has none: where the
+// logger given has a Warn method it is used, else the line goes out at ERROR, so that
+// alerting on errors sees it.
+type warner interface {
+	Warn(msg string, fields watermill.LogFields)
+}
+
+// notice logs msg at WARN, or at INFO where the logger has no WARN level: something
+// was adjusted, and nothing is wrong.
+func notice(l watermill.LoggerAdapter, msg string, fields watermill.LogFields) {
+	if w, ok := l.(warner); ok {
+		w.Warn(msg, fields)
+		return
+	}
+	l.Info(msg, fields)
+}
+
+// warn logs msg at WARN, or at ERROR with err where the logger has no WARN level.
+func warn(l watermill.LoggerAdapter, msg string, err error, fields watermill.LogFields) {
+	if w, ok := l.(warner); ok {
+		if err != nil {
+			fields = fields.Add(watermill.LogFields{"err": err.Error()})
+		}
+		w.Warn(msg, fields)
+		return
+	}
+	if err == nil {
+		l.Info(msg, fields) // never err=<nil>
+		return
+	}
+	l.Error(msg, err, fields)
+}
