@@ -121,8 +121,11 @@ func TestBinaryLevelsRoutingKey(t *testing.T) {
 		{28, 65 * time.Second, "q", strings.Repeat("0.", 21) + "1.0.0.0.0.0.1.q"},
 		{28, (1<<28 - 1) * time.Second, "q", strings.Repeat("1.", 28) + "q"},
 	} {
-		if got := levels(tt.levels).routingKey(tt.delay, tt.queue); got != tt.want {
+		b := levels(tt.levels)
+		if got := b.routingKey(tt.delay, tt.queue); got != tt.want {
 			t.Errorf("levels %d, %s to %s: key %q, want %q", tt.levels, tt.delay, tt.queue, got, tt.want)
+		} else if got[b.Caps().KeyPrefix:] != tt.queue {
+			t.Errorf("levels %d: Caps.KeyPrefix %d does not find queue %q in key %q", tt.levels, b.Caps().KeyPrefix, tt.queue, got)
 		}
 	}
 }

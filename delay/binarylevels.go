@@ -22,7 +22,7 @@ import (
 // bit, then the destination queue: with 4 levels, 5s for queue orders is
 // "0.1.0.1.orders". Each level's topic exchange sends bit 1 to its queue and bit 0 on
 // to the next level's exchange, so a message waits only in the levels whose bit is set
-// and its waits add up to the  Every queue has one TTL, so FIFO order is expiry
+// and its waits add up to the delay. Every queue has one TTL, so FIFO order is expiry
 // order: no head-of-line blocking.
 //
 //	<prefix>.level.<L>       topic exchange AND quorum queue of level L; copies are
@@ -53,7 +53,7 @@ func (b *binaryLevels) Name() string { return string(BinaryLevels) }
 
 func (b *binaryLevels) Caps() backend.Caps {
 	return backend.Caps{Keeps: backend.KeepsCopy, Delays: backend.AnyDelay, Longest: b.maxDelay(), PastLongest: backend.Refuse,
-		CarriesEnvelope: true, Fix: "raise Levels (Prefix with it)",
+		CarriesEnvelope: true, KeyPrefix: 2 * b.levels, Fix: "raise Levels (Prefix with it)",
 		Text: fmt.Sprintf("1s steps up to %s (Levels %d), a longer delay is refused", b.maxDelay(), b.levels)}
 }
 

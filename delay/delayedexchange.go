@@ -54,7 +54,7 @@ func (b *delayedExchange) Name() string { return string(DelayedExchange) }
 
 func (b *delayedExchange) Caps() backend.Caps {
 	return backend.Caps{Keeps: backend.KeepsCopy, Delays: backend.AnyDelay, Longest: maxPluginDelay, PastLongest: backend.Refuse,
-		CarriesEnvelope: true, Text: fmt.Sprintf("1ms steps up to %s (the plugin's 2^32-1 ms), a longer delay is refused", maxPluginDelay),
+		CarriesEnvelope: true, Sealed: true, Text: fmt.Sprintf("1ms steps up to %s (the plugin's 2^32-1 ms), a longer delay is refused", maxPluginDelay),
 		Risk: "The delayed-exchange backend may lose retries that come due while the broker stops (the plugin routes them fire-and-forget); ttl-tiers and binary-levels do not"}
 }
 

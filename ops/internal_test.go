@@ -155,12 +155,18 @@ func TestPluginCountFailsLoudly(t *testing.T) {
 // retry-now`, which cannot act on the plugin; on delayed-exchange it says to wait for
 // the plugin's count to reach 0, watched with status.
 func TestTeardownAdviceOnDelayedExchange(t *testing.T) {
-	o := &Ops{retry: amqpretry.Config{Backend: delay.DelayedExchange}.WithDefaults()}
-	if got := o.waitAdvice(); strings.Contains(got, "retry-now") || !strings.Contains(got, "plugin's count reaches 0") || !strings.Contains(got, "amqpretry status") {
+	of := func(name delay.Backend) *Ops {
+		retry := amqpretry.Config{Backend: name}.WithDefaults()
+		b, err := delay.Lookup(retry.Derived().Backend)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &Ops{retry: retry, backend: b}
+	}
+	if got := of(delay.DelayedExchange).waitAdvice(); strings.Contains(got, "retry-now") || !strings.Contains(got, "plugin's count reaches 0") || !strings.Contains(got, "amqpretry status") {
 		t.Errorf("delayed-exchange: %q", got)
 	}
-	o.retry.Backend = delay.TTLTiers
-	if got := o.waitAdvice(); !strings.Contains(got, "amqpretry waiting retry-now") {
+	if got := of(delay.TTLTiers).waitAdvice(); !strings.Contains(got, "amqpretry waiting retry-now") {
 		t.Errorf("ttl-tiers: %q", got)
 	}
 }

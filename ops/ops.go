@@ -56,7 +56,9 @@ type Ops struct {
 	names   names.Names
 	// skip is how many bytes of a parked message's routing key come before the name of
 	// its queue: one "0." or "1." word per level for binary-levels, else none.
-	skip    int
+	skip int
+	// holds: the work queues hold retries (the Config's work queue arguments).
+	holds   bool
 	parking bool // the backend has a parking queue
 	handoff backend.Handoff
 	conn    *amqp.Connection
@@ -95,9 +97,7 @@ func New(cfg Config) (*Ops, error) {
 	if u, err := amqp.ParseURI(cfg.URI); err == nil {
 		o.vhost = u.Vhost
 	}
-	if retry.Backend == delay.BinaryLevels {
-		o.skip = 2 * retry.Levels
-	}
+	o.skip, o.holds = b.Caps().KeyPrefix, retry.Derived().WorkQueueArgs != nil
 	o.parking = slices.ContainsFunc(b.Topology().Queues, func(q topology.Queue) bool { return q.Name == o.names.Parking() })
 	h, err := delay.Dial(backend.HandoffConfig{
 		URI: cfg.URI, AMQP: cfg.AMQP, ConfirmTimeout: retry.ConfirmTimeout,
@@ -120,8 +120,8 @@ func New(cfg Config) (*Ops, error) {
 // that decide the topology (Config.Plan checks those, not the policy).
 func topologyConfig(r amqpretry.Config) (amqpretry.Config, error) {
 	r = r.WithDefaults()
-	if r.Backend == delay.Memory {
-		return r, errors.New("invalid config: Retry.Backend: the memory backend has nothing on the broker")
+	if r.Derived().Caps.InProcess {
+		return r, fmt.Errorf("invalid config: Retry.Backend: the %s backend has nothing on the broker (it keeps its retries in the application's process)", r.Backend)
 	}
 	if _, err := r.Plan(); err != nil {
 		return r, err
@@ -132,9 +132,7 @@ func topologyConfig(r amqpretry.Config) (amqpretry.Config, error) {
 // holdsRetries tells whether the work queues hold retries (RabbitMQ 4.3's delayed
 // retry: the delayed-retry backend, or HeldRetries), and so must be quorum queues, and
 // retries may wait in them: ops's one answer to that.
-func (o *Ops) holdsRetries() bool {
-	return o.retry.Backend == delay.DelayedRetry || o.retry.HeldRetries > 0
-}
+func (o *Ops) holdsRetries() bool { return o.holds }
 
 // Close closes both connections.
 func (o *Ops) Close() error {

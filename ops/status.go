@@ -261,7 +261,7 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 	flag := func(f Flag) { s.Flags = append(s.Flags, f) }
 
 	var pluginErr error
-	if o.retry.Backend == delay.DelayedExchange {
+	if o.backend.Caps().Sealed {
 		if version.NoPlugins(v) {
 			flag(Flag{Kind: FlagMissing, Name: "rabbitmq_delayed_message_exchange", Role: "plugin"})
 		}

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -165,7 +164,7 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 			res.Waiting[q] = n
 		}
 	}
-	if o.retry.Backend == delay.DelayedExchange && slices.Contains(res.Exchanges, o.names.Delayed()) {
+	if o.backend.Caps().Sealed && slices.Contains(res.Exchanges, o.names.Delayed()) {
 		n, err := o.pluginWaiting(ctx)
 		switch {
 		case err != nil:
@@ -215,7 +214,7 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 // waitAdvice says what to do about the messages waiting in the storage of the backend
 // torn down, short of forcing it.
 func (o *Ops) waitAdvice() string {
-	if o.retry.Backend == delay.DelayedExchange {
+	if o.backend.Caps().Sealed {
 		// The plugin cannot give its messages back early: waiting is all there is.
 		return "wait until the plugin's count reaches 0 as they come due (watch it with `amqpretry status --backend delayed-exchange`; the plugin offers no way to bring them back early)"
 	}

@@ -12,7 +12,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 )
 
@@ -56,7 +55,7 @@ var ErrPluginWaiting = errors.New("the delayed-message plugin offers no way to l
 // delayed-exchange backend (what, e.g. "list"), with the plugin's count when it can be
 // read, or nil for another backend.
 func (o *Ops) refusePlugin(ctx context.Context, what string) error {
-	if o.retry.Backend != delay.DelayedExchange {
+	if !o.backend.Caps().Sealed {
 		return nil
 	}
 	count := ""

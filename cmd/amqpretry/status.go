@@ -12,7 +12,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/amqpretry/amqpretry"
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/ops"
 )
 
@@ -219,7 +218,7 @@ func (a *app) printStatus(s ops.Status, cfg amqpretry.Config, queues []string, p
 		if s.Counted {
 			a.printf("broker: %s file descriptors, %s sockets\n", ofLimit(s.FileDescriptors, s.FileDescriptorLimit), ofLimit(s.Sockets, s.SocketLimit))
 		}
-		if s.Backend == delay.DelayedExchange {
+		if s.DelayedExchangeName != "" { // the backend's retries wait in the delayed-message plugin
 			state := "its exchange " + s.DelayedExchangeName + " exists, so the plugin runs"
 			switch {
 			case hasFlag(s, ops.FlagMissing, "plugin"):

@@ -112,7 +112,7 @@ counters; then a histogram of their due times.
 			ctl := src.ctlRunner(a.uri)
 			// On delayed-exchange ops refuses, with the plugin's reason (and its count,
 			// when rabbitmqctl reads it): no retry can be listed there.
-			if ctl == nil && a.backend != string(delay.DelayedExchange) {
+			if ctl == nil && !a.sealed() {
 				return usagef("waiting list needs rabbitmqctl (--rabbitmqctl): AMQP cannot read waiting retries without changing them")
 			}
 			o, err := a.openCtl(ctl)
@@ -450,4 +450,12 @@ func waitingNote(r ops.TeardownResult, name string) string {
 		return fmt.Sprintf(": %d messages waiting", n)
 	}
 	return fmt.Sprintf(": %d messages waiting, lost with it", n)
+}
+
+// sealed tells whether the configured backend's waiting retries can only be counted
+// (the delayed-message plugin's): ops then refuses to list or move them, with the
+// reason, and needs no rabbitmqctl to say so.
+func (a *app) sealed() bool {
+	cfg, err := a.retryConfig()
+	return err == nil && cfg.WithDefaults().Derived().Caps.Sealed
 }

@@ -24,6 +24,12 @@ type Caps struct {
 	// AMQP1 tells that it needs the AMQP 1.0 transport (package amqp1): it settles a
 	// failed delivery with an AMQP 1.0 outcome.
 	AMQP1 bool
+	// Sealed tells that its waiting retries cannot be read, brought back early or
+	// dropped: only counted (the delayed-message plugin). ops refuses those moves.
+	Sealed bool
+	// KeyPrefix is how many bytes of a parked copy's routing key come before the name
+	// of its work queue (binary-levels routes on the delay's bits), 0 for none.
+	KeyPrefix int
 	// Fix is how to raise Longest, or "".
 	Fix string
 	// Text describes what it keeps, for the log at start.
