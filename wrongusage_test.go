@@ -213,6 +213,24 @@ func classicUnderDelayedRetry(m topology.Mode) func(e *wuEnv) amqpretry.Config {
 	}
 }
 
+// quorumBack is the case of a user back from delayed-retry, which made the work queue
+// a quorum queue, on ttl-tiers with a subscriber config without its queue arguments
+// (the README's), through run (one watermill-amqp major).
+func quorumBack(major string, run func(*wuEnv, amqpretry.Config) string) wrongUsage {
+	return wrongUsage{
+		name:   "quorum work queue back on ttl-tiers, " + major,
+		broker: brokerAny,
+		cfg:    func(e *wuEnv) amqpretry.Config { return amqpretry.Config{Prefix: e.Prefix} },
+		setup:  func(e *wuEnv) { e.declareQuorum() },
+		do: func(e *wuEnv, cfg amqpretry.Config) string {
+			e.cleanup(cfg)
+			return run(e, cfg)
+		},
+		want: quorumBackFix,
+		is:   topology.ErrMismatch,
+	}
+}
+
 // quorumBackFix is the fix the refusal of a quorum work queue declared without
 // arguments names: the queue, what it has and what the config asks, the fixes, the doc.
 var quorumBackFix = []string{
@@ -346,32 +364,8 @@ func TestWrongUsage(t *testing.T) {
 			not:  []string{"HeldRetries"},
 			is:   delay.ErrUnsupported,
 		},
-		{
-			// Back from delayed-retry, which made the work queue a quorum queue, on a
-			// subscriber config without its queue arguments (the README's).
-			name:   "quorum work queue back on ttl-tiers, watermill-amqp v3",
-			broker: brokerAny,
-			cfg:    func(e *wuEnv) amqpretry.Config { return amqpretry.Config{Prefix: e.Prefix} },
-			setup:  func(e *wuEnv) { e.declareQuorum() },
-			do: func(e *wuEnv, cfg amqpretry.Config) string {
-				e.cleanup(cfg)
-				return runRouter(e, cfg)
-			},
-			want: quorumBackFix,
-			is:   topology.ErrMismatch,
-		},
-		{
-			name:   "quorum work queue back on ttl-tiers, watermill-amqp v2",
-			broker: brokerAny,
-			cfg:    func(e *wuEnv) amqpretry.Config { return amqpretry.Config{Prefix: e.Prefix} },
-			setup:  func(e *wuEnv) { e.declareQuorum() },
-			do: func(e *wuEnv, cfg amqpretry.Config) string {
-				e.cleanup(cfg)
-				return runRouterV2(e, cfg)
-			},
-			want: quorumBackFix,
-			is:   topology.ErrMismatch,
-		},
+		quorumBack("watermill-amqp v3", runRouter),
+		quorumBack("watermill-amqp v2", runRouterV2),
 		{
 			name:   "classic work queue under delayed-retry, topology mode declare",
 			broker: broker43,

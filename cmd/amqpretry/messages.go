@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/format"
 	"io"
 	"sort"
 	"strconv"
@@ -553,7 +554,7 @@ func ago(t time.Time) string {
 	if t.IsZero() {
 		return "-"
 	}
-	return t.UTC().Format(time.RFC3339) + " (" + short(time.Since(t)) + " ago)"
+	return t.UTC().Format(time.RFC3339) + " (" + format.Duration(time.Since(t)) + " ago)"
 }
 
 // clip cuts s to n runes, on one line.

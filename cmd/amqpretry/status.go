@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/format"
 	"net/url"
 	"os/exec"
 	"strings"
@@ -265,7 +266,7 @@ func (a *app) printStatus(s ops.Status, cfg amqpretry.Config, queues []string, p
 				}
 				switch {
 				case q.AgeKnown:
-					oldest = short(q.OldestAge)
+					oldest = format.Duration(q.OldestAge)
 				case q.Ready > 0 && q.Role == "delay" && !q.Peeked:
 					oldest = "unread"
 				case q.Ready > 0 && q.Role != "work":
@@ -318,7 +319,7 @@ func (a *app) printWaiting(s ops.Status) {
 		}
 		next, last := "-", "-"
 		if q.Waiting > 0 {
-			next, last = stamp(q.NextDue)+" (in "+short(time.Until(q.NextDue))+")", stamp(q.LastDue)+" (in "+short(time.Until(q.LastDue))+")"
+			next, last = stamp(q.NextDue)+" (in "+format.Duration(time.Until(q.NextDue))+")", stamp(q.LastDue)+" (in "+format.Duration(time.Until(q.LastDue))+")"
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\n", q.Name, q.Waiting, q.Overdue, next, last)
 	}
@@ -383,7 +384,7 @@ func (a *app) describe(f ops.Flag, s ops.Status, cfg amqpretry.Config, queues []
 		if f.Count > 0 {
 			return fmt.Sprintf("STUCK delay queue %s: %d expired messages waiting to be dead-lettered did not move for %s; dead lettering out of it has stalled (does the work queue refuse publishes, x-max-length with reject-publish?)", f.Name, f.Count, f.Interval)
 		}
-		return fmt.Sprintf("STUCK delay queue %s: its head is %s past its due time; dead lettering out of it has stalled (is its dead-letter exchange refusing publishes?)", f.Name, short(f.Late))
+		return fmt.Sprintf("STUCK delay queue %s: its head is %s past its due time; dead lettering out of it has stalled (is its dead-letter exchange refusing publishes?)", f.Name, format.Duration(f.Late))
 	case ops.FlagParked:
 		return fmt.Sprintf("PARKED %d messages in %s: retries whose work queue was gone when they came due; `amqpretry parking list` names their queues: re-create them (`%s`), then run `amqpretry parking redrive`", f.Count, f.Name, applyCommand(cfg, []string{"<queue>"}))
 	case ops.FlagConsumed:
@@ -397,19 +398,4 @@ func (a *app) describe(f ops.Flag, s ops.Status, cfg amqpretry.Config, queues []
 		return fmt.Sprintf("NEAR-LIMIT: the broker uses %d of its %d %s (%d%%); past the limit every new connection hangs in its handshake; on RabbitMQ 3.x each quorum queue holds 3 of them (docs/broker-resources.md): delete unused quorum queues, or raise the limit (ulimit -n, LimitNOFILE)", f.Count, f.Limit, what, f.Count*100/f.Limit)
 	}
 	return fmt.Sprintf("%s %s", strings.ToUpper(string(f.Kind)), f.Name)
-}
-
-// short formats d briefly.
-func short(d time.Duration) string {
-	switch {
-	case d < 0:
-		return "-" + short(-d)
-	case d < time.Second:
-		return d.Round(time.Millisecond).String()
-	case d < time.Minute:
-		return d.Round(100 * time.Millisecond).String()
-	case d < 24*time.Hour:
-		return d.Round(time.Second).String()
-	}
-	return fmt.Sprintf("%dd%s", d/(24*time.Hour), (d % (24 * time.Hour)).Round(time.Minute))
 }

@@ -3,6 +3,7 @@ package console
 import (
 	"encoding/hex"
 	"fmt"
+	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/format"
 	"html/template"
 	"net/http"
 	"net/url"
@@ -36,7 +37,7 @@ var funcs = template.FuncMap{
 		if t.IsZero() {
 			return "-"
 		}
-		return stamp(t) + " (" + short(time.Since(t)) + " ago)"
+		return stamp(t) + " (" + format.Duration(time.Since(t)) + " ago)"
 	},
 	"in": func(t time.Time) string {
 		if t.IsZero() {
@@ -44,11 +45,11 @@ var funcs = template.FuncMap{
 		}
 		d := time.Until(t)
 		if d < 0 {
-			return stamp(t) + " (" + short(-d) + " overdue)"
+			return stamp(t) + " (" + format.Duration(-d) + " overdue)"
 		}
-		return stamp(t) + " (in " + short(d) + ")"
+		return stamp(t) + " (in " + format.Duration(d) + ")"
 	},
-	"dur":   short,
+	"dur":   format.Duration,
 	"join":  strings.Join,
 	"upper": strings.ToUpper,
 	"dash": func(s string) string {
@@ -71,21 +72,6 @@ func stamp(t time.Time) string {
 		return "-"
 	}
 	return t.UTC().Format("2006-01-02 15:04:05Z")
-}
-
-// short formats d briefly.
-func short(d time.Duration) string {
-	switch {
-	case d < 0:
-		return "-" + short(-d)
-	case d < time.Second:
-		return d.Round(time.Millisecond).String()
-	case d < time.Minute:
-		return d.Round(100 * time.Millisecond).String()
-	case d < 24*time.Hour:
-		return d.Round(time.Second).String()
-	}
-	return fmt.Sprintf("%dd%s", d/(24*time.Hour), (d % (24 * time.Hour)).Round(time.Minute))
 }
 
 // parseFilter reads the filter fields of a query or form: queue, reason, error,
@@ -193,7 +179,7 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		if q.AgeKnown {
-			x.Oldest = short(q.OldestAge)
+			x.Oldest = format.Duration(q.OldestAge)
 		}
 		var states []string
 		for _, f := range st.Flags {
