@@ -67,20 +67,15 @@ func (c *failureCounts) forget(uuid string) {
 }
 
 // pause waits d, or until ctx is done.
-func pause(ctx context.Context, d time.Duration) {
-	if d <= 0 {
-		return
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
-}
+func pause(ctx context.Context, d time.Duration) { pauseUntil(ctx, d, nil) }
 
 // pausePaced waits d, or until ctx is done or the engine is closed.
 func (e *engine) pausePaced(ctx context.Context, d time.Duration) {
+	pauseUntil(ctx, d, e.life.closing())
+}
+
+// pauseUntil waits d, or until ctx is done or closing is closed (never, when nil).
+func pauseUntil(ctx context.Context, d time.Duration, closing <-chan struct{}) {
 	if d <= 0 {
 		return
 	}
@@ -89,6 +84,6 @@ func (e *engine) pausePaced(ctx context.Context, d time.Duration) {
 	select {
 	case <-t.C:
 	case <-ctx.Done():
-	case <-e.life.closing():
+	case <-closing:
 	}
 }
