@@ -267,3 +267,24 @@ func (l *countingLogger) Info(string, watermill.LogFields)                 {}
 func (l *countingLogger) Debug(string, watermill.LogFields)                {}
 func (l *countingLogger) Trace(string, watermill.LogFields)                {}
 func (l *countingLogger) With(watermill.LogFields) watermill.LoggerAdapter { return l }
+
+// TestHeldDelayIsTheQueues (issue 33): a retry the broker holds waits the queue's one
+// constant delay, whatever the schedule: that delay is the one asked for and the one
+// applied. The default policy's jittered backoff is not computed, nor reported as the
+// delay asked for (the quickstart printed 3.935251574s→1s).
+func TestHeldDelayIsTheQueues(t *testing.T) {
+	var events []amqpretry.Event
+	e, _ := newEngine(t, amqpretry.Config{HeldRetries: 2, DelayedRetryDelay: time.Second,
+		Observe: func(ev amqpretry.Event) { events = append(events, ev) }}, &fakeBackend{})
+	e.inPlace = keep(newInPlace(time.Second))
+	h := e.Middleware(failing(errFlaky))
+	if _, err := h(message.NewMessage("m", nil)); err != nil {
+		t.Fatal(err)
+	}
+	if len(events) == 0 {
+		t.Fatal("no event")
+	}
+	if last := events[len(events)-1]; last.Kind != amqpretry.EventRetryScheduled || last.Requested != time.Second || last.Effective != time.Second {
+		t.Errorf("held retry reported %s→%s (event %+v), want 1s→1s: the queue's delay", last.Requested, last.Effective, last)
+	}
+}
