@@ -151,22 +151,14 @@ func (e *wuEnv) subConfig() wamqpv3.Config {
 
 // declareClassic declares e.Queue as a classic queue, as watermill-amqp's durable
 // config does without arguments, deleted when the test ends.
-func (e *wuEnv) declareClassic() {
-	e.t.Helper()
-	ch, err := e.conn.Channel()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer ch.Close()
-	brokertest.Cleanup(e.t, []string{e.Queue}, nil)
-	if _, err := ch.QueueDeclare(e.Queue, true, false, false, false, nil); err != nil {
-		e.t.Fatal(err)
-	}
-}
+func (e *wuEnv) declareClassic() { e.declareQueue(nil) }
 
 // declareQuorum declares e.Queue as a quorum queue, as delayed-retry's subscriber
 // config did, deleted when the test ends.
-func (e *wuEnv) declareQuorum() {
+func (e *wuEnv) declareQuorum() { e.declareQueue(amqp.Table{"x-queue-type": "quorum"}) }
+
+// declareQueue declares e.Queue, durable, with args, deleted when the test ends.
+func (e *wuEnv) declareQueue(args amqp.Table) {
 	e.t.Helper()
 	ch, err := e.conn.Channel()
 	if err != nil {
@@ -174,7 +166,7 @@ func (e *wuEnv) declareQuorum() {
 	}
 	defer ch.Close()
 	brokertest.Cleanup(e.t, []string{e.Queue}, nil)
-	if _, err := ch.QueueDeclare(e.Queue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+	if _, err := ch.QueueDeclare(e.Queue, true, false, false, false, args); err != nil {
 		e.t.Fatal(err)
 	}
 }

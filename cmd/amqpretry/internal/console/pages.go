@@ -226,16 +226,7 @@ func (s *Server) messages(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	pageNo, err := pageNumber(q)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	var res ops.ListResult
-	err = s.use(func(b Broker) (err error) {
-		res, err = b.List(r.Context(), source, ops.ListOptions{Filter: f, Limit: -1, Window: s.cfg.Window})
-		return err
-	})
+	pageNo, res, err := s.listPage(r, source, f)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -497,16 +488,7 @@ func (s *Server) waiting(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, badRequest("span: want hour or day, got %q", q.Get("span")))
 		return
 	}
-	pageNo, err := pageNumber(q)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	var res ops.ListResult
-	err = s.use(func(b Broker) (err error) {
-		res, err = b.List(r.Context(), ops.Waiting, ops.ListOptions{Filter: f, Limit: -1, Window: s.cfg.Window})
-		return err
-	})
+	pageNo, res, err := s.listPage(r, ops.Waiting, f)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -706,4 +688,19 @@ func (s *Server) move(w http.ResponseWriter, r *http.Request) {
 	default:
 		s.fail(w, r, badRequest("step: want dry or do, got %q", r.PostForm.Get("step")))
 	}
+}
+
+// listPage reads the page number of r's query and lists what matches f in source, all
+// of it up to the window (the page is cut from it).
+func (s *Server) listPage(r *http.Request, source ops.Source, f ops.Filter) (int, ops.ListResult, error) {
+	pageNo, err := pageNumber(r.URL.Query())
+	if err != nil {
+		return 0, ops.ListResult{}, err
+	}
+	var res ops.ListResult
+	err = s.use(func(b Broker) (err error) {
+		res, err = b.List(r.Context(), source, ops.ListOptions{Filter: f, Limit: -1, Window: s.cfg.Window})
+		return err
+	})
+	return pageNo, res, err
 }
