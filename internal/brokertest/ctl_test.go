@@ -51,7 +51,8 @@ func requireRestart(tb testing.TB) *stopTB {
 // broker at AMQP_URI. It only reads the node's status.
 func TestRequireRestartRefusesAnotherNode(t *testing.T) {
 	skipShort(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	// Several rabbitmqctl runs, each bounded by ctlTimeout: room for a loaded machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	ports, err := ctlAMQPPorts(ctx)
 	if err != nil || len(ports) == 0 {
