@@ -54,7 +54,7 @@ type Ops struct {
 	retry   amqpretry.Config // defaults applied; see topologyConfig
 	backend backend.Backend
 	names   names.Names
-	// skip is how many bytes of a parked message's routing key come before the name of
+	// skip is how many bytes of a parked copy's routing key come before the name of
 	// its queue: one "0." or "1." word per level for binary-levels, else none.
 	skip int
 	// holds: the work queues hold retries (the Config's work queue arguments).
