@@ -64,19 +64,32 @@ func (sub SubscriberConfig) validateFor(cfg amqpretry.Config) error {
 	if err := sub.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if !cfg.Derived().Caps.AMQP1 { // a backend that settles with an AMQP 1.0 outcome
-		errs = append(errs, fmt.Errorf("Backend: %q: the AMQP 1.0 transport retries with %s only", cfg.Backend, delay.DeliveryTime))
+	if !cfg.Derived().Caps.AMQP1 {
+		errs = append(errs, fmt.Errorf("Backend: %q: the AMQP 1.0 transport retries only with a backend that settles a failed delivery with an AMQP 1.0 outcome (%s): leave Backend empty for its default",
+			cfg.Backend, strings.Join(amqp1Backends(), ", ")))
 	}
 	if sub.Queue.Type != "quorum" {
-		errs = append(errs, fmt.Errorf("Subscriber: Queue.Type %q: %s needs quorum queues", sub.Queue.Type, delay.DeliveryTime))
+		errs = append(errs, fmt.Errorf("Subscriber: Queue.Type %q: the broker holds a retry (x-opt-delivery-time) in a quorum queue only: set Queue.Type to \"quorum\", its default", sub.Queue.Type))
 	}
 	if err := deliveryLimitFits(sub.Queue.Arguments, cfg.Policy.MaxAttempts); err != nil {
 		errs = append(errs, err)
 	}
 	if cfg.HeldRetries != 0 {
-		errs = append(errs, fmt.Errorf("HeldRetries: every retry is held in the queue with %s", delay.DeliveryTime))
+		errs = append(errs, fmt.Errorf("HeldRetries: %d: the AMQP 1.0 transport holds every retry in the work queue already: leave HeldRetries 0", cfg.HeldRetries))
 	}
 	return errors.Join(errs...)
+}
+
+// amqp1Backends are the backends this transport retries with: those that settle a
+// failed delivery with an AMQP 1.0 outcome (Caps.AMQP1), each with its defaults.
+func amqp1Backends() []string {
+	var out []string
+	for _, n := range delay.Backends() {
+		if (amqpretry.Config{Backend: n}).WithDefaults().Derived().Caps.AMQP1 {
+			out = append(out, string(n))
+		}
+	}
+	return out
 }
 
 // defaultDeliveryLimit is the x-delivery-limit RabbitMQ 4 gives a quorum queue

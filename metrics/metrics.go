@@ -21,8 +21,9 @@
 // # Metrics
 //
 // Counters:
-//   - amqpretry_retries_scheduled_total{queue,backend}: retries handed off and confirmed,
-//     or, backend="delayed-retry", settled for the broker to hold in the work queue.
+//   - amqpretry_retries_scheduled_total{queue,backend}: retries parked (handed off and
+//     confirmed), or, backend="delayed-retry" or "delivery-time", held by the broker in
+//     the work queue.
 //   - amqpretry_poisoned_total{queue,reason}: messages poisoned, by reason (permanent,
 //     max-attempts, delay-too-long, handoff-failed, too-large).
 //   - amqpretry_handoff_failures_total{queue,cause}: failed hand-offs, by cause
@@ -31,9 +32,9 @@
 //     and the message waits in its work queue until it is created again).
 //
 // Histograms:
-//   - amqpretry_handoff_seconds: publish to confirm of each confirmed hand-off (retries
-//     copied to a delay backend, and poisonings). A retry the broker holds in place
-//     (delayed-retry, delivery-time) is not published and is not observed here.
+//   - amqpretry_handoff_seconds: publish to confirm of each confirmed hand-off (parked
+//     retries, and poisonings). A held retry (delayed-retry, delivery-time: the broker
+//     holds the failed delivery) is not published and is not observed here.
 //   - amqpretry_redelivery_lateness_seconds{backend}: arrival of a retry minus its due
 //     time (recorded on a copy; for a retry held in the work queue, kept by the
 //     middleware that settled it). An early arrival (clock skew between processes, or
@@ -46,8 +47,10 @@
 // of their own):
 //   - amqpretry_waiting_retries{queue}: messages in each delay queue (tiers or levels).
 //     Retries held in a work queue by RabbitMQ 4.3 are counted in that queue, not here.
-//   - amqpretry_parked_messages{queue}: messages in the parking queue. There is no parked
-//     counter: the broker parks a retry when it comes due, out of the library's sight.
+//   - amqpretry_parked_messages{queue}: messages in the parking queue (the name is kept
+//     for compatibility: "park" is to copy a retry into delay storage). There is no
+//     counter of them: the broker routes a retry to the parking queue when it comes
+//     due, out of the library's sight.
 //   - amqpretry_poison_queue_messages{queue}: messages in the poison queue.
 //
 // Gauges refreshed by RefreshWaiting (through ops, with rabbitmqctl eval):
@@ -143,7 +146,7 @@ func New(cfg Config) (*Metrics, error) {
 	m := &Metrics{
 		dial: cfg.AMQP,
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "retries_scheduled_total",
-			Help: "Retries handed off to the delay backend and confirmed by the broker, or (backend delayed-retry) held by the broker in the work queue."}, []string{"queue", "backend"}),
+			Help: "Retries parked in delay storage and confirmed by the broker, or held by the broker in the work queue (backend delayed-retry or delivery-time)."}, []string{"queue", "backend"}),
 		poisoned: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "poisoned_total",
 			Help: "Messages sent to the poison queue, by reason."}, []string{"queue", "reason"}),
 		handoffFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "handoff_failures_total",
@@ -191,7 +194,7 @@ func (m *Metrics) Observe(e amqpretry.Event) {
 		backend := orUnknown(string(e.Backend))
 		m.took.set(e.Queue, e.Attempt, backend)
 		m.retries.WithLabelValues(e.Queue, backend).Inc()
-		if e.Handoff > 0 { // a retry the broker holds in place (delayed-retry, delivery-time) is not published
+		if e.Handoff > 0 { // a held retry (delayed-retry, delivery-time) is not published
 			m.handoff.Observe(e.Handoff.Seconds())
 		}
 	case amqpretry.EventPoisoned:

@@ -115,6 +115,25 @@ func TestTopologyConfig(t *testing.T) {
 	}
 }
 
+// TestHasParking: the backends with a delivery exchange have the parking queue, the
+// others none, whatever the prefix; a Config naming no valid backend has none.
+func TestHasParking(t *testing.T) {
+	want := map[delay.Backend]bool{delay.TTLTiers: true, delay.BinaryLevels: true}
+	for _, b := range delay.Backends() {
+		for _, prefix := range []string{"", "orders"} {
+			if got := HasParking(amqpretry.Config{Backend: b, Prefix: prefix}); got != want[b] {
+				t.Errorf("%s, prefix %q: HasParking = %v, want %v", b, prefix, got, want[b])
+			}
+		}
+	}
+	if !HasParking(amqpretry.Config{}) {
+		t.Error("the default backend: HasParking = false, want true")
+	}
+	if HasParking(amqpretry.Config{Backend: "bogus"}) {
+		t.Error("an unknown backend: HasParking = true")
+	}
+}
+
 // TestNewValidatesBeforeDialling: an invalid config never dials (the URI names no
 // broker that could answer).
 func TestNewValidatesBeforeDialling(t *testing.T) {

@@ -26,8 +26,9 @@ const defaultListLimit = 100
 
 // Filter selects messages of the poison or parking queue. Zero fields match all.
 type Filter struct {
-	// Queue: the queue the message failed on (Envelope.Queue) or, for a parked retry
-	// scheduled by other code than the middleware, the queue it was due back to.
+	// Queue: the queue the message failed on (Envelope.Queue) or, for a retry in the
+	// parking queue scheduled by other code than the middleware, the queue it was due
+	// back to.
 	Queue string `json:"queue,omitempty"`
 	// Reason: the poison reason.
 	Reason amqpretry.Reason `json:"reason,omitempty"`
@@ -70,10 +71,10 @@ func (f Filter) match(m Message, now time.Time) bool {
 	return len(f.IDs) == 0 || slices.ContainsFunc(f.IDs, func(id string) bool { return id == m.UUID || id == m.MessageID })
 }
 
-// Message is one poisoned or parked message: its failure envelope, and what the queue
-// delivered. The Envelope's Queue is where a redrive sends it: the envelope's, or, for
-// a parked retry scheduled by other code than the middleware (it has no envelope), the
-// queue its routing key names (after one word per level for binary-levels); "" when
+// Message is one message of the poison or parking queue: its failure envelope, and
+// what the queue delivered. The Envelope's Queue is where a redrive sends it: the
+// envelope's, or, for a retry in the parking queue scheduled by other code than the
+// middleware (it has no envelope), the queue its routing key names (after one word per level for binary-levels); "" when
 // unknown.
 //
 // The Envelope's fields keep their own JSON tags (snake_case, see middleware.Envelope)
@@ -126,8 +127,9 @@ func (o *Ops) message(d amqp.Delivery, full bool) (Message, error) {
 		m.Time = d.Timestamp
 	}
 	if m.Queue == "" && d.Exchange != "" {
-		// Dead-lettered to a delivery exchange and parked: the routing key it was
-		// published with names the queue, after one word per level for binary-levels.
+		// Dead-lettered to a delivery exchange, then to the parking queue: the routing
+		// key it was published with names the queue, after one word per level for
+		// binary-levels.
 		if len(d.RoutingKey) > o.skip {
 			m.Queue = d.RoutingKey[o.skip:]
 		}

@@ -54,7 +54,7 @@ type Ops struct {
 	retry   amqpretry.Config // defaults applied; see topologyConfig
 	backend backend.Backend
 	names   names.Names
-	// skip is how many bytes of a parked message's routing key come before the name of
+	// skip is how many bytes of a parked copy's routing key come before the name of
 	// its queue: one "0." or "1." word per level for binary-levels, else none.
 	skip int
 	// holds: the work queues hold retries (the Config's work queue arguments).
@@ -76,7 +76,7 @@ const (
 	Poison Source = "poison"
 	// Parking is the parking queue (<prefix>.parking) of the backends with a delivery
 	// exchange (ttl-tiers, binary-levels): retries whose work queue was gone when they
-	// came due.
+	// came due. HasParking tells whether a Config's backend has one.
 	Parking Source = "parking"
 )
 
@@ -98,7 +98,7 @@ func New(cfg Config) (*Ops, error) {
 		o.vhost = u.Vhost
 	}
 	o.skip, o.holds = b.Caps().KeyPrefix, retry.Derived().WorkQueueArgs != nil
-	o.parking = slices.ContainsFunc(b.Topology().Queues, func(q topology.Queue) bool { return q.Name == o.names.Parking() })
+	o.parking = hasParking(b, o.names)
 	h, err := delay.Dial(backend.HandoffConfig{
 		URI: cfg.URI, AMQP: cfg.AMQP, ConfirmTimeout: retry.ConfirmTimeout,
 		// A redrive never declares: a message whose queue is gone stays where it is.
@@ -127,6 +127,27 @@ func topologyConfig(r amqpretry.Config) (amqpretry.Config, error) {
 		return r, err
 	}
 	return r, nil
+}
+
+// HasParking tells whether the backend retry names (with retry's defaults) has a
+// parking queue, the Source Parking, where a retry whose work queue is gone when it
+// comes due waits: a backend whose retries come due through a delivery exchange
+// (ttl-tiers, binary-levels). False for a Config naming no valid backend. It touches no broker: a
+// caller that shows the parking queue asks this before it connects, and gets the
+// answer New gets.
+func HasParking(retry amqpretry.Config) bool {
+	retry = retry.WithDefaults()
+	b, err := delay.Lookup(retry.Derived().Backend)
+	if err != nil {
+		return false
+	}
+	return hasParking(b, names.Names{Prefix: retry.Prefix})
+}
+
+// hasParking tells whether b declares the parking queue under n: ops's one answer to
+// HasParking.
+func hasParking(b backend.Backend, n names.Names) bool {
+	return slices.ContainsFunc(b.Topology().Queues, func(q topology.Queue) bool { return q.Name == n.Parking() })
 }
 
 // holdsRetries tells whether the work queues hold retries (RabbitMQ 4.3's delayed

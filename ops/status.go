@@ -189,9 +189,15 @@ const (
 	// dead-lettered did not move between two samples (does the work queue refuse
 	// publishes: x-max-length with reject-publish?).
 	FlagStuck FlagKind = "stuck"
-	// FlagParked: Flag.Count retries wait in the parking queue: their work queue was
-	// gone when they came due. Re-create it, then redrive them.
-	FlagParked FlagKind = "parked"
+	// FlagParkingQueue: Flag.Count retries wait in the parking queue: their work queue
+	// was gone when they came due. Re-create it, then redrive them. Its value stays
+	// "parked" (the JSON of Status).
+	FlagParkingQueue FlagKind = "parked"
+	// FlagParked is FlagParkingQueue: "park" is to copy a retry into delay storage
+	// (package amqpretry, # Words), not the parking queue.
+	//
+	// Deprecated: use FlagParkingQueue.
+	FlagParked = FlagParkingQueue
 	// FlagConsumed: a delay queue has Flag.Count consumers: a delivered message never
 	// expires.
 	FlagConsumed FlagKind = "consumed"
@@ -220,7 +226,7 @@ type Flag struct {
 	Name string `json:"name"`
 	// Role of the queue (QueueStatus.Role), or "exchange" or "plugin".
 	Role string `json:"role,omitempty"`
-	// Count: the messages parked, the consumers, the messages stuck waiting to be
+	// Count: the messages in the parking queue, the consumers, the messages stuck waiting to be
 	// dead-lettered, the members online, or the file descriptors or sockets used.
 	Count int `json:"count,omitempty"`
 	// Limit: the broker's limit (FlagNearLimit), or the queue's members
@@ -387,7 +393,7 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 		case !qs.Exists:
 			flag(Flag{Kind: FlagMissing, Name: qs.Name, Role: qs.Role})
 		case qs.Role == "parking" && qs.Ready > 0:
-			flag(Flag{Kind: FlagParked, Name: qs.Name, Role: qs.Role, Count: qs.Ready})
+			flag(Flag{Kind: FlagParkingQueue, Name: qs.Name, Role: qs.Role, Count: qs.Ready})
 		case qs.Role == "work" && o.holdsRetries():
 			t, err := o.workQueueType(qs)
 			if err != nil {

@@ -14,7 +14,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/console"
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/ops"
 )
 
@@ -120,7 +119,6 @@ it the console shows the rest.
 			for _, h := range hosts {
 				allowed = append(allowed, net.JoinHostPort(h, port))
 			}
-			parking := cfg.Backend == delay.TTLTiers || cfg.Backend == delay.BinaryLevels
 			srv, err := console.New(console.Config{
 				Open: func() (console.Broker, error) {
 					o, _, err := a.openWith(ctl)
@@ -128,7 +126,7 @@ it the console shows the rest.
 				},
 				Token: token, ReadOnly: readOnly, Hosts: allowed, Scheme: scheme,
 				Status:  ops.StatusOptions{WorkQueues: queues, Counts: counts},
-				Parking: parking, Waiting: ctl != nil, Limit: limit, Window: window,
+				Parking: ops.HasParking(cfg), Waiting: ctl != nil, Limit: limit, Window: window,
 				Title:    fmt.Sprintf("%s, backend %s, prefix %s", redactURI(a.uri), cfg.Backend, cfg.Prefix),
 				Describe: func(f ops.Flag, s ops.Status) string { return a.describe(f, s, cfg, queues) },
 				Hidden:   func(k string) bool { return shown[k] },

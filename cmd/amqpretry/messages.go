@@ -37,11 +37,11 @@ func reasonList() string {
 
 // filterFlags adds the filter flags to fs; check validates them.
 func filterFlags(fs *pflag.FlagSet, f *ops.Filter) (check func() error) {
-	fs.StringVar(&f.Queue, "queue", "", "only messages that failed on this queue (or, parked, were due back to it)")
+	fs.StringVar(&f.Queue, "queue", "", "only messages that failed on this queue (or, in the parking queue, were due back to it)")
 	reason := fs.String("reason", "", "only this poison reason: "+reasonList())
 	fs.StringVar(&f.Error, "error", "", "only messages whose error contains this text")
-	fs.Var(nonNegativeDuration{&f.OlderThan}, "older-than", "only messages that failed (parked: came due) longer ago than this")
-	fs.Var(nonNegativeDuration{&f.NewerThan}, "newer-than", "only messages that failed (parked: came due) more recently than this")
+	fs.Var(nonNegativeDuration{&f.OlderThan}, "older-than", "only messages that failed (in the parking queue: came due) longer ago than this")
+	fs.Var(nonNegativeDuration{&f.NewerThan}, "newer-than", "only messages that failed (in the parking queue: came due) more recently than this")
 	fs.StringArrayVar(&f.IDs, "id", nil, "only this message (Watermill UUID or AMQP message id); repeat for more")
 	return func() error {
 		if *reason == "" {
@@ -269,14 +269,14 @@ func (a *app) moveCmd(source ops.Source, purge bool) *cobra.Command {
 	var check func() error
 	name, doing := "redrive", "redriving"
 	short := fmt.Sprintf("Send matching messages of the %s queue back to the queue each failed on", source)
-	long := `redrive sends each matching message back to the queue it failed on (for a parked retry,
-the queue it was due back to) through the library's confirmed hand-off: persistent,
+	long := `redrive sends each matching message back to the queue it failed on (for a retry in the
+parking queue, the queue it was due back to) through the library's confirmed hand-off: persistent,
 mandatory, confirm awaited, and only then acked here: at-least-once, nothing lost. A
 message whose queue does not exist stays where it is, reported (exit status 1). Killed
 mid-run, a message is back on its queue or still here (the one whose confirm arrived
 just before the kill may be in both); Ctrl-C stops between two messages.`
 	if source == ops.Parking {
-		short = "Send matching parked retries to the queue each was due back to, once it exists again"
+		short = "Send matching retries of the parking queue to the queue each was due back to, once it exists again"
 	}
 	if purge {
 		name, doing = "purge", "purging"
@@ -335,7 +335,7 @@ a progress bar on a terminal, a line of counts a second otherwise (stderr).
 	} else {
 		def := source == ops.Poison
 		f.BoolVar(&opts.ResetAttempts, "reset-attempts", def,
-			"remove the attempt count so the message gets the policy's full attempts again (poison: default true, else a message left at its last attempt is poisoned again at its next failure; parking: default false, a parked retry keeps its place in its schedule)")
+			"remove the attempt count so the message gets the policy's full attempts again (poison: default true, else a message left at its last attempt is poisoned again at its next failure; parking: default false, a retry of the parking queue keeps its place in its schedule)")
 	}
 	return c
 }
@@ -496,8 +496,8 @@ func moveLine(m ops.Message, kind moveKind) string {
 	return fmt.Sprintf("%s -> %s (%s)", m.UUID, orUnknown(m.Queue), about(m))
 }
 
-// about describes a message in a few words: why it failed, or, for a parked retry,
-// where it stood in its schedule.
+// about describes a message in a few words: why it failed, or, for a retry of the
+// parking queue, where it stood in its schedule.
 func about(m ops.Message) string {
 	if m.Reason != "" {
 		if m.Error == "" {

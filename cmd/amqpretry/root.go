@@ -251,15 +251,22 @@ func buildVersion() string {
 	return fmt.Sprintf("%s (library %s, %s)", info.Main.Version, lib, info.GoVersion)
 }
 
-// brokerBackends are the backends with something on the broker.
+// brokerBackends are the backends with something on the broker: all but those that
+// keep their retries in the application's process (Caps.InProcess).
 func brokerBackends() []string {
 	var out []string
 	for _, n := range delay.Backends() {
-		if n != delay.Memory {
+		if !inProcess(amqpretry.Config{Backend: n}) {
 			out = append(out, string(n))
 		}
 	}
 	return out
+}
+
+// inProcess tells whether cfg's backend keeps its retries in the application's
+// process, with nothing on the broker for the command to see (Caps.InProcess).
+func inProcess(cfg amqpretry.Config) bool {
+	return cfg.WithDefaults().Derived().Caps.InProcess
 }
 
 // retryConfig is the application's retry configuration from the common flags: the
@@ -272,8 +279,8 @@ func (a *app) retryConfig() (amqpretry.Config, error) {
 	if a.flags.Changed("tiers") {
 		cfg.Tiers = a.tiers
 	}
-	if cfg.Backend == delay.Memory {
-		return cfg, usagef("--backend: the memory backend has nothing on the broker (known: %s)", strings.Join(brokerBackends(), ", "))
+	if inProcess(cfg) {
+		return cfg, usagef("--backend: the %s backend has nothing on the broker (known: %s)", cfg.Backend, strings.Join(brokerBackends(), ", "))
 	}
 	if _, err := cfg.Plan(); err != nil { // checks what decides the topology
 		return cfg, usagef("invalid retry configuration: %s", flagNames(strings.TrimPrefix(err.Error(), "invalid config: ")))

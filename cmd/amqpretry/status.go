@@ -385,7 +385,7 @@ func (a *app) describe(f ops.Flag, s ops.Status, cfg amqpretry.Config, queues []
 			return fmt.Sprintf("STUCK delay queue %s: %d expired messages waiting to be dead-lettered did not move for %s; dead lettering out of it has stalled (does the work queue refuse publishes, x-max-length with reject-publish?)", f.Name, f.Count, f.Interval)
 		}
 		return fmt.Sprintf("STUCK delay queue %s: its head is %s past its due time; dead lettering out of it has stalled (is its dead-letter exchange refusing publishes?)", f.Name, format.Duration(f.Late))
-	case ops.FlagParked:
+	case ops.FlagParkingQueue:
 		return fmt.Sprintf("PARKED %d messages in %s: retries whose work queue was gone when they came due; `amqpretry parking list` names their queues: re-create them (`%s`), then run `amqpretry parking redrive`", f.Count, f.Name, applyCommand(cfg, []string{"<queue>"}))
 	case ops.FlagConsumed:
 		return fmt.Sprintf("CONSUMED delay queue %s has %d consumers: a delivered message never expires; stop them", f.Name, f.Count)
