@@ -54,7 +54,7 @@ func (b *ttlTiers) Name() string { return string(TTLTiers) }
 
 func (b *ttlTiers) Caps() backend.Caps {
 	longest := b.tiers[len(b.tiers)-1]
-	return backend.Caps{Keeps: backend.KeepsCopy, Delays: backend.LadderDelays, Longest: longest, PastLongest: backend.ParkAgain,
+	return backend.Caps{Keeps: backend.KeepsCopy, Delays: backend.LadderDelays, Longest: longest, PastLongest: backend.Repark,
 		CarriesEnvelope: true, Fix: "add a longer tier to Tiers",
 		Text: fmt.Sprintf("%d tiers from %s to %s, a delay snaps up to the next, a longer one is held %s", len(b.tiers), b.tiers[0], longest, longest)}
 }

@@ -25,7 +25,7 @@ import (
 type engine struct {
 	cfg     amqpretry.Config // with defaults
 	backend *kept            // copies: nil for delayed-retry alone
-	inPlace *kept            // retries held in place (backend.InPlace): the first ones, or every one; nil for none
+	holder  *kept            // holds retries (backend.Holder): the first HeldRetries, or every one; nil for none
 	poisonQ func(ctx context.Context, msg *message.Message) error
 	wiring  wiring
 
@@ -73,7 +73,7 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 					return nil, e.refuseClosed(msg, d, nil)
 				}
 				defer e.life.end()
-				return nil, e.parkAgain(msg, d, d.parkedUntil)
+				return nil, e.repark(msg, d, d.parkedUntil)
 			}
 			if pp, ok := e.pending.get(msg); ok {
 				// It failed for good already: only its poison publish is retried.
@@ -146,7 +146,7 @@ type delivery struct {
 	backEarly bool
 	early     int
 	// parkedUntil is when a copy parked for longer than the backend keeps is due
-	// (keys.HoldUntil); zero for any other.
+	// (keys.ParkUntil); zero for any other.
 	parkedUntil time.Time
 }
 
@@ -164,19 +164,19 @@ func (e *engine) read(msg *message.Message) delivery {
 	}
 	d.owned = e.wiring.ID == "" || d.owner == e.wiring.ID
 	d.queue = e.wiring.Queue(d.topic)
-	if v, ok := msg.Metadata[keys.HoldUntil]; ok {
+	if v, ok := msg.Metadata[keys.ParkUntil]; ok {
 		d.parkedUntil, _ = time.Parse(time.RFC3339Nano, v) // zero when unreadable
 	}
 	remembered := false // the envelope is the one kept when it was held
 	var h heldRetry
 	ok := false
-	if e.inPlace != nil { // only a backend that keeps the delivery leaves held retries
+	if e.holder != nil { // only a backend that keeps the delivery leaves held retries
 		h, ok = e.held.take(msg.UUID)
 	}
 	if ok && d.owned {
 		// A retry held in the work queue comes back without its envelope.
 		d.held, d.heldDue, d.heldUntil, d.rehelds, d.early = true, h.due, h.until, h.rehelds, h.early
-		d.backEarly = e.inPlace != nil && e.inPlace.caps.Delays == backend.ConstantDelay && d.at.Sub(h.due) < -e.inPlace.caps.Longest/2
+		d.backEarly = e.holder != nil && e.holder.caps.Delays == backend.ConstantDelay && d.at.Sub(h.due) < -e.holder.caps.Longest/2
 		if !h.env.FirstFailure.IsZero() {
 			// What a copy would have carried: the handler reads it as on a copy.
 			d.envelope, remembered = h.env, true
@@ -251,8 +251,7 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	f := failure{delivery: d, err: err, maxAttempts: e.cfg.Policy.MaxAttempts}
 	f.envelope = e.envelope(d, err)
 
-	// The copy (copyOf) is made where a way out publishes one: never for a retry held
-	// in place.
+	// The copy (copyOf) is made where a way out publishes one: never for a held retry.
 	switch {
 	case werr != nil:
 		return e.handoffFailed(f, copyOf(run), werr, "not-wired", true)
@@ -263,15 +262,15 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	case d.queue == "":
 		return errors.Join(err, fmt.Errorf("%w: no subscribed topic in the message context (is the middleware on a router handler?)", amqpretry.ErrHandoff))
 	}
-	target, inPlace := e.backend, e.holdsInPlace(d, *decided)
+	target, held := e.backend, e.holdsRetry(d, *decided)
 	switch {
-	case inPlace:
-		target = e.inPlace
+	case held:
+		target = e.holder
 	case e.backend == nil && e.held.isBroken(d.queue):
 		f.envelope.Error = fmt.Sprintf("work queue %q does not hold delayed retries (a nacked message came back at once), and no copying backend is configured; handler error: %v", d.queue, err)
 		return e.poison(f, copyOf(run), amqpretry.ReasonHandoffFailed)
-	case e.backend == nil: // delayed-retry alone, asked for a delay of its own
-		target, inPlace = e.inPlace, true
+	case e.backend == nil: // a holder alone, asked for a delay of its own
+		target, held = e.holder, true
 	}
 
 	// Size.
@@ -292,17 +291,17 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	}
 	var holdUntil time.Time
 	switch {
-	case requested > effective && caps.PastLongest == backend.ParkAgain && decided.Delay > 0:
+	case requested > effective && caps.PastLongest == backend.Repark && decided.Delay > 0:
 		// A delay of the error's own (a server's Retry-After) is never cut short: the
 		// copy is parked again when it comes back, until it is due.
 		holdUntil = time.Now().Add(requested)
 		notice(e.cfg.Logger, "Delay asked for is longer than the longest tier: the retry is parked again until it is due",
 			f.log().Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
-	case requested > effective && caps.PastLongest == backend.ParkAgain:
+	case requested > effective && caps.PastLongest == backend.Repark:
 		e.cfg.Logger.Error("Delay longer than the longest tier, using the longest: the retry comes back early", delay.ErrDelayTooLong,
 			f.log().Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
 	}
-	if inPlace {
+	if held {
 		if caps.PastLongest == backend.HoldAgain && decided.Delay > effective {
 			// The queue holds a retry for one delay: held again until it is due, never
 			// back before the delay asked for (a server's Retry-After).
@@ -320,9 +319,9 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	f.envelope.Attempt = d.attempt + 1
 	f.envelope.RequestedDelay, f.envelope.EffectiveDelay, f.envelope.Due = requested, effective, start.Add(effective)
 	f.envelope.Write(cp.Metadata)
-	delete(cp.Metadata, keys.HoldUntil)
+	delete(cp.Metadata, keys.ParkUntil)
 	if !holdUntil.IsZero() {
-		cp.Metadata[keys.HoldUntil] = holdUntil.UTC().Format(time.RFC3339Nano)
+		cp.Metadata[keys.ParkUntil] = holdUntil.UTC().Format(time.RFC3339Nano)
 	}
 	perr := e.backend.Park(handoffContext(cp), d.queue, cp, effective)
 	if errors.Is(perr, backend.ErrTooLarge) {
@@ -353,16 +352,16 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 // immediate ones, or those held in the work queue.
 func (e *engine) stages() int { return e.cfg.Policy.Immediate + e.cfg.HeldRetries }
 
-// holdsInPlace tells whether the retry after d's failed attempt is held in the work
-// queue. A backend that holds any delay in place (delivery-time) holds every retry;
+// holdsRetry tells whether the retry after d's failed attempt is held in the work
+// queue. A holder of any delay (delivery-time) holds every retry;
 // one with a constant delay, the queue's (delayed-retry), holds every retry when it is
 // alone, else the first HeldRetries, and neither when the queue was found not to hold
 // them or the error asks for a delay of its own (the copying backend can keep it).
-func (e *engine) holdsInPlace(d delivery, dec amqpretry.Decision) bool {
+func (e *engine) holdsRetry(d delivery, dec amqpretry.Decision) bool {
 	switch {
-	case e.inPlace == nil:
+	case e.holder == nil:
 		return false
-	case e.inPlace.caps.Delays != backend.ConstantDelay:
+	case e.holder.caps.Delays != backend.ConstantDelay:
 		return true
 	case e.held.isBroken(d.queue):
 		return false

@@ -47,8 +47,8 @@ func (e *engine) observeDelivery(d delivery) {
 	}
 	if d.attempt > 1 {
 		switch {
-		case e.inPlace != nil && (d.held || e.backend == nil || d.envelope.EffectiveDelay == 0):
-			ev.Backend = e.inPlace.name // held in the work queue
+		case e.holder != nil && (d.held || e.backend == nil || d.envelope.EffectiveDelay == 0):
+			ev.Backend = e.holder.name // held in the work queue
 		case e.backend != nil:
 			ev.Backend = e.backend.name
 		}

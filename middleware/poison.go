@@ -202,7 +202,7 @@ func (e *engine) poisonFailed(f failure, reason amqpretry.Reason, perr error) er
 
 // setAside holds f's message for about wait where a retry would wait (a copy parked
 // in the delay backend, confirmed before the original is acked, or the delivery held
-// in place), so that the messages behind it in its work queue keep flowing: a nack
+// in its work queue), so that the messages behind it in its work queue keep flowing: a nack
 // would put it back at the head of the queue. It tells whether it did; a message that
 // cannot be routed back to its queue is not set aside.
 func (e *engine) setAside(f failure, wait time.Duration) bool {
@@ -221,13 +221,13 @@ func (e *engine) setAside(f failure, wait time.Duration) bool {
 		env.RequestedDelay, env.EffectiveDelay, env.Due = wait, effective, time.Now().Add(effective)
 		env.Write(cp.Metadata)
 		return e.backend.Park(handoffContext(cp), f.queue, cp, effective) == nil
-	case e.inPlace != nil:
+	case e.holder != nil:
 		var md message.Metadata
-		if e.inPlace.caps.CarriesEnvelope {
+		if e.holder.caps.CarriesEnvelope {
 			md = message.Metadata{}
 			f.envelope.Write(md)
 		}
-		return e.holdInPlace(f.msg, wait, md) == nil
+		return e.holdDelivery(f.msg, wait, md) == nil
 	}
 	return false
 }

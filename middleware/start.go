@@ -107,9 +107,9 @@ func (r *retry) prepare() error {
 	switch {
 	case b.Caps().Keeps == backend.KeepsDelivery:
 		// Every retry stays in the work queue: no way back to bind.
-		e.inPlace, e.wiring.Bound = keep(b), nil
+		e.holder, e.wiring.Bound = keep(b), nil
 	default:
-		e.backend, e.inPlace = keep(b), keep(held)
+		e.backend, e.holder = keep(b), keep(held)
 	}
 	e.poisonQ = func(ctx context.Context, msg *message.Message) error {
 		return r.handoff.ToQueue(ctx, cfg.PoisonQueue, msg)
@@ -142,12 +142,12 @@ func (r *retry) logReady() {
 	}
 	k := e.backend
 	if k == nil {
-		k = e.inPlace
+		k = e.holder
 	}
 	lim := k.caps
 	fields["backend_limits"] = lim.Text
 	cfg.Logger.Info("Broker-side retry ready", fields)
-	if e.backend != nil && lim.PastLongest == backend.ParkAgain && longest > lim.Longest {
+	if e.backend != nil && lim.PastLongest == backend.Repark && longest > lim.Longest {
 		cfg.Logger.Info("The policy's longest delay is longer than the backend holds; those retries come back early", watermill.LogFields{
 			"delay_backend": cfg.Backend, "policy_longest_delay": longest.String(), "effective_delay": lim.Longest.String(),
 		})

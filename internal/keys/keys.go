@@ -59,10 +59,11 @@ func InEnvelope(key string) bool {
 	return false
 }
 
-// HoldUntil is written on a retry copy whose delay of the error's own (a RetryAfter)
-// is longer than the backend holds: when it is due. The middleware parks it again
-// until then instead of running the handler early.
-const HoldUntil = "amqpretry-hold-until"
+// ParkUntil is written on a retry copy whose delay of the error's own (a RetryAfter)
+// is longer than the backend keeps: when it is due. The middleware re-parks it until
+// then instead of running the handler early. (The header says "hold", its name from
+// before the words were settled: copies already parked carry it.)
+const ParkUntil = "amqpretry-hold-until"
 
 // Keys the marshaler writes on a received message and never publishes.
 const (
