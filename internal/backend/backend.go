@@ -103,7 +103,7 @@ type Env struct {
 	Logger    watermill.LoggerAdapter
 }
 
-// Plan is everything s needs on the broker for the work queues: its own topology,
+// Plan is everything b needs on the broker for the work queues: its own topology,
 // then each queue's way back, without duplicates.
 func Plan(b Backend, workQueues ...string) topology.Topology {
 	ts := []topology.Topology{b.Topology()}
