@@ -5,20 +5,19 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/backend"
 )
 
 // The hold: a retry the broker keeps as the failed delivery itself, in its work queue
-// (settle, holdDelivery), held again until due (holdAgain), and what this process
-// remembers of it until it comes back (heldRetries).
+// (settle, holdDelivery), held again until it is due (holdAgain), and what this
+// process remembers of it until it comes back (heldRetries).
 
 // settle leaves msg in its work queue for the broker to hold and redeliver after
-// effective (a backend that holds retries): no copy. The envelope goes with it where the
-// transport can carry it.
+// effective: no copy. The envelope goes with it where the transport can carry it, and
+// is remembered here for when it comes back without it. It returns the holder's error;
+// the failure path reports the held retry (scheduled).
 func (e *engine) settle(msg *message.Message, f failure, requested, effective time.Duration) error {
 	due := time.Now().Add(effective)
 	f.envelope.Attempt = f.attempt + 1
@@ -29,7 +28,7 @@ func (e *engine) settle(msg *message.Message, f failure, requested, effective ti
 		f.envelope.Write(md)
 	}
 	if err := e.holdDelivery(msg, effective, md); err != nil {
-		return e.handoffFailed(f, copyOf(msg), err, "other", true)
+		return err
 	}
 	h := heldRetry{due: due, first: f.envelope.FirstFailure, env: f.envelope}
 	if f.backEarly {
@@ -40,14 +39,6 @@ func (e *engine) settle(msg *message.Message, f failure, requested, effective ti
 		h.due, h.until = time.Now().Add(hold), time.Now().Add(requested)
 	}
 	e.held.add(msg.UUID, h)
-	e.failures.forget(msg.UUID)
-	n := e.stats.retries.add()
-	e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: f.queue, Backend: e.holder.name, Attempt: f.attempt, Err: f.err,
-		Requested: requested, Effective: effective})
-	if e.sampled(n) {
-		e.cfg.Logger.Info("Retry held in the work queue", f.log().Add(watermill.LogFields{
-			"requested_delay": requested.String(), "effective_delay": effective.String(), "delay_backend": e.holder.name}))
-	}
 	return nil
 }
 
@@ -119,11 +110,9 @@ func (h *heldRetries) add(uuid string, r heldRetry) {
 	h.size.Store(int64(len(h.due)))
 }
 
-// take returns and forgets what it knows of uuid, if this process held it.
+// take returns and forgets what it knows of uuid, if this process held it. The engine
+// asks only when size is not zero: a first delivery takes no lock.
 func (h *heldRetries) take(uuid string) (heldRetry, bool) {
-	if h.size.Load() == 0 {
-		return heldRetry{}, false
-	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	due, ok := h.due[uuid]

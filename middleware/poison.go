@@ -41,7 +41,7 @@ func (e *engine) poison(f failure, cp *message.Message, reason amqpretry.Reason)
 	}
 	e.failures.forget(cp.UUID)
 	e.pending.forget(cp.UUID)
-	e.stats.poisoned.add()
+	e.stats.poisoned.Add(1)
 	e.observe(amqpretry.Event{Kind: amqpretry.EventPoisoned, Queue: f.queue, Attempt: f.attempt, Reason: reason, Err: f.err, Handoff: time.Since(start)})
 	if f.envelope.DroppedHeaders != "" {
 		f.log()["dropped_headers"] = f.envelope.DroppedHeaders
@@ -135,11 +135,9 @@ func (p *pendingPoisons) setAside(uuid string, t time.Time) bool {
 	return true
 }
 
-// get returns the pending poisoning of msg: one recorded for its UUID, with its payload.
+// get returns the pending poisoning of msg: one recorded for its UUID, with its
+// payload. The engine asks only when size is not zero: a first delivery takes no lock.
 func (p *pendingPoisons) get(msg *message.Message) (pendingPoison, bool) {
-	if p.size.Load() == 0 {
-		return pendingPoison{}, false
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pp, ok := p.m[msg.UUID]
@@ -181,7 +179,7 @@ func (e *engine) poisonFailed(f failure, reason amqpretry.Reason, perr error) er
 		perr = e.poisonHint(perr, gone)
 	}
 	n := e.pending.add(f, reason)
-	e.stats.failures.add()
+	e.stats.failures.Add(1)
 	cause := backend.Cause(perr)
 	if gone {
 		cause = causePoisonQueueMissing
