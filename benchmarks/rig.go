@@ -33,7 +33,7 @@ func benchBackends() []string {
 	var out []string
 	for _, name := range delay.Backends() {
 		b, err := delay.Lookup(backend.Spec{Name: string(name), Prefix: "x", Tiers: backend.DefaultTiers(), Levels: backend.DefaultLevels, RetryDelay: backend.DefaultRetryDelay})
-		if _, inPlace := b.(backend.InPlace); err == nil && inPlace {
+		if _, held := b.(backend.Holder); err == nil && held {
 			continue
 		}
 		out = append(out, string(name))

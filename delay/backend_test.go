@@ -480,14 +480,14 @@ func TestPlanWithoutBroker(t *testing.T) {
 
 func TestDelayedRetry(t *testing.T) {
 	b := lookup(t, backend.Spec{Name: string(DelayedRetry), RetryDelay: 2 * time.Second})
-	if _, ok := b.(backend.InPlace); !ok {
-		t.Fatal("delayed-retry does not retry in place")
+	if _, ok := b.(backend.Holder); !ok {
+		t.Fatal("delayed-retry does not hold retries")
 	}
 	if err := b.Park(context.Background(), "q", message.NewMessage("m", nil), time.Second); err == nil {
 		t.Error("delayed-retry parked a copy")
 	}
 	msg := message.NewMessage("m", nil)
-	if err := b.(backend.InPlace).Settle(msg, 2*time.Second, nil); err != nil {
+	if err := b.(backend.Holder).Settle(msg, 2*time.Second, nil); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -622,8 +622,8 @@ func TestSchedulerRefuses(t *testing.T) {
 	if err := (backend.Scheduler{Backend: &fake{}}).Publish("", message.NewMessage("m", nil)); err == nil || !strings.Contains(err.Error(), "empty destination queue") {
 		t.Errorf("empty queue: %v", err)
 	}
-	if err := (backend.Scheduler{Backend: lookup(t, backend.Spec{Name: string(DelayedRetry), RetryDelay: time.Second})}).Publish("q", message.NewMessage("m", nil)); err == nil || !strings.Contains(err.Error(), "retries in place") {
-		t.Errorf("in-place backend: %v", err)
+	if err := (backend.Scheduler{Backend: lookup(t, backend.Spec{Name: string(DelayedRetry), RetryDelay: time.Second})}).Publish("q", message.NewMessage("m", nil)); err == nil || !strings.Contains(err.Error(), "holds failed deliveries") {
+		t.Errorf("holding backend: %v", err)
 	}
 	f := &fake{parkErr: backend.ErrReturned}
 	if err := (backend.Scheduler{Backend: f}).Publish("q", message.NewMessage("m", nil)); !errors.Is(err, backend.ErrReturned) || !strings.Contains(err.Error(), `park message m for queue "q" (fake backend)`) {

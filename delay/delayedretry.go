@@ -46,7 +46,7 @@ func (b delayedRetry) WorkQueue(string) topology.Topology { return topology.Topo
 func (b delayedRetry) DelayQueues() []backend.DelayQueue  { return nil }
 
 func (b delayedRetry) Park(context.Context, string, *message.Message, time.Duration) error {
-	return fmt.Errorf("%s: retries in place, it parks no copy", DelayedRetry)
+	return fmt.Errorf("%s: holds the failed delivery, it parks no copy", DelayedRetry)
 }
 
 // Settle has nothing to arrange: the middleware's nack requeues msg and the broker

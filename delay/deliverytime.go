@@ -47,7 +47,7 @@ func (deliveryTime) WorkQueue(string) topology.Topology { return topology.Topolo
 func (deliveryTime) DelayQueues() []backend.DelayQueue  { return nil }
 
 func (deliveryTime) Park(context.Context, string, *message.Message, time.Duration) error {
-	return fmt.Errorf("%s: retries in place, it parks no copy", DeliveryTime)
+	return fmt.Errorf("%s: holds the failed delivery, it parks no copy", DeliveryTime)
 }
 
 // NeedsAMQP1 is the error of a backend that needs the AMQP 1.0 transport (Caps.AMQP1)

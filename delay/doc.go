@@ -2,7 +2,7 @@
 // return, and their implementations, one file per backend (ttltiers.go,
 // binarylevels.go, delayedexchange.go, delayedretry.go, deliverytime.go, memory.go),
 // each saying what it declares, how it sizes a delay and how it parks a message or
-// leaves it in place; prepare.go readies a backend on the broker at start-up; and
+// holds the failed delivery; prepare.go readies a backend on the broker at start-up; and
 // handoff.go is the hand-off, the delay publisher: the confirmed publish, on a
 // connection of its own, through which every copy reaches the broker before its
 // original is acked. New builds a backend, Dial a hand-off; the contract, with what

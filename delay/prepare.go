@@ -100,7 +100,7 @@ func (b *binaryLevels) checkLadder(h backend.Handoff) error {
 	return nil
 }
 
-// unsupportedError is the start-up error of a backend that retries in place (name) on
+// unsupportedError is the start-up error of a backend that holds retries (name) on
 // a broker older than 4.3. It names no fix: that depends on the field that asked for
 // the backend (Backend, or HeldRetries), which the middleware names.
 func unsupportedError(name Backend, brokerVersion string) error {

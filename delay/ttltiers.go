@@ -27,11 +27,14 @@ import (
 //	<prefix>.parking        the delivery exchange's alternate exchange and its queue
 //
 // A requested delay snaps to the shortest tier at least as long; a delay longer than
-// the longest tier gets the longest tier (the one case where a retry comes back early).
+// the longest tier gets the longest tier: a delay of the error's own (a RetryAfter) is
+// then re-parked until it is due, a longer one of the policy's comes back early.
 type ttlTiers struct {
-	env   backend.Env
-	names names.Names
-	tiers []time.Duration // ascending
+	env      backend.Env
+	names    names.Names
+	tiers    []time.Duration // ascending
+	tierKeys []string        // keys.Tier of each tier, named once
+	exchange string          // the delay exchange
 }
 
 func openTTLTiers(s backend.Spec, env backend.Env, n names.Names) (backend.Backend, error) {
@@ -40,14 +43,18 @@ func openTTLTiers(s backend.Spec, env backend.Env, n names.Names) (backend.Backe
 	}
 	tiers := slices.Clone(s.Tiers)
 	slices.Sort(tiers)
-	return &ttlTiers{env: env, names: n, tiers: tiers}, nil
+	tierKeys := make([]string, len(tiers))
+	for i, t := range tiers {
+		tierKeys[i] = names.Tier(t)
+	}
+	return &ttlTiers{env: env, names: n, tiers: tiers, tierKeys: tierKeys, exchange: n.DelayExchange()}, nil
 }
 
 func (b *ttlTiers) Name() string { return string(TTLTiers) }
 
 func (b *ttlTiers) Caps() backend.Caps {
 	longest := b.tiers[len(b.tiers)-1]
-	return backend.Caps{Keeps: backend.KeepsCopy, Delays: backend.LadderDelays, Longest: longest, PastLongest: backend.ParkAgain,
+	return backend.Caps{Keeps: backend.KeepsCopy, Delays: backend.LadderDelays, Longest: longest, PastLongest: backend.Repark,
 		CarriesEnvelope: true, Fix: "add a longer tier to Tiers",
 		Text: fmt.Sprintf("%d tiers from %s to %s, a delay snaps up to the next, a longer one is held %s", len(b.tiers), b.tiers[0], longest, longest)}
 }
@@ -93,9 +100,15 @@ func (b *ttlTiers) Park(ctx context.Context, queue string, msg *message.Message,
 	if b.env.Handoff == nil {
 		return errDetached
 	}
-	headers := amqp.Table{keys.Tier: names.Tier(effective)}
+	var tier string
+	if i, ok := slices.BinarySearch(b.tiers, effective); ok {
+		tier = b.tierKeys[i]
+	} else {
+		tier = names.Tier(effective) // no such tier: the broker returns it unroutable
+	}
+	headers := amqp.Table{keys.Tier: tier}
 	owned := func() topology.Topology { return backend.Plan(b, queue) }
-	if err := b.env.Handoff.Publish(ctx, b.names.DelayExchange(), queue, msg, headers, true, owned); err != nil {
+	if err := b.env.Handoff.Publish(ctx, b.exchange, queue, msg, headers, true, owned); err != nil {
 		return fmt.Errorf("queue %s: %w", b.names.TierQueue(effective), err)
 	}
 	return nil

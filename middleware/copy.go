@@ -2,48 +2,181 @@ package middleware
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/cenkalti/backoff/v4"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/keys"
-	"github.com/cenkalti/backoff/v4"
 )
 
-// The copy: what a copying backend parks for a retry, built once from the delivery
-// (copyOf, the envelope), and the delay it asks for.
+// The failure path, in the order it runs: decide what becomes of the message, size
+// the delay with the backend, stamp the failure envelope on a copy, park the copy,
+// confirmed, and report the retry (scheduled). A retry the broker holds takes the
+// same path to the size, then is held (hold.go) instead of copied.
 
-// handoffContext is the context of a hand-off of cp: the delivery's, but not canceled
-// with it. The router cancels it when it closes, while the handlers still run and the
-// subscriber may still deliver; a hand-off canceled then would count as failed, again
-// at each redelivery to the closing process, and poison the message after
-// HandoffAttempts of them (seen stopping a consumer in the no-loss test that changes
-// backends). Bounded by ConfirmTimeout, the hand-off is confirmed, and the original
-// acked, or fails, and the original is nacked.
-func handoffContext(cp *message.Message) context.Context {
-	return context.WithoutCancel(cp.Context())
+// fail deals with msg after run (msg, or an immediate retry's copy of it) failed with
+// err: decided is err's decision when the immediate retries already classified it.
+func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided *amqpretry.Decision) error {
+	// Decide.
+	werr := e.checkWiring(d)
+	if errors.Is(werr, errOtherRetry) {
+		return err // that Retry, also on this handler, decides
+	}
+	if decided == nil {
+		dec := e.decide(run, err, d.attempt)
+		decided = &dec
+	}
+	f := failure{delivery: d, err: err, maxAttempts: e.cfg.Policy.MaxAttempts, envelope: e.envelope(d, err)}
+	// The copy (copyOf) is made where a way out publishes one: never for a held retry.
+	switch {
+	case werr != nil:
+		return e.handoffFailed(f, copyOf(run), werr, "not-wired", true)
+	case decided.Permanent:
+		return e.poison(f, copyOf(run), amqpretry.ReasonPermanent)
+	case d.attempt >= e.cfg.Policy.MaxAttempts:
+		return e.poison(f, copyOf(run), amqpretry.ReasonMaxAttempts)
+	case d.queue == "":
+		return errors.Join(err, fmt.Errorf("%w: no subscribed topic in the message context (is the middleware on a router handler?)", amqpretry.ErrHandoff))
+	}
+	target, held := e.backend, e.holdsRetry(d, *decided)
+	switch {
+	case held:
+		target = e.holder
+	case e.backend == nil && e.held.isBroken(d.queue):
+		f.envelope.Error = fmt.Sprintf("work queue %q does not hold delayed retries (a nacked message came back at once), and no copying backend is configured; handler error: %v", d.queue, err)
+		return e.poison(f, copyOf(run), amqpretry.ReasonHandoffFailed)
+	case e.backend == nil: // a holder alone, asked for a delay of its own
+		target, held = e.holder, true
+	}
+
+	// Size.
+	caps := target.caps
+	requested := decided.Delay
+	switch {
+	case requested > 0:
+	case caps.Delays == backend.ConstantDelay:
+		requested = caps.Longest // its one delay is the one asked for: no schedule to follow
+	default:
+		// The schedule starts after the retries before the copying backend's: the
+		// immediate ones, or those held in the work queue.
+		requested = delayOf(e.cfg.Policy, d.attempt-min(e.cfg.Policy.Immediate+e.cfg.HeldRetries, d.attempt-1))
+	}
+	effective, serr := target.Effective(requested)
+	if serr != nil {
+		// Handing it off would be refused: poison it, saying why.
+		f.envelope.Error = serr.Error() + "; handler error: " + err.Error()
+		return e.poison(f, copyOf(run), amqpretry.ReasonDelayTooLong)
+	}
+	var parkUntil time.Time
+	switch {
+	case requested > effective && caps.PastLongest == backend.Repark && decided.Delay > 0:
+		// A delay of the error's own (a server's Retry-After) is never cut short: the
+		// copy is re-parked when it comes back, until it is due.
+		parkUntil = time.Now().Add(requested)
+		notice(e.cfg.Logger, "Delay asked for is longer than the longest tier: the retry is parked again until it is due",
+			f.log().Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
+	case requested > effective && caps.PastLongest == backend.Repark:
+		e.cfg.Logger.Error("Delay longer than the longest tier, using the longest: the retry comes back early", delay.ErrDelayTooLong,
+			f.log().Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
+	case held && caps.PastLongest == backend.HoldAgain && decided.Delay > effective:
+		// The queue holds a retry for one delay: held again until it is due, never
+		// back before the delay asked for (a server's Retry-After).
+		holds := (requested + effective - 1) / effective
+		notice(e.cfg.Logger, "Delay asked for is longer than the work queue's delayed-retry delay: the retry is held again until it is due", f.log().Add(watermill.LogFields{
+			"requested_delay": requested.String(), "effective_delay": (holds * effective).String(), "holds": int64(holds)}))
+		effective = holds * effective
+	}
+	if held {
+		if herr := e.settle(msg, f, requested, effective); herr != nil {
+			return e.handoffFailed(f, copyOf(msg), herr, "other", true)
+		}
+		e.scheduled(&f, e.holder, requested, effective, 0)
+		return nil
+	}
+
+	// Stamp.
+	cp := copyOf(run)
+	start := time.Now()
+	f.envelope.Attempt = d.attempt + 1
+	f.envelope.RequestedDelay, f.envelope.EffectiveDelay, f.envelope.Due = requested, effective, start.Add(effective)
+	f.envelope.Write(cp.Metadata)
+	delete(cp.Metadata, keys.ParkUntil)
+	if !parkUntil.IsZero() {
+		cp.Metadata[keys.ParkUntil] = parkUntil.UTC().Format(time.RFC3339Nano)
+	}
+
+	// Park.
+	perr := e.backend.Park(handoffContext(cp), d.queue, cp, effective)
+	if errors.Is(perr, backend.ErrTooLarge) {
+		trim(&f.envelope)
+		f.envelope.Write(cp.Metadata)
+		perr = e.backend.Park(handoffContext(cp), d.queue, cp, effective)
+	}
+	switch {
+	case perr == nil:
+		e.scheduled(&f, e.backend, requested, effective, time.Since(start))
+		return nil
+	case errors.Is(perr, backend.ErrTooLarge):
+		// Handing it off again would be refused again: poison it, saying why.
+		f.log()["handoff_err"] = perr.Error()
+		f.envelope.Error = "retry copy larger than the broker's frame_max even with a trimmed envelope; handler error: " + err.Error()
+		return e.poison(f, cp, amqpretry.ReasonTooLarge)
+	}
+	return e.handoffFailed(f, cp, perr, backend.Cause(perr), true)
 }
 
-// envelope is the envelope of the copy of a message that failed, built once: what the
-// message carries from its earlier failures and redrives (first failure, original
-// route, redrives, dropped headers) and this failure. What the way out decides (the
-// attempt, the delays and due time, or the poison reason) is set there, once.
-func (e *engine) envelope(d delivery, err error) Envelope {
-	was := d.envelope
-	env := Envelope{
-		FirstFailure: was.FirstFailure, OriginalExchange: was.OriginalExchange, OriginalRoutingKey: was.OriginalRoutingKey,
-		DroppedHeaders: was.DroppedHeaders, RedrivenAt: was.RedrivenAt, Redriven: was.Redriven, RedrivenFrom: was.RedrivenFrom,
-		LastFailure: d.at, Error: err.Error(), ErrorTypes: errorTypes(err),
-		Handler: d.handler, Topic: d.topic, Queue: d.queue,
+// decide classifies err: the error's marks, then Classify if set.
+func (e *engine) decide(msg *message.Message, err error, attempt int) amqpretry.Decision {
+	p := amqpretry.ClassifyParams{Err: err, Message: msg, Attempt: attempt, Default: amqpretry.DecisionOf(err)}
+	if e.cfg.Classify == nil {
+		return p.Default
 	}
-	if env.FirstFailure.IsZero() {
-		env.FirstFailure = d.at
-		env.OriginalExchange, env.OriginalRoutingKey = d.exchange, d.key
+	return e.cfg.Classify(p)
+}
+
+// holdsRetry tells whether the retry after d's failed attempt is held in the work
+// queue. A holder of any delay (delivery-time) holds every retry; one with a constant
+// delay, the queue's (delayed-retry), holds every retry when it is alone, else the
+// first HeldRetries, and neither when the queue was found not to hold them or the
+// error asks for a delay of its own (the copying backend can keep it).
+func (e *engine) holdsRetry(d delivery, dec amqpretry.Decision) bool {
+	switch {
+	case e.holder == nil:
+		return false
+	case e.holder.caps.Delays != backend.ConstantDelay:
+		return true
+	case e.held.isBroken(d.queue):
+		return false
 	}
-	return env
+	return dec.Delay <= 0 && (e.backend == nil || d.attempt <= e.cfg.HeldRetries)
+}
+
+// scheduled reports a retry that by keeps now, a confirmed copy (handoff is the time
+// its park took) or a held delivery: it forgets the message's failed hand-offs, counts
+// the retry, tells Observe and logs it, one in Config.RetryLogEvery.
+func (e *engine) scheduled(f *failure, by *kept, requested, effective, handoff time.Duration) {
+	e.failures.forget(f.msg.UUID)
+	n := e.stats.retries.Add(1)
+	e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: f.queue, Backend: by.name, Attempt: f.attempt, Err: f.err,
+		Requested: requested, Effective: effective, Handoff: handoff})
+	if every := int64(e.cfg.RetryLogEvery); every < 0 || (every > 1 && n%every != 1) {
+		return
+	}
+	fields := f.log().Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()})
+	if by.caps.Keeps == backend.KeepsDelivery {
+		fields["delay_backend"] = by.name
+		e.cfg.Logger.Info("Retry held in the work queue", fields)
+		return
+	}
+	e.cfg.Logger.Info("Retry scheduled", fields)
 }
 
 // failure is one failed attempt being dealt with.
@@ -66,27 +199,23 @@ func (f *failure) log() watermill.LogFields {
 	return f.fields
 }
 
-// envelopeRoom is how many keys the envelope of a retry adds to a copy.
-const envelopeRoom = 13
-
-// copyOf copies msg, with its context, into metadata sized for the envelope, without
-// the keys its marshaler wrote on receipt about the delivery itself
-// (keys.OfDelivery): a copy is another message.
-func copyOf(msg *message.Message) *message.Message {
-	cp := message.NewMessageWithContext(msg.Context(), msg.UUID, msg.Payload)
-	n := envelopeRoom
-	for k := range msg.Metadata {
-		if !keys.OfDelivery(k) {
-			n++
-		}
+// envelope is the envelope of the copy of a message that failed, built once: what the
+// message carries from its earlier failures and redrives (first failure, original
+// route, redrives, dropped headers) and this failure. What the way out decides (the
+// attempt, the delays and due time, or the poison reason) is set there, once.
+func (e *engine) envelope(d delivery, err error) Envelope {
+	was := d.envelope
+	env := Envelope{
+		FirstFailure: was.FirstFailure, OriginalExchange: was.OriginalExchange, OriginalRoutingKey: was.OriginalRoutingKey,
+		DroppedHeaders: was.DroppedHeaders, RedrivenAt: was.RedrivenAt, Redriven: was.Redriven, RedrivenFrom: was.RedrivenFrom,
+		LastFailure: d.at, Error: err.Error(), ErrorTypes: errorTypes(err),
+		Handler: d.handler, Topic: d.topic, Queue: d.queue,
 	}
-	cp.Metadata = make(message.Metadata, n)
-	for k, v := range msg.Metadata {
-		if !keys.OfDelivery(k) {
-			cp.Metadata[k] = v
-		}
+	if env.FirstFailure.IsZero() {
+		env.FirstFailure = d.at
+		env.OriginalExchange, env.OriginalRoutingKey = d.exchange, d.key
 	}
-	return cp
+	return env
 }
 
 // errorTypes lists the Go types in err's chain, depth first, outermost first.
@@ -111,13 +240,49 @@ func errorTypes(err error) []string {
 	return types
 }
 
+// envelopeRoom is how many keys the envelope of a retry adds to a copy.
+const envelopeRoom = 13
+
+// copyOf copies msg, with its context, into metadata sized for the envelope. It
+// leaves out the keys its marshaler wrote on receipt about the delivery itself
+// (keys.OfDelivery): a copy is another message. It keeps keys.TypedHeaders and
+// keys.RawHeaders, which the hand-off's marshaler reads to publish the headers with
+// their types, and does not publish.
+func copyOf(msg *message.Message) *message.Message {
+	cp := message.NewMessageWithContext(msg.Context(), msg.UUID, msg.Payload)
+	n := len(msg.Metadata) + envelopeRoom
+	for _, k := range keys.OfDelivery {
+		if _, ok := msg.Metadata[k]; ok {
+			n--
+		}
+	}
+	cp.Metadata = make(message.Metadata, n)
+	for k, v := range msg.Metadata {
+		if !slices.Contains(keys.OfDelivery[:], k) {
+			cp.Metadata[k] = v
+		}
+	}
+	return cp
+}
+
+// handoffContext is the context of a hand-off of cp: the delivery's, but not canceled
+// with it. The router cancels it when it closes, while the handlers still run and the
+// subscriber may still deliver; a hand-off canceled then would count as failed, again
+// at each redelivery to the closing process, and poison the message after
+// HandoffAttempts of them (seen stopping a consumer in the no-loss test that changes
+// backends). Bounded by ConfirmTimeout, the hand-off is confirmed, and the original
+// acked, or fails, and the original is nacked.
+func handoffContext(cp *message.Message) context.Context {
+	return context.WithoutCancel(cp.Context())
+}
+
 // trimmedErrorBytes bounds the error text of an envelope trimmed to fit frame_max.
 const trimmedErrorBytes = 256
 
 // trim shortens the envelope of a copy too large for the broker: the error text to
 // trimmedErrorBytes, the error types left out.
 func trim(env *Envelope) {
-	env.Error = keys.Truncate(env.Error, trimmedErrorBytes)
+	env.Error = truncate(env.Error, trimmedErrorBytes)
 	env.ErrorTypes = nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -64,66 +65,6 @@ const (
 	typeSeparator     = " > "
 )
 
-// ReadEnvelope reads the envelope from md. Fields whose keys are absent or unreadable
-// are zero.
-func ReadEnvelope(md message.Metadata) Envelope {
-	e := Envelope{
-		Reason: amqpretry.Reason(md[keys.PoisonReason]), Error: md[keys.Error],
-		Handler: md[keys.Handler], Topic: md[keys.Topic], Queue: md[keys.Queue],
-		OriginalExchange: md[keys.OriginalExchange], OriginalRoutingKey: md[keys.OriginalRoutingKey],
-		DroppedHeaders: md[keys.DroppedHeaders], RedrivenFrom: md[keys.RedrivenFrom],
-	}
-	if n, ok := keys.ParseAttempt(md[keys.Attempt]); ok {
-		e.Attempt = n
-	}
-	e.MaxAttempts = readInt(md, keys.MaxAttempts)
-	e.Redriven = readInt(md, keys.RedriveCount)
-	if s := md[keys.ErrorTypes]; s != "" {
-		e.ErrorTypes = strings.Split(s, typeSeparator)
-	}
-	e.FirstFailure = readTime(md, keys.FirstFailure)
-	e.LastFailure = readTime(md, keys.LastFailure)
-	e.Due = readTime(md, keys.Due)
-	e.RedrivenAt = readTime(md, keys.RedrivenAt)
-	e.RequestedDelay = readDuration(md, keys.RequestedDelay)
-	e.EffectiveDelay = readDuration(md, keys.EffectiveDelay)
-	return e
-}
-
-// readInt and readDuration read a field, zero when absent or unreadable; an absent one
-// costs nothing (most deliveries are first attempts without an envelope).
-func readInt(md message.Metadata, key string) int {
-	s, ok := md[key]
-	if !ok {
-		return 0
-	}
-	n, _ := strconv.Atoi(s)
-	return n
-}
-
-func readDuration(md message.Metadata, key string) time.Duration {
-	s, ok := md[key]
-	if !ok {
-		return 0
-	}
-	d, _ := time.ParseDuration(s)
-	return d
-}
-
-func readTime(md message.Metadata, key string) time.Time {
-	s, ok := md[key]
-	if !ok {
-		return time.Time{}
-	}
-	t, err := time.Parse(time.RFC3339Nano, s)
-	if u := t.UTC(); err != nil || u.Year() < 0 || u.Year() > 9999 {
-		// Unreadable, or a time Write could not write back in UTC RFC 3339 (an offset
-		// that moves it out of years 0 to 9999).
-		return time.Time{}
-	}
-	return t
-}
-
 // Write writes e into md, bounding every field, and removes the key of every zero
 // field, so that md holds exactly e: a poisoned copy keeps nothing of its last retry
 // hop, and a retried one no poison reason.
@@ -131,16 +72,16 @@ func (e Envelope) Write(md message.Metadata) {
 	putInt(md, keys.Attempt, e.Attempt)
 	putInt(md, keys.MaxAttempts, e.MaxAttempts)
 	putInt(md, keys.RedriveCount, e.Redriven)
-	put(md, keys.PoisonReason, keys.Truncate(string(e.Reason), maxNameBytes))
-	put(md, keys.Error, keys.Truncate(e.Error, maxErrorBytes))
+	put(md, keys.PoisonReason, truncate(string(e.Reason), maxNameBytes))
+	put(md, keys.Error, truncate(e.Error, maxErrorBytes))
 	put(md, keys.ErrorTypes, joinTypes(e.ErrorTypes))
-	put(md, keys.Handler, keys.Truncate(e.Handler, maxNameBytes))
-	put(md, keys.Topic, keys.Truncate(e.Topic, maxNameBytes))
-	put(md, keys.Queue, keys.Truncate(e.Queue, maxNameBytes))
-	put(md, keys.OriginalExchange, keys.Truncate(e.OriginalExchange, maxNameBytes))
-	put(md, keys.OriginalRoutingKey, keys.Truncate(e.OriginalRoutingKey, maxNameBytes))
-	put(md, keys.DroppedHeaders, keys.Truncate(e.DroppedHeaders, maxErrorBytes))
-	put(md, keys.RedrivenFrom, keys.Truncate(e.RedrivenFrom, maxNameBytes))
+	put(md, keys.Handler, truncate(e.Handler, maxNameBytes))
+	put(md, keys.Topic, truncate(e.Topic, maxNameBytes))
+	put(md, keys.Queue, truncate(e.Queue, maxNameBytes))
+	put(md, keys.OriginalExchange, truncate(e.OriginalExchange, maxNameBytes))
+	put(md, keys.OriginalRoutingKey, truncate(e.OriginalRoutingKey, maxNameBytes))
+	put(md, keys.DroppedHeaders, truncate(e.DroppedHeaders, maxErrorBytes))
+	put(md, keys.RedrivenFrom, truncate(e.RedrivenFrom, maxNameBytes))
 	putTime(md, keys.FirstFailure, e.FirstFailure)
 	putTime(md, keys.LastFailure, e.LastFailure)
 	putTime(md, keys.Due, e.Due)
@@ -181,17 +122,30 @@ func putDuration(md message.Metadata, key string, d time.Duration) {
 	md[key] = d.String()
 }
 
+// truncate cuts s to at most n bytes on a rune boundary, marking the cut with "…".
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "…"
+	cut := n - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
+}
+
 // joinTypes joins at most keys.MaxErrorTypes types, each bounded.
 func joinTypes(types []string) string {
 	if len(types) == 1 {
-		return keys.Truncate(types[0], maxErrorTypeBytes)
+		return truncate(types[0], maxErrorTypeBytes)
 	}
 	var b strings.Builder
 	for i, t := range types[:min(len(types), keys.MaxErrorTypes)] {
 		if i > 0 {
 			b.WriteString(typeSeparator)
 		}
-		b.WriteString(keys.Truncate(t, maxErrorTypeBytes))
+		b.WriteString(truncate(t, maxErrorTypeBytes))
 	}
 	return b.String()
 }

@@ -21,7 +21,7 @@ import (
 // waits a while, then returns the error that makes the router nack it for redelivery.
 func (e *engine) handoffFailed(f failure, cp *message.Message, perr error, cause string, mayPoison bool) error {
 	n := e.failures.add(cp.UUID)
-	e.stats.failures.add()
+	e.stats.failures.Add(1)
 	e.observe(amqpretry.Event{Kind: amqpretry.EventHandoffFailed, Queue: f.queue, Attempt: f.attempt, Err: perr, Cause: cause})
 	f.log()["handoff_failures"] = n
 	e.cfg.Logger.Error("Could not hand off message, nacking it for redelivery", perr, f.log())

@@ -5,59 +5,50 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/backend"
 )
 
 // The hold: a retry the broker keeps as the failed delivery itself, in its work queue
-// (settle, holdInPlace), held again until due (holdAgain), and what this process
-// remembers of it until it comes back (heldRetries).
+// (settle, holdDelivery), held again until it is due (holdAgain), and what this
+// process remembers of it until it comes back (heldRetries).
 
 // settle leaves msg in its work queue for the broker to hold and redeliver after
-// effective (an in-place backend): no copy. The envelope goes with it where the
-// transport can carry it.
+// effective: no copy. The envelope goes with it where the transport can carry it, and
+// is remembered here for when it comes back without it. It returns the holder's error;
+// the failure path reports the held retry (scheduled).
 func (e *engine) settle(msg *message.Message, f failure, requested, effective time.Duration) error {
 	due := time.Now().Add(effective)
 	f.envelope.Attempt = f.attempt + 1
 	f.envelope.RequestedDelay, f.envelope.EffectiveDelay, f.envelope.Due = requested, effective, due
 	var md message.Metadata
-	if e.inPlace.caps.CarriesEnvelope {
+	if e.holder.caps.CarriesEnvelope {
 		md = message.Metadata{}
 		f.envelope.Write(md)
 	}
-	if err := e.holdInPlace(msg, effective, md); err != nil {
-		return e.handoffFailed(f, copyOf(msg), err, "other", true)
+	if err := e.holdDelivery(msg, effective, md); err != nil {
+		return err
 	}
 	h := heldRetry{due: due, first: f.envelope.FirstFailure, env: f.envelope}
 	if f.backEarly {
 		h.early = f.early + 1
 	}
-	if hold := e.inPlace.caps.Longest; e.inPlace.caps.PastLongest == backend.HoldAgain && effective > hold {
+	if hold := e.holder.caps.Longest; e.holder.caps.PastLongest == backend.HoldAgain && effective > hold {
 		// Back after the queue's delay, then held again until requested is over.
 		h.due, h.until = time.Now().Add(hold), time.Now().Add(requested)
 	}
 	e.held.add(msg.UUID, h)
-	e.failures.forget(msg.UUID)
-	n := e.stats.retries.add()
-	e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: f.queue, Backend: e.inPlace.name, Attempt: f.attempt, Err: f.err,
-		Requested: requested, Effective: effective})
-	if e.sampled(n) {
-		e.cfg.Logger.Info("Retry held in the work queue", f.log().Add(watermill.LogFields{
-			"requested_delay": requested.String(), "effective_delay": effective.String(), "delay_backend": e.inPlace.name}))
-	}
 	return nil
 }
 
-// holdInPlace has the broker hold msg, the delivery that failed, in its work queue for
-// effective: the in-place backend arranges how (with envelope where the transport can
+// holdDelivery has the broker hold msg, the delivery that failed, in its work queue for
+// effective: the holder arranges how (with envelope where the transport can
 // carry it), and the middleware nacks it. That nack is the delivery's one settlement:
 // the handler chain then returns nil, and the router's Ack that follows does nothing
-// (a Watermill message nacked once is never acked: TestInPlaceSettlesOnce).
-func (e *engine) holdInPlace(msg *message.Message, effective time.Duration, envelope message.Metadata) error {
-	if err := e.inPlace.Backend.(backend.InPlace).Settle(msg, effective, envelope); err != nil {
+// (a Watermill message nacked once is never acked: TestHeldSettlesOnce).
+func (e *engine) holdDelivery(msg *message.Message, effective time.Duration, envelope message.Metadata) error {
+	if err := e.holder.Backend.(backend.Holder).Settle(msg, effective, envelope); err != nil {
 		return err
 	}
 	msg.Nack()
@@ -69,14 +60,14 @@ func (e *engine) holdInPlace(msg *message.Message, effective time.Duration, enve
 // tells whether it did. A retry back long before the queue's delay is not held (the
 // queue does not hold retries: observeDelivery reports it).
 func (e *engine) holdAgain(msg *message.Message, d delivery) bool {
-	if !d.held || d.heldUntil.IsZero() || !d.at.Before(d.heldUntil) || e.inPlace == nil || e.held.isBroken(d.queue) {
+	if !d.held || d.heldUntil.IsZero() || !d.at.Before(d.heldUntil) || e.holder == nil || e.held.isBroken(d.queue) {
 		return false
 	}
-	hold := e.inPlace.caps.Longest
+	hold := e.holder.caps.Longest
 	if d.at.Before(d.heldDue.Add(-hold / 2)) {
 		return false
 	}
-	if err := e.holdInPlace(msg, hold, nil); err != nil {
+	if err := e.holdDelivery(msg, hold, nil); err != nil {
 		return false
 	}
 	e.held.add(msg.UUID, heldRetry{due: d.at.Add(hold), until: d.heldUntil, first: d.envelope.FirstFailure, rehelds: d.rehelds + 1, env: d.envelope})
@@ -119,11 +110,9 @@ func (h *heldRetries) add(uuid string, r heldRetry) {
 	h.size.Store(int64(len(h.due)))
 }
 
-// take returns and forgets what it knows of uuid, if this process held it.
+// take returns and forgets what it knows of uuid, if this process held it. The engine
+// asks only when size is not zero: a first delivery takes no lock.
 func (h *heldRetries) take(uuid string) (heldRetry, bool) {
-	if h.size.Load() == 0 {
-		return heldRetry{}, false
-	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	due, ok := h.due[uuid]

@@ -40,7 +40,7 @@ func TestEnvelopeKeys(t *testing.T) {
 			t.Errorf("the envelope writes %q, which keys.InEnvelope does not know", k)
 		}
 	}
-	for _, k := range []string{keys.HoldUntil, keys.TypedHeaders, keys.Subscriber, "amqpretry-other", "traceparent"} {
+	for _, k := range []string{keys.ParkUntil, keys.TypedHeaders, keys.Subscriber, "amqpretry-other", "traceparent"} {
 		if keys.InEnvelope(k) {
 			t.Errorf("keys.InEnvelope(%q) = true, want false", k)
 		}

@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -10,13 +9,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 )
 
-// Observation: Stats, the Events told to Config.Observe, and the sampling of retry
-// log lines.
-
-// counter is an int64 counted concurrently.
-type counter struct{ atomic.Int64 }
-
-func (c *counter) add() int64 { return c.Add(1) }
+// Observation: Stats, and the Events told to Config.Observe.
 
 // Stats returns what the engine did since it was built.
 func (e *engine) Stats() Stats {
@@ -47,8 +40,8 @@ func (e *engine) observeDelivery(d delivery) {
 	}
 	if d.attempt > 1 {
 		switch {
-		case e.inPlace != nil && (d.held || e.backend == nil || d.envelope.EffectiveDelay == 0):
-			ev.Backend = e.inPlace.name // held in the work queue
+		case e.holder != nil && (d.held || e.backend == nil || d.envelope.EffectiveDelay == 0):
+			ev.Backend = e.holder.name // held in the work queue
 		case e.backend != nil:
 			ev.Backend = e.backend.name
 		}
@@ -63,17 +56,4 @@ func (e *engine) observeDelivery(d delivery) {
 			watermill.LogFields{"queue": d.queue, "message_uuid": d.msg.UUID})
 	}
 	e.observe(ev)
-}
-
-// sampled tells whether the n-th scheduled retry is logged: every one for
-// RetryLogEvery 0 or 1, none below 0, one in RetryLogEvery otherwise.
-func (e *engine) sampled(n int64) bool {
-	every := int64(e.cfg.RetryLogEvery)
-	switch {
-	case every < 0:
-		return false
-	case every <= 1:
-		return true
-	}
-	return n%every == 1
 }

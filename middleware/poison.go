@@ -41,7 +41,7 @@ func (e *engine) poison(f failure, cp *message.Message, reason amqpretry.Reason)
 	}
 	e.failures.forget(cp.UUID)
 	e.pending.forget(cp.UUID)
-	e.stats.poisoned.add()
+	e.stats.poisoned.Add(1)
 	e.observe(amqpretry.Event{Kind: amqpretry.EventPoisoned, Queue: f.queue, Attempt: f.attempt, Reason: reason, Err: f.err, Handoff: time.Since(start)})
 	if f.envelope.DroppedHeaders != "" {
 		f.log()["dropped_headers"] = f.envelope.DroppedHeaders
@@ -135,11 +135,9 @@ func (p *pendingPoisons) setAside(uuid string, t time.Time) bool {
 	return true
 }
 
-// get returns the pending poisoning of msg: one recorded for its UUID, with its payload.
+// get returns the pending poisoning of msg: one recorded for its UUID, with its
+// payload. The engine asks only when size is not zero: a first delivery takes no lock.
 func (p *pendingPoisons) get(msg *message.Message) (pendingPoison, bool) {
-	if p.size.Load() == 0 {
-		return pendingPoison{}, false
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pp, ok := p.m[msg.UUID]
@@ -181,7 +179,7 @@ func (e *engine) poisonFailed(f failure, reason amqpretry.Reason, perr error) er
 		perr = e.poisonHint(perr, gone)
 	}
 	n := e.pending.add(f, reason)
-	e.stats.failures.add()
+	e.stats.failures.Add(1)
 	cause := backend.Cause(perr)
 	if gone {
 		cause = causePoisonQueueMissing
@@ -202,7 +200,7 @@ func (e *engine) poisonFailed(f failure, reason amqpretry.Reason, perr error) er
 
 // setAside holds f's message for about wait where a retry would wait (a copy parked
 // in the delay backend, confirmed before the original is acked, or the delivery held
-// in place), so that the messages behind it in its work queue keep flowing: a nack
+// in its work queue), so that the messages behind it in its work queue keep flowing: a nack
 // would put it back at the head of the queue. It tells whether it did; a message that
 // cannot be routed back to its queue is not set aside.
 func (e *engine) setAside(f failure, wait time.Duration) bool {
@@ -221,13 +219,13 @@ func (e *engine) setAside(f failure, wait time.Duration) bool {
 		env.RequestedDelay, env.EffectiveDelay, env.Due = wait, effective, time.Now().Add(effective)
 		env.Write(cp.Metadata)
 		return e.backend.Park(handoffContext(cp), f.queue, cp, effective) == nil
-	case e.inPlace != nil:
+	case e.holder != nil:
 		var md message.Metadata
-		if e.inPlace.caps.CarriesEnvelope {
+		if e.holder.caps.CarriesEnvelope {
 			md = message.Metadata{}
 			f.envelope.Write(md)
 		}
-		return e.holdInPlace(f.msg, wait, md) == nil
+		return e.holdDelivery(f.msg, wait, md) == nil
 	}
 	return false
 }

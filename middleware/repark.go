@@ -12,11 +12,11 @@ import (
 )
 
 // Re-parking: a copy parked for a delay longer than the backend keeps comes back
-// before it is due and is parked again for what remains (keys.HoldUntil).
+// before it is due and is re-parked for what remains (keys.ParkUntil).
 
-// parkAgain parks msg, a retry back before until, again for what remains: it never
+// repark parks msg, a retry back before until, again for what remains: it never
 // reaches the handler early. A failed park is nacked for redelivery, paced.
-func (e *engine) parkAgain(msg *message.Message, d delivery, until time.Time) error {
+func (e *engine) repark(msg *message.Message, d delivery, until time.Time) error {
 	now := time.Now()
 	effective, err := e.backend.Effective(until.Sub(now))
 	if err == nil {
@@ -29,7 +29,7 @@ func (e *engine) parkAgain(msg *message.Message, d delivery, until time.Time) er
 		}
 	}
 	n := e.failures.add(msg.UUID)
-	e.stats.failures.add()
+	e.stats.failures.Add(1)
 	e.observe(amqpretry.Event{Kind: amqpretry.EventHandoffFailed, Queue: d.queue, Attempt: d.attempt, Err: err, Cause: backend.Cause(err)})
 	e.cfg.Logger.Error("Could not park a retry again until it is due, nacking it for redelivery", err, watermill.LogFields{
 		"message_uuid": msg.UUID, "queue": d.queue, "attempt": d.attempt, "handoff_failures": n, "due": until.Format(time.RFC3339Nano)})

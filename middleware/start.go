@@ -107,9 +107,9 @@ func (r *retry) prepare() error {
 	switch {
 	case b.Caps().Keeps == backend.KeepsDelivery:
 		// Every retry stays in the work queue: no way back to bind.
-		e.inPlace, e.wiring.Bound = keep(b), nil
+		e.holder, e.wiring.Bound = keep(b), nil
 	default:
-		e.backend, e.inPlace = keep(b), keep(held)
+		e.backend, e.holder = keep(b), keep(held)
 	}
 	e.poisonQ = func(ctx context.Context, msg *message.Message) error {
 		return r.handoff.ToQueue(ctx, cfg.PoisonQueue, msg)
@@ -142,65 +142,16 @@ func (r *retry) logReady() {
 	}
 	k := e.backend
 	if k == nil {
-		k = e.inPlace
+		k = e.holder
 	}
 	lim := k.caps
 	fields["backend_limits"] = lim.Text
 	cfg.Logger.Info("Broker-side retry ready", fields)
-	if e.backend != nil && lim.PastLongest == backend.ParkAgain && longest > lim.Longest {
+	if e.backend != nil && lim.PastLongest == backend.Repark && longest > lim.Longest {
 		cfg.Logger.Info("The policy's longest delay is longer than the backend holds; those retries come back early", watermill.LogFields{
 			"delay_backend": cfg.Backend, "policy_longest_delay": longest.String(), "effective_delay": lim.Longest.String(),
 		})
 	}
-}
-
-// bind gives queue its way back, on ch, as the topology mode says (declare, check,
-// nothing), and records that it did (Retry.Bind).
-func (r *retry) bind(ch *amqp.Channel, queue string) error {
-	if err := r.checkWorkQueueType(queue); err != nil {
-		return err
-	}
-	if r.engine.backend != nil {
-		if err := r.engine.backend.WorkQueue(queue).Apply(ch, r.cfg.Topology); err != nil {
-			return fmt.Errorf("retry topology for queue %q: %w", queue, r.view.Fix.Hint(err, queue))
-		}
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.bound == nil {
-		r.bound = map[string]bool{}
-	}
-	r.bound[queue] = true
-	return nil
-}
-
-// checkWorkQueueType refuses, in topology mode verify with delayed retries, a work
-// queue that exists as another type than quorum: its passive declaration passed, but
-// the broker would redeliver every nack at once. Mode declare has declared it with the
-// arguments already (a clash fails there, see Hint); without configure permission the
-// type cannot be read over AMQP, and the engine notices at the first retry instead.
-func (r *retry) checkWorkQueueType(queue string) error {
-	if r.cfg.Topology != topology.ModeVerify || !r.view.Fix.HoldsRetries || r.handoff == nil {
-		return nil
-	}
-	conn, err := r.handoff.Connection()
-	if err != nil {
-		return fmt.Errorf("check the type of work queue %q: %w", queue, err)
-	}
-	t, known, err := declare.QueueType(conn, queue)
-	switch {
-	case err != nil:
-		return fmt.Errorf("check the type of work queue %q: %w", queue, err)
-	case known && t != declare.QueueTypeQuorum:
-		return fmt.Errorf("%s: %w", declare.WrongQueueTypeFix(queue, t), topology.ErrMismatch)
-	}
-	return nil
-}
-
-func (r *retry) isBound(queue string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.bound[queue]
 }
 
 // scheduler is a message.Publisher that schedules a delayed message to a queue

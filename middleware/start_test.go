@@ -93,21 +93,21 @@ func TestStartInProcess(t *testing.T) {
 	}
 }
 
-// inPlace is an in-place backend, as delayed-retry is: its delay is the queue's, and it
+// holding is a backend that holds retries, as delayed-retry is: its delay is the queue's, and it
 // records what it is asked to settle.
-type inPlace struct {
+type holding struct {
 	fakeBackend
 	smu     sync.Mutex
 	settled []message.Metadata
 	err     error
 }
 
-func newInPlace(d time.Duration) *inPlace {
-	return &inPlace{fakeBackend: fakeBackend{name: delay.DelayedRetry, effective: func(time.Duration) (time.Duration, error) { return d, nil },
+func newHolding(d time.Duration) *holding {
+	return &holding{fakeBackend: fakeBackend{name: delay.DelayedRetry, effective: func(time.Duration) (time.Duration, error) { return d, nil },
 		caps: backend.Caps{Keeps: backend.KeepsDelivery, Delays: backend.ConstantDelay, Longest: d, PastLongest: backend.HoldAgain}}}
 }
 
-func (p *inPlace) Settle(msg *message.Message, effective time.Duration, envelope message.Metadata) error {
+func (p *holding) Settle(msg *message.Message, effective time.Duration, envelope message.Metadata) error {
 	p.smu.Lock()
 	defer p.smu.Unlock()
 	if p.err != nil {
@@ -117,20 +117,20 @@ func (p *inPlace) Settle(msg *message.Message, effective time.Duration, envelope
 	return nil
 }
 
-// TestHeldInPlace: with held retries the first ones are settled for the broker to
+// TestHeldRetries: with held retries the first ones are settled for the broker to
 // hold. A retry that comes back long before its due time may have lost its nack with
 // its connection (the broker gives the delivery back at once): it is held again. When
 // the same message comes back early a second time in a row, the work queue does not
 // hold retries: it is marked, logged, and its later retries go to the copying backend.
-func TestHeldInPlace(t *testing.T) {
+func TestHeldRetries(t *testing.T) {
 	b := &fakeBackend{}
 	var events []amqpretry.Event
 	logs := &countingLogger{}
 	e, _ := newEngine(t, amqpretry.Config{HeldRetries: 3, DelayedRetryDelay: time.Minute, Logger: logs,
 		Policy:  amqpretry.Policy{MaxAttempts: 6, Delays: []time.Duration{7 * time.Second}},
 		Observe: func(ev amqpretry.Event) { events = append(events, ev) }}, b)
-	held := newInPlace(time.Minute)
-	e.inPlace = keep(held)
+	held := newHolding(time.Minute)
+	e.holder = keep(held)
 	h := e.Middleware(failing(errFlaky))
 
 	if _, err := h(message.NewMessage("m", nil)); err != nil {
@@ -184,7 +184,7 @@ func TestHeldRetryBackEarlyOnceIsNotJudged(t *testing.T) {
 	e, _ := newEngine(t, amqpretry.Config{Backend: delay.DelayedRetry, DelayedRetryDelay: time.Second, Logger: logs,
 		Policy: amqpretry.Policy{MaxAttempts: 10}}, nil)
 	e.backend = nil
-	e.inPlace = keep(newInPlace(time.Second))
+	e.holder = keep(newHolding(time.Second))
 	h := e.Middleware(failing(errFlaky))
 	for _, id := range []string{"a", "b", "c", "d"} {
 		for attempt := 1; attempt <= 2; attempt++ { // held, then back at once
@@ -221,15 +221,15 @@ func TestHeldRetryBackEarlyOnceIsNotJudged(t *testing.T) {
 	}
 }
 
-// TestInPlaceSettlesOnce: a retry held in the work queue is settled once, by the
+// TestHeldSettlesOnce: a retry held in the work queue is settled once, by the
 // middleware's nack; the handler chain then returns nil, and the router's Ack that
 // follows does nothing: the delivery stays nacked, for the broker to hold.
-func TestInPlaceSettlesOnce(t *testing.T) {
+func TestHeldSettlesOnce(t *testing.T) {
 	e, _ := newEngine(t, amqpretry.Config{Backend: delay.DelayedRetry, DelayedRetryDelay: time.Second,
 		Policy: amqpretry.Policy{MaxAttempts: 3}}, nil)
 	e.backend = nil
-	held := newInPlace(time.Second)
-	e.inPlace = keep(held)
+	held := newHolding(time.Second)
+	e.holder = keep(held)
 	msg := message.NewMessage("m", nil)
 	if _, err := e.Middleware(failing(errFlaky))(msg); err != nil {
 		t.Fatal(err)
@@ -276,7 +276,7 @@ func TestHeldDelayIsTheQueues(t *testing.T) {
 	var events []amqpretry.Event
 	e, _ := newEngine(t, amqpretry.Config{HeldRetries: 2, DelayedRetryDelay: time.Second,
 		Observe: func(ev amqpretry.Event) { events = append(events, ev) }}, &fakeBackend{})
-	e.inPlace = keep(newInPlace(time.Second))
+	e.holder = keep(newHolding(time.Second))
 	h := e.Middleware(failing(errFlaky))
 	if _, err := h(message.NewMessage("m", nil)); err != nil {
 		t.Fatal(err)

@@ -2,7 +2,7 @@ package middleware
 
 // Stats counts what a Retry did since it was built.
 type Stats struct {
-	// Retries handed off and confirmed, or settled in place.
+	// Retries handed off and confirmed, or held (the broker keeps the failed delivery).
 	Retries int64
 	// Poisoned messages.
 	Poisoned int64

@@ -8,12 +8,16 @@ import (
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/topology"
 )
 
-// Wiring: what the engine knows of its subscriber side, and whether a message is this
-// Retry's to hand off (checkWiring).
+// Wiring: what the engine knows of its subscriber side: the queues bound for retries
+// (bind), the Retry middlewares a message passes through (joinChain), and whether a
+// message is this Retry's to hand off (checkWiring).
 
 // wiring is what the engine needs to know of the subscriber side.
 type wiring struct {
@@ -82,4 +86,53 @@ func (e *engine) checkWiring(d delivery) error {
 		return fmt.Errorf("%w: handler %q: queue %q was never bound for retries by a subscriber built from this Retry's SubscriberConfig(), so a retry could not come back to it", amqpretry.ErrNotWired, d.handler, d.queue)
 	}
 	return nil
+}
+
+// bind gives queue its way back, on ch, as the topology mode says (declare, check,
+// nothing), and records that it did (Retry.Bind).
+func (r *retry) bind(ch *amqp.Channel, queue string) error {
+	if err := r.checkWorkQueueType(queue); err != nil {
+		return err
+	}
+	if r.engine.backend != nil {
+		if err := r.engine.backend.WorkQueue(queue).Apply(ch, r.cfg.Topology); err != nil {
+			return fmt.Errorf("retry topology for queue %q: %w", queue, r.view.Fix.Hint(err, queue))
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.bound == nil {
+		r.bound = map[string]bool{}
+	}
+	r.bound[queue] = true
+	return nil
+}
+
+// checkWorkQueueType refuses, in topology mode verify with delayed retries, a work
+// queue that exists as another type than quorum: its passive declaration passed, but
+// the broker would redeliver every nack at once. Mode declare has declared it with the
+// arguments already (a clash fails there, see Hint); without configure permission the
+// type cannot be read over AMQP, and the engine notices at the first retry instead.
+func (r *retry) checkWorkQueueType(queue string) error {
+	if r.cfg.Topology != topology.ModeVerify || !r.view.Fix.HoldsRetries || r.handoff == nil {
+		return nil
+	}
+	conn, err := r.handoff.Connection()
+	if err != nil {
+		return fmt.Errorf("check the type of work queue %q: %w", queue, err)
+	}
+	t, known, err := declare.QueueType(conn, queue)
+	switch {
+	case err != nil:
+		return fmt.Errorf("check the type of work queue %q: %w", queue, err)
+	case known && t != declare.QueueTypeQuorum:
+		return fmt.Errorf("%s: %w", declare.WrongQueueTypeFix(queue, t), topology.ErrMismatch)
+	}
+	return nil
+}
+
+func (r *retry) isBound(queue string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.bound[queue]
 }

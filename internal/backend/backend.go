@@ -77,15 +77,15 @@ type Backend interface {
 	// Park hands msg, stamped, to the broker to wait effective and come back to
 	// queue, and returns once the broker has confirmed it. msg is the backend's from
 	// then on: the caller made it for Park and does not change it once parked. A backend that keeps the
-	// failed delivery (KeepsDelivery, InPlace) does not park.
+	// failed delivery (KeepsDelivery, Holder) does not park.
 	Park(ctx context.Context, queue string, msg *message.Message, effective time.Duration) error
 	Close() error
 }
 
-// InPlace is implemented by a backend that retries without a copy: the middleware
+// Holder is implemented by a backend that retries without a copy: the middleware
 // nacks the failed delivery so that the broker itself holds it and redelivers it
 // after the delay.
-type InPlace interface {
+type Holder interface {
 	// Settle arranges how msg, the delivery that failed, is settled when the
 	// middleware nacks it, to come back after effective; it does not settle it
 	// itself. envelope is the failure envelope, for a transport that can carry it.
@@ -103,7 +103,7 @@ type Env struct {
 	Logger    watermill.LoggerAdapter
 }
 
-// Plan is everything s needs on the broker for the work queues: its own topology,
+// Plan is everything b needs on the broker for the work queues: its own topology,
 // then each queue's way back, without duplicates.
 func Plan(b Backend, workQueues ...string) topology.Topology {
 	ts := []topology.Topology{b.Topology()}
@@ -126,7 +126,7 @@ func (s Scheduler) Publish(queue string, msgs ...*message.Message) error {
 		return fmt.Errorf("%s: empty destination queue", s.Backend.Name())
 	}
 	if s.Backend.Caps().Keeps == KeepsDelivery {
-		return fmt.Errorf("%s: retries in place and cannot schedule a new message; use a copying backend", s.Backend.Name())
+		return fmt.Errorf("%s: holds failed deliveries and cannot schedule a new message; use a copying backend", s.Backend.Name())
 	}
 	for _, msg := range msgs {
 		requested, err := requested(msg)

@@ -46,7 +46,7 @@ const (
 	// delivery is acked (Backend.Park).
 	KeepsCopy Keeping = iota
 	// KeepsDelivery: the broker holds the failed delivery itself, in its work queue
-	// (InPlace.Settle): no copy.
+	// (Holder.Settle): no copy.
 	KeepsDelivery
 )
 
@@ -70,10 +70,10 @@ const (
 	NoLongest PastLongest = iota
 	// Refuse: a longer delay is refused (delay.ErrDelayTooLong).
 	Refuse
-	// ParkAgain: kept for Longest; a delay of the error's own (a RetryAfter) is parked
-	// again when it comes back, until it is due; a longer delay of the policy's comes
+	// Repark: kept for Longest; a delay of the error's own (a RetryAfter) is re-parked
+	// when it comes back, until it is due; a longer delay of the policy's comes
 	// back early.
-	ParkAgain
+	Repark
 	// HoldAgain: the failed delivery is held again, as many times as it takes, until
 	// it is due.
 	HoldAgain

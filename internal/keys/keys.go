@@ -6,7 +6,6 @@ package keys
 import (
 	"strconv"
 	"strings"
-	"unicode/utf8"
 )
 
 // The failure envelope, written by the retry middleware on retried and poisoned copies
@@ -59,10 +58,11 @@ func InEnvelope(key string) bool {
 	return false
 }
 
-// HoldUntil is written on a retry copy whose delay of the error's own (a RetryAfter)
-// is longer than the backend holds: when it is due. The middleware parks it again
-// until then instead of running the handler early.
-const HoldUntil = "amqpretry-hold-until"
+// ParkUntil is written on a retry copy whose delay of the error's own (a RetryAfter)
+// is longer than the backend keeps: when it is due. The middleware re-parks it until
+// then instead of running the handler early. (The header says "hold", its name from
+// before the words were settled: copies already parked carry it.)
+const ParkUntil = "amqpretry-hold-until"
 
 // Keys the marshaler writes on a received message and never publishes.
 const (
@@ -84,12 +84,10 @@ const (
 // metadata.
 const Tier = "amqpretry-tier"
 
-// OfDelivery tells whether key is one the marshaler writes on receipt about the
-// delivery itself (where it was published, which Retry's subscriber delivered it): a
-// copy of the message never carries it.
-func OfDelivery(key string) bool {
-	return key == DeliveryExchange || key == DeliveryRoutingKey || key == Subscriber
-}
+// OfDelivery are the keys the marshaler writes on receipt about the delivery itself
+// (where it was published, which Retry's subscriber delivered it): a copy of the
+// message never carries them.
+var OfDelivery = [...]string{DeliveryExchange, DeliveryRoutingKey, Subscriber}
 
 // Reserved tells whether key is one the marshaler writes on receipt and never
 // publishes.
@@ -103,19 +101,6 @@ func Reserved(key string) bool {
 
 // MaxErrorTypes bounds how many Go types of an error's chain an envelope lists.
 const MaxErrorTypes = 16
-
-// Truncate cuts s to at most n bytes on a rune boundary, marking the cut with "…".
-func Truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	const mark = "…"
-	cut := n - len(mark)
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + mark
-}
 
 // Headers RabbitMQ sets on the messages it dead-letters, delays or redelivers.
 const (
