@@ -10,6 +10,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/keys"
+	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/cenkalti/backoff/v4"
 )
 
@@ -73,7 +74,7 @@ const envelopeRoom = 13
 // the keys its marshaler wrote on receipt about the delivery itself
 // (keys.OfDelivery): a copy is another message.
 func copyOf(msg *message.Message) *message.Message {
-	cp := message.NewMessageWithContext(msg.Context(), msg.UUID, msg.Payload)
+	cp := message.NewMessageWithContext(marshal.CopyContext(msg), msg.UUID, msg.Payload) // typed headers as read
 	n := envelopeRoom
 	for k := range msg.Metadata {
 		if !keys.OfDelivery(k) {
