@@ -81,11 +81,27 @@ func (capture) Close() error { return nil }
 // deliveredMessage is a first delivery of the retry path's queue as the retry
 // subscriber's marshaler unmarshals it.
 func deliveredMessage(tb testing.TB) *message.Message {
+	return delivered(tb, nil)
+}
+
+// typedHeaders are the non-string headers of BenchmarkFailurePathTyped's message: an
+// int, a bool and a nested table, as amqp091-go reads them.
+func typedHeaders() amqp.Table {
+	return amqp.Table{
+		"tenant-shard": int32(17),
+		"priority-hi":  true,
+		"trace":        amqp.Table{"span": int64(1234567890123), "sampled": true, "tags": []interface{}{"a", int32(2)}},
+	}
+}
+
+// delivered is deliveredMessage with extra headers on the delivery.
+func delivered(tb testing.TB, extra amqp.Table) *message.Message {
 	tb.Helper()
 	p, err := marshal.Marshaler{}.Marshal(benchMessages("rp", 1)[0])
 	if err != nil {
 		tb.Fatal(err)
 	}
+	maps.Copy(p.Headers, extra)
 	msg, err := marshal.Marshaler{Options: marshal.Options{Retry: true, Delivered: func(m *message.Message, _ int) { m.Metadata[keys.Subscriber] = "bench-subscriber" }}}.Unmarshal(amqp.Delivery{
 		Headers: p.Headers, Body: p.Body, RoutingKey: benchQueue, DeliveryMode: amqp.Persistent,
 	})
@@ -113,7 +129,10 @@ func failingRetry(tb testing.TB, pub capture, d time.Duration) message.HandlerFu
 }
 
 func benchFailure(b *testing.B, h message.HandlerFunc) {
-	msg := deliveredMessage(b)
+	benchFailureOf(b, h, deliveredMessage(b))
+}
+
+func benchFailureOf(b *testing.B, h message.HandlerFunc, msg *message.Message) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -146,6 +165,25 @@ func envelopedCopy(tb testing.TB, msg *message.Message) *message.Message {
 
 func BenchmarkFailurePathMarshal(b *testing.B) {
 	cp := envelopedCopy(b, deliveredMessage(b))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := handoffMarshal(cp); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkFailurePathTyped is BenchmarkFailurePath on a message with typed headers
+// (typedHeaders).
+func BenchmarkFailurePathTyped(b *testing.B) {
+	benchFailureOf(b, failingRetry(b, capture{}, retryPathDelay), delivered(b, typedHeaders()))
+}
+
+// BenchmarkFailurePathMarshalTyped is BenchmarkFailurePathMarshal on the copy of a
+// message with typed headers (typedHeaders).
+func BenchmarkFailurePathMarshalTyped(b *testing.B) {
+	cp := envelopedCopy(b, delivered(b, typedHeaders()))
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {

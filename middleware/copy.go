@@ -15,6 +15,7 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/keys"
+	"github.com/amqpretry/amqpretry/internal/marshal"
 )
 
 // The failure path, in the order it runs: decide what becomes of the message, size
@@ -249,7 +250,7 @@ const envelopeRoom = 13
 // keys.RawHeaders, which the hand-off's marshaler reads to publish the headers with
 // their types, and does not publish.
 func copyOf(msg *message.Message) *message.Message {
-	cp := message.NewMessageWithContext(msg.Context(), msg.UUID, msg.Payload)
+	cp := message.NewMessageWithContext(marshal.CopyContext(msg), msg.UUID, msg.Payload) // typed headers as read
 	n := len(msg.Metadata) + envelopeRoom
 	for _, k := range keys.OfDelivery {
 		if _, ok := msg.Metadata[k]; ok {

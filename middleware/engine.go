@@ -19,6 +19,7 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/keys"
+	"github.com/amqpretry/amqpretry/internal/marshal"
 )
 
 // engine is the middleware. start builds it.
@@ -99,7 +100,7 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			}
 			pause(msg.Context(), e.cfg.Policy.ImmediateInterval)
 			next := run.Copy()
-			next.SetContext(run.Context())
+			next.SetContext(marshal.CopyContext(run)) // typed headers as read
 			attempt++
 			next.Metadata[keys.Attempt] = strconv.Itoa(attempt)
 			run = next

@@ -84,7 +84,7 @@ func Run(t *testing.T, m Major) {
 		{"UndecodableHeadersReachTheHandlerAndSurviveEveryHop", UndecodableHeadersReachTheHandlerAndSurviveEveryHop, false},
 		{"HeadersNearFrameMaxArePoisonedWithTheHeadersThatFit", HeadersNearFrameMaxArePoisonedWithTheHeadersThatFit, false},
 		{"PoisoningIsLoggedAtError", PoisoningIsLoggedAtError, false},
-		{"WorkPerCopyIsEncodeOnReceiptDecodeOnPublish", WorkPerCopyIsEncodeOnReceiptDecodeOnPublish, false},
+		{"WorkPerCopyIsEncodeOnReceipt", WorkPerCopyIsEncodeOnReceipt, false},
 		{"TraceContextSurvivesRetryAndPoison", TraceContextSurvivesRetryAndPoison, false},
 		{"SchedulerParksAMessageFromOtherCode", SchedulerParksAMessageFromOtherCode, false},
 		{"RetryableFollowsTheRetrysDecision", RetryableFollowsTheRetrysDecision, true},

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/keys"
@@ -61,6 +62,9 @@ func FuzzDecodeValue(f *testing.F) {
 		if enc2 := mustEncode(t, v2); enc2 != enc {
 			t.Fatalf("encoding not canonical: %s, then %s", enc, enc2)
 		}
+		if f := fresh(v); !identical(f, v2) {
+			t.Fatalf("fresh(%#v) = %#v, want %#v as decoded", v, f, v2)
+		}
 	})
 }
 
@@ -69,6 +73,9 @@ func FuzzDecodeValue(f *testing.F) {
 // that are not broker-owned nor reserved, without modifying the delivery; and
 // that the retry subscriber's marshaler publishes the same, less the tier
 // header, and never keeps a broker-owned non-string header in its metadata.
+// A copy (CopyContext) publishes, decoding nothing, the very values decoding
+// its metadata gives; and fresh gives for every header value what decoding its
+// encoding gives.
 func FuzzMarshalerRoundTrip(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte("\x05\x01a\x11\x03\x0d\x02hi\x0b\x00\x00\x00\x00\x00\x00\xf8\x7f"))
@@ -115,6 +122,31 @@ func FuzzMarshalerRoundTrip(f *testing.F) {
 		delete(want, keys.Tier)
 		if !wire.Equal(rp.Headers, want) {
 			t.Fatalf("retry round trip gave\n%#v\nwant\n%#v", rp.Headers, want)
+		}
+
+		for _, c := range []struct {
+			m   Marshaler
+			msg *message.Message
+		}{{Marshaler{}, msg}, {retry, rmsg}} {
+			cp := copyLike(c.msg)
+			before := decodedSoFar()
+			cpp, err := c.m.Marshal(cp)
+			if err != nil {
+				t.Fatalf("Marshal of a copy: %v", err)
+			}
+			if n := decodedSoFar() - before; n != 0 {
+				t.Fatalf("Marshal of a copy decoded %d values, want 0", n)
+			}
+			if ref := decodingAsBefore(t, c.m, cp); !identical(cpp.Headers, ref) {
+				t.Fatalf("copy gave\n%#v\nwant (decoded)\n%#v", cpp.Headers, ref)
+			}
+		}
+		for k, v := range headers {
+			if enc, err := EncodeValue(v); err == nil {
+				if dec, err := DecodeValue(enc); err != nil || !identical(fresh(v), dec) {
+					t.Fatalf("%s: fresh(%#v) = %#v, want %#v (%v)", k, v, fresh(v), dec, err)
+				}
+			}
 		}
 	})
 }

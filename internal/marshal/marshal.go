@@ -1,6 +1,8 @@
 // Package marshal turns AMQP deliveries into Watermill messages and back without
 // refusing any header: string headers stay strings, other values are carried in a
-// typed encoding (typed.go) or, failing that, raw. It is the implementation behind
+// typed encoding (typed.go) or, failing that, raw; the typed values read are kept for
+// publishing the message and its copies again without decoding them (receipt.go). It
+// is the implementation behind
 // xdeath.Marshaler and behind the marshaler of every retry subscriber.
 package marshal
 
@@ -64,7 +66,9 @@ func (o Options) UUIDKey() string {
 // they are; every other header is stored encoded (EncodeValue) and listed under
 // keys.TypedHeaders, or, where the encoding cannot carry it, kept under
 // keys.RawHeaders. Headers named like the keys the marshaler reserves are ignored.
-// It never fails for a header, so a delivery is never nacked forever for one.
+// It never fails for a header, so a delivery is never nacked forever for one. The
+// typed values read are kept with the message (receipt.go) for Marshal, which then
+// need not decode them again.
 //
 // It refuses the zero Delivery (ErrZeroDelivery): what a receive from a consumer's
 // closed delivery channel gives. watermill-amqp (v2.1.3, v3.0.1) can read one as its
@@ -78,7 +82,7 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	uuidKey := m.UUIDKey()
 	uuid := ""
 	md := make(message.Metadata, len(d.Headers)+4)
-	var typed []string
+	var typed []kept
 	var raw amqp.Table
 	returns := int64(0)
 	for k, v := range d.Headers {
@@ -105,7 +109,7 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 		if k != uuidKey && utf8.ValidString(k) {
 			if enc, err := encodeValue(v, k); err == nil {
 				md[k] = enc
-				typed = append(typed, k)
+				typed = append(typed, kept{key: k, enc: enc, val: fresh(v)})
 				continue
 			}
 		}
@@ -114,13 +118,19 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 		}
 		raw[k] = v
 	}
+	var r *receipt
 	if len(typed) > 0 {
-		sort.Strings(typed)
-		list, err := marshalJSON(typed)
+		sort.Slice(typed, func(i, j int) bool { return typed[i].key < typed[j].key })
+		names := make([]string, len(typed))
+		for i, e := range typed {
+			names[i] = e.key
+		}
+		list, err := marshalJSON(names)
 		if err != nil {
 			return nil, err
 		}
 		md[keys.TypedHeaders] = list
+		r = &receipt{list: list, entries: typed}
 	}
 	if len(raw) > 0 {
 		b, err := wire.AppendTable(nil, raw)
@@ -140,6 +150,9 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	}
 	msg := message.NewMessage(uuid, d.Body)
 	msg.Metadata = md
+	if r != nil {
+		keep(msg, r)
+	}
 	switch {
 	case m.Retry && m.Delivered != nil:
 		m.Delivered(msg, attempt)
@@ -159,29 +172,48 @@ func isZero(d *amqp.Delivery) bool {
 }
 
 // Marshal converts a message to a publishing without modifying the message. Typed
-// metadata is decoded back to the original AMQP types and the headers under
-// keys.RawHeaders are restored. Left out are the reserved keys and every header
-// RabbitMQ owns (keys.BrokerOwned). PostprocessPublishing runs last and sees every
-// header.
+// metadata is turned back into the original AMQP types and the headers under
+// keys.RawHeaders are restored. A typed value whose metadata is still the string
+// Unmarshal wrote is the value Unmarshal kept, for the message it returned and for a
+// copy made with CopyContext, and is not decoded again; any other is decoded. Left out
+// are the reserved keys and every header RabbitMQ owns (keys.BrokerOwned).
+// PostprocessPublishing runs last and sees every header.
 //
 // Marshal does not fail on metadata: a value listed under keys.TypedHeaders that no
 // longer decodes (a handler set a plain string there) is sent as the string it now is,
 // and a keys.RawHeaders value that is not one Unmarshal wrote is left out.
 func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 	uuidKey := m.UUIDKey()
-	typed, err := TypedKeys(msg.Metadata)
-	if err != nil {
-		typed = nil // an unreadable list: every value is the string it is
-	}
-	headers := make(amqp.Table, len(msg.Metadata)+1)
-	for k, s := range msg.Metadata {
+	md := msg.Metadata
+	headers := make(amqp.Table, len(md)+1)
+	for k, s := range md {
 		if keys.Reserved(k) || keys.BrokerOwned(k) || k == uuidKey {
 			continue
 		}
 		headers[k] = s
-		if typed[k] {
-			if v, err := decodeValue(s, k); err == nil {
-				headers[k] = v
+	}
+	if list, ok := md[keys.TypedHeaders]; ok {
+		r := receiptOf(msg)
+		if r != nil && list == r.list {
+			// The typed keys are the receipt's: each value kept where its string is
+			// still the one written (read once, write once), else decoded.
+			for _, e := range r.entries {
+				switch s, ok := headers[e.key].(string); {
+				case ok && s == e.enc:
+					headers[e.key] = fresh(e.val)
+				case ok:
+					headers[e.key] = decoded(e.key, s)
+				}
+			}
+		} else {
+			typed, err := TypedKeys(md)
+			if err != nil {
+				typed = nil // an unreadable list: every value is the string it is
+			}
+			for k, ok := range typed {
+				if s, in := headers[k].(string); ok && in {
+					headers[k] = typedValue(r, k, s)
+				}
 			}
 		}
 	}
@@ -207,6 +239,24 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 		p = m.PostprocessPublishing(p)
 	}
 	return p, nil
+}
+
+// typedValue is what the metadata string s of the typed header key publishes as: the
+// value r kept for it if s is still the string Unmarshal wrote, else decoded.
+func typedValue(r *receipt, key, s string) interface{} {
+	if v, ok := r.value(key, s); ok {
+		return v
+	}
+	return decoded(key, s)
+}
+
+// decoded is the typed header key's metadata string s decoded, or s if it does not
+// decode (a handler set a plain string).
+func decoded(key, s string) interface{} {
+	if v, err := decodeValue(s, key); err == nil {
+		return v
+	}
+	return s
 }
 
 // TypedKeys parses the keys.TypedHeaders list of md: the keys whose values are
