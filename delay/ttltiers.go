@@ -56,7 +56,7 @@ func (b *ttlTiers) Caps() backend.Caps {
 	longest := b.tiers[len(b.tiers)-1]
 	return backend.Caps{Keeps: backend.KeepsCopy, Delays: backend.LadderDelays, Longest: longest, PastLongest: backend.Repark,
 		CarriesEnvelope: true, Fix: "add a longer tier to Tiers",
-		Text: fmt.Sprintf("%d tiers from %s to %s, a delay snaps up to the next, a longer one is held %s", len(b.tiers), b.tiers[0], longest, longest)}
+		Text: fmt.Sprintf("%d tiers from %s to %s, a delay snaps up to the next, a longer one waits %s", len(b.tiers), b.tiers[0], longest, longest)}
 }
 
 func (b *ttlTiers) Topology() topology.Topology {

@@ -3,7 +3,9 @@ package marshal
 import (
 	"context"
 	"runtime"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,19 +45,11 @@ type kept struct {
 
 // find returns the entry of key.
 func (r *receipt) find(key string) (kept, bool) {
-	lo, hi := 0, len(r.entries)
-	for lo < hi {
-		mid := int(uint(lo+hi) >> 1)
-		if r.entries[mid].key < key {
-			lo = mid + 1
-		} else {
-			hi = mid
-		}
+	i, ok := slices.BinarySearchFunc(r.entries, key, func(e kept, key string) int { return strings.Compare(e.key, key) })
+	if !ok {
+		return kept{}, false
 	}
-	if lo < len(r.entries) && r.entries[lo].key == key {
-		return r.entries[lo], true
-	}
-	return kept{}, false
+	return r.entries[i], true
 }
 
 // value returns what the metadata string s of the typed header key publishes as, if
