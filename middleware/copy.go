@@ -111,15 +111,15 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	f.envelope.Write(cp.Metadata)
 	delete(cp.Metadata, keys.ParkUntil)
 	if !parkUntil.IsZero() {
-		cp.Metadata[keys.ParkUntil] = parkUntil.UTC().Format(time.RFC3339Nano)
+		cp.Metadata[keys.ParkUntil] = formatTime(parkUntil)
 	}
 
 	// Park.
-	perr := e.backend.Park(handoffContext(cp), d.queue, cp, effective)
+	perr := e.backend.Park(cp.Context(), d.queue, cp, effective)
 	if errors.Is(perr, backend.ErrTooLarge) {
 		trim(&f.envelope)
 		f.envelope.Write(cp.Metadata)
-		perr = e.backend.Park(handoffContext(cp), d.queue, cp, effective)
+		perr = e.backend.Park(cp.Context(), d.queue, cp, effective)
 	}
 	switch {
 	case perr == nil:
@@ -132,6 +132,30 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 		return e.poison(f, cp, amqpretry.ReasonTooLarge)
 	}
 	return e.handoffFailed(f, cp, perr, backend.Cause(perr), true)
+}
+
+// errOtherRetry: the message is another Retry's, and that Retry is on the handler too.
+var errOtherRetry = errors.New("message of another retry middleware on this handler")
+
+// checkWiring tells whether this Retry may hand off d: nil, errOtherRetry, or an
+// error wrapping ErrNotWired that names the fix.
+func (e *engine) checkWiring(d delivery) error {
+	if e.wiring.ID == "" {
+		return nil
+	}
+	switch {
+	case d.owner == e.wiring.ID:
+	case d.owner == "":
+		return fmt.Errorf("%w: message %s on handler %q was not delivered by a subscriber built from this Retry's SubscriberConfig(), so where its retry must go is unknown; build the subscriber from Retry.SubscriberConfig(), or add the handler with Retry.AddHandler", amqpretry.ErrNotWired, d.msg.UUID, d.handler)
+	case inChain(d.msg, d.owner):
+		return errOtherRetry
+	default:
+		return fmt.Errorf("%w: message %s on handler %q was delivered by the subscriber of another Retry, whose middleware is not on this handler; add that Retry's Middleware to the handler, or add the handler with its AddHandler", amqpretry.ErrNotWired, d.msg.UUID, d.handler)
+	}
+	if e.wiring.Bound != nil && !e.wiring.Bound(d.queue) {
+		return fmt.Errorf("%w: handler %q: queue %q was never bound for retries by a subscriber built from this Retry's SubscriberConfig(), so a retry could not come back to it", amqpretry.ErrNotWired, d.handler, d.queue)
+	}
+	return nil
 }
 
 // decide classifies err: the error's marks, then Classify if set.
@@ -244,13 +268,26 @@ func errorTypes(err error) []string {
 // envelopeRoom is how many keys the envelope of a retry adds to a copy.
 const envelopeRoom = 13
 
-// copyOf copies msg, with its context, into metadata sized for the envelope. It
-// leaves out the keys its marshaler wrote on receipt about the delivery itself
+// copyOf copies msg into metadata sized for the envelope, to be handed off. It leaves
+// out the keys its marshaler wrote on receipt about the delivery itself
 // (keys.OfDelivery): a copy is another message. It keeps keys.TypedHeaders and
 // keys.RawHeaders, which the hand-off's marshaler reads to publish the headers with
-// their types, and does not publish.
+// their types, and does not publish; the copy's context carries the typed values as
+// read (marshal.CopyContext) when there are any.
+//
+// The copy's context is the delivery's, but not canceled with it. The router cancels
+// it when it closes, while the handlers still run and the subscriber may still
+// deliver; a hand-off canceled then would count as failed, again at each redelivery to
+// the closing process, and poison the message after HandoffAttempts of them (seen
+// stopping a consumer in the no-loss test that changes backends). Bounded by
+// ConfirmTimeout, the hand-off is confirmed, and the original acked, or fails, and the
+// original is nacked.
 func copyOf(msg *message.Message) *message.Message {
-	cp := message.NewMessageWithContext(marshal.CopyContext(msg), msg.UUID, msg.Payload) // typed headers as read
+	ctx := msg.Context()
+	if _, typed := msg.Metadata[keys.TypedHeaders]; typed {
+		ctx = marshal.CopyContext(msg)
+	}
+	cp := message.NewMessageWithContext(context.WithoutCancel(ctx), msg.UUID, msg.Payload)
 	n := len(msg.Metadata) + envelopeRoom
 	for _, k := range keys.OfDelivery {
 		if _, ok := msg.Metadata[k]; ok {
@@ -264,17 +301,6 @@ func copyOf(msg *message.Message) *message.Message {
 		}
 	}
 	return cp
-}
-
-// handoffContext is the context of a hand-off of cp: the delivery's, but not canceled
-// with it. The router cancels it when it closes, while the handlers still run and the
-// subscriber may still deliver; a hand-off canceled then would count as failed, again
-// at each redelivery to the closing process, and poison the message after
-// HandoffAttempts of them (seen stopping a consumer in the no-loss test that changes
-// backends). Bounded by ConfirmTimeout, the hand-off is confirmed, and the original
-// acked, or fails, and the original is nacked.
-func handoffContext(cp *message.Message) context.Context {
-	return context.WithoutCancel(cp.Context())
 }
 
 // trimmedErrorBytes bounds the error text of an envelope trimmed to fit frame_max.

@@ -60,9 +60,6 @@ func keep(b backend.Backend) *kept {
 // Middleware implements message.HandlerMiddleware.
 func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		if e.wiring.ID != "" {
-			joinChain(msg, e.wiring.ID)
-		}
 		d := e.read(msg)
 		if d.owned {
 			if d.held && e.holdAgain(msg, d) {

@@ -67,59 +67,58 @@ const (
 
 // Write writes e into md, bounding every field, and removes the key of every zero
 // field, so that md holds exactly e: a poisoned copy keeps nothing of its last retry
-// hop, and a retried one no poison reason.
+// hop, and a retried one no poison reason. Each field is formatted where it is listed.
 func (e Envelope) Write(md message.Metadata) {
-	putInt(md, keys.Attempt, e.Attempt)
-	putInt(md, keys.MaxAttempts, e.MaxAttempts)
-	putInt(md, keys.RedriveCount, e.Redriven)
-	put(md, keys.PoisonReason, truncate(string(e.Reason), maxNameBytes))
-	put(md, keys.Error, truncate(e.Error, maxErrorBytes))
-	put(md, keys.ErrorTypes, joinTypes(e.ErrorTypes))
-	put(md, keys.Handler, truncate(e.Handler, maxNameBytes))
-	put(md, keys.Topic, truncate(e.Topic, maxNameBytes))
-	put(md, keys.Queue, truncate(e.Queue, maxNameBytes))
-	put(md, keys.OriginalExchange, truncate(e.OriginalExchange, maxNameBytes))
-	put(md, keys.OriginalRoutingKey, truncate(e.OriginalRoutingKey, maxNameBytes))
-	put(md, keys.DroppedHeaders, truncate(e.DroppedHeaders, maxErrorBytes))
-	put(md, keys.RedrivenFrom, truncate(e.RedrivenFrom, maxNameBytes))
-	putTime(md, keys.FirstFailure, e.FirstFailure)
-	putTime(md, keys.LastFailure, e.LastFailure)
-	putTime(md, keys.Due, e.Due)
-	putTime(md, keys.RedrivenAt, e.RedrivenAt)
-	putDuration(md, keys.RequestedDelay, e.RequestedDelay)
-	putDuration(md, keys.EffectiveDelay, e.EffectiveDelay)
-}
-
-func put(md message.Metadata, key, v string) {
-	if v == "" {
-		delete(md, key)
-		return
+	for _, f := range [...]struct{ key, value string }{
+		{keys.Attempt, formatInt(e.Attempt)},
+		{keys.MaxAttempts, formatInt(e.MaxAttempts)},
+		{keys.RedriveCount, formatInt(e.Redriven)},
+		{keys.PoisonReason, truncate(string(e.Reason), maxNameBytes)},
+		{keys.Error, truncate(e.Error, maxErrorBytes)},
+		{keys.ErrorTypes, joinTypes(e.ErrorTypes)},
+		{keys.Handler, truncate(e.Handler, maxNameBytes)},
+		{keys.Topic, truncate(e.Topic, maxNameBytes)},
+		{keys.Queue, truncate(e.Queue, maxNameBytes)},
+		{keys.OriginalExchange, truncate(e.OriginalExchange, maxNameBytes)},
+		{keys.OriginalRoutingKey, truncate(e.OriginalRoutingKey, maxNameBytes)},
+		{keys.DroppedHeaders, truncate(e.DroppedHeaders, maxErrorBytes)},
+		{keys.RedrivenFrom, truncate(e.RedrivenFrom, maxNameBytes)},
+		{keys.FirstFailure, formatTime(e.FirstFailure)},
+		{keys.LastFailure, formatTime(e.LastFailure)},
+		{keys.Due, formatTime(e.Due)},
+		{keys.RedrivenAt, formatTime(e.RedrivenAt)},
+		{keys.RequestedDelay, formatDuration(e.RequestedDelay)},
+		{keys.EffectiveDelay, formatDuration(e.EffectiveDelay)},
+	} {
+		if f.value == "" {
+			delete(md, f.key)
+		} else {
+			md[f.key] = f.value
+		}
 	}
-	md[key] = v
 }
 
-func putInt(md message.Metadata, key string, v int) {
-	if v == 0 {
-		delete(md, key)
-		return
+// formatInt, formatTime and formatDuration format a field of the envelope as its
+// metadata value: "" for zero, which Write leaves out.
+func formatInt(n int) string {
+	if n == 0 {
+		return ""
 	}
-	md[key] = strconv.Itoa(v)
+	return strconv.Itoa(n)
 }
 
-func putTime(md message.Metadata, key string, t time.Time) {
+func formatTime(t time.Time) string {
 	if t.IsZero() {
-		delete(md, key)
-		return
+		return ""
 	}
-	md[key] = t.UTC().Format(time.RFC3339Nano)
+	return t.UTC().Format(time.RFC3339Nano)
 }
 
-func putDuration(md message.Metadata, key string, d time.Duration) {
+func formatDuration(d time.Duration) string {
 	if d == 0 {
-		delete(md, key)
-		return
+		return ""
 	}
-	md[key] = d.String()
+	return d.String()
 }
 
 // truncate cuts s to at most n bytes on a rune boundary, marking the cut with "…".

@@ -29,7 +29,7 @@ func (e *engine) handoffFailed(f failure, cp *message.Message, perr error, cause
 		f.envelope.Error = fmt.Sprintf("%d hand-offs failed in a row, the last: %v; handler error: %v", n, perr, f.err)
 		return e.poison(f, cp, amqpretry.ReasonHandoffFailed)
 	}
-	e.pausePaced(cp.Context(), backend.HandoffPause(n))
+	e.pausePaced(f.msg.Context(), backend.HandoffPause(n))
 	return errors.Join(f.err, fmt.Errorf("%w: queue %q: %w", amqpretry.ErrHandoff, f.queue, perr))
 }
 

@@ -50,7 +50,7 @@ func (e *engine) poison(f failure, cp *message.Message, reason amqpretry.Reason)
 	return nil
 }
 
-func (e *engine) poisonTo(cp *message.Message) error { return e.poisonQ(handoffContext(cp), cp) }
+func (e *engine) poisonTo(cp *message.Message) error { return e.poisonQ(cp.Context(), cp) }
 
 // dropLargestHeader removes the largest metadata entry that is not the envelope's and
 // names it in env.DroppedHeaders. It returns false when there is nothing left to drop.
@@ -218,7 +218,7 @@ func (e *engine) setAside(f failure, wait time.Duration) bool {
 		env.Reason, env.MaxAttempts, env.Attempt = "", 0, f.attempt
 		env.RequestedDelay, env.EffectiveDelay, env.Due = wait, effective, time.Now().Add(effective)
 		env.Write(cp.Metadata)
-		return e.backend.Park(handoffContext(cp), f.queue, cp, effective) == nil
+		return e.backend.Park(cp.Context(), f.queue, cp, effective) == nil
 	case e.holder != nil:
 		var md message.Metadata
 		if e.holder.caps.CarriesEnvelope {

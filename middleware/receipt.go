@@ -1,8 +1,11 @@
 package middleware
 
 import (
+	"context"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -13,8 +16,9 @@ import (
 )
 
 // The receipt: what the engine reads of a message once, when it arrives (read), the
-// failure envelope it carries included (ReadEnvelope). A first delivery carries no
-// envelope: reading it costs one pass over its metadata.
+// failure envelope it carries included (ReadEnvelope), and the Retry middlewares it
+// passes through (joinChain). A first delivery carries no envelope: reading it costs
+// one pass over its metadata.
 
 // delivery is what the engine reads of a message once, when it arrives.
 type delivery struct {
@@ -46,10 +50,14 @@ type delivery struct {
 	parkedUntil time.Time
 }
 
-// read reads msg on receipt. A retry this process held comes back without its
-// envelope: the one remembered when it was held is written back into its metadata,
-// so that the handler reads it as on a copy.
+// read reads msg on receipt, and records this Retry among the middlewares msg passes
+// through (joinChain). A retry this process held comes back without its envelope: the
+// one remembered when it was held is written back into its metadata, so that the
+// handler reads it as on a copy.
 func (e *engine) read(msg *message.Message) delivery {
+	if e.wiring.ID != "" {
+		joinChain(msg, e.wiring.ID)
+	}
 	ctx := msg.Context()
 	d := delivery{
 		msg:      msg,
@@ -159,4 +167,36 @@ func readTime(s string) time.Time {
 		return time.Time{}
 	}
 	return t
+}
+
+// chain lists the Retry middlewares (by wiring.ID) a message passes through.
+type chain struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+type chainKey struct{}
+
+// joinChain records id in msg's context. The chain is shared by every middleware of
+// the handler, so an outer one sees the inner ones after the handler returns.
+func joinChain(msg *message.Message, id string) {
+	c, _ := msg.Context().Value(chainKey{}).(*chain)
+	if c == nil {
+		c = &chain{}
+		msg.SetContext(context.WithValue(msg.Context(), chainKey{}, c))
+	}
+	c.mu.Lock()
+	c.ids = append(c.ids, id)
+	c.mu.Unlock()
+}
+
+// inChain tells whether the Retry id is among the middlewares msg passes through.
+func inChain(msg *message.Message, id string) bool {
+	c, _ := msg.Context().Value(chainKey{}).(*chain)
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Contains(c.ids, id)
 }

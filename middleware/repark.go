@@ -24,7 +24,7 @@ func (e *engine) repark(msg *message.Message, d delivery, until time.Time) error
 		env := d.envelope
 		env.EffectiveDelay, env.Due = effective, now.Add(effective)
 		env.Write(cp.Metadata)
-		if err = e.backend.Park(handoffContext(cp), d.queue, cp, effective); err == nil {
+		if err = e.backend.Park(cp.Context(), d.queue, cp, effective); err == nil {
 			return nil
 		}
 	}
