@@ -20,6 +20,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/topology"
 	"github.com/amqpretry/amqpretry/wamqp3"
 )
@@ -47,7 +48,10 @@ import (
 //     DelayedRetryDelay: 1ms}; two-stage: Config{HeldRetries: 1, ttl-tiers with one
 //     1 ms tier behind}; ttl-tiers: the copying backend, one 1 ms tier; ceiling-copy:
 //     the ceiling middleware of ceiling.go (a confirmed copy to the same tier, nothing
-//     else) with the ttl-tiers subscriber; ceiling-native: a middleware that only nacks
+//     else) with the ttl-tiers subscriber; ceiling-envelope: the same carrying the
+//     envelope of one of our copies, mandatory and with a MessageId as ours are
+//     (envelope43: ttl-tiers ÷ it is our code's cost without the envelope's bytes);
+//     ceiling-native: a middleware that only nacks
 //     a failed message (what the delayed-retry backend's hand-off is), no other code.
 //     Mixes: storm (every message fails once), storm2 (twice: two-stage's second retry
 //     is copied), healthy (every tenth fails twice; the never-failing messages' rate),
@@ -194,7 +198,7 @@ func run43(ctx context.Context, e *env, rounds int, only string) (*results43, st
 				}
 				for _, k := range []struct{ kind, mix string }{
 					{"delayed-retry", "storm"}, {"two-stage", "storm"}, {"two-stage", "storm2"}, {"ttl-tiers", "storm"},
-					{"ceiling-copy", "storm"}, {"ceiling-native", "storm"}, {"delayed-retry", "always"},
+					{"ceiling-copy", "storm"}, {"ceiling-envelope", "storm"}, {"ceiling-native", "storm"}, {"delayed-retry", "always"},
 				} {
 					rate, err := e.router43(ctx, run43opts{kind: k.kind, mix: k.mix, prefetch: prefetch, handlers: 1, n: native43N, round: r})
 					if err != nil {
@@ -372,6 +376,13 @@ func table43(r *results43) string {
 		fmt.Fprintf(w, "prefetch %s\traw copy %.0f\traw native %.0f (x%.2f)\traw native-always %.0f\n", p, r.RawLoop[p]["copy"], r.RawLoop[p]["native"], r.NativeOverCopy[p], r.RawLoop[p]["native-always"])
 		for _, k := range sortedKeys(r.Library[p]) {
 			fmt.Fprintf(w, "  %s\t%.0f msg/s\t÷ raw native %.3f\t\n", k, r.Library[p][k], r.LibraryOverRawNative[p][k])
+		}
+		if c := r.Library[p]["ceiling-copy/storm"]; c > 0 {
+			fmt.Fprintf(w, "  copy storm: ttl-tiers ÷ ceiling-copy %.3f", r.Library[p]["ttl-tiers/storm"]/c)
+			if ce := r.Library[p]["ceiling-envelope/storm"]; ce > 0 {
+				fmt.Fprintf(w, ", ÷ ceiling-envelope %.3f; ceiling-envelope ÷ ceiling-copy %.3f", r.Library[p]["ttl-tiers/storm"]/ce, ce/c)
+			}
+			fmt.Fprintln(w, "\t")
 		}
 	}
 	if rp := r.RetryPath; rp != nil {
@@ -600,7 +611,7 @@ func (e *env) setup43(ctx context.Context, o run43opts, msgs []*message.Message)
 	}
 	subCfg := amqpCfg
 	switch o.kind {
-	case "delayed-retry", "two-stage", "ttl-tiers", "ceiling-copy", "ceiling-native":
+	case "delayed-retry", "two-stage", "ttl-tiers", "ceiling-copy", "ceiling-envelope", "ceiling-native":
 		prefix := e.name("r43", fmt.Sprintf("d%d", seq))
 		rcfg := amqpretry.Config{Prefix: prefix, PoisonQueue: prefix + ".poison", RetryLogEvery: -1, Observe: o.observe}
 		switch o.kind {
@@ -625,10 +636,13 @@ func (e *env) setup43(ctx context.Context, o run43opts, msgs []*message.Message)
 		closers = append(closers, func() { _ = r.Close() })
 		subCfg = r.SubscriberConfig()
 		switch o.kind {
-		case "ceiling-copy":
+		case "ceiling-copy", "ceiling-envelope":
 			c, cerr := e.newCeiling(prefix, []time.Duration{o.delay})
 			if cerr != nil {
 				return "", nil, nil, closeAll, cerr
+			}
+			if o.kind == "ceiling-envelope" {
+				c.envelope = envelope43(topic, o.delay)
 			}
 			closers = append(closers, c.close)
 			router.AddMiddleware(c.middleware)
@@ -658,6 +672,25 @@ func (e *env) setup43(ctx context.Context, o run43opts, msgs []*message.Message)
 	}
 	closers = append(closers, func() { _ = s.Close() })
 	return topic, router, s, closeAll, nil
+}
+
+// envelope43 is the envelope our ttl-tiers copy of a storm message carries (its
+// first failure, on topic, retried after delay), written by middleware.Envelope: what
+// the ceiling-envelope kind adds to the ceiling's copy (mandatory, with a MessageId,
+// as ours), so that ours ÷ it is what our code costs beside the envelope's bytes.
+func envelope43(topic string, delay time.Duration) amqp.Table {
+	now := time.Now()
+	md := message.Metadata{}
+	middleware.Envelope{
+		Attempt: 2, Error: errPlanned.Error(), ErrorTypes: []string{fmt.Sprintf("%T", errPlanned)},
+		FirstFailure: now, LastFailure: now, Handler: "bench-0", Topic: topic, Queue: topic,
+		OriginalRoutingKey: topic, RequestedDelay: delay, EffectiveDelay: delay, Due: now.Add(delay),
+	}.Write(md)
+	t := amqp.Table{}
+	for k, v := range md {
+		t[k] = v
+	}
+	return t
 }
 
 // messages43 are the messages of a mix: every one marked failing (storm, storm2,
