@@ -226,12 +226,15 @@ kill_node() {
   log "kill -9 $NODE (beam.smp pid $(echo "$pids" | tr '\n' ' '))"
   # shellcheck disable=SC2086 # one or more ids
   kill -9 $pids
+  # The VM is gone from node_vm_pids as soon as the kernel has freed its memory (its
+  # environ and cmdline read empty), which is before it closes the VM's files: until
+  # then its listeners still take connections and reset them. Killed means both gone.
   local i
   for i in $(seq 40); do
-    [ -z "$(node_vm_pids "$NODE")" ] && return
+    if [ -z "$(node_vm_pids "$NODE")" ] && [ -z "$(ss -Hltn "( sport = :$AMQP_PORT or sport = :$TLS_PORT )")" ]; then return; fi
     sleep 0.25
   done
-  die "$NODE's VM is still there 10 s after SIGKILL"
+  die "$NODE's VM, or its listener on $AMQP_PORT or $TLS_PORT, is still there 10 s after SIGKILL"
 }
 
 restart_node() {
