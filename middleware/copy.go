@@ -273,7 +273,7 @@ const envelopeRoom = 13
 // (keys.OfDelivery): a copy is another message. It keeps keys.TypedHeaders and
 // keys.RawHeaders, which the hand-off's marshaler reads to publish the headers with
 // their types, and does not publish; the copy's context carries the typed values as
-// read (marshal.CopyContext) when there are any.
+// read (marshal.CopyContext).
 //
 // The copy's context is the delivery's, but not canceled with it. The router cancels
 // it when it closes, while the handlers still run and the subscriber may still
@@ -283,11 +283,7 @@ const envelopeRoom = 13
 // ConfirmTimeout, the hand-off is confirmed, and the original acked, or fails, and the
 // original is nacked.
 func copyOf(msg *message.Message) *message.Message {
-	ctx := msg.Context()
-	if _, typed := msg.Metadata[keys.TypedHeaders]; typed {
-		ctx = marshal.CopyContext(msg)
-	}
-	cp := message.NewMessageWithContext(context.WithoutCancel(ctx), msg.UUID, msg.Payload)
+	cp := message.NewMessageWithContext(context.WithoutCancel(marshal.CopyContext(msg)), msg.UUID, msg.Payload)
 	n := len(msg.Metadata) + envelopeRoom
 	for _, k := range keys.OfDelivery {
 		if _, ok := msg.Metadata[k]; ok {
