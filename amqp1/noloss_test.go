@@ -424,9 +424,9 @@ func (r *nolossRun) workQueueStats() (messages, ready, unacked int) {
 // many are held. The two need not be seen at once: the first records after a fault may
 // be the batch's last retries, due together. A batch that was handled to its end while
 // the fault lasted (a fault slower than its retries: rabbitmqctl on a loaded machine)
-// leaves nothing to hold: once every message published so far is accounted for and the
-// work queue is empty, it returns 0, and the next fault finds no retry held (its
-// record says held=0).
+// leaves nothing to hold: once every message published so far is recorded or poisoned
+// and the work queue is empty, it returns 0, and the next fault finds no retry held
+// (its record says held=0).
 func (r *nolossRun) awaitWaitingRetries(lo, hi int) int {
 	r.t.Helper()
 	want := 0
@@ -456,6 +456,8 @@ func (r *nolossRun) awaitWaitingRetries(lo, hi int) int {
 		if recovered && held >= want {
 			return held
 		}
+		// rabbitmqctl's counts lag (they read 0 just after a publish): an empty queue
+		// counts only once what was published is accounted for as well.
 		if m == 0 && records >= hi-permanent-r.sabotage && r.count(r.poison) >= permanent {
 			r.t.Logf("messages %d..%d were handled to their end during the last fault: no retry left to hold for the next", lo, hi-1)
 			return 0

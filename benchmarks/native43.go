@@ -51,8 +51,8 @@ import (
 //     else) with the ttl-tiers subscriber; ceiling-envelope: the same carrying the
 //     envelope of one of our copies, mandatory and with a MessageId as ours are
 //     (envelope43: ttl-tiers ÷ it is our code's cost without the envelope's bytes);
-//     ceiling-native: a middleware that only nacks
-//     a failed message (what the delayed-retry backend's hand-off is), no other code.
+//     ceiling-native: a middleware that only nacks a failed message (what the
+//     delayed-retry backend's hand-off is), no other code.
 //     Mixes: storm (every message fails once), storm2 (twice: two-stage's second retry
 //     is copied), healthy (every tenth fails twice; the never-failing messages' rate),
 //     always (every call fails; retries settled per second).

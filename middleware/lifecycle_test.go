@@ -46,10 +46,10 @@ func TestCloseWaitsForHandoffsInFlightThenHandsNothingOff(t *testing.T) {
 		closed <- parkDone.Load()
 	}()
 	// Closed (and the hand-offs in flight counted) before the hand-off may end.
-	for deadline := time.Now().Add(10 * time.Second); !e.life.isClosed(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("Close did not begin within 10s")
-		}
+	select {
+	case <-e.life.closing():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not begin within 10s")
 	}
 	close(release)
 	if !<-closed {
