@@ -1,8 +1,7 @@
 // Package middleware is the retry middleware: Retry turns a handler's error into a
 // broker-side delayed redelivery.
 //
-// It reads each delivery once, on receipt (receipt.go), and runs the handler
-// (engine.go). On a handler error it decides what becomes of the message (whether it
+// It reads each delivery once, on receipt, and runs the handler (engine.go). On a handler error it decides what becomes of the message (whether it
 // is this Retry's to hand off, the error's marks, amqpretry.Config.Classify, the
 // Policy), sizes the delay with the delay backend, stamps the failure Envelope on a
 // copy and parks the copy in the backend, which publishes it confirmed before the

@@ -1,17 +1,23 @@
 package middleware
 
 // The engine: the middleware's handler closure. It reads a delivery once, on receipt
-// (receipt.go), runs the handler, with Policy.Immediate's retries in this process, and
-// hands a failure to the failure path (copy.go: decide, size, stamp, park; or hold,
-// hold.go), while the engine is open (lifecycle.go). A message seen before (a retry
-// back before it is due, one whose poisoning is pending) is dealt with before the
-// handler runs (hold.go, repark.go, poison.go).
+// (read: the envelope it carries included, ReadEnvelope in envelope.go, and the Retry
+// middlewares it passes through, joinChain), runs the handler, with
+// Policy.Immediate's retries in this process, and hands a failure to the failure path
+// (copy.go: decide, size, stamp, park; or hold, hold.go), while the engine is open
+// (lifecycle.go). A first delivery carries no envelope: reading it costs one pass over
+// its metadata. A message seen before (a retry back before it is due, one whose
+// poisoning is pending) is dealt with before the handler runs (hold.go, repark.go,
+// poison.go).
 
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -55,6 +61,124 @@ func keep(b backend.Backend) *kept {
 		return nil
 	}
 	return &kept{Backend: b, caps: b.Caps(), name: delay.Backend(b.Name())}
+}
+
+// delivery is what the engine reads of a message once, when it arrives.
+type delivery struct {
+	msg      *message.Message
+	owned    bool
+	owner    string
+	attempt  int
+	envelope Envelope
+	handler  string
+	topic    string
+	queue    string
+	exchange string // the delivery's own
+	key      string
+	at       time.Time
+	// held tells that this process held the retry this delivery is, in the work
+	// queue, due at heldDue.
+	held    bool
+	heldDue time.Time
+	// heldUntil is when a retry held again and again (a delay longer than the
+	// queue's) is due; zero for one hold.
+	heldUntil time.Time
+	rehelds   int // times it was held again
+	// backEarly tells that this held retry came back long before it was due (more
+	// than half the queue's delay), early how many times in a row it did before.
+	backEarly bool
+	early     int
+	// parkedUntil is when a copy parked for longer than the backend keeps is due
+	// (keys.ParkUntil), to be re-parked until then; zero for any other.
+	parkedUntil time.Time
+}
+
+// read reads msg on receipt, and records this Retry among the middlewares msg passes
+// through (joinChain). A retry this process held comes back without its envelope: the
+// one remembered when it was held is written back into its metadata, so that the
+// handler reads it as on a copy.
+func (e *engine) read(msg *message.Message) delivery {
+	if e.wiring.ID != "" {
+		joinChain(msg, e.wiring.ID)
+	}
+	ctx := msg.Context()
+	d := delivery{
+		msg:      msg,
+		owner:    msg.Metadata[keys.Subscriber],
+		envelope: ReadEnvelope(msg.Metadata),
+		handler:  message.HandlerNameFromCtx(ctx),
+		topic:    message.SubscribeTopicFromCtx(ctx),
+		exchange: msg.Metadata[keys.DeliveryExchange],
+		key:      msg.Metadata[keys.DeliveryRoutingKey],
+		at:       time.Now(),
+	}
+	d.owned = e.wiring.ID == "" || d.owner == e.wiring.ID
+	d.queue = e.wiring.Queue(d.topic)
+	if v, ok := msg.Metadata[keys.ParkUntil]; ok {
+		d.parkedUntil, _ = time.Parse(time.RFC3339Nano, v) // zero when unreadable
+	}
+	remembered := false // the envelope is the one kept when it was held
+	var h heldRetry
+	ok := false
+	if e.holder != nil && e.held.size.Load() > 0 { // only a backend that holds retries leaves any
+		h, ok = e.held.take(msg.UUID)
+	}
+	if ok && d.owned {
+		d.held, d.heldDue, d.heldUntil, d.rehelds, d.early = true, h.due, h.until, h.rehelds, h.early
+		d.backEarly = e.holder.caps.Delays == backend.ConstantDelay && d.at.Sub(h.due) < -e.holder.caps.Longest/2
+		if !h.env.FirstFailure.IsZero() {
+			d.envelope, remembered = h.env, true
+			h.env.Write(msg.Metadata)
+		}
+		if d.envelope.FirstFailure.IsZero() {
+			d.envelope.FirstFailure = h.first
+		}
+	}
+	d.attempt = max(d.envelope.Attempt, 1)
+	if d.rehelds > 0 && !remembered {
+		// The broker counted each time it was held again as a return: not attempts.
+		d.attempt = max(d.attempt-d.rehelds, 1)
+		msg.Metadata[keys.Attempt] = strconv.Itoa(d.attempt)
+	}
+	if d.held && d.attempt < h.env.Attempt {
+		// Never fewer than this process counted when it held it (a queue that does not
+		// hold retries has no x-acquired-count to count it from).
+		d.attempt = h.env.Attempt
+		msg.Metadata[keys.Attempt] = strconv.Itoa(d.attempt)
+	}
+	return d
+}
+
+// chain lists the Retry middlewares (by wiring.ID) a message passes through.
+type chain struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+type chainKey struct{}
+
+// joinChain records id in msg's context. The chain is shared by every middleware of
+// the handler, so an outer one sees the inner ones after the handler returns.
+func joinChain(msg *message.Message, id string) {
+	c, _ := msg.Context().Value(chainKey{}).(*chain)
+	if c == nil {
+		c = &chain{}
+		msg.SetContext(context.WithValue(msg.Context(), chainKey{}, c))
+	}
+	c.mu.Lock()
+	c.ids = append(c.ids, id)
+	c.mu.Unlock()
+}
+
+// inChain tells whether the Retry id is among the middlewares msg passes through.
+func inChain(msg *message.Message, id string) bool {
+	c, _ := msg.Context().Value(chainKey{}).(*chain)
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Contains(c.ids, id)
 }
 
 // Middleware implements message.HandlerMiddleware.

@@ -98,6 +98,69 @@ func (e Envelope) Write(md message.Metadata) {
 	}
 }
 
+// ReadEnvelope reads the envelope from md: Write's reverse, key for key. Fields whose
+// keys are absent or unreadable are zero.
+func ReadEnvelope(md message.Metadata) Envelope {
+	var e Envelope
+	for k, v := range md {
+		switch k {
+		case keys.Attempt:
+			if n, ok := keys.ParseAttempt(v); ok {
+				e.Attempt = n
+			}
+		case keys.MaxAttempts:
+			e.MaxAttempts, _ = strconv.Atoi(v)
+		case keys.RedriveCount:
+			e.Redriven, _ = strconv.Atoi(v)
+		case keys.PoisonReason:
+			e.Reason = amqpretry.Reason(v)
+		case keys.Error:
+			e.Error = v
+		case keys.ErrorTypes:
+			if v != "" {
+				e.ErrorTypes = strings.Split(v, typeSeparator)
+			}
+		case keys.Handler:
+			e.Handler = v
+		case keys.Topic:
+			e.Topic = v
+		case keys.Queue:
+			e.Queue = v
+		case keys.OriginalExchange:
+			e.OriginalExchange = v
+		case keys.OriginalRoutingKey:
+			e.OriginalRoutingKey = v
+		case keys.DroppedHeaders:
+			e.DroppedHeaders = v
+		case keys.RedrivenFrom:
+			e.RedrivenFrom = v
+		case keys.FirstFailure:
+			e.FirstFailure = readTime(v)
+		case keys.LastFailure:
+			e.LastFailure = readTime(v)
+		case keys.Due:
+			e.Due = readTime(v)
+		case keys.RedrivenAt:
+			e.RedrivenAt = readTime(v)
+		case keys.RequestedDelay:
+			e.RequestedDelay, _ = time.ParseDuration(v)
+		case keys.EffectiveDelay:
+			e.EffectiveDelay, _ = time.ParseDuration(v)
+		}
+	}
+	return e
+}
+
+// readTime reads a time of the envelope, zero when unreadable or when Write could not
+// write it back in UTC RFC 3339 (an offset that moves it out of years 0 to 9999).
+func readTime(s string) time.Time {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if u := t.UTC(); err != nil || u.Year() < 0 || u.Year() > 9999 {
+		return time.Time{}
+	}
+	return t
+}
+
 // formatInt, formatTime and formatDuration format a field of the envelope as its
 // metadata value: "" for zero, which Write leaves out.
 func formatInt(n int) string {

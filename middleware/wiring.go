@@ -12,7 +12,7 @@ import (
 // Wiring: what the engine knows of its subscriber side, and the queues bound for
 // retries (bind). Whether a message is this Retry's to hand off is the failure path's
 // first step (checkWiring, copy.go); the Retry middlewares a message passes through
-// are recorded on receipt (joinChain, receipt.go).
+// are recorded on receipt (joinChain, engine.go).
 
 // wiring is what the engine needs to know of the subscriber side.
 type wiring struct {
