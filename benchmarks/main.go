@@ -127,6 +127,8 @@ func main() {
 	h43 := flag.String("handlers43", "1,4,16", "-broker43: handler counts of the concurrency step")
 	p43 := flag.String("prefetch43", "1,50", "-broker43: prefetches of the prefetch step")
 	rounds43 := flag.Int("rounds43", 2, "-broker43: rounds of every figure (medians)")
+	k43 := flag.String("kinds43", "", "-broker43: comma-separated kinds of the prefetch step (\"ttl-tiers/storm,ceiling-copy/storm\"; \"raw\" for the raw loops); default all")
+	flag.IntVar(&brokerPID, "broker43pid", 0, "-broker43: the broker's beam.smp process: the prefetch step also reports its CPU time per 1,000 messages (Linux)")
 	also := flag.String("also", "", "comma-separated AMQP URIs of more brokers to run the same suite against after AMQP_URI (JSON: one section per broker version under \"brokers\")")
 	flag.Parse()
 
@@ -262,6 +264,12 @@ func main() {
 		var perr error
 		if handlers43, perr = intList(*h43); perr == nil {
 			prefetch43, perr = intList(*p43)
+		}
+		if perr == nil {
+			perr = checkBrokerPID(brokerPID)
+		}
+		if *k43 != "" {
+			kinds43 = strings.Split(*k43, ",")
 		}
 		if perr != nil {
 			fmt.Fprintln(os.Stderr, "error:", perr)

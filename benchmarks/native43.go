@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -76,6 +78,9 @@ var (
 	native43N  = 3000
 	handlers43 = []int{1, 4, 16}
 	prefetch43 = []int{1, 50}
+	// kinds43 restricts the prefetch step to these "kind/mix" (and "raw", the raw
+	// loops), -kinds43; nil runs them all.
+	kinds43 []string
 )
 
 // results43 is the JSON of the 4.3 suite.
@@ -90,6 +95,15 @@ type results43 struct {
 	// LibraryOverRawNative: per prefetch, per "kind/mix", ÷ the raw native loop
 	// (storm: native; always: native-always).
 	LibraryOverRawNative map[string]map[string]float64 `json:"library_over_raw_native"`
+	// CPUPer1000: per prefetch, per "kind/mix", the CPU milliseconds per 1,000
+	// messages of this process ("client") and of the broker ("broker", with
+	// -broker43pid), medians of the rounds (cpu.go).
+	CPUPer1000 map[string]map[string]map[string]float64 `json:"cpu_ms_per_1000,omitempty"`
+	// CopyStormRounds: per prefetch, the rounds' ratios of ttl-tiers/storm over
+	// ceiling-copy/storm and over ceiling-envelope/storm, each against the run next
+	// to it in the same round; CopyStorm their medians.
+	CopyStormRounds map[string]map[string][]float64 `json:"copy_storm_ratio_rounds,omitempty"`
+	CopyStorm       map[string]map[string]float64   `json:"copy_storm_ratio,omitempty"`
 	// VsInprocessRetry: delayed-retry (100 ms) ÷ Watermill's middleware.Retry at
 	// prefetch 50, steady state, median of the rounds.
 	VsInprocessRetry       *float64  `json:"vs_inprocess_retry"`
@@ -158,6 +172,7 @@ func run43(ctx context.Context, e *env, rounds int, only string) (*results43, st
 	res := &results43{Broker: e.brokerVersion(), Rounds: rounds, RawLoop: map[string]map[string]float64{},
 		NativeOverCopy: map[string]float64{}, Library: map[string]map[string]float64{}, LibraryOverRawNative: map[string]map[string]float64{},
 		Concurrency: map[string]map[string]float64{}, ConcurrencyRatio: map[string]map[string]float64{},
+		CPUPer1000: map[string]map[string]map[string]float64{}, CopyStormRounds: map[string]map[string][]float64{}, CopyStorm: map[string]map[string]float64{},
 		ConcurrencyRatioRounds: map[string]map[string][]float64{}}
 	var log strings.Builder
 	say := func(format string, args ...any) {
@@ -184,41 +199,101 @@ func run43(ctx context.Context, e *env, rounds int, only string) (*results43, st
 		}
 	}
 
-	// Raw loop and library, prefetch 1 and 50, the kinds alternating within a round.
+	// Raw loop and library, prefetch 1 and 50, the kinds alternating within a round,
+	// in ABBA order.
 	step("prefetch", func() error {
+		runs := func(k string) bool { return kinds43 == nil || slices.Contains(kinds43, k) }
+		kinds := []string{
+			"delayed-retry/storm", "two-stage/storm", "two-stage/storm2", "ttl-tiers/storm",
+			"ceiling-copy/storm", "ceiling-envelope/storm", "ceiling-native/storm", "delayed-retry/always",
+		}
 		for _, prefetch := range prefetch43 {
-			raw, lib := samples{}, samples{}
+			raw, lib, client, broker := samples{}, samples{}, samples{}, samples{}
+			ratios := samples{}
 			for r := range rounds {
-				for _, mode := range []string{"copy", "native", "native-always"} {
-					rate, err := e.rawLoop43(ctx, mode, prefetch, native43N, r)
-					if err != nil {
-						return fmt.Errorf("raw %s, prefetch %d: %w", mode, prefetch, err)
+				if runs("raw") {
+					for _, mode := range []string{"copy", "native", "native-always"} {
+						rate, err := e.rawLoop43(ctx, mode, prefetch, native43N, r)
+						if err != nil {
+							return fmt.Errorf("raw %s, prefetch %d: %w", mode, prefetch, err)
+						}
+						raw.add(mode, rate)
 					}
-					raw.add(mode, rate)
 				}
-				for _, k := range []struct{ kind, mix string }{
-					{"delayed-retry", "storm"}, {"two-stage", "storm"}, {"two-stage", "storm2"}, {"ttl-tiers", "storm"},
-					{"ceiling-copy", "storm"}, {"ceiling-envelope", "storm"}, {"ceiling-native", "storm"}, {"delayed-retry", "always"},
-				} {
-					rate, err := e.router43(ctx, run43opts{kind: k.kind, mix: k.mix, prefetch: prefetch, handlers: 1, n: native43N, round: r})
-					if err != nil {
-						return fmt.Errorf("%s/%s, prefetch %d: %w", k.kind, k.mix, prefetch, err)
+				order := slices.Clone(kinds)
+				if r%2 == 1 {
+					slices.Reverse(order) // ABBA: no kind always runs first
+				}
+				for _, k := range order {
+					if !runs(k) {
+						continue
 					}
-					lib.add(k.kind+"/"+k.mix, rate)
+					kind, mix, _ := strings.Cut(k, "/")
+					rate, cpu, err := e.router43(ctx, run43opts{kind: kind, mix: mix, prefetch: prefetch, handlers: 1, n: native43N, round: r})
+					if err != nil {
+						return fmt.Errorf("%s, prefetch %d: %w", k, prefetch, err)
+					}
+					lib.add(k, rate)
+					if c, b := cpu.per1000(native43N); c > 0 {
+						client.add(k, c)
+						if b > 0 {
+							broker.add(k, b)
+						}
+					}
 				}
-				say("   prefetch %d, round %d: raw copy %.0f, native %.0f, native-always %.0f msg/s; %s\n", prefetch, r+1,
-					last(raw["copy"]), last(raw["native"]), last(raw["native-always"]), lastOf(lib))
+				if ours, c := lib["ttl-tiers/storm"], lib["ceiling-copy/storm"]; len(ours) > r && len(c) > r {
+					ratios.add("over_ceiling_copy", last(ours)/last(c))
+					if ce := lib["ceiling-envelope/storm"]; len(ce) > r {
+						ratios.add("over_ceiling_envelope", last(ours)/last(ce))
+						ratios.add("ceiling_envelope_over_copy", last(ce)/last(c))
+					}
+				}
+				line := fmt.Sprintf("   prefetch %d, round %d:", prefetch, r+1)
+				if runs("raw") {
+					line += fmt.Sprintf(" raw copy %.0f, native %.0f, native-always %.0f msg/s;", last(raw["copy"]), last(raw["native"]), last(raw["native-always"]))
+				}
+				say("%s %s\n", line, lastOf(lib))
+				if len(client) > 0 {
+					say("     CPU ms per 1,000 messages, client: %s\n", lastOf(client))
+				}
+				if len(broker) > 0 {
+					say("     CPU ms per 1,000 messages, broker: %s\n", lastOf(broker))
+				}
 			}
 			p := fmt.Sprint(prefetch)
-			res.RawLoop[p], res.Library[p] = raw.medians(), lib.medians()
-			res.NativeOverCopy[p] = round(res.RawLoop[p]["native"]/res.RawLoop[p]["copy"], 2)
+			res.Library[p] = lib.medians()
+			if len(raw) > 0 {
+				res.RawLoop[p] = raw.medians()
+				res.NativeOverCopy[p] = round(res.RawLoop[p]["native"]/res.RawLoop[p]["copy"], 2)
+			}
+			if len(client) > 0 {
+				res.CPUPer1000[p] = map[string]map[string]float64{}
+				for k, v := range client.medians() {
+					res.CPUPer1000[p][k] = map[string]float64{"client": v}
+				}
+				for k, v := range broker.medians() {
+					res.CPUPer1000[p][k]["broker"] = v
+				}
+			}
+			if len(ratios) > 0 {
+				res.CopyStormRounds[p] = map[string][]float64{}
+				res.CopyStorm[p] = map[string]float64{}
+				for k, v := range ratios {
+					for _, x := range v {
+						res.CopyStormRounds[p][k] = append(res.CopyStormRounds[p][k], round(x, 3))
+					}
+					res.CopyStorm[p][k] = round(median(v), 3)
+				}
+			}
 			over := map[string]float64{}
 			for k, v := range res.Library[p] {
 				ref := res.RawLoop[p]["native"]
 				if strings.HasSuffix(k, "/always") {
 					ref = res.RawLoop[p]["native-always"]
 				}
-				over[k] = round(v/ref, 3)
+				if ref > 0 {
+					over[k] = round(v/ref, 3)
+				}
 			}
 			res.LibraryOverRawNative[p] = over
 		}
@@ -299,7 +374,7 @@ func run43(ctx context.Context, e *env, rounds int, only string) (*results43, st
 							order = []string{pair[1], pair[0]}
 						}
 						for _, kind := range order {
-							rate, err := e.router43(ctx, run43opts{kind: kind, mix: mix, prefetch: 1, handlers: handlers, n: native43N, round: r})
+							rate, _, err := e.router43(ctx, run43opts{kind: kind, mix: mix, prefetch: 1, handlers: handlers, n: native43N, round: r})
 							if err != nil {
 								return fmt.Errorf("%s/%s, %d handlers: %w", kind, mix, handlers, err)
 							}
@@ -370,12 +445,27 @@ func table43(r *results43) string {
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(w, "RabbitMQ %s, %d rounds (medians), load average %s\n", r.Broker, r.Rounds, strings.Join(r.LoadAverage, " -> "))
 	for _, p := range []string{"1", "50"} {
-		if r.RawLoop[p] == nil {
+		if r.Library[p] == nil {
 			continue
 		}
-		fmt.Fprintf(w, "prefetch %s\traw copy %.0f\traw native %.0f (x%.2f)\traw native-always %.0f\n", p, r.RawLoop[p]["copy"], r.RawLoop[p]["native"], r.NativeOverCopy[p], r.RawLoop[p]["native-always"])
+		if r.RawLoop[p] != nil {
+			fmt.Fprintf(w, "prefetch %s\traw copy %.0f\traw native %.0f (x%.2f)\traw native-always %.0f\n", p, r.RawLoop[p]["copy"], r.RawLoop[p]["native"], r.NativeOverCopy[p], r.RawLoop[p]["native-always"])
+		} else {
+			fmt.Fprintf(w, "prefetch %s\t(no raw loops)\n", p)
+		}
 		for _, k := range sortedKeys(r.Library[p]) {
-			fmt.Fprintf(w, "  %s\t%.0f msg/s\t÷ raw native %.3f\t\n", k, r.Library[p][k], r.LibraryOverRawNative[p][k])
+			fmt.Fprintf(w, "  %s\t%.0f msg/s", k, r.Library[p][k])
+			if v, ok := r.LibraryOverRawNative[p][k]; ok {
+				fmt.Fprintf(w, "\t÷ raw native %.3f", v)
+			}
+			fmt.Fprintln(w, "\t")
+		}
+		if cs := r.CopyStorm[p]; cs != nil {
+			fmt.Fprintf(w, "  copy storm, medians of the rounds' ratios: ttl-tiers ÷ ceiling-copy %.3f, ÷ ceiling-envelope %.3f; ceiling-envelope ÷ ceiling-copy %.3f\t\n",
+				cs["over_ceiling_copy"], cs["over_ceiling_envelope"], cs["ceiling_envelope_over_copy"])
+		}
+		for _, k := range sortedKeys(r.CPUPer1000[p]) {
+			fmt.Fprintf(w, "  CPU ms per 1,000 messages, %s\tclient %.0f\tbroker %.0f\t\n", k, r.CPUPer1000[p][k]["client"], r.CPUPer1000[p][k]["broker"])
 		}
 		if c := r.Library[p]["ceiling-copy/storm"]; c > 0 {
 			fmt.Fprintf(w, "  copy storm: ttl-tiers ÷ ceiling-copy %.3f", r.Library[p]["ttl-tiers/storm"]/c)
@@ -429,13 +519,8 @@ func table43(r *results43) string {
 	return b.String()
 }
 
-func sortedKeys(m map[string]float64) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
+func sortedKeys[V any](m map[string]V) []string {
+	return slices.Sorted(maps.Keys(m))
 }
 
 // workQueueArgs43 are the arguments of every work queue of the suite.
@@ -560,18 +645,19 @@ var run43Seq atomic.Int64
 
 // router43 runs o and returns its rate: the never-failing messages' for healthy,
 // retries settled per second for always, all messages' otherwise.
-func (e *env) router43(ctx context.Context, o run43opts) (float64, error) {
+func (e *env) router43(ctx context.Context, o run43opts) (float64, cpuUse, error) {
 	if o.mix == "always" {
-		return e.routerAlways43(ctx, o)
+		rate, err := e.routerAlways43(ctx, o)
+		return rate, cpuUse{}, err
 	}
 	st, err := e.router43stats(ctx, o)
 	if err != nil {
-		return 0, err
+		return 0, cpuUse{}, err
 	}
 	if o.mix == "healthy" {
-		return st.healthyRate(), nil
+		return st.healthyRate(), st.cpu, nil
 	}
-	return st.handledRate(), nil
+	return st.handledRate(), st.cpu, nil
 }
 
 // setup43 declares and fills the work queue of o and returns the router with o's
@@ -724,10 +810,12 @@ func (e *env) router43stats(ctx context.Context, o run43opts) (*runStats, error)
 		router.AddConsumerHandler(fmt.Sprintf("bench-%d", i), topic, sub, st.handle)
 	}
 	runErr := make(chan error, 1)
+	cpu0 := cpuNow()
 	go func() { runErr <- router.Run(ctx) }()
 	timeout := time.Minute + time.Duration(o.n)*100*time.Millisecond
 	select {
 	case <-st.finished:
+		st.cpu = cpuNow().since(cpu0)
 	case err := <-runErr:
 		return nil, fmt.Errorf("router stopped: %w", err)
 	case <-ctx.Done():

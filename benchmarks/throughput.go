@@ -117,7 +117,8 @@ type runStats struct {
 	attempts    map[string][]time.Time // failing messages: the time of every attempt
 	done        map[string]struct{}
 	finished    chan struct{}
-	failTimes   int // attempts a failing message fails before it succeeds
+	failTimes   int    // attempts a failing message fails before it succeeds
+	cpu         cpuUse // CPU used from the router's start to the last success (native43.go)
 }
 
 func newRunStats(n int, work time.Duration) *runStats {
