@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -53,6 +54,9 @@ import (
 //     else) with the ttl-tiers subscriber; ceiling-envelope: the same carrying the
 //     envelope of one of our copies, mandatory and with a MessageId as ours are
 //     (envelope43: ttl-tiers ÷ it is our code's cost without the envelope's bytes);
+//     only with -kinds43, ceiling-packed: the same envelope as one JSON header
+//     (packed43), and ceiling-lean: an envelope of three fields (lean43), what a
+//     smaller envelope on the wire would cost;
 //     ceiling-native: a middleware that only nacks a failed message (what the
 //     delayed-retry backend's hand-off is), no other code.
 //     Mixes: storm (every message fails once), storm2 (twice: two-stage's second retry
@@ -202,10 +206,16 @@ func run43(ctx context.Context, e *env, rounds int, only string) (*results43, st
 	// Raw loop and library, prefetch 1 and 50, the kinds alternating within a round,
 	// in ABBA order.
 	step("prefetch", func() error {
-		runs := func(k string) bool { return kinds43 == nil || slices.Contains(kinds43, k) }
+		runs := func(k string) bool {
+			if kinds43 == nil {
+				return !strings.HasPrefix(k, "ceiling-packed") && !strings.HasPrefix(k, "ceiling-lean")
+			}
+			return slices.Contains(kinds43, k)
+		}
 		kinds := []string{
 			"delayed-retry/storm", "two-stage/storm", "two-stage/storm2", "ttl-tiers/storm",
 			"ceiling-copy/storm", "ceiling-envelope/storm", "ceiling-native/storm", "delayed-retry/always",
+			"ceiling-packed/storm", "ceiling-lean/storm", // only with -kinds43
 		}
 		for _, prefetch := range prefetch43 {
 			raw, lib, client, broker := samples{}, samples{}, samples{}, samples{}
@@ -697,7 +707,7 @@ func (e *env) setup43(ctx context.Context, o run43opts, msgs []*message.Message)
 	}
 	subCfg := amqpCfg
 	switch o.kind {
-	case "delayed-retry", "two-stage", "ttl-tiers", "ceiling-copy", "ceiling-envelope", "ceiling-native":
+	case "delayed-retry", "two-stage", "ttl-tiers", "ceiling-copy", "ceiling-envelope", "ceiling-packed", "ceiling-lean", "ceiling-native":
 		prefix := e.name("r43", fmt.Sprintf("d%d", seq))
 		rcfg := amqpretry.Config{Prefix: prefix, PoisonQueue: prefix + ".poison", RetryLogEvery: -1, Observe: o.observe}
 		switch o.kind {
@@ -722,13 +732,18 @@ func (e *env) setup43(ctx context.Context, o run43opts, msgs []*message.Message)
 		closers = append(closers, func() { _ = r.Close() })
 		subCfg = r.SubscriberConfig()
 		switch o.kind {
-		case "ceiling-copy", "ceiling-envelope":
+		case "ceiling-copy", "ceiling-envelope", "ceiling-packed", "ceiling-lean":
 			c, cerr := e.newCeiling(prefix, []time.Duration{o.delay})
 			if cerr != nil {
 				return "", nil, nil, closeAll, cerr
 			}
-			if o.kind == "ceiling-envelope" {
+			switch o.kind {
+			case "ceiling-envelope":
 				c.envelope = envelope43(topic, o.delay)
+			case "ceiling-packed":
+				c.envelope = packed43(topic, o.delay)
+			case "ceiling-lean":
+				c.envelope = lean43(o.delay)
 			}
 			closers = append(closers, c.close)
 			router.AddMiddleware(c.middleware)
@@ -765,18 +780,45 @@ func (e *env) setup43(ctx context.Context, o run43opts, msgs []*message.Message)
 // the ceiling-envelope kind adds to the ceiling's copy (mandatory, with a MessageId,
 // as ours), so that ours ÷ it is what our code costs beside the envelope's bytes.
 func envelope43(topic string, delay time.Duration) amqp.Table {
+	return headers43(stormEnvelope43(topic, delay))
+}
+
+// stormEnvelope43 is the envelope of our ttl-tiers copy of a storm message.
+func stormEnvelope43(topic string, delay time.Duration) middleware.Envelope {
 	now := time.Now()
-	md := message.Metadata{}
-	middleware.Envelope{
+	return middleware.Envelope{
 		Attempt: 2, Error: errPlanned.Error(), ErrorTypes: []string{fmt.Sprintf("%T", errPlanned)},
 		FirstFailure: now, LastFailure: now, Handler: "bench-0", Topic: topic, Queue: topic,
 		OriginalRoutingKey: topic, RequestedDelay: delay, EffectiveDelay: delay, Due: now.Add(delay),
-	}.Write(md)
+	}
+}
+
+// headers43 is env as the headers Write gives it.
+func headers43(env middleware.Envelope) amqp.Table {
+	md := message.Metadata{}
+	env.Write(md)
 	t := amqp.Table{}
 	for k, v := range md {
 		t[k] = v
 	}
 	return t
+}
+
+// packed43 is envelope43's envelope in one header, as JSON (its struct tags): the
+// ceiling-packed kind, what the same facts cost in one header instead of twelve.
+func packed43(topic string, delay time.Duration) amqp.Table {
+	b, err := json.Marshal(stormEnvelope43(topic, delay))
+	if err != nil {
+		panic(err) // a struct of strings, times and numbers
+	}
+	return amqp.Table{"amqpretry-envelope": string(b)}
+}
+
+// lean43 is an envelope of three fields, the attempt, the first failure and the due
+// time: the ceiling-lean kind, what a retry copy carrying only those would cost.
+func lean43(delay time.Duration) amqp.Table {
+	now := time.Now()
+	return headers43(middleware.Envelope{Attempt: 2, FirstFailure: now, Due: now.Add(delay)})
 }
 
 // messages43 are the messages of a mix: every one marked failing (storm, storm2,
