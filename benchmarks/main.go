@@ -268,8 +268,8 @@ func main() {
 		if perr == nil {
 			perr = checkBrokerPID(brokerPID)
 		}
-		if *k43 != "" {
-			kinds43 = strings.Split(*k43, ",")
+		if perr == nil {
+			kinds43, perr = parseKinds43(*k43)
 		}
 		if perr != nil {
 			fmt.Fprintln(os.Stderr, "error:", perr)

@@ -83,9 +83,34 @@ var (
 	handlers43 = []int{1, 4, 16}
 	prefetch43 = []int{1, 50}
 	// kinds43 restricts the prefetch step to these "kind/mix" (and "raw", the raw
-	// loops), -kinds43; nil runs them all.
+	// loops), -kinds43 (parseKinds43); nil runs the raw loops and prefetchKinds43.
 	kinds43 []string
+	// prefetchKinds43 are the prefetch step's kinds; namedKinds43 run only when
+	// -kinds43 names them.
+	prefetchKinds43 = []string{
+		"delayed-retry/storm", "two-stage/storm", "two-stage/storm2", "ttl-tiers/storm",
+		"ceiling-copy/storm", "ceiling-envelope/storm", "ceiling-native/storm", "delayed-retry/always",
+	}
+	namedKinds43 = []string{"ceiling-packed/storm", "ceiling-lean/storm"}
 )
+
+// parseKinds43 reads -kinds43: nil for "", else the kinds named, each "raw" or one of
+// prefetchKinds43 and namedKinds43; an unknown one is refused, naming those.
+func parseKinds43(s string) ([]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	known := slices.Concat([]string{"raw"}, prefetchKinds43, namedKinds43)
+	var out []string
+	for _, k := range strings.Split(s, ",") {
+		k = strings.TrimSpace(k)
+		if !slices.Contains(known, k) {
+			return nil, fmt.Errorf("-kinds43: unknown kind %q; use some of %s", k, strings.Join(known, ","))
+		}
+		out = append(out, k)
+	}
+	return out, nil
+}
 
 // results43 is the JSON of the 4.3 suite.
 type results43 struct {
@@ -208,15 +233,11 @@ func run43(ctx context.Context, e *env, rounds int, only string) (*results43, st
 	step("prefetch", func() error {
 		runs := func(k string) bool {
 			if kinds43 == nil {
-				return !strings.HasPrefix(k, "ceiling-packed") && !strings.HasPrefix(k, "ceiling-lean")
+				return k == "raw" || slices.Contains(prefetchKinds43, k)
 			}
 			return slices.Contains(kinds43, k)
 		}
-		kinds := []string{
-			"delayed-retry/storm", "two-stage/storm", "two-stage/storm2", "ttl-tiers/storm",
-			"ceiling-copy/storm", "ceiling-envelope/storm", "ceiling-native/storm", "delayed-retry/always",
-			"ceiling-packed/storm", "ceiling-lean/storm", // only with -kinds43
-		}
+		kinds := slices.Concat(prefetchKinds43, namedKinds43)
 		for _, prefetch := range prefetch43 {
 			raw, lib, client, broker := samples{}, samples{}, samples{}, samples{}
 			ratios := samples{}

@@ -1,22 +1,22 @@
 // Package middleware is the retry middleware: Retry turns a handler's error into a
 // broker-side delayed redelivery.
 //
-// It reads each delivery once, on receipt, and runs the handler (engine.go). On a handler error it decides what becomes of the message (whether it
-// is this Retry's to hand off, the error's marks, amqpretry.Config.Classify, the
-// Policy), sizes the delay with the delay backend, stamps the failure Envelope on a
-// copy and parks the copy in the backend, which publishes it confirmed before the
-// delivery is acked (copy.go, in that order); or, for a backend that holds retries
-// (delayed-retry, delivery-time), it settles the delivery for the broker to hold in
-// its work queue (hold.go). It decides from what the backend can do (its Caps), never
-// from its name. A message that failed for good goes to the poison queue, confirmed,
-// with its Envelope; one whose poisoning cannot be published stays in its work queue
-// and only its poisoning is retried, never the handler (poison.go). A failed hand-off
-// is paced and counted (handoff.go); a copy back before it is due is re-parked
-// (repark.go); the queues bound for retries are recorded when its subscriber
-// subscribes (wiring.go); Close waits for the hand-offs in flight (lifecycle.go).
-// Every path that moves a message publishes with confirms before it acks, or nacks
-// with requeue: nothing is lost. It tells amqpretry.Config.Observe every
-// amqpretry.Event and counts its Stats (observe.go).
+// It reads each delivery once, on receipt, and runs the handler (engine.go). On a
+// handler error it decides what becomes of the message (whether it is this Retry's to
+// hand off, the error's marks, amqpretry.Config.Classify, the Policy), sizes the delay
+// with the delay backend, stamps the failure Envelope on a copy and parks the copy in
+// the backend, which publishes it confirmed before the delivery is acked (copy.go, in
+// that order); or, for a backend that holds retries (delayed-retry, delivery-time), it
+// settles the delivery for the broker to hold in its work queue (hold.go). It decides
+// from what the backend can do (its Caps), never from its name. A message that failed
+// for good goes to the poison queue, confirmed, with its Envelope; one whose poisoning
+// cannot be published stays in its work queue and only its poisoning is retried, never
+// the handler (poison.go). A failed hand-off is paced and counted (handoff.go); a copy
+// back before it is due is re-parked (repark.go); the queues bound for retries are
+// recorded when its subscriber subscribes (wiring.go); Close waits for the hand-offs in
+// flight (lifecycle.go). Every path that moves a message publishes with confirms before
+// it acks, or nacks with requeue: nothing is lost. It tells amqpretry.Config.Observe
+// every amqpretry.Event and counts its Stats (observe.go).
 //
 // Most programs build it through the transport package of their watermill-amqp major,
 // github.com/amqpretry/amqpretry/wamqp3 or wamqp2, whose New also gives the
