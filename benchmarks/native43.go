@@ -752,23 +752,19 @@ func (e *env) setup43(ctx context.Context, o run43opts, msgs []*message.Message)
 		}
 		closers = append(closers, func() { _ = r.Close() })
 		subCfg = r.SubscriberConfig()
-		switch o.kind {
-		case "ceiling-copy", "ceiling-envelope", "ceiling-packed", "ceiling-lean":
+		envelope, ceiling := ceilingEnvelopes43[o.kind]
+		switch {
+		case ceiling:
 			c, cerr := e.newCeiling(prefix, []time.Duration{o.delay})
 			if cerr != nil {
 				return "", nil, nil, closeAll, cerr
 			}
-			switch o.kind {
-			case "ceiling-envelope":
-				c.envelope = envelope43(topic, o.delay)
-			case "ceiling-packed":
-				c.envelope = packed43(topic, o.delay)
-			case "ceiling-lean":
-				c.envelope = lean43(o.delay)
+			if envelope != nil {
+				c.envelope = envelope(topic, o.delay)
 			}
 			closers = append(closers, c.close)
 			router.AddMiddleware(c.middleware)
-		case "ceiling-native":
+		case o.kind == "ceiling-native":
 			// The delayed-retry subscriber (its marshaler reads the int headers 4.3
 			// adds on redelivery, which watermill-amqp's DefaultMarshaler refuses),
 			// and nothing but the settlement that backend makes: nack, requeue.
@@ -794,6 +790,15 @@ func (e *env) setup43(ctx context.Context, o run43opts, msgs []*message.Message)
 	}
 	closers = append(closers, func() { _ = s.Close() })
 	return topic, router, s, closeAll, nil
+}
+
+// ceilingEnvelopes43 are the copying ceilings' kinds, each with the headers its copy
+// adds (nil: none, the bare copy).
+var ceilingEnvelopes43 = map[string]func(topic string, delay time.Duration) amqp.Table{
+	"ceiling-copy":     nil,
+	"ceiling-envelope": envelope43,
+	"ceiling-packed":   packed43,
+	"ceiling-lean":     lean43,
 }
 
 // envelope43 is the envelope our ttl-tiers copy of a storm message carries (its
@@ -837,7 +842,7 @@ func packed43(topic string, delay time.Duration) amqp.Table {
 
 // lean43 is an envelope of three fields, the attempt, the first failure and the due
 // time: the ceiling-lean kind, what a retry copy carrying only those would cost.
-func lean43(delay time.Duration) amqp.Table {
+func lean43(_ string, delay time.Duration) amqp.Table {
 	now := time.Now()
 	return headers43(middleware.Envelope{Attempt: 2, FirstFailure: now, Due: now.Add(delay)})
 }
