@@ -241,15 +241,17 @@ func (c Config) fits(b backend.Backend, user Policy) []error {
 	return nil
 }
 
-// fitsDelayedRetry refuses, on the delayed-retry backend, a policy value that changes
-// behaviour its one constant delay per work queue (DelayedRetryDelay, no jitter)
-// cannot keep. A value equal to its default is never refused: it changes nothing.
-// user is the policy as given, before defaults.
+// fitsDelayedRetry refuses, on the delayed-retry backend, a policy value that its one
+// constant delay per work queue (DelayedRetryDelay, no jitter) would ignore: a value
+// set (not zero) that asks for another delay, a growth or a jitter, even one equal to
+// its default elsewhere (Multiplier 2 grows the delay on a copying backend; here it
+// would be dropped). A zero field, its default, means the queue's delay: never
+// refused. user is the policy as given, before defaults.
 func (c Config) fitsDelayedRetry(user Policy) []error {
 	var errs []error
-	d, p, def := c.DelayedRetryDelay, c.Policy, Policy{}.withDefaults()
+	d, p := c.DelayedRetryDelay, c.Policy
 	what := fmt.Sprintf("the %s backend holds every retry of a work queue for one constant delay, every %s (DelayedRetryDelay)", c.Backend, d)
-	copying := "or put a copying Backend behind HeldRetries"
+	copying := "or use a copying Backend (ttl-tiers or binary-levels), with HeldRetries for the first retries if you want them held"
 	if len(user.Delays) > 0 {
 		switch {
 		case slices.Max(user.Delays) == d && slices.Min(user.Delays) == d:
@@ -259,17 +261,17 @@ func (c Config) fitsDelayedRetry(user Policy) []error {
 			errs = append(errs, fmt.Errorf("Policy.Delays: %v, %s, and cannot grow it: leave Policy.Delays empty and set DelayedRetryDelay, %s", user.Delays, what, copying))
 		}
 	} else {
-		if p.InitialInterval != def.InitialInterval && p.InitialInterval != d {
-			errs = append(errs, fmt.Errorf("Policy.InitialInterval: %s, %s: set DelayedRetryDelay to %s instead", p.InitialInterval, what, p.InitialInterval))
+		if user.InitialInterval != 0 && user.InitialInterval != d {
+			errs = append(errs, fmt.Errorf("Policy.InitialInterval: %s, %s: set DelayedRetryDelay to %s instead (or leave Policy.InitialInterval 0)", user.InitialInterval, what, user.InitialInterval))
 		}
-		if p.Multiplier != def.Multiplier && p.Multiplier != 1 {
-			errs = append(errs, fmt.Errorf("Policy.Multiplier: %g, %s, and cannot grow it: leave Policy.Multiplier unset, %s", p.Multiplier, what, copying))
+		if user.Multiplier != 0 && user.Multiplier != 1 {
+			errs = append(errs, fmt.Errorf("Policy.Multiplier: %g, %s, and cannot grow it: set Policy.Multiplier to 1 (or 0 for the default), %s", user.Multiplier, what, copying))
 		}
-		if p.MaxInterval < d {
-			errs = append(errs, fmt.Errorf("Policy.MaxInterval: %s, shorter than the one constant delay the %s backend holds every retry for, %s (DelayedRetryDelay): set DelayedRetryDelay to at most %s", p.MaxInterval, c.Backend, d, p.MaxInterval))
+		if user.MaxInterval != 0 && user.MaxInterval < d {
+			errs = append(errs, fmt.Errorf("Policy.MaxInterval: %s, shorter than the one constant delay the %s backend holds every retry for, %s (DelayedRetryDelay): set DelayedRetryDelay to at most %s (or leave Policy.MaxInterval 0)", user.MaxInterval, c.Backend, d, user.MaxInterval))
 		}
-		if p.Jitter != def.Jitter && p.Jitter != 0 {
-			errs = append(errs, fmt.Errorf("Policy.Jitter: %g, %s, and cannot randomise it: leave Policy.Jitter unset or set Policy.NoJitter, %s", p.Jitter, what, copying))
+		if user.Jitter != 0 && !user.NoJitter {
+			errs = append(errs, fmt.Errorf("Policy.Jitter: %g, %s, and cannot randomise it: set Policy.Jitter to 0 or Policy.NoJitter, %s", user.Jitter, what, copying))
 		}
 	}
 	if p.Immediate > 0 {

@@ -148,3 +148,12 @@ func (r *Retry) Delivered(msg *message.Message, attempt int) {
 // (amqpretry.ErrNotWired). With delayed retries in topology mode verify it also
 // checks that queue is a quorum queue.
 func (r *Retry) Bind(ch *amqp.Channel, queue string) error { return r.r.bind(ch, queue) }
+
+// CheckWorkQueue refuses queue as a work queue of this Retry when it already exists
+// and cannot hold its retries: with delayed retries (Backend delayed-retry or
+// HeldRetries), a queue of another type than quorum. The error names the queue and
+// the fix, and wraps topology.ErrMismatch. It checks passively, over the hand-off's
+// connection, in topology modes declare and verify (mode none checks nothing); a
+// queue that does not exist yet passes. A transport's AddHandler calls it when the
+// handler is added, so that the refusal comes before the router runs.
+func (r *Retry) CheckWorkQueue(queue string) error { return r.r.checkWorkQueue(queue) }
