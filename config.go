@@ -37,7 +37,10 @@ type Config struct {
 	// Tiers is the ladder of ttl-tiers: one queue per delay, each a whole number of
 	// milliseconds from 1ms to ten years. Default (nil): 34 tiers about 25% apart,
 	// 1s 1.25s 1.6s 2s 2.5s 3.15s 4s 5s 6.3s 8s, the same times 10 and 100 (10s to
-	// 8m20s), then 10m 15m 20m 30m 45m 1h. An empty, non-nil list is refused.
+	// 8m20s), then 10m 15m 20m 30m 45m 1h. An empty, non-nil list is refused. A
+	// delay longer than the longest tier (the policy's, or a RetryAfter) waits the
+	// longest tier, then is parked again when it comes back, as often as it takes
+	// until it is due: never early.
 	Tiers []time.Duration
 	// Levels is the number of levels of binary-levels, which holds delays up to
 	// 2^Levels - 1 s: 1 to 29. Change Prefix with it: New refuses a prefix that holds
@@ -153,8 +156,12 @@ const defaultHandoffAttempts = 5
 
 // Validate reports every invalid field, each named; zero fields are checked as their
 // defaults. It touches nothing on the broker: an invalid config has no side effects.
-// It also refuses a policy the backend cannot keep (a delay longer than it holds, a
-// schedule the delayed-retry backend cannot follow).
+// It also refuses a policy the backend cannot keep: a delay longer than it holds
+// (binary-levels past 2^Levels - 1 s, delayed-exchange past the plugin's 49.7 days,
+// named with the field to change), or, on
+// delayed-retry, a schedule value its one constant delay would ignore. On ttl-tiers a
+// delay longer than the longest tier is not refused: the retry is parked again when
+// it comes back, until it is due, so it never comes back early.
 func (c Config) Validate() error {
 	user := c.Policy
 	c = c.WithDefaults()
@@ -210,8 +217,8 @@ func (c Config) topologyErrors() (backend.Backend, []error) {
 }
 
 // fits refuses a policy the backend cannot keep: a delay it can ask for that the
-// backend refuses, or, on delayed-retry, a schedule other than the default that the
-// queue's one constant delay cannot follow. user is the policy as given, before
+// backend refuses, or, on delayed-retry, a schedule value set that the queue's one
+// constant delay would ignore. user is the policy as given, before
 // defaults.
 func (c Config) fits(b backend.Backend, user Policy) []error {
 	if c.Backend == delay.DelayedRetry {

@@ -38,7 +38,7 @@ type Policy struct {
 	// MaxInterval caps each delay of the exponential schedule, jitter included (not
 	// Delays, nor a RetryAfter). A delay longer than the backend holds is refused by
 	// Config.Validate (binary-levels, delayed-exchange), or, on ttl-tiers, parked again
-	// until it is due. Default: 10m; on delayed-retry, no cap (a value shorter than
+	// when it comes back, until it is due. Default: 10m; on delayed-retry, no cap (a value shorter than
 	// DelayedRetryDelay is refused).
 	MaxInterval time.Duration
 	// Jitter randomises each delay by up to this fraction either way, so that messages

@@ -226,7 +226,7 @@ func TestEffectivePolicyLoggedAtStart(t *testing.T) {
 }
 
 // TestTTLTiersLogsOnlyWhatThePolicyAsks (issue 25 §2): on ttl-tiers, the start-up
-// line "longer than the backend holds" appears only when the policy's schedule can
+// line "longer than the longest tier" appears only when the policy's schedule can
 // actually ask for more than the longest tier, not for a MaxInterval it never reaches.
 func TestTTLTiersLogsOnlyWhatThePolicyAsks(t *testing.T) {
 	brokertest.Dial(t)
@@ -253,7 +253,7 @@ func TestTTLTiersLogsOnlyWhatThePolicyAsks(t *testing.T) {
 			t.Fatal(err)
 		}
 		_ = r.Close()
-		lines := l.matching("longer than the backend holds")
+		lines := l.matching("longer than the longest tier")
 		switch {
 		case tt.want == "" && len(lines) > 0:
 			t.Errorf("%+v: logged %q, though its longest delay is 2.4s and the longest tier 3s", tt.policy, lines)

@@ -12,7 +12,6 @@ import (
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/amqpretry/amqpretry"
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
@@ -78,15 +77,15 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	}
 	var parkUntil time.Time
 	switch {
-	case requested > effective && caps.PastLongest == backend.Repark && decided.Delay > 0:
-		// A delay of the error's own (a server's Retry-After) is never cut short: the
-		// copy is re-parked when it comes back, until it is due.
-		parkUntil = time.Now().Add(requested)
-		notice(e.cfg.Logger, "Delay asked for is longer than the longest tier: the retry is parked again until it is due",
-			f.log().Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
 	case requested > effective && caps.PastLongest == backend.Repark:
-		e.cfg.Logger.Error("Delay longer than the longest tier, using the longest: the retry comes back early", delay.ErrDelayTooLong,
-			f.log().Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
+		// A delay longer than the longest tier, the error's own (a server's
+		// Retry-After) or the policy's, is never cut short: the copy is re-parked when
+		// it comes back, until it is due. The policy's was logged once at start.
+		parkUntil = time.Now().Add(requested)
+		if decided.Delay > 0 {
+			notice(e.cfg.Logger, "Delay asked for is longer than the longest tier: the retry is parked again until it is due",
+				f.log().Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
+		}
 	case held && caps.PastLongest == backend.HoldAgain && decided.Delay > effective:
 		// The queue holds a retry for one delay: held again until it is due, never
 		// back before the delay asked for (a server's Retry-After).

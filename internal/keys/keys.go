@@ -58,8 +58,8 @@ func InEnvelope(key string) bool {
 	return false
 }
 
-// ParkUntil is written on a retry copy whose delay of the error's own (a RetryAfter)
-// is longer than the backend keeps: when it is due. The middleware re-parks it until
+// ParkUntil is written on a retry copy whose delay (a RetryAfter, or the policy's) is
+// longer than the backend keeps: when it is due. The middleware re-parks it until
 // then instead of running the handler early. (The header says "hold", its name from
 // before the words were settled: copies already parked carry it.)
 const ParkUntil = "amqpretry-hold-until"
