@@ -20,7 +20,8 @@ import (
 // how to settle one to come back later. The transport packages wamqp3, wamqp2 and amqp1
 // build one from their subscriber config; a transport of your own builds its own, and
 // its subscriber calls Retry.Delivered on each delivery and, where retries come back
-// through the broker, Retry.Bind on each subscribe.
+// through the broker, Retry.Bind on each subscribe (and Retry.CheckWorkQueue when a
+// handler is added).
 type Transport struct {
 	// URI of the broker, over AMQP 0-9-1: the hand-off publishes retries and
 	// poisoned messages through it, confirmed, on a connection of its own. It never
