@@ -67,7 +67,9 @@ type Config struct {
 	// RetryAfter) is never cut short: the retry is held again, as many times as it
 	// takes (logged at WARN, or INFO), so it comes back at the first multiple of this
 	// delay past the one asked for; this process keeps count, so after a restart it
-	// comes back after one delay. Default: 1s.
+	// comes back after one delay. It is the policy's one delay there: leave the
+	// Policy's schedule fields zero (a Multiplier or Jitter set is refused, see
+	// Policy). Default: 1s.
 	DelayedRetryDelay time.Duration
 
 	// Policy says how many attempts and how long apart. See Policy for its defaults.
@@ -157,11 +159,11 @@ const defaultHandoffAttempts = 5
 // Validate reports every invalid field, each named; zero fields are checked as their
 // defaults. It touches nothing on the broker: an invalid config has no side effects.
 // It also refuses a policy the backend cannot keep: a delay longer than it holds
-// (binary-levels past 2^Levels - 1 s, delayed-exchange past the plugin's 49.7 days,
-// named with the field to change), or, on
-// delayed-retry, a schedule value its one constant delay would ignore. On ttl-tiers a
-// delay longer than the longest tier is not refused: the retry is parked again when
-// it comes back, until it is due, so it never comes back early.
+// (binary-levels past 2^Levels - 1 s, delayed-exchange past the plugin's 49.7 days),
+// naming the field to change, or, on delayed-retry, a schedule value its one constant
+// delay would ignore. On ttl-tiers a delay longer than the longest tier is not
+// refused: the retry is parked again when it comes back, until it is due, so it never
+// comes back early.
 func (c Config) Validate() error {
 	user := c.Policy
 	c = c.WithDefaults()
@@ -218,8 +220,7 @@ func (c Config) topologyErrors() (backend.Backend, []error) {
 
 // fits refuses a policy the backend cannot keep: a delay it can ask for that the
 // backend refuses, or, on delayed-retry, a schedule value set that the queue's one
-// constant delay would ignore. user is the policy as given, before
-// defaults.
+// constant delay would ignore. user is the policy as given, before defaults.
 func (c Config) fits(b backend.Backend, user Policy) []error {
 	if c.Backend == delay.DelayedRetry {
 		return c.fitsDelayedRetry(user)

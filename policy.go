@@ -36,10 +36,10 @@ type Policy struct {
 	// any other value, 2 included, is refused.
 	Multiplier float64
 	// MaxInterval caps each delay of the exponential schedule, jitter included (not
-	// Delays, nor a RetryAfter). A delay longer than the backend holds is refused by
-	// Config.Validate (binary-levels, delayed-exchange), or, on ttl-tiers, parked again
-	// when it comes back, until it is due. Default: 10m; on delayed-retry, no cap (a value shorter than
-	// DelayedRetryDelay is refused).
+	// Delays, nor a RetryAfter). A policy delay longer than the backend holds is
+	// refused by Config.Validate on binary-levels and delayed-exchange; on ttl-tiers
+	// it is parked again when it comes back, until it is due. Default: 10m; on
+	// delayed-retry, unused (a value shorter than DelayedRetryDelay is refused).
 	MaxInterval time.Duration
 	// Jitter randomises each delay by up to this fraction either way, so that messages
 	// that failed together do not come back together; in [0, 1). Default: 0.2; on
