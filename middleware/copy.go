@@ -236,6 +236,7 @@ func (e *engine) envelope(d delivery, err error) Envelope {
 		LastFailure: d.at, Error: err.Error(), ErrorTypes: errorTypes(err),
 		Handler: d.handler, Topic: d.topic, Queue: d.queue,
 	}
+	env.Stack = stackOf(err)
 	if env.FirstFailure.IsZero() {
 		env.FirstFailure = d.at
 		env.OriginalExchange, env.OriginalRoutingKey = d.exchange, d.key
@@ -303,10 +304,10 @@ func copyOf(msg *message.Message) *message.Message {
 const trimmedErrorBytes = 256
 
 // trim shortens the envelope of a copy too large for the broker: the error text to
-// trimmedErrorBytes, the error types left out.
+// trimmedErrorBytes, the error types and the stack left out.
 func trim(env *Envelope) {
 	env.Error = truncate(env.Error, trimmedErrorBytes)
-	env.ErrorTypes = nil
+	env.ErrorTypes, env.Stack = nil, ""
 }
 
 // delayOf returns the delay of the n-th delayed retry of p (from 1: the first is

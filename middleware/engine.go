@@ -12,17 +12,22 @@ package middleware
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime/debug"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/ctxkey"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 )
@@ -97,8 +102,9 @@ type delivery struct {
 // one remembered when it was held is written back into its metadata, so that the
 // handler reads it as on a copy.
 func (e *engine) read(msg *message.Message) delivery {
+	c := chainOf(msg)
 	if e.wiring.ID != "" {
-		joinChain(msg, e.wiring.ID)
+		c.join(e.wiring.ID)
 	}
 	ctx := msg.Context()
 	d := delivery{
@@ -145,25 +151,45 @@ func (e *engine) read(msg *message.Message) delivery {
 		d.attempt = h.env.Attempt
 		msg.Metadata[keys.Attempt] = strconv.Itoa(d.attempt)
 	}
+	c.attempt.Store(int64(d.attempt))
 	return d
 }
 
-// chain lists the Retry middlewares (by wiring.ID) a message passes through.
+// chain is the record of a delivery in its message's context, shared by every
+// middleware of the handler: the Retry middlewares (by wiring.ID) it passes through,
+// so that an outer one sees the inner ones after the handler returns, and the attempt
+// the handler runs (amqpretry.AttemptFromContext), written by the Retry nearest the
+// handler last. It is the context itself, under ctxkey.Chain: one allocation per
+// delivery.
 type chain struct {
-	mu  sync.Mutex
-	ids []string
+	context.Context
+	mu      sync.Mutex
+	ids     []string
+	attempt atomic.Int64
 }
 
-type chainKey struct{}
-
-// joinChain records id in msg's context. The chain is shared by every middleware of
-// the handler, so an outer one sees the inner ones after the handler returns.
-func joinChain(msg *message.Message, id string) {
-	c, _ := msg.Context().Value(chainKey{}).(*chain)
-	if c == nil {
-		c = &chain{}
-		msg.SetContext(context.WithValue(msg.Context(), chainKey{}, c))
+func (c *chain) Value(key any) any {
+	if key == (ctxkey.Chain{}) {
+		return c
 	}
+	return c.Context.Value(key)
+}
+
+// Attempt is the attempt the handler runs (amqpretry.AttemptFromContext).
+func (c *chain) Attempt() int { return int(c.attempt.Load()) }
+
+// chainOf returns msg's chain, adding one to its context if it has none.
+func chainOf(msg *message.Message) *chain {
+	c, _ := msg.Context().Value(ctxkey.Chain{}).(*chain)
+	if c == nil {
+		c = &chain{Context: msg.Context()}
+		msg.SetContext(c)
+	}
+	return c
+}
+
+// join records id in the chain.
+func (c *chain) join(id string) {
 	c.mu.Lock()
 	c.ids = append(c.ids, id)
 	c.mu.Unlock()
@@ -171,7 +197,7 @@ func joinChain(msg *message.Message, id string) {
 
 // inChain tells whether the Retry id is among the middlewares msg passes through.
 func inChain(msg *message.Message, id string) bool {
-	c, _ := msg.Context().Value(chainKey{}).(*chain)
+	c, _ := msg.Context().Value(ctxkey.Chain{}).(*chain)
 	if c == nil {
 		return false
 	}
@@ -210,7 +236,7 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 				e.observeDelivery(d)
 			}
 		}
-		produced, err := h(msg)
+		produced, err := e.run(h, msg, d)
 		run, attempt := msg, d.attempt
 		var decided *amqpretry.Decision // err's, when retryNow classified it
 		for err != nil && attempt <= e.cfg.Policy.Immediate {
@@ -223,8 +249,10 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			next.SetContext(marshal.CopyContext(run)) // typed headers as read
 			attempt++
 			next.Metadata[keys.Attempt] = strconv.Itoa(attempt)
+			chainOf(next).attempt.Store(int64(attempt))
 			run = next
-			produced, err = h(run)
+			d.attempt = attempt
+			produced, err = e.run(h, run, d)
 			decided = nil // a new error, not classified yet
 		}
 		if err == nil {
@@ -244,6 +272,80 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		defer e.life.end()
 		return nil, e.fail(msg, run, d, err, decided)
 	}
+}
+
+// run runs h on msg, recovering its panic, which the engine deals with as a failure:
+// a *panicked error carrying the stack, logged at ERROR. The Retry nearest the
+// handler recovers it; one further out sees its error.
+func (e *engine) run(h message.HandlerFunc, msg *message.Message, d delivery) (produced []*message.Message, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			p := &panicked{value: v, stack: panicStack()}
+			produced, err = nil, p
+			e.cfg.Logger.Error("Handler panicked: recovered, dealt with as a failure", p, watermill.LogFields{
+				"message_uuid": msg.UUID, "handler": d.handler, "topic": d.topic, "queue": d.queue, "attempt": d.attempt,
+				"stack": p.stack,
+			})
+		}
+	}()
+	return h(msg)
+}
+
+// panicked is the error of a handler's panic.
+type panicked struct {
+	value any
+	stack string
+}
+
+func (p *panicked) Error() string { return fmt.Sprintf("%s: %v", amqpretry.ErrPanicked, p.value) }
+
+// Unwrap gives amqpretry.ErrPanicked and, when the panic's value is an error, that
+// error, whose marks then count.
+func (p *panicked) Unwrap() []error {
+	if err, ok := p.value.(error); ok {
+		return []error{amqpretry.ErrPanicked, err}
+	}
+	return []error{amqpretry.ErrPanicked}
+}
+
+// stackOf returns the stack of the first panic in err's chain, as errors.As finds it
+// (without its allocation); "" for none.
+func stackOf(err error) string {
+	for err != nil {
+		switch e := err.(type) {
+		case *panicked:
+			return e.stack
+		case interface{ Unwrap() error }:
+			err = e.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, inner := range e.Unwrap() {
+				if s := stackOf(inner); s != "" {
+					return s
+				}
+			}
+			return ""
+		default:
+			return ""
+		}
+	}
+	return ""
+}
+
+// panicStack is the stack of the panicking goroutine from the function that panicked:
+// the frames of the recovery and of the runtime's panic left out.
+func panicStack() string {
+	s := string(debug.Stack())
+	if i := strings.Index(s, "\npanic("); i >= 0 {
+		rest := s[i+1:]
+		// Skip the panic( frame: its function line and its file line.
+		for range 2 {
+			if j := strings.IndexByte(rest, '\n'); j >= 0 {
+				rest = rest[j+1:]
+			}
+		}
+		return rest
+	}
+	return s
 }
 
 // retryNow tells whether run, which failed with err on attempt (within
