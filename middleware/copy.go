@@ -16,6 +16,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
+	"github.com/amqpretry/amqpretry/internal/undecodable"
 )
 
 // The failure path, in the order it runs: decide what becomes of the message, size
@@ -41,6 +42,11 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	case werr != nil:
 		return e.handoffFailed(f, copyOf(run), werr, "not-wired", true)
 	case decided.Permanent:
+		if undecodable.In(err) {
+			// Say why the error is permanent when no mark of the handler's says it.
+			f.envelope.Error = "undecodable payload, not retried: " + f.envelope.Error
+			f.log()["undecodable"] = true
+		}
 		return e.poison(f, copyOf(run), amqpretry.ReasonPermanent)
 	case d.attempt >= e.cfg.Policy.MaxAttempts:
 		return e.poison(f, copyOf(run), amqpretry.ReasonMaxAttempts)
