@@ -1,8 +1,9 @@
 package middleware
 
 // The engine: the middleware's handler closure. It reads a delivery once, on receipt
-// (read: the envelope it carries included, ReadEnvelope in envelope.go, and the Retry
-// middlewares it passes through, joinChain), runs the handler, with Policy.Immediate's
+// (read: the envelope it carries included, ReadEnvelope in envelope.go, the Retry
+// middlewares it passes through and the attempt, its chain in the message's context),
+// runs the handler (run: a panic recovered as a failure), with Policy.Immediate's
 // retries in this process, and hands a failure to the failure path (copy.go: decide,
 // size, stamp, park; or hold, hold.go), while the engine is open (lifecycle.go). A
 // first delivery carries no envelope: reading it costs one pass over its metadata. A

@@ -152,7 +152,7 @@ func TestAttemptFromContext(t *testing.T) {
 	var got int
 	h := e.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		// As a CQRS processor does: a context derived from the message's.
-		got = amqpretry.AttemptFromContext(context.WithValue(msg.Context(), struct{}{}, 1))
+		got = amqpretry.AttemptFromContext(context.WithValue(msg.Context(), processorKey{}, 1))
 		return nil, nil
 	})
 	msg := message.NewMessage("m", nil)
@@ -164,6 +164,8 @@ func TestAttemptFromContext(t *testing.T) {
 		t.Errorf("AttemptFromContext = %d, want 3", got)
 	}
 }
+
+type processorKey struct{}
 
 type order struct {
 	Amount int `json:"amount"`
