@@ -75,8 +75,13 @@ type Config struct {
 	// Policy says how many attempts and how long apart. See Policy for its defaults.
 	Policy Policy
 	// Classify decides, for any error, whether to poison the message now and whether
-	// to replace the policy's delay. It receives the decision of the error's own marks
-	// (Permanent, RetryAfter) in ClassifyParams.Default. Default: that decision.
+	// to replace the policy's delay. It receives DecisionOf the error in
+	// ClassifyParams.Default: its marks (Permanent, RetryAfter), and Permanent for an
+	// error of a payload that can never decode (encoding/json's *json.SyntaxError and
+	// *json.UnmarshalTypeError, any error of google.golang.org/protobuf; see
+	// DecisionOf). Default: that decision. To retry decode errors too, return
+	// Default with Permanent false for them (ExampleConfig_retryDecodeErrors). A
+	// handler's panic comes as an error wrapping ErrPanicked.
 	Classify func(ClassifyParams) Decision
 	// PoisonQueue receives the messages that failed for good, with their failure
 	// envelope (middleware.Envelope). Declared as a quorum queue, replicated like the

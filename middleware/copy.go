@@ -15,6 +15,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
+	"github.com/amqpretry/amqpretry/internal/undecodable"
 )
 
 // The failure path, in the order it runs: decide what becomes of the message, size
@@ -40,6 +41,11 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	case werr != nil:
 		return e.handoffFailed(f, copyOf(run), werr, "not-wired", true)
 	case decided.Permanent:
+		if undecodable.In(err) {
+			// Say why the error is permanent when no mark of the handler's says it.
+			f.envelope.Error = "undecodable payload, not retried: " + f.envelope.Error
+			f.log()["undecodable"] = true
+		}
 		return e.poison(f, copyOf(run), amqpretry.ReasonPermanent)
 	case d.attempt >= e.cfg.Policy.MaxAttempts:
 		return e.poison(f, copyOf(run), amqpretry.ReasonMaxAttempts)
@@ -235,6 +241,7 @@ func (e *engine) envelope(d delivery, err error) Envelope {
 		LastFailure: d.at, Error: err.Error(), ErrorTypes: errorTypes(err),
 		Handler: d.handler, Topic: d.topic, Queue: d.queue,
 	}
+	env.Stack = stackOf(err)
 	if env.FirstFailure.IsZero() {
 		env.FirstFailure = d.at
 		env.OriginalExchange, env.OriginalRoutingKey = d.exchange, d.key
@@ -302,10 +309,10 @@ func copyOf(msg *message.Message) *message.Message {
 const trimmedErrorBytes = 256
 
 // trim shortens the envelope of a copy too large for the broker: the error text to
-// trimmedErrorBytes, the error types left out.
+// trimmedErrorBytes, the error types and the stack left out.
 func trim(env *Envelope) {
 	env.Error = truncate(env.Error, trimmedErrorBytes)
-	env.ErrorTypes = nil
+	env.ErrorTypes, env.Stack = nil, ""
 }
 
 // delayOf returns the delay of the n-th delayed retry of p (from 1: the first is

@@ -1,8 +1,11 @@
 // Package middleware is the retry middleware: Retry turns a handler's error into a
 // broker-side delayed redelivery.
 //
-// It reads each delivery once, on receipt, and runs the handler (engine.go). On a
-// handler error it decides what becomes of the message (whether it is this Retry's to
+// It reads each delivery once, on receipt, and runs the handler (engine.go), with the
+// attempt in the message's context (amqpretry.AttemptFromContext) and recovering its
+// panic: a panic is a failure like an error (amqpretry.ErrPanicked), logged at ERROR
+// with its stack, which the Envelope carries; the Retry nearest the handler recovers
+// it, whatever the order of Watermill's Recoverer. On a handler error it decides what becomes of the message (whether it is this Retry's to
 // hand off, the error's marks, amqpretry.Config.Classify, the Policy), sizes the delay
 // with the delay backend, stamps the failure Envelope on a copy and parks the copy in
 // the backend, which publishes it confirmed before the delivery is acked (copy.go, in

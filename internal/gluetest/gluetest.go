@@ -107,6 +107,8 @@ func Run(t *testing.T, m Major) {
 		{"RetryAfterIsNeverUndercutOnDelayedRetry", RetryAfterIsNeverUndercutOnDelayedRetry, false},
 		{"RetryAfterIsNeverUndercutOnTTLTiers", RetryAfterIsNeverUndercutOnTTLTiers, false},
 		{"PolicyDelayPastTheLongestTierIsNeverEarly", PolicyDelayPastTheLongestTierIsNeverEarly, false},
+		{"PanicUnderRecovererIsRetriedThenPoisonedWithItsStack", PanicUnderRecovererIsRetriedThenPoisonedWithItsStack, true},
+		{"CQRSEventsUndecodableAtOnceAttemptFromContext", CQRSEventsUndecodableAtOnceAttemptFromContext, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if testing.Short() && !tc.quick {

@@ -16,6 +16,7 @@ const (
 	PoisonReason       = "amqpretry-poison-reason"
 	Error              = "amqpretry-error"
 	ErrorTypes         = "amqpretry-error-types"
+	Stack              = "amqpretry-stack"
 	FirstFailure       = "amqpretry-first-failure"
 	LastFailure        = "amqpretry-last-failure"
 	Handler            = "amqpretry-handler"
@@ -50,7 +51,7 @@ func ParseAttempt(s string) (n int, ok bool) {
 // writes exactly these).
 func InEnvelope(key string) bool {
 	switch key {
-	case Attempt, MaxAttempts, PoisonReason, Error, ErrorTypes, FirstFailure, LastFailure, Handler, Topic, Queue,
+	case Attempt, MaxAttempts, PoisonReason, Error, ErrorTypes, Stack, FirstFailure, LastFailure, Handler, Topic, Queue,
 		OriginalExchange, OriginalRoutingKey, RequestedDelay, EffectiveDelay, Due, DroppedHeaders,
 		RedrivenAt, RedriveCount, RedrivenFrom:
 		return true
