@@ -101,9 +101,10 @@ func (e *engine) read(msg *message.Message) delivery {
 		joinChain(msg, e.wiring.ID)
 	}
 	ctx := msg.Context()
+	owner, fn := parseMark(msg.Metadata[keys.Subscriber])
 	d := delivery{
 		msg:      msg,
-		owner:    msg.Metadata[keys.Subscriber],
+		owner:    owner,
 		envelope: ReadEnvelope(msg.Metadata),
 		handler:  message.HandlerNameFromCtx(ctx),
 		topic:    message.SubscribeTopicFromCtx(ctx),
@@ -112,7 +113,10 @@ func (e *engine) read(msg *message.Message) delivery {
 		at:       time.Now(),
 	}
 	d.owned = e.wiring.ID == "" || d.owner == e.wiring.ID
-	d.queue = e.wiring.Queue(d.topic)
+	if !d.owned {
+		fn = 0 // another Retry's function
+	}
+	d.queue = e.wiring.queue(fn, d.topic)
 	if v, ok := msg.Metadata[keys.ParkUntil]; ok {
 		d.parkedUntil, _ = time.Parse(time.RFC3339Nano, v) // zero when unreadable
 	}
