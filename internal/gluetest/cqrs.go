@@ -253,7 +253,7 @@ func MiswiredSubscriberIsRefusedAtSubscribe(t *testing.T, m Major) {
 	brokertest.Cleanup(t, []string{prefix + ".poison", topic + "_invoice", topic + "_invoice.v2", topic + "_bookings"}, []string{topic, prefix + ".poison"})
 	for _, tc := range []struct {
 		name  string
-		o  For
+		o     For
 		topic string
 		want  []string // in the error
 	}{
