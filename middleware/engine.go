@@ -124,7 +124,7 @@ func (e *engine) read(msg *message.Message) delivery {
 	var h heldRetry
 	ok := false
 	if e.holder != nil && e.held.size.Load() > 0 { // only a backend that holds retries leaves any
-		h, ok = e.held.take(msg.UUID)
+		h, ok = e.held.take(d.queue, msg.UUID)
 	}
 	if ok && d.owned {
 		d.held, d.heldDue, d.heldUntil, d.rehelds, d.early = true, h.due, h.until, h.rehelds, h.early
