@@ -45,12 +45,24 @@ type (
 // the four subscribers. Each handler runs each message as many times as it fails plus
 // one, a retry comes back only to the handler that failed, a permanent failure is
 // poisoned, and one Stats counts them all.
+// On RabbitMQ 4.3 it runs with delayed-retry too: the broker holds the failed delivery
+// in the handler's queue, and the event's two handlers get the same message UUID.
 func CQRSHandlersShareOneRetry(t *testing.T, m Major) {
+	for _, backend := range []delay.Backend{delay.TTLTiers, delay.DelayedRetry} {
+		t.Run(string(backend), func(t *testing.T) { cqrsHandlersShareOneRetry(t, m, backend) })
+	}
+}
+
+func cqrsHandlersShareOneRetry(t *testing.T, m Major, backend delay.Backend) {
 	brokertest.Dial(t)
 	prefix := brokertest.Prefix(t)
 	handoffName, subName := prefix+".handoff", prefix+".sub"
 	s := Sub{URI: brokertest.URI(), Group: "bookings", Connection: &amqp.Config{Properties: amqp.Table{"connection_name": handoffName}}}
-	cfg := amqpretry.Config{Prefix: prefix, Tiers: []time.Duration{500 * time.Millisecond}, Logger: Logger()}
+	cfg := amqpretry.Config{Backend: backend, Prefix: prefix, Tiers: []time.Duration{500 * time.Millisecond}, Logger: Logger()}
+	if backend == delay.DelayedRetry {
+		need43(t)
+		s.QueueArgs, cfg.DelayedRetryDelay = quorum, 400*time.Millisecond
+	}
 	r := newRetry(t, m, s, cfg)
 	if got, want := r.(interface{ Config() amqpretry.Config }).Config().PoisonQueue, prefix+".poison"; got != want {
 		t.Errorf("Config().PoisonQueue %q, want %q", got, want)
