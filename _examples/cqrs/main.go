@@ -24,12 +24,13 @@ import (
 	"os"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	amqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/components/cqrs"
 	"github.com/ThreeDotsLabs/watermill/message"
-	amqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
@@ -205,7 +206,7 @@ func run() error {
 		return err
 	}
 
-	// Each handler settles each message failures+1 times; the cancellation once.
+	// Each handler runs each message failures+1 times; the cancellation once.
 	want := 1
 	for _, n := range failures {
 		want += len(bookings) * (n + 1)
@@ -254,9 +255,15 @@ func newApp() *app {
 	return &app{runs: map[string]map[string][]int{}, settled: make(chan struct{}, 1000)}
 }
 
+// ranKey holds, in a delivery's context, whether the handler ran it (settle).
+type ranKey struct{}
+
 // ran records a run of handler on the message of ctx, and returns its attempt.
 func (a *app) ran(ctx context.Context, handler string) int {
 	msg := cqrs.OriginalMessageFromCtx(ctx)
+	if ran, ok := ctx.Value(ranKey{}).(*atomic.Bool); ok {
+		ran.Store(true)
+	}
 	attempt := amqpretry.Attempt(msg)
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -267,11 +274,19 @@ func (a *app) ran(ctx context.Context, handler string) int {
 	return attempt
 }
 
-// settle is the outermost middleware: it counts each delivery handled to the end (its
-// retry or poisoning handed off).
+// settle is the outermost middleware: it counts each run of a handler once it is
+// handled to the end (its retry or poisoning handed off). A delivery the handler did
+// not run (a retry held again until its RetryAfter is over, with delayed-retry) does
+// not count.
 func (a *app) settle(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		defer func() { a.settled <- struct{}{} }()
+		ran := &atomic.Bool{}
+		msg.SetContext(context.WithValue(msg.Context(), ranKey{}, ran))
+		defer func() {
+			if ran.Load() {
+				a.settled <- struct{}{}
+			}
+		}()
 		return h(msg)
 	}
 }
