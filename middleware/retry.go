@@ -137,7 +137,7 @@ func (r *Retry) Delivered(msg *message.Message, attempt int) { r.r.delivered(msg
 // sends the retries of the messages it marks to queue(topic). A transport whose
 // subscribers name their queues in several ways (a queue per handler) calls it once
 // per way, and builds each way's subscribers with its own: the transport packages'
-// SubscriberConfigFor does. Each call is remembered until Close.
+// SubscriberConfigFor does. Each call is remembered as long as the Retry lives.
 func (r *Retry) DeliveredFor(queue func(topic string) string) func(msg *message.Message, attempt int) {
 	if queue == nil {
 		return r.Delivered

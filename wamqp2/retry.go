@@ -74,7 +74,7 @@ func (r *Retry) SubscriberConfig() amqp.Config { return r.configFor(nil) }
 //	},
 //
 // Give its subscribers' handlers this Retry's Middleware (router.AddMiddleware). The
-// Retry remembers each call until Close.
+// Retry remembers each call as long as it lives: call it once per subscriber.
 func (r *Retry) SubscriberConfigFor(generateName func(topic string) string) amqp.Config {
 	if generateName == nil {
 		generateName = r.sub.Queue.GenerateName

@@ -288,6 +288,7 @@ func MiswiredSubscriberIsRefusedAtSubscribe(t *testing.T, m Major) {
 			if err == nil {
 				t.Fatal("subscribed, want refused")
 			}
+			t.Log(err)
 			if !errors.Is(err, amqpretry.ErrNotWired) {
 				t.Errorf("error %v, want ErrNotWired", err)
 			}
