@@ -22,4 +22,5 @@ require (
 	github.com/oklog/ulid v1.3.1 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/sony/gobreaker v1.0.0 // indirect
+	google.golang.org/protobuf v1.36.8 // indirect
 )
