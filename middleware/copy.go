@@ -83,10 +83,11 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	}
 	var parkUntil time.Time
 	switch {
-	case requested > effective && caps.PastLongest == backend.Repark:
-		// A delay longer than the longest tier, the error's own (a server's
-		// Retry-After) or the policy's, is never cut short: the copy is re-parked when
-		// it comes back, until it is due. The policy's was logged once at start.
+	case caps.PastLongest == backend.Repark && (decided.Delay > 0 && requested > effective || requested > caps.Longest):
+		// A delay of the error's own (a server's Retry-After) is never cut short, nor
+		// is the policy's past the longest tier (within the ladder it takes the
+		// nearest tier): the copy is re-parked when it comes back, until it is due.
+		// The policy's was logged once at start.
 		parkUntil = time.Now().Add(requested)
 		if decided.Delay > 0 {
 			notice(e.cfg.Logger, "Delay asked for is longer than the longest tier: the retry is parked again until it is due",

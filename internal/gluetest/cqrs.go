@@ -58,10 +58,11 @@ func cqrsHandlersShareOneRetry(t *testing.T, m Major, backend delay.Backend) {
 	prefix := brokertest.Prefix(t)
 	handoffName, subName := prefix+".handoff", prefix+".sub"
 	s := Sub{URI: brokertest.URI(), Group: "bookings", Connection: &amqp.Config{Properties: amqp.Table{"connection_name": handoffName}}}
-	cfg := amqpretry.Config{Backend: backend, Prefix: prefix, Tiers: []time.Duration{500 * time.Millisecond}, Logger: Logger()}
+	cfg := amqpretry.Config{Backend: backend, Prefix: prefix, Tiers: []time.Duration{500 * time.Millisecond}, Policy: amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}}, Logger: Logger()}
 	if backend == delay.DelayedRetry {
 		need43(t)
 		s.QueueArgs, cfg.DelayedRetryDelay = quorum, 400*time.Millisecond
+		cfg.Policy = amqpretry.Policy{} // the queue's one delay
 	}
 	r := newRetry(t, m, s, cfg)
 	if got, want := r.(interface{ Config() amqpretry.Config }).Config().PoisonQueue, prefix+".poison"; got != want {

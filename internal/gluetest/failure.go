@@ -49,7 +49,7 @@ func RouterWideMiddlewaresOfTwoGroupsEachRetryTheirOwn(t *testing.T, m Major) {
 			recs := map[string]*recorder{}
 			for _, group := range groups {
 				retries[group] = newRetry(t, m, Sub{URI: brokertest.URI(), Group: group},
-					amqpretry.Config{Prefix: prefix, Tiers: []time.Duration{500 * time.Millisecond}, Logger: Logger()})
+					amqpretry.Config{Prefix: prefix, Tiers: []time.Duration{500 * time.Millisecond}, Policy: amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}}, Logger: Logger()})
 				recs[group] = newRecorder(failFirst(1))
 				brokertest.Cleanup(t, []string{topic + "_" + group}, nil)
 			}

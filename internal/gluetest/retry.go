@@ -177,7 +177,7 @@ func FanoutRetryReachesOnlyTheFailingQueue(t *testing.T, m Major) {
 	recs := map[string]*recorder{}
 	retries := map[string]Retry{}
 	for _, group := range []string{"billing", "shipping"} {
-		cfg := amqpretry.Config{Prefix: prefix, Tiers: []time.Duration{500 * time.Millisecond}, Logger: Logger()}
+		cfg := amqpretry.Config{Prefix: prefix, Tiers: []time.Duration{500 * time.Millisecond}, Policy: amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}}, Logger: Logger()}
 		r := newRetry(t, m, Sub{URI: brokertest.URI(), Group: group}, cfg)
 		recs[group] = newRecorder(failFirst(0))
 		if group == "billing" {
