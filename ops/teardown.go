@@ -197,7 +197,7 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 		res.Unsearched = append(res.Unsearched, o.names.TierQueues())
 	}
 	if len(res.Queues) == 0 && len(res.Exchanges) == 0 {
-		return res, fmt.Errorf("%w: no queue or exchange of the %s backend (nor of any other) under prefix %q (nothing removed); check the prefix and the backend (with its tiers or levels) against the configuration that declared them", ErrNothingToTearDown, o.retry.Backend, o.retry.Prefix)
+		return res, fmt.Errorf("%w: no queue or exchange of the %s backend, nor of any other, under prefix %q (nothing removed); check the prefix against the configuration that declared them", ErrNothingToTearDown, o.retry.Backend, o.retry.Prefix)
 	}
 	n, err := o.bindingsFound(t, res)
 	if err != nil {

@@ -468,10 +468,10 @@ func (a *app) printMove(w io.Writer, r ops.MoveResult, kind moveKind, opts ops.M
 			stays = "left waiting in " + m.DelayQueue
 		}
 		if m.Queue == "" {
-			printf("  %s, its queue is unknown (no envelope, no queue in its routing key): %s\n", stays, m.UUID)
+			printf("  %s, its queue is unknown (no envelope, no queue in its routing key): %s\n", stays, messageID(m))
 			continue
 		}
-		printf("  %s, queue %q does not exist: %s\n", stays, m.Queue, m.UUID)
+		printf("  %s, queue %q does not exist: %s\n", stays, m.Queue, messageID(m))
 	}
 	switch r.Stopped {
 	case "interrupted":
@@ -527,6 +527,14 @@ func about(m ops.Message) string {
 		return "no failure envelope"
 	}
 	return strings.Join(parts, ", ")
+}
+
+// messageID names m: its Watermill UUID, else its AMQP message id, else "-".
+func messageID(m ops.Message) string {
+	if m.UUID != "" {
+		return m.UUID
+	}
+	return orDash(m.MessageID)
 }
 
 func attempt(m ops.Message) string {

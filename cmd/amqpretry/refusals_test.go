@@ -118,7 +118,7 @@ func TestTeardownNothingThere(t *testing.T) {
 	prefix := brokertest.Prefix(t) // nothing declared under it
 	for _, dry := range []string{"--dry-run=false", "--dry-run"} {
 		code, out, errOut := runArgs("teardown", "--backend", "ttl-tiers", "--prefix", prefix, "--rabbitmqctl", "off", "--yes", dry)
-		if code != exitFailed || strings.Contains(out, "removed") || !strings.Contains(errOut, `nothing to remove: no queue or exchange of the ttl-tiers backend under prefix "`+prefix+`"`) {
+		if code != exitFailed || strings.Contains(out, "removed") || !strings.Contains(errOut, `nothing to remove: no queue or exchange of the ttl-tiers backend, nor of any other, under prefix "`+prefix+`"`) {
 			t.Errorf("teardown %s of an empty prefix (%d):\n%s%s", dry, code, out, errOut)
 		}
 	}
@@ -258,34 +258,42 @@ func TestPurgeAsksOnATerminal(t *testing.T) {
 		{"n", exitFailed, 2, "not confirmed: nothing changed"},
 		{"y", exitOK, 0, "purged 2 of 2 messages in " + poison},
 	} {
-		cmd := exec.Command(binary, append([]string{"poison", "purge", "--all"}, e.flags()...)...)
-		tty, err := pty.Start(cmd)
-		if err != nil {
-			t.Skipf("no pseudo-terminal here: %v", err)
+		code, out := onTerminal(t, tt.answer, append([]string{"poison", "purge", "--all"}, e.flags()...)...)
+		if !strings.Contains(out, "dry run: would purge 2 of 2 messages in "+poison) || !strings.Contains(out, "purge these 2 messages for good? [y/N] ") {
+			t.Errorf("before the question:\n%s", out)
 		}
-		var out lockedBuffer
-		copied := make(chan struct{})
-		go func() { _, _ = io.Copy(&out, tty); close(copied) }() // ends with EIO once the command exits
-		for deadline := time.Now().Add(time.Minute); !strings.Contains(out.String(), "[y/N] "); time.Sleep(20 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				_ = cmd.Process.Kill()
-				t.Fatalf("no question within a minute:\n%s", out.String())
-			}
-		}
-		if !strings.Contains(out.String(), "dry run: would purge 2 of 2 messages in "+poison) || !strings.Contains(out.String(), "purge these 2 messages for good? [y/N] ") {
-			t.Errorf("before the question:\n%s", out.String())
-		}
-		if _, err := tty.Write([]byte(tt.answer + "\n")); err != nil {
-			t.Fatal(err)
-		}
-		err = cmd.Wait()
-		<-copied
-		_ = tty.Close()
-		if code := cmd.ProcessState.ExitCode(); code != tt.code || !strings.Contains(out.String(), tt.out) {
-			t.Errorf("answer %q: exit %d (%v), want %d and %q:\n%s", tt.answer, code, err, tt.code, tt.out, out.String())
+		if code != tt.code || !strings.Contains(out, tt.out) {
+			t.Errorf("answer %q: exit %d, want %d and %q:\n%s", tt.answer, code, tt.code, tt.out, out)
 		}
 		if n := brokertest.QueueLength(t, poison); n != tt.left {
 			t.Errorf("answer %q: %d left in the poison queue, want %d", tt.answer, n, tt.left)
 		}
 	}
+}
+
+// onTerminal runs the command with args on a pseudo-terminal, answers its question
+// ("[y/N] ") with answer, and returns its exit status and everything it wrote there.
+func onTerminal(t *testing.T, answer string, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	tty, err := pty.Start(cmd)
+	if err != nil {
+		t.Skipf("no pseudo-terminal here: %v", err)
+	}
+	var out lockedBuffer
+	copied := make(chan struct{})
+	go func() { _, _ = io.Copy(&out, tty); close(copied) }() // ends with EIO once the command exits
+	for deadline := time.Now().Add(time.Minute); !strings.Contains(out.String(), "[y/N] "); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			t.Fatalf("no question within a minute:\n%s", out.String())
+		}
+	}
+	if _, err := tty.Write([]byte(answer + "\n")); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	<-copied
+	_ = tty.Close()
+	return cmd.ProcessState.ExitCode(), out.String()
 }
