@@ -272,7 +272,8 @@ func TestPurgeAsksOnATerminal(t *testing.T) {
 }
 
 // onTerminal runs the command with args on a pseudo-terminal, answers its question
-// ("[y/N] ") with answer, and returns its exit status and everything it wrote there.
+// ("[y/N] ") with answer, and returns its exit status and everything it wrote there
+// (without answering, when it ends without asking).
 func onTerminal(t *testing.T, answer string, args ...string) (int, string) {
 	t.Helper()
 	cmd := exec.Command(binary, args...)
@@ -284,6 +285,13 @@ func onTerminal(t *testing.T, answer string, args ...string) (int, string) {
 	copied := make(chan struct{})
 	go func() { _, _ = io.Copy(&out, tty); close(copied) }() // ends with EIO once the command exits
 	for deadline := time.Now().Add(time.Minute); !strings.Contains(out.String(), "[y/N] "); time.Sleep(20 * time.Millisecond) {
+		select {
+		case <-copied: // the command ended without asking
+			_ = cmd.Wait()
+			_ = tty.Close()
+			return cmd.ProcessState.ExitCode(), out.String()
+		default:
+		}
 		if time.Now().After(deadline) {
 			_ = cmd.Process.Kill()
 			t.Fatalf("no question within a minute:\n%s", out.String())

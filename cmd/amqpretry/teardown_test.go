@@ -86,7 +86,8 @@ func TestTeardownAsksOnATerminal(t *testing.T) {
 	tier := e.prefix + ".delay.1s"
 	args := append(append([]string{"teardown", "--backend", "ttl-tiers"}, ctl...), e.flags()...)
 	code, out := onTerminal(t, "n", args...)
-	if code != exitFailed || !strings.Contains(out, "dry run: would remove 2 queues, 2 exchanges") || !strings.Contains(out, "not confirmed: nothing changed") {
+	if code != exitFailed || !strings.Contains(out, "dry run: would remove 2 queues, 2 exchanges") || !strings.Contains(out, "remove these 2 queues and 2 exchanges for good? [y/N]") ||
+		!strings.Contains(out, "not confirmed: nothing changed") {
 		t.Errorf("answer n: exit %d:\n%s", code, out)
 	}
 	if !queueExists(t, tier) {
