@@ -165,7 +165,8 @@ func TestTeardownEveryBackend(t *testing.T) {
 		t.Error("teardown removed the work queue, or, without --shared, the poison or parking queue or exchange")
 	}
 	// Nothing of any backend is left; with --shared, the shared ones go too.
-	if code, out, errOut := e.run(append(teardown, "--json")...); code != exitFailed || !strings.Contains(out, "nothing to remove") {
+	if code, out, errOut := e.run(teardown...); code != exitFailed || !strings.Contains(errOut, "nothing to remove under prefix \""+e.prefix+"\": of what any backend declares there, only what stays was found (3") ||
+		!strings.Contains(out, "  left 3, shared by every backend under the prefix (--shared removes them): ") {
 		t.Errorf("a second teardown (%d):\n%s%s", code, out, errOut)
 	}
 	code, out, errOut = e.run(append(teardown, "--shared", "--json")...)

@@ -438,6 +438,7 @@ func (a *app) reportTeardown(r ops.TeardownResult, prefix string, err error) err
 	}
 	if err != nil {
 		a.printTeardownWaiting(a.stdout, r, false)
+		a.printLeft(a.stdout, r)
 		return err
 	}
 	a.printTeardown(a.stdout, r, prefix)
@@ -469,6 +470,12 @@ func (a *app) printTeardown(w io.Writer, r ops.TeardownResult, prefix string) {
 		}
 		a.printTeardownWaiting(w, r, !r.DryRun)
 	}
+	a.printLeft(w, r)
+}
+
+// printLeft prints, on w, what a teardown found and left, by reason, and what it could
+// not look for.
+func (a *app) printLeft(w io.Writer, r ops.TeardownResult) {
 	var whys []string
 	left := map[string][]string{}
 	for _, l := range r.Left {
