@@ -224,7 +224,9 @@ type MoveOptions struct {
 	// Limit: act on at most this many matching messages. Zero: no limit.
 	Limit int
 	// DryRun reports what would be done and changes nothing: every message is given
-	// back in its place.
+	// back in its place. A redrive's (and a retry now's) dry run checks each message's
+	// queue passively (queue.declare passive, nothing published), as the publish would
+	// find it: a message whose queue does not exist is in Unrouted, as in the run.
 	DryRun bool
 	// Rate: at most this many messages per second. Zero: as fast as confirms come.
 	Rate float64

@@ -312,7 +312,8 @@ the prefix shares, stay unless --shared; the output names what stayed and why.
 --backend must be given: teardown never guesses which backend is the old one.
 
 When the configuration in use now shares the prefix, name it with --keep-backend (and
---keep-tiers, --keep-levels, --keep-held-retries): what its plan declares stays.
+--keep-tiers, --keep-levels, --keep-held-retries): what its plan declares stays. Without
+it, teardown removes that storage too (refusing only while messages wait there).
 
 It counts and removes only what it finds; when it finds nothing under the prefix (a
 typo in --prefix) it says so and exits 1.
