@@ -42,6 +42,14 @@ func exchangeExists(t *testing.T, exchange string) bool {
 // shows the dry run and asks: any answer but yes removes nothing (exit 1); yes removes
 // what was shown.
 func TestTeardownAsks(t *testing.T) {
+	// The help says what happens, and that --force does not skip the question.
+	_, help, _ := runArgs("teardown", "--help")
+	for _, want := range []string{"Every teardown that removes something asks, --force or not, as a purge does", "any other answer\nchanges nothing (exit status 1)",
+		"refuses without --yes (exit status 2)", "--force only lifts that refusal:\nit asks like any other teardown"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("teardown --help lacks %q:\n%s", want, help)
+		}
+	}
 	ctl := ctlFlag(t)
 	e := newEnv(t, "orders")
 	e.apply()

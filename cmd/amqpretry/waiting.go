@@ -316,7 +316,7 @@ When the configuration in use now shares the prefix, name it with --keep-backend
 it, teardown removes that storage too (refusing only while messages wait there).
 
 It counts and removes only what it finds; when it finds nothing under the prefix (a
-typo in --prefix) it says so and exits 1.
+typo in --prefix), or only what stays, it says so and exits 1.
 
 It refuses, removing nothing (exit status 1), while any message waits there (the
 broker's own counts, rabbitmqctl list_queues, which see the expired messages a quorum
@@ -329,7 +329,10 @@ on the old configuration first: a retry parked between the count and the delete 
 be lost (quorum queues cannot be deleted "if empty"). --force only lifts that refusal:
 it asks like any other teardown.
 
-Every teardown that removes something asks first, as a purge does. ` + confirmHelp + `
+` + confirmHelp + `
+Every teardown that removes something asks, --force or not, as a purge does; confirmed,
+it removes what it showed and nothing found since (named as left).
+
 Its output names the first ` + fmt.Sprint(shownNames) + ` queues and exchanges of each list and how many
 more; --verbose names them all.
 
