@@ -102,10 +102,9 @@ const (
 // (rabbitmqctl list_queues: what a passive declare cannot see, the expired messages a
 // quorum queue holds for dead lettering), and, for a delayed-message exchange found,
 // the plugin's own count (rabbitmqctl eval); without them it cannot know and refuses.
-// Queues go first, then exchanges. Quorum
-// queues cannot be deleted "if empty": a retry parked into the old storage between the
-// count and the delete would be lost, so stop every application instance still running
-// the old configuration first.
+// Queues go first, then exchanges. Quorum queues cannot be deleted "if empty": a retry
+// parked into the old storage between the count and the delete would be lost, so stop
+// every application instance still running the old configuration first.
 func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResult, error) {
 	res := TeardownResult{Queues: []string{}, Exchanges: []string{}, Waiting: map[string]int{}, Left: []Left{}, Unsearched: []string{}, DryRun: opts.DryRun}
 	t, sealed, err := o.everyBackend()
