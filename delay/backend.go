@@ -32,9 +32,6 @@ type entry struct {
 	open func(s backend.Spec, env backend.Env, n names.Names) (backend.Backend, error)
 }
 
-// maxLevels: level 29 would hold messages 2^29 s, longer than maxTTL.
-const maxLevels = 29
-
 // maxTTL is the longest TTL RabbitMQ accepts (315,360,000,000 ms, ten years).
 const maxTTL = 315_360_000_000 * time.Millisecond
 

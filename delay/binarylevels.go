@@ -43,8 +43,8 @@ type binaryLevels struct {
 }
 
 func openBinaryLevels(s backend.Spec, env backend.Env, n names.Names) (backend.Backend, error) {
-	if s.Levels < 1 || s.Levels > maxLevels {
-		return nil, fmt.Errorf("Levels: %d is outside 1 to %d (a level holding 2^%d s would need a TTL longer than RabbitMQ's ten-year maximum)", s.Levels, maxLevels, maxLevels)
+	if s.Levels < 1 || s.Levels > backend.MaxLevels {
+		return nil, fmt.Errorf("Levels: %d is outside 1 to %d (a level holding 2^%d s would need a TTL longer than RabbitMQ's ten-year maximum)", s.Levels, backend.MaxLevels, backend.MaxLevels)
 	}
 	return &binaryLevels{env: env, names: n, levels: s.Levels}, nil
 }

@@ -12,13 +12,15 @@
 //   - List, Redrive (retry now), Purge on the retries waiting in the delay backend
 //     (Source Waiting), read without changing anything through Config.Rabbitmqctl
 //     (refused on delayed-exchange: its plugin offers no way; Status counts what it
-//     holds); Teardown of a backend's storage once nothing waits there, removing and
-//     counting only what it finds (docs/waiting.md).
+//     holds); Teardown of the storage every backend declared under the prefix once
+//     nothing waits there, removing and counting only what it finds, and naming what
+//     it left and why (TeardownResult.Left; docs/waiting.md).
 //   - List, Redrive, Purge on the poison and parking queues (Source), with a Filter.
 //     Redrive sends each message back to the queue it failed on through the library's
 //     confirmed hand-off and acks it only after the confirm: at-least-once, nothing
 //     lost. Messages that do not match, or whose queue is gone, stay in place and in
-//     order.
+//     order. A dry run of Redrive checks each queue passively, as the publish would
+//     find it, and reports the same unroutable messages (MoveResult.Unrouted).
 //
 // Reading a queue: AMQP 0-9-1 cannot browse, so List, Redrive and Purge take messages
 // with basic.get and hold them unacknowledged, then give back those they leave with one

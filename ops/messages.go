@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/internal/amqperr"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
@@ -223,7 +224,9 @@ type MoveOptions struct {
 	// Limit: act on at most this many matching messages. Zero: no limit.
 	Limit int
 	// DryRun reports what would be done and changes nothing: every message is given
-	// back in its place.
+	// back in its place. A redrive's (and a retry now's) dry run checks each message's
+	// queue passively (queue.declare passive, nothing published), as the publish would
+	// find it: a message whose queue does not exist is in Unrouted, as in the run.
 	DryRun bool
 	// Rate: at most this many messages per second. Zero: as fast as confirms come.
 	Rate float64
@@ -344,6 +347,7 @@ func (o *Ops) moveQueue(ctx context.Context, queue string, opts MoveOptions, red
 		}
 	}
 	now := time.Now()
+	routable := map[string]bool{} // a dry run's answers, by queue
 	for {
 		switch {
 		case ctx.Err() != nil:
@@ -380,6 +384,18 @@ func (o *Ops) moveQueue(ctx context.Context, queue string, opts MoveOptions, red
 		res.Matched++
 		if opts.DryRun {
 			sc.hold(d)
+			if redrive {
+				ok, err := o.routable(m.Queue, routable)
+				if err != nil {
+					return res, fmt.Errorf("%s message %s (dry run): %w", verb, m.UUID, err)
+				}
+				if !ok {
+					res.Unroutable++
+					res.Unrouted = append(res.Unrouted, m)
+					report()
+					continue
+				}
+			}
 			res.Messages = append(res.Messages, m)
 			report()
 			continue
@@ -411,6 +427,29 @@ func (o *Ops) moveQueue(ctx context.Context, queue string, opts MoveOptions, red
 		res.Messages = append(res.Messages, m)
 		report()
 	}
+}
+
+// routable tells whether a redrive's publish to queue (the default exchange, with the
+// queue as routing key, mandatory) would be routed, as send's would: the queue exists.
+// It asks passively (queue.declare passive), publishing nothing, once per queue
+// (answers keeps the answers). A queue that is unknown ("") is not routable.
+func (o *Ops) routable(queue string, answers map[string]bool) (bool, error) {
+	if queue == "" {
+		return false, nil
+	}
+	if ok, known := answers[queue]; known {
+		return ok, nil
+	}
+	_, ok, err := o.inspect(queue)
+	if err != nil && amqperr.IsCode(err, amqp.ResourceLocked) {
+		// Exclusive to another connection: declaring is refused, routing is not.
+		ok, err = true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	answers[queue] = ok
+	return ok, nil
 }
 
 var errNoQueue = errors.New("the queue to send it to is unknown: no envelope, and no queue in its routing key")

@@ -401,6 +401,40 @@ func TestRedriveDryRunChangesNothing(t *testing.T) {
 	}
 }
 
+// TestRedriveDryRunUnroutable (issue 43): a dry run of a redrive towards a deleted
+// queue counted the messages as redriven; the run leaves them (unroutable). The dry
+// run checks each queue passively, as the run's publish would find it, and reports
+// the same: the message is in Unrouted, not in Messages.
+func TestRedriveDryRunUnroutable(t *testing.T) {
+	r := newRig(t, "orders", "billing")
+	r.apply()
+	r.poison(poisoned{uuid: "o-1", queue: r.queues[0], reason: amqpretry.ReasonMaxAttempts, err: "e", attempt: 5})
+	r.poison(poisoned{uuid: "b-1", queue: r.queues[1], reason: amqpretry.ReasonMaxAttempts, err: "e", attempt: 5})
+	r.poison(poisoned{uuid: "b-2", queue: r.queues[1], reason: amqpretry.ReasonMaxAttempts, err: "e", attempt: 5})
+	ch, err := brokertest.Dial(t).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if _, err := ch.QueueDelete(r.queues[1], false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	uuids := func(ms []ops.Message) []string {
+		var out []string
+		for _, m := range ms {
+			out = append(out, m.UUID)
+		}
+		return out
+	}
+	for _, dry := range []bool{true, false} {
+		res, err := r.ops.Redrive(context.Background(), ops.Poison, ops.MoveOptions{DryRun: dry})
+		if err != nil || res.Matched != 3 || res.Unroutable != 2 || !slices.Equal(uuids(res.Unrouted), []string{"b-1", "b-2"}) ||
+			!slices.Equal(uuids(res.Messages), []string{"o-1"}) {
+			t.Errorf("redrive (dry run %v) towards a deleted queue: %v %+v", dry, err, res)
+		}
+	}
+}
+
 func TestRedrivePoison(t *testing.T) {
 	r := newRig(t, "orders", "billing")
 	r.apply()

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -24,6 +26,10 @@ type TeardownOptions struct {
 	DryRun bool
 	// Force removes even while messages wait there: they are lost.
 	Force bool
+	// Only, when not nil, names the queues and exchanges that may be removed: what a
+	// dry run showed and the user confirmed. Anything else found stays, in
+	// TeardownResult.Left.
+	Only []string
 }
 
 // ErrNothingToTearDown is wrapped by Teardown's error when nothing the backend
@@ -43,35 +49,67 @@ type TeardownResult struct {
 	// Waiting counts the messages each queue (or the delayed-message plugin, by its
 	// exchange) holds, all of them: ready, unacked, and those held for dead lettering.
 	Waiting map[string]int `json:"waiting"`
+	// Left names what Teardown found under the prefix and left there, and why: what
+	// TeardownOptions.Keep names, the parking exchange and queue and the poison queue
+	// without TeardownOptions.Shared, and what TeardownOptions.Only leaves out.
+	Left []Left `json:"left"`
+	// Unsearched are the names, as patterns, Teardown could not look for: without
+	// Config.Rabbitmqctl, the delay queues of ttl-tiers tiers other than the
+	// configured and the default ones, which only a listing finds.
+	Unsearched []string `json:"unsearched"`
 	// DryRun: nothing was removed.
 	DryRun bool `json:"dry_run"`
 }
 
-// Teardown removes the broker side of the backend Config.Retry describes, under its
-// prefix: its delay queues and exchanges, its delivery exchange and the bindings that
-// go with them (the old storage after a change of Backend, Tiers, Levels or Prefix),
-// and, with Config.Rabbitmqctl, every other delay queue found under the prefix. What
-// opts.Keep names stays; the parking and poison queues stay unless opts.Shared. Work
-// queues are never removed.
+// Left is a queue or exchange Teardown found and left, and why.
+type Left struct {
+	Name string `json:"name"`
+	Kind string `json:"kind"` // "queue" or "exchange"
+	// Why: LeftKept, LeftShared or LeftNotShown.
+	Why string `json:"why"`
+}
+
+// Values of Left.Why.
+const (
+	// LeftKept: TeardownOptions.Keep names it (in use).
+	LeftKept = "kept"
+	// LeftShared: every backend under the prefix shares it (the parking exchange and
+	// queue, the poison queue); TeardownOptions.Shared removes it.
+	LeftShared = "shared"
+	// LeftNotShown: TeardownOptions.Only does not name it (not shown at the
+	// confirmation: it appeared since).
+	LeftNotShown = "not shown"
+)
+
+// Teardown removes the broker side of the backends under the prefix of Config.Retry:
+// the delay queues and exchanges, delivery exchanges and the bindings that go with
+// them of the backend Config.Retry describes (with its Tiers or Levels) and of every
+// other backend, whatever it was configured with (binary-levels' levels, up to the
+// most it can have; the delayed-exchange backend's exchange), so that one teardown
+// removes the old storage after any change of Backend, Tiers, Levels or Prefix. The
+// delay queues of ttl-tiers tiers other than the configured and default ones are found
+// only by a listing, with Config.Rabbitmqctl; without it TeardownResult.Unsearched says
+// so. What opts.Keep names stays; the parking exchange and queue and the poison queue
+// stay unless opts.Shared; TeardownResult.Left names what stayed, and why. Work queues
+// are never removed.
 //
 // It counts and removes only what it finds on the broker; when it finds nothing under
-// the prefix (a typo in it, another backend, storage already removed) it fails,
-// saying so ("teardown: nothing to remove").
+// the prefix (a typo in it, storage already removed) it fails, saying so
+// ("teardown: nothing to remove").
 //
 // It refuses ("teardown refused"), removing nothing, while anything waits there,
 // unless opts.Force: the broker's own counts are read with Config.Rabbitmqctl
 // (rabbitmqctl list_queues: what a passive declare cannot see, the expired messages a
-// quorum queue holds for dead lettering), and, for delayed-exchange, the plugin's own
-// count (rabbitmqctl eval); without them it cannot know and refuses. Queues go first, then exchanges. Quorum
-// queues cannot be deleted "if empty": a retry parked into the old storage between the
-// count and the delete would be lost, so stop every application instance still running
-// the old configuration first.
+// quorum queue holds for dead lettering), and, for a delayed-message exchange found,
+// the plugin's own count (rabbitmqctl eval); without them it cannot know and refuses.
+// Queues go first, then exchanges. Quorum queues cannot be deleted "if empty": a retry
+// parked into the old storage between the count and the delete would be lost, so stop
+// every application instance still running the old configuration first.
 func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResult, error) {
-	res := TeardownResult{Queues: []string{}, Exchanges: []string{}, Waiting: map[string]int{}, DryRun: opts.DryRun}
-	t := o.backend.Topology()
-	keep := func(name string, kept []string) bool {
-		return slices.Contains(kept, name) ||
-			!opts.Shared && (name == o.names.Parking() || name == o.retry.PoisonQueue)
+	res := TeardownResult{Queues: []string{}, Exchanges: []string{}, Waiting: map[string]int{}, Left: []Left{}, Unsearched: []string{}, DryRun: opts.DryRun}
+	t, sealed, err := o.everyBackend()
+	if err != nil {
+		return res, err
 	}
 	var keptQ, keptX []string
 	for _, q := range opts.Keep.Queues {
@@ -80,13 +118,26 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 	for _, x := range opts.Keep.Exchanges {
 		keptX = append(keptX, x.Name)
 	}
+	// left names why name stays, or "" when it goes.
+	left := func(name string, kept []string) string {
+		switch {
+		case slices.Contains(kept, name):
+			return LeftKept
+		case !opts.Shared && (name == o.names.Parking() || name == o.retry.PoisonQueue):
+			return LeftShared
+		case opts.Only != nil && !slices.Contains(opts.Only, name):
+			return LeftNotShown
+		}
+		return ""
+	}
+	var candQ, candX []string // what may be there, each once, in plan order
 	for _, q := range t.Queues {
-		if !keep(q.Name, keptQ) {
-			res.Queues = append(res.Queues, q.Name)
+		if !slices.Contains(candQ, q.Name) {
+			candQ = append(candQ, q.Name)
 		}
 	}
-	if opts.Shared && !slices.Contains(res.Queues, o.retry.PoisonQueue) && !slices.Contains(keptQ, o.retry.PoisonQueue) {
-		res.Queues = append(res.Queues, o.retry.PoisonQueue)
+	if !slices.Contains(candQ, o.retry.PoisonQueue) {
+		candQ = append(candQ, o.retry.PoisonQueue)
 	}
 	if o.ctl != nil {
 		found, _, err := o.peekAll(ctx, 0)
@@ -94,33 +145,34 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 			return res, err
 		}
 		for _, q := range found {
-			if !slices.Contains(res.Queues, q) && !keep(q, keptQ) {
-				res.Queues = append(res.Queues, q)
+			if !slices.Contains(candQ, q) {
+				candQ = append(candQ, q)
 			}
 		}
 	}
 	for _, x := range t.Exchanges {
-		if !keep(x.Name, keptX) {
-			res.Exchanges = append(res.Exchanges, x.Name)
+		if !slices.Contains(candX, x.Name) {
+			candX = append(candX, x.Name)
 		}
 	}
 
-	// What is there: only that is removed.
+	// What is there: only that is removed, or named as left.
 	ready := map[string]int{} // what a passive declare sees
-	present := []string{}
-	for _, q := range res.Queues {
+	for _, q := range candQ {
 		declared, exists, err := o.inspect(q)
 		if err != nil {
 			return res, err
 		}
-		if exists {
-			present = append(present, q)
+		switch {
+		case !exists:
+		case left(q, keptQ) != "":
+			res.Left = append(res.Left, Left{Name: q, Kind: "queue", Why: left(q, keptQ)})
+		default:
+			res.Queues = append(res.Queues, q)
 			ready[q] = declared.Messages
 		}
 	}
-	res.Queues = present
-	presentX := []string{}
-	for _, x := range res.Exchanges {
+	for _, x := range candX {
 		kind := ""
 		for _, tx := range t.Exchanges {
 			if tx.Name == x {
@@ -131,13 +183,23 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 		if err != nil {
 			return res, err
 		}
-		if ok {
-			presentX = append(presentX, x)
+		switch {
+		case !ok:
+		case left(x, keptX) != "":
+			res.Left = append(res.Left, Left{Name: x, Kind: "exchange", Why: left(x, keptX)})
+		default:
+			res.Exchanges = append(res.Exchanges, x)
 		}
 	}
-	res.Exchanges = presentX
+	if o.ctl == nil {
+		// Without a listing, only the configured and the default tiers are looked for.
+		res.Unsearched = append(res.Unsearched, o.names.TierQueues())
+	}
 	if len(res.Queues) == 0 && len(res.Exchanges) == 0 {
-		return res, fmt.Errorf("%w: no queue or exchange of the %s backend under prefix %q (nothing removed); check the prefix and the backend (with its tiers or levels) against the configuration that declared them", ErrNothingToTearDown, o.retry.Backend, o.retry.Prefix)
+		if len(res.Left) > 0 {
+			return res, fmt.Errorf("%w under prefix %q: of what any backend declares there, only what stays was found (%d, TeardownResult.Left: shared by every backend, or kept); the shared ones go with Shared (the CLI's --shared)", ErrNothingToTearDown, o.retry.Prefix, len(res.Left))
+		}
+		return res, fmt.Errorf("%w: no queue or exchange of the %s backend, nor of any other, under prefix %q (nothing removed); check the prefix against the configuration that declared them", ErrNothingToTearDown, o.retry.Backend, o.retry.Prefix)
 	}
 	n, err := o.bindingsFound(t, res)
 	if err != nil {
@@ -164,25 +226,34 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 			res.Waiting[q] = n
 		}
 	}
-	if o.backend.Caps().Sealed && slices.Contains(res.Exchanges, o.names.Delayed()) {
-		n, err := o.pluginWaiting(ctx)
+	for _, x := range res.Exchanges {
+		if !slices.Contains(sealed, x) {
+			continue
+		}
+		n, err := o.pluginWaitingIn(ctx, x)
 		switch {
 		case err != nil:
 			unknown = append(unknown, err)
 		case n > 0:
-			res.Waiting[o.names.Delayed()] = n
+			res.Waiting[x] = n
 		}
 	}
 
 	if !opts.Force {
 		if len(res.Waiting) > 0 {
 			var parts []string
+			total, inPlugin := 0, false
 			for _, name := range append(slices.Clone(res.Queues), res.Exchanges...) {
 				if n, ok := res.Waiting[name]; ok {
 					parts = append(parts, name+": "+strconv.Itoa(n))
+					total += n
+					inPlugin = inPlugin || slices.Contains(sealed, name)
 				}
 			}
-			return res, fmt.Errorf("teardown refused: messages wait in %s; %s, or force it (they are lost)", strings.Join(parts, ", "), o.waitAdvice())
+			if len(parts) > shownWaiting {
+				parts = append(parts[:shownWaiting], fmt.Sprintf("and %d more (%d messages in all)", len(parts)-shownWaiting, total))
+			}
+			return res, fmt.Errorf("teardown refused: messages wait in %s; %s, or force it (they are lost)", strings.Join(parts, ", "), waitAdvice(inPlugin))
 		}
 		if len(unknown) > 0 {
 			return res, fmt.Errorf("teardown refused: what waits there is unknown: %w; force it to remove them anyway", errors.Join(unknown...))
@@ -211,10 +282,55 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 	return res, nil
 }
 
-// waitAdvice says what to do about the messages waiting in the storage of the backend
-// torn down, short of forcing it.
-func (o *Ops) waitAdvice() string {
-	if o.backend.Caps().Sealed {
+// everyBackend is what every backend with storage on the broker declares under the
+// prefix: the configured backend's plan first, then each other backend's at its
+// widest (binary-levels with backend.MaxLevels levels, ttl-tiers with the configured
+// tiers, or the default ones); sealed names the exchanges of a backend whose messages
+// only its plugin counts (Caps.Sealed).
+func (o *Ops) everyBackend() (t topology.Topology, sealed []string, err error) {
+	add := func(b backend.Backend) {
+		bt := b.Topology()
+		t.Queues = append(t.Queues, bt.Queues...)
+		t.Exchanges = append(t.Exchanges, bt.Exchanges...)
+		for _, nb := range bt.Bindings {
+			// The same binding in two plans (a tier of the configured and the default
+			// ladders) is one binding.
+			if !slices.ContainsFunc(t.Bindings, func(b topology.Binding) bool {
+				return b.Exchange == nb.Exchange && b.Destination == nb.Destination && b.Key == nb.Key && b.ToExchange == nb.ToExchange
+			}) {
+				t.Bindings = append(t.Bindings, nb)
+			}
+		}
+		if b.Caps().Sealed {
+			for _, x := range bt.Exchanges {
+				sealed = append(sealed, x.Name)
+			}
+		}
+	}
+	add(o.backend)
+	configured := o.retry.Derived().Backend
+	for _, name := range delay.Backends() {
+		spec := configured
+		spec.Name, spec.Levels = string(name), backend.MaxLevels
+		b, err := delay.Lookup(spec)
+		if err != nil {
+			return t, nil, fmt.Errorf("teardown: the names the %s backend declares under prefix %q: %w", name, o.retry.Prefix, err)
+		}
+		if !b.Caps().InProcess {
+			add(b)
+		}
+	}
+	return t, sealed, nil
+}
+
+// shownWaiting is how many of the places where messages wait a refusal names (the
+// result's Waiting has them all).
+const shownWaiting = 3
+
+// waitAdvice says what to do about the messages waiting in the storage torn down,
+// short of forcing it: inPlugin, some wait in the delayed-message plugin (Caps.Sealed).
+func waitAdvice(inPlugin bool) string {
+	if inPlugin {
 		// The plugin cannot give its messages back early: waiting is all there is.
 		return "wait until the plugin's count reaches 0 as they come due (watch it with `amqpretry status --backend delayed-exchange`; the plugin offers no way to bring them back early)"
 	}
@@ -321,7 +437,12 @@ var errPluginCount = errors.New("the delayed-message plugin's count of waiting m
 // pluginWaiting is how many messages the delayed-message plugin holds for the
 // backend's exchange, as the plugin itself reports; never a guess.
 func (o *Ops) pluginWaiting(ctx context.Context) (int, error) {
-	x := o.names.Delayed()
+	return o.pluginWaitingIn(ctx, o.names.Delayed())
+}
+
+// pluginWaitingIn is how many messages the delayed-message plugin holds for exchange
+// x, as the plugin itself reports.
+func (o *Ops) pluginWaitingIn(ctx context.Context, x string) (int, error) {
 	if o.ctl == nil {
 		return 0, fmt.Errorf("%w for exchange %q is unknown: reading it needs rabbitmqctl eval (Config.Rabbitmqctl; the CLI's --rabbitmqctl)", errPluginCount, x)
 	}

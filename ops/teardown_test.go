@@ -148,7 +148,7 @@ func TestTeardownCountsOnlyWhatItFinds(t *testing.T) {
 	r := newRigWith(t, amqpretry.Config{}) // the default ladder: 34 tiers, nothing declared
 	for _, dry := range []bool{true, false} {
 		res, err := r.ops.Teardown(context.Background(), ops.TeardownOptions{DryRun: dry, Force: true})
-		if err == nil || !strings.Contains(err.Error(), `teardown: nothing to remove: no queue or exchange of the ttl-tiers backend under prefix "`+r.prefix+`"`) ||
+		if err == nil || !strings.Contains(err.Error(), `teardown: nothing to remove: no queue or exchange of the ttl-tiers backend, nor of any other, under prefix "`+r.prefix+`"`) ||
 			res.Bindings != 0 || len(res.Queues) != 0 || len(res.Exchanges) != 0 {
 			t.Errorf("teardown (dry run %v) of a prefix with nothing declared: %v %+v", dry, err, res)
 		}
@@ -162,6 +162,24 @@ func TestTeardownCountsOnlyWhatItFinds(t *testing.T) {
 	// The delay exchange's binding to the tier queue; the parking exchange and queue stay.
 	if err != nil || !slices.Equal(res.Queues, []string{tier}) || len(res.Exchanges) != 2 || res.Bindings != 1 {
 		t.Fatalf("dry run: %v %+v", err, res)
+	}
+	// Issue 43: what it found and left is named, and why; without rabbitmqctl, what it
+	// could not look for.
+	shared := []ops.Left{
+		{Name: r.prefix + ".parking", Kind: "queue", Why: ops.LeftShared},
+		{Name: r.prefix + ".poison", Kind: "queue", Why: ops.LeftShared},
+		{Name: r.prefix + ".parking", Kind: "exchange", Why: ops.LeftShared},
+	}
+	if !slices.Equal(res.Left, shared) || !slices.Equal(res.Unsearched, []string{r.prefix + ".delay.*"}) {
+		t.Errorf("dry run: left %+v, unsearched %v", res.Left, res.Unsearched)
+	}
+	// Only what Only names goes (what a confirmation showed): the rest is left, named.
+	only := opts
+	only.Only = []string{tier}
+	res, err = r.ops.Teardown(context.Background(), only)
+	if err != nil || !slices.Equal(res.Queues, []string{tier}) || len(res.Exchanges) != 0 ||
+		len(res.Left) != 5 || res.Left[3].Why != ops.LeftNotShown || res.Left[4].Why != ops.LeftNotShown {
+		t.Errorf("dry run with Only: %v %+v", err, res)
 	}
 	ch, err := brokertest.Dial(t).Channel()
 	if err != nil {

@@ -267,13 +267,28 @@ func TestParkedOutput(t *testing.T) {
 	if code != exitOK || !regexp.MustCompile(`\s`+regexp.QuoteMeta(gone)+`\s+-\s+-\s+-\n`).MatchString(out) {
 		t.Errorf("parking list (%d):\n%s", code, out)
 	}
+	// Issue 43: the dry run said it would redrive it; it checks the queue as the run
+	// does (passively) and says the message would stay, exiting as the run does.
+	for _, dry := range []string{"--dry-run", "--dry-run=false"} {
+		code, out, _ = e.run("parking", "redrive", dry)
+		if code != exitFailed || !strings.Contains(out, " of 1 messages in "+e.prefix+".parking (1 scanned, 0 not matching, 1 unroutable)") ||
+			!strings.Contains(out, `  left in place, queue "`+gone+`" does not exist: scheduled-1`) {
+			t.Errorf("parking redrive %s to a missing queue (%d):\n%s", dry, code, out)
+		}
+	}
+	if !strings.Contains(out, "redriven 0 of 1") {
+		t.Errorf("parking redrive to a missing queue:\n%s", out)
+	}
+	brokertest.Cleanup(t, []string{gone}, nil)
+	if _, err := ch.QueueDeclare(gone, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
 	code, out, _ = e.run("parking", "redrive", "--dry-run")
-	if code != exitOK || !strings.Contains(out, " -> "+gone+" (no failure envelope)") || strings.Contains(out, "(: )") {
+	if code != exitOK || !strings.Contains(out, "dry run: would redrive 1 of 1 messages") || !strings.Contains(out, " -> "+gone+" (no failure envelope)") || strings.Contains(out, "(: )") {
 		t.Errorf("parking redrive --dry-run (%d):\n%s", code, out)
 	}
-	code, out, _ = e.run("parking", "redrive")
-	if code != exitFailed || !strings.Contains(out, `left in place, queue "`+gone+`" does not exist`) {
-		t.Errorf("parking redrive to a missing queue (%d):\n%s", code, out)
+	if _, err := ch.QueueDelete(gone, false, false, false); err != nil {
+		t.Fatal(err)
 	}
 	code, out, _ = e.run("status", "--rabbitmqctl", "off")
 	if code != exitFailed || !strings.Contains(out, "PARKED 1 messages in "+e.prefix+".parking") {

@@ -277,7 +277,10 @@ func (a *app) moveCmd(source ops.Source, purge bool) *cobra.Command {
 	long := `redrive sends each matching message back to the queue it failed on (for a retry in the
 parking queue, the queue it was due back to) through the library's confirmed hand-off: persistent,
 mandatory, confirm awaited, and only then acked here: at-least-once, nothing lost. A
-message whose queue does not exist stays where it is, reported (exit status 1). Killed
+message whose queue does not exist stays where it is, reported (exit status 1).
+--dry-run checks each queue the same way, passively (a passive queue.declare, nothing
+published): it reports the messages the run would leave, and why, with the run's exit
+status. Killed
 mid-run, a message is back on its queue or still here (the one whose confirm arrived
 just before the kill may be in both); Ctrl-C stops between two messages.`
 	if source == ops.Parking {
@@ -434,7 +437,7 @@ func (a *app) printMove(w io.Writer, r ops.MoveResult, kind moveKind, opts ops.M
 	if kind.source == ops.Waiting {
 		where := "no delay queue"
 		if len(r.DelayQueues) > 0 {
-			where = strings.Join(r.DelayQueues, ", ")
+			where = a.nameList(r.DelayQueues)
 		}
 		work := "their work queues"
 		if opts.Queue != "" {
@@ -450,8 +453,13 @@ func (a *app) printMove(w io.Writer, r ops.MoveResult, kind moveKind, opts ops.M
 		from = "in " + from
 	}
 	if r.DryRun {
-		printf("dry run: would %s %d of %d %s %s (%d scanned, %d not matching); nothing changed\n",
-			kind.verb(), r.Matched, r.Depth, kind.noun(), from, r.Scanned, r.Skipped)
+		unroutable := ""
+		if !kind.purge {
+			// As the run would: a message whose queue does not exist stays (routable).
+			unroutable = fmt.Sprintf(", %d unroutable", r.Unroutable)
+		}
+		printf("dry run: would %s %d of %d %s %s (%d scanned, %d not matching%s); nothing changed\n",
+			kind.verb(), r.Matched-r.Unroutable, r.Depth, kind.noun(), from, r.Scanned, r.Skipped, unroutable)
 		for _, m := range r.Messages {
 			printf("  %s\n", moveLine(m, kind))
 		}
@@ -465,16 +473,16 @@ func (a *app) printMove(w io.Writer, r ops.MoveResult, kind moveKind, opts ops.M
 			stays = "left waiting in " + m.DelayQueue
 		}
 		if m.Queue == "" {
-			printf("  %s, its queue is unknown (no envelope, no queue in its routing key): %s\n", stays, m.UUID)
+			printf("  %s, its queue is unknown (no envelope, no queue in its routing key): %s\n", stays, messageID(m))
 			continue
 		}
-		printf("  %s, queue %q does not exist: %s\n", stays, m.Queue, m.UUID)
+		printf("  %s, queue %q does not exist: %s\n", stays, m.Queue, messageID(m))
 	}
 	switch r.Stopped {
 	case "interrupted":
 		rest := r.Queue
 		if kind.source == ops.Waiting {
-			rest = strings.Join(r.DelayQueues, ", ")
+			rest = a.nameList(r.DelayQueues)
 		}
 		printf("interrupted: stopped between two messages; the rest is still in %s\n", rest)
 	case "window":
@@ -524,6 +532,14 @@ func about(m ops.Message) string {
 		return "no failure envelope"
 	}
 	return strings.Join(parts, ", ")
+}
+
+// messageID names m: its Watermill UUID, else its AMQP message id, else "-".
+func messageID(m ops.Message) string {
+	if m.UUID != "" {
+		return m.UUID
+	}
+	return orDash(m.MessageID)
 }
 
 func attempt(m ops.Message) string {

@@ -66,7 +66,7 @@ func TestDestructiveMovesAsk(t *testing.T) {
 	}
 	code, out, errOut = in(true, "\n", teardown...)
 	if code != exitFailed || !strings.Contains(errOut, "dry run: would remove 2 queues, 2 exchanges, 2 bindings under prefix "+e.prefix) ||
-		!strings.Contains(errOut, "remove these 2 queues and 2 exchanges, and the 0 messages waiting there, for good? [y/N]") {
+		!strings.Contains(errOut, "remove these 2 queues and 2 exchanges for good? [y/N]") {
 		t.Errorf("teardown --force declined (%d):\n%s%s", code, out, errOut)
 	}
 	if brokertest.QueueLength(t, e.prefix+".delay.1s") != 0 || !queueExists(t, e.prefix+".delay.1s") {
@@ -117,12 +117,12 @@ func TestTeardownNothingThere(t *testing.T) {
 	t.Setenv(uriEnv, brokertest.URI())
 	prefix := brokertest.Prefix(t) // nothing declared under it
 	for _, dry := range []string{"--dry-run=false", "--dry-run"} {
-		code, out, errOut := runArgs("teardown", "--backend", "ttl-tiers", "--prefix", prefix, "--rabbitmqctl", "off", dry)
-		if code != exitFailed || strings.Contains(out, "removed") || !strings.Contains(errOut, `nothing to remove: no queue or exchange of the ttl-tiers backend under prefix "`+prefix+`"`) {
+		code, out, errOut := runArgs("teardown", "--backend", "ttl-tiers", "--prefix", prefix, "--rabbitmqctl", "off", "--yes", dry)
+		if code != exitFailed || strings.Contains(out, "removed") || !strings.Contains(errOut, `nothing to remove: no queue or exchange of the ttl-tiers backend, nor of any other, under prefix "`+prefix+`"`) {
 			t.Errorf("teardown %s of an empty prefix (%d):\n%s%s", dry, code, out, errOut)
 		}
 	}
-	code, out, errOut := runArgs("teardown", "--backend", "ttl-tiers", "--prefix", prefix, "--rabbitmqctl", "off", "--json")
+	code, out, errOut := runArgs("teardown", "--backend", "ttl-tiers", "--prefix", prefix, "--rabbitmqctl", "off", "--yes", "--json")
 	var v struct {
 		Queues    []string `json:"queues"`
 		Exchanges []string `json:"exchanges"`
@@ -224,8 +224,8 @@ func TestDelayedExchangeWithPlugin(t *testing.T) {
 	if code, out, errOut := run("waiting", "list"); code != exitFailed || !strings.Contains(errOut, "3 wait there now") {
 		t.Errorf("waiting list (%d):\n%s%s", code, out, errOut)
 	}
-	code, out, errOut := run("teardown")
-	if code != exitFailed || !strings.Contains(errOut, "plugin's count reaches 0") || strings.Contains(errOut, "retry-now") || !strings.Contains(out, e.prefix+".delayed: 3 messages waiting") {
+	code, out, errOut := run("teardown", "--yes")
+	if code != exitFailed || !strings.Contains(errOut, "plugin's count reaches 0") || strings.Contains(errOut, "retry-now") || !strings.Contains(out, "3 messages waiting, in "+e.prefix+".delayed: 3") {
 		t.Errorf("teardown while 3 wait in the plugin (%d):\n%s%s", code, out, errOut)
 	}
 }
@@ -258,34 +258,50 @@ func TestPurgeAsksOnATerminal(t *testing.T) {
 		{"n", exitFailed, 2, "not confirmed: nothing changed"},
 		{"y", exitOK, 0, "purged 2 of 2 messages in " + poison},
 	} {
-		cmd := exec.Command(binary, append([]string{"poison", "purge", "--all"}, e.flags()...)...)
-		tty, err := pty.Start(cmd)
-		if err != nil {
-			t.Skipf("no pseudo-terminal here: %v", err)
+		code, out := onTerminal(t, tt.answer, append([]string{"poison", "purge", "--all"}, e.flags()...)...)
+		if !strings.Contains(out, "dry run: would purge 2 of 2 messages in "+poison) || !strings.Contains(out, "purge these 2 messages for good? [y/N] ") {
+			t.Errorf("before the question:\n%s", out)
 		}
-		var out lockedBuffer
-		copied := make(chan struct{})
-		go func() { _, _ = io.Copy(&out, tty); close(copied) }() // ends with EIO once the command exits
-		for deadline := time.Now().Add(time.Minute); !strings.Contains(out.String(), "[y/N] "); time.Sleep(20 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				_ = cmd.Process.Kill()
-				t.Fatalf("no question within a minute:\n%s", out.String())
-			}
-		}
-		if !strings.Contains(out.String(), "dry run: would purge 2 of 2 messages in "+poison) || !strings.Contains(out.String(), "purge these 2 messages for good? [y/N] ") {
-			t.Errorf("before the question:\n%s", out.String())
-		}
-		if _, err := tty.Write([]byte(tt.answer + "\n")); err != nil {
-			t.Fatal(err)
-		}
-		err = cmd.Wait()
-		<-copied
-		_ = tty.Close()
-		if code := cmd.ProcessState.ExitCode(); code != tt.code || !strings.Contains(out.String(), tt.out) {
-			t.Errorf("answer %q: exit %d (%v), want %d and %q:\n%s", tt.answer, code, err, tt.code, tt.out, out.String())
+		if code != tt.code || !strings.Contains(out, tt.out) {
+			t.Errorf("answer %q: exit %d, want %d and %q:\n%s", tt.answer, code, tt.code, tt.out, out)
 		}
 		if n := brokertest.QueueLength(t, poison); n != tt.left {
 			t.Errorf("answer %q: %d left in the poison queue, want %d", tt.answer, n, tt.left)
 		}
 	}
+}
+
+// onTerminal runs the command with args on a pseudo-terminal, answers its question
+// ("[y/N] ") with answer, and returns its exit status and everything it wrote there
+// (without answering, when it ends without asking).
+func onTerminal(t *testing.T, answer string, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	tty, err := pty.Start(cmd)
+	if err != nil {
+		t.Skipf("no pseudo-terminal here: %v", err)
+	}
+	var out lockedBuffer
+	copied := make(chan struct{})
+	go func() { _, _ = io.Copy(&out, tty); close(copied) }() // ends with EIO once the command exits
+	for deadline := time.Now().Add(time.Minute); !strings.Contains(out.String(), "[y/N] "); time.Sleep(20 * time.Millisecond) {
+		select {
+		case <-copied: // the command ended without asking
+			_ = cmd.Wait()
+			_ = tty.Close()
+			return cmd.ProcessState.ExitCode(), out.String()
+		default:
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			t.Fatalf("no question within a minute:\n%s", out.String())
+		}
+	}
+	if _, err := tty.Write([]byte(answer + "\n")); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	<-copied
+	_ = tty.Close()
+	return cmd.ProcessState.ExitCode(), out.String()
 }

@@ -32,6 +32,7 @@ type app struct {
 	terminal bool
 
 	json        bool
+	verbose     bool // --verbose, where a command has it: every name listed
 	backend     string
 	prefix      string
 	tiers       durationList
@@ -62,10 +63,11 @@ var errFlagged = errors.New("flagged")
 const exitHelp = `Exit status, the same for every command:
   0    all is well
   1    an error, or something flagged: status found a problem, verify found the
-       topology incomplete, a redrive left unroutable messages, teardown found nothing
-       to remove or refused, a destructive move not confirmed at its prompt
+       topology incomplete, a redrive (or its dry run) left unroutable messages,
+       teardown found nothing to remove or refused, a destructive move (purge,
+       teardown) not confirmed at its prompt
   2    usage error: unknown command or flag, bad value, missing --all, a destructive
-       move (purge, teardown --force) without --yes when stdin is not a terminal
+       move (purge, teardown) without --yes when stdin is not a terminal
   130  interrupted (Ctrl-C, SIGTERM): a redrive or purge stops between two messages
 
 The broker URI comes from AMQP_URI (default ` + defaultURI + `);

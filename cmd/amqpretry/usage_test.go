@@ -73,6 +73,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"parking", "purge", "--queue", "q"}, "parking purge deletes messages for good: pass --yes to confirm"},
 		{[]string{"waiting", "purge", "--all"}, "waiting purge drops retries for good: pass --yes to confirm"},
 		{[]string{"--backend", "ttl-tiers", "teardown", "--force"}, "teardown --force removes the storage with the messages waiting there: pass --yes"},
+		// Issue 43: every teardown that removes, not only --force.
+		{[]string{"--backend", "ttl-tiers", "teardown"}, "teardown removes queues and exchanges for good: pass --yes to confirm"},
 		{[]string{"--backend", "ttl-tiers", "teardown", "--keep-backend", "binary-levels", "--keep-levels", "99"}, "invalid --keep-* configuration"},
 	} {
 		code, out, errOut := runArgs(tt.args...)

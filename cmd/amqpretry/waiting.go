@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -211,7 +212,10 @@ queue or still waiting (the one whose confirm arrived just before the kill may b
 both). The retries it does not take keep their place; taken and given back, each counts
 one more delivery (x-delivery-count on RabbitMQ 3.x, x-acquired-count on 4.x; 4.0-4.2
 count it against the delivery-limit, 20 by default). Its output names the delay queues
-the retries wait in and the work queue they come back to.
+the retries wait in (the first ` + fmt.Sprint(shownNames) + ` and how many more; --verbose names them
+all) and the work queue they come back to. A retry whose work queue does not exist
+stays waiting, reported (exit status 1); --dry-run checks that the same way, passively
+(a passive queue.declare, nothing published), and exits as the run would.
 
 On RabbitMQ 4.3, what the work queue holds in delayed retry comes back through the
 broker's internal rabbit_quorum_queue:retry_delayed, run with rabbitmqctl eval (admin
@@ -222,7 +226,8 @@ filter and says so.`
 		short = "Drop matching waiting retries (asks first; no filter: needs --all)"
 		long = `purge drops (acks) each matching waiting retry: it never comes back. Without a filter it
 needs --all. What RabbitMQ 4.3 holds in delayed retry cannot be dropped: RabbitMQ offers
-no way to, and purge says so.
+no way to, and purge says so. Its output names the delay queues the retries wait in
+(the first ` + fmt.Sprint(shownNames) + ` and how many more; --verbose names them all).
 
 ` + confirmHelp
 	}
@@ -277,6 +282,7 @@ no way to, and purge says so.
 		f.BoolVar(&opts.All, "all", false, "purge every waiting retry when no filter is given")
 		yesFlag(c, &yes)
 	}
+	a.verboseFlag(c)
 	src.ctlFlags(c)
 	return c
 }
@@ -293,31 +299,42 @@ func (a *app) teardownCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "teardown",
 		Short: "Remove a backend's queues, exchanges and bindings under the prefix (old storage): refuses while messages wait",
-		Long: `teardown removes what the backend named by --backend (with its --tiers or --levels) declared
-under --prefix: its delay queues and exchanges, its delivery exchange and the bindings
-that go with them, and every other delay queue found under the prefix: the old storage
-after a change of backend, tiers, levels or prefix. Work queues are never removed; the
-parking and poison queues only with --shared. --backend must be given: teardown never
-guesses which backend is the old one.
+		Long: `teardown removes what the library declared under --prefix for any backend: the delay
+queues and exchanges, the delivery exchanges and the bindings that go with them, of the
+backend named by --backend (with its --tiers or --levels) and of every other backend
+(binary-levels' levels whatever their number, the delayed-exchange backend's exchange,
+and, with rabbitmqctl, every delay queue found under the prefix, of any tiers): the old
+storage after a change of backend, tiers, levels or prefix, removed in one run.
+Without rabbitmqctl (--rabbitmqctl off) the delay queues of tiers other than --tiers
+and the default ones cannot be listed: the output says so. Work queues are never
+removed. The parking exchange and queue and the poison queue, which every backend under
+the prefix shares, stay unless --shared; the output names what stayed and why.
+--backend must be given: teardown never guesses which backend is the old one.
 
 When the configuration in use now shares the prefix, name it with --keep-backend (and
---keep-tiers, --keep-levels, --keep-held-retries): what its plan declares stays.
+--keep-tiers, --keep-levels, --keep-held-retries): what its plan declares stays. Without
+it, teardown removes that storage too (refusing only while messages wait there).
 
-It counts and removes only what it finds; when it finds nothing of the backend under the
-prefix (a typo in --prefix, another backend) it says so and exits 1.
+It counts and removes only what it finds; when it finds nothing under the prefix (a
+typo in --prefix), or only what stays, it says so and exits 1.
 
-It refuses, removing nothing, while any message waits there (the broker's own counts,
-rabbitmqctl list_queues, which see the expired messages a quorum queue holds for dead
-lettering; for delayed-exchange, the plugin's own count), or while that is unknown,
-unless --force: those messages are then lost. Bring them back first with
-` + "`amqpretry waiting retry-now`" + `, or wait for them to come due (` + "`amqpretry status`" + `); on
-delayed-exchange only waiting works: the plugin's count, in ` + "`amqpretry status`" + `, reaches 0
-as they come due. Stop every application instance still on the old configuration first:
-a retry parked between the count and the delete would be lost (quorum queues cannot be
-deleted "if empty"). --force asks first, as a purge does.
---dry-run lists what would be removed and what waits there.
+It refuses, removing nothing (exit status 1), while any message waits there (the
+broker's own counts, rabbitmqctl list_queues, which see the expired messages a quorum
+queue holds for dead lettering; for a delayed-message exchange, the plugin's own
+count), or while that is unknown, unless --force: those messages are then lost. Bring
+them back first with ` + "`amqpretry waiting retry-now`" + `, or wait for them to come due
+(` + "`amqpretry status`" + `); on delayed-exchange only waiting works: the plugin's count, in
+` + "`amqpretry status`" + `, reaches 0 as they come due. Stop every application instance still
+on the old configuration first: a retry parked between the count and the delete would
+be lost (quorum queues cannot be deleted "if empty"). --force only lifts that refusal:
+it asks like any other teardown.
 
 ` + confirmHelp + `
+Every teardown that removes something asks, --force or not, as a purge does; confirmed,
+it removes what it showed and nothing found since (named as left).
+
+Its output names the first ` + fmt.Sprint(shownNames) + ` queues and exchanges of each list and how many
+more; --verbose names them all.
 
 ` + exitHelp,
 		Args: noArgs,
@@ -340,8 +357,12 @@ deleted "if empty"). --force asks first, as a purge does.
 				}
 				opts.Keep = plan
 			}
-			if opts.Force && !opts.DryRun {
-				if err := a.mayDestroy("teardown --force removes the storage with the messages waiting there", yes); err != nil {
+			if !opts.DryRun {
+				what := "teardown removes queues and exchanges for good"
+				if opts.Force {
+					what = "teardown --force removes the storage with the messages waiting there"
+				}
+				if err := a.mayDestroy(what, yes); err != nil {
 					return err
 				}
 			}
@@ -350,25 +371,18 @@ deleted "if empty"). --force asks first, as a purge does.
 				return err
 			}
 			defer o.Close()
-			if opts.Force && !opts.DryRun && !yes {
+			if !opts.DryRun && !yes {
 				dry := opts
 				dry.DryRun = true
-				r, err := o.Teardown(a.ctx, dry)
-				if err != nil {
+				r, proceed, err := confirmFirst(a, func() (ops.TeardownResult, error) { return o.Teardown(a.ctx, dry) }, nil,
+					func(r ops.TeardownResult) { a.printTeardown(a.stderr, r, cfg.Prefix) }, teardownQuestion)
+				if !proceed {
+					if errors.Is(err, errDeclined) {
+						return err
+					}
 					return a.reportTeardown(r, cfg.Prefix, err)
 				}
-				a.printTeardown(a.stderr, r, cfg.Prefix)
-				lost := 0
-				for _, n := range r.Waiting {
-					lost += n
-				}
-				ok, err := a.ask(fmt.Sprintf("remove these %d queues and %d exchanges, and the %d messages waiting there, for good?", len(r.Queues), len(r.Exchanges), lost))
-				if err != nil {
-					return err
-				}
-				if !ok {
-					return errDeclined
-				}
+				opts.Only = append(slices.Clone(r.Queues), r.Exchanges...)
 			}
 			r, err := o.Teardown(a.ctx, opts)
 			return a.reportTeardown(r, cfg.Prefix, err)
@@ -376,8 +390,9 @@ deleted "if empty"). --force asks first, as a purge does.
 	}
 	f := c.Flags()
 	f.BoolVar(&opts.DryRun, "dry-run", false, "list what would be removed and what waits there; remove nothing")
-	f.BoolVar(&opts.Force, "force", false, "remove even while messages wait there (they are lost; asks first, or --yes)")
+	f.BoolVar(&opts.Force, "force", false, "remove even while messages wait there (they are lost); it still asks first, or needs --yes")
 	yesFlag(c, &yes)
+	a.verboseFlag(c)
 	f.BoolVar(&opts.Shared, "shared", false, "also remove the parking queue and exchange and the poison queue, which every backend under the prefix shares")
 	f.StringVar(&keepBackend, "keep-backend", "", "the backend in use now under the same prefix: what its plan declares stays")
 	f.Var(&keepTiers, "keep-tiers", "ttl-tiers in use now: its tier ladder")
@@ -388,6 +403,18 @@ deleted "if empty"). --force asks first, as a purge does.
 	_ = f.MarkDeprecated("keep-delayed-retries", "use --keep-held-retries")
 	src.ctlFlags(c)
 	return c
+}
+
+// teardownQuestion is teardown's prompt for what its dry run r showed.
+func teardownQuestion(r ops.TeardownResult) string {
+	lost := 0
+	for _, n := range r.Waiting {
+		lost += n
+	}
+	if lost == 0 {
+		return fmt.Sprintf("remove these %d queues and %d exchanges for good?", len(r.Queues), len(r.Exchanges))
+	}
+	return fmt.Sprintf("remove these %d queues and %d exchanges, and the %d messages waiting there, for good?", len(r.Queues), len(r.Exchanges), lost)
 }
 
 // teardownJSON is teardown's --json output: the result, and why it failed.
@@ -414,30 +441,93 @@ func (a *app) reportTeardown(r ops.TeardownResult, prefix string, err error) err
 		return nil
 	}
 	if err != nil {
-		for _, name := range append(slices.Clone(r.Queues), r.Exchanges...) {
-			if n, ok := r.Waiting[name]; ok {
-				a.printf("  %s: %d messages waiting\n", name, n)
-			}
-		}
+		a.printTeardownWaiting(a.stdout, r, false)
+		a.printLeft(a.stdout, r)
 		return err
 	}
 	a.printTeardown(a.stdout, r, prefix)
 	return nil
 }
 
-// printTeardown prints what a teardown removed (would remove, in a dry run) on w.
+// printTeardown prints what a teardown removed (would remove, in a dry run) on w:
+// the counts, then the names (the first few of each list, all with --verbose), what
+// waits there, what it left and why, and what it could not look for.
 func (a *app) printTeardown(w io.Writer, r ops.TeardownResult, prefix string) {
 	verb := "removed"
 	if r.DryRun {
 		verb = "dry run: would remove"
 	}
 	fmt.Fprintf(w, "%s %d queues, %d exchanges, %d bindings under prefix %s\n", verb, len(r.Queues), len(r.Exchanges), r.Bindings, prefix)
-	for _, q := range r.Queues {
-		fmt.Fprintf(w, "  queue %s%s\n", q, waitingNote(r, q))
+	if a.verbose {
+		for _, q := range r.Queues {
+			fmt.Fprintf(w, "  queue %s%s\n", q, waitingNote(r, q))
+		}
+		for _, x := range r.Exchanges {
+			fmt.Fprintf(w, "  exchange %s%s\n", x, waitingNote(r, x))
+		}
+	} else {
+		if len(r.Queues) > 0 {
+			fmt.Fprintf(w, "  %d queues: %s\n", len(r.Queues), a.nameList(r.Queues))
+		}
+		if len(r.Exchanges) > 0 {
+			fmt.Fprintf(w, "  %d exchanges: %s\n", len(r.Exchanges), a.nameList(r.Exchanges))
+		}
+		a.printTeardownWaiting(w, r, !r.DryRun)
 	}
-	for _, x := range r.Exchanges {
-		fmt.Fprintf(w, "  exchange %s%s\n", x, waitingNote(r, x))
+	a.printLeft(w, r)
+}
+
+// printLeft prints, on w, what a teardown found and left, by reason, and what it could
+// not look for.
+func (a *app) printLeft(w io.Writer, r ops.TeardownResult) {
+	var whys []string
+	left := map[string][]string{}
+	for _, l := range r.Left {
+		if _, ok := left[l.Why]; !ok {
+			whys = append(whys, l.Why)
+		}
+		left[l.Why] = append(left[l.Why], l.Name+" ("+l.Kind+")")
 	}
+	for _, why := range whys {
+		fmt.Fprintf(w, "  left %d, %s: %s\n", len(left[why]), leftWhy(why), a.nameList(left[why]))
+	}
+	if len(r.Unsearched) > 0 {
+		fmt.Fprintf(w, "  not looked for: %s (delay queues of other tiers): only rabbitmqctl lists them (--rabbitmqctl)\n", strings.Join(r.Unsearched, ", "))
+	}
+}
+
+// leftWhy says in the command's words why a teardown left what it found (Left.Why).
+func leftWhy(why string) string {
+	switch why {
+	case ops.LeftKept:
+		return "in use (--keep-backend)"
+	case ops.LeftShared:
+		return "shared by every backend under the prefix (--shared removes them)"
+	case ops.LeftNotShown:
+		return "not shown at the prompt, found since (run teardown again)"
+	}
+	return why
+}
+
+// printTeardownWaiting prints, on w, where messages wait in what a teardown found (the first
+// few places, all with --verbose), and how many; lost: they went with it.
+func (a *app) printTeardownWaiting(w io.Writer, r ops.TeardownResult, lost bool) {
+	var places []string
+	total := 0
+	for _, name := range append(slices.Clone(r.Queues), r.Exchanges...) {
+		if n, ok := r.Waiting[name]; ok {
+			places = append(places, fmt.Sprintf("%s: %d", name, n))
+			total += n
+		}
+	}
+	if len(places) == 0 {
+		return
+	}
+	gone := ""
+	if lost {
+		gone = ", lost with it"
+	}
+	fmt.Fprintf(w, "  %d messages waiting%s, in %s\n", total, gone, a.nameList(places))
 }
 
 // waitingNote is ": N messages waiting" (removed: "lost") when some wait in name.

@@ -21,7 +21,10 @@ import (
 
 // Defaults of the backend settings: amqpretry.Config documents them.
 const (
-	DefaultLevels     = 28
+	DefaultLevels = 28
+	// MaxLevels is the most levels binary-levels can have: level 29 would hold
+	// messages 2^29 s, longer than RabbitMQ's longest TTL (ten years).
+	MaxLevels         = 29
 	DefaultRetryDelay = time.Second
 )
 

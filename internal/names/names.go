@@ -30,6 +30,9 @@ func (n Names) DelayExchange() string { return n.Prefix + ".delay" }
 // TierQueue is the ttl-tiers queue of tier t.
 func (n Names) TierQueue(t time.Duration) string { return n.Prefix + ".delay." + Tier(t) }
 
+// TierQueues is every ttl-tiers queue, of any tier, as a pattern (for messages).
+func (n Names) TierQueues() string { return n.Prefix + ".delay.*" }
+
 // Deliver is the delivery exchange of ttl-tiers.
 func (n Names) Deliver() string { return n.Prefix + ".deliver" }
 
