@@ -325,7 +325,7 @@ func (a *app) printWaiting(s ops.Status) {
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	header := false
 	for _, q := range s.Queues {
-		if !q.WaitingRead {
+		if !q.WaitingRead || q.Role != "work" {
 			continue
 		}
 		if !header {
