@@ -26,9 +26,10 @@ type DelaySummary struct {
 	// Queues counts the delay queues; Old, of them, those of another backend
 	// (QueueStatus.Old); Flagged, those Status flags (they are in Overview.First).
 	Queues, Old, Flagged int
-	// Messages they hold: with the broker's counts (Counted: every delay queue was
-	// counted) all of them, the expired ones waiting to be dead-lettered included;
-	// otherwise the ready ones.
+	// Messages they hold: the ready ones, or the most that the broker's counts
+	// (QueueStatus.Messages, which lag a few seconds) or the waiting retries read
+	// show. With the broker's counts (Counted: every delay queue was counted), the
+	// expired ones waiting to be dead-lettered are included.
 	Messages int
 	Counted  bool
 	// NextDue is the earliest due time of the retries read in them (WaitingRead: with
@@ -75,11 +76,8 @@ func (s Status) Overview() Overview {
 			}
 			d.Counted = d.Counted && q.Counted
 			d.WaitingRead = d.WaitingRead && q.WaitingRead
-			if q.Counted {
-				d.Messages += q.Messages
-			} else {
-				d.Messages += q.Ready
-			}
+			// The broker's counts lag (a few seconds): the most any reading shows.
+			d.Messages += max(q.Ready, q.Messages, q.Waiting)
 			if q.Waiting > 0 && (d.NextDue.IsZero() || q.NextDue.Before(d.NextDue)) {
 				d.NextDue = q.NextDue
 			}
