@@ -115,7 +115,7 @@ func TestStatusOverviewOrder(t *testing.T) {
 	if want := []string{p + ".poison", p + ".parking", s.backlog, s.idle}; strings.Join(names, " ") != strings.Join(want, " ") {
 		t.Errorf("status lists %v, want %v:\n%s", names, want, out)
 	}
-	if !regexp.MustCompile(`^` + regexp.QuoteMeta(p) + `\.poison\s+poison\s+10\s`).MatchString(rows[p+".poison"]) ||
+	if !regexp.MustCompile(`^`+regexp.QuoteMeta(p)+`\.poison\s+poison\s+10\s`).MatchString(rows[p+".poison"]) ||
 		!regexp.MustCompile(`\s10\s.*\s0\s.*NO CONSUMER$`).MatchString(rows[s.backlog]) || !strings.HasSuffix(rows[s.idle], " ok") {
 		t.Errorf("status rows:\n%s", out)
 	}
