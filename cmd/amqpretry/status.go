@@ -61,6 +61,11 @@ their order, and reads no delay queue: a stalled delay queue shows in DLX-BACKLO
 --peek always also reads the head of each delay queue, at the risk of a late retry (the
 head moved to the end expires late); never reads nothing.
 
+It shows first what may need a person: the poison and parking queues, the work queues
+with a backlog and no consumer (NO CONSUMER), what is flagged; then the other work
+queues, and the delay queues in one line (how many, what waits in them, the next due,
+with rabbitmqctl). --verbose lists each delay queue too.
+
 Exit status 1 whenever something is flagged, with or without --check; --check prints
 only what is flagged (nothing when all is well), for scripts and health checks.
 
