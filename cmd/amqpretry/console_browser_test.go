@@ -220,7 +220,7 @@ func TestConsoleBrowser(t *testing.T) {
 	const queueRows = `[...document.querySelectorAll("#queues tbody tr")].map(r => [r.dataset.queue, r.querySelector(".ready").textContent.trim()])`
 	rows := read(t, ctx, "read the overview", chromedp.Evaluate[[][]string](queueRows))
 	// The delay storage in one line: what waits there, read with rabbitmqctl, and when the first is due.
-	if line := read(t, ctx, "read the delay storage", chromedp.Text(chromedp.CSS("#delay-storage"))); !strings.HasPrefix(line, "delay storage: 2 queues, 3 messages waiting, next due 20") || !strings.Contains(line, " (in 9m") {
+	if line := read(t, ctx, "read the delay storage", chromedp.Evaluate[string](`document.querySelector("#delay-storage")?.textContent ?? ""`)); !strings.HasPrefix(line, "delay storage: 2 queues, 3 messages waiting, next due 20") || !strings.Contains(line, " (in 9m") {
 		t.Errorf("the delay storage line: %q", line)
 	}
 	act(t, ctx, "open the delay queues", chromedp.Click(chromedp.CSS("#delay-queues")), chromedp.WaitVisible(chromedp.CSS("#queues")))

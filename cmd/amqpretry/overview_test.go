@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -147,66 +148,109 @@ func TestStatusOverviewOrder(t *testing.T) {
 
 // TestConsoleBrowserOverview (issue 43), in headless Chromium: the overview shows the
 // poison and parking queues first, then the work queue with a backlog and no consumer,
-// then the other; the delay queues are one line, with a link to their page, where
-// their TTLs read as configured (1.25s and 3.15s, not 1.3s and 3.2s). A read-only
-// console answers a POST with 403 saying it is read-only and how it was started (it
-// asked to reload the page and try again).
+// then the other; the delay queues are one line, with a link to their page (order).
+// Their TTLs read as configured: 1.25s and 3.15s, not 1.3s and 3.2s (ttl). A read-only
+// console answers a POST with 403 saying it is read-only and how it was started; it
+// asked to reload the page and try again (read-only).
 func TestConsoleBrowserOverview(t *testing.T) {
 	ctx := browser(t)
 	s := newOverviewScene(t)
 	p := s.prefix
 	con := startConsole(t, append([]string{"--rabbitmqctl", "off"}, s.flags...)...)
 	act(t, ctx, "open the console", chromedp.Navigate(con.start), chromedp.WaitVisible(chromedp.CSS("#queues")))
-	rows := read(t, ctx, "read the overview", chromedp.Evaluate[[][]string](`[...document.querySelectorAll("#queues tbody tr")].map(r => [r.dataset.queue, r.querySelector(".ready").textContent.trim(), r.querySelector(".state").textContent.trim()])`))
-	want := [][]string{{p + ".poison", "10", "ok"}, {p + ".parking", "0", "ok"}, {s.backlog, "10", "NO CONSUMER"}, {s.idle, "0", "ok"}}
-	if fmt.Sprint(rows) != fmt.Sprint(want) {
-		t.Errorf("the overview's queues:\n got %v\nwant %v", rows, want)
-	}
-	// What comes first on the page: the queues' table, then the flags, then the delay storage.
-	order := read(t, ctx, "read the order", chromedp.Evaluate[[]string](`[...document.querySelectorAll("main > *")].map(e => e.id).filter(id => id)`))
-	if strings.Join(order, " ") != "queues flags delay-storage" {
-		t.Errorf("the overview's sections: %v, want queues, flags, delay-storage", order)
-	}
-	line := read(t, ctx, "read the delay storage", chromedp.Text(chromedp.CSS("#delay-storage")))
-	if !strings.HasPrefix(line, "delay storage: 2 queues, 0 ready") {
-		t.Errorf("the delay storage line: %q", line)
-	}
-	act(t, ctx, "open the delay queues", chromedp.Click(chromedp.CSS("#delay-queues")), chromedp.WaitVisible(chromedp.CSS("#queues")))
-	ttls := read(t, ctx, "read the TTLs", chromedp.Evaluate[map[string]string](`Object.fromEntries([...document.querySelectorAll("#queues tbody tr")].map(r => [r.dataset.queue, r.querySelector(".ttl").textContent.trim()]))`))
-	if want := map[string]string{s.tiers[0]: s.tierNames[0], s.tiers[1]: s.tierNames[1]}; fmt.Sprint(ttls) != fmt.Sprint(want) {
-		t.Errorf("the delay queues' TTLs: %v, want %v", ttls, want)
-	}
+	// Rows of the table on the page: the queue, then the text of each cell.
+	const queueRows = `[...document.querySelectorAll("#queues tbody tr")].map(r => [r.dataset.queue, ...[...r.cells].map(c => c.textContent.trim())])`
 
-	// Read-only: a form posted (without the CSRF token its pages never carry, or with
-	// it), and the same POST over HTTP for its status.
-	ro := startConsole(t, append([]string{"--rabbitmqctl", "off", "--read-only"}, s.flags...)...)
-	move := url.Values{"source": {"poison"}, "action": {"redrive"}, "step": {"do"}, "id": {"m0000"}}
-	for _, csrf := range []string{"", console.CSRF(ro.token)} {
-		form := maps.Clone(move)
-		if csrf != "" {
-			form.Set("csrf", csrf)
+	t.Run("order", func(t *testing.T) {
+		act(t, ctx, "open the overview", chromedp.Navigate(con.base+"/"), chromedp.WaitVisible(chromedp.CSS("#queues")))
+		var got [][]string
+		for _, r := range read(t, ctx, "read the overview", chromedp.Evaluate[[][]string](queueRows)) {
+			got = append(got, []string{r[0], r[3], r[10]}) // queue, ready, state
 		}
-		fields, _ := json.Marshal(form)
-		act(t, ctx, "post a form to the read-only console", chromedp.Navigate(ro.start), chromedp.WaitVisible(chromedp.CSS("#queues")),
-			chromedp.Evaluate[chromedp.Void](`(() => { const f = document.createElement("form"); f.method = "post"; f.action = "/move";
+		want := [][]string{{p + ".poison", "10", "ok"}, {p + ".parking", "0", "ok"}, {s.backlog, "10", "NO CONSUMER"}, {s.idle, "0", "ok"}}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("the overview's queues:\n got %v\nwant %v", got, want)
+		}
+		// What comes first on the page: the queues' table, then the flags, then the delay storage.
+		order := read(t, ctx, "read the order", chromedp.Evaluate[[]string](`[...document.querySelectorAll("main > *")].map(e => e.id).filter(id => id)`))
+		if strings.Join(order, " ") != "queues flags delay-storage" {
+			t.Errorf("the overview's sections: %v, want queues, flags, delay-storage", order)
+		}
+		line := read(t, ctx, "read the delay storage", chromedp.Evaluate[string](`document.querySelector("#delay-storage")?.textContent ?? ""`))
+		if !strings.HasPrefix(line, "delay storage: 2 queues, 0 ready") {
+			t.Errorf("the delay storage line: %q", line)
+		}
+		if link := read(t, ctx, "read the link", chromedp.Evaluate[string](`document.querySelector("#delay-queues")?.getAttribute("href") ?? ""`)); link != "/delay" {
+			t.Errorf("the link to the delay queues: %q", link)
+		}
+	})
+
+	t.Run("ttl", func(t *testing.T) {
+		// Wherever the console shows them: the overview, the delay queues' page.
+		ttls := map[string]string{}
+		for _, page := range []string{"/", "/delay"} {
+			act(t, ctx, "open "+page, chromedp.Navigate(con.base+page), chromedp.WaitVisible(chromedp.CSS("main h1")))
+			for _, r := range read(t, ctx, "read the TTLs", chromedp.Evaluate[[][]string](queueRows)) {
+				if strings.Contains(r[0], ".delay.") {
+					ttls[r[0]] = r[8]
+				}
+			}
+		}
+		if want := map[string]string{s.tiers[0]: s.tierNames[0], s.tiers[1]: s.tierNames[1]}; fmt.Sprint(ttls) != fmt.Sprint(want) {
+			t.Errorf("the delay queues' TTLs: %v, want %v", ttls, want)
+		}
+	})
+
+	t.Run("read-only", func(t *testing.T) {
+		// A form posted (without the CSRF token its pages never carry, or with it), and
+		// the same POST over HTTP for its status.
+		ro := startConsole(t, append([]string{"--rabbitmqctl", "off", "--read-only"}, s.flags...)...)
+		move := url.Values{"source": {"poison"}, "action": {"redrive"}, "step": {"do"}, "id": {"m0000"}}
+		for _, csrf := range []string{"", console.CSRF(ro.token)} {
+			form := maps.Clone(move)
+			if csrf != "" {
+				form.Set("csrf", csrf)
+			}
+			fields, _ := json.Marshal(form)
+			act(t, ctx, "post a form to the read-only console", chromedp.Navigate(ro.start), chromedp.WaitVisible(chromedp.CSS("#queues")),
+				chromedp.Evaluate[chromedp.Void](`(() => { const f = document.createElement("form"); f.method = "post"; f.action = "/move";
 				for (const [k, vs] of Object.entries(`+string(fields)+`)) for (const v of vs) { const i = document.createElement("input"); i.name = k; i.value = v; f.append(i); }
-				document.body.append(f); f.submit(); })()`),
-			chromedp.WaitVisible(chromedp.CSS("#error")))
-		heading := read(t, ctx, "read the heading", chromedp.Text(chromedp.CSS("main h1")))
-		says := read(t, ctx, "read the refusal", chromedp.Text(chromedp.CSS("#error")))
-		if heading != "Error 403" || !strings.HasPrefix(says, "this console is read-only (started with --read-only)") {
-			t.Errorf("a form posted to the read-only console (CSRF %t): %q, %q", csrf != "", heading, says)
+				document.body.append(f); f.submit(); })()`))
+			waitPath(t, ctx, "/move")
+			answer := read(t, ctx, "read the answer", chromedp.Evaluate[string](`(document.querySelector("main") ?? document.body).innerText`))
+			if heading, says, _ := strings.Cut(answer, "\n"); heading != "Error 403" || !strings.HasPrefix(strings.TrimSpace(says), "this console is read-only (started with --read-only)") {
+				t.Errorf("a form posted to the read-only console (CSRF %t):\n%.600s", csrf != "", answer)
+			}
+			cl := ro.client(t)
+			if resp, err := cl.Get(ro.start); err == nil {
+				_ = resp.Body.Close()
+			}
+			if status, body := post(t, cl, ro.base+"/move", form); status != http.StatusForbidden || !strings.Contains(body, "this console is read-only (started with --read-only)") ||
+				strings.Contains(body, "reload the page") {
+				t.Errorf("a POST to the read-only console (CSRF %t): %d %.600s", csrf != "", status, body)
+			}
 		}
-		cl := ro.client(t)
-		if resp, err := cl.Get(ro.start); err == nil {
-			_ = resp.Body.Close()
+		if n := brokertest.QueueLength(t, p+".poison"); n != s.poisoned {
+			t.Errorf("the read-only console moved messages: %d left of %d", n, s.poisoned)
 		}
-		if status, body := post(t, cl, ro.base+"/move", form); status != http.StatusForbidden || !strings.Contains(body, "this console is read-only (started with --read-only)") ||
-			strings.Contains(body, "reload the page") {
-			t.Errorf("a POST to the read-only console (CSRF %t): %d %.600s", csrf != "", status, body)
+	})
+}
+
+// waitPath waits until the browser has loaded a page at path (the answer to a form
+// posted: the page navigates meanwhile, which fails an evaluation).
+func waitPath(t *testing.T, ctx context.Context, path string) {
+	t.Helper()
+	deadline := time.Now().Add(browserStep)
+	for {
+		step, cancel := context.WithTimeout(ctx, 5*time.Second)
+		at, err := chromedp.Run(step, chromedp.Evaluate[string](`location.pathname + " " + document.readyState`))
+		cancel()
+		if err == nil && at == path+" complete" {
+			return
 		}
-	}
-	if n := brokertest.QueueLength(t, p+".poison"); n != s.poisoned {
-		t.Errorf("the read-only console moved messages: %d left of %d", n, s.poisoned)
+		if time.Now().After(deadline) {
+			t.Fatalf("browser: no page %s loaded within %s (at %q, %v)", path, browserStep, at, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
