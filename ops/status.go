@@ -114,11 +114,12 @@ type QueueStatus struct {
 	HeadDeliveryCount int64 `json:"head_delivery_count,omitempty"`
 	// Waiting, for a work queue, counts the retries that wait to come back to it (Source
 	// Waiting: in the delay queues under the prefix, of any backend, and in RabbitMQ
-	// 4.3's delayed retry), NextDue and LastDue the first and last of their due times,
-	// and Overdue those past their due time by more than StuckMargin, of the first
-	// 1,000 of each delay queue (the peek costs N²: 2,000 took 21 s on a loaded
-	// machine; List(Waiting) reads more). Read (without changing anything) only with
-	// Config.Rabbitmqctl and Peek other than "never"; WaitingRead tells they were.
+	// 4.3's delayed retry), and for a delay queue those that wait in it; NextDue and
+	// LastDue are the first and last of their due times, and Overdue those past their
+	// due time by more than StuckMargin, of the first 1,000 of each delay queue (the
+	// peek costs N²: 2,000 took 21 s on a loaded machine; List(Waiting) reads more).
+	// Read (without changing anything) only with Config.Rabbitmqctl and Peek other than
+	// "never"; WaitingRead tells they were.
 	WaitingRead bool      `json:"waiting_read,omitempty"`
 	Waiting     int       `json:"waiting,omitempty"`
 	Overdue     int       `json:"overdue,omitempty"`
@@ -298,6 +299,14 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 	if pluginErr != nil {
 		s.CountsError = strings.TrimPrefix(s.CountsError+"; ", "; ") + o.redact(pluginErr).Error()
 	}
+	waiting, old, err := o.statusWaiting(ctx, opts)
+	if err != nil {
+		if ctx.Err() != nil {
+			return s, ctx.Err()
+		}
+		// Reported as the counts are: Status still shows what AMQP does.
+		s.CountsError = strings.TrimPrefix(s.CountsError+"; ", "; ") + "waiting retries: " + o.redact(err).Error()
+	}
 	// A returned delay-queue message may go behind the others (quorum queues: see
 	// readAll), where it expires late: only "always" peeks a delay queue.
 	peekDelay := opts.Peek == "always"
@@ -309,6 +318,7 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 		if err := o.queueStatus(&qs, peekDelay, opts); err != nil {
 			return s, err
 		}
+		tally(&qs, waiting, func(m Message) bool { return m.DelayQueue == qs.Name }, opts.StuckMargin)
 		if b, ok := backlog[dq.Name]; ok {
 			count(&qs, b.now)
 			qs.Backlog = b.now.aside()
@@ -328,19 +338,12 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 		underReplicated(qs, flag)
 		s.Queues = append(s.Queues, qs)
 	}
-	waiting, old, err := o.statusWaiting(ctx, opts)
-	if err != nil {
-		if ctx.Err() != nil {
-			return s, ctx.Err()
-		}
-		// Reported as the counts are: Status still shows what AMQP does.
-		s.CountsError = strings.TrimPrefix(s.CountsError+"; ", "; ") + "waiting retries: " + o.redact(err).Error()
-	}
 	for _, name := range old {
 		qs := QueueStatus{Name: name, Role: "delay", Old: true}
 		if err := o.queueStatus(&qs, false, opts); err != nil {
 			return s, err
 		}
+		tally(&qs, waiting, func(m Message) bool { return m.DelayQueue == qs.Name }, opts.StuckMargin)
 		if b, ok := backlog[name]; ok {
 			count(&qs, b.now)
 			qs.Backlog = b.now.aside()
@@ -369,25 +372,8 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 				qs.Held = b.now.aside()
 			}
 		}
-		if qs.Role == "work" && waiting != nil {
-			qs.WaitingRead = true
-			now := time.Now()
-			for _, m := range waiting {
-				if m.Queue != qs.Name {
-					continue
-				}
-				d := due(m)
-				qs.Waiting++
-				if qs.NextDue.IsZero() || d.Before(qs.NextDue) {
-					qs.NextDue = d
-				}
-				if d.After(qs.LastDue) {
-					qs.LastDue = d
-				}
-				if now.Sub(d) > opts.StuckMargin {
-					qs.Overdue++
-				}
-			}
+		if qs.Role == "work" {
+			tally(&qs, waiting, func(m Message) bool { return m.Queue == qs.Name }, opts.StuckMargin)
 		}
 		switch {
 		case !qs.Exists:
@@ -431,6 +417,31 @@ func (o *Ops) workQueueType(qs QueueStatus) (string, error) {
 		return declare.NotQuorum, nil
 	}
 	return "", nil
+}
+
+// tally counts in qs the waiting retries that match (none read: waiting is nil).
+func tally(qs *QueueStatus, waiting []Message, match func(Message) bool, margin time.Duration) {
+	if waiting == nil {
+		return
+	}
+	qs.WaitingRead = true
+	now := time.Now()
+	for _, m := range waiting {
+		if !match(m) {
+			continue
+		}
+		d := due(m)
+		qs.Waiting++
+		if qs.NextDue.IsZero() || d.Before(qs.NextDue) {
+			qs.NextDue = d
+		}
+		if d.After(qs.LastDue) {
+			qs.LastDue = d
+		}
+		if now.Sub(d) > margin {
+			qs.Overdue++
+		}
+	}
 }
 
 // underReplicated flags qs if fewer of its members are online than it has.

@@ -163,7 +163,7 @@ const xssPayload = `<script>window.__xss = 1</script><img src=x onerror="window.
 // reads as written, one with a script in its payload and error shows it as text and
 // runs nothing; a poisoned message is redriven through its dry run and confirmation
 // (three clicks from the overview) and a running consumer handles it; read-only mode
-// shows no action.
+// shows no action. The overview and the delay queues' page show every queue once.
 func TestConsoleBrowser(t *testing.T) {
 	ctx := browser(t)
 	if _, err := brokertest.Ctl(t.Context(), "-q", "list_queues", "name"); err != nil {
@@ -216,8 +216,16 @@ func TestConsoleBrowser(t *testing.T) {
 		t.Errorf("the token stays in the address: %s", location)
 	}
 
-	// The overview's counts are status --json's.
-	rows := read(t, ctx, "read the overview", chromedp.Evaluate[[][]string](`[...document.querySelectorAll("#queues tbody tr")].map(r => [r.dataset.queue, r.querySelector(".ready").textContent.trim()])`))
+	// The overview's counts, and those of the delay queues' page, are status --json's.
+	const queueRows = `[...document.querySelectorAll("#queues tbody tr")].map(r => [r.dataset.queue, r.querySelector(".ready").textContent.trim()])`
+	rows := read(t, ctx, "read the overview", chromedp.Evaluate[[][]string](queueRows))
+	// The delay storage in one line: what waits there, read with rabbitmqctl, and when the first is due.
+	if line := read(t, ctx, "read the delay storage", chromedp.Evaluate[string](`document.querySelector("#delay-storage")?.textContent ?? ""`)); !strings.HasPrefix(line, "delay storage: 2 queues, 3 messages waiting, next due 20") || !strings.Contains(line, " (in 9m") {
+		t.Errorf("the delay storage line: %q", line)
+	}
+	act(t, ctx, "open the delay queues", chromedp.Click(chromedp.CSS("#delay-queues")), chromedp.WaitVisible(chromedp.CSS("#queues")))
+	rows = append(rows, read(t, ctx, "read the delay queues", chromedp.Evaluate[[][]string](queueRows))...)
+	act(t, ctx, "back to the overview", chromedp.Navigate(con.base+"/"), chromedp.WaitVisible(chromedp.CSS("#queues")))
 	want := statusJSON(t, append([]string{"--queue", queue}, flags...)...)
 	if len(rows) != len(want) || len(rows) == 0 {
 		t.Errorf("overview shows %d queues, status %d: %v", len(rows), len(want), rows)
@@ -302,7 +310,7 @@ func TestConsoleBrowser(t *testing.T) {
 
 	// Read-only: no action anywhere.
 	ro := startConsole(t, append([]string{"--queue", queue, "--read-only"}, flags...)...)
-	for _, page := range []string{"/", "/poison", "/message?source=poison&id=m0001", "/waiting?queue=" + queue, "/parking"} {
+	for _, page := range []string{"/", "/delay", "/poison", "/message?source=poison&id=m0001", "/waiting?queue=" + queue, "/parking"} {
 		target := ro.start
 		if page != "/" {
 			target = ro.base + page

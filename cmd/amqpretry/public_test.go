@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/format"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/internal/redact"
@@ -27,11 +28,11 @@ func TestShownKeys(t *testing.T) {
 	}
 }
 
-func TestSpellIsTierName(t *testing.T) {
+func TestConfiguredIsTierName(t *testing.T) {
 	for _, d := range []time.Duration{250 * time.Millisecond, time.Second, 1250 * time.Millisecond, 2 * time.Minute,
 		90 * time.Minute, time.Hour, 64 * time.Second, 4096 * time.Second, 2*time.Hour + 30*time.Second} {
-		if got, want := spell(d), names.Tier(d); got != want {
-			t.Errorf("spell(%s) = %q, want %q", d, got, want)
+		if got, want := format.Configured(d), names.Tier(d); got != want {
+			t.Errorf("format.Configured(%s) = %q, want %q", d, got, want)
 		}
 	}
 }

@@ -164,7 +164,7 @@ func TestStatusShowsPluginCount(t *testing.T) {
 	a := &app{stdout: &stdout, uri: "amqp://guest:guest@127.0.0.1:5672/"}
 	s := ops.Status{Broker: "3.10.8", Backend: delay.DelayedExchange, Prefix: "shop", DelayedExchange: true, DelayedExchangeName: "shop.delayed",
 		PluginCounted: true, PluginWaiting: 3, Flags: []ops.Flag{}}
-	a.printStatus(s, amqpretry.Config{Backend: delay.DelayedExchange, Prefix: "shop"}, nil, "auto", false, false)
+	a.printStatus(s, amqpretry.Config{Backend: delay.DelayedExchange, Prefix: "shop"}, nil, "auto", false, false, false)
 	out := stdout.String()
 	if !strings.Contains(out, "waiting in the plugin: 3 retries, by its own count") || strings.Contains(out, "nothing flagged") ||
 		!strings.Contains(out, "3 retries wait in the delayed-message plugin (exchange shop.delayed) until due") {
@@ -172,7 +172,7 @@ func TestStatusShowsPluginCount(t *testing.T) {
 	}
 	stdout.Reset()
 	s.PluginCounted, s.PluginWaiting = false, 0
-	a.printStatus(s, amqpretry.Config{Backend: delay.DelayedExchange, Prefix: "shop"}, nil, "auto", false, false)
+	a.printStatus(s, amqpretry.Config{Backend: delay.DelayedExchange, Prefix: "shop"}, nil, "auto", false, false, false)
 	if out := stdout.String(); !strings.Contains(out, "waiting in the plugin: unknown") {
 		t.Errorf("status text, the plugin's count unread:\n%s", out)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/format"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/ops"
 )
@@ -343,22 +344,9 @@ type durationList []time.Duration
 func (d *durationList) String() string {
 	parts := make([]string, len(*d))
 	for i, t := range *d {
-		parts[i] = spell(t)
+		parts[i] = format.Configured(t)
 	}
 	return strings.Join(parts, ",")
-}
-
-// spell writes d the short way, as the library spells a ttl-tiers tier in its queue
-// names: 1s, 5s, 2m, 1h30m, 250ms (no trailing zero units).
-func spell(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
 }
 
 func (d *durationList) Set(s string) error {

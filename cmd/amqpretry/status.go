@@ -2,9 +2,9 @@ package main
 
 import (
 	"fmt"
-	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/format"
 	"net/url"
 	"os/exec"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/format"
 	"github.com/amqpretry/amqpretry/ops"
 )
 
@@ -22,11 +23,12 @@ const peekBudget = 10
 
 func (a *app) statusCmd() *cobra.Command {
 	var (
-		check  bool
-		peek   string
-		margin = 30 * time.Second
-		src    countsSource
-		queues []string
+		check   bool
+		verbose bool
+		peek    string
+		margin  = 30 * time.Second
+		src     countsSource
+		queues  []string
 	)
 	c := &cobra.Command{
 		Use:   "status",
@@ -58,6 +60,11 @@ the parking and poison queues (up to 1,000) and gives them all back at once, whi
 their order, and reads no delay queue: a stalled delay queue shows in DLX-BACKLOG.
 --peek always also reads the head of each delay queue, at the risk of a late retry (the
 head moved to the end expires late); never reads nothing.
+
+It shows first what may need a person: the poison and parking queues, the work queues
+with a backlog and no consumer (NO CONSUMER), what is flagged; then the other work
+queues, and the delay queues in one line (how many, what waits in them, the next due,
+with rabbitmqctl). --verbose lists each delay queue too.
 
 Exit status 1 whenever something is flagged, with or without --check; --check prints
 only what is flagged (nothing when all is well), for scripts and health checks.
@@ -100,7 +107,7 @@ only what is flagged (nothing when all is well), for scripts and health checks.
 					return err
 				}
 			} else {
-				a.printStatus(s, cfg, queues, peek, check, explicit)
+				a.printStatus(s, cfg, queues, peek, check, verbose, explicit)
 				if src.reached() != "" && !check {
 					a.printf("\nbroker counts: %s\n", src.reached())
 				}
@@ -116,6 +123,7 @@ only what is flagged (nothing when all is well), for scripts and health checks.
 	}
 	f := c.Flags()
 	f.BoolVar(&check, "check", false, "print only what is flagged (the exit status is the same without it)")
+	f.BoolVarP(&verbose, "verbose", "v", false, "list each delay queue too (else one line sums them up)")
 	f.StringVar(&peek, "peek", "auto", "read messages for their age: auto (parking and poison queues), always (also each delay queue's head: may delay a retry), never")
 	f.DurationVar(&margin, "stuck-margin", margin, "a delay queue whose head is this much past its due time is STUCK")
 	src.flags(c)
@@ -213,7 +221,7 @@ func vhost(uri string) string {
 	return u.Vhost
 }
 
-func (a *app) printStatus(s ops.Status, cfg amqpretry.Config, queues []string, peek string, check, explicit bool) {
+func (a *app) printStatus(s ops.Status, cfg amqpretry.Config, queues []string, peek string, check, verbose, explicit bool) {
 	if !check {
 		a.printf("RabbitMQ %s at %s, backend %s, prefix %s\n", s.Broker, redactURI(a.uri), s.Backend, s.Prefix)
 		if s.Counted {
@@ -249,9 +257,14 @@ func (a *app) printStatus(s ops.Status, cfg amqpretry.Config, queues []string, p
 			a.printf("%s: broker counts unavailable (DLX-BACKLOG, HELD and the broker's limits unknown): %s\n", word, a.redact(s.CountsError))
 		}
 		a.printf("\n")
+		ov := s.Overview()
+		shown := append(slices.Clone(ov.First), ov.Work...)
+		if verbose {
+			shown = append(shown, ov.DelayQueues...)
+		}
 		tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "QUEUE\tROLE\tREADY\tUNACKED\tDLX-BACKLOG\tHELD\tCONSUMERS\tTTL\tOLDEST\tSTATE")
-		for _, q := range s.Queues {
+		for _, q := range shown {
 			ready, unacked, backlog, held, consumers, ttl, oldest := "-", "-", "-", "-", "-", "-", "-"
 			if q.Exists {
 				ready, consumers = fmt.Sprint(q.Ready), fmt.Sprint(q.Consumers)
@@ -274,7 +287,7 @@ func (a *app) printStatus(s ops.Status, cfg amqpretry.Config, queues []string, p
 				}
 			}
 			if q.TTL > 0 {
-				ttl = spell(q.TTL)
+				ttl = format.Configured(q.TTL)
 			}
 			role := q.Role
 			if q.Old {
@@ -283,25 +296,33 @@ func (a *app) printStatus(s ops.Status, cfg amqpretry.Config, queues []string, p
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", q.Name, role, ready, unacked, backlog, held, consumers, ttl, oldest, queueState(s, q))
 		}
 		_ = tw.Flush()
-		a.printWaiting(s)
 	}
-	if len(s.Flags) == 0 {
-		switch {
-		case check:
-		case s.PluginCounted && s.PluginWaiting > 0:
-			// Retries wait, out of sight of the table: "nothing" would hide them.
-			a.printf("\nno problem flagged; %d retries wait in the delayed-message plugin (exchange %s) until due\n", s.PluginWaiting, s.DelayedExchangeName)
-		default:
-			a.printf("\nnothing flagged\n")
+	switch {
+	case len(s.Flags) > 0:
+		if !check {
+			a.printf("\nflagged:\n")
 		}
+		for _, f := range s.Flags {
+			a.printf("  %s\n", a.describe(f, s, cfg, queues))
+		}
+	case check:
+	case s.PluginCounted && s.PluginWaiting > 0:
+		// Retries wait, out of sight of the table: "nothing" would hide them.
+		a.printf("\nno problem flagged; %d retries wait in the delayed-message plugin (exchange %s) until due\n", s.PluginWaiting, s.DelayedExchangeName)
+	default:
+		a.printf("\nnothing flagged\n")
+	}
+	if check {
 		return
 	}
-	if !check {
-		a.printf("\nflagged:\n")
+	if d := s.Overview().Delay; d.Queues > 0 {
+		each := "; each queue: status --verbose"
+		if verbose {
+			each = ""
+		}
+		a.printf("\n%s%s\n", format.Delay(d), each)
 	}
-	for _, f := range s.Flags {
-		a.printf("  %s\n", a.describe(f, s, cfg, queues))
-	}
+	a.printWaiting(s)
 }
 
 // printWaiting prints the waiting retries of each work queue, when status read them.
@@ -309,7 +330,7 @@ func (a *app) printWaiting(s ops.Status) {
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	header := false
 	for _, q := range s.Queues {
-		if !q.WaitingRead {
+		if !q.WaitingRead || q.Role != "work" {
 			continue
 		}
 		if !header {
@@ -359,6 +380,9 @@ func queueState(s ops.Status, q ops.QueueStatus) string {
 		if f.Name == q.Name && f.Role == q.Role {
 			states = append(states, strings.ToUpper(string(f.Kind)))
 		}
+	}
+	if q.Unconsumed() {
+		states = append(states, "NO CONSUMER")
 	}
 	if q.HeadDeliveryCount >= peekBudget && q.Role == "delay" {
 		states = append(states, fmt.Sprintf("head delivered %d times", q.HeadDeliveryCount))

@@ -50,6 +50,8 @@ var funcs = template.FuncMap{
 		return stamp(t) + " (in " + format.Duration(d) + ")"
 	},
 	"dur":   format.Duration,
+	"conf":  format.Configured,
+	"delay": format.Delay,
 	"join":  strings.Join,
 	"upper": strings.ToUpper,
 	"dash": func(s string) string {
@@ -155,18 +157,10 @@ type row struct {
 	Link, Oldest, State string
 }
 
-func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
-	var st ops.Status
-	err := s.use(func(b Broker) (err error) {
-		st, err = b.Status(r.Context(), s.cfg.Status)
-		return err
-	})
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	var rows, work []row
-	for _, q := range st.Queues {
+// rows renders queues as the overview's rows.
+func (s *Server) rows(st ops.Status, queues []ops.QueueStatus) []row {
+	rows := make([]row, 0, len(queues))
+	for _, q := range queues {
 		x := row{QueueStatus: q, Oldest: "-", State: "ok"}
 		switch q.Role {
 		case "poison":
@@ -187,11 +181,41 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 				states = append(states, strings.ToUpper(string(f.Kind)))
 			}
 		}
+		if q.Unconsumed() {
+			states = append(states, "NO CONSUMER")
+		}
 		if len(states) > 0 {
 			x.State = strings.Join(states, ", ")
 		}
 		rows = append(rows, x)
-		if q.WaitingRead {
+	}
+	return rows
+}
+
+// status reads the status for a page.
+func (s *Server) status(r *http.Request) (ops.Status, error) {
+	var st ops.Status
+	err := s.use(func(b Broker) (err error) {
+		st, err = b.Status(r.Context(), s.cfg.Status)
+		return err
+	})
+	return st, err
+}
+
+// overview shows, in the order of ops.Overview: the poison and parking queues, the
+// work queues with a backlog and no consumer, what is flagged, then the other work
+// queues, one line on the delay storage (its queues on /delay) and the waiting
+// retries.
+func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
+	st, err := s.status(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	ov := st.Overview()
+	var work []row
+	for _, x := range s.rows(st, st.Queues) {
+		if x.Role == "work" && x.WaitingRead {
 			work = append(work, x)
 		}
 	}
@@ -202,9 +226,31 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 	s.render(w, http.StatusOK, "overview", "overview", struct {
 		Status      ops.Status
 		Rows, Work  []row
+		Delay       ops.DelaySummary
 		Flags       []string
 		CountsError string
-	}{st, rows, work, flags, s.cfg.Redact(st.CountsError)})
+	}{st, s.rows(st, append(ov.First, ov.Work...)), work, ov.Delay, flags, s.cfg.Redact(st.CountsError)})
+}
+
+// delayQueues lists every delay queue, the flagged ones first.
+func (s *Server) delayQueues(w http.ResponseWriter, r *http.Request) {
+	st, err := s.status(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	ov := st.Overview()
+	var queues []ops.QueueStatus
+	for _, q := range ov.First {
+		if q.Role == "delay" {
+			queues = append(queues, q)
+		}
+	}
+	s.render(w, http.StatusOK, "delay", "delay", struct {
+		Status ops.Status
+		Rows   []row
+		Delay  ops.DelaySummary
+	}{st, s.rows(st, append(queues, ov.DelayQueues...)), ov.Delay})
 }
 
 // group is the messages read that share one error.

@@ -71,6 +71,10 @@ type Config struct {
 	Audit io.Writer
 }
 
+// readOnlyRefusal is the answer of a read-only console to every POST (403).
+const readOnlyRefusal = "this console is read-only (started with --read-only): it redrives, retries and purges nothing; " +
+	"use the amqpretry command, or start the console again without --read-only"
+
 // MinTokenLen is the shortest access token taken: 22 characters of a random token are
 // about 128 bits.
 const MinTokenLen = 22
@@ -140,7 +144,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.Audit = io.Discard
 	}
 	s := &Server{cfg: cfg, csrf: CSRF(cfg.Token), pages: map[string]*template.Template{}}
-	for _, page := range []string{"overview", "messages", "message", "waiting", "confirm", "result", "error"} {
+	for _, page := range []string{"overview", "delay", "messages", "message", "waiting", "confirm", "result", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", page, err)
@@ -220,7 +224,7 @@ func notFound(format string, args ...any) error {
 	return inputError{http.StatusNotFound, fmt.Sprintf(format, args...)}
 }
 
-// ServeHTTP checks the request (Host and Origin, token, CSRF, read-only), in that
+// ServeHTTP checks the request (Host and Origin, token, read-only, CSRF), in that
 // order, then serves it.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
@@ -256,13 +260,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.Method == http.MethodPost {
+		if s.cfg.ReadOnly { // first: its pages carry no CSRF token, and reloading one cannot help
+			s.failNote(w, r, inputError{http.StatusForbidden, readOnlyRefusal}, "Nothing was changed.")
+			return
+		}
 		r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
 		if err := r.ParseForm(); err != nil || subtle.ConstantTimeCompare([]byte(r.PostForm.Get("csrf")), []byte(s.csrf)) != 1 {
 			http.Error(w, "403 forbidden: a POST needs the form's CSRF token; reload the page and try again", http.StatusForbidden)
-			return
-		}
-		if s.cfg.ReadOnly {
-			http.Error(w, "403 forbidden: the console runs read-only (--read-only)", http.StatusForbidden)
 			return
 		}
 	}
@@ -273,6 +277,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Method == http.MethodGet && r.URL.Path == "/":
 		s.overview(w, r)
+	case r.Method == http.MethodGet && r.URL.Path == "/delay":
+		s.delayQueues(w, r)
 	case r.Method == http.MethodGet && (r.URL.Path == "/poison" || r.URL.Path == "/parking"):
 		s.messages(w, r)
 	case r.Method == http.MethodGet && r.URL.Path == "/message":
@@ -281,7 +287,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.waiting(w, r)
 	case r.Method == http.MethodPost && r.URL.Path == "/move":
 		s.move(w, r)
-	case r.URL.Path == "/" || r.URL.Path == "/poison" || r.URL.Path == "/parking" || r.URL.Path == "/message" || r.URL.Path == "/waiting" || r.URL.Path == "/move":
+	case r.URL.Path == "/" || r.URL.Path == "/delay" || r.URL.Path == "/poison" || r.URL.Path == "/parking" || r.URL.Path == "/message" || r.URL.Path == "/waiting" || r.URL.Path == "/move":
 		s.fail(w, r, inputError{http.StatusMethodNotAllowed, "method " + r.Method + " not allowed on " + r.URL.Path})
 	default:
 		s.fail(w, r, notFound("no page %s", r.URL.Path))

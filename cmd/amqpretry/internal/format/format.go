@@ -4,11 +4,15 @@ package format
 
 import (
 	"fmt"
+	"strings"
 	"time"
+
+	"github.com/amqpretry/amqpretry/ops"
 )
 
-// Duration formats d briefly: milliseconds under a second, tenths under a minute,
-// seconds under a day, then days and minutes.
+// Duration formats a measured duration (an age, a time until due) briefly:
+// milliseconds under a second, tenths under a minute, seconds under a day, then days
+// and minutes. A configured one (a TTL, a tier, a delay) is written by Configured.
 func Duration(d time.Duration) string {
 	switch {
 	case d < 0:
@@ -21,4 +25,50 @@ func Duration(d time.Duration) string {
 		return d.Round(time.Second).String()
 	}
 	return fmt.Sprintf("%dd%s", d/(24*time.Hour), (d % (24 * time.Hour)).Round(time.Minute))
+}
+
+// Configured writes a configured duration (a TTL, a tier, a retry's delay) exactly, as
+// it was given and as the library spells a ttl-tiers tier in its queue names: 1.25s,
+// 250ms, 2m, 1h30m (no rounding, no trailing zero units).
+func Configured(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// Delay writes the delay storage in one line: its queues, what waits in them, when the
+// next retry is due.
+func Delay(d ops.DelaySummary) string {
+	line := fmt.Sprintf("delay storage: %d queues", d.Queues)
+	if d.Old > 0 {
+		line += fmt.Sprintf(" (%d of another backend, old)", d.Old)
+	}
+	switch {
+	case d.Messages == 0 && d.Counted:
+		line += ", empty"
+	case d.Counted:
+		line += fmt.Sprintf(", %d messages waiting", d.Messages)
+	default:
+		line += fmt.Sprintf(", %d ready (without the broker's counts, not those waiting to be dead-lettered)", d.Messages)
+	}
+	switch {
+	case !d.NextDue.IsZero():
+		line += ", next due " + d.NextDue.UTC().Format(time.RFC3339)
+		if in := time.Until(d.NextDue); in < 0 {
+			line += " (" + Duration(-in) + " overdue)"
+		} else {
+			line += " (in " + Duration(in) + ")"
+		}
+	case d.Messages > 0 && !d.WaitingRead:
+		line += ", next due unknown (read with rabbitmqctl: --rabbitmqctl)"
+	}
+	if d.Flagged > 0 {
+		line += fmt.Sprintf("; %d flagged, above", d.Flagged)
+	}
+	return line
 }
