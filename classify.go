@@ -48,6 +48,10 @@ type Decision struct {
 	Permanent bool
 	// Delay, when positive, replaces the policy's delay before the next attempt.
 	Delay time.Duration
+	// Unavailable says the failure is a dependency's, not the message's: the work
+	// queue's outage begins at once (Config.Outage), and the message waits, spending
+	// no attempt. Permanent and Delay take precedence over it.
+	Unavailable bool
 }
 
 // ClassifyParams is what Config.Classify is given. Fields may be added.
@@ -60,12 +64,15 @@ type ClassifyParams struct {
 	// Attempt is the attempt that failed, from 1 (0 when Message is nil).
 	Attempt int
 	// Default is the decision of the error's own marks: Permanent poisons, RetryAfter
-	// sets the delay, any other error is retried on the policy's schedule.
+	// sets the delay, Unavailable (or an open CircuitBreaker) begins an outage, any
+	// other error is retried on the policy's schedule.
 	Default Decision
 }
 
 // DecisionOf returns the decision of the marks in err's chain: Permanent poisons,
-// RetryAfter sets the delay, and any other error is retried on the policy's schedule.
+// RetryAfter sets the delay, Unavailable (or gobreaker's ErrOpenState and
+// ErrTooManyRequests, from Watermill's CircuitBreaker) begins an outage, and any other
+// error is retried on the policy's schedule.
 // It is what ClassifyParams.Default holds.
 func DecisionOf(err error) Decision {
 	var d Decision
@@ -83,6 +90,12 @@ func marks(err error, d *Decision, found *bool) {
 		case *retryAfterError:
 			if !*found {
 				d.Delay, *found = max(e.after, 0), true
+			}
+		case *unavailableError:
+			d.Unavailable = true
+		default:
+			if breakerOpen(err) {
+				d.Unavailable = true
 			}
 		}
 		switch u := err.(type) {

@@ -106,6 +106,7 @@ func Run(t *testing.T, m Major) {
 		{"ForgottenCloseIsWarnedAndClosed", ForgottenCloseIsWarnedAndClosed, false},
 		{"RetryAfterIsNeverUndercutOnDelayedRetry", RetryAfterIsNeverUndercutOnDelayedRetry, false},
 		{"RetryAfterIsNeverUndercutOnTTLTiers", RetryAfterIsNeverUndercutOnTTLTiers, false},
+		{"OutageIsNotAPoison", OutageIsNotAPoison, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if testing.Short() && !tc.quick {
