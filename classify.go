@@ -1,12 +1,15 @@
 package amqpretry
 
 import (
+	"context"
 	"errors"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/amqpretry/amqpretry/internal/ctxkey"
 	"github.com/amqpretry/amqpretry/internal/keys"
+	"github.com/amqpretry/amqpretry/internal/undecodable"
 )
 
 // Permanent marks err as not worth retrying: the message is poisoned on this failure.
@@ -63,17 +66,28 @@ type ClassifyParams struct {
 	Message *message.Message
 	// Attempt is the attempt that failed, from 1 (0 when Message is nil).
 	Attempt int
-	// Default is the decision of the error's own marks: Permanent poisons, RetryAfter
-	// sets the delay, Unavailable (or an open CircuitBreaker) begins an outage, any
-	// other error is retried on the policy's schedule.
+	// Default is DecisionOf(Err): the decision of the error's own marks and of a
+	// decode error in its chain. Permanent (a Permanent mark, or an error of a payload
+	// that can never decode) poisons; RetryAfter sets the delay; Unavailable (or an
+	// open CircuitBreaker) begins an outage; any other error is retried on the
+	// policy's schedule.
 	Default Decision
 }
 
-// DecisionOf returns the decision of the marks in err's chain: Permanent poisons,
-// RetryAfter sets the delay, Unavailable (or gobreaker's ErrOpenState and
-// ErrTooManyRequests, from Watermill's CircuitBreaker) begins an outage, and any other
-// error is retried on the policy's schedule.
-// It is what ClassifyParams.Default holds.
+// DecisionOf returns the decision of err's chain, as errors.As walks it:
+//   - Permanent anywhere poisons the message now;
+//   - so does an error of a payload that can never decode, which no retry fixes:
+//     encoding/json's *json.SyntaxError and *json.UnmarshalTypeError, and every
+//     error of google.golang.org/protobuf (what errors.Is(err, proto.Error) matches,
+//     told by its type's package; the errors of github.com/gogo/protobuf are not);
+//   - the first RetryAfter sets the delay;
+//   - Unavailable anywhere, or gobreaker's ErrOpenState or ErrTooManyRequests (from
+//     Watermill's CircuitBreaker), says a dependency is down: the work queue's outage
+//     begins at once (Config.Outage);
+//   - any other error is retried on the policy's schedule.
+//
+// It is what ClassifyParams.Default holds: a Config.Classify may decide otherwise, as
+// Config.Classify's example of retrying decode errors does.
 func DecisionOf(err error) Decision {
 	var d Decision
 	marks(err, &d, new(bool))
@@ -81,9 +95,13 @@ func DecisionOf(err error) Decision {
 }
 
 // marks reads the marks of err's chain into d, as errors.As finds them (depth first,
-// outermost first): Permanent anywhere, and the first RetryAfter's delay (found).
+// outermost first): Permanent or a decode error anywhere, and the first RetryAfter's
+// delay (found).
 func marks(err error, d *Decision, found *bool) {
 	for err != nil {
+		if undecodable.Is(err) {
+			d.Permanent = true
+		}
 		switch e := err.(type) {
 		case *permanentError:
 			d.Permanent = true
@@ -119,6 +137,19 @@ func Attempt(msg *message.Message) int {
 	return n
 }
 
+// AttemptFromContext returns which attempt the handler runs, from 1, read from the
+// context of the message the retry middleware runs it with: for a handler that is
+// given the context and not the message, as Watermill's CQRS handlers are
+// (msg.Context()). It is Attempt of the message the handler runs, an immediate
+// retry's (Policy.Immediate) included. 0 when ctx is not the context of a message
+// under the retry middleware.
+func AttemptFromContext(ctx context.Context) int {
+	if a, ok := ctx.Value(ctxkey.Chain{}).(interface{ Attempt() int }); ok {
+		return a.Attempt()
+	}
+	return 0
+}
+
 var (
 	// ErrHandoff is wrapped by the error the middleware returns when a retry could not
 	// be handed off: the router then nacks the original, with requeue, and the broker
@@ -132,4 +163,11 @@ var (
 	// is nacked like any failed hand-off and, after Config.HandoffAttempts of them,
 	// poisoned.
 	ErrNotWired = errors.New("retry middleware not wired to this message's subscriber")
+	// ErrPanicked is wrapped by the error the middleware makes of a handler's panic,
+	// which it recovers: a failure like any other, retried on the policy's schedule and
+	// poisoned after MaxAttempts, with the panic's stack in the envelope
+	// (middleware.Envelope.Stack). When the panic's value is an error, the error wraps
+	// it too, so that its marks count (panic(Permanent(err)) poisons at once). It is
+	// declared here so that a Classify matches it without importing the middleware.
+	ErrPanicked = errors.New("handler panicked")
 )

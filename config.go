@@ -37,7 +37,10 @@ type Config struct {
 	// Tiers is the ladder of ttl-tiers: one queue per delay, each a whole number of
 	// milliseconds from 1ms to ten years. Default (nil): 34 tiers about 25% apart,
 	// 1s 1.25s 1.6s 2s 2.5s 3.15s 4s 5s 6.3s 8s, the same times 10 and 100 (10s to
-	// 8m20s), then 10m 15m 20m 30m 45m 1h. An empty, non-nil list is refused.
+	// 8m20s), then 10m 15m 20m 30m 45m 1h. An empty, non-nil list is refused. A
+	// delay longer than the longest tier (the policy's, or a RetryAfter) waits the
+	// longest tier, then is parked again when it comes back, as often as it takes
+	// until it is due: never early.
 	Tiers []time.Duration
 	// Levels is the number of levels of binary-levels, which holds delays up to
 	// 2^Levels - 1 s: 1 to 29. Change Prefix with it: New refuses a prefix that holds
@@ -64,7 +67,9 @@ type Config struct {
 	// RetryAfter) is never cut short: the retry is held again, as many times as it
 	// takes (logged at WARN, or INFO), so it comes back at the first multiple of this
 	// delay past the one asked for; this process keeps count, so after a restart it
-	// comes back after one delay. Default: 1s.
+	// comes back after one delay. It is the policy's one delay there: leave the
+	// Policy's schedule fields zero (a Multiplier or Jitter set is refused, see
+	// Policy). Default: 1s.
 	DelayedRetryDelay time.Duration
 
 	// Policy says how many attempts and how long apart. See Policy for its defaults.
@@ -76,8 +81,13 @@ type Config struct {
 	// Outage for its defaults, and Outage.Off.
 	Outage Outage
 	// Classify decides, for any error, whether to poison the message now and whether
-	// to replace the policy's delay. It receives the decision of the error's own marks
-	// (Permanent, RetryAfter) in ClassifyParams.Default. Default: that decision.
+	// to replace the policy's delay. It receives DecisionOf the error in
+	// ClassifyParams.Default: its marks (Permanent, RetryAfter), and Permanent for an
+	// error of a payload that can never decode (encoding/json's *json.SyntaxError and
+	// *json.UnmarshalTypeError, any error of google.golang.org/protobuf; see
+	// DecisionOf). Default: that decision. To retry decode errors too, return
+	// Default with Permanent false for them (ExampleConfig_retryDecodeErrors). A
+	// handler's panic comes as an error wrapping ErrPanicked.
 	Classify func(ClassifyParams) Decision
 	// PoisonQueue receives the messages that failed for good, with their failure
 	// envelope (middleware.Envelope). Declared as a quorum queue, replicated like the
@@ -160,8 +170,12 @@ const defaultHandoffAttempts = 5
 
 // Validate reports every invalid field, each named; zero fields are checked as their
 // defaults. It touches nothing on the broker: an invalid config has no side effects.
-// It also refuses a policy the backend cannot keep (a delay longer than it holds, a
-// schedule the delayed-retry backend cannot follow).
+// It also refuses a policy the backend cannot keep: a delay longer than it holds
+// (binary-levels past 2^Levels - 1 s, delayed-exchange past the plugin's 49.7 days),
+// naming the field to change, or, on delayed-retry, a schedule value its one constant
+// delay would ignore. On ttl-tiers a delay longer than the longest tier is not
+// refused: the retry is parked again when it comes back, until it is due, so it never
+// comes back early.
 func (c Config) Validate() error {
 	user := c.Policy
 	c = c.WithDefaults()
@@ -220,9 +234,8 @@ func (c Config) topologyErrors() (backend.Backend, []error) {
 }
 
 // fits refuses a policy the backend cannot keep: a delay it can ask for that the
-// backend refuses, or, on delayed-retry, a schedule other than the default that the
-// queue's one constant delay cannot follow. user is the policy as given, before
-// defaults.
+// backend refuses, or, on delayed-retry, a schedule value set that the queue's one
+// constant delay would ignore. user is the policy as given, before defaults.
 func (c Config) fits(b backend.Backend, user Policy) []error {
 	if c.Backend == delay.DelayedRetry {
 		return c.fitsDelayedRetry(user)
@@ -251,15 +264,17 @@ func (c Config) fits(b backend.Backend, user Policy) []error {
 	return nil
 }
 
-// fitsDelayedRetry refuses, on the delayed-retry backend, a policy value that changes
-// behaviour its one constant delay per work queue (DelayedRetryDelay, no jitter)
-// cannot keep. A value equal to its default is never refused: it changes nothing.
-// user is the policy as given, before defaults.
+// fitsDelayedRetry refuses, on the delayed-retry backend, a policy value that its one
+// constant delay per work queue (DelayedRetryDelay, no jitter) would ignore: a value
+// set (not zero) that asks for another delay, a growth or a jitter, even one equal to
+// its default elsewhere (Multiplier 2 grows the delay on a copying backend; here it
+// would be dropped). A zero field, its default, means the queue's delay: never
+// refused. user is the policy as given, before defaults.
 func (c Config) fitsDelayedRetry(user Policy) []error {
 	var errs []error
-	d, p, def := c.DelayedRetryDelay, c.Policy, Policy{}.withDefaults()
+	d, p := c.DelayedRetryDelay, c.Policy
 	what := fmt.Sprintf("the %s backend holds every retry of a work queue for one constant delay, every %s (DelayedRetryDelay)", c.Backend, d)
-	copying := "or put a copying Backend behind HeldRetries"
+	copying := "or use a copying Backend (ttl-tiers or binary-levels), with HeldRetries for the first retries if you want them held"
 	if len(user.Delays) > 0 {
 		switch {
 		case slices.Max(user.Delays) == d && slices.Min(user.Delays) == d:
@@ -269,17 +284,17 @@ func (c Config) fitsDelayedRetry(user Policy) []error {
 			errs = append(errs, fmt.Errorf("Policy.Delays: %v, %s, and cannot grow it: leave Policy.Delays empty and set DelayedRetryDelay, %s", user.Delays, what, copying))
 		}
 	} else {
-		if p.InitialInterval != def.InitialInterval && p.InitialInterval != d {
-			errs = append(errs, fmt.Errorf("Policy.InitialInterval: %s, %s: set DelayedRetryDelay to %s instead", p.InitialInterval, what, p.InitialInterval))
+		if user.InitialInterval != 0 && user.InitialInterval != d {
+			errs = append(errs, fmt.Errorf("Policy.InitialInterval: %s, %s: set DelayedRetryDelay to %s instead (or leave Policy.InitialInterval 0)", user.InitialInterval, what, user.InitialInterval))
 		}
-		if p.Multiplier != def.Multiplier && p.Multiplier != 1 {
-			errs = append(errs, fmt.Errorf("Policy.Multiplier: %g, %s, and cannot grow it: leave Policy.Multiplier unset, %s", p.Multiplier, what, copying))
+		if user.Multiplier != 0 && user.Multiplier != 1 {
+			errs = append(errs, fmt.Errorf("Policy.Multiplier: %g, %s, and cannot grow it: set Policy.Multiplier to 1 (or 0 for the default), %s", user.Multiplier, what, copying))
 		}
-		if p.MaxInterval < d {
-			errs = append(errs, fmt.Errorf("Policy.MaxInterval: %s, shorter than the one constant delay the %s backend holds every retry for, %s (DelayedRetryDelay): set DelayedRetryDelay to at most %s", p.MaxInterval, c.Backend, d, p.MaxInterval))
+		if user.MaxInterval != 0 && user.MaxInterval < d {
+			errs = append(errs, fmt.Errorf("Policy.MaxInterval: %s, shorter than the one constant delay the %s backend holds every retry for, %s (DelayedRetryDelay): set DelayedRetryDelay to at most %s (or leave Policy.MaxInterval 0)", user.MaxInterval, c.Backend, d, user.MaxInterval))
 		}
-		if p.Jitter != def.Jitter && p.Jitter != 0 {
-			errs = append(errs, fmt.Errorf("Policy.Jitter: %g, %s, and cannot randomise it: leave Policy.Jitter unset or set Policy.NoJitter, %s", p.Jitter, what, copying))
+		if user.Jitter != 0 && !user.NoJitter {
+			errs = append(errs, fmt.Errorf("Policy.Jitter: %g, %s, and cannot randomise it: set Policy.Jitter to 0 or Policy.NoJitter, %s", user.Jitter, what, copying))
 		}
 	}
 	if p.Immediate > 0 {

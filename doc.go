@@ -1,9 +1,10 @@
 // Package amqpretry turns a Watermill handler error into a delayed redelivery held by
 // RabbitMQ, instead of a sleep inside the handler. Every user imports it: it holds the
 // configuration (Config, Policy), what a handler returns to steer its retries
-// (Permanent, RetryAfter) and what it reads (Attempt). The transport package of your
-// watermill-amqp major, github.com/amqpretry/amqpretry/wamqp3 (or wamqp2), builds the
-// middleware from it; that is the one other import of the common case.
+// (Permanent, RetryAfter) and what it reads (Attempt, AttemptFromContext). The
+// transport package of your watermill-amqp major, github.com/amqpretry/amqpretry/wamqp3
+// (or wamqp2), builds the middleware from it; that is the one other import of the
+// common case.
 //
 // # The common case
 //
@@ -23,9 +24,13 @@
 //
 // # What happens on an error
 //
-// The error is classified: Permanent poisons the message at once; RetryAfter asks for
-// its own delay; anything else is retried after the Policy's delay. Config.Classify may
-// decide for any error. For a retry, a copy of the message with the next attempt number
+// The error is classified (DecisionOf): Permanent poisons the message at once, and so
+// does an error of a payload that can never decode (encoding/json's syntax and type
+// errors, protobuf-go's); RetryAfter asks for its own delay; anything else is retried
+// after the Policy's delay. Config.Classify may decide for any error. A handler's panic
+// is recovered by the middleware and retried like an error (ErrPanicked), its stack in
+// the envelope. A handler reads its attempt with Attempt, or, given the message's
+// context (a Watermill CQRS handler), with AttemptFromContext. For a retry, a copy of the message with the next attempt number
 // and the failure envelope (package middleware) is handed to the delay backend (package
 // delay) on a connection of its own; the original is acked only once the broker has
 // confirmed the copy, and nacked for redelivery when it cannot be (at-least-once:

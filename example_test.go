@@ -2,6 +2,7 @@ package amqpretry_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	amqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/components/cqrs"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry"
@@ -79,6 +81,34 @@ func ExampleAttempt() {
 			log.Printf("message %s: attempt %d", msg.UUID, amqpretry.Attempt(msg))
 		}
 		return nil
+	}
+}
+
+// A Watermill CQRS handler is given the message's context, not the message: it reads
+// its attempt from the context.
+func ExampleAttemptFromContext() {
+	type OrderPlaced struct{ ID string }
+	_ = cqrs.NewEventHandler("on-order-placed", func(ctx context.Context, e *OrderPlaced) error {
+		if n := amqpretry.AttemptFromContext(ctx); n > 3 {
+			log.Printf("order %s: attempt %d", e.ID, n)
+		}
+		return nil
+	})
+}
+
+// A payload that cannot decode is poisoned at once by default (DecisionOf). A Classify
+// retries such errors instead: for a consumer deployed before the producer's schema
+// change, say. A Permanent mark on the same error is then not honoured either.
+func ExampleConfig_retryDecodeErrors() {
+	_ = amqpretry.Config{
+		Classify: func(p amqpretry.ClassifyParams) amqpretry.Decision {
+			var syntax *json.SyntaxError
+			var typ *json.UnmarshalTypeError
+			if errors.As(p.Err, &syntax) || errors.As(p.Err, &typ) {
+				p.Default.Permanent = false // retried on the policy's schedule
+			}
+			return p.Default
+		},
 	}
 }
 

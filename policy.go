@@ -18,19 +18,32 @@ type Policy struct {
 	MaxAttempts int
 	// Delays, if set, is the explicit schedule: the delay before attempt n+1 is
 	// Delays[n-1], and the last entry repeats. It replaces the exponential settings
-	// below; no jitter is applied.
+	// below; no jitter is applied. On ttl-tiers, a delay longer than the longest tier
+	// is parked again when it comes back, until it is due: never early.
+	//
+	// On Backend delayed-retry, which holds every retry for one constant delay
+	// (Config.DelayedRetryDelay), the zero value of each schedule field below means
+	// that delay; a value that would ask for another delay, a growth or a jitter is
+	// refused by Config.Validate, naming the fix, rather than ignored. With
+	// Config.HeldRetries the held retries are DelayedRetryDelay apart, and the whole
+	// schedule applies to Backend's retries after them.
 	Delays []time.Duration
-	// InitialInterval is the delay before the first delayed retry. Default: 1s.
+	// InitialInterval is the delay before the first delayed retry. Default: 1s; on
+	// delayed-retry, DelayedRetryDelay (another value is refused).
 	InitialInterval time.Duration
 	// Multiplier grows the delay after each attempt; fractions are kept (1.5 gives 1s,
-	// 1.5s, 2.25s). At least 1. Default: 2.
+	// 1.5s, 2.25s). At least 1. Default: 2; on delayed-retry, 1 (its one delay), and
+	// any other value, 2 included, is refused.
 	Multiplier float64
 	// MaxInterval caps each delay of the exponential schedule, jitter included (not
-	// Delays, nor a RetryAfter, which the backend still refuses past what it holds).
-	// Default: 10m.
+	// Delays, nor a RetryAfter). A policy delay longer than the backend holds is
+	// refused by Config.Validate on binary-levels and delayed-exchange; on ttl-tiers
+	// it is parked again when it comes back, until it is due. Default: 10m; on
+	// delayed-retry, unused (a value shorter than DelayedRetryDelay is refused).
 	MaxInterval time.Duration
 	// Jitter randomises each delay by up to this fraction either way, so that messages
-	// that failed together do not come back together; in [0, 1). Default: 0.2.
+	// that failed together do not come back together; in [0, 1). Default: 0.2; on
+	// delayed-retry, none (a value set is refused).
 	Jitter float64
 	// NoJitter turns jitter off (Jitter is then ignored).
 	NoJitter bool

@@ -173,7 +173,7 @@ func TestPolicyMustFitTheBackend(t *testing.T) {
 		t.Errorf("binary-levels with 4 levels and a 20s delay: %v", err)
 	}
 	if err := (amqpretry.Config{Policy: amqpretry.Policy{MaxInterval: 3 * time.Hour}}).Validate(); err != nil {
-		t.Errorf("ttl-tiers with delays past its longest tier: %v, want accepted (they come back early)", err)
+		t.Errorf("ttl-tiers with delays past its longest tier: %v, want accepted (they are parked again until due)", err)
 	}
 	err = errors.Join(amqpretry.Config{Backend: delay.DelayedRetry, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second, 2 * time.Second}}}.Validate(),
 		amqpretry.Config{Backend: delay.DelayedRetry, Policy: amqpretry.Policy{Jitter: 0.1}}.Validate())

@@ -73,9 +73,12 @@ func TestLimitCheckedAgainstTheSchedule(t *testing.T) {
 	}
 }
 
-// TestDelayedRetryRefusesOnlyWhatChangesBehaviour (issue 25 §4): the delayed-retry
-// backend refuses a schedule it cannot keep, not an explicit value equal to the
-// default, and says what it cannot keep.
+// TestDelayedRetryRefusesOnlyWhatChangesBehaviour (issue 25 §4, issue 43 §3): the
+// delayed-retry backend refuses a schedule it cannot keep, and says what it cannot
+// keep and the fix; a zero field (its default) and a value its one delay honours are
+// accepted. A value set that it would ignore is refused even when it is a copying
+// backend's default: Multiplier 2 was dropped with an INFO line (50 of 50 second
+// retries came back after 1s on 4.3, not 2s).
 func TestDelayedRetryRefusesOnlyWhatChangesBehaviour(t *testing.T) {
 	dr := func(p amqpretry.Policy) amqpretry.Config {
 		return amqpretry.Config{Backend: delay.DelayedRetry, Policy: p}
@@ -85,7 +88,17 @@ func TestDelayedRetryRefusesOnlyWhatChangesBehaviour(t *testing.T) {
 		cfg  amqpretry.Config
 		want []string
 	}{
-		{"explicit defaults", dr(amqpretry.Policy{InitialInterval: time.Second, Multiplier: 2, MaxInterval: 10 * time.Minute, Jitter: 0.2}), nil},
+		{"zero defaults", dr(amqpretry.Policy{}), nil},
+		{"values its one delay honours", dr(amqpretry.Policy{InitialInterval: time.Second, Multiplier: 1, MaxInterval: 10 * time.Minute}), nil},
+		{"a delay past MaxInterval's default", amqpretry.Config{Backend: delay.DelayedRetry, DelayedRetryDelay: 20 * time.Minute}, nil},
+		{"Multiplier 2", dr(amqpretry.Policy{InitialInterval: time.Second, Multiplier: 2}),
+			[]string{"Policy.Multiplier: 2, ", "one constant delay, every 1s (DelayedRetryDelay)", "set Policy.Multiplier to 1 (or 0 for the default), or use a copying Backend", "HeldRetries"}},
+		{"Multiplier 1.5 with constant delays", dr(amqpretry.Policy{Multiplier: 1.5, NoJitter: true}), []string{"Policy.Multiplier: 1.5, "}},
+		{"MaxInterval shorter than the delay", amqpretry.Config{Backend: delay.DelayedRetry, DelayedRetryDelay: 2 * time.Second, Policy: amqpretry.Policy{MaxInterval: time.Second, InitialInterval: time.Second}},
+			[]string{"Policy.MaxInterval: 1s, shorter than the one constant delay", "2s (DelayedRetryDelay): set DelayedRetryDelay to at most 1s"}},
+		{"Jitter 0.2", dr(amqpretry.Policy{Jitter: 0.2}), []string{"Policy.Jitter: 0.2, ", "set Policy.Jitter to 0 or Policy.NoJitter"}},
+		{"InitialInterval 1s with another delay", amqpretry.Config{Backend: delay.DelayedRetry, DelayedRetryDelay: 3 * time.Second, Policy: amqpretry.Policy{InitialInterval: time.Second}},
+			[]string{"Policy.InitialInterval: 1s, ", "every 3s (DelayedRetryDelay): set DelayedRetryDelay to 1s instead"}},
 		{"no jitter", dr(amqpretry.Policy{NoJitter: true}), nil},
 		{"constant delays", dr(amqpretry.Policy{Delays: []time.Duration{time.Second, time.Second}}), nil},
 		{"delays of another constant", dr(amqpretry.Policy{Delays: []time.Duration{3 * time.Second}}),
@@ -213,7 +226,7 @@ func TestEffectivePolicyLoggedAtStart(t *testing.T) {
 }
 
 // TestTTLTiersLogsOnlyWhatThePolicyAsks (issue 25 §2): on ttl-tiers, the start-up
-// line "longer than the backend holds" appears only when the policy's schedule can
+// line "longer than the longest tier" appears only when the policy's schedule can
 // actually ask for more than the longest tier, not for a MaxInterval it never reaches.
 func TestTTLTiersLogsOnlyWhatThePolicyAsks(t *testing.T) {
 	brokertest.Dial(t)
@@ -240,7 +253,7 @@ func TestTTLTiersLogsOnlyWhatThePolicyAsks(t *testing.T) {
 			t.Fatal(err)
 		}
 		_ = r.Close()
-		lines := l.matching("longer than the backend holds")
+		lines := l.matching("longer than the longest tier")
 		switch {
 		case tt.want == "" && len(lines) > 0:
 			t.Errorf("%+v: logged %q, though its longest delay is 2.4s and the longest tier 3s", tt.policy, lines)

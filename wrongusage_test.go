@@ -101,6 +101,41 @@ func runRouterV2(e *wuEnv, cfg amqpretry.Config) string {
 	return e.run(r)
 }
 
+// addHandler: wamqp3.New and AddHandler on e.Queue, without running the router: what
+// New or AddHandler returns, or "" when the handler is added.
+func addHandler(e *wuEnv, cfg amqpretry.Config) string {
+	r, err := wamqp3.New(e.subConfig(), cfg)
+	if err != nil {
+		return e.shown(err)
+	}
+	return e.add(r)
+}
+
+// addHandlerV2: addHandler through watermill-amqp v2 (wamqp2).
+func addHandlerV2(e *wuEnv, cfg amqpretry.Config) string {
+	r, err := wamqp2.New(wamqpv2.NewDurableQueueConfig(e.subConfig().Connection.AmqpURI), cfg)
+	if err != nil {
+		return e.shown(err)
+	}
+	return e.add(r)
+}
+
+// add adds r's handler on e.Queue to a router it does not run: what AddHandler
+// returns, or "".
+func (e *wuEnv) add(r interface {
+	AddHandler(*message.Router, string, string, message.NoPublishHandlerFunc) (*message.Handler, error)
+	Close() error
+}) string {
+	defer r.Close()
+	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer router.Close()
+	_, err = r.AddHandler(router, "wrong-usage", e.Queue, func(*message.Message) error { return errors.New("boom") })
+	return e.shown(err)
+}
+
 // run runs r's handler on e.Queue in a router: what AddHandler or Run returns, or ""
 // when the router runs.
 func (e *wuEnv) run(r interface {
@@ -205,6 +240,28 @@ func classicUnderDelayedRetry(m topology.Mode) func(e *wuEnv) amqpretry.Config {
 	}
 }
 
+// classicUnderDelayedRetryAtAddHandler is the case of a user moving an existing
+// classic work queue to delayed-retry in topology mode m, through add (one
+// watermill-amqp major's New and AddHandler, the router not run): AddHandler refuses.
+func classicUnderDelayedRetryAtAddHandler(m topology.Mode, major string, add func(*wuEnv, amqpretry.Config) string) wrongUsage {
+	return wrongUsage{
+		name:   fmt.Sprintf("classic work queue under delayed-retry, topology mode %s, AddHandler, %s", m, major),
+		broker: broker43,
+		cfg:    classicUnderDelayedRetry(m),
+		setup:  func(e *wuEnv) { e.declareClassic() },
+		do: func(e *wuEnv, cfg amqpretry.Config) string {
+			if m == topology.ModeVerify {
+				e.apply(cfg)
+			} else {
+				e.cleanup(cfg)
+			}
+			return add(e, cfg)
+		},
+		want: append([]string{`handler "wrong-usage": `}, classicFix("<queue>")...),
+		is:   topology.ErrMismatch,
+	}
+}
+
 // quorumBack is the case of a user back from delayed-retry, which made the work queue
 // a quorum queue, on ttl-tiers with a subscriber config without its queue arguments
 // (the README's), through run (one watermill-amqp major).
@@ -281,10 +338,17 @@ func TestWrongUsage(t *testing.T) {
 			is:   delay.ErrDelayTooLong,
 		},
 		{
-			name: "delayed-retry with explicit defaults",
+			name: "delayed-retry with the defaults left zero",
 			cfg: func(*wuEnv) amqpretry.Config {
-				return amqpretry.Config{Backend: delay.DelayedRetry, Policy: amqpretry.Policy{InitialInterval: time.Second, Multiplier: 2, Jitter: 0.2}}
+				return amqpretry.Config{Backend: delay.DelayedRetry, Policy: amqpretry.Policy{MaxAttempts: 3}}
 			},
+		},
+		{
+			name: "delayed-retry with a copying backend's default multiplier",
+			cfg: func(*wuEnv) amqpretry.Config {
+				return amqpretry.Config{Backend: delay.DelayedRetry, Policy: amqpretry.Policy{InitialInterval: time.Second, Multiplier: 2}}
+			},
+			want: []string{"Policy.Multiplier: 2, the delayed-retry backend holds every retry of a work queue for one constant delay, every 1s (DelayedRetryDelay), and cannot grow it: set Policy.Multiplier to 1 (or 0 for the default), or use a copying Backend"},
 		},
 		{
 			name: "delayed-retry with a schedule it cannot keep",
@@ -358,29 +422,21 @@ func TestWrongUsage(t *testing.T) {
 		},
 		quorumBack("watermill-amqp v3", runRouter),
 		quorumBack("watermill-amqp v2", runRouterV2),
+		// Issue 43 §5: moving to delayed-retry by configuration is refused by
+		// AddHandler, which knows the work queue, not only when the router runs.
+		classicUnderDelayedRetryAtAddHandler(topology.ModeDeclare, "watermill-amqp v3", addHandler),
+		classicUnderDelayedRetryAtAddHandler(topology.ModeDeclare, "watermill-amqp v2", addHandlerV2),
+		classicUnderDelayedRetryAtAddHandler(topology.ModeVerify, "watermill-amqp v3", addHandler),
 		{
-			name:   "classic work queue under delayed-retry, topology mode declare",
+			// A work queue that does not exist yet is fine: the subscriber declares it.
+			name:   "missing work queue under delayed-retry, AddHandler",
 			broker: broker43,
 			cfg:    classicUnderDelayedRetry(topology.ModeDeclare),
-			setup:  func(e *wuEnv) { e.declareClassic() },
 			do: func(e *wuEnv, cfg amqpretry.Config) string {
 				e.cleanup(cfg)
+				brokertest.Cleanup(e.t, []string{e.Queue}, nil)
 				return runRouter(e, cfg)
 			},
-			want: classicFix("<queue>"),
-			is:   topology.ErrMismatch,
-		},
-		{
-			name:   "classic work queue under delayed-retry, topology mode verify",
-			broker: broker43,
-			cfg:    classicUnderDelayedRetry(topology.ModeVerify),
-			setup:  func(e *wuEnv) { e.declareClassic() },
-			do: func(e *wuEnv, cfg amqpretry.Config) string {
-				e.apply(cfg)
-				return runRouter(e, cfg)
-			},
-			want: classicFix("<queue>"),
-			is:   topology.ErrMismatch,
 		},
 		{
 			// Topology mode none checks nothing: the engine notices when the message

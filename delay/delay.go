@@ -24,11 +24,13 @@ const (
 	DelayedExchange Backend = "delayed-exchange"
 	// DelayedRetry has RabbitMQ 4.3+ hold the failed delivery in the work queue itself
 	// (its delayed retry of quorum queues): no copy, no publish, one constant delay per
-	// work queue, without jitter. A Policy value that would change that (Delays other
-	// than DelayedRetryDelay, another InitialInterval, a Multiplier other than 1, a
-	// Jitter, Immediate) is refused; one equal to its default changes nothing and is
-	// accepted. The work queue must be a quorum queue: a classic one is refused at
-	// the first subscribe.
+	// work queue, without jitter. The Policy's schedule fields left zero mean that
+	// delay; a value set that it would ignore (Delays other than DelayedRetryDelay,
+	// another InitialInterval, a Multiplier other than 1, a MaxInterval shorter than
+	// the delay, a Jitter, Immediate) is refused, even one that is the default on a
+	// copying backend (Multiplier 2, Jitter 0.2). The work queue must be a quorum
+	// queue: an existing queue of another type is refused by the transport's
+	// AddHandler, or else at the first subscribe.
 	DelayedRetry Backend = "delayed-retry"
 	// DeliveryTime has RabbitMQ 4.3+ hold a failed delivery received over AMQP 1.0 in
 	// its quorum queue until an exact time (the modified outcome with

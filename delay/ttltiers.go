@@ -27,8 +27,8 @@ import (
 //	<prefix>.parking        the delivery exchange's alternate exchange and its queue
 //
 // A requested delay snaps to the shortest tier at least as long; a delay longer than
-// the longest tier gets the longest tier: a delay of the error's own (a RetryAfter) is
-// then re-parked until it is due, a longer one of the policy's comes back early.
+// the longest tier gets the longest tier, then is re-parked when it comes back, until
+// it is due (a RetryAfter and the policy's delays alike): never early.
 type ttlTiers struct {
 	env      backend.Env
 	names    names.Names

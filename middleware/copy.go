@@ -12,10 +12,10 @@ import (
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/amqpretry/amqpretry"
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
+	"github.com/amqpretry/amqpretry/internal/undecodable"
 )
 
 // The failure path, in the order it runs: decide what becomes of the message, size
@@ -41,6 +41,11 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	case werr != nil:
 		return e.handoffFailed(f, copyOf(run), werr, "not-wired", true)
 	case decided.Permanent:
+		if undecodable.In(err) {
+			// Say why the error is permanent when no mark of the handler's says it.
+			f.envelope.Error = "undecodable payload, not retried: " + f.envelope.Error
+			f.log()["undecodable"] = true
+		}
 		return e.poison(f, copyOf(run), amqpretry.ReasonPermanent)
 	case d.attempt >= e.cfg.Policy.MaxAttempts:
 		return e.poison(f, copyOf(run), amqpretry.ReasonMaxAttempts)
@@ -78,15 +83,15 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	}
 	var parkUntil time.Time
 	switch {
-	case requested > effective && caps.PastLongest == backend.Repark && decided.Delay > 0:
-		// A delay of the error's own (a server's Retry-After) is never cut short: the
-		// copy is re-parked when it comes back, until it is due.
-		parkUntil = time.Now().Add(requested)
-		notice(e.cfg.Logger, "Delay asked for is longer than the longest tier: the retry is parked again until it is due",
-			f.log().Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
 	case requested > effective && caps.PastLongest == backend.Repark:
-		e.cfg.Logger.Error("Delay longer than the longest tier, using the longest: the retry comes back early", delay.ErrDelayTooLong,
-			f.log().Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
+		// A delay longer than the longest tier, the error's own (a server's
+		// Retry-After) or the policy's, is never cut short: the copy is re-parked when
+		// it comes back, until it is due. The policy's was logged once at start.
+		parkUntil = time.Now().Add(requested)
+		if decided.Delay > 0 {
+			notice(e.cfg.Logger, "Delay asked for is longer than the longest tier: the retry is parked again until it is due",
+				f.log().Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
+		}
 	case held && caps.PastLongest == backend.HoldAgain && decided.Delay > effective:
 		// The queue holds a retry for one delay: held again until it is due, never
 		// back before the delay asked for (a server's Retry-After).
@@ -236,6 +241,7 @@ func (e *engine) envelope(d delivery, err error) Envelope {
 		LastFailure: d.at, Error: err.Error(), ErrorTypes: errorTypes(err),
 		Handler: d.handler, Topic: d.topic, Queue: d.queue,
 	}
+	env.Stack = stackOf(err)
 	if env.FirstFailure.IsZero() {
 		env.FirstFailure = d.at
 		env.OriginalExchange, env.OriginalRoutingKey = d.exchange, d.key
@@ -303,10 +309,10 @@ func copyOf(msg *message.Message) *message.Message {
 const trimmedErrorBytes = 256
 
 // trim shortens the envelope of a copy too large for the broker: the error text to
-// trimmedErrorBytes, the error types left out.
+// trimmedErrorBytes, the error types and the stack left out.
 func trim(env *Envelope) {
 	env.Error = truncate(env.Error, trimmedErrorBytes)
-	env.ErrorTypes = nil
+	env.ErrorTypes, env.Stack = nil, ""
 }
 
 // delayOf returns the delay of the n-th delayed retry of p (from 1: the first is

@@ -1,8 +1,11 @@
 // Package middleware is the retry middleware: Retry turns a handler's error into a
 // broker-side delayed redelivery.
 //
-// It reads each delivery once, on receipt, and runs the handler (engine.go). On a
-// handler error it decides what becomes of the message (whether it is this Retry's to
+// It reads each delivery once, on receipt, and runs the handler (engine.go), with the
+// attempt in the message's context (amqpretry.AttemptFromContext) and recovering its
+// panic: a panic is a failure like an error (amqpretry.ErrPanicked), logged at ERROR
+// with its stack, which the Envelope carries; the Retry nearest the handler recovers
+// it, whatever the order of Watermill's Recoverer. On a handler error it decides what becomes of the message (whether it is this Retry's to
 // hand off, the error's marks, amqpretry.Config.Classify, the Policy), sizes the delay
 // with the delay backend, stamps the failure Envelope on a copy and parks the copy in
 // the backend, which publishes it confirmed before the delivery is acked (copy.go, in
@@ -23,7 +26,8 @@
 // subscriber config it needs; github.com/amqpretry/amqpretry/amqp1 builds it for AMQP
 // 1.0. Each of them calls New with a Transport: the seam a transport of your own uses
 // too. Its subscriber calls Retry.Delivered on each message, and, where retries come
-// back through the broker, Retry.Bind on each subscribe.
+// back through the broker, Retry.Bind on each subscribe; adding a handler, it calls
+// Retry.CheckWorkQueue, which refuses a work queue that cannot hold the retries.
 //
 // Read a poisoned message's Envelope with ReadEnvelope.
 package middleware

@@ -1,8 +1,9 @@
 package middleware
 
 // The engine: the middleware's handler closure. It reads a delivery once, on receipt
-// (read: the envelope it carries included, ReadEnvelope in envelope.go, and the Retry
-// middlewares it passes through, joinChain), runs the handler, with Policy.Immediate's
+// (read: the envelope it carries included, ReadEnvelope in envelope.go, the Retry
+// middlewares it passes through and the attempt, its chain in the message's context),
+// runs the handler (run: a panic recovered as a failure), with Policy.Immediate's
 // retries in this process, and hands a failure to the failure path (copy.go: decide,
 // size, stamp, park; or hold, hold.go), while the engine is open (lifecycle.go). A
 // first delivery carries no envelope: reading it costs one pass over its metadata. A
@@ -23,6 +24,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/ctxkey"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 )
@@ -98,8 +100,9 @@ type delivery struct {
 // one remembered when it was held is written back into its metadata, so that the
 // handler reads it as on a copy.
 func (e *engine) read(msg *message.Message) delivery {
+	c := chainOf(msg)
 	if e.wiring.ID != "" {
-		joinChain(msg, e.wiring.ID)
+		c.join(e.wiring.ID)
 	}
 	ctx := msg.Context()
 	d := delivery{
@@ -146,25 +149,45 @@ func (e *engine) read(msg *message.Message) delivery {
 		d.attempt = h.env.Attempt
 		msg.Metadata[keys.Attempt] = strconv.Itoa(d.attempt)
 	}
+	c.attempt.Store(int64(d.attempt))
 	return d
 }
 
-// chain lists the Retry middlewares (by wiring.ID) a message passes through.
+// chain is the record of a delivery in its message's context, shared by every
+// middleware of the handler: the Retry middlewares (by wiring.ID) it passes through,
+// so that an outer one sees the inner ones after the handler returns, and the attempt
+// the handler runs (amqpretry.AttemptFromContext), written by the Retry nearest the
+// handler last. It is the context itself, under ctxkey.Chain: one allocation per
+// delivery.
 type chain struct {
-	mu  sync.Mutex
-	ids []string
+	context.Context
+	mu      sync.Mutex
+	ids     []string
+	attempt atomic.Int64
 }
 
-type chainKey struct{}
-
-// joinChain records id in msg's context. The chain is shared by every middleware of
-// the handler, so an outer one sees the inner ones after the handler returns.
-func joinChain(msg *message.Message, id string) {
-	c, _ := msg.Context().Value(chainKey{}).(*chain)
-	if c == nil {
-		c = &chain{}
-		msg.SetContext(context.WithValue(msg.Context(), chainKey{}, c))
+func (c *chain) Value(key any) any {
+	if key == (ctxkey.Chain{}) {
+		return c
 	}
+	return c.Context.Value(key)
+}
+
+// Attempt is the attempt the handler runs (amqpretry.AttemptFromContext).
+func (c *chain) Attempt() int { return int(c.attempt.Load()) }
+
+// chainOf returns msg's chain, adding one to its context if it has none.
+func chainOf(msg *message.Message) *chain {
+	c, _ := msg.Context().Value(ctxkey.Chain{}).(*chain)
+	if c == nil {
+		c = &chain{Context: msg.Context()}
+		msg.SetContext(c)
+	}
+	return c
+}
+
+// join records id in the chain.
+func (c *chain) join(id string) {
 	c.mu.Lock()
 	c.ids = append(c.ids, id)
 	c.mu.Unlock()
@@ -172,7 +195,7 @@ func joinChain(msg *message.Message, id string) {
 
 // inChain tells whether the Retry id is among the middlewares msg passes through.
 func inChain(msg *message.Message, id string) bool {
-	c, _ := msg.Context().Value(chainKey{}).(*chain)
+	c, _ := msg.Context().Value(ctxkey.Chain{}).(*chain)
 	if c == nil {
 		return false
 	}
@@ -212,7 +235,7 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			}
 		}
 		// decided is err's decision, once classified (Classify runs once per failure).
-		produced, err, decided := e.runHandler(h, msg, d, d.attempt)
+		produced, err, decided := e.runHandler(h, msg, d)
 		run, attempt := msg, d.attempt
 		for err != nil && attempt <= e.cfg.Policy.Immediate {
 			var again bool
@@ -224,8 +247,10 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			next.SetContext(marshal.CopyContext(run)) // typed headers as read
 			attempt++
 			next.Metadata[keys.Attempt] = strconv.Itoa(attempt)
+			chainOf(next).attempt.Store(int64(attempt))
 			run = next
-			produced, err, decided = e.runHandler(h, run, d, attempt)
+			d.attempt = attempt
+			produced, err, decided = e.runHandler(h, run, d)
 		}
 		if err == nil {
 			e.failures.forget(msg.UUID)

@@ -29,6 +29,10 @@ type Envelope struct {
 	// chain, outermost first, at most 16.
 	Error      string   `json:"error,omitempty"`
 	ErrorTypes []string `json:"error_types,omitempty"`
+	// Stack is, when the latest failure was a panic of the handler (which the
+	// middleware recovers: amqpretry.ErrPanicked), the stack of the goroutine from the
+	// function that panicked, at most 4 KiB.
+	Stack string `json:"stack,omitempty"`
 	// FirstFailure and LastFailure are the times of the first and the latest failure.
 	FirstFailure time.Time `json:"first_failure,omitzero"`
 	LastFailure  time.Time `json:"last_failure,omitzero"`
@@ -60,6 +64,7 @@ type Envelope struct {
 // Bounds of the envelope.
 const (
 	maxErrorBytes     = 2048
+	maxStackBytes     = 4096
 	maxErrorTypeBytes = 128
 	maxNameBytes      = 256
 	typeSeparator     = " > "
@@ -76,6 +81,7 @@ func (e Envelope) Write(md message.Metadata) {
 		{keys.PoisonReason, truncate(string(e.Reason), maxNameBytes)},
 		{keys.Error, truncate(e.Error, maxErrorBytes)},
 		{keys.ErrorTypes, joinTypes(e.ErrorTypes)},
+		{keys.Stack, truncate(e.Stack, maxStackBytes)},
 		{keys.Handler, truncate(e.Handler, maxNameBytes)},
 		{keys.Topic, truncate(e.Topic, maxNameBytes)},
 		{keys.Queue, truncate(e.Queue, maxNameBytes)},
@@ -120,6 +126,8 @@ func ReadEnvelope(md message.Metadata) Envelope {
 			if v != "" {
 				e.ErrorTypes = strings.Split(v, typeSeparator)
 			}
+		case keys.Stack:
+			e.Stack = v
 		case keys.Handler:
 			e.Handler = v
 		case keys.Topic:

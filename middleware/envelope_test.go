@@ -18,7 +18,7 @@ import (
 
 // envelopeKeys are every key Envelope.Write may write.
 var envelopeKeys = []string{
-	keys.Attempt, keys.MaxAttempts, keys.PoisonReason, keys.Error, keys.ErrorTypes,
+	keys.Attempt, keys.MaxAttempts, keys.PoisonReason, keys.Error, keys.ErrorTypes, keys.Stack,
 	keys.FirstFailure, keys.LastFailure, keys.Handler, keys.Topic, keys.Queue,
 	keys.OriginalExchange, keys.OriginalRoutingKey, keys.RequestedDelay, keys.EffectiveDelay,
 	keys.Due, keys.DroppedHeaders, keys.RedrivenAt, keys.RedriveCount, keys.RedrivenFrom,
@@ -30,6 +30,7 @@ func full() middleware.Envelope {
 	return middleware.Envelope{
 		Attempt: 3, MaxAttempts: 5, Reason: amqpretry.ReasonMaxAttempts,
 		Error: "warehouse offline: é", ErrorTypes: []string{"*fmt.wrapError", "*errors.errorString"},
+		Stack:        "main.handle(...)\n\t/src/main.go:12 +0x1d\n",
 		FirstFailure: at, LastFailure: at.Add(time.Minute),
 		Handler: "orders", Topic: "orders.created", Queue: "orders",
 		OriginalExchange: "shop", OriginalRoutingKey: "order.created",
@@ -53,6 +54,7 @@ func TestEnvelopeRoundTrip(t *testing.T) {
 		keys.PoisonReason:       "max-attempts",
 		keys.Error:              "warehouse offline: é",
 		keys.ErrorTypes:         "*fmt.wrapError > *errors.errorString",
+		keys.Stack:              "main.handle(...)\n\t/src/main.go:12 +0x1d\n",
 		keys.FirstFailure:       "2026-01-02T03:04:05.123456789Z",
 		keys.LastFailure:        "2026-01-02T03:05:05.123456789Z",
 		keys.Handler:            "orders",

@@ -17,7 +17,7 @@ import (
 
 // bounds are the documented limits of the envelope's text fields, in bytes.
 var bounds = map[string]int{
-	keys.Error: 2048, keys.DroppedHeaders: 2048, keys.PoisonReason: 256, keys.Handler: 256, keys.Topic: 256,
+	keys.Error: 2048, keys.DroppedHeaders: 2048, keys.Stack: 4096, keys.PoisonReason: 256, keys.Handler: 256, keys.Topic: 256,
 	keys.Queue: 256, keys.OriginalExchange: 256, keys.OriginalRoutingKey: 256, keys.RedrivenFrom: 256,
 }
 
@@ -36,7 +36,7 @@ func FuzzReadEnvelope(f *testing.F) {
 	f.Fuzz(func(t *testing.T, attempt, errText, types, at, delay, reason string) {
 		in := message.Metadata{
 			keys.Attempt: attempt, keys.MaxAttempts: attempt, keys.RedriveCount: attempt,
-			keys.Error: errText, keys.DroppedHeaders: errText, keys.ErrorTypes: types,
+			keys.Error: errText, keys.DroppedHeaders: errText, keys.Stack: errText + errText + errText, keys.ErrorTypes: types,
 			keys.FirstFailure: at, keys.LastFailure: at, keys.Due: at, keys.RedrivenAt: at,
 			keys.RequestedDelay: delay, keys.EffectiveDelay: delay,
 			keys.PoisonReason: reason, keys.Handler: reason, keys.Topic: reason, keys.Queue: reason,
@@ -85,7 +85,7 @@ func sameEnvelope(a, b middleware.Envelope) bool {
 		a, b  *string
 		limit int
 	}{
-		{&a.Error, &b.Error, 2048}, {&a.DroppedHeaders, &b.DroppedHeaders, 2048},
+		{&a.Error, &b.Error, 2048}, {&a.DroppedHeaders, &b.DroppedHeaders, 2048}, {&a.Stack, &b.Stack, 4096},
 		{(*string)(&a.Reason), (*string)(&b.Reason), 256}, {&a.Handler, &b.Handler, 256},
 		{&a.Topic, &b.Topic, 256}, {&a.Queue, &b.Queue, 256}, {&a.OriginalExchange, &b.OriginalExchange, 256},
 		{&a.OriginalRoutingKey, &b.OriginalRoutingKey, 256}, {&a.RedrivenFrom, &b.RedrivenFrom, 256},

@@ -18,7 +18,7 @@ import (
 func TestEnvelopeKeys(t *testing.T) {
 	at := time.Unix(1_700_000_000, 0)
 	env := middleware.Envelope{
-		Attempt: 2, MaxAttempts: 5, Reason: amqpretry.ReasonPermanent, Error: "e", ErrorTypes: []string{"*errors.errorString"},
+		Attempt: 2, MaxAttempts: 5, Reason: amqpretry.ReasonPermanent, Error: "e", ErrorTypes: []string{"*errors.errorString"}, Stack: "s",
 		FirstFailure: at, LastFailure: at, Handler: "h", Topic: "t", Queue: "q",
 		OriginalExchange: "x", OriginalRoutingKey: "k", RequestedDelay: time.Second, EffectiveDelay: time.Second, Due: at,
 		DroppedHeaders: "big (9 bytes)", RedrivenAt: at, Redriven: 1, RedrivenFrom: "p",

@@ -83,7 +83,7 @@ type outage struct {
 
 	down      bool
 	since     time.Time
-	last      error     // the latest failure that counted
+	last      error // the latest failure that counted
 	interval  time.Duration
 	nextProbe time.Time // when the next probe may run
 	probe     uint64    // the probe running, 0 for none
@@ -213,7 +213,7 @@ func (q *outage) record(err error, dec *amqpretry.Decision, attempt, maxAttempts
 	case !counts:
 		return false, noEdge, 0, nil
 	}
-	retry := attempt >= 2 || maxAttempts == 1
+	retry := attempt >= 2
 	q.add(outcome{failed: true, retry: retry})
 	q.consecutive++
 	q.consecutiveRetry = q.consecutiveRetry || retry
@@ -258,22 +258,24 @@ func (e *engine) outageOf(d delivery) *outage {
 	return e.outages.of(d.queue)
 }
 
-// runHandler runs h on m, attempt, through the outage of d's queue: while the queue is
-// down, m waits here and runs only as the probe or once the outage is over, and a
-// failure that counts costs no attempt: m waits and runs again. It returns the
-// handler's result, and the decision of its error when it classified it.
-func (e *engine) runHandler(h message.HandlerFunc, m *message.Message, d delivery, attempt int) ([]*message.Message, error, *amqpretry.Decision) {
+// runHandler runs h on m, on attempt d.attempt, through the outage of d's queue
+// (recovering its panic: run): while the queue is down, m waits here and runs only as
+// the probe or once the outage is over, and a failure that counts costs no attempt: m
+// waits and runs again. It returns the handler's result, and the decision of its error
+// when it classified it.
+func (e *engine) runHandler(h message.HandlerFunc, m *message.Message, d delivery) ([]*message.Message, error, *amqpretry.Decision) {
 	q := e.outageOf(d)
 	if q == nil {
-		produced, err := h(m)
+		produced, err := e.run(h, m, d)
 		return produced, err, nil
 	}
+	attempt := d.attempt
 	for {
 		probe, werr := q.await(m.Context(), e.life.closing())
 		if werr != nil {
 			return nil, e.outageGiveBack(m, d, q, werr), nil
 		}
-		produced, err, dec := e.runProbe(h, m, q, probe, attempt)
+		produced, err, dec := e.runProbe(h, m, d, q, probe)
 		wait, edge, lasted, last := q.record(err, dec, attempt, e.cfg.Policy.MaxAttempts, probe, time.Now())
 		if probe != 0 {
 			e.outages.probes.Add(1)
@@ -286,9 +288,9 @@ func (e *engine) runHandler(h message.HandlerFunc, m *message.Message, d deliver
 	}
 }
 
-// runProbe runs h on m and classifies its error; a probe (token probe) that does not
-// return is abandoned, so that another message can probe.
-func (e *engine) runProbe(h message.HandlerFunc, m *message.Message, q *outage, probe uint64, attempt int) (produced []*message.Message, err error, dec *amqpretry.Decision) {
+// runProbe runs h on m (run) and classifies its error; a probe (token probe) that does
+// not return is abandoned, so that another message can probe.
+func (e *engine) runProbe(h message.HandlerFunc, m *message.Message, d delivery, q *outage, probe uint64) (produced []*message.Message, err error, dec *amqpretry.Decision) {
 	returned := false
 	if probe != 0 {
 		defer func() {
@@ -297,10 +299,10 @@ func (e *engine) runProbe(h message.HandlerFunc, m *message.Message, q *outage, 
 			}
 		}()
 	}
-	produced, err = h(m)
+	produced, err = e.run(h, m, d)
 	returned = true
 	if err != nil && !errors.Is(err, amqpretry.ErrHandoff) {
-		x := e.decide(m, err, attempt)
+		x := e.decide(m, err, d.attempt)
 		dec = &x
 	}
 	return produced, err, dec

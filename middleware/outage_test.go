@@ -261,7 +261,7 @@ func TestOutageCloseGivesBack(t *testing.T) {
 	done := make(chan error, 3)
 	for i := range 3 {
 		go func() {
-			_, err := mw(hurriedAt("m"+strconv.Itoa(i)))
+			_, err := mw(hurriedAt("m" + strconv.Itoa(i)))
 			done <- err
 		}()
 	}

@@ -20,7 +20,8 @@ import (
 // how to settle one to come back later. The transport packages wamqp3, wamqp2 and amqp1
 // build one from their subscriber config; a transport of your own builds its own, and
 // its subscriber calls Retry.Delivered on each delivery and, where retries come back
-// through the broker, Retry.Bind on each subscribe.
+// through the broker, Retry.Bind on each subscribe (and Retry.CheckWorkQueue when a
+// handler is added).
 type Transport struct {
 	// URI of the broker, over AMQP 0-9-1: the hand-off publishes retries and
 	// poisoned messages through it, confirmed, on a connection of its own. It never
@@ -148,3 +149,12 @@ func (r *Retry) Delivered(msg *message.Message, attempt int) {
 // (amqpretry.ErrNotWired). With delayed retries in topology mode verify it also
 // checks that queue is a quorum queue.
 func (r *Retry) Bind(ch *amqp.Channel, queue string) error { return r.r.bind(ch, queue) }
+
+// CheckWorkQueue refuses queue as a work queue of this Retry when it already exists
+// and cannot hold its retries: with delayed retries (Backend delayed-retry or
+// HeldRetries), a queue of another type than quorum. The error names the queue and
+// the fix, and wraps topology.ErrMismatch. It checks passively, over the hand-off's
+// connection, in topology modes declare and verify (mode none checks nothing); a
+// queue that does not exist yet passes. A transport's AddHandler calls it when the
+// handler is added, so that the refusal comes before the router runs.
+func (r *Retry) CheckWorkQueue(queue string) error { return r.r.checkWorkQueue(queue) }

@@ -130,7 +130,8 @@ func (r *retry) prepare() error {
 
 // logReady logs, once at start, the policy in effect (defaults applied): attempts,
 // schedule, the longest delay it can ask for, and the backend's limits; and, at INFO,
-// when that delay is longer than ttl-tiers holds.
+// when that delay is longer than the longest tier of ttl-tiers, whose retries are then
+// parked again until they are due.
 func (r *retry) logReady() {
 	cfg, e, longest := r.cfg, r.engine, r.view.Longest
 	fields := watermill.LogFields{
@@ -148,8 +149,8 @@ func (r *retry) logReady() {
 	fields["backend_limits"] = lim.Text
 	cfg.Logger.Info("Broker-side retry ready", fields)
 	if e.backend != nil && lim.PastLongest == backend.Repark && longest > lim.Longest {
-		cfg.Logger.Info("The policy's longest delay is longer than the backend holds; those retries come back early", watermill.LogFields{
-			"delay_backend": cfg.Backend, "policy_longest_delay": longest.String(), "effective_delay": lim.Longest.String(),
+		cfg.Logger.Info("The policy's longest delay is longer than the longest tier; those retries are parked again until they are due", watermill.LogFields{
+			"delay_backend": cfg.Backend, "policy_longest_delay": longest.String(), "longest_tier": lim.Longest.String(),
 		})
 	}
 }

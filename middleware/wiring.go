@@ -50,10 +50,23 @@ func (r *retry) bind(ch *amqp.Channel, queue string) error {
 // checkWorkQueueType refuses, in topology mode verify with delayed retries, a work
 // queue that exists as another type than quorum: its passive declaration passed, but
 // the broker would redeliver every nack at once. Mode declare has declared it with the
-// arguments already (a clash fails there, see Hint); without configure permission the
-// type cannot be read over AMQP, and the engine notices at the first retry instead.
+// arguments already (a clash fails there, see Hint, and AddHandler has checked it
+// before: checkWorkQueue).
 func (r *retry) checkWorkQueueType(queue string) error {
-	if r.cfg.Topology != topology.ModeVerify || !r.view.Fix.HoldsRetries || r.handoff == nil {
+	if r.cfg.Topology != topology.ModeVerify {
+		return nil
+	}
+	return r.checkWorkQueue(queue)
+}
+
+// checkWorkQueue refuses, with delayed retries (Backend delayed-retry or HeldRetries),
+// a work queue that exists as another type than quorum, read passively over the
+// hand-off's connection, in topology modes declare and verify; mode none checks
+// nothing. A queue that does not exist yet passes (the subscriber declares it), and so
+// does one whose type cannot be read over AMQP (no configure permission): the engine
+// notices at the first retry instead.
+func (r *retry) checkWorkQueue(queue string) error {
+	if r.cfg.Topology == topology.ModeNone || !r.view.Fix.HoldsRetries || r.handoff == nil {
 		return nil
 	}
 	conn, err := r.handoff.Connection()

@@ -207,7 +207,7 @@ func shownKeys() map[string]bool {
 	t := time.Unix(1, 0)
 	md := map[string]string{}
 	middleware.Envelope{
-		Attempt: 1, MaxAttempts: 1, Reason: amqpretry.ReasonPermanent, Error: "e", ErrorTypes: []string{"t"},
+		Attempt: 1, MaxAttempts: 1, Reason: amqpretry.ReasonPermanent, Error: "e", ErrorTypes: []string{"t"}, Stack: "s",
 		FirstFailure: t, LastFailure: t, Handler: "h", Topic: "t", Queue: "q", RedrivenAt: t, Redriven: 1, RedrivenFrom: "f",
 	}.Write(md)
 	for k := range md {
@@ -233,6 +233,11 @@ func (a *app) printEnvelope(m ops.Message) {
 	row("reason:", orDash(string(m.Reason)))
 	row("error:", orDash(m.Error))
 	row("error types:", orDash(strings.Join(m.ErrorTypes, " > ")))
+	if m.Stack != "" {
+		// The function that panicked: the stack's first line (the console shows it whole).
+		frame, _, _ := strings.Cut(m.Stack, "\n")
+		row("panicked in:", frame)
+	}
 	attempts := attempt(m)
 	if m.MaxAttempts > 0 {
 		attempts += " of " + strconv.Itoa(m.MaxAttempts)

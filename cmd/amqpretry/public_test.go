@@ -16,7 +16,7 @@ import (
 
 func TestShownKeys(t *testing.T) {
 	want := []string{
-		keys.Queue, keys.PoisonReason, keys.Error, keys.ErrorTypes, keys.Attempt,
+		keys.Queue, keys.PoisonReason, keys.Error, keys.ErrorTypes, keys.Stack, keys.Attempt,
 		keys.MaxAttempts, keys.FirstFailure, keys.LastFailure, keys.Handler, keys.Topic,
 		keys.RedriveCount, keys.RedrivenAt, keys.RedrivenFrom, keys.TypedHeaders,
 		keys.XDeliveryCount, keys.XAcquiredCount,

@@ -70,9 +70,8 @@ const (
 	NoLongest PastLongest = iota
 	// Refuse: a longer delay is refused (delay.ErrDelayTooLong).
 	Refuse
-	// Repark: kept for Longest; a delay of the error's own (a RetryAfter) is re-parked
-	// when it comes back, until it is due; a longer delay of the policy's comes
-	// back early.
+	// Repark: kept for Longest, then re-parked when it comes back, until it is due
+	// (keys.ParkUntil): a RetryAfter and the policy's delays alike, never early.
 	Repark
 	// HoldAgain: the failed delivery is held again, as many times as it takes, until
 	// it is due.

@@ -372,3 +372,43 @@ func RetryAfterIsNeverUndercutOnTTLTiers(t *testing.T, m Major) {
 		t.Errorf("ERROR line: %q %v %v", l.Msg, l.Err, l.Fields)
 	}
 }
+
+// PolicyDelayPastTheLongestTierIsNeverEarly (issue 43 §4): a delay of the policy's
+// longer than the longest tier is parked again when it comes back, as a RetryAfter
+// is, until it is due: the handler never sees it before the delay asked for (it came
+// back after the longest tier). Validate accepts it, start-up says so at INFO, and
+// nothing is logged at ERROR.
+func PolicyDelayPastTheLongestTierIsNeverEarly(t *testing.T, m Major) {
+	s := newSetup(t, m, delay.TTLTiers)
+	const tier, asked = time.Second, 3 * time.Second
+	s.cfg.Tiers = []time.Duration{tier}
+	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{asked}}
+	if err := s.cfg.Validate(); err != nil {
+		t.Fatalf("Validate() = %v, want accepted (parked again until due)", err)
+	}
+	logs := &logCapture{}
+	s.cfg.Logger = logs
+	r := newRetry(t, m, s.sub, s.cfg)
+	if !hasLine(logs, watermill.InfoLogLevel, "longer than the longest tier; those retries are parked again until they are due", "") {
+		t.Errorf("no INFO line at start saying the longest delay is parked again; lines: %+v", logs.at(watermill.InfoLogLevel))
+	}
+	rec := newRecorder(failFirst(1))
+	run(t, m, r, s.topic, rec.handle)
+	publish(t, m, s.topic, "long")
+	calls := rec.waitCalls(t, 2, 30*time.Second)
+	if got := attemptsByUUID(calls); len(got["long"]) != 2 || got["long"][1] != 2 {
+		t.Fatalf("handled %v, want attempts [1 2]", got)
+	}
+	if gap := calls[1].at.Sub(calls[0].at); gap < asked {
+		t.Errorf("the policy's delay of %s came back after %s: early (the longest tier is %s)", asked, gap, tier)
+	}
+	env := middleware.ReadEnvelope(calls[1].msg.Metadata)
+	if env.RequestedDelay != asked || env.Due.Before(calls[0].at.Add(asked)) || calls[1].at.Before(env.Due) {
+		t.Errorf("envelope requested %s, due %s, handled at %s after a failure at %s: want %s asked, due no earlier than that after the failure, and handled no earlier than due",
+			env.RequestedDelay, env.Due, calls[1].at, calls[0].at, asked)
+	}
+	wantStats(t, r, 1, 0)
+	for _, l := range logs.at(watermill.ErrorLogLevel) {
+		t.Errorf("ERROR line: %q %v %v", l.Msg, l.Err, l.Fields)
+	}
+}

@@ -106,6 +106,9 @@ func Run(t *testing.T, m Major) {
 		{"ForgottenCloseIsWarnedAndClosed", ForgottenCloseIsWarnedAndClosed, false},
 		{"RetryAfterIsNeverUndercutOnDelayedRetry", RetryAfterIsNeverUndercutOnDelayedRetry, false},
 		{"RetryAfterIsNeverUndercutOnTTLTiers", RetryAfterIsNeverUndercutOnTTLTiers, false},
+		{"PolicyDelayPastTheLongestTierIsNeverEarly", PolicyDelayPastTheLongestTierIsNeverEarly, false},
+		{"PanicUnderRecovererIsRetriedThenPoisonedWithItsStack", PanicUnderRecovererIsRetriedThenPoisonedWithItsStack, true},
+		{"CQRSEventsUndecodableAtOnceAttemptFromContext", CQRSEventsUndecodableAtOnceAttemptFromContext, true},
 		{"OutageIsNotAPoison", OutageIsNotAPoison, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

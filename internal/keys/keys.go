@@ -16,6 +16,7 @@ const (
 	PoisonReason       = "amqpretry-poison-reason"
 	Error              = "amqpretry-error"
 	ErrorTypes         = "amqpretry-error-types"
+	Stack              = "amqpretry-stack"
 	FirstFailure       = "amqpretry-first-failure"
 	LastFailure        = "amqpretry-last-failure"
 	Handler            = "amqpretry-handler"
@@ -50,7 +51,7 @@ func ParseAttempt(s string) (n int, ok bool) {
 // writes exactly these).
 func InEnvelope(key string) bool {
 	switch key {
-	case Attempt, MaxAttempts, PoisonReason, Error, ErrorTypes, FirstFailure, LastFailure, Handler, Topic, Queue,
+	case Attempt, MaxAttempts, PoisonReason, Error, ErrorTypes, Stack, FirstFailure, LastFailure, Handler, Topic, Queue,
 		OriginalExchange, OriginalRoutingKey, RequestedDelay, EffectiveDelay, Due, DroppedHeaders,
 		RedrivenAt, RedriveCount, RedrivenFrom:
 		return true
@@ -58,8 +59,8 @@ func InEnvelope(key string) bool {
 	return false
 }
 
-// ParkUntil is written on a retry copy whose delay of the error's own (a RetryAfter)
-// is longer than the backend keeps: when it is due. The middleware re-parks it until
+// ParkUntil is written on a retry copy whose delay (a RetryAfter, or the policy's) is
+// longer than the backend keeps: when it is due. The middleware re-parks it until
 // then instead of running the handler early. (The header says "hold", its name from
 // before the words were settled: copies already parked carry it.)
 const ParkUntil = "amqpretry-hold-until"

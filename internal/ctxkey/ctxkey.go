@@ -1,0 +1,9 @@
+// Package ctxkey names the context key of the retry middleware's record of a delivery,
+// shared by the middleware, which writes it, and amqpretry.AttemptFromContext, which
+// reads it.
+package ctxkey
+
+// Chain is the key of the record the retry middleware keeps in a message's context
+// (middleware/engine.go, chain): the Retry middlewares it passes through and the
+// attempt the handler runs. Its value has a method Attempt() int.
+type Chain struct{}
