@@ -161,7 +161,9 @@ var (
 	// route back: its subscriber was not built from the Retry's SubscriberConfig, or
 	// its queue was never bound for retries. The error names the fix. Such a message
 	// is nacked like any failed hand-off and, after Config.HandoffAttempts of them,
-	// poisoned.
+	// poisoned. A subscriber built from a Retry's config whose queue the Retry would
+	// not send retries to (its Queue.GenerateName replaced, or the poison queue) is
+	// refused at subscribe with it.
 	ErrNotWired = errors.New("retry middleware not wired to this message's subscriber")
 	// ErrPanicked is wrapped by the error the middleware makes of a handler's panic,
 	// which it recovers: a failure like any other, retried on the policy's schedule and

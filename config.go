@@ -332,7 +332,7 @@ func (c Config) Derived() backend.Derived {
 		v.Schedule = fmt.Sprintf("every retry held in the work queue %s (DelayedRetryDelay)", c.DelayedRetryDelay)
 		v.Longest = c.DelayedRetryDelay
 	}
-	v.Fix = declare.Fix{Mode: c.Topology, HoldsRetries: v.WorkQueueArgs != nil, RetryDelay: c.DelayedRetryDelay, Backend: string(c.Backend), Apply: c.ApplyCommand}
+	v.Fix = declare.Fix{Mode: c.Topology, HoldsRetries: v.WorkQueueArgs != nil, RetryDelay: c.DelayedRetryDelay, Backend: string(c.Backend), PoisonQueue: c.PoisonQueue, Apply: c.ApplyCommand}
 	return v
 }
 

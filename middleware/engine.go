@@ -105,9 +105,10 @@ func (e *engine) read(msg *message.Message) delivery {
 		c.join(e.wiring.ID)
 	}
 	ctx := msg.Context()
+	owner, fn := parseMark(msg.Metadata[keys.Subscriber])
 	d := delivery{
 		msg:      msg,
-		owner:    msg.Metadata[keys.Subscriber],
+		owner:    owner,
 		envelope: ReadEnvelope(msg.Metadata),
 		handler:  message.HandlerNameFromCtx(ctx),
 		topic:    message.SubscribeTopicFromCtx(ctx),
@@ -116,7 +117,10 @@ func (e *engine) read(msg *message.Message) delivery {
 		at:       time.Now(),
 	}
 	d.owned = e.wiring.ID == "" || d.owner == e.wiring.ID
-	d.queue = e.wiring.Queue(d.topic)
+	if !d.owned {
+		fn = 0 // another Retry's function
+	}
+	d.queue = e.wiring.queue(fn, d.topic)
 	if v, ok := msg.Metadata[keys.ParkUntil]; ok {
 		d.parkedUntil, _ = time.Parse(time.RFC3339Nano, v) // zero when unreadable
 	}
@@ -124,7 +128,7 @@ func (e *engine) read(msg *message.Message) delivery {
 	var h heldRetry
 	ok := false
 	if e.holder != nil && e.held.size.Load() > 0 { // only a backend that holds retries leaves any
-		h, ok = e.held.take(msg.UUID)
+		h, ok = e.held.take(d.queue, msg.UUID)
 	}
 	if ok && d.owned {
 		d.held, d.heldDue, d.heldUntil, d.rehelds, d.early = true, h.due, h.until, h.rehelds, h.early

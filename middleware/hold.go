@@ -38,7 +38,7 @@ func (e *engine) settle(msg *message.Message, f failure, requested, effective ti
 		// Back after the queue's delay, then held again until requested is over.
 		h.due, h.until = time.Now().Add(hold), time.Now().Add(requested)
 	}
-	e.held.add(msg.UUID, h)
+	e.held.add(f.queue, msg.UUID, h)
 	return nil
 }
 
@@ -70,11 +70,12 @@ func (e *engine) holdAgain(msg *message.Message, d delivery) bool {
 	if err := e.holdDelivery(msg, hold, nil); err != nil {
 		return false
 	}
-	e.held.add(msg.UUID, heldRetry{due: d.at.Add(hold), until: d.heldUntil, first: d.envelope.FirstFailure, rehelds: d.rehelds + 1, env: d.envelope})
+	e.held.add(d.queue, msg.UUID, heldRetry{due: d.at.Add(hold), until: d.heldUntil, first: d.envelope.FirstFailure, rehelds: d.rehelds + 1, env: d.envelope})
 	return true
 }
 
-// heldRetries remembers the retries this process left in their work queue, by UUID,
+// heldRetries remembers the retries this process left in their work queue, by queue
+// and UUID (one message fanned out to several queues of one Retry is held in each),
 // with their due time: to measure their lateness when they come back (the broker
 // redelivers them unchanged, so nothing on the message says when), and to notice a
 // work queue that does not hold them (a retry back long before its due time: the
@@ -82,7 +83,7 @@ func (e *engine) holdAgain(msg *message.Message, d delivery) bool {
 // It forgets everything when it would hold more than maxTracked.
 type heldRetries struct {
 	mu     sync.Mutex
-	due    map[string]heldRetry
+	due    map[heldKey]heldRetry
 	broken map[string]bool // work queues found not to hold retries
 	size   atomic.Int64
 }
@@ -100,23 +101,27 @@ type heldRetry struct {
 	env               Envelope
 }
 
-func (h *heldRetries) add(uuid string, r heldRetry) {
+func (h *heldRetries) add(queue, uuid string, r heldRetry) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.due == nil || len(h.due) >= maxTracked {
-		h.due = map[string]heldRetry{}
+		h.due = map[heldKey]heldRetry{}
 	}
-	h.due[uuid] = r
+	h.due[heldKey{queue, uuid}] = r
 	h.size.Store(int64(len(h.due)))
 }
 
-// take returns and forgets what it knows of uuid, if this process held it. The engine
-// asks only when size is not zero: a first delivery takes no lock.
-func (h *heldRetries) take(uuid string) (heldRetry, bool) {
+// heldKey is a held retry's work queue and message UUID.
+type heldKey struct{ queue, uuid string }
+
+// take returns and forgets what it knows of uuid in queue, if this process held it.
+// The engine asks only when size is not zero: a first delivery takes no lock.
+func (h *heldRetries) take(queue, uuid string) (heldRetry, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	due, ok := h.due[uuid]
-	delete(h.due, uuid)
+	k := heldKey{queue, uuid}
+	due, ok := h.due[k]
+	delete(h.due, k)
 	h.size.Store(int64(len(h.due)))
 	return due, ok
 }

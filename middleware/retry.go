@@ -4,14 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"strconv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
-	"github.com/amqpretry/amqpretry/internal/keys"
 )
 
 // Transport is what the retry middleware needs of the transport its messages come
@@ -133,14 +131,25 @@ func (r *Retry) Close() error { return r.r.close() }
 // middleware hands off only the messages so marked (others fail with
 // amqpretry.ErrNotWired), so that a retry never goes where no subscriber of this
 // Retry waits for it.
-func (r *Retry) Delivered(msg *message.Message, attempt int) {
-	if r.r.id != "" {
-		msg.Metadata[keys.Subscriber] = r.r.id
+func (r *Retry) Delivered(msg *message.Message, attempt int) { r.r.delivered(msg, attempt, 0) }
+
+// DeliveredFor returns the Delivered of the subscribers whose queues queue names, the
+// queue of each topic they subscribe to, when Transport.Queue does not: the middleware
+// sends the retries of the messages it marks to queue(topic). A transport whose
+// subscribers name their queues in several ways (a queue per handler) calls it once
+// per way, and builds each way's subscribers with its own: the transport packages'
+// SubscriberConfigFor does. Each call is remembered as long as the Retry lives.
+func (r *Retry) DeliveredFor(queue func(topic string) string) func(msg *message.Message, attempt int) {
+	if queue == nil {
+		return r.Delivered
 	}
-	if attempt > 0 {
-		msg.Metadata[keys.Attempt] = strconv.Itoa(attempt)
-	}
+	fn := r.r.engine.wiring.more.add(queue)
+	return func(msg *message.Message, attempt int) { r.r.delivered(msg, attempt, fn) }
 }
+
+// Config returns the configuration this Retry runs with, defaults applied: its poison
+// queue, prefix, backend and policy.
+func (r *Retry) Config() amqpretry.Config { return r.r.cfg }
 
 // Bind gives queue its way back from the delay backend on ch, as Config.Topology says
 // (declares it, checks it, or nothing), and records that retries can come back to

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -14,6 +15,7 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/internal/redact"
 	"github.com/amqpretry/amqpretry/internal/version"
@@ -152,6 +154,17 @@ func (r *retry) logReady() {
 		cfg.Logger.Info("The policy's longest delay is longer than the longest tier; those retries are parked again until they are due", watermill.LogFields{
 			"delay_backend": cfg.Backend, "policy_longest_delay": longest.String(), "longest_tier": lim.Longest.String(),
 		})
+	}
+}
+
+// delivered marks msg as delivered by the subscriber of this Retry whose queue-name
+// function is number fn (wiring.queue), at attempt (Retry.Delivered).
+func (r *retry) delivered(msg *message.Message, attempt, fn int) {
+	if r.id != "" {
+		msg.Metadata[keys.Subscriber] = mark(r.id, fn)
+	}
+	if attempt > 0 {
+		msg.Metadata[keys.Attempt] = strconv.Itoa(attempt)
 	}
 }
 

@@ -201,18 +201,18 @@ func TestHeldRetryBackEarlyOnceIsNotJudged(t *testing.T) {
 	// Each is now held again; when it comes back due, its count of early returns starts
 	// again.
 	for _, id := range []string{"a", "b", "c", "d"} {
-		hr, ok := e.held.take(id)
+		hr, ok := e.held.take("work", id)
 		if !ok || hr.early != 1 {
 			t.Fatalf("%s: held %v, early returns %d; want held again after one", id, ok, hr.early)
 		}
 		hr.due = time.Now()
-		e.held.add(id, hr)
+		e.held.add("work", id, hr)
 		msg := message.NewMessage(id, nil)
 		msg.Metadata.Set(keys.Attempt, "3")
 		if _, err := h(msg); err != nil {
 			t.Fatal(err)
 		}
-		if hr, _ := e.held.take(id); hr.early != 0 {
+		if hr, _ := e.held.take("work", id); hr.early != 0 {
 			t.Errorf("%s: early returns %d after coming back due, want 0", id, hr.early)
 		}
 	}

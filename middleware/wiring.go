@@ -2,6 +2,10 @@ package middleware
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -25,6 +29,65 @@ type wiring struct {
 	// Bound tells whether a queue's way back was declared by this Retry's subscriber.
 	// Nil: not checked.
 	Bound func(queue string) bool
+	// more are the queue-name functions of subscribers that name queues otherwise
+	// than Queue (Retry.DeliveredFor): the n-th (from 1) marks its deliveries
+	// "<ID>/<n>".
+	more queueFuncs
+}
+
+// queueFuncs is a list that grows while the engine reads it: copied on write.
+type queueFuncs struct {
+	mu sync.Mutex // serializes writers
+	fs atomic.Pointer[[]func(topic string) string]
+}
+
+// add registers f, returning its number, from 1.
+func (q *queueFuncs) add(f func(topic string) string) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var fs []func(string) string
+	if old := q.fs.Load(); old != nil {
+		fs = append(fs, *old...)
+	}
+	fs = append(fs, f)
+	q.fs.Store(&fs)
+	return len(fs)
+}
+
+// queue is the queue a delivery on topic came from, for the subscriber whose
+// queue-name function is number fn: 0 for Queue. "" for a number never registered.
+func (w *wiring) queue(fn int, topic string) string {
+	if fn == 0 {
+		return w.Queue(topic)
+	}
+	fs := w.more.fs.Load()
+	if fs == nil || fn > len(*fs) {
+		return ""
+	}
+	return (*fs)[fn-1](topic)
+}
+
+// mark is the keys.Subscriber value of Retry id's subscriber whose queue-name
+// function is number fn.
+func mark(id string, fn int) string {
+	if fn == 0 {
+		return id
+	}
+	return id + "/" + strconv.Itoa(fn)
+}
+
+// parseMark splits a keys.Subscriber value into the Retry's id and its queue-name
+// function's number (mark).
+func parseMark(v string) (id string, fn int) {
+	id, n, ok := strings.Cut(v, "/")
+	if !ok {
+		return v, 0
+	}
+	fn, err := strconv.Atoi(n)
+	if err != nil || fn < 1 {
+		return v, 0
+	}
+	return id, fn
 }
 
 // bind gives queue its way back, on ch, as the topology mode says (declare, check,

@@ -9,7 +9,7 @@
 #   3.10        every package's tests with the race detector on the broker at AMQP_URI
 #               (default amqp://guest:guest@127.0.0.1:5672/, the machine's RabbitMQ
 #               3.10.8), the metrics and command modules (with the console's browser
-#               tests in headless Chromium), the quickstarts, Watermill's
+#               tests in headless Chromium), the quickstarts, the CQRS example, Watermill's
 #               own pub/sub suites; no queue, exchange or user left behind
 #   4.0, 4.3    the same on RabbitMQ 4.0.5 and 4.3.6 (scripts/rabbitmq4.sh), with the
 #               4.3-only backends, the AMQP 1.0 module and its quickstart
@@ -121,7 +121,7 @@ print_notes() { if [ "${#notes[@]}" -gt 0 ]; then printf '%s\n' "${notes[@]}"; f
 print_notes
 
 # Modules: the library, and the modules of its own the repository holds.
-modules=(. metrics amqp1 benchmarks internal/watermillsuite internal/netdelay _examples/quickstart amqp1/examples/quickstart)
+modules=(. metrics amqp1 benchmarks internal/watermillsuite internal/netdelay _examples/quickstart _examples/cqrs amqp1/examples/quickstart)
 gocmd() { # gocmd DIR ARGS: go in module DIR (the command module through its go.sh)
   local dir=$1
   shift
@@ -142,7 +142,7 @@ step "staticcheck (every module but benchmarks)"
 # Pinned: the module proxy serves exact versions. staticcheck.conf says what is off.
 staticcheck=honnef.co/go/tools/cmd/staticcheck@v0.8.2
 go run "$staticcheck" ./...
-for m in metrics amqp1 internal/watermillsuite internal/netdelay _examples/quickstart amqp1/examples/quickstart; do (cd "$m" && go run "$staticcheck" ./...); done
+for m in metrics amqp1 internal/watermillsuite internal/netdelay _examples/quickstart _examples/cqrs amqp1/examples/quickstart; do (cd "$m" && go run "$staticcheck" ./...); done
 cmd/amqpretry/go.sh run "$staticcheck" ./...
 
 step "API size: exported identifiers per public package (internal/cmd/apicount; printed, no limit)"
@@ -349,6 +349,14 @@ quickstart() {
   env AMQP_URI="$uri" "$@" go -C _examples/quickstart run .
 }
 
+# cqrs NAME URI ARGS...: the CQRS example (_examples/cqrs) on URI with the environment ARGS.
+cqrs() {
+  local name=$1 uri=$2
+  shift 2
+  step "CQRS example on $name: $*"
+  env AMQP_URI="$uri" "$@" go -C _examples/cqrs run .
+}
+
 step "quickstart, in-process (no broker)"
 env -u AMQP_URI go -C _examples/quickstart run .
 
@@ -360,6 +368,7 @@ if [ "$broker" = ok ]; then
     quickstart "the broker at AMQP_URI" "$AMQP_URI" DELAY_BACKEND=$backend
   done
   quickstart "the broker at AMQP_URI" "$AMQP_URI" DELAY_BACKEND=ttl-tiers WATERMILL_AMQP=2
+  cqrs "the broker at AMQP_URI" "$AMQP_URI" DELAY_BACKEND=ttl-tiers
   step "Watermill's pub/sub suites, watermill-amqp v3 and v2, with and without our subscriber config"
   ./scripts/watermill-suite.sh
   if [ -n "$amqps310" ]; then tls_tests "the broker at AMQP_URI" "$AMQP_URI" "$amqps310" "${AMQPRETRY_RABBITMQCTL:-rabbitmqctl}"; fi
@@ -407,6 +416,7 @@ if [ "$RABBITMQ4" = 1 ]; then
     done
     if [ "$series" = 4.3 ]; then
       quickstart "RabbitMQ 4.3" "$uri" DELAY_BACKEND=delayed-retry
+      cqrs "RabbitMQ 4.3" "$uri" DELAY_BACKEND=delayed-retry
       quickstart "RabbitMQ 4.3" "$uri" DELAY_BACKEND=ttl-tiers HELD_RETRIES=2 WATERMILL_AMQP=2
       quickstart "RabbitMQ 4.3" "$uri" DELAY_BACKEND=delivery-time
       # Faults that make watermill-amqp reconnect: its ConnectionWrapper races with

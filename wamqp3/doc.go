@@ -18,4 +18,12 @@
 // subscriber groups on one fanout topic, added in any order, each serve their own
 // group; a message no Retry on its handler can route back fails with
 // amqpretry.ErrNotWired, naming the fix.
+//
+// One Retry serves subscribers that name their queues in other ways: a queue per
+// handler, as Watermill's CQRS processors build them, takes one SubscriberConfigFor
+// call per handler, with one hand-off connection, one topology and one Stats for all
+// (docs/cqrs.md). A subscriber whose queue the Retry would not send retries to (a copy
+// of SubscriberConfig() with a Queue.GenerateName of its own) is refused when it
+// subscribes, with amqpretry.ErrNotWired. PoisonSubscriberConfig reads the poison
+// queue.
 package wamqp3

@@ -59,19 +59,69 @@ func New(sub amqp.Config, cfg amqpretry.Config) (*Retry, error) {
 // Retry's (Delivered), its topology builder gives each subscribed queue its way back
 // (Bind, as the topology mode says), and, with delayed retries, its queues are
 // declared with the arguments RabbitMQ 4.3 needs to hold them. AddHandler does all of
-// this.
-func (r *Retry) SubscriberConfig() amqp.Config {
+// this. Its topology builder refuses, at subscribe, a queue that its Queue.GenerateName
+// did not name (replaced on a copy: use SubscriberConfigFor) and the poison queue (use
+// PoisonSubscriberConfig).
+func (r *Retry) SubscriberConfig() amqp.Config { return r.configFor(nil) }
+
+// SubscriberConfigFor is SubscriberConfig with generateName naming the queues: the
+// Retry sends the retries of each queue it names back to that queue. One Retry serves
+// any number of such configs, with one hand-off connection, one topology and one Stats:
+// a queue per handler (Watermill's CQRS processors, say) takes one call per handler:
+//
+//	SubscriberConstructor: func(p cqrs.EventProcessorSubscriberConstructorParams) (message.Subscriber, error) {
+//		return amqp.NewSubscriber(retry.SubscriberConfigFor(amqp.GenerateQueueNameTopicNameWithSuffix(p.HandlerName)), logger)
+//	},
+//
+// Give its subscribers' handlers this Retry's Middleware (router.AddMiddleware). The
+// Retry remembers each call as long as it lives: call it once per subscriber.
+func (r *Retry) SubscriberConfigFor(generateName func(topic string) string) amqp.Config {
+	if generateName == nil {
+		generateName = r.sub.Queue.GenerateName
+	}
+	return r.configFor(generateName)
+}
+
+func (r *Retry) configFor(generateName func(topic string) string) amqp.Config {
 	c := r.sub
 	if r.w.InProcess() {
+		if generateName != nil {
+			c.Queue.GenerateName = generateName
+		}
 		return c
 	}
-	c.Marshaler = r.w.Marshaler()
+	q := r.w.For(generateName)
+	c.Queue.GenerateName = q.GenerateName
+	c.Marshaler = q.Marshaler()
 	inner := c.TopologyBuilder
 	if inner == nil {
 		inner = &amqp.DefaultTopologyBuilder{}
 	}
-	c.TopologyBuilder = builder{inner: inner, w: r.w}
+	c.TopologyBuilder = builder{inner: inner, q: q}
 	c.Queue.Arguments = r.w.WorkQueueArgs(c.Queue.Arguments)
+	return c
+}
+
+// PoisonSubscriberConfig returns a subscriber config that reads the poison queue
+// (Config().PoisonQueue), whatever the topic subscribed to, with the connection and
+// marshaling options of the config given to New: its topology builder declares the
+// poison queue with its own arguments (checks it in topology mode verify, nothing in
+// mode none), binds no exchange, and its subscribers have no retries. Each message
+// carries its failure Envelope (amqpretry.ReadEnvelope). Ack what you have dealt with;
+// a nacked message comes back at once.
+func (r *Retry) PoisonSubscriberConfig() amqp.Config {
+	name, args := r.w.PoisonQueue()
+	c := r.sub
+	c.Queue.GenerateName = func(string) string { return name }
+	c.Queue.Arguments = args
+	c.Queue.Durable, c.Queue.Exclusive, c.Queue.AutoDelete = true, false, false
+	c.Exchange = amqp.ExchangeConfig{GenerateName: func(string) string { return "" }}
+	c.QueueBind = amqp.QueueBindConfig{GenerateRoutingKey: func(string) string { return "" }}
+	if r.w.InProcess() {
+		return c
+	}
+	c.Marshaler = r.w.PoisonMarshaler()
+	c.TopologyBuilder = poisonBuilder{w: r.w}
 	return c
 }
 
@@ -92,20 +142,31 @@ func (r *Retry) AddHandler(router *message.Router, handlerName, topic string, ha
 // major's own, inner.
 type builder struct {
 	inner amqp.TopologyBuilder
-	w     *wamqp.Wiring
+	q     *wamqp.Queues
 }
 
 func (b builder) BuildTopology(ch *amqp091.Channel, params amqp.BuildTopologyParams, config amqp.Config, logger watermill.LoggerAdapter) error {
 	s := subscribed(params.QueueName, params.ExchangeName, params.RoutingKey, config)
-	return b.w.BuildTopology(ch, s, func() error { return b.inner.BuildTopology(ch, params, config, logger) })
+	s.Topic = params.Topic
+	return b.q.BuildTopology(ch, s, func() error { return b.inner.BuildTopology(ch, params, config, logger) })
 }
 
 func (b builder) ExchangeDeclare(ch *amqp091.Channel, exchange string, config amqp.Config) error {
 	e := config.Exchange
-	return b.w.DeclareExchange(ch, exchange, e.Type, e.Arguments, func() error { return b.inner.ExchangeDeclare(ch, exchange, config) })
+	return b.q.DeclareExchange(ch, exchange, e.Type, e.Arguments, func() error { return b.inner.ExchangeDeclare(ch, exchange, config) })
 }
 
 func subscribed(queue, exchange, key string, c amqp.Config) wamqp.Subscribed {
 	return wamqp.Subscribed{Queue: queue, QueueArgs: c.Queue.Arguments, Exchange: exchange, ExchangeType: c.Exchange.Type,
 		ExchangeArgs: c.Exchange.Arguments, Key: key, BindArgs: c.QueueBind.Arguments}
 }
+
+// poisonBuilder is the topology builder of a subscriber of the poison queue
+// (wamqp.Wiring.BuildPoisonTopology).
+type poisonBuilder struct{ w *wamqp.Wiring }
+
+func (b poisonBuilder) BuildTopology(ch *amqp091.Channel, params amqp.BuildTopologyParams, _ amqp.Config, _ watermill.LoggerAdapter) error {
+	return b.w.BuildPoisonTopology(ch, params.QueueName)
+}
+
+func (poisonBuilder) ExchangeDeclare(*amqp091.Channel, string, amqp.Config) error { return nil }

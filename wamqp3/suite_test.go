@@ -80,3 +80,32 @@ func (major) Publisher(t testing.TB, sub gluetest.Sub) message.Publisher {
 	t.Cleanup(func() { _ = p.Close() })
 	return p
 }
+
+func (major) SubscriberFor(t testing.TB, r gluetest.Retry, o gluetest.For) (message.Subscriber, error) {
+	c := r.(*wamqp3.Retry).SubscriberConfig()
+	if o.GenerateName != nil {
+		c = r.(*wamqp3.Retry).SubscriberConfigFor(o.GenerateName)
+	}
+	if o.Replace != nil {
+		c.Queue.GenerateName = o.Replace(c.Queue.GenerateName)
+	}
+	if o.Connection != nil {
+		c.Connection.AmqpConfig = o.Connection
+	}
+	s, err := amqp.NewSubscriber(c, gluetest.Logger())
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s, nil
+}
+
+func (major) PoisonSubscriber(t testing.TB, r gluetest.Retry) message.Subscriber {
+	t.Helper()
+	s, err := amqp.NewSubscriber(r.(*wamqp3.Retry).PoisonSubscriberConfig(), gluetest.Logger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}

@@ -117,12 +117,8 @@ func withV3(uri string, cfg amqpretry.Config, quorum bool) (setup, error) {
 	if err != nil {
 		return setup{}, errors.Join(err, pub.Close())
 	}
-	// The poison queue exists: read it with a queue config and the subscriber's
-	// marshaler, declaring nothing.
-	poisonCfg := amqp3.NewDurableQueueConfig(uri)
-	poisonCfg.Marshaler = retry.SubscriberConfig().Marshaler
-	poisonCfg.TopologyBuilder = noTopology3{}
-	sub, err := amqp3.NewSubscriber(poisonCfg, cfg.Logger)
+	// The poison queue, read as docs/cqrs.md says: whatever the topic subscribed to.
+	sub, err := amqp3.NewSubscriber(retry.PoisonSubscriberConfig(), cfg.Logger)
 	if err != nil {
 		return setup{}, errors.Join(err, retry.Close(), pub.Close())
 	}
@@ -145,30 +141,12 @@ func withV2(uri string, cfg amqpretry.Config, quorum bool) (setup, error) {
 	if err != nil {
 		return setup{}, errors.Join(err, pub.Close())
 	}
-	poisonCfg := amqp2.NewDurableQueueConfig(uri)
-	poisonCfg.Marshaler = retry.SubscriberConfig().Marshaler
-	poisonCfg.TopologyBuilder = noTopology2{}
-	sub, err := amqp2.NewSubscriber(poisonCfg, cfg.Logger)
+	sub, err := amqp2.NewSubscriber(retry.PoisonSubscriberConfig(), cfg.Logger)
 	if err != nil {
 		return setup{}, errors.Join(err, retry.Close(), pub.Close())
 	}
 	return setup{Retry: retry, Publisher: pub, Poison: sub}, nil
 }
-
-// noTopology3 and noTopology2 declare nothing: the poison queue exists.
-type noTopology3 struct{}
-
-func (noTopology3) BuildTopology(*amqp.Channel, amqp3.BuildTopologyParams, amqp3.Config, watermill.LoggerAdapter) error {
-	return nil
-}
-func (noTopology3) ExchangeDeclare(*amqp.Channel, string, amqp3.Config) error { return nil }
-
-type noTopology2 struct{}
-
-func (noTopology2) BuildTopology(*amqp.Channel, string, string, amqp2.Config, watermill.LoggerAdapter) error {
-	return nil
-}
-func (noTopology2) ExchangeDeclare(*amqp.Channel, string, amqp2.Config) error { return nil }
 
 // removeTopology deletes what this run declared, its work queue and every queue and
 // exchange of its plan, and says so.

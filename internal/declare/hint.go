@@ -23,6 +23,9 @@ type Fix struct {
 	HoldsRetries bool
 	RetryDelay   time.Duration
 	Backend      string // a delay.Backend
+	// PoisonQueue is the poison queue's name: a subscriber that declares it with its
+	// own arguments is told how to read it.
+	PoisonQueue string
 	// Apply is the `amqpretry topology apply` command that creates what the
 	// configuration needs, for the work queues given (amqpretry.Config.ApplyCommand).
 	Apply func(workQueues ...string) string
@@ -53,6 +56,11 @@ func (f Fix) Hint(err error, queue string) error {
 		// retries it holds need them until they are back.
 		return fmt.Errorf("%w; work queue %q was declared for delayed retries (RabbitMQ 4.3) and may still hold some: do not delete it, keep its arguments: give the subscriber config's Queue.Arguments the x-delayed-retry-* values it was declared with, or run with Config.Topology set to topology.ModeVerify (with %s, a delayed retry of the queue only delays the redelivery of a failed hand-off); see docs/switching-backends.md",
 			err, queue, f.Backend)
+	case queue != "" && queue == f.PoisonQueue && amqperr.IsCode(err, amqp.PreconditionFailed):
+		if c, ok := topology.ParseClash(amqperr.Reason(err)); ok {
+			return fmt.Errorf("poison queue %q: %w: it has %s %s, the subscriber config asks for %s (%w); it is not a work queue: read it with a subscriber built from Retry.PoisonSubscriberConfig(), which declares it with its own arguments",
+				queue, topology.ErrMismatch, c.Arg, c.Has, c.Asked, err)
+		}
 	case queue != "" && amqperr.IsCode(err, amqp.PreconditionFailed):
 		if c, ok := topology.ParseClash(amqperr.Reason(err)); ok {
 			return fmt.Errorf("work queue %q: %w: it has %s %s, the subscriber config asks for %s (%w); an existing queue's arguments cannot change: "+

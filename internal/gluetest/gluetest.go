@@ -62,6 +62,10 @@ type Major interface {
 	PlainSubscriber(t testing.TB, sub Sub) message.Subscriber
 	// Publisher builds a publisher of the config sub describes.
 	Publisher(t testing.TB, sub Sub) message.Publisher
+	// SubscriberFor builds a subscriber from r's SubscriberConfigFor, as o says.
+	SubscriberFor(t testing.TB, r Retry, o For) (message.Subscriber, error)
+	// PoisonSubscriber builds a subscriber from r's PoisonSubscriberConfig().
+	PoisonSubscriber(t testing.TB, r Retry) message.Subscriber
 }
 
 // Run runs every test of the suite with m; with -short, the quick ones only.
@@ -109,6 +113,9 @@ func Run(t *testing.T, m Major) {
 		{"PolicyDelayPastTheLongestTierIsNeverEarly", PolicyDelayPastTheLongestTierIsNeverEarly, false},
 		{"PanicUnderRecovererIsRetriedThenPoisonedWithItsStack", PanicUnderRecovererIsRetriedThenPoisonedWithItsStack, true},
 		{"CQRSEventsUndecodableAtOnceAttemptFromContext", CQRSEventsUndecodableAtOnceAttemptFromContext, true},
+		{"CQRSHandlersShareOneRetry", CQRSHandlersShareOneRetry, false},
+		{"MiswiredSubscriberIsRefusedAtSubscribe", MiswiredSubscriberIsRefusedAtSubscribe, true},
+		{"PoisonQueueReadFromGo", PoisonQueueReadFromGo, true},
 		{"OutageIsNotAPoison", OutageIsNotAPoison, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -76,7 +76,9 @@ const (
 	// DeliveryExchange and DeliveryRoutingKey say where the delivery was published.
 	DeliveryExchange   = "amqpretry-delivery-exchange"
 	DeliveryRoutingKey = "amqpretry-delivery-routing-key"
-	// Subscriber identifies the Retry whose subscriber config delivered the message.
+	// Subscriber identifies the Retry whose subscriber config delivered the message:
+	// its id, followed by "/<n>" for the n-th queue-name function registered with
+	// Retry.DeliveredFor.
 	Subscriber = "amqpretry-subscriber"
 )
 

@@ -19,7 +19,9 @@ import (
 // Subscribed is what one subscribe declares, as the subscriber config spells it: the
 // queue, and, when the config has an exchange (pub/sub), the exchange and the binding.
 type Subscribed struct {
-	Queue                  string
+	Queue string
+	// Topic is the topic subscribed to, where the major says it (v3); "" where not.
+	Topic                  string
 	QueueArgs              amqp.Table
 	Exchange, ExchangeType string
 	ExchangeArgs           amqp.Table
