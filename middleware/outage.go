@@ -55,17 +55,17 @@ func (o *outages) of(queue string) *outage {
 	return q
 }
 
-// inOutage lists the queues in an outage now.
-func (o *outages) inOutage() []string {
+// inOutage counts the queues in an outage now.
+func (o *outages) inOutage() int64 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	var out []string
-	for name, q := range o.queues {
+	var n int64
+	for _, q := range o.queues {
 		if q.isDown() {
-			out = append(out, name)
+			n++
 		}
 	}
-	return out
+	return n
 }
 
 // outage is one work queue's: what its latest runs did, and the outage, if any.
