@@ -51,6 +51,10 @@ type Decision struct {
 	Permanent bool
 	// Delay, when positive, replaces the policy's delay before the next attempt.
 	Delay time.Duration
+	// Unavailable says the failure is a dependency's, not the message's: the work
+	// queue's outage begins at once (Config.Outage), and the message waits, spending
+	// no attempt. Permanent and Delay take precedence over it.
+	Unavailable bool
 }
 
 // ClassifyParams is what Config.Classify is given. Fields may be added.
@@ -64,8 +68,9 @@ type ClassifyParams struct {
 	Attempt int
 	// Default is DecisionOf(Err): the decision of the error's own marks and of a
 	// decode error in its chain. Permanent (a Permanent mark, or an error of a payload
-	// that can never decode) poisons; RetryAfter sets the delay; any other error is
-	// retried on the policy's schedule.
+	// that can never decode) poisons; RetryAfter sets the delay; Unavailable (or an
+	// open CircuitBreaker) begins an outage; any other error is retried on the
+	// policy's schedule.
 	Default Decision
 }
 
@@ -76,6 +81,9 @@ type ClassifyParams struct {
 //     error of google.golang.org/protobuf (what errors.Is(err, proto.Error) matches,
 //     told by its type's package; the errors of github.com/gogo/protobuf are not);
 //   - the first RetryAfter sets the delay;
+//   - Unavailable anywhere, or gobreaker's ErrOpenState or ErrTooManyRequests (from
+//     Watermill's CircuitBreaker), says a dependency is down: the work queue's outage
+//     begins at once (Config.Outage);
 //   - any other error is retried on the policy's schedule.
 //
 // It is what ClassifyParams.Default holds: a Config.Classify may decide otherwise, as
@@ -100,6 +108,12 @@ func marks(err error, d *Decision, found *bool) {
 		case *retryAfterError:
 			if !*found {
 				d.Delay, *found = max(e.after, 0), true
+			}
+		case *unavailableError:
+			d.Unavailable = true
+		default:
+			if breakerOpen(err) {
+				d.Unavailable = true
 			}
 		}
 		switch u := err.(type) {

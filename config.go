@@ -74,6 +74,12 @@ type Config struct {
 
 	// Policy says how many attempts and how long apart. See Policy for its defaults.
 	Policy Policy
+	// Outage says when a work queue's handlers are judged to fail because something
+	// they depend on is down (consecutive failures, a failure ratio, or an error marked
+	// Unavailable), so that its messages wait, spending no attempt, until a probe
+	// succeeds, instead of being retried to the poison queue. On by default; see
+	// Outage for its defaults, and Outage.Off.
+	Outage Outage
 	// Classify decides, for any error, whether to poison the message now and whether
 	// to replace the policy's delay. It receives DecisionOf the error in
 	// ClassifyParams.Default: its marks (Permanent, RetryAfter), and Permanent for an
@@ -141,6 +147,7 @@ func (c Config) WithDefaults() Config {
 		c.HeldRetries = 0
 	}
 	c.Policy = c.Policy.withDefaults()
+	c.Outage = c.Outage.withDefaults()
 	if c.PoisonQueue == "" {
 		c.PoisonQueue = names.Names{Prefix: c.Prefix}.Poison()
 	}
@@ -180,6 +187,9 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	} else if b != nil {
 		errs = append(errs, c.fits(b, user)...)
+	}
+	if err := c.Outage.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.HeldRetries > 0 && c.Policy.Immediate > 0 {
 		errs = append(errs, errors.New("HeldRetries: not with Policy.Immediate: retry either in this process or in the broker"))

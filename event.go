@@ -27,6 +27,16 @@ const (
 	// Err, for Cause; the message is nacked for redelivery, or poisoned if
 	// Config.HandoffAttempts were reached (an EventPoisoned follows).
 	EventHandoffFailed
+	// EventOutageStarted: the handlers of Queue are judged to fail because something
+	// they depend on is down (Config.Outage); Err is the failure that began it. Its
+	// messages wait, spending no attempt, until a probe succeeds.
+	EventOutageStarted
+	// EventProbe: a message of Queue ran as an outage's probe; Err is its failure,
+	// nil when it succeeded (an EventOutageEnded follows).
+	EventProbe
+	// EventOutageEnded: a probe of Queue succeeded after Duration in outage; Err is
+	// the last failure of the outage.
+	EventOutageEnded
 )
 
 // Event is what Config.Observe is told, on the handler's goroutine. Fields
@@ -61,6 +71,8 @@ type Event struct {
 	// arrival minus due: negative for a retry that came back early (EventDelivered).
 	Late     bool
 	Lateness time.Duration
+	// Duration is how long the outage lasted (EventOutageEnded).
+	Duration time.Duration
 }
 
 // Reason says why a message was poisoned. Declared here, beside Event, which

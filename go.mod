@@ -8,6 +8,7 @@ require (
 	github.com/ThreeDotsLabs/watermill-amqp/v3 v3.0.1
 	github.com/cenkalti/backoff/v4 v4.3.0
 	github.com/rabbitmq/amqp091-go v1.10.0
+	github.com/sony/gobreaker v1.0.0
 	google.golang.org/protobuf v1.36.8
 )
 
@@ -21,6 +22,4 @@ require (
 	github.com/lithammer/shortuuid/v3 v3.0.7 // indirect
 	github.com/oklog/ulid v1.3.1 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
-	github.com/sony/gobreaker v1.0.0 // indirect
-	google.golang.org/protobuf v1.36.8 // indirect
 )

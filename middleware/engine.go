@@ -41,6 +41,7 @@ type engine struct {
 	held     heldRetries
 	stats    struct{ retries, poisoned, failures atomic.Int64 }
 
+	outages *outages // nil when Config.Outage.Off
 	life    lifecycle
 	pending pendingPoisons // messages whose poison publish failed
 	// poisonHint adds the fix to a failed poison publish's error (gone: the poison
@@ -237,12 +238,12 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 				e.observeDelivery(d)
 			}
 		}
-		produced, err := e.run(h, msg, d)
+		// decided is err's decision, once classified (Classify runs once per failure).
+		produced, err, decided := e.runHandler(h, msg, d)
 		run, attempt := msg, d.attempt
-		var decided *amqpretry.Decision // err's, when retryNow classified it
 		for err != nil && attempt <= e.cfg.Policy.Immediate {
 			var again bool
-			if again, decided = e.retryNow(d, run, attempt, err); !again {
+			if again, decided = e.retryNow(d, run, attempt, err, decided); !again {
 				break
 			}
 			pause(msg.Context(), e.cfg.Policy.ImmediateInterval)
@@ -253,8 +254,7 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			chainOf(next).attempt.Store(int64(attempt))
 			run = next
 			d.attempt = attempt
-			produced, err = e.run(h, run, d)
-			decided = nil // a new error, not classified yet
+			produced, err, decided = e.runHandler(h, run, d)
 		}
 		if err == nil {
 			e.failures.forget(msg.UUID)
@@ -278,14 +278,17 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 // retryNow tells whether run, which failed with err on attempt (within
 // Policy.Immediate), gets an immediate in-process retry: on its first delivery, within
 // MaxAttempts, if it is this Retry's and its error asks for no delay and is not
-// permanent. It returns the decision when it classified err, so that Classify runs
-// once per failure.
-func (e *engine) retryNow(d delivery, run *message.Message, attempt int, err error) (bool, *amqpretry.Decision) {
+// permanent. decided is err's decision if classified already; it returns the decision
+// when it classified err, so that Classify runs once per failure.
+func (e *engine) retryNow(d delivery, run *message.Message, attempt int, err error, decided *amqpretry.Decision) (bool, *amqpretry.Decision) {
 	if attempt >= e.cfg.Policy.MaxAttempts || !d.owned || errors.Is(err, amqpretry.ErrHandoff) {
-		return false, nil
+		return false, decided
 	}
-	dec := e.decide(run, err, attempt)
-	return !dec.Permanent && dec.Delay <= 0, &dec
+	if decided == nil {
+		dec := e.decide(run, err, attempt)
+		decided = &dec
+	}
+	return !decided.Permanent && decided.Delay <= 0, decided
 }
 
 // Retryable tells whether running the handler again in this process could help after

@@ -125,6 +125,9 @@ func (r *retry) close() error {
 		"retries": st.Retries, "poisoned": st.Poisoned, "handoff_failures": st.HandoffFailures,
 		"handoffs_waited_for": waited, "poison_pending": st.PoisonPending,
 	}
+	if st.Outages > 0 {
+		fields["outages"], fields["probes"] = st.Outages, st.Probes
+	}
 	if err != nil {
 		fields["close_err"] = err.Error()
 	}

@@ -13,8 +13,12 @@ import (
 
 // Stats returns what the engine did since it was built.
 func (e *engine) Stats() Stats {
-	return Stats{Retries: e.stats.retries.Load(), Poisoned: e.stats.poisoned.Load(), HandoffFailures: e.stats.failures.Load(),
+	st := Stats{Retries: e.stats.retries.Load(), Poisoned: e.stats.poisoned.Load(), HandoffFailures: e.stats.failures.Load(),
 		PoisonPending: e.pending.len()}
+	if e.outages != nil {
+		st.Outages, st.Probes, st.InOutage = e.outages.started.Load(), e.outages.probes.Load(), e.outages.inOutage()
+	}
+	return st
 }
 
 // observe sends ev to Config.Observe, if set.

@@ -47,7 +47,7 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 	}
 	v := cfg.Derived()
 	r := &retry{cfg: cfg, view: v, t: t}
-	e := &engine{cfg: cfg, wiring: wiring{Queue: t.Queue}}
+	e := &engine{cfg: cfg, wiring: wiring{Queue: t.Queue}, outages: newOutages(cfg.Outage)}
 	r.engine = e
 	if t.URI == "" {
 		b, err := delay.New(v.Backend, backend.Env{Memory: cfg.Memory, Logger: cfg.Logger})

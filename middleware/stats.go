@@ -16,4 +16,8 @@ type Stats struct {
 	// memory is the process's: after a restart such a message runs through the
 	// handler once more before its poisoning is tried again.
 	PoisonPending int64
+	// Outages begun (Config.Outage), and Probes run during them; InOutage, the work
+	// queues in an outage now (their messages wait in this process, spending no
+	// attempt, until a probe succeeds).
+	Outages, Probes, InOutage int64
 }

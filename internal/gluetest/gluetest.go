@@ -116,6 +116,7 @@ func Run(t *testing.T, m Major) {
 		{"CQRSHandlersShareOneRetry", CQRSHandlersShareOneRetry, false},
 		{"MiswiredSubscriberIsRefusedAtSubscribe", MiswiredSubscriberIsRefusedAtSubscribe, true},
 		{"PoisonQueueReadFromGo", PoisonQueueReadFromGo, true},
+		{"OutageIsNotAPoison", OutageIsNotAPoison, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if testing.Short() && !tc.quick {

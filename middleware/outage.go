@@ -1,0 +1,341 @@
+package middleware
+
+// Outages (amqpretry.Config.Outage): per work queue, whether the handlers' failures
+// say that something they depend on is down. While a queue is in an outage its
+// messages wait here, before the handler, instead of taking the failure path: they
+// spend no attempt, nothing is copied or held, and the subscriber takes no more from
+// the broker than its prefetch. One at a time runs as a probe; the first success ends
+// the outage. The engine runs every handler through runHandler (engine.go).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/amqpretry/amqpretry"
+)
+
+// outages holds the outage state of each work queue the engine has seen fail.
+type outages struct {
+	cfg    amqpretry.Outage // with defaults
+	mu     sync.Mutex
+	queues map[string]*outage
+	// started, probes and down count outages begun, probes run, and the time spent
+	// in outage by the ended ones, for Stats.
+	started, probes, down atomic.Int64
+}
+
+// newOutages returns the outage state of an engine configured with cfg (with its
+// defaults): nil when outage detection is off.
+func newOutages(cfg amqpretry.Outage) *outages {
+	if cfg.Off {
+		return nil
+	}
+	return &outages{cfg: cfg}
+}
+
+// of returns queue's outage state.
+func (o *outages) of(queue string) *outage {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	q := o.queues[queue]
+	if q == nil {
+		if o.queues == nil {
+			o.queues = map[string]*outage{}
+		}
+		q = &outage{cfg: o.cfg, runs: make([]outcome, o.cfg.Window), changed: make(chan struct{})}
+		o.queues[queue] = q
+	}
+	return q
+}
+
+// inOutage counts the queues in an outage now.
+func (o *outages) inOutage() int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var n int64
+	for _, q := range o.queues {
+		if q.isDown() {
+			n++
+		}
+	}
+	return n
+}
+
+// outage is one work queue's: what its latest runs did, and the outage, if any.
+type outage struct {
+	cfg amqpretry.Outage
+	mu  sync.Mutex
+
+	// The latest runs: a ring of Window outcomes, and counts over it.
+	runs                    []outcome
+	next, filled            int
+	failures, retryFailures int
+	// consecutive failures, and whether a retry is among them.
+	consecutive      int
+	consecutiveRetry bool
+
+	down      bool
+	since     time.Time
+	last      error // the latest failure that counted
+	interval  time.Duration
+	nextProbe time.Time // when the next probe may run
+	probe     uint64    // the probe running, 0 for none
+	probeSeq  uint64
+	// changed is closed, and replaced, when a waiting message may act: the outage
+	// ended, or a probe finished.
+	changed chan struct{}
+}
+
+type outcome struct{ failed, retry bool }
+
+func (q *outage) isDown() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.down
+}
+
+// signal wakes the waiting messages. q.mu is held.
+func (q *outage) signal() {
+	close(q.changed)
+	q.changed = make(chan struct{})
+}
+
+// add records one run in the ring. q.mu is held.
+func (q *outage) add(o outcome) {
+	if q.filled == len(q.runs) {
+		old := q.runs[q.next]
+		if old.failed {
+			q.failures--
+			if old.retry {
+				q.retryFailures--
+			}
+		}
+	} else {
+		q.filled++
+	}
+	q.runs[q.next] = o
+	q.next = (q.next + 1) % len(q.runs)
+	if o.failed {
+		q.failures++
+		if o.retry {
+			q.retryFailures++
+		}
+	}
+}
+
+// errClosing is why a waiting message goes back to the broker.
+var errClosing = errors.New("the Retry is closing")
+
+// await waits while q is down. It returns the probe's token when this message is to
+// run as the probe, 0 when the outage is over (or there is none); an error when ctx
+// ends (its subscriber closes) or the engine closes.
+func (q *outage) await(ctx context.Context, closing <-chan struct{}) (uint64, error) {
+	for {
+		q.mu.Lock()
+		if !q.down {
+			q.mu.Unlock()
+			return 0, nil
+		}
+		changed := q.changed
+		var wait time.Duration
+		if q.probe == 0 {
+			if wait = time.Until(q.nextProbe); wait <= 0 {
+				q.probeSeq++
+				q.probe = q.probeSeq
+				q.mu.Unlock()
+				return q.probe, nil
+			}
+		}
+		q.mu.Unlock()
+		var tick <-chan time.Time
+		var timer *time.Timer
+		if wait > 0 {
+			timer = time.NewTimer(wait)
+			tick = timer.C
+		}
+		var err error
+		select {
+		case <-changed:
+		case <-tick:
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-closing:
+			err = errClosing
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+}
+
+// edge is what a run changed in its queue's outage.
+type edge int
+
+const (
+	noEdge edge = iota
+	started
+	ended
+)
+
+// record records a run's outcome: err and its decision (nil when it is not this
+// Retry's to decide: nil err, or a failure of another Retry), on attempt; probe is the
+// run's probe token (0: not a probe). It returns whether the message waits (the queue
+// is down and the failure counted: no attempt spent), the edge it caused, and, on an
+// edge, the outage's duration and last failure.
+func (q *outage) record(err error, dec *amqpretry.Decision, attempt, maxAttempts int, probe uint64, now time.Time) (wait bool, e edge, lasted time.Duration, last error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if probe != 0 && q.probe == probe {
+		q.probe = 0
+		defer q.signal()
+	}
+	counts := err != nil && dec != nil && !dec.Permanent && dec.Delay <= 0
+	switch {
+	case err == nil:
+		q.add(outcome{})
+		q.consecutive, q.consecutiveRetry = 0, false
+		if q.down {
+			q.down = false
+			q.signal()
+			return false, ended, now.Sub(q.since), q.last
+		}
+		return false, noEdge, 0, nil
+	case !counts:
+		return false, noEdge, 0, nil
+	}
+	retry := attempt >= 2
+	q.add(outcome{failed: true, retry: retry})
+	q.consecutive++
+	q.consecutiveRetry = q.consecutiveRetry || retry
+	q.last = err
+	if q.down {
+		if probe != 0 {
+			q.interval = min(2*q.interval, q.cfg.MaxProbeInterval)
+			q.nextProbe = now.Add(q.interval)
+		}
+		return true, noEdge, 0, nil
+	}
+	trip := dec.Unavailable ||
+		(q.consecutive >= q.cfg.Consecutive && q.consecutiveRetry) ||
+		(q.filled == len(q.runs) && float64(q.failures) >= q.cfg.Ratio*float64(q.filled) && q.retryFailures > 0)
+	if !trip {
+		return false, noEdge, 0, nil
+	}
+	q.down, q.since = true, now
+	q.interval = q.cfg.ProbeInterval
+	q.nextProbe = now.Add(q.interval)
+	q.signal()
+	return true, started, 0, err
+}
+
+// abandon ends a probe that did not record its outcome (the handler panicked past
+// the engine).
+func (q *outage) abandon(probe uint64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.probe == probe {
+		q.probe = 0
+		q.signal()
+	}
+}
+
+// outageOf returns the outage state of d's queue: nil when outage detection is off,
+// or d is not this Retry's to decide.
+func (e *engine) outageOf(d delivery) *outage {
+	if e.outages == nil || !d.owned || d.queue == "" {
+		return nil
+	}
+	return e.outages.of(d.queue)
+}
+
+// runHandler runs h on m, on attempt d.attempt, through the outage of d's queue
+// (recovering its panic: run): while the queue is down, m waits here and runs only as
+// the probe or once the outage is over, and a failure that counts costs no attempt: m
+// waits and runs again. It returns the handler's result, and the decision of its error
+// when it classified it.
+func (e *engine) runHandler(h message.HandlerFunc, m *message.Message, d delivery) ([]*message.Message, error, *amqpretry.Decision) {
+	q := e.outageOf(d)
+	if q == nil {
+		produced, err := e.run(h, m, d)
+		return produced, err, nil
+	}
+	attempt := d.attempt
+	for {
+		probe, werr := q.await(m.Context(), e.life.closing())
+		if werr != nil {
+			return nil, e.outageGiveBack(m, d, q, werr), nil
+		}
+		produced, err, dec := e.runProbe(h, m, d, q, probe)
+		wait, edge, lasted, last := q.record(err, dec, attempt, e.cfg.Policy.MaxAttempts, probe, time.Now())
+		if probe != 0 {
+			e.outages.probes.Add(1)
+			e.observe(amqpretry.Event{Kind: amqpretry.EventProbe, Queue: d.queue, Attempt: attempt, Err: err})
+		}
+		e.outageEdge(d, edge, lasted, last)
+		if !wait {
+			return produced, err, dec
+		}
+	}
+}
+
+// runProbe runs h on m (run) and classifies its error; a probe (token probe) that does
+// not return is abandoned, so that another message can probe.
+func (e *engine) runProbe(h message.HandlerFunc, m *message.Message, d delivery, q *outage, probe uint64) (produced []*message.Message, err error, dec *amqpretry.Decision) {
+	returned := false
+	if probe != 0 {
+		defer func() {
+			if !returned {
+				q.abandon(probe)
+			}
+		}()
+	}
+	produced, err = e.run(h, m, d)
+	returned = true
+	if err != nil && !errors.Is(err, amqpretry.ErrHandoff) {
+		x := e.decide(m, err, d.attempt)
+		dec = &x
+	}
+	return produced, err, dec
+}
+
+// outageEdge reports an outage's start or end: an event, and one log line.
+func (e *engine) outageEdge(d delivery, ed edge, lasted time.Duration, last error) {
+	switch ed {
+	case started:
+		e.outages.started.Add(1)
+		warn(e.cfg.Logger, "Work queue in an outage: its handlers fail as if something they depend on is down; its messages wait, spending no attempt, and one at a time is run as a probe", last, watermill.LogFields{
+			"queue": d.queue, "handler": d.handler, "probe_interval": e.cfg.Outage.ProbeInterval.String(),
+		})
+		e.observe(amqpretry.Event{Kind: amqpretry.EventOutageStarted, Queue: d.queue, Err: last})
+	case ended:
+		e.outages.down.Add(int64(lasted))
+		e.cfg.Logger.Info("Work queue's outage over: a probe succeeded; its messages run again", watermill.LogFields{
+			"queue": d.queue, "handler": d.handler, "outage_duration": lasted.String(), "last_error": fmt.Sprint(last),
+		})
+		e.observe(amqpretry.Event{Kind: amqpretry.EventOutageEnded, Queue: d.queue, Err: last, Duration: lasted})
+	}
+}
+
+// outageGiveBack answers a message that waited for an outage to end when its
+// subscriber or the Retry closed: it goes back to the broker (the router nacks it with
+// requeue), having spent no attempt.
+func (e *engine) outageGiveBack(m *message.Message, d delivery, q *outage, why error) error {
+	q.mu.Lock()
+	last := q.last
+	q.mu.Unlock()
+	err := fmt.Errorf("%w: work queue %q is in an outage and %v: the message goes back to the queue, no attempt spent", amqpretry.ErrHandoff, d.queue, why)
+	if errors.Is(why, errClosing) {
+		return e.refuseClosed(m, d, errors.Join(last, err))
+	}
+	return errors.Join(last, err)
+}

@@ -1,0 +1,116 @@
+package amqpretry
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sony/gobreaker"
+)
+
+// Unavailable marks err as a sign that something the handler depends on is down (a
+// database, an API), not that the message is bad: the work queue's outage begins at
+// once (see Outage), and the message waits in this process, spending no attempt, until
+// a probe succeeds. Unavailable(nil) is nil.
+//
+// Watermill's CircuitBreaker middleware, while open, returns gobreaker's
+// ErrOpenState or ErrTooManyRequests: those are read as Unavailable too.
+func Unavailable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &unavailableError{err}
+}
+
+type unavailableError struct{ err error }
+
+func (e *unavailableError) Error() string { return e.err.Error() }
+func (e *unavailableError) Unwrap() error { return e.err }
+
+// breakerOpen tells whether err is an open circuit breaker's refusal (Watermill's
+// CircuitBreaker middleware, sony/gobreaker).
+func breakerOpen(err error) bool {
+	return err == gobreaker.ErrOpenState || err == gobreaker.ErrTooManyRequests
+}
+
+// Outage says when the handlers of a work queue are judged to fail because something
+// they depend on is down, and what happens then. An outage is per work queue, shared
+// by every handler of this Retry that consumes it.
+//
+// It begins when:
+//   - a handler error is marked Unavailable (or an open CircuitBreaker refused the
+//     message), at once; or
+//   - Consecutive failures in a row, or a failure ratio of at least Ratio over the
+//     last Window runs, and a retry (attempt 2 or later) among the failures: a storm of
+//     messages that each fail once and then succeed is not an outage, since their
+//     retries succeed.
+//
+// Errors marked Permanent or RetryAfter (or so decided by Classify) never count: they
+// are about the message. While the outage lasts, the failing message and every message
+// that reaches the queue's handlers wait in this process (the subscriber then takes no
+// more than its prefetch from the broker), spending no attempt, and nothing is copied
+// or held. One of them at a time is run as a probe, ProbeInterval after the outage
+// began, then after a delay doubling up to MaxProbeInterval; a failed probe costs its
+// message no attempt. The first success ends the outage and every waiting message runs
+// at once. A waiting message is given back to the broker (nacked with requeue) when its
+// subscriber closes or the Retry closes. docs/outage.md tells more.
+type Outage struct {
+	// Off turns outage detection off: every failure takes the retry path.
+	Off bool
+	// Consecutive failures in a row that begin an outage (with a retry among them).
+	// Default: 10.
+	Consecutive int
+	// Ratio of failed runs over the last Window runs that begins an outage (with a
+	// retry among the failures), in (0, 1]. Default: 0.8.
+	Ratio float64
+	// Window is how many of the latest runs Ratio is measured over. Default: 50.
+	Window int
+	// ProbeInterval is the wait before the first probe of an outage. Default: 1s.
+	ProbeInterval time.Duration
+	// MaxProbeInterval caps the wait between probes, which doubles after each failed
+	// probe. Default: 30s.
+	MaxProbeInterval time.Duration
+}
+
+func (o Outage) withDefaults() Outage {
+	if o.Consecutive == 0 {
+		o.Consecutive = 10
+	}
+	if o.Ratio == 0 {
+		o.Ratio = 0.8
+	}
+	if o.Window == 0 {
+		o.Window = 50
+	}
+	if o.ProbeInterval == 0 {
+		o.ProbeInterval = time.Second
+	}
+	if o.MaxProbeInterval == 0 {
+		o.MaxProbeInterval = 30 * time.Second
+	}
+	return o
+}
+
+// validate reports every invalid field of o, which has its defaults.
+func (o Outage) validate() error {
+	if o.Off {
+		return nil
+	}
+	var errs []error
+	if o.Consecutive < 1 {
+		errs = append(errs, fmt.Errorf("Outage.Consecutive: %d, must be at least 1 (0 means the default, 10; Outage.Off turns detection off)", o.Consecutive))
+	}
+	if o.Ratio <= 0 || o.Ratio > 1 {
+		errs = append(errs, fmt.Errorf("Outage.Ratio: %g, must be in (0, 1] (0 means the default, 0.8)", o.Ratio))
+	}
+	if o.Window < 1 {
+		errs = append(errs, fmt.Errorf("Outage.Window: %d, must be at least 1 (0 means the default, 50)", o.Window))
+	}
+	if o.ProbeInterval < 0 {
+		errs = append(errs, fmt.Errorf("Outage.ProbeInterval: %s, must not be negative (0 means the default, 1s)", o.ProbeInterval))
+	}
+	if o.MaxProbeInterval < o.ProbeInterval {
+		errs = append(errs, fmt.Errorf("Outage.MaxProbeInterval: %s, must not be shorter than Outage.ProbeInterval (%s)", o.MaxProbeInterval, o.ProbeInterval))
+	}
+	return errors.Join(errs...)
+}
