@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -122,7 +123,15 @@ func (r *retry) prepare() error {
 	if w := workQueueWarning(v, r.t.QueueArgs, cfg.Policy.MaxAttempts); w != "" {
 		cfg.Logger.Error("Work queues may lose retries", errors.New(w), fields)
 	}
-	if w := deadLetterWarning(v, r.t.QueueArgs, cfg.PoisonQueue); w != "" {
+	// The work queue as the subscriber declares it: with what the backend adds
+	// (a quorum queue holding delayed retries).
+	workArgs := r.t.QueueArgs
+	if extra := r.view.WorkQueueArgs; extra != nil {
+		workArgs = amqp.Table{}
+		maps.Copy(workArgs, r.t.QueueArgs)
+		maps.Copy(workArgs, extra)
+	}
+	if w := deadLetterWarning(v, workArgs, cfg.PoisonQueue); w != "" {
 		cfg.Logger.Error("Work queues drop what they cannot deliver", errors.New(w), fields)
 	}
 	if risk := b.Caps().Risk; risk != "" {

@@ -94,6 +94,7 @@ func Run(t *testing.T, m Major) {
 		{"InvalidConfigNamesTheField", InvalidConfigNamesTheField, true},
 		{"InvalidConfigTouchesNothingOnTheBroker", InvalidConfigTouchesNothingOnTheBroker, false},
 		{"LowDeliveryLimitOnQuorumWorkQueueIsWarned", LowDeliveryLimitOnQuorumWorkQueueIsWarned, false},
+		{"QuorumWorkQueueWithoutDeadLetterIsWarned", QuorumWorkQueueWithoutDeadLetterIsWarned, false},
 		{"LeastPrivilegeAfterTopologyApply", LeastPrivilegeAfterTopologyApply, false},
 		{"DelayedRetry", DelayedRetry, true},
 		{"HeldRetriesThenCopies", HeldRetriesThenCopies, false},
