@@ -371,10 +371,8 @@ func UnreadableHeadersEndInThePoisonQueue(t *testing.T, m Major) {
 	}
 	const limit = 3
 	s := newSetup(t, m, delay.TTLTiers)
-	s.sub.QueueArgs = amqp.Table{
-		"x-queue-type": "quorum", "x-delivery-limit": int32(limit),
-		"x-dead-letter-exchange": "", "x-dead-letter-routing-key": s.prefix + ".poison",
-	}
+	s.sub.QueueArgs = quorumToPoison(s)
+	s.sub.QueueArgs["x-delivery-limit"] = int32(limit)
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: limit}
 	r := newRetry(t, m, s.sub, s.cfg)
 	rec := newRecorder(func(msg *message.Message) error {
