@@ -39,7 +39,11 @@
 // Config.HeldRetries, for the first retries) copies nothing: the failed delivery
 // stays in the work queue and the broker holds it for the queue's delay. After the last
 // attempt, or on a permanent error, the message goes to the poison queue with its
-// envelope.
+// envelope. A message whose headers amqp091-go cannot read (v1.16.0 and later: nested
+// deeper than 32) never reaches the library: its client loses the connection and the
+// broker gives it back. Only the work queue can end that loop, a quorum queue with
+// x-delivery-limit and the poison queue as its dead-letter target
+// (docs/troubleshooting.md); New warns about a quorum work queue that would drop it.
 //
 // # Words
 //

@@ -95,4 +95,12 @@ const (
 	// ReasonTooLarge: the retry copy, even with a trimmed envelope, is larger than the
 	// broker's frame_max (see DroppedHeaders).
 	ReasonTooLarge Reason = "too-large"
+	// ReasonDeliveryLimit is no decision of the library's, and in no Event: the broker
+	// dead-lettered the message from its quorum work queue to the poison queue once
+	// x-delivery-limit deliveries had failed (x-death reason delivery_limit; the
+	// arguments in docs/troubleshooting.md). The poison queue's readers (package ops,
+	// the amqpretry command) report it. A message no client can read gets there
+	// (amqp091-go v1.16.0 and later close the connection at a header nested deeper
+	// than 32), as does one whose hand-offs kept failing on RabbitMQ before 4.3.
+	ReasonDeliveryLimit Reason = "delivery-limit"
 )

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"sync"
 
@@ -124,6 +125,17 @@ func (r *retry) prepare() error {
 	if w := workQueueWarning(v, r.t.QueueArgs, cfg.Policy.MaxAttempts); w != "" {
 		cfg.Logger.Error("Work queues may lose retries", errors.New(w), fields)
 	}
+	// The work queue as the subscriber declares it: with what the backend adds
+	// (a quorum queue holding delayed retries).
+	workArgs := r.t.QueueArgs
+	if extra := r.view.WorkQueueArgs; extra != nil {
+		workArgs = amqp.Table{}
+		maps.Copy(workArgs, r.t.QueueArgs)
+		maps.Copy(workArgs, extra)
+	}
+	if w := deadLetterWarning(v, workArgs, cfg.PoisonQueue); w != "" {
+		cfg.Logger.Error("Work queues drop what they cannot deliver", errors.New(w), fields)
+	}
 	if risk := b.Caps().Risk; risk != "" {
 		cfg.Logger.Error(risk, errors.New("retries due while the broker stops may be lost"), fields)
 	}
@@ -175,6 +187,40 @@ func (r *retry) scheduler() message.Publisher {
 		return nil
 	}
 	return backend.Scheduler{Backend: r.engine.backend.Backend}
+}
+
+// deadLetterWarning checks a quorum work queue's arguments for a dead-letter
+// exchange: past its delivery limit (x-delivery-limit, or 20 by default from RabbitMQ
+// 4.0) a quorum queue without one drops the message. It gets there without the
+// library: a message no client can read (amqp091-go v1.16.0 and later close the
+// connection at a header nested deeper than 32 or holding more than 8,192 entries,
+// the broker gives the message back and counts it) reaches the limit in as many
+// reconnections. It returns a warning naming the arguments that send such messages to
+// poisonQueue, or "". A policy can set the dead-letter exchange instead; the
+// arguments are all the library sees.
+func deadLetterWarning(brokerVersion string, args amqp.Table, poisonQueue string) string {
+	if args[declare.QueueTypeArg] != declare.QueueTypeQuorum {
+		return ""
+	}
+	if _, set := args[declare.DeadLetterExchangeArg]; set {
+		return ""
+	}
+	var limit string
+	raw, set := args[declare.DeliveryLimitArg]
+	switch {
+	case set:
+		n, ok := wire.Integer(raw)
+		if !ok || n < 0 {
+			return "" // no limit, or one workQueueWarning refuses
+		}
+		limit = fmt.Sprintf("its %s (%d)", declare.DeliveryLimitArg, n)
+	case version.DefaultDeliveryLimit(brokerVersion):
+		limit = fmt.Sprintf("the default delivery limit of RabbitMQ 4.0 and later (%d)", version.DeliveryLimit)
+	default:
+		return ""
+	}
+	return fmt.Sprintf("quorum work queue without %s: past %s the broker drops a message instead of dead-lettering it, and a message no client can read (amqp091-go v1.16.0 and later close their connection at a header nested deeper than 32) gets there by reconnections alone; declare it with %s \"\" and x-dead-letter-routing-key %q (the poison queue), or set them in a policy",
+		declare.DeadLetterExchangeArg, limit, declare.DeadLetterExchangeArg, poisonQueue)
 }
 
 // poisonHint adds the fix to the error of a failed poison publish: for a poison queue

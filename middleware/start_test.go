@@ -57,6 +57,39 @@ func TestWorkQueueWarning(t *testing.T) {
 	}
 }
 
+func TestDeadLetterWarning(t *testing.T) {
+	quorum := func(kv ...any) amqp.Table {
+		args := amqp.Table{"x-queue-type": "quorum"}
+		for i := 0; i < len(kv); i += 2 {
+			args[kv[i].(string)] = kv[i+1]
+		}
+		return args
+	}
+	for _, tt := range []struct {
+		name    string
+		version string
+		args    amqp.Table
+		want    string // substring; "" for no warning
+	}{
+		{"classic queue", "4.3.6", nil, ""},
+		{"quorum 3.10 without limit", "3.10.8", quorum(), ""},
+		{"quorum 3.10 with a limit", "3.10.8", quorum("x-delivery-limit", int32(5)), `past its x-delivery-limit (5) the broker drops`},
+		{"quorum 4.3 without limit", "4.3.6", quorum(), "past the default delivery limit of RabbitMQ 4.0 and later (20)"},
+		{"quorum 4.0, unknown version", "", quorum(), "(20) the broker drops"},
+		{"the fix names the poison queue", "4.3.6", quorum(), `x-dead-letter-exchange "" and x-dead-letter-routing-key "shop.poison"`},
+		{"limit disabled", "4.3.6", quorum("x-delivery-limit", int64(-1)), ""},
+		{"dead-lettered", "4.3.6", quorum("x-dead-letter-exchange", ""), ""},
+		{"dead-lettered elsewhere", "4.3.6", quorum("x-delivery-limit", 3, "x-dead-letter-exchange", "dlx"), ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got := deadLetterWarning(tt.version, tt.args, "shop.poison")
+			if tt.want == "" && got != "" || tt.want != "" && !strings.Contains(got, tt.want) {
+				t.Errorf("deadLetterWarning = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
 // TestStartInProcess: without a URI the Retry runs in this process on the memory
 // backend: retries come back to the topic after their delay, poisoned messages go to
 // the poison queue's topic.

@@ -24,6 +24,10 @@
 //     lost. Messages that do not match, or whose queue is gone, stay in place and in
 //     order. A dry run of Redrive checks each queue passively, as the publish would
 //     find it, and reports the same unroutable messages (MoveResult.Unrouted).
+//     A message the broker dead-lettered to the poison queue past its work
+//     queue's x-delivery-limit (no envelope; x-death reason delivery_limit), such as one
+//     no client can read, is listed with Reason amqpretry.ReasonDeliveryLimit and its
+//     work queue as Queue.
 //
 // Reading a queue: AMQP 0-9-1 cannot browse, so List, Redrive and Purge take messages
 // with basic.get and hold them unacknowledged, then give back those they leave with one

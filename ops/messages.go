@@ -17,6 +17,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/xdeath"
 )
 
 // defaultWindow bounds how many messages a run holds unacknowledged at once.
@@ -126,6 +127,18 @@ func (o *Ops) message(d amqp.Delivery, full bool) (Message, error) {
 		m.Time = m.Due
 	case !d.Timestamp.IsZero():
 		m.Time = d.Timestamp
+	}
+	if m.Reason == "" {
+		// Dead-lettered by the broker from its work queue past the delivery limit: the
+		// handler may never have seen it (docs/troubleshooting.md).
+		// The latest death: x-last-death-* from RabbitMQ 3.13, x-death's first entry
+		// before.
+		if info, err := xdeath.Parse(d.Headers); err == nil && len(info.Deaths) > 0 && info.Deaths[0].Reason == xdeath.ReasonDeliveryLimit {
+			m.Reason = amqpretry.ReasonDeliveryLimit
+			if m.Queue == "" {
+				m.Queue = info.Deaths[0].Queue
+			}
+		}
 	}
 	if m.Queue == "" && d.Exchange != "" {
 		// Dead-lettered to a delivery exchange, then to the parking queue: the routing

@@ -377,6 +377,69 @@ func TestListAndShowPoison(t *testing.T) {
 	}
 }
 
+// TestListNamesTheDeliveryLimit: a message the broker dead-lettered from a quorum work
+// queue to the poison queue past its x-delivery-limit (what becomes of one no client
+// can read, docs/troubleshooting.md) carries no envelope: List reports reason
+// delivery-limit and the work queue it came from, which a redrive sends it back to.
+func TestListNamesTheDeliveryLimit(t *testing.T) {
+	r := newRig(t)
+	r.apply()
+	work := r.prefix + ".orders"
+	brokertest.Cleanup(t, []string{work}, nil)
+	conn := brokertest.Dial(t)
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int32(1), "x-dead-letter-exchange": "", "x-dead-letter-routing-key": r.poisonQueue()}
+	if _, err := ch.QueueDeclare(work, true, false, false, false, args); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", work, true, false,
+		amqp.Publishing{Headers: amqp.Table{"_watermill_message_uuid": "u1"}, Body: []byte("unread"), DeliveryMode: amqp.Persistent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := dc.WaitContext(context.Background()); !ok || err != nil {
+		t.Fatalf("publish not confirmed: %v", err)
+	}
+	// A delivery whose channel closes unacknowledged counts as failed, as when a client
+	// cannot read it and loses its connection.
+	waitFor(t, 30*time.Second, func() bool {
+		c, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds, err := c.Consume(work, "", false, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-ds:
+		case <-time.After(time.Second):
+		}
+		_ = c.Close()
+		return brokertest.QueueLength(t, r.poisonQueue()) == 1
+	})
+	ctx := context.Background()
+	res, err := r.ops.List(ctx, ops.Poison, ops.ListOptions{Filter: ops.Filter{Reason: amqpretry.ReasonDeliveryLimit}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Messages) != 1 || res.Messages[0].UUID != "u1" || res.Messages[0].Queue != work {
+		t.Fatalf("reason delivery-limit: %+v, want u1 from %s", res.Messages, work)
+	}
+	if _, err := r.ops.Redrive(ctx, ops.Poison, ops.MoveOptions{Filter: ops.Filter{IDs: []string{"u1"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := brokertest.Drain(t, work); len(got) != 1 || got[0].UUID != "u1" {
+		t.Errorf("redriven to %s: %v, want u1", work, got)
+	}
+}
+
 func TestRedriveDryRunChangesNothing(t *testing.T) {
 	r := newRig(t, "orders")
 	r.apply()

@@ -10,7 +10,9 @@
 #               (default amqp://guest:guest@127.0.0.1:5672/, the machine's RabbitMQ
 #               3.10.8), the metrics and command modules (with the console's browser
 #               tests in headless Chromium), the quickstarts, the CQRS example, Watermill's
-#               own pub/sub suites; no queue, exchange or user left behind
+#               own pub/sub suites; the newest amqp091-go and watermill-amqp the
+#               proxy serves, pinned (scripts/newest.sh); no queue, exchange or user
+#               left behind
 #   4.0, 4.3    the same on RabbitMQ 4.0.5 and 4.3.6 (scripts/rabbitmq4.sh), with the
 #               4.3-only backends, the AMQP 1.0 module and its quickstart
 #   no-loss     thousands of messages through faults, on each broker (internal/noloss,
@@ -371,6 +373,12 @@ if [ "$broker" = ok ]; then
   cqrs "the broker at AMQP_URI" "$AMQP_URI" DELAY_BACKEND=ttl-tiers
   step "Watermill's pub/sub suites, watermill-amqp v3 and v2, with and without our subscriber config"
   ./scripts/watermill-suite.sh
+  # Tomorrow's dependencies (issue 43): go.mod keeps the oldest versions supported, Go
+  # builds users' programs with the newest any module requires. Pinned, bumped like any
+  # other pin: the newest the module proxy serves.
+  newest=(github.com/rabbitmq/amqp091-go@v1.16.0 github.com/ThreeDotsLabs/watermill-amqp/v3@v3.0.2 github.com/ThreeDotsLabs/watermill-amqp/v2@v2.1.3)
+  step "the newest dependencies: ${newest[*]#github.com/}: every module and example builds and vets, the suites of both majors and the middleware's broker tests with -race (scripts/newest.sh)"
+  ./scripts/newest.sh "${newest[@]}"
   if [ -n "$amqps310" ]; then tls_tests "the broker at AMQP_URI" "$AMQP_URI" "$amqps310" "${AMQPRETRY_RABBITMQCTL:-rabbitmqctl}"; fi
   after 3.10 "${ctl310[@]}"
 fi

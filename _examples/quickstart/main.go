@@ -101,10 +101,21 @@ func runAMQP1() error {
 	return cmd.Run()
 }
 
+// quorumArgs are a quorum work queue's arguments: past its delivery limit (RabbitMQ
+// 4's default, 20) the broker sends a message it could not deliver, such as one no
+// client can read, to the poison queue instead of dropping it.
+func quorumArgs(cfg amqpretry.Config) amqp.Table {
+	return amqp.Table{
+		"x-queue-type":              "quorum",
+		"x-dead-letter-exchange":    "",
+		"x-dead-letter-routing-key": cfg.WithDefaults().PoisonQueue,
+	}
+}
+
 func withV3(uri string, cfg amqpretry.Config, quorum bool) (setup, error) {
 	amqpCfg := amqp3.NewDurableQueueConfig(uri)
 	if quorum {
-		amqpCfg.Queue.Arguments = amqp.Table{"x-queue-type": "quorum"}
+		amqpCfg.Queue.Arguments = quorumArgs(cfg)
 	}
 	pub, err := amqp3.NewPublisher(amqpCfg, cfg.Logger)
 	if err != nil {
@@ -128,7 +139,7 @@ func withV3(uri string, cfg amqpretry.Config, quorum bool) (setup, error) {
 func withV2(uri string, cfg amqpretry.Config, quorum bool) (setup, error) {
 	amqpCfg := amqp2.NewDurableQueueConfig(uri)
 	if quorum {
-		amqpCfg.Queue.Arguments = amqp.Table{"x-queue-type": "quorum"}
+		amqpCfg.Queue.Arguments = quorumArgs(cfg)
 	}
 	pub, err := amqp2.NewPublisher(amqpCfg, cfg.Logger)
 	if err != nil {

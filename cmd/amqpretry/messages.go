@@ -24,7 +24,7 @@ import (
 // reasons are the poison reasons --reason takes: every amqpretry.Reason.
 var reasons = []amqpretry.Reason{
 	amqpretry.ReasonPermanent, amqpretry.ReasonMaxAttempts, amqpretry.ReasonDelayTooLong,
-	amqpretry.ReasonHandoffFailed, amqpretry.ReasonTooLarge,
+	amqpretry.ReasonHandoffFailed, amqpretry.ReasonTooLarge, amqpretry.ReasonDeliveryLimit,
 }
 
 func reasonList() string {

@@ -49,7 +49,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"poison", "redrive", "--window", "0"}, "0 is below 1"},
 		{[]string{"poison", "list", "extra"}, `takes no arguments, got ["extra"]`},
 		{[]string{"parking", "redrive", "now", "please"}, "takes no arguments"},
-		{[]string{"poison", "list", "--reason", "bogus"}, `--reason: unknown reason "bogus" (known: permanent, max-attempts, delay-too-long, handoff-failed, too-large)`},
+		{[]string{"poison", "list", "--reason", "bogus"}, `--reason: unknown reason "bogus" (known: permanent, max-attempts, delay-too-long, handoff-failed, too-large, delivery-limit)`},
 		{[]string{"poison", "purge"}, "no filter given; pass --all to purge every message"},
 		{[]string{"poison", "list", "--older-than", "yesterday"}, `"--older-than"`},
 		{[]string{"poison", "list", "--newer-than", "-1h"}, "-1h0m0s is negative"},

@@ -29,6 +29,13 @@ import (
 // quorum is a work queue RabbitMQ 4.3 can hold retries in.
 var quorum = amqp.Table{"x-queue-type": "quorum"}
 
+// quorumToPoison is quorum with the test's poison queue as the dead-letter target, as
+// docs/troubleshooting.md has work queues declared: past the delivery limit, a
+// message goes there instead of being dropped.
+func quorumToPoison(s setup) amqp.Table {
+	return amqp.Table{"x-queue-type": "quorum", "x-dead-letter-exchange": "", "x-dead-letter-routing-key": s.prefix + ".poison"}
+}
+
 // need43 skips t on a broker older than RabbitMQ 4.3.
 func need43(t *testing.T) {
 	t.Helper()

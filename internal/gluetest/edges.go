@@ -312,7 +312,7 @@ func RetryAfterIsNeverUndercutOnDelayedRetry(t *testing.T, m Major) {
 	need43(t)
 	s := newSetup(t, m, delay.DelayedRetry)
 	const held, after = 400 * time.Millisecond, 700 * time.Millisecond
-	s.sub.QueueArgs = quorum
+	s.sub.QueueArgs = quorumToPoison(s) // no ERROR about a quorum queue that drops
 	s.cfg.DelayedRetryDelay = held
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3}
 	logs := &logCapture{}

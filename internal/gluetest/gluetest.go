@@ -86,6 +86,7 @@ func Run(t *testing.T, m Major) {
 		{"DeletedPoisonQueueIsDeclaredAgain", DeletedPoisonQueueIsDeclaredAgain, false},
 		{"HandoffThatKeepsFailingBacksOffThenPoisons", HandoffThatKeepsFailingBacksOffThenPoisons, false},
 		{"UndecodableHeadersReachTheHandlerAndSurviveEveryHop", UndecodableHeadersReachTheHandlerAndSurviveEveryHop, false},
+		{"UnreadableHeadersEndInThePoisonQueue", UnreadableHeadersEndInThePoisonQueue, false},
 		{"HeadersNearFrameMaxArePoisonedWithTheHeadersThatFit", HeadersNearFrameMaxArePoisonedWithTheHeadersThatFit, false},
 		{"PoisoningIsLoggedAtError", PoisoningIsLoggedAtError, false},
 		{"WorkPerCopyIsEncodeOnReceipt", WorkPerCopyIsEncodeOnReceipt, false},
@@ -97,6 +98,7 @@ func Run(t *testing.T, m Major) {
 		{"InvalidConfigNamesTheField", InvalidConfigNamesTheField, true},
 		{"InvalidConfigTouchesNothingOnTheBroker", InvalidConfigTouchesNothingOnTheBroker, false},
 		{"LowDeliveryLimitOnQuorumWorkQueueIsWarned", LowDeliveryLimitOnQuorumWorkQueueIsWarned, false},
+		{"QuorumWorkQueueWithoutDeadLetterIsWarned", QuorumWorkQueueWithoutDeadLetterIsWarned, false},
 		{"LeastPrivilegeAfterTopologyApply", LeastPrivilegeAfterTopologyApply, false},
 		{"DelayedRetry", DelayedRetry, true},
 		{"HeldRetriesThenCopies", HeldRetriesThenCopies, false},
@@ -370,7 +372,13 @@ func poisoned(t *testing.T, queue string, timeout time.Duration) *message.Messag
 // declare again).
 func poisonedDelivery(t *testing.T, queue string, timeout time.Duration) amqp.Delivery {
 	t.Helper()
-	conn := brokertest.Dial(t)
+	return poisonedFrom(t, brokertest.Dial, queue, timeout)
+}
+
+// poisonedFrom is poisonedDelivery through connections from dial.
+func poisonedFrom(t *testing.T, dial func(testing.TB) *amqp.Connection, queue string, timeout time.Duration) amqp.Delivery {
+	t.Helper()
+	conn := dial(t)
 	var ch *amqp.Channel
 	defer func() {
 		if ch != nil {
@@ -383,7 +391,7 @@ func poisonedDelivery(t *testing.T, queue string, timeout time.Duration) amqp.De
 		if ch == nil || ch.IsClosed() {
 			if ch, err = conn.Channel(); err != nil {
 				// The connection is closed, or about to be: a new one.
-				conn = brokertest.Dial(t)
+				conn = dial(t)
 				if ch, err = conn.Channel(); err != nil {
 					t.Fatal(err)
 				}

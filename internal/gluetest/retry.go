@@ -423,3 +423,36 @@ func LowDeliveryLimitOnQuorumWorkQueueIsWarned(t *testing.T, m Major) {
 		t.Fatalf("RabbitMQ %s does not count nacks against the delivery limit, but a warning was logged", v)
 	}
 }
+
+// QuorumWorkQueueWithoutDeadLetterIsWarned: past its delivery limit a quorum work
+// queue without a dead-letter exchange drops a message, one no client can read among
+// them (UnreadableHeadersEndInThePoisonQueue): New logs it, naming the arguments that
+// send it to the poison queue, also where the backend makes the work queue a quorum
+// queue (delayed-retry, RabbitMQ 4.3, whose default limit is 20); not with them.
+func QuorumWorkQueueWithoutDeadLetterIsWarned(t *testing.T, m Major) {
+	for _, tc := range []struct {
+		name    string
+		backend delay.Backend
+		args    amqp.Table
+		warned  bool
+	}{
+		{"limit without dead-letter exchange", delay.TTLTiers, amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int32(5)}, true},
+		{"limit with dead-letter exchange", delay.TTLTiers, amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int32(5), "x-dead-letter-exchange": ""}, false},
+		{"delayed-retry without dead-letter exchange", delay.DelayedRetry, nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.backend == delay.DelayedRetry {
+				need43(t)
+			}
+			s := newSetup(t, m, tc.backend)
+			logs := &logCapture{}
+			s.cfg.Logger = logs
+			s.sub.QueueArgs = tc.args
+			newRetry(t, m, s.sub, s.cfg)
+			fix := fmt.Sprintf("x-dead-letter-routing-key %q (the poison queue)", s.prefix+".poison")
+			if warned := hasLine(logs, watermill.ErrorLogLevel, "Work queues drop what they cannot deliver", fix); warned != tc.warned {
+				t.Fatalf("warned %v, want %v; error logs: %+v", warned, tc.warned, logs.at(watermill.ErrorLogLevel))
+			}
+		})
+	}
+}

@@ -28,7 +28,7 @@ const firstFew = 10
 // reasons are the poison reasons the filter takes.
 var reasons = []amqpretry.Reason{
 	amqpretry.ReasonPermanent, amqpretry.ReasonMaxAttempts, amqpretry.ReasonDelayTooLong,
-	amqpretry.ReasonHandoffFailed, amqpretry.ReasonTooLarge,
+	amqpretry.ReasonHandoffFailed, amqpretry.ReasonTooLarge, amqpretry.ReasonDeliveryLimit,
 }
 
 var funcs = template.FuncMap{
