@@ -708,12 +708,15 @@ func (s *Server) move(w http.ResponseWriter, r *http.Request) {
 		if len(first) > firstFew {
 			first = first[:firstFew]
 		}
+		// Would: the matching messages the run would act on; the unroutable ones (a
+		// redrive's, whose queue does not exist) would stay, as the CLI's dry run says.
 		s.render(w, http.StatusOK, "confirm", string(m.Source), struct {
 			M      moveForm
 			R      ops.MoveResult
+			Would  int
 			First  []ops.Message
 			Filter string
-		}{m, res, first, describeFilter(m.Filter)})
+		}{m, res, res.Matched - res.Unroutable, first, describeFilter(m.Filter)})
 	case "do":
 		res, err := s.run(r, m, false)
 		s.audit(r, string(m.Source)+"."+strings.ReplaceAll(m.Verb(), " ", "-"), m.Filter, res, err)
