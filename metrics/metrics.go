@@ -72,8 +72,8 @@
 //     a value in the past is an overdue retry (alert rule: example/alerts.yml).
 //
 // Labels are bounded: queue is a queue the application subscribes to (or, for the gauges,
-// one of the library's own), backend a backend name (package delay), reason and cause
-// the sets above.
+// one of the library's own), backend a backend name (package delay), reason, cause and
+// result (ok, failed) the sets above.
 package metrics
 
 import (

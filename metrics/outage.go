@@ -14,7 +14,6 @@ import (
 // scrape. A queue has no series until its first outage starts.
 type outages struct {
 	inOutage, seconds *prometheus.Desc
-	now               func() time.Time
 
 	mu sync.Mutex
 	q  map[string]*outageTime
@@ -31,8 +30,7 @@ func newOutages(ns string) *outages {
 			"1 while the work queue is in an outage (its messages wait for a probe to succeed), 0 after.", []string{"queue"}, nil),
 		seconds: prometheus.NewDesc(ns+"_outage_seconds_total",
 			"Time the work queue has spent in outages, the ongoing one up to the scrape.", []string{"queue"}, nil),
-		now: time.Now,
-		q:   map[string]*outageTime{},
+		q: map[string]*outageTime{},
 	}
 }
 
@@ -41,7 +39,7 @@ func (o *outages) started(queue string) {
 	defer o.mu.Unlock()
 	t := o.of(queue)
 	if t.since.IsZero() {
-		t.since = o.now()
+		t.since = time.Now()
 	}
 }
 
@@ -53,7 +51,7 @@ func (o *outages) ended(queue string, lasted time.Duration) {
 	defer o.mu.Unlock()
 	t := o.of(queue)
 	if !t.since.IsZero() {
-		lasted = max(lasted, o.now().Sub(t.since))
+		lasted = max(lasted, time.Since(t.since))
 	}
 	t.done += max(lasted, 0)
 	t.since = time.Time{}
@@ -76,7 +74,7 @@ func (o *outages) Describe(ch chan<- *prometheus.Desc) {
 func (o *outages) Collect(ch chan<- prometheus.Metric) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	now := o.now()
+	now := time.Now()
 	for queue, t := range o.q {
 		in, total := 0.0, t.done
 		if !t.since.IsZero() {
