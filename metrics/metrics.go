@@ -30,6 +30,12 @@
 //     (returned, nacked, timeout, connection, too-large, not-wired, other;
 //     poison-queue-missing: a poisoning returned unroutable, the poison queue is gone
 //     and the message waits in its work queue until it is created again).
+//   - amqpretry_outages_total{queue}: outages that started (amqpretry.Config.Outage:
+//     the queue's handlers fail as if something they depend on is down).
+//   - amqpretry_outage_probes_total{queue,result}: messages run as an outage's probe,
+//     by result: ok (the outage ends) or failed.
+//   - amqpretry_outage_seconds_total{queue}: time spent in outages: each ended
+//     outage's Event.Duration, plus the ongoing outage's time up to the scrape.
 //
 // Histograms:
 //   - amqpretry_handoff_seconds: publish to confirm of each confirmed hand-off (parked
@@ -42,6 +48,11 @@
 //     is observed as a negative value: the lowest buckets are -0.1, -0.01 and 0.
 //   - amqpretry_attempts{outcome}: the attempt on which a message finally succeeded
 //     (outcome="succeeded") or was poisoned (outcome="poisoned").
+//
+// Gauges set by Observe:
+//   - amqpretry_in_outage{queue}: 1 while the work queue is in an outage (its messages
+//     wait in the process, spending no attempt, until a probe succeeds), 0 after; no
+//     series until the queue's first outage.
 //
 // Gauges, refreshed by WatchQueues on an interval (passive declarations on a connection
 // of their own):
@@ -61,8 +72,8 @@
 //     a value in the past is an overdue retry (alert rule: example/alerts.yml).
 //
 // Labels are bounded: queue is a queue the application subscribes to (or, for the gauges,
-// one of the library's own), backend a backend name (package delay), reason and cause
-// the sets above.
+// one of the library's own), backend a backend name (package delay), reason, cause and
+// result (ok, failed) the sets above.
 package metrics
 
 import (
@@ -133,6 +144,9 @@ type Metrics struct {
 	poisonDepth     *prometheus.GaugeVec
 	workWaiting     *prometheus.GaugeVec
 	nextDue         *prometheus.GaugeVec
+	outages         *outages
+	outageCount     *prometheus.CounterVec
+	probes          *prometheus.CounterVec
 	took            tookBy
 }
 
@@ -168,8 +182,13 @@ func New(cfg Config) (*Metrics, error) {
 			Help: "Retries waiting to come back to each work queue, in any delay storage (refreshed by RefreshWaiting)."}, []string{"queue"}),
 		nextDue: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "next_retry_due_timestamp_seconds",
 			Help: "Due time (Unix seconds) of the first retry waiting to come back to each work queue; absent when none waits (refreshed by RefreshWaiting)."}, []string{"queue"}),
+		outages: newOutages(ns),
+		outageCount: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "outages_total",
+			Help: "Outages of the work queue that started (its handlers failed as if something they depend on is down)."}, []string{"queue"}),
+		probes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "outage_probes_total",
+			Help: "Messages run as an outage's probe, by result (ok ends the outage, failed keeps it)."}, []string{"queue", "result"}),
 	}
-	for _, c := range []prometheus.Collector{m.retries, m.poisoned, m.handoffFailures, m.handoff, m.lateness, m.attempts, m.waiting, m.parked, m.poisonDepth, m.workWaiting, m.nextDue} {
+	for _, c := range []prometheus.Collector{m.retries, m.poisoned, m.handoffFailures, m.handoff, m.lateness, m.attempts, m.waiting, m.parked, m.poisonDepth, m.workWaiting, m.nextDue, m.outages, m.outageCount, m.probes} {
 		if err := cfg.Registerer.Register(c); err != nil {
 			return nil, fmt.Errorf("register amqpretry metrics: %w", err)
 		}
@@ -207,6 +226,13 @@ func (m *Metrics) Observe(e amqpretry.Event) {
 			cause = "other"
 		}
 		m.handoffFailures.WithLabelValues(e.Queue, cause).Inc()
+	case amqpretry.EventOutageStarted:
+		m.outageCount.WithLabelValues(e.Queue).Inc()
+		m.outages.started(e.Queue)
+	case amqpretry.EventProbe:
+		m.probes.WithLabelValues(e.Queue, probeResult(e)).Inc()
+	case amqpretry.EventOutageEnded:
+		m.outages.ended(e.Queue, e.Duration)
 	}
 }
 

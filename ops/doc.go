@@ -6,10 +6,13 @@
 //     queue, the poison queue and the work queues named; with the broker's own counts
 //     (StatusOptions.Counts), the messages a delay queue holds for dead lettering, the
 //     retries a RabbitMQ 4.3 work queue holds in delayed retry, and the broker's file
-//     descriptors and sockets. What needs attention is a Flag: typed data, no prose.
-//     Status.Overview puts it in the order to read it, the same for every view: the
-//     poison and parking queues, the work queues with a backlog and no consumer, what
-//     is flagged, the other work queues, then the delay queues summed up in one line.
+//     descriptors and sockets, and a work queue whose consumers hold deliveries without
+//     acking any between two samples of those counts (QueueStatus.PossibleOutage: its
+//     application may be in an outage). What needs attention is a Flag: typed data, no
+//     prose. Status.Overview puts it in the order to read it, the same for every view:
+//     the poison and parking queues, the work queues in a possible outage, those with a
+//     backlog and no consumer, what is flagged, the other work queues, then the delay
+//     queues summed up in one line.
 //   - Apply, Verify: the topology amqpretry.Config.Plan returns, declared idempotently or
 //     checked without declaring anything (topology.Finding per declaration).
 //   - List, Redrive (retry now), Purge on the retries waiting in the delay backend

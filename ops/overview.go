@@ -10,8 +10,10 @@ import (
 // person, then one line on the delay storage, its queues last, shown on demand.
 type Overview struct {
 	// First: the poison queue and the parking queue (their counts, whatever they are),
-	// then the work queues with a backlog and no consumer (QueueStatus.Unconsumed),
-	// then every other queue Status flags; each in the order of Status.Queues.
+	// then the work queues whose consumers hold deliveries without acking
+	// (QueueStatus.PossibleOutage), the work queues with a backlog and no consumer
+	// (QueueStatus.Unconsumed), then every other queue Status flags; each in the order
+	// of Status.Queues.
 	First []QueueStatus
 	// Work: the other work queues.
 	Work []QueueStatus
@@ -54,6 +56,7 @@ func (s Status) Overview() Overview {
 	for _, first := range []func(QueueStatus) bool{
 		func(q QueueStatus) bool { return q.Role == "poison" },
 		func(q QueueStatus) bool { return q.Role == "parking" },
+		QueueStatus.PossibleOutage,
 		QueueStatus.Unconsumed,
 		flagged,
 	} {

@@ -44,9 +44,11 @@ type StatusOptions struct {
 	// AMQP cannot: the messages a quorum delay queue holds for at-least-once dead
 	// lettering, and those a RabbitMQ 4.3 work queue holds in delayed retry (both
 	// have left the ready list: a passive declare counts them as 0 and basic.get cannot
-	// see them), and the broker's file descriptors and sockets. With Counts, Status
-	// samples twice, BacklogInterval apart, when a delay queue holds messages for dead
-	// lettering, and flags it stuck when that backlog did not shrink.
+	// see them), the unacked messages, and the broker's file descriptors and sockets.
+	// With Counts, Status samples twice, BacklogInterval apart, when a delay queue holds
+	// messages for dead lettering, and flags it stuck when that backlog did not shrink;
+	// and when a work queue has both unacked and ready messages, to tell whether its
+	// counts moved (QueueStatus.Stalled).
 	Counts func(ctx context.Context) (BrokerCounts, error)
 	// BacklogInterval is the time between the two samples of Counts. Default (0): 2s.
 	BacklogInterval time.Duration
@@ -133,6 +135,24 @@ type QueueStatus struct {
 	// whose dead-letter backlog did not shrink between two samples: dead lettering out
 	// of it has stalled.
 	Stuck bool `json:"stuck"`
+	// Stalled, for a work queue with consumers, unacked and ready messages in both
+	// samples of the broker's counts (StatusOptions.Counts), is the time between the
+	// samples (BacklogInterval) when none of its counts (messages, ready, unacked)
+	// moved: its consumers hold deliveries and took nothing more, so nothing was acked
+	// or nacked, unless exactly as many were published meanwhile. That is what a
+	// consumer in an outage shows from outside (see PossibleOutage); 0 when the counts
+	// moved or were not read twice. The broker counts no acks (no message rates
+	// without the management plugin): this is all it shows.
+	Stalled time.Duration `json:"stalled_ns,omitempty"`
+}
+
+// PossibleOutage tells a work queue whose consumers hold deliveries without acking
+// any (Stalled): their application may be in an outage, its handlers failing as if
+// something they depend on is down (amqpretry.Config.Outage keeps its messages in the
+// process meanwhile), or its handlers take longer than Stalled a message. Only the
+// application knows for sure (its metrics, amqpretry_in_outage).
+func (q QueueStatus) PossibleOutage() bool {
+	return q.Role == "work" && q.Exists && q.Consumers > 0 && q.Stalled > 0
 }
 
 // Status is the state of the retry topology.
@@ -370,6 +390,9 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 			count(&qs, b.now)
 			if qs.Role == "work" {
 				qs.Held = b.now.aside()
+				if b.still {
+					qs.Stalled = opts.BacklogInterval
+				}
 			}
 		}
 		if qs.Role == "work" {
@@ -466,7 +489,12 @@ func count(qs *QueueStatus, c queueCounts) {
 type backlogSample struct {
 	now   queueCounts
 	stuck bool // held aside at the first sample, and no fewer at the second
+	still bool // a work queue with unacked and ready messages whose counts did not move
 }
+
+// holding tells a work queue's counts that may show a stall: deliveries unacked, and
+// more ready that its consumers do not take.
+func (c queueCounts) holding() bool { return c.unacked > 0 && c.ready > 0 }
 
 // sample reads opts.Counts, and again after BacklogInterval when a delay queue holds
 // messages for dead lettering; it fills the resource use of s.
@@ -487,11 +515,14 @@ func (o *Ops) sample(ctx context.Context, opts StatusOptions, s *Status) (map[st
 			out[name] = backlogSample{now: countsOf(first, name)}
 		}
 	}
-	waiting := false
+	again := false
 	for _, dq := range o.backend.DelayQueues() {
-		waiting = waiting || out[dq.Name].now.aside() > 0
+		again = again || out[dq.Name].now.aside() > 0
 	}
-	if !waiting {
+	for _, q := range opts.WorkQueues {
+		again = again || out[q].now.holding()
+	}
+	if !again {
 		return out, nil
 	}
 	t := time.NewTimer(opts.BacklogInterval)
@@ -511,6 +542,13 @@ func (o *Ops) sample(ctx context.Context, opts StatusOptions, s *Status) (map[st
 		}
 		before, now := out[dq.Name].now.aside(), countsOf(second, dq.Name)
 		out[dq.Name] = backlogSample{now: now, stuck: before > 0 && now.aside() >= before}
+	}
+	for _, q := range opts.WorkQueues {
+		if _, ok := second.Messages[q]; !ok {
+			continue
+		}
+		before, now := out[q].now, countsOf(second, q)
+		out[q] = backlogSample{now: now, still: before.holding() && now == before}
 	}
 	return out, nil
 }

@@ -342,3 +342,55 @@ func TestConsoleRefusesUnsafeStart(t *testing.T) {
 		}
 	}
 }
+
+// TestConsoleRedriveDryRunToDeletedQueue: the console's dry run of a redrive towards a
+// deleted queue counts, as the CLI's does (TestRedriveDryRunToDeletedQueue), only the
+// messages it would redrive: "2 of 4", "Confirm: redrive 2", and the 2 that would stay;
+// when every matching message would stay, there is nothing to confirm.
+func TestConsoleRedriveDryRunToDeletedQueue(t *testing.T) {
+	e := newEnv(t, "orders", "billing")
+	e.apply()
+	e.poison(4) // m0000, m0002 failed on orders; m0001, m0003 on billing
+	ch, err := brokertest.Dial(t).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if _, err := ch.QueueDelete(e.queues[1], false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	c := startConsole(t, append(e.flags(), "--rabbitmqctl", "off")...)
+	cl := c.client(t)
+	resp, err := cl.Get(c.start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	dry := func(ids ...string) string {
+		t.Helper()
+		form := url.Values{"csrf": {console.CSRF(c.token)}, "source": {"poison"}, "action": {"redrive"}, "step": {"dry"}}
+		if len(ids) > 0 {
+			form["id"] = ids
+		}
+		st, body := post(t, cl, c.base+"/move", form)
+		if st != http.StatusOK {
+			t.Fatalf("dry run %v: %d\n%.800s", ids, st, body)
+		}
+		return body
+	}
+	poison := e.prefix + ".poison"
+	body := dry()
+	for _, want := range []string{"Dry run: 2 of 4 messages in " + poison + " would be redriven", "Confirm: redrive 2</button>", "2 would stay: their queue does not exist"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("dry run of all 4 lacks %q:\n%s", want, body)
+		}
+	}
+	body = dry("m0001", "m0003")
+	if !strings.Contains(body, "Dry run: 0 of 4") || strings.Contains(body, `id="confirm-button"`) ||
+		!strings.Contains(body, "every matching message would stay") {
+		t.Errorf("dry run of the 2 unroutable ones offers to confirm:\n%s", body)
+	}
+	if n := brokertest.QueueLength(t, poison); n != 4 {
+		t.Errorf("the dry runs left %d of 4 in the poison queue", n)
+	}
+}

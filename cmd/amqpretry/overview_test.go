@@ -254,3 +254,112 @@ func waitPath(t *testing.T, ctx context.Context, path string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// holdDeliveries publishes n messages to queue with confirms and consumes them with
+// prefetch, acking none, as a consumer in an outage does (issue 41); it returns once
+// the broker counts prefetch unacked and n-prefetch ready.
+func holdDeliveries(t *testing.T, queue string, n, prefetch int) {
+	t.Helper()
+	conn := brokertest.Dial(t)
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ch.Close() })
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		c, err := ch.PublishWithDeferredConfirm("", queue, true, false, amqp.Publishing{Body: []byte{byte(i)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := c.WaitContext(t.Context()); !ok || err != nil {
+			t.Fatalf("publish to %s: acked %t, %v", queue, ok, err)
+		}
+	}
+	if err := ch.Qos(prefetch, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range prefetch {
+		select {
+		case <-deliveries:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s delivered nothing within 30 s", queue)
+		}
+	}
+	want := fmt.Sprintf("%s\t%d\t%d", queue, n-prefetch, prefetch)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		out, err := brokertest.Ctl(t.Context(), "-q", "list_queues", "name", "messages_ready", "messages_unacknowledged", "--no-table-headers")
+		if err != nil {
+			t.Fatalf("rabbitmqctl list_queues: %v\n%s", err, out)
+		}
+		if strings.Contains(string(out), want+"\n") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the broker never counted %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestStatusPossibleOutage (issue 41): a work queue whose consumer holds its prefetch
+// of deliveries, acking none, while more wait ready, is what an application in an
+// outage shows the broker. status (with the broker's counts) lists it first after the
+// poison and parking queues, POSSIBLE OUTAGE, and says what that is based on; it is not
+// flagged (exit 0). Without the broker's counts it says nothing of it. The console's
+// overview, in headless Chromium, shows the same.
+func TestStatusPossibleOutage(t *testing.T) {
+	e := newEnv(t, "idle", "orders")
+	ctl := ctlFlag(t)
+	e.apply()
+	p, orders := e.prefix, e.queues[1]
+	holdDeliveries(t, orders, 5, 2)
+	code, out, errOut := e.run(append(append([]string{"status"}, ctl...), e.queueFlags()...)...)
+	if code != exitOK {
+		t.Fatalf("status exited %d:\n%s%s", code, out, errOut)
+	}
+	names, rows := tableNames(t, out)
+	if want := []string{p + ".poison", p + ".parking", orders, e.queues[0]}; strings.Join(names, " ") != strings.Join(want, " ") {
+		t.Errorf("status lists %v, want %v:\n%s", names, want, out)
+	}
+	if !regexp.MustCompile(`\s3\s+2\s.*\s1\s.*POSSIBLE OUTAGE$`).MatchString(rows[orders]) || strings.Contains(rows[e.queues[0]], "OUTAGE") {
+		t.Errorf("status rows:\n%s", out)
+	}
+	said := "POSSIBLE OUTAGE work queue " + orders + ": its consumer holds 2 unacked messages while 3 wait ready, and nothing was acked in 2s: none of the broker's counts (messages, ready, unacked), read twice 2s apart, moved"
+	if !strings.Contains(out, "\n"+said) || !strings.Contains(out, "nothing flagged") {
+		t.Errorf("status does not say what the possible outage is based on:\n%s", out)
+	}
+	code, out, errOut = e.run(append(append([]string{"status", "--json"}, ctl...), e.queueFlags()...)...)
+	if code != exitOK || !strings.Contains(out, `"stalled_ns": 2000000000`) {
+		t.Errorf("status --json (%d):\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = e.run(append([]string{"status", "--rabbitmqctl", "off"}, e.queueFlags()...)...)
+	if code != exitOK || strings.Contains(out, "OUTAGE") {
+		t.Errorf("status without the broker's counts (%d) speaks of an outage:\n%s%s", code, out, errOut)
+	}
+
+	ctx := browser(t)
+	con := startConsole(t, append(append(e.flags(), ctl...), e.queueFlags()...)...)
+	act(t, ctx, "open the console", chromedp.Navigate(con.start), chromedp.WaitVisible(chromedp.CSS("#queues")))
+	var got []string
+	for _, r := range read(t, ctx, "read the overview", chromedp.Evaluate[[][]string](
+		`[...document.querySelectorAll("#queues tbody tr")].map(r => [r.dataset.queue, r.cells[r.cells.length-1].textContent.trim()])`)) {
+		got = append(got, r[0]+" "+r[1])
+	}
+	if want := []string{p + ".poison ok", p + ".parking ok", orders + " POSSIBLE OUTAGE", e.queues[0] + " ok"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("the overview's queues:\n got %v\nwant %v", got, want)
+	}
+	note := read(t, ctx, "read the note", chromedp.Evaluate[string](`document.querySelector("#possible-outage")?.textContent ?? ""`))
+	if !strings.Contains(note, said) {
+		t.Errorf("the overview's note on the possible outage: %q", note)
+	}
+	order := read(t, ctx, "read the order", chromedp.Evaluate[[]string](`[...document.querySelectorAll("main > *")].map(e => e.id).filter(id => id)`))
+	if !strings.HasPrefix(strings.Join(order, " "), "queues possible-outage flags ") {
+		t.Errorf("the overview's sections: %v", order)
+	}
+}

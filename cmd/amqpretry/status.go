@@ -61,9 +61,18 @@ their order, and reads no delay queue: a stalled delay queue shows in DLX-BACKLO
 --peek always also reads the head of each delay queue, at the risk of a late retry (the
 head moved to the end expires late); never reads nothing.
 
+With the broker's counts and --queue, a work queue whose consumers hold unacked
+messages while more wait ready is read twice, 2s apart: when none of its counts moved,
+nothing was acked (unless exactly as many were published), and status says POSSIBLE
+OUTAGE, with what it is based on: the application's handlers may fail as if something
+they depend on is down (amqpretry waits out an outage holding its messages), or take
+longer than 2s a message. The broker counts no acks (no message rates without the
+management plugin): only the application knows for sure. It is not flagged (the exit
+status does not change). Without the broker's counts, nothing is said of it.
+
 It shows first what may need a person: the poison and parking queues, the work queues
-with a backlog and no consumer (NO CONSUMER), what is flagged; then the other work
-queues, and the delay queues in one line (how many, what waits in them, the next due,
+in a POSSIBLE OUTAGE, those with a backlog and no consumer (NO CONSUMER), what is
+flagged; then the other work queues, and the delay queues in one line (how many, what waits in them, the next due,
 with rabbitmqctl). --verbose lists each delay queue too.
 
 Exit status 1 whenever something is flagged, with or without --check; --check prints
@@ -296,6 +305,11 @@ func (a *app) printStatus(s ops.Status, cfg amqpretry.Config, queues []string, p
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", q.Name, role, ready, unacked, backlog, held, consumers, ttl, oldest, queueState(s, q))
 		}
 		_ = tw.Flush()
+		for _, q := range ov.First {
+			if q.PossibleOutage() {
+				a.printf("\n%s\n", format.PossibleOutage(q))
+			}
+		}
 	}
 	switch {
 	case len(s.Flags) > 0:
@@ -380,6 +394,9 @@ func queueState(s ops.Status, q ops.QueueStatus) string {
 		if f.Name == q.Name && f.Role == q.Role {
 			states = append(states, strings.ToUpper(string(f.Kind)))
 		}
+	}
+	if q.PossibleOutage() {
+		states = append(states, "POSSIBLE OUTAGE")
 	}
 	if q.Unconsumed() {
 		states = append(states, "NO CONSUMER")

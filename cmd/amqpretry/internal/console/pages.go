@@ -181,6 +181,9 @@ func (s *Server) rows(st ops.Status, queues []ops.QueueStatus) []row {
 				states = append(states, strings.ToUpper(string(f.Kind)))
 			}
 		}
+		if q.PossibleOutage() {
+			states = append(states, "POSSIBLE OUTAGE")
+		}
 		if q.Unconsumed() {
 			states = append(states, "NO CONSUMER")
 		}
@@ -203,7 +206,8 @@ func (s *Server) status(r *http.Request) (ops.Status, error) {
 }
 
 // overview shows, in the order of ops.Overview: the poison and parking queues, the
-// work queues with a backlog and no consumer, what is flagged, then the other work
+// work queues in a possible outage (said below the table, with what it is based on),
+// those with a backlog and no consumer, what is flagged, then the other work
 // queues, one line on the delay storage (its queues on /delay) and the waiting
 // retries.
 func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
@@ -223,13 +227,20 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 	for i, f := range st.Flags {
 		flags[i] = s.cfg.Describe(f, st)
 	}
+	var outages []string
+	for _, q := range ov.First {
+		if q.PossibleOutage() {
+			outages = append(outages, format.PossibleOutage(q))
+		}
+	}
 	s.render(w, http.StatusOK, "overview", "overview", struct {
 		Status      ops.Status
 		Rows, Work  []row
 		Delay       ops.DelaySummary
+		Outages     []string
 		Flags       []string
 		CountsError string
-	}{st, s.rows(st, append(ov.First, ov.Work...)), work, ov.Delay, flags, s.cfg.Redact(st.CountsError)})
+	}{st, s.rows(st, append(ov.First, ov.Work...)), work, ov.Delay, outages, flags, s.cfg.Redact(st.CountsError)})
 }
 
 // delayQueues lists every delay queue, the flagged ones first.
@@ -708,12 +719,15 @@ func (s *Server) move(w http.ResponseWriter, r *http.Request) {
 		if len(first) > firstFew {
 			first = first[:firstFew]
 		}
+		// Would: the matching messages the run would act on; the unroutable ones (a
+		// redrive's, whose queue does not exist) would stay, as the CLI's dry run says.
 		s.render(w, http.StatusOK, "confirm", string(m.Source), struct {
 			M      moveForm
 			R      ops.MoveResult
+			Would  int
 			First  []ops.Message
 			Filter string
-		}{m, res, first, describeFilter(m.Filter)})
+		}{m, res, res.Matched - res.Unroutable, first, describeFilter(m.Filter)})
 	case "do":
 		res, err := s.run(r, m, false)
 		s.audit(r, string(m.Source)+"."+strings.ReplaceAll(m.Verb(), " ", "-"), m.Filter, res, err)

@@ -72,3 +72,17 @@ func Delay(d ops.DelaySummary) string {
 	}
 	return line
 }
+
+// PossibleOutage writes, for a work queue in a possible outage (QueueStatus.
+// PossibleOutage), what the broker shows and what it does not.
+func PossibleOutage(q ops.QueueStatus) string {
+	consumers := fmt.Sprintf("%d consumers hold", q.Consumers)
+	if q.Consumers == 1 {
+		consumers = "its consumer holds"
+	}
+	return fmt.Sprintf("POSSIBLE OUTAGE work queue %s: %s %d unacked messages while %d wait ready, and nothing was acked in %s: "+
+		"none of the broker's counts (messages, ready, unacked), read twice %s apart, moved (unless exactly as many were published). "+
+		"Its application's handlers may fail as if something they depend on is down (an amqpretry outage: its metric amqpretry_in_outage and its log say for sure), "+
+		"or take longer than %s a message",
+		q.Name, consumers, q.Unacked, q.Ready, Configured(q.Stalled), Configured(q.Stalled), Configured(q.Stalled))
+}
