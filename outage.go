@@ -51,7 +51,9 @@ func breakerOpen(err error) bool {
 // more than its prefetch from the broker), spending no attempt, and nothing is copied
 // or held. One of them at a time is run as a probe, ProbeInterval after the outage
 // began, then after a delay doubling up to MaxProbeInterval; a failed probe costs its
-// message no attempt. The first success ends the outage and every waiting message runs
+// message no attempt, but a message that fails three probes in a row then takes the
+// retry path (spending an attempt), so that a message failing for reasons of its own
+// never holds its queue: the next message probes. The first success ends the outage and every waiting message runs
 // at once. A waiting message is given back to the broker (nacked with requeue) when its
 // subscriber closes or the Retry closes. docs/outage.md tells more.
 type Outage struct {

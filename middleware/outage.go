@@ -270,6 +270,7 @@ func (e *engine) runHandler(h message.HandlerFunc, m *message.Message, d deliver
 		return produced, nil, err
 	}
 	attempt := d.attempt
+	failedProbes := 0
 	for {
 		probe, werr := q.await(m.Context(), e.life.closing())
 		if werr != nil {
@@ -285,8 +286,20 @@ func (e *engine) runHandler(h message.HandlerFunc, m *message.Message, d deliver
 		if !wait {
 			return produced, dec, err
 		}
+		if probe != 0 {
+			if failedProbes++; failedProbes >= probesPerMessage {
+				// It may fail for reasons of its own: it takes the retry path, spending
+				// an attempt, and the next message probes. A bad message never holds
+				// the queue.
+				return produced, dec, err
+			}
+		}
 	}
 }
+
+// probesPerMessage is how many failed probes in a row one message runs before it takes
+// the retry path (amqpretry.Outage's doc).
+const probesPerMessage = 3
 
 // runProbe runs h on m (run) and classifies its error; a probe (token probe) that does
 // not return is abandoned, so that another message can probe.

@@ -113,8 +113,10 @@ func TestOutageBeginsProbesAndEnds(t *testing.T) {
 	}
 	// Let some probes fail.
 	waitFor(t, "three probes", func() bool { return e.outages.probes.Load() >= 3 })
-	if got := len(b.msgs()); got != 3 {
-		t.Errorf("parked %d while down, want none beyond the 3 before the outage", got)
+	// A message that fails three probes in a row takes the retry path: at most one
+	// copy per three probes, never one per waiting message.
+	if got, most := len(b.msgs()), 3+int(e.outages.probes.Load())/probesPerMessage; got > most {
+		t.Errorf("parked %d while down, want at most %d: the 3 before the outage and one per %d failed probes", got, most, probesPerMessage)
 	}
 	down.Store(false)
 	if err := <-done; err != nil {
@@ -128,8 +130,8 @@ func TestOutageBeginsProbesAndEnds(t *testing.T) {
 	if e.outages.of("work").isDown() {
 		t.Error("still down after a success")
 	}
-	if len(poison.got()) != 0 || len(b.msgs()) != 3 {
-		t.Errorf("poisoned %d, parked %d; want 0 and 3", len(poison.got()), len(b.msgs()))
+	if len(poison.got()) != 0 {
+		t.Errorf("poisoned %d, want 0", len(poison.got()))
 	}
 	kinds := rec.kinds()
 	if len(kinds) < 3 || kinds[0] != amqpretry.EventOutageStarted || kinds[len(kinds)-1] != amqpretry.EventOutageEnded {
@@ -295,5 +297,51 @@ func TestOutageOff(t *testing.T) {
 	}
 	if e.outages != nil || len(b.msgs()) != 10 {
 		t.Errorf("outages %v, parked %d; want no detection and 10 retries", e.outages, len(b.msgs()))
+	}
+}
+
+// A message that fails for reasons of its own, seen as an outage (its retries fail too,
+// and nothing else runs on one consumer), fails three probes, then takes the retry
+// path: the next message probes, succeeds and ends the outage. It never holds the queue.
+func TestOutageBadMessageNeverHoldsTheQueue(t *testing.T) {
+	b := &fakeBackend{}
+	e, _ := newEngine(t, amqpretry.Config{
+		Policy: amqpretry.Policy{MaxAttempts: 5},
+		Outage: amqpretry.Outage{Consecutive: 2, ProbeInterval: time.Millisecond, MaxProbeInterval: 2 * time.Millisecond},
+	}, b)
+	h := func(msg *message.Message) ([]*message.Message, error) {
+		if msg.UUID == "bad" {
+			return nil, errors.New("the order references a deleted customer")
+		}
+		return nil, nil
+	}
+	mw := e.Middleware(h)
+	if _, err := mw(attemptMsg("bad", 1)); err != nil { // a retry is parked
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { // its retry fails: 2 in a row with a retry, an outage
+		_, err := mw(attemptMsg("bad", 2))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("the bad message after its failed probes: %v, want its retry handed off", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the bad message held its queue: it probed for ever")
+	}
+	if got := e.outages.probes.Load(); got != probesPerMessage {
+		t.Errorf("probes %d, want %d", got, probesPerMessage)
+	}
+	if got := len(b.msgs()); got != 2 {
+		t.Errorf("parked %d, want 2: the first retry, and the one after its failed probes", got)
+	}
+	if _, err := mw(attemptMsg("good", 1)); err != nil { // the next message probes and succeeds
+		t.Fatal(err)
+	}
+	if e.outages.of("work").isDown() {
+		t.Error("still down after the good message succeeded")
 	}
 }
