@@ -307,7 +307,7 @@ func TestOutageBadMessageNeverHoldsTheQueue(t *testing.T) {
 	b := &fakeBackend{}
 	e, _ := newEngine(t, amqpretry.Config{
 		Policy: amqpretry.Policy{MaxAttempts: 5},
-		Outage: amqpretry.Outage{Consecutive: 2, ProbeInterval: time.Millisecond, MaxProbeInterval: 2 * time.Millisecond},
+		Outage: amqpretry.Outage{Consecutive: 2, ProbeInterval: time.Millisecond, MaxProbeInterval: time.Hour}, // a fourth probe would wait 8ms, a twentieth ten minutes
 	}, b)
 	h := func(msg *message.Message) ([]*message.Message, error) {
 		if msg.UUID == "bad" {
