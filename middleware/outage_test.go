@@ -346,7 +346,7 @@ func TestOutageOnTheMemoryBackend(t *testing.T) {
 			if !started.Load() {
 				runsDownBefore.Add(1)
 			}
-			return errors.New("dial tcp 10.0.0.5:5432: connection refused")
+			return errDependencyDown
 		}
 		mu.Lock()
 		defer mu.Unlock()
@@ -417,7 +417,7 @@ func TestOutageOnTheMemoryBackend(t *testing.T) {
 	failedProbes := int64(0)
 	rec.mu.Lock()
 	for _, ev := range rec.events {
-		if ev.Kind == amqpretry.EventProbe && ev.Err != nil {
+		if ev.Kind == amqpretry.EventProbe && errors.Is(ev.Err, errDependencyDown) { // not a Permanent one's
 			failedProbes++
 		}
 	}
@@ -431,3 +431,5 @@ func TestOutageOnTheMemoryBackend(t *testing.T) {
 		t.Errorf("handler ran %d times while down in the outage, want the %d failed probes", in, failedProbes)
 	}
 }
+
+var errDependencyDown = errors.New("dial tcp 10.0.0.5:5432: connection refused")

@@ -59,12 +59,22 @@ func OutageIsNotAPoison(t *testing.T, m Major) {
 			}
 			s.cfg.Outage = amqpretry.Outage{ProbeInterval: 200 * time.Millisecond, MaxProbeInterval: time.Second}
 			obs := &events{}
-			s.cfg.Observe = obs.observe
-			r := newRetry(t, m, s.sub, s.cfg)
-
 			const total = 120
-			var down atomic.Bool
-			var runsDown atomic.Int64
+			var down, started atomic.Bool
+			// runsDown counts the handler's runs while the dependency is down,
+			// runsBefore those before the outage began; published counts the
+			// messages published while down, publishedAtStart those when it began.
+			var runsDown, runsBefore, published, publishedAtStart atomic.Int64
+			var wentDown atomic.Bool
+			ranBeforeDown := map[string]bool{} // under mu
+			s.cfg.Observe = func(ev amqpretry.Event) {
+				if ev.Kind == amqpretry.EventOutageStarted {
+					publishedAtStart.Store(published.Load())
+					started.Store(true)
+				}
+				obs.observe(ev)
+			}
+			r := newRetry(t, m, s.sub, s.cfg)
 			var mu sync.Mutex
 			succeeded := map[string]bool{}
 			failedOnce := map[string]bool{}
@@ -75,10 +85,16 @@ func OutageIsNotAPoison(t *testing.T, m Major) {
 				}
 				if down.Load() {
 					runsDown.Add(1)
-					return errors.New("dial tcp 10.0.0.5:5432: connection refused")
+					if !started.Load() {
+						runsBefore.Add(1)
+					}
+					return errDependencyDown
 				}
 				mu.Lock()
 				defer mu.Unlock()
+				if !wentDown.Load() {
+					ranBeforeDown[msg.UUID] = true
+				}
 				if i%5 == 1 && !failedOnce[msg.UUID] {
 					failedOnce[msg.UUID] = true
 					return errFlaky
@@ -91,9 +107,12 @@ func OutageIsNotAPoison(t *testing.T, m Major) {
 			// 40 a second; the dependency is down from message 30 to message 90 and
 			// a while after: longer than the whole retry schedule (0.5 s + 1 s).
 			for i := range total {
-				switch i {
-				case 30:
+				if i == 30 {
+					wentDown.Store(true)
 					down.Store(true)
+				}
+				if down.Load() {
+					published.Add(1)
 				}
 				if err := pub.Publish(s.topic, message.NewMessage(fmt.Sprintf("m%03d", i), []byte("booking"))); err != nil {
 					t.Fatal(err)
@@ -134,22 +153,45 @@ func OutageIsNotAPoison(t *testing.T, m Major) {
 			if st := r.Stats(); st.Poisoned != int64(perm) {
 				t.Errorf("poisoned %d, want the %d Permanent ones", st.Poisoned, perm)
 			}
-			started, ended, probes := obs.of(amqpretry.EventOutageStarted), obs.of(amqpretry.EventOutageEnded), obs.of(amqpretry.EventProbe)
-			if len(started) != 1 || len(ended) != 1 {
-				t.Errorf("outages started %d, ended %d; want exactly one each (the fail-once fifth begins none)", len(started), len(ended))
+			startedEv, ended, probes := obs.of(amqpretry.EventOutageStarted), obs.of(amqpretry.EventOutageEnded), obs.of(amqpretry.EventProbe)
+			if len(startedEv) != 1 || len(ended) != 1 {
+				t.Errorf("outages started %d, ended %d; want exactly one each (the fail-once fifth begins none)", len(startedEv), len(ended))
 			}
-			// Before the outage begins: the first-attempt failures until a retry
-			// fails (the retry delay's worth of traffic, 0.5 s at 40 a second, and
-			// the threshold), then the probes. Not one run per message per attempt.
-			bound := int64(s.cfg.WithDefaults().Outage.Consecutive + 40 + len(probes) + 5)
-			t.Logf("%s: handler runs while down %d (bound %d), probes %d, retries %d, outage lasted %v",
-				tc.name, runsDown.Load(), bound, len(probes), r.Stats().Retries, durations(ended))
-			if got := runsDown.Load(); got > bound {
-				t.Errorf("handler ran %d times while down, want at most %d: the threshold, a retry delay of traffic and the probes", got, bound)
+			failedProbes := int64(0)
+			for _, p := range probes {
+				if errors.Is(p.Err, errDependencyDown) { // not a Permanent one's
+					failedProbes++
+				}
+			}
+			// Before the outage began: the first attempts of the messages published
+			// while down until then and of those published before but not yet run,
+			// and the retries that failed, at most Consecutive of them (the first
+			// failed retry begins the outage once Consecutive failures are in a
+			// row). Once it began: the failed probes, not one run per message per
+			// attempt.
+			mu.Lock()
+			lag := int64(0)
+			for i := range 30 {
+				if i%25 != 0 && !ranBeforeDown[fmt.Sprintf("m%03d", i)] {
+					lag++
+				}
+			}
+			mu.Unlock()
+			before, in := runsBefore.Load(), runsDown.Load()-runsBefore.Load()
+			bound := publishedAtStart.Load() + lag + int64(s.cfg.WithDefaults().Outage.Consecutive)
+			t.Logf("%s%s: handler runs while down %d: %d before the outage began (bound %d: %d published while down, %d before and not yet run, and Consecutive), %d in it (%d failed probes of %d); retries %d, outage lasted %v",
+				tc.name, tc.variant, runsDown.Load(), before, bound, publishedAtStart.Load(), lag, in, failedProbes, len(probes), r.Stats().Retries, durations(ended))
+			if before > bound {
+				t.Errorf("handler ran %d times while down before the outage began, want at most %d: the first attempts of the messages published until then, and Consecutive retries", before, bound)
+			}
+			if in != failedProbes {
+				t.Errorf("handler ran %d times while down in the outage, want only the %d failed probes", in, failedProbes)
 			}
 		})
 	}
 }
+
+var errDependencyDown = errors.New("dial tcp 10.0.0.5:5432: connection refused")
 
 func durations(evs []amqpretry.Event) []time.Duration {
 	var out []time.Duration
