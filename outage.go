@@ -52,8 +52,12 @@ func breakerOpen(err error) bool {
 // or held. One of them at a time is run as a probe, ProbeInterval after the outage
 // began, then after a delay doubling up to MaxProbeInterval; a failed probe costs its
 // message no attempt. The first success ends the outage and every waiting message runs
-// at once. A waiting message is given back to the broker (nacked with requeue) when its
-// subscriber closes or the Retry closes. docs/outage.md tells more.
+// at once. A waiting message is given back to the broker (nacked with requeue; on AMQP
+// 1.0, released) when its subscriber closes or the Retry closes. The broker counts that
+// return as a failed delivery only on a work queue that holds retries on RabbitMQ 4.3
+// (delayed-retry, HeldRetries: their attempt is counted from x-acquired-count): there
+// the message comes back one attempt later, after the queue's delay, as do the messages
+// the subscriber had prefetched. docs/outage.md tells more.
 type Outage struct {
 	// Off turns outage detection off: every failure takes the retry path.
 	Off bool

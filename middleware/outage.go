@@ -328,12 +328,13 @@ func (e *engine) outageEdge(d delivery, ed edge, lasted time.Duration, last erro
 
 // outageGiveBack answers a message that waited for an outage to end when its
 // subscriber or the Retry closed: it goes back to the broker (the router nacks it with
-// requeue), having spent no attempt.
+// requeue), having spent no attempt here (a work queue that holds retries on RabbitMQ
+// 4.3 counts the return itself: amqpretry.Outage).
 func (e *engine) outageGiveBack(m *message.Message, d delivery, q *outage, why error) error {
 	q.mu.Lock()
 	last := q.last
 	q.mu.Unlock()
-	err := fmt.Errorf("%w: work queue %q is in an outage and %v: the message goes back to the queue, no attempt spent", amqpretry.ErrHandoff, d.queue, why)
+	err := fmt.Errorf("%w: work queue %q is in an outage and %v: the message goes back to the queue", amqpretry.ErrHandoff, d.queue, why)
 	if errors.Is(why, errClosing) {
 		return e.refuseClosed(m, d, errors.Join(last, err))
 	}
