@@ -40,10 +40,13 @@ func breakerOpen(err error) bool {
 // It begins when:
 //   - a handler error is marked Unavailable (or an open CircuitBreaker refused the
 //     message), at once; or
-//   - Consecutive failures in a row, or a failure ratio of at least Ratio over the
-//     last Window runs, and a retry (attempt 2 or later) among the failures: a storm of
-//     messages that each fail once and then succeed is not an outage, since their
-//     retries succeed.
+//   - failures in a row of Consecutive different messages, or a failure ratio of at
+//     least Ratio over the last Window runs, failures of Consecutive different
+//     messages (or of Ratio × Window, if fewer), and a retry (attempt 2 or later)
+//     among the failures: a storm of messages that each fail once
+//     and then succeed is not an outage, since their retries succeed; nor are a few
+//     messages that fail attempt after attempt, however many runs they fail: they are
+//     poisons.
 //
 // Errors marked Permanent or RetryAfter (or so decided by Classify) never count: they
 // are about the message. While the outage lasts, the failing message and every message
@@ -61,8 +64,9 @@ func breakerOpen(err error) bool {
 type Outage struct {
 	// Off turns outage detection off: every failure takes the retry path.
 	Off bool
-	// Consecutive failures in a row that begin an outage (with a retry among them).
-	// Default: 10.
+	// Consecutive is how many different messages must fail in a row to begin an
+	// outage (with a retry among the failures); over the Window, that many different
+	// messages must be among the failures. Default: 10.
 	Consecutive int
 	// Ratio of failed runs over the last Window runs that begins an outage (with a
 	// retry among the failures), in (0, 1]. Default: 0.8.

@@ -433,3 +433,70 @@ func TestOutageOnTheMemoryBackend(t *testing.T) {
 }
 
 var errDependencyDown = errors.New("dial tcp 10.0.0.5:5432: connection refused")
+
+// A few messages that fail attempt after attempt on an otherwise idle queue are
+// poisons, not an outage, however many failures in a row they make: an outage needs
+// the failures of Consecutive different messages (in a row, or over the Window). Each
+// is poisoned at its last attempt; none waits.
+func TestOutageNotFromAFewPoisonMessages(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		outage amqpretry.Outage
+		ok     bool // a good message between the rounds: no failures in a row
+	}{
+		{"in a row", amqpretry.Outage{Consecutive: 4, Ratio: 1, Window: 1000}, false},
+		{"over the window", amqpretry.Outage{Consecutive: 4, Ratio: 0.5, Window: 8}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &fakeBackend{}
+			e, poison := newEngine(t, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 20}, Outage: tc.outage}, b)
+			mw := e.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+				if msg.UUID == "ok" {
+					return nil, nil
+				}
+				return nil, errors.New("missing customer id")
+			})
+			// Three messages, each failing its 20 attempts, taking turns: 60
+			// failures, retries among them, of 3 different messages; in a row, or
+			// three in four runs.
+			// A deadline for each: a message taken for an outage would wait forever.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			for attempt := 1; attempt <= 20; attempt++ {
+				for _, id := range []string{"a", "b", "c"} {
+					msg := attemptMsg(id, attempt)
+					msg.SetContext(ctx)
+					if _, err := mw(msg); err != nil {
+						t.Fatalf("%s on attempt %d: %v", id, attempt, err)
+					}
+				}
+				if tc.ok {
+					if _, err := mw(attemptMsg("ok", 1)); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if n := e.outages.started.Load(); n != 0 {
+				t.Errorf("three poison messages began %d outages", n)
+			}
+			if got := len(poison.got()); got != 3 {
+				t.Errorf("poisoned %d, want the 3 at their last attempt", got)
+			}
+			// A fourth message failing on a retry makes it Consecutive different ones:
+			// now it is an outage.
+			dctx, dcancel := context.WithCancel(context.Background())
+			msg := attemptMsg("d", 2)
+			msg.SetContext(dctx)
+			done := make(chan error, 1)
+			go func() {
+				_, err := mw(msg)
+				done <- err
+			}()
+			waitFor(t, "the outage", func() bool { return e.outages.of("work").isDown() })
+			dcancel()
+			if err := <-done; !errors.Is(err, amqpretry.ErrHandoff) {
+				t.Errorf("the waiting message whose subscriber closed: %v, want ErrHandoff", err)
+			}
+		})
+	}
+}

@@ -181,11 +181,8 @@ func TestHeldRetries(t *testing.T) {
 // many messages it happens to.
 func TestHeldRetryBackEarlyOnceIsNotJudged(t *testing.T) {
 	logs := &countingLogger{}
-	// Twelve failures in a row, retries among them, would begin an outage (and the
-	// failing message would wait for a probe that never succeeds): off, as this
-	// test is about held retries.
 	e, _ := newEngine(t, amqpretry.Config{Backend: delay.DelayedRetry, DelayedRetryDelay: time.Second, Logger: logs,
-		Policy: amqpretry.Policy{MaxAttempts: 10}, Outage: amqpretry.Outage{Off: true}}, nil)
+		Policy: amqpretry.Policy{MaxAttempts: 10}}, nil)
 	e.backend = nil
 	e.holder = keep(newHolding(time.Second))
 	h := e.Middleware(failing(errFlaky))
