@@ -40,10 +40,13 @@ func breakerOpen(err error) bool {
 // It begins when:
 //   - a handler error is marked Unavailable (or an open CircuitBreaker refused the
 //     message), at once; or
-//   - Consecutive failures in a row, or a failure ratio of at least Ratio over the
-//     last Window runs, and a retry (attempt 2 or later) among the failures: a storm of
-//     messages that each fail once and then succeed is not an outage, since their
-//     retries succeed.
+//   - failures in a row of Consecutive different messages, or a failure ratio of at
+//     least Ratio over the last Window runs, failures of Consecutive different
+//     messages (or of Ratio × Window, if fewer), and a retry (attempt 2 or later)
+//     among the failures: a storm of messages that each fail once
+//     and then succeed is not an outage, since their retries succeed; nor are a few
+//     messages that fail attempt after attempt, however many runs they fail: they are
+//     poisons.
 //
 // Errors marked Permanent or RetryAfter (or so decided by Classify) never count: they
 // are about the message. While the outage lasts, the failing message and every message
@@ -53,14 +56,20 @@ func breakerOpen(err error) bool {
 // began, then after a delay doubling up to MaxProbeInterval; a failed probe costs its
 // message no attempt, but a message that fails three probes in a row then takes the
 // retry path (spending an attempt), so that a message failing for reasons of its own
-// never holds its queue: the next message probes. The first success ends the outage and every waiting message runs
-// at once. A waiting message is given back to the broker (nacked with requeue) when its
-// subscriber closes or the Retry closes. docs/outage.md tells more.
+// never holds its queue: the next message probes. The first success ends the outage
+// and every waiting message runs at once. A waiting message is given back to the
+// broker (nacked with requeue; on AMQP 1.0, released) when its subscriber closes or the
+// Retry closes. The broker counts that return as a failed delivery only on a work
+// queue that holds retries on RabbitMQ 4.3 (delayed-retry, HeldRetries: their attempt
+// is counted from x-acquired-count): there the message comes back one attempt later,
+// after the queue's delay, as do the messages the subscriber had prefetched.
+// docs/outage.md tells more.
 type Outage struct {
 	// Off turns outage detection off: every failure takes the retry path.
 	Off bool
-	// Consecutive failures in a row that begin an outage (with a retry among them).
-	// Default: 10.
+	// Consecutive is how many different messages must fail in a row to begin an
+	// outage (with a retry among the failures); over the Window, that many different
+	// messages must be among the failures. Default: 10.
 	Consecutive int
 	// Ratio of failed runs over the last Window runs that begins an outage (with a
 	// retry among the failures), in (0, 1]. Default: 0.8.

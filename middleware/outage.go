@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -77,8 +78,11 @@ type outage struct {
 	runs                    []outcome
 	next, filled            int
 	failures, retryFailures int
-	// consecutive failures, and whether a retry is among them.
-	consecutive      int
+	// consecutive holds the messages of the failures in a row (up to Consecutive of
+	// them: enough to tell), consecutiveRetry whether a retry is among the failures.
+	// Messages, not runs: one message failing attempt after attempt is a poison, not
+	// an outage.
+	consecutive      map[string]struct{}
 	consecutiveRetry bool
 
 	down      bool
@@ -93,7 +97,12 @@ type outage struct {
 	changed chan struct{}
 }
 
-type outcome struct{ failed, retry bool }
+// outcome is a run's: whether it failed (and counted), whether it was a retry, and
+// the message that failed.
+type outcome struct {
+	failed, retry bool
+	msg           string
+}
 
 func (q *outage) isDown() bool {
 	q.mu.Lock()
@@ -187,12 +196,12 @@ const (
 	ended
 )
 
-// record records a run's outcome: err and its decision (nil when it is not this
-// Retry's to decide: nil err, or a failure of another Retry), on attempt; probe is the
-// run's probe token (0: not a probe). It returns whether the message waits (the queue
+// record records a run of message msg (its UUID): err and its decision (nil when it
+// is not this Retry's to decide: nil err, or a failure of another Retry), on attempt;
+// probe is the run's probe token (0: not a probe). It returns whether the message waits (the queue
 // is down and the failure counted: no attempt spent), the edge it caused, and, on an
 // edge, the outage's duration and last failure.
-func (q *outage) record(err error, dec *amqpretry.Decision, attempt, maxAttempts int, probe uint64, now time.Time) (wait bool, e edge, lasted time.Duration, last error) {
+func (q *outage) record(msg string, err error, dec *amqpretry.Decision, attempt, maxAttempts int, probe uint64, now time.Time) (wait bool, e edge, lasted time.Duration, last error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if probe != 0 && q.probe == probe {
@@ -203,7 +212,8 @@ func (q *outage) record(err error, dec *amqpretry.Decision, attempt, maxAttempts
 	switch {
 	case err == nil:
 		q.add(outcome{})
-		q.consecutive, q.consecutiveRetry = 0, false
+		clear(q.consecutive)
+		q.consecutiveRetry = false
 		if q.down {
 			q.down = false
 			q.signal()
@@ -214,8 +224,13 @@ func (q *outage) record(err error, dec *amqpretry.Decision, attempt, maxAttempts
 		return false, noEdge, 0, nil
 	}
 	retry := attempt >= 2
-	q.add(outcome{failed: true, retry: retry})
-	q.consecutive++
+	q.add(outcome{failed: true, retry: retry, msg: msg})
+	if q.consecutive == nil {
+		q.consecutive = map[string]struct{}{}
+	}
+	if len(q.consecutive) < q.cfg.Consecutive {
+		q.consecutive[msg] = struct{}{}
+	}
 	q.consecutiveRetry = q.consecutiveRetry || retry
 	q.last = err
 	if q.down {
@@ -226,8 +241,9 @@ func (q *outage) record(err error, dec *amqpretry.Decision, attempt, maxAttempts
 		return true, noEdge, 0, nil
 	}
 	trip := dec.Unavailable ||
-		(q.consecutive >= q.cfg.Consecutive && q.consecutiveRetry) ||
-		(q.filled == len(q.runs) && float64(q.failures) >= q.cfg.Ratio*float64(q.filled) && q.retryFailures > 0)
+		(len(q.consecutive) >= q.cfg.Consecutive && q.consecutiveRetry) ||
+		(q.filled == len(q.runs) && float64(q.failures) >= q.cfg.Ratio*float64(q.filled) && q.retryFailures > 0 &&
+			q.failedMessages(min(q.cfg.Consecutive, int(math.Ceil(q.cfg.Ratio*float64(len(q.runs)))))))
 	if !trip {
 		return false, noEdge, 0, nil
 	}
@@ -236,6 +252,21 @@ func (q *outage) record(err error, dec *amqpretry.Decision, attempt, maxAttempts
 	q.nextProbe = now.Add(q.interval)
 	q.signal()
 	return true, started, 0, err
+}
+
+// failedMessages tells whether the failures in the ring are of at least n different
+// messages. q.mu is held.
+func (q *outage) failedMessages(n int) bool {
+	seen := make(map[string]struct{}, n)
+	for _, o := range q.runs[:q.filled] {
+		if o.failed {
+			seen[o.msg] = struct{}{}
+			if len(seen) >= n {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // abandon ends a probe that did not record its outcome (the handler panicked past
@@ -277,7 +308,7 @@ func (e *engine) runHandler(h message.HandlerFunc, m *message.Message, d deliver
 			return nil, nil, e.outageGiveBack(m, d, q, werr)
 		}
 		produced, dec, err := e.runProbe(h, m, d, q, probe)
-		wait, edge, lasted, last := q.record(err, dec, attempt, e.cfg.Policy.MaxAttempts, probe, time.Now())
+		wait, edge, lasted, last := q.record(m.UUID, err, dec, attempt, e.cfg.Policy.MaxAttempts, probe, time.Now())
 		if probe != 0 {
 			e.outages.probes.Add(1)
 			e.observe(amqpretry.Event{Kind: amqpretry.EventProbe, Queue: d.queue, Attempt: attempt, Err: err})
@@ -341,12 +372,13 @@ func (e *engine) outageEdge(d delivery, ed edge, lasted time.Duration, last erro
 
 // outageGiveBack answers a message that waited for an outage to end when its
 // subscriber or the Retry closed: it goes back to the broker (the router nacks it with
-// requeue), having spent no attempt.
+// requeue), having spent no attempt here (a work queue that holds retries on RabbitMQ
+// 4.3 counts the return itself: amqpretry.Outage).
 func (e *engine) outageGiveBack(m *message.Message, d delivery, q *outage, why error) error {
 	q.mu.Lock()
 	last := q.last
 	q.mu.Unlock()
-	err := fmt.Errorf("%w: work queue %q is in an outage and %v: the message goes back to the queue, no attempt spent", amqpretry.ErrHandoff, d.queue, why)
+	err := fmt.Errorf("%w: work queue %q is in an outage and %v: the message goes back to the queue", amqpretry.ErrHandoff, d.queue, why)
 	if errors.Is(why, errClosing) {
 		return e.refuseClosed(m, d, errors.Join(last, err))
 	}

@@ -3,6 +3,7 @@ package middleware
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -10,11 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/sony/gobreaker"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/keys"
 )
 
@@ -310,18 +314,18 @@ func TestOutageBadMessageNeverHoldsTheQueue(t *testing.T) {
 		Outage: amqpretry.Outage{Consecutive: 2, ProbeInterval: time.Millisecond, MaxProbeInterval: time.Hour}, // a fourth probe would wait 8ms, a twentieth ten minutes
 	}, b)
 	h := func(msg *message.Message) ([]*message.Message, error) {
-		if msg.UUID == "bad" {
+		if msg.UUID != "good" {
 			return nil, errors.New("the order references a deleted customer")
 		}
 		return nil, nil
 	}
 	mw := e.Middleware(h)
-	if _, err := mw(attemptMsg("bad", 1)); err != nil { // a retry is parked
+	if _, err := mw(attemptMsg("bad-1", 1)); err != nil { // a retry is parked
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { // its retry fails: 2 in a row with a retry, an outage
-		_, err := mw(attemptMsg("bad", 2))
+	go func() { // another's retry fails: 2 messages in a row with a retry, an outage
+		_, err := mw(attemptMsg("bad-2", 2))
 		done <- err
 	}()
 	select {
@@ -343,5 +347,204 @@ func TestOutageBadMessageNeverHoldsTheQueue(t *testing.T) {
 	}
 	if e.outages.of("work").isDown() {
 		t.Error("still down after the good message succeeded")
+	}
+}
+
+// Issue 41's scenario on the memory backend, in one process on Watermill's GoChannel:
+// a batch while the dependency is up (one in 25 Permanent, one in 5 failing once: no
+// outage), a batch while it is down (first attempts fail and are retried until a retry
+// fails: the outage begins), a batch while in the outage (they wait), then the
+// dependency returns. Only the Permanent messages are poisoned, every other one is
+// handled, and while in the outage the handler runs only as a failed probe.
+func TestOutageOnTheMemoryBackend(t *testing.T) {
+	pubsub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 1000}, watermill.NopLogger{})
+	defer pubsub.Close()
+	var down, started atomic.Bool
+	var runsDown, runsDownBefore atomic.Int64
+	rec := &outageRecorder{}
+	retry, err := New(amqpretry.Config{
+		Backend: delay.Memory, Memory: pubsub,
+		Policy: amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{20 * time.Millisecond}},
+		Outage: amqpretry.Outage{ProbeInterval: 5 * time.Millisecond, MaxProbeInterval: 20 * time.Millisecond},
+		Observe: func(ev amqpretry.Event) {
+			if ev.Kind == amqpretry.EventOutageStarted {
+				started.Store(true)
+			}
+			rec.observe(ev)
+		},
+	}, Transport{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer retry.Close()
+	poisonCh, err := pubsub.Subscribe(context.Background(), retry.r.cfg.PoisonQueue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	succeeded := map[string]bool{}
+	failedOnce := map[string]bool{}
+	handle := func(msg *message.Message) error {
+		i, _ := strconv.Atoi(msg.UUID[1:])
+		if i%25 == 0 {
+			return amqpretry.Permanent(errors.New("malformed"))
+		}
+		if down.Load() {
+			runsDown.Add(1)
+			if !started.Load() {
+				runsDownBefore.Add(1)
+			}
+			return errDependencyDown
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if i%5 == 1 && !failedOnce[msg.UUID] {
+			failedOnce[msg.UUID] = true
+			return errors.New("flaky downstream")
+		}
+		succeeded[msg.UUID] = true
+		return nil
+	}
+	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	router.AddConsumerHandler("bookings", "work", pubsub, handle).AddMiddleware(retry.Middleware)
+	go func() { _ = router.Run(context.Background()) }()
+	defer router.Close()
+	<-router.Running()
+
+	const batch = 25
+	good := 0
+	publish := func(from int) {
+		for i := from; i < from+batch; i++ {
+			if i%25 != 0 {
+				good++
+			}
+			if err := pubsub.Publish("work", message.NewMessage(fmt.Sprintf("m%03d", i), nil)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	handled := func(n int) func() bool {
+		return func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(succeeded) == n
+		}
+	}
+	publish(0) // up: the fail-once fifth is retried, and begins no outage
+	waitFor(t, "the first batch handled", handled(good))
+	if n := retry.Stats().Outages; n != 0 {
+		t.Fatalf("%d outages while the dependency is up", n)
+	}
+	down.Store(true)
+	publish(batch) // down: first attempts fail, until a retry fails too
+	waitFor(t, "the outage to begin", started.Load)
+	publish(2 * batch) // in the outage: they wait
+	waitFor(t, "three failed probes", func() bool { return retry.Stats().Probes >= 3 })
+	down.Store(false)
+	waitFor(t, "every good message handled", handled(good))
+
+	perm := 3 // m000, m025, m050
+	for range perm {
+		select {
+		case msg := <-poisonCh:
+			msg.Ack()
+			if i, _ := strconv.Atoi(msg.UUID[1:]); i%25 != 0 || ReadEnvelope(msg.Metadata).Reason != amqpretry.ReasonPermanent {
+				t.Errorf("poisoned %s for %s: only the Permanent ones may be", msg.UUID, ReadEnvelope(msg.Metadata).Reason)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the Permanent messages not poisoned within 10 s")
+		}
+	}
+	st := retry.Stats()
+	if st.Poisoned != int64(perm) || st.Outages != 1 || st.InOutage != 0 {
+		t.Errorf("stats %+v: want the %d Permanent ones poisoned and one outage, over", st, perm)
+	}
+	failedProbes := int64(0)
+	rec.mu.Lock()
+	for _, ev := range rec.events {
+		if ev.Kind == amqpretry.EventProbe && errors.Is(ev.Err, errDependencyDown) { // not a Permanent one's
+			failedProbes++
+		}
+	}
+	rec.mu.Unlock()
+	// Before the outage: the down batch's first attempts (those not Permanent) and
+	// the retry that tripped it; in the outage: the failed probes only.
+	if before := runsDownBefore.Load(); before > batch-1+1 {
+		t.Errorf("handler ran %d times while down before the outage began, want at most the %d first attempts and the retry that began it", before, batch-1)
+	}
+	if in := runsDown.Load() - runsDownBefore.Load(); in != failedProbes {
+		t.Errorf("handler ran %d times while down in the outage, want the %d failed probes", in, failedProbes)
+	}
+}
+
+var errDependencyDown = errors.New("dial tcp 10.0.0.5:5432: connection refused")
+
+// A few messages that fail attempt after attempt on an otherwise idle queue are
+// poisons, not an outage, however many failures in a row they make: an outage needs
+// the failures of Consecutive different messages (in a row, or over the Window). Each
+// is poisoned at its last attempt; none waits.
+func TestOutageNotFromAFewPoisonMessages(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		outage amqpretry.Outage
+		ok     bool // a good message between the rounds: no failures in a row
+	}{
+		{"in a row", amqpretry.Outage{Consecutive: 4, Ratio: 1, Window: 1000}, false},
+		{"over the window", amqpretry.Outage{Consecutive: 4, Ratio: 0.5, Window: 8}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &fakeBackend{}
+			e, poison := newEngine(t, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 20}, Outage: tc.outage}, b)
+			mw := e.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+				if msg.UUID == "ok" {
+					return nil, nil
+				}
+				return nil, errors.New("missing customer id")
+			})
+			// Three messages, each failing its 20 attempts, taking turns: 60
+			// failures, retries among them, of 3 different messages; in a row, or
+			// three in four runs.
+			// A deadline for each: a message taken for an outage would wait forever.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			for attempt := 1; attempt <= 20; attempt++ {
+				for _, id := range []string{"a", "b", "c"} {
+					msg := attemptMsg(id, attempt)
+					msg.SetContext(ctx)
+					if _, err := mw(msg); err != nil {
+						t.Fatalf("%s on attempt %d: %v", id, attempt, err)
+					}
+				}
+				if tc.ok {
+					if _, err := mw(attemptMsg("ok", 1)); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if n := e.outages.started.Load(); n != 0 {
+				t.Errorf("three poison messages began %d outages", n)
+			}
+			if got := len(poison.got()); got != 3 {
+				t.Errorf("poisoned %d, want the 3 at their last attempt", got)
+			}
+			// A fourth message failing on a retry makes it Consecutive different ones:
+			// now it is an outage.
+			dctx, dcancel := context.WithCancel(context.Background())
+			msg := attemptMsg("d", 2)
+			msg.SetContext(dctx)
+			done := make(chan error, 1)
+			go func() {
+				_, err := mw(msg)
+				done <- err
+			}()
+			waitFor(t, "the outage", func() bool { return e.outages.of("work").isDown() })
+			dcancel()
+			if err := <-done; !errors.Is(err, amqpretry.ErrHandoff) {
+				t.Errorf("the waiting message whose subscriber closed: %v, want ErrHandoff", err)
+			}
+		})
 	}
 }

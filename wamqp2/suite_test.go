@@ -31,6 +31,9 @@ func config(sub gluetest.Sub) amqp.Config {
 	}
 	c.Queue.Arguments = sub.QueueArgs
 	c.Consume.NoRequeueOnNack = sub.NoRequeueOnNack
+	if sub.Prefetch != 0 {
+		c.Consume.Qos.PrefetchCount = sub.Prefetch
+	}
 	if sub.Connection != nil {
 		c.Connection.AmqpConfig = sub.Connection
 	}

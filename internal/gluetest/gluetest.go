@@ -34,6 +34,9 @@ type Sub struct {
 	Group           string
 	QueueArgs       amqp.Table
 	NoRequeueOnNack bool
+	// Prefetch, if set, is the consumer's prefetch count (watermill-amqp's default
+	// is 1).
+	Prefetch int
 	// Connection, if set, is the subscriber's amqp091-go config (its
 	// connection_name, say).
 	Connection *amqp.Config
@@ -119,6 +122,8 @@ func Run(t *testing.T, m Major) {
 		{"MiswiredSubscriberIsRefusedAtSubscribe", MiswiredSubscriberIsRefusedAtSubscribe, true},
 		{"PoisonQueueReadFromGo", PoisonQueueReadFromGo, true},
 		{"OutageIsNotAPoison", OutageIsNotAPoison, false},
+		{"OutageBeginsAtOnceOnUnavailableAndAnOpenBreaker", OutageBeginsAtOnceOnUnavailableAndAnOpenBreaker, false},
+		{"CloseDuringAnOutageLosesNothing", CloseDuringAnOutageLosesNothing, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if testing.Short() && !tc.quick {

@@ -1,6 +1,7 @@
 package gluetest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/sony/gobreaker"
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
@@ -56,12 +59,22 @@ func OutageIsNotAPoison(t *testing.T, m Major) {
 			}
 			s.cfg.Outage = amqpretry.Outage{ProbeInterval: 200 * time.Millisecond, MaxProbeInterval: time.Second}
 			obs := &events{}
-			s.cfg.Observe = obs.observe
-			r := newRetry(t, m, s.sub, s.cfg)
-
 			const total = 120
-			var down atomic.Bool
-			var runsDown atomic.Int64
+			var down, started atomic.Bool
+			// runsDown counts the handler's runs while the dependency is down,
+			// runsBefore those before the outage began; published counts the
+			// messages published while down, publishedAtStart those when it began.
+			var runsDown, runsBefore, published, publishedAtStart atomic.Int64
+			var wentDown atomic.Bool
+			ranBeforeDown := map[string]bool{} // under mu
+			s.cfg.Observe = func(ev amqpretry.Event) {
+				if ev.Kind == amqpretry.EventOutageStarted {
+					publishedAtStart.Store(published.Load())
+					started.Store(true)
+				}
+				obs.observe(ev)
+			}
+			r := newRetry(t, m, s.sub, s.cfg)
 			var mu sync.Mutex
 			succeeded := map[string]bool{}
 			failedOnce := map[string]bool{}
@@ -72,10 +85,16 @@ func OutageIsNotAPoison(t *testing.T, m Major) {
 				}
 				if down.Load() {
 					runsDown.Add(1)
-					return errors.New("dial tcp 10.0.0.5:5432: connection refused")
+					if !started.Load() {
+						runsBefore.Add(1)
+					}
+					return errDependencyDown
 				}
 				mu.Lock()
 				defer mu.Unlock()
+				if !wentDown.Load() {
+					ranBeforeDown[msg.UUID] = true
+				}
 				if i%5 == 1 && !failedOnce[msg.UUID] {
 					failedOnce[msg.UUID] = true
 					return errFlaky
@@ -88,9 +107,12 @@ func OutageIsNotAPoison(t *testing.T, m Major) {
 			// 40 a second; the dependency is down from message 30 to message 90 and
 			// a while after: longer than the whole retry schedule (0.5 s + 1 s).
 			for i := range total {
-				switch i {
-				case 30:
+				if i == 30 {
+					wentDown.Store(true)
 					down.Store(true)
+				}
+				if down.Load() {
+					published.Add(1)
 				}
 				if err := pub.Publish(s.topic, message.NewMessage(fmt.Sprintf("m%03d", i), []byte("booking"))); err != nil {
 					t.Fatal(err)
@@ -131,22 +153,45 @@ func OutageIsNotAPoison(t *testing.T, m Major) {
 			if st := r.Stats(); st.Poisoned != int64(perm) {
 				t.Errorf("poisoned %d, want the %d Permanent ones", st.Poisoned, perm)
 			}
-			started, ended, probes := obs.of(amqpretry.EventOutageStarted), obs.of(amqpretry.EventOutageEnded), obs.of(amqpretry.EventProbe)
-			if len(started) != 1 || len(ended) != 1 {
-				t.Errorf("outages started %d, ended %d; want exactly one each (the fail-once fifth begins none)", len(started), len(ended))
+			startedEv, ended, probes := obs.of(amqpretry.EventOutageStarted), obs.of(amqpretry.EventOutageEnded), obs.of(amqpretry.EventProbe)
+			if len(startedEv) != 1 || len(ended) != 1 {
+				t.Errorf("outages started %d, ended %d; want exactly one each (the fail-once fifth begins none)", len(startedEv), len(ended))
 			}
-			// Before the outage begins: the first-attempt failures until a retry
-			// fails (the retry delay's worth of traffic, 0.5 s at 40 a second, and
-			// the threshold), then the probes. Not one run per message per attempt.
-			bound := int64(s.cfg.WithDefaults().Outage.Consecutive + 40 + len(probes) + 5)
-			t.Logf("%s: handler runs while down %d (bound %d), probes %d, retries %d, outage lasted %v",
-				tc.name, runsDown.Load(), bound, len(probes), r.Stats().Retries, durations(ended))
-			if got := runsDown.Load(); got > bound {
-				t.Errorf("handler ran %d times while down, want at most %d: the threshold, a retry delay of traffic and the probes", got, bound)
+			failedProbes := int64(0)
+			for _, p := range probes {
+				if errors.Is(p.Err, errDependencyDown) { // not a Permanent one's
+					failedProbes++
+				}
+			}
+			// Before the outage began: the first attempts of the messages published
+			// while down until then and of those published before but not yet run,
+			// and the retries that failed, at most Consecutive of them (the first
+			// failed retry begins the outage once Consecutive failures are in a
+			// row). Once it began: the failed probes, not one run per message per
+			// attempt.
+			mu.Lock()
+			lag := int64(0)
+			for i := range 30 {
+				if i%25 != 0 && !ranBeforeDown[fmt.Sprintf("m%03d", i)] {
+					lag++
+				}
+			}
+			mu.Unlock()
+			before, in := runsBefore.Load(), runsDown.Load()-runsBefore.Load()
+			bound := publishedAtStart.Load() + lag + int64(s.cfg.WithDefaults().Outage.Consecutive)
+			t.Logf("%s%s: handler runs while down %d: %d before the outage began (bound %d: %d published while down, %d before and not yet run, and Consecutive), %d in it (%d failed probes of %d); retries %d, outage lasted %v",
+				tc.name, tc.variant, runsDown.Load(), before, bound, publishedAtStart.Load(), lag, in, failedProbes, len(probes), r.Stats().Retries, durations(ended))
+			if before > bound {
+				t.Errorf("handler ran %d times while down before the outage began, want at most %d: the first attempts of the messages published until then, and Consecutive retries", before, bound)
+			}
+			if in != failedProbes {
+				t.Errorf("handler ran %d times while down in the outage, want only the %d failed probes", in, failedProbes)
 			}
 		})
 	}
 }
+
+var errDependencyDown = errors.New("dial tcp 10.0.0.5:5432: connection refused")
 
 func durations(evs []amqpretry.Event) []time.Duration {
 	var out []time.Duration
@@ -154,4 +199,265 @@ func durations(evs []amqpretry.Event) []time.Duration {
 		out = append(out, ev.Duration.Round(time.Millisecond))
 	}
 	return out
+}
+
+// OutageBeginsAtOnceOnUnavailableAndAnOpenBreaker: an error marked Unavailable, or
+// the refusal of Watermill's CircuitBreaker middleware (placed inside the retry
+// middleware) while open, begins the work queue's outage on its first occurrence: no
+// copy is made for it, the messages wait, and the outage ends when the dependency
+// returns, every message handled, none poisoned.
+func OutageBeginsAtOnceOnUnavailableAndAnOpenBreaker(t *testing.T, m Major) {
+	for _, breaker := range []bool{false, true} {
+		name := "unavailable"
+		if breaker {
+			name = "circuit-breaker"
+		}
+		t.Run(name, func(t *testing.T) {
+			s := newSetup(t, m, delay.TTLTiers)
+			s.cfg.Tiers = []time.Duration{300 * time.Millisecond}
+			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, InitialInterval: 300 * time.Millisecond, NoJitter: true}
+			// Consecutive is far above what the test fails: only the one error (or
+			// refusal) can begin the outage.
+			s.cfg.Outage = amqpretry.Outage{Consecutive: 1000, ProbeInterval: 100 * time.Millisecond, MaxProbeInterval: 400 * time.Millisecond}
+			var down atomic.Bool
+			down.Store(true)
+			var runs, runsAtStart atomic.Int64
+			runsAtStart.Store(-1)
+			obs := &events{}
+			var retriesAtStart atomic.Int64
+			var r Retry
+			s.cfg.Observe = func(ev amqpretry.Event) {
+				if ev.Kind == amqpretry.EventOutageStarted {
+					runsAtStart.Store(runs.Load())
+					retriesAtStart.Store(r.Stats().Retries)
+				}
+				obs.observe(ev)
+			}
+			r = newRetry(t, m, s.sub, s.cfg)
+			var mu sync.Mutex
+			okAttempts := map[string][]int{}
+			handle := func(msg *message.Message) error {
+				runs.Add(1)
+				if down.Load() {
+					err := errors.New("dial tcp 10.0.0.5:5432: connection refused")
+					if !breaker {
+						err = amqpretry.Unavailable(err)
+					}
+					return err
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				okAttempts[msg.UUID] = append(okAttempts[msg.UUID], amqpretry.Attempt(msg))
+				return nil
+			}
+			// The breaker opens after 3 failures in a row; open, it refuses for
+			// 200 ms, then lets one message through (half-open).
+			const tripAfter = 3
+			cb := wmiddleware.NewCircuitBreaker(gobreaker.Settings{
+				Name:        s.prefix,
+				Timeout:     200 * time.Millisecond,
+				ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= tripAfter },
+			})
+			sub := m.Subscriber(t, r)
+			newRouter(t, func(router *message.Router) {
+				h := router.AddConsumerHandler("handler-"+s.topic, s.topic, sub, handle)
+				if breaker {
+					// The first added is the outermost: the breaker runs inside the
+					// retry, which sees its refusals.
+					h.AddMiddleware(r.Middleware, cb.Middleware)
+				} else {
+					h.AddMiddleware(r.Middleware)
+				}
+			})
+			const total = 8
+			for i := range total {
+				publish(t, m, s.topic, fmt.Sprintf("m%d", i))
+			}
+			waitFor(t, 20*time.Second, "the outage to begin", func() bool { return len(obs.of(amqpretry.EventOutageStarted)) > 0 })
+			wantRuns, wantRetries := int64(1), int64(0) // the first Unavailable error begins it
+			if breaker {
+				// The breaker's failures are retried (copies) until it opens; its
+				// first refusal begins the outage, with no copy.
+				wantRuns, wantRetries = tripAfter, tripAfter
+			}
+			if got := runsAtStart.Load(); got != wantRuns {
+				t.Errorf("the handler ran %d times before the outage began, want %d", got, wantRuns)
+			}
+			if got := retriesAtStart.Load(); got != wantRetries {
+				t.Errorf("%d retries when the outage began, want %d", got, wantRetries)
+			}
+			started := obs.of(amqpretry.EventOutageStarted)
+			if breaker && !errors.Is(started[0].Err, gobreaker.ErrOpenState) {
+				t.Errorf("outage began on %v, want the open breaker's refusal (%v)", started[0].Err, gobreaker.ErrOpenState)
+			}
+			// Probes fail while the dependency is down; then it returns.
+			waitFor(t, 20*time.Second, "two probes", func() bool { return len(obs.of(amqpretry.EventProbe)) >= 2 })
+			if st := r.Stats(); st.Retries != wantRetries || st.Poisoned != 0 || st.InOutage != 1 {
+				t.Errorf("while down: %+v, want %d retries (none for the outage), none poisoned, one queue in outage", st, wantRetries)
+			}
+			down.Store(false)
+			waitFor(t, 30*time.Second, "every message handled", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(okAttempts) == total
+			})
+			waitFor(t, 10*time.Second, "the outage to end", func() bool { return len(obs.of(amqpretry.EventOutageEnded)) == 1 })
+			mu.Lock()
+			for id, attempts := range okAttempts {
+				if len(attempts) != 1 {
+					t.Errorf("%s handled successfully %d times (attempts %v), want once", id, len(attempts), attempts)
+				}
+				if attempts[0] > 2 {
+					t.Errorf("%s succeeded on attempt %d: the outage spent its attempts", id, attempts[0])
+				}
+			}
+			mu.Unlock()
+			if st := r.Stats(); st.Retries != wantRetries || st.Poisoned != 0 || st.InOutage != 0 || st.Outages != 1 {
+				t.Errorf("after: %+v, want %d retries, none poisoned, one outage, over", st, wantRetries)
+			}
+			if n := len(obs.of(amqpretry.EventOutageStarted)); n != 1 {
+				t.Errorf("%d outages began, want 1", n)
+			}
+		})
+	}
+}
+
+// CloseDuringAnOutageLosesNothing: messages wait in an outage, one in each of three
+// consumers of the work queue, more in their prefetch; the router's Close returns
+// within its close timeout, then the Retry's. A new Retry and router on the same queue,
+// the dependency back, handle every message: none lost, none poisoned, none parked for
+// the outage. On ttl-tiers on any broker, and on delayed-retry and held retries on
+// RabbitMQ 4.3, whose work queue counts each return of a message as an attempt
+// (x-acquired-count): there a message given back comes back one attempt later.
+func CloseDuringAnOutageLosesNothing(t *testing.T, m Major) {
+	for _, tc := range []struct {
+		name    delay.Backend
+		held    int
+		variant string
+	}{
+		{name: delay.TTLTiers},
+		{name: delay.DelayedRetry},
+		{name: delay.TTLTiers, held: 2, variant: "+held"},
+	} {
+		counted := tc.name == delay.DelayedRetry || tc.held > 0 // the broker counts returns as attempts
+		t.Run(string(tc.name)+tc.variant, func(t *testing.T) {
+			if counted {
+				need43(t)
+			}
+			s := newSetup(t, m, tc.name)
+			s.sub.Prefetch = 4
+			s.cfg.HeldRetries = tc.held
+			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3, InitialInterval: 300 * time.Millisecond, NoJitter: true}
+			if counted {
+				s.sub.QueueArgs = quorum
+			}
+			if tc.name == delay.DelayedRetry {
+				s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3}
+				s.cfg.DelayedRetryDelay = 300 * time.Millisecond
+			} else {
+				s.cfg.Tiers = []time.Duration{300 * time.Millisecond}
+			}
+			// No probe comes while the test looks: the messages only wait.
+			s.cfg.Outage = amqpretry.Outage{ProbeInterval: time.Hour, MaxProbeInterval: time.Hour}
+			const consumers, total = 3, 20
+			var down atomic.Bool
+			down.Store(true)
+			var mu sync.Mutex
+			handled := map[string]int{}
+			attempts := map[string][]int{}
+			handle := func(msg *message.Message) error {
+				if down.Load() {
+					return amqpretry.Unavailable(errors.New("dial tcp 10.0.0.5:5432: connection refused"))
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				handled[msg.UUID]++
+				attempts[msg.UUID] = append(attempts[msg.UUID], amqpretry.Attempt(msg))
+				return nil
+			}
+			// start runs a Retry and a router of consumers handlers on the queue;
+			// waiting counts the messages inside the retry middleware.
+			var waiting atomic.Int64
+			inside := func(h message.HandlerFunc) message.HandlerFunc {
+				return func(msg *message.Message) ([]*message.Message, error) {
+					waiting.Add(1)
+					defer waiting.Add(-1)
+					return h(msg)
+				}
+			}
+			start := func() (Retry, *message.Router) {
+				r, err := m.New(s.sub, s.cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = r.Close() })
+				router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, Logger())
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i := range consumers {
+					router.AddConsumerHandler(fmt.Sprintf("handler-%d", i), s.topic, m.Subscriber(t, r), handle).AddMiddleware(inside, r.Middleware)
+				}
+				go func() { _ = router.Run(context.Background()) }()
+				<-router.Running()
+				t.Cleanup(func() { _ = router.Close() })
+				return r, router
+			}
+			r1, router1 := start()
+			if plan, err := s.cfg.Plan(); err == nil {
+				brokertest.CleanupTopology(t, plan)
+			}
+			pub := m.Publisher(t, Sub{URI: brokertest.URI()})
+			for i := range total {
+				if err := pub.Publish(s.topic, message.NewMessage(fmt.Sprintf("m%02d", i), []byte("booking"))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			waitFor(t, 20*time.Second, "a message waiting in each consumer", func() bool { return waiting.Load() == consumers })
+			if st := r1.Stats(); st.InOutage != 1 || st.Retries != 0 || st.Poisoned != 0 {
+				t.Fatalf("while down: %+v, want the queue in an outage, nothing retried or poisoned", st)
+			}
+			closed := make(chan error, 1)
+			go func() { closed <- router1.Close() }()
+			select {
+			case err := <-closed:
+				if err != nil {
+					t.Fatalf("router.Close during an outage: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("router.Close did not return within 30 s")
+			}
+			if err := r1.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if n := waiting.Load(); n != 0 {
+				t.Errorf("%d messages still waiting after Close", n)
+			}
+			st1 := r1.Stats()
+			down.Store(false)
+			r2, _ := start()
+			waitFor(t, 30*time.Second, "every message handled after the restart", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(handled) == total
+			})
+			mu.Lock()
+			dups := 0
+			byAttempt := map[int]int{}
+			for id, n := range handled {
+				dups += n - 1
+				a := attempts[id]
+				byAttempt[a[0]]++
+				if a[0] != 1 && !counted {
+					t.Errorf("%s ran on attempt %v after the restart: waiting in the outage, or going back to the queue, spent an attempt", id, a)
+				}
+			}
+			mu.Unlock()
+			st2 := r2.Stats()
+			t.Logf("%s%s: %d messages, %d handled more than once, first runs by attempt %v; first Retry %+v", tc.name, tc.variant, total, dups, byAttempt, st1)
+			if st1.Retries != 0 || st1.Poisoned != 0 || st2.Retries != 0 || st2.Poisoned != 0 {
+				t.Errorf("retried or poisoned for the outage: before Close %+v, after %+v", st1, st2)
+			}
+		})
+	}
 }
