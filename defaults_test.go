@@ -35,6 +35,7 @@ func TestConfigDefaults(t *testing.T) {
 		Policy: amqpretry.Policy{
 			MaxAttempts: 5, InitialInterval: time.Second, Multiplier: 2, MaxInterval: 10 * time.Minute, Jitter: 0.2,
 		},
+		Outage:          amqpretry.Outage{Consecutive: 10, Ratio: 0.8, Window: 50, ProbeInterval: time.Second, MaxProbeInterval: 30 * time.Second},
 		PoisonQueue:     "amqpretry.poison",
 		ConfirmTimeout:  10 * time.Second,
 		Topology:        topology.ModeDeclare,
@@ -70,6 +71,7 @@ func TestConfigDefaultsFollowAndKeep(t *testing.T) {
 		HeldRetries: 2, DelayedRetryDelay: 3 * time.Second, PoisonQueue: "dead", ConfirmTimeout: time.Second,
 		Topology: topology.ModeVerify, HandoffAttempts: 9, RetryLogEvery: 4,
 		Policy: amqpretry.Policy{MaxAttempts: 2, InitialInterval: time.Minute, Multiplier: 3, MaxInterval: time.Hour, Jitter: 0.5, Immediate: 1, ImmediateInterval: time.Millisecond},
+		Outage: amqpretry.Outage{Consecutive: 3, Ratio: 0.5, Window: 7, ProbeInterval: time.Minute, MaxProbeInterval: time.Hour},
 	}
 	got := set.WithDefaults()
 	got.Logger = nil

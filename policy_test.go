@@ -33,7 +33,9 @@ func schedule(t testing.TB, policy amqpretry.Policy, attempt, n int) []time.Dura
 		mu        sync.Mutex
 		requested []time.Duration
 	)
-	cfg := amqpretry.Config{Backend: delay.Memory, Memory: discard{}, Policy: policy,
+	// Every message fails: outage detection off, or the failures of retries would begin
+	// an outage and hold the messages instead of scheduling them.
+	cfg := amqpretry.Config{Backend: delay.Memory, Memory: discard{}, Policy: policy, Outage: amqpretry.Outage{Off: true},
 		Observe: func(ev amqpretry.Event) {
 			if ev.Kind == amqpretry.EventRetryScheduled {
 				mu.Lock()

@@ -283,3 +283,41 @@ func TestDeliveryTimeNamesTheTransport(t *testing.T) {
 		t.Errorf("New = %v, blames the broker", err)
 	}
 }
+
+// TestOutageSettingsValidated (issue 41): nonsense Outage settings are refused, each
+// naming its field; zero means the default, and Off turns detection off whatever the
+// rest says.
+func TestOutageSettingsValidated(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		outage amqpretry.Outage
+		want   []string // nil: accepted
+	}{
+		{"defaults", amqpretry.Outage{}, nil},
+		{"off ignores the rest", amqpretry.Outage{Off: true, Ratio: 7}, nil},
+		{"negative consecutive", amqpretry.Outage{Consecutive: -1}, []string{"Outage.Consecutive: -1", "Outage.Off turns detection off"}},
+		{"ratio past 1", amqpretry.Outage{Ratio: 1.5}, []string{"Outage.Ratio: 1.5, must be in (0, 1]"}},
+		{"negative window", amqpretry.Outage{Window: -3}, []string{"Outage.Window: -3"}},
+		{"negative probe interval", amqpretry.Outage{ProbeInterval: -time.Second}, []string{"Outage.ProbeInterval: -1s"}},
+		{"probes shorter at most than at first", amqpretry.Outage{ProbeInterval: time.Minute, MaxProbeInterval: time.Second},
+			[]string{"Outage.MaxProbeInterval: 1s, must not be shorter than Outage.ProbeInterval (1m0s)"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := amqpretry.Config{Outage: tt.outage}.Validate()
+			if tt.want == nil {
+				if err != nil {
+					t.Fatalf("Validate() = %v, want accepted", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Validate() accepted %+v", tt.outage)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Validate() = %v, want it to say %q", err, w)
+				}
+			}
+		})
+	}
+}
