@@ -297,3 +297,57 @@ func TestOutageOff(t *testing.T) {
 		t.Errorf("outages %v, parked %d; want no detection and 10 retries", e.outages, len(b.msgs()))
 	}
 }
+
+// The failures of an outage are its own: once it ends, the next outage is judged on
+// the runs after it. Here the failed probes fill the ratio's window; after the first
+// success one message failing once (a first delivery) must be retried as usual, not
+// begin a second outage on the first one's failures.
+func TestOutageEndForgetsItsFailures(t *testing.T) {
+	b := &fakeBackend{}
+	e, _ := newEngine(t, amqpretry.Config{
+		Policy: amqpretry.Policy{MaxAttempts: 3},
+		Outage: amqpretry.Outage{Consecutive: 1000, Ratio: 0.8, Window: 10, ProbeInterval: time.Millisecond, MaxProbeInterval: time.Millisecond},
+	}, b)
+	var down atomic.Bool
+	down.Store(true)
+	var flaky atomic.Int64
+	h := func(msg *message.Message) ([]*message.Message, error) {
+		switch {
+		case msg.UUID == "flaky" && flaky.Add(1) == 1:
+			return nil, errors.New("deadlock detected")
+		case msg.UUID == "flaky":
+			return nil, nil
+		case down.Load():
+			return nil, amqpretry.Unavailable(errors.New("connection refused"))
+		}
+		return nil, nil
+	}
+	mw := e.Middleware(h)
+	done := make(chan error, 1)
+	go func() { // a retry: the outage begins at once, and it probes
+		_, err := mw(attemptMsg("retry", 2))
+		done <- err
+	}()
+	q := e.outages.of("work")
+	waitFor(t, "the window full of failed probes", func() bool {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return q.filled == len(q.runs) && q.failures == len(q.runs)
+	})
+	down.Store(false)
+	if err := <-done; err != nil {
+		t.Fatalf("the waiting message: %v, want success once a probe succeeds", err)
+	}
+	if q.isDown() {
+		t.Fatal("still down after a success")
+	}
+	if _, err := mw(attemptMsg("flaky", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.outages.started.Load(); n != 1 {
+		t.Errorf("outages begun: %d, want 1: one failure after the outage began another on the first one's failures", n)
+	}
+	if got := len(b.msgs()); got != 1 {
+		t.Errorf("parked %d, want 1: the failure after the outage is retried", got)
+	}
+}
