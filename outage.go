@@ -51,9 +51,11 @@ func breakerOpen(err error) bool {
 // more than its prefetch from the broker), spending no attempt, and nothing is copied
 // or held. One of them at a time is run as a probe, ProbeInterval after the outage
 // began, then after a delay doubling up to MaxProbeInterval; a failed probe costs its
-// message no attempt. The first success ends the outage and every waiting message runs
-// at once. A waiting message is given back to the broker (nacked with requeue) when its
-// subscriber closes or the Retry closes. docs/outage.md tells more.
+// message no attempt. The first success ends the outage, whose failures then no longer
+// count, and every waiting message runs at once. A waiting message is given back to
+// the broker (nacked with requeue) when its subscriber closes or the Retry closes.
+// docs/outage.md tells more: the rules' arithmetic, the costs, measurements, and
+// where Watermill's CircuitBreaker, Throttle and Retry go.
 type Outage struct {
 	// Off turns outage detection off: every failure takes the retry path.
 	Off bool
