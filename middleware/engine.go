@@ -239,7 +239,7 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			}
 		}
 		// decided is err's decision, once classified (Classify runs once per failure).
-		produced, err, decided := e.runHandler(h, msg, d)
+		produced, decided, err := e.runHandler(h, msg, d)
 		run, attempt := msg, d.attempt
 		for err != nil && attempt <= e.cfg.Policy.Immediate {
 			var again bool
@@ -254,7 +254,7 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			chainOf(next).attempt.Store(int64(attempt))
 			run = next
 			d.attempt = attempt
-			produced, err, decided = e.runHandler(h, run, d)
+			produced, decided, err = e.runHandler(h, run, d)
 		}
 		if err == nil {
 			e.failures.forget(msg.UUID)

@@ -272,21 +272,21 @@ func (e *engine) outageOf(d delivery) *outage {
 // runHandler runs h on m, on attempt d.attempt, through the outage of d's queue
 // (recovering its panic: run): while the queue is down, m waits here and runs only as
 // the probe or once the outage is over, and a failure that counts costs no attempt: m
-// waits and runs again. It returns the handler's result, and the decision of its error
-// when it classified it.
-func (e *engine) runHandler(h message.HandlerFunc, m *message.Message, d delivery) ([]*message.Message, error, *amqpretry.Decision) {
+// waits and runs again. It returns the handler's result, the decision of its error
+// when it classified it, and the error.
+func (e *engine) runHandler(h message.HandlerFunc, m *message.Message, d delivery) ([]*message.Message, *amqpretry.Decision, error) {
 	q := e.outageOf(d)
 	if q == nil {
 		produced, err := e.run(h, m, d)
-		return produced, err, nil
+		return produced, nil, err
 	}
 	attempt := d.attempt
 	for {
 		probe, werr := q.await(m.Context(), e.life.closing())
 		if werr != nil {
-			return nil, e.outageGiveBack(m, d, q, werr), nil
+			return nil, nil, e.outageGiveBack(m, d, q, werr)
 		}
-		produced, err, dec := e.runProbe(h, m, d, q, probe)
+		produced, dec, err := e.runProbe(h, m, d, q, probe)
 		wait, edge, lasted, last := q.record(err, dec, attempt, e.cfg.Policy.MaxAttempts, probe, time.Now())
 		if probe != 0 {
 			e.outages.probes.Add(1)
@@ -294,14 +294,14 @@ func (e *engine) runHandler(h message.HandlerFunc, m *message.Message, d deliver
 		}
 		e.outageEdge(d, edge, lasted, last)
 		if !wait {
-			return produced, err, dec
+			return produced, dec, err
 		}
 	}
 }
 
 // runProbe runs h on m (run) and classifies its error; a probe (token probe) that does
 // not return is abandoned, so that another message can probe.
-func (e *engine) runProbe(h message.HandlerFunc, m *message.Message, d delivery, q *outage, probe uint64) (produced []*message.Message, err error, dec *amqpretry.Decision) {
+func (e *engine) runProbe(h message.HandlerFunc, m *message.Message, d delivery, q *outage, probe uint64) (produced []*message.Message, dec *amqpretry.Decision, err error) {
 	returned := false
 	if probe != 0 {
 		defer func() {
@@ -316,7 +316,7 @@ func (e *engine) runProbe(h message.HandlerFunc, m *message.Message, d delivery,
 		x := e.decide(m, err, d.attempt)
 		dec = &x
 	}
-	return produced, err, dec
+	return produced, dec, err
 }
 
 // outageEdge reports an outage's start or end: an event, and one log line.
