@@ -56,14 +56,16 @@ func breakerOpen(err error) bool {
 // began, then after a delay doubling up to MaxProbeInterval; a failed probe costs its
 // message no attempt, but a message that fails three probes in a row then takes the
 // retry path (spending an attempt), so that a message failing for reasons of its own
-// never holds its queue: the next message probes. The first success ends the outage
-// and every waiting message runs at once. A waiting message is given back to the
-// broker (nacked with requeue; on AMQP 1.0, released) when its subscriber closes or the
-// Retry closes. The broker counts that return as a failed delivery only on a work
-// queue that holds retries on RabbitMQ 4.3 (delayed-retry, HeldRetries: their attempt
-// is counted from x-acquired-count): there the message comes back one attempt later,
-// after the queue's delay, as do the messages the subscriber had prefetched.
-// docs/outage.md tells more.
+// never holds its queue: the next message probes. The first success ends the outage,
+// whose failures then no longer count, and every waiting message runs at once. A
+// waiting message is given back to the broker (nacked with requeue; on AMQP 1.0,
+// released) when its subscriber closes or the Retry closes. The broker counts that
+// return as a failed delivery only on a work queue that holds retries on RabbitMQ 4.3
+// (delayed-retry, HeldRetries: their attempt is counted from x-acquired-count): there
+// the message comes back one attempt later, after the queue's delay, as do the
+// messages the subscriber had prefetched. docs/outage.md tells more: the rules'
+// arithmetic, the costs, measurements, and where Watermill's CircuitBreaker, Throttle
+// and Retry go.
 type Outage struct {
 	// Off turns outage detection off: every failure takes the retry path.
 	Off bool

@@ -129,6 +129,8 @@ func main() {
 	rounds43 := flag.Int("rounds43", 2, "-broker43: rounds of every figure (medians)")
 	k43 := flag.String("kinds43", "", "-broker43: comma-separated kinds of the prefetch step (\"ttl-tiers/storm,ceiling-copy/storm\"; \"raw\" for the raw loops); default all")
 	flag.IntVar(&brokerPID, "broker43pid", 0, "-broker43: the broker's beam.smp process: the prefetch step also reports its CPU time per 1,000 messages (Linux)")
+	outageLengths := flag.String("outage", "", "run only the outage scenario (issue 41; outage.go) against AMQP_URI: the handler's dependency down for each of these lengths (\"30s,5m\"), with and without outage detection; JSON to -json (default results/outage.json), its table and plot beside it")
+	outageBackend := flag.String("outage-backend", "ttl-tiers", "-outage: the delay backend (ttl-tiers; delayed-retry on RabbitMQ 4.3)")
 	also := flag.String("also", "", "comma-separated AMQP URIs of more brokers to run the same suite against after AMQP_URI (JSON: one section per broker version under \"brokers\")")
 	flag.Parse()
 
@@ -250,6 +252,52 @@ func main() {
 				fmt.Printf("wrote %s (%s)\n", *jsonPath, time.Since(started).Round(time.Second))
 			}
 		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "error:", err)
+			os.Exit(1)
+		}
+		return
+	}
+
+	if *outageLengths != "" {
+		lengths, perr := parseOutages(*outageLengths)
+		if perr == nil {
+			perr = checkBrokerPID(brokerPID)
+		}
+		if perr != nil {
+			fmt.Fprintln(os.Stderr, "error:", perr)
+			os.Exit(2)
+		}
+		if brokerPID == 0 {
+			brokerPID = beamPID(strings.Fields(*ctl))
+		}
+		if *jsonPath == "" {
+			*jsonPath = filepath.Join("results", "outage.json")
+		}
+		if *pngPath == filepath.Join("results", mode+".png") {
+			*pngPath = strings.TrimSuffix(*jsonPath, ".json") + ".png"
+		}
+		if *textPath == "" {
+			*textPath = strings.TrimSuffix(*jsonPath, ".json") + ".txt"
+		}
+		fmt.Printf("outage scenario, backend %s, broker's beam.smp %d (0: its CPU not measured)\n", *outageBackend, brokerPID)
+		res, runErr := runOutages(ctx, e, lengths, *outageBackend, strings.Fields(*ctl))
+		close(done)
+		err := errors.Join(runErr, e.cleanup(true))
+		res.Command = "cd benchmarks && go run . " + strings.Join(os.Args[1:], " ")
+		res.Machine = fmt.Sprintf("%d CPUs; load average at the end %s", numCPU(), loadAvg())
+		text := outageTable(res)
+		fmt.Print("\n" + text)
+		if werr := writeJSON(*jsonPath, res); werr != nil {
+			err = errors.Join(err, werr)
+		}
+		if werr := os.WriteFile(*textPath, []byte(text), 0o644); werr != nil {
+			err = errors.Join(err, werr)
+		}
+		if perr := plotOutages(*pngPath, res); perr != nil {
+			err = errors.Join(err, fmt.Errorf("plot: %w", perr))
+		}
+		fmt.Printf("wrote %s, %s and %s (%s)\n", *jsonPath, *textPath, *pngPath, time.Since(started).Round(time.Second))
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "error:", err)
 			os.Exit(1)

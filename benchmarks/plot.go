@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"image/color"
 	"math"
@@ -289,4 +290,143 @@ func (wholeTicks) Ticks(min, max float64) []plot.Tick {
 		}
 	}
 	return ticks
+}
+
+// plotOutages draws the -outage runs into one PNG: per outage length one row of three
+// panels over time, with and without outage detection: handled per second, poisoned
+// (cumulative), and what waits (in this process, ready in the work queue, parked in
+// the delay queues). The dependency's down time is shaded between two grey lines.
+func plotOutages(path string, res *outageResults) error {
+	var panels [][]*plot.Plot
+	for _, k := range res.Order {
+		with, without := res.Runs[k]["with"], res.Runs[k]["without"]
+		if with == nil && without == nil {
+			continue
+		}
+		panels = append(panels, []*plot.Plot{
+			outagePanel(fmt.Sprintf("%s outage: handled per second", k), "messages/s", false, with, without,
+				func(s outageSeries) []float64 { return s.handled }, nil, float64(res.Rate)),
+			outagePanel(fmt.Sprintf("%s outage: poisoned (cumulative)", k), "messages", false, with, without,
+				func(s outageSeries) []float64 { return s.poisoned }, nil, 0),
+			outagePanel(fmt.Sprintf("%s outage: waiting (log scale)", k), "messages", true, with, without,
+				func(s outageSeries) []float64 { return s.inProc }, []outageExtra{
+					{"ready in the work queue", func(s outageSeries) []float64 { return s.ready }},
+					{"parked in the delay queues", func(s outageSeries) []float64 { return s.parked }},
+				}, 0),
+		})
+	}
+	if len(panels) == 0 {
+		return errors.New("no outage run to plot")
+	}
+	for _, row := range panels {
+		for _, p := range row {
+			p.Title.TextStyle.Font.Size = vg.Points(13)
+			p.X.Label.TextStyle.Font.Size = vg.Points(11)
+			p.Y.Label.TextStyle.Font.Size = vg.Points(11)
+			p.X.Tick.Label.Font.Size = vg.Points(10)
+			p.Y.Tick.Label.Font.Size = vg.Points(10)
+			p.Legend.TextStyle.Font.Size = vg.Points(10)
+		}
+	}
+	w, h := 19*vg.Inch, vg.Length(len(panels))*5*vg.Inch+26
+	img := vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(96))
+	dc := draw.New(img)
+	title := fmt.Sprintf("The handler's dependency down: with outage detection (blue) and without (orange). RabbitMQ %s, %s, %d msg/s, MaxAttempts 3, 1 in 25 Permanent, 1 in 5 failing once; %d CPUs",
+		res.Broker, res.Backend, res.Rate, numCPU())
+	dc.FillText(draw.TextStyle{Color: color.Black, Font: font.From(plot.DefaultFont, 14), Handler: plot.DefaultTextHandler, XAlign: draw.XCenter},
+		vg.Point{X: w / 2, Y: h - 18}, title)
+	body := draw.Crop(dc, 0, 0, 0, -26)
+	tiles := draw.Tiles{Rows: len(panels), Cols: 3, PadX: vg.Inch / 2, PadY: vg.Inch / 2, PadTop: vg.Inch / 8, PadBottom: vg.Inch / 8, PadLeft: vg.Inch / 8, PadRight: vg.Inch / 4}
+	canvases := plot.Align(panels, tiles, body)
+	for i := range panels {
+		for j := range panels[i] {
+			panels[i][j].Draw(canvases[i][j])
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+type outageExtra struct {
+	name string
+	get  func(outageSeries) []float64
+}
+
+// outagePanel plots get (and extras, dashed) of both runs against seconds from the
+// start; rate, if not 0, is a dashed reference line; logScale floors values at 0.5.
+func outagePanel(title, ylabel string, logScale bool, with, without *outageRun, get func(outageSeries) []float64, extras []outageExtra, rate float64) *plot.Plot {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = "seconds from the start"
+	p.Y.Label.Text = ylabel
+	p.X.Tick.Marker = wholeTicks{}
+	if logScale {
+		logY(p)
+	} else {
+		p.Y.Tick.Marker = wholeTicks{}
+	}
+	const floor = 0.5
+	line := func(ys []float64, c color.Color, dashes []vg.Length, label string) {
+		if len(ys) == 0 {
+			return
+		}
+		xys := make(plotter.XYs, len(ys))
+		for i, y := range ys {
+			if logScale {
+				y = math.Max(y, floor)
+			}
+			xys[i] = plotter.XY{X: float64(i) + 0.5, Y: y}
+		}
+		l, err := plotter.NewLine(xys)
+		if err != nil {
+			return
+		}
+		l.Color, l.Width, l.Dashes = c, vg.Points(1.5), dashes
+		p.Add(l)
+		p.Legend.Add(label, l)
+	}
+	var down [2]float64
+	for k, r := range []*outageRun{with, without} {
+		if r == nil {
+			continue
+		}
+		down = r.down
+		name := map[int]string{0: "with detection", 1: "without"}[k]
+		if extras == nil {
+			line(get(r.series), palette[k], nil, name)
+			continue
+		}
+		line(get(r.series), palette[k], nil, name+": in this process")
+		for j, x := range extras {
+			line(x.get(r.series), palette[k], []vg.Length{vg.Points(6 - 3*float64(j)), vg.Points(3)}, name+": "+x.name)
+		}
+	}
+	if rate > 0 {
+		goalLine(p, rate, fmt.Sprintf("publish rate %.0f/s", rate), color.Gray{Y: 0x60})
+	}
+	// The dependency's down time: two vertical grey lines.
+	lo, hi := p.Y.Min, p.Y.Max
+	if logScale {
+		lo = math.Max(lo, floor)
+	}
+	for _, x := range down {
+		v, err := plotter.NewLine(plotter.XYs{{X: x, Y: lo}, {X: x, Y: hi}})
+		if err == nil {
+			v.Color, v.Width = color.Gray{Y: 0x90}, vg.Points(1)
+			p.Add(v)
+		}
+	}
+	p.Legend.Top = true
+	p.Legend.Left = logScale
+	return p
 }

@@ -293,11 +293,13 @@ func (e *engine) retryNow(d delivery, run *message.Message, attempt int, err err
 
 // Retryable tells whether running the handler again in this process could help after
 // err, as this Retry would decide: not for a failed hand-off, nor when the error's
-// decision poisons it or asks for a delay. Classify is asked with no message.
+// decision poisons it or asks for a delay, nor, with outage detection on, when it says
+// a dependency is down (Unavailable). Classify is asked with no message.
 func (e *engine) Retryable(err error) bool {
 	if err == nil || errors.Is(err, amqpretry.ErrHandoff) {
 		return false
 	}
 	dec := e.decide(nil, err, 0)
-	return !dec.Permanent && dec.Delay <= 0
+	// A dependency down (Unavailable): the queue's outage deals with it, not a rerun.
+	return !dec.Permanent && dec.Delay <= 0 && (!dec.Unavailable || e.outages == nil)
 }

@@ -139,6 +139,12 @@ func (q *outage) add(o outcome) {
 	}
 }
 
+// forget empties the ring of latest runs. q.mu is held.
+func (q *outage) forget() {
+	clear(q.runs)
+	q.next, q.filled, q.failures, q.retryFailures = 0, 0, 0, 0
+}
+
 // errClosing is why a waiting message goes back to the broker.
 var errClosing = errors.New("the Retry is closing")
 
@@ -211,6 +217,11 @@ func (q *outage) record(msg string, err error, dec *amqpretry.Decision, attempt,
 	counts := err != nil && dec != nil && !dec.Permanent && dec.Delay <= 0
 	switch {
 	case err == nil:
+		if q.down {
+			// The outage's failures are its own: the next one is judged on the
+			// runs after it.
+			q.forget()
+		}
 		q.add(outcome{})
 		clear(q.consecutive)
 		q.consecutiveRetry = false

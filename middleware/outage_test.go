@@ -548,3 +548,45 @@ func TestOutageNotFromAFewPoisonMessages(t *testing.T) {
 		})
 	}
 }
+
+// The failures of an outage are its own: once it ends, the next outage is judged on
+// the runs after it. Here failures of many messages fill the ratio's window while the
+// queue is down; after the first success, one message failing once must be retried as
+// usual, not begin a second outage on the first one's failures.
+func TestOutageEndForgetsItsFailures(t *testing.T) {
+	q := newOutages(amqpretry.Outage{Consecutive: 1000, Ratio: 0.8, Window: 10, ProbeInterval: time.Hour, MaxProbeInterval: time.Hour}).of("work")
+	now := time.Now()
+	down := &amqpretry.Decision{Unavailable: true}
+	plain := &amqpretry.Decision{}
+	if wait, ed, _, _ := q.record("m0", errors.New("connection refused"), down, 2, 3, 0, now); !wait || ed != started {
+		t.Fatalf("Unavailable: wait %v, edge %v; want an outage begun", wait, ed)
+	}
+	for i := 1; i < 10; i++ { // the window fills with failures of other messages
+		if wait, _, _, _ := q.record("m"+strconv.Itoa(i), errors.New("connection refused"), plain, 2, 3, 0, now); !wait {
+			t.Fatalf("failure %d while down: the message does not wait", i)
+		}
+	}
+	if _, ed, _, _ := q.record("m1", nil, nil, 2, 3, 0, now); ed != ended {
+		t.Fatalf("a success: edge %v, want the outage ended", ed)
+	}
+	if wait, ed, _, _ := q.record("flaky", errors.New("deadlock detected"), plain, 2, 3, 0, now); wait || ed != noEdge {
+		t.Errorf("one failure after the outage: wait %v, edge %v; want it retried as usual, no second outage on the first one's failures", wait, ed)
+	}
+}
+
+// Retryable says no to a dependency that is down while outage detection is on: the
+// outage deals with it, not Watermill's in-process Retry.
+func TestOutageRetryableRefusesUnavailable(t *testing.T) {
+	down := amqpretry.Unavailable(errors.New("connection refused"))
+	on, _ := newEngine(t, amqpretry.Config{}, &fakeBackend{})
+	if on.Retryable(down) {
+		t.Error("Retryable(Unavailable) with outage detection on: true, want false")
+	}
+	if !on.Retryable(errors.New("deadlock")) {
+		t.Error("Retryable(a plain error): false, want true")
+	}
+	off, _ := newEngine(t, amqpretry.Config{Outage: amqpretry.Outage{Off: true}}, &fakeBackend{})
+	if !off.Retryable(down) {
+		t.Error("Retryable(Unavailable) with outage detection off: false, want true (a plain failure then)")
+	}
+}

@@ -99,7 +99,9 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc { return r
 // Retryable tells whether running the handler again in this process could help after
 // err, as this Retry decides: not for a failed hand-off (amqpretry.ErrHandoff), nor
 // when the error is Permanent or asks for a delay (RetryAfter, or Config.Classify
-// deciding so; Classify is asked without a message). Give it to Watermill's
+// deciding so; Classify is asked without a message), nor, with Config.Outage on, when
+// it says a dependency is down (Unavailable, an open CircuitBreaker): the work queue's
+// outage deals with that. Give it to Watermill's
 // middleware.Retry if you keep that inside this one for in-process retries:
 //
 //	wmiddleware.Retry{MaxRetries: 2, ShouldRetry: func(p wmiddleware.RetryParams) bool { return retry.Retryable(p.Err) }}

@@ -214,8 +214,10 @@ func TestHeldRetries(t *testing.T) {
 // many messages it happens to.
 func TestHeldRetryBackEarlyOnceIsNotJudged(t *testing.T) {
 	logs := &countingLogger{}
+	// Every run fails, retries included: outage detection would stop the queue at the
+	// tenth failure; this test is about held retries' early returns.
 	e, _ := newEngine(t, amqpretry.Config{Backend: delay.DelayedRetry, DelayedRetryDelay: time.Second, Logger: logs,
-		Policy: amqpretry.Policy{MaxAttempts: 10}}, nil)
+		Policy: amqpretry.Policy{MaxAttempts: 10}, Outage: amqpretry.Outage{Off: true}}, nil)
 	e.backend = nil
 	e.holder = keep(newHolding(time.Second))
 	h := e.Middleware(failing(errFlaky))
