@@ -42,9 +42,10 @@ func breakerOpen(err error) bool {
 //     message), at once; or
 //   - failures in a row of Consecutive different messages, or a failure ratio of at
 //     least Ratio over the last Window runs, failures of Consecutive different
-//     messages (or of Ratio × Window, if fewer), and a retry (attempt 2 or later)
-//     among the failures: a storm of messages that each fail once
-//     and then succeed is not an outage, since their retries succeed; nor are a few
+//     messages (or of Ratio × Window, if fewer), and both a retry (attempt 2 or later)
+//     and a first delivery among the failures: old and new messages fail. A storm of
+//     messages that each fail once and then succeed is not an outage, since their
+//     retries succeed; nor is a wave of retries failing again alone; nor are a few
 //     messages that fail attempt after attempt, however many runs they fail: they are
 //     poisons.
 //
@@ -70,11 +71,11 @@ type Outage struct {
 	// Off turns outage detection off: every failure takes the retry path.
 	Off bool
 	// Consecutive is how many different messages must fail in a row to begin an
-	// outage (with a retry among the failures); over the Window, that many different
-	// messages must be among the failures. Default: 10.
+	// outage (with a retry and a first delivery among the failures); over the Window,
+	// that many different messages must be among the failures. Default: 10.
 	Consecutive int
 	// Ratio of failed runs over the last Window runs that begins an outage (with a
-	// retry among the failures), in (0, 1]. Default: 0.8.
+	// retry and a first delivery among the failures), in (0, 1]. Default: 0.8.
 	Ratio float64
 	// Window is how many of the latest runs Ratio is measured over. Default: 50.
 	Window int

@@ -78,12 +78,17 @@ type outage struct {
 	runs                    []outcome
 	next, filled            int
 	failures, retryFailures int
+	firstFailures           int // failed first deliveries (attempt 1)
 	// consecutive holds the messages of the failures in a row (up to Consecutive of
 	// them: enough to tell), consecutiveRetry whether a retry is among the failures.
 	// Messages, not runs: one message failing attempt after attempt is a poison, not
 	// an outage.
 	consecutive      map[string]struct{}
 	consecutiveRetry bool
+	// consecutiveFirst tells whether a first delivery is among them: new messages fail
+	// too. Retries alone failing again (a wave of messages that fail twice) are not an
+	// outage.
+	consecutiveFirst bool
 
 	down      bool
 	since     time.Time
@@ -124,6 +129,8 @@ func (q *outage) add(o outcome) {
 			q.failures--
 			if old.retry {
 				q.retryFailures--
+			} else {
+				q.firstFailures--
 			}
 		}
 	} else {
@@ -135,6 +142,8 @@ func (q *outage) add(o outcome) {
 		q.failures++
 		if o.retry {
 			q.retryFailures++
+		} else {
+			q.firstFailures++
 		}
 	}
 }
@@ -142,7 +151,7 @@ func (q *outage) add(o outcome) {
 // forget empties the ring of latest runs. q.mu is held.
 func (q *outage) forget() {
 	clear(q.runs)
-	q.next, q.filled, q.failures, q.retryFailures = 0, 0, 0, 0
+	q.next, q.filled, q.failures, q.retryFailures, q.firstFailures = 0, 0, 0, 0, 0
 }
 
 // errClosing is why a waiting message goes back to the broker.
@@ -224,7 +233,7 @@ func (q *outage) record(msg string, err error, dec *amqpretry.Decision, attempt,
 		}
 		q.add(outcome{})
 		clear(q.consecutive)
-		q.consecutiveRetry = false
+		q.consecutiveRetry, q.consecutiveFirst = false, false
 		if q.down {
 			q.down = false
 			q.signal()
@@ -243,6 +252,7 @@ func (q *outage) record(msg string, err error, dec *amqpretry.Decision, attempt,
 		q.consecutive[msg] = struct{}{}
 	}
 	q.consecutiveRetry = q.consecutiveRetry || retry
+	q.consecutiveFirst = q.consecutiveFirst || !retry
 	q.last = err
 	if q.down {
 		if probe != 0 {
@@ -252,8 +262,8 @@ func (q *outage) record(msg string, err error, dec *amqpretry.Decision, attempt,
 		return true, noEdge, 0, nil
 	}
 	trip := dec.Unavailable ||
-		(len(q.consecutive) >= q.cfg.Consecutive && q.consecutiveRetry) ||
-		(q.filled == len(q.runs) && float64(q.failures) >= q.cfg.Ratio*float64(q.filled) && q.retryFailures > 0 &&
+		(len(q.consecutive) >= q.cfg.Consecutive && q.consecutiveRetry && q.consecutiveFirst) ||
+		(q.filled == len(q.runs) && float64(q.failures) >= q.cfg.Ratio*float64(q.filled) && q.retryFailures > 0 && q.firstFailures > 0 &&
 			q.failedMessages(min(q.cfg.Consecutive, int(math.Ceil(q.cfg.Ratio*float64(len(q.runs)))))))
 	if !trip {
 		return false, noEdge, 0, nil

@@ -530,10 +530,11 @@ func TestOutageNotFromAFewPoisonMessages(t *testing.T) {
 			if got := len(poison.got()); got != 3 {
 				t.Errorf("poisoned %d, want the 3 at their last attempt", got)
 			}
-			// A fourth message failing on a retry makes it Consecutive different ones:
-			// now it is an outage.
+			// A fourth message failing on its first delivery makes it Consecutive
+			// different ones, new messages failing as well as retries: now it is an
+			// outage.
 			dctx, dcancel := context.WithCancel(context.Background())
-			msg := attemptMsg("d", 2)
+			msg := attemptMsg("d", 1)
 			msg.SetContext(dctx)
 			done := make(chan error, 1)
 			go func() {
@@ -561,8 +562,8 @@ func TestOutageEndForgetsItsFailures(t *testing.T) {
 	if wait, ed, _, _ := q.record("m0", errors.New("connection refused"), down, 2, 3, 0, now); !wait || ed != started {
 		t.Fatalf("Unavailable: wait %v, edge %v; want an outage begun", wait, ed)
 	}
-	for i := 1; i < 10; i++ { // the window fills with failures of other messages
-		if wait, _, _, _ := q.record("m"+strconv.Itoa(i), errors.New("connection refused"), plain, 2, 3, 0, now); !wait {
+	for i := 1; i < 10; i++ { // the window fills with failures of other messages, first deliveries and retries
+		if wait, _, _, _ := q.record("m"+strconv.Itoa(i), errors.New("connection refused"), plain, 1+i%2, 3, 0, now); !wait {
 			t.Fatalf("failure %d while down: the message does not wait", i)
 		}
 	}
@@ -588,5 +589,21 @@ func TestOutageRetryableRefusesUnavailable(t *testing.T) {
 	off, _ := newEngine(t, amqpretry.Config{Outage: amqpretry.Outage{Off: true}}, &fakeBackend{})
 	if !off.Retryable(down) {
 		t.Error("Retryable(Unavailable) with outage detection off: false, want true (a plain failure then)")
+	}
+}
+
+// A wave of retries that fail again (messages that fail twice), with no first delivery
+// failing, is not an outage: new messages do not fail.
+func TestOutageNotFromRetriesAlone(t *testing.T) {
+	q := newOutages(amqpretry.Config{}.WithDefaults().Outage).of("work")
+	now := time.Now()
+	for i := range 200 {
+		if wait, ed, _, _ := q.record("m"+strconv.Itoa(i), errors.New("fails twice"), &amqpretry.Decision{}, 2, 3, 0, now); wait || ed != noEdge {
+			t.Fatalf("retry %d failing again began an outage", i)
+		}
+	}
+	// One first delivery failing among them completes the rule.
+	if wait, ed, _, _ := q.record("new", errors.New("connection refused"), &amqpretry.Decision{}, 1, 3, 0, now); !wait || ed != started {
+		t.Errorf("a first delivery failing too: wait %v, edge %v; want the outage begun", wait, ed)
 	}
 }

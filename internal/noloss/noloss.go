@@ -233,7 +233,13 @@ func (s Setup) Config() amqpretry.Config {
 		Levels:      s.Levels(),
 		HeldRetries: v.HeldRetries,
 		Policy:      s.Policy(),
-		Logger:      s.Logger,
+		// The fates fail messages by attempt, in waves (a transient message fails its
+		// first two attempts): a first delivery failing and the wave of retries behind
+		// it failing again is what an outage looks like (docs/outage.md), and the
+		// queue would then go at the probes' pace. This test counts retries under
+		// faults; the outage has tests of its own, its Close included.
+		Outage: amqpretry.Outage{Off: true},
+		Logger: s.Logger,
 	}
 	if v.Backend == delay.TTLTiers {
 		cfg.Tiers = cfg.Policy.Delays // one tier per delay of the policy
