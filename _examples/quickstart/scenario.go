@@ -100,6 +100,9 @@ func runScenario(runID, topic string, s setup, logger watermill.LoggerAdapter) e
 			s.Cleanup()
 		}
 	}()
+	// Closed before the queues are deleted: a subscriber still open would declare the
+	// poison queue again when its consumer is cancelled.
+	defer s.Poison.Close()
 	defer s.Retry.Close()
 	var (
 		mu       sync.Mutex
