@@ -252,6 +252,10 @@ func TestDelayedRetryMetrics(t *testing.T) {
 		DelayedRetryDelay: 200 * time.Millisecond,
 		Tiers:             []time.Duration{300 * time.Millisecond},
 		Policy:            amqpretry.Policy{Delays: []time.Duration{300 * time.Millisecond}},
+		// Every message fails its first two attempts, all published together: new
+		// messages and retries failing, which is what an outage looks like
+		// (docs/outage.md). This test counts the retries' metrics.
+		Outage: amqpretry.Outage{Off: true},
 	}, func(msg *message.Message) error {
 		switch {
 		case strings.HasPrefix(msg.UUID, "bad"):
