@@ -27,7 +27,7 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatalf("the test lists %d tiers", len(wantTiers))
 	}
 	want := amqpretry.Config{
-		Backend:           delay.TTLTiers,
+		Backend:           delay.TTLTiers{},
 		Prefix:            "amqpretry",
 		Tiers:             wantTiers,
 		Levels:            28,
@@ -67,7 +67,7 @@ func TestConfigDefaultsFollowAndKeep(t *testing.T) {
 	}
 	// Set fields are kept.
 	set := amqpretry.Config{
-		Backend: delay.BinaryLevels, Prefix: "p", Tiers: []time.Duration{time.Second}, Levels: 7,
+		Backend: delay.BinaryLevels{}, Prefix: "p", Tiers: []time.Duration{time.Second}, Levels: 7,
 		HeldRetries: 2, DelayedRetryDelay: 3 * time.Second, PoisonQueue: "dead", ConfirmTimeout: time.Second,
 		Topology: topology.ModeVerify, HandoffAttempts: 9, RetryLogEvery: 4,
 		Policy: amqpretry.Policy{MaxAttempts: 2, InitialInterval: time.Minute, Multiplier: 3, MaxInterval: time.Hour, Jitter: 0.5, Immediate: 1, ImmediateInterval: time.Millisecond},
@@ -82,7 +82,7 @@ func TestConfigDefaultsFollowAndKeep(t *testing.T) {
 	if j := (amqpretry.Config{Policy: amqpretry.Policy{NoJitter: true, Jitter: 0.3}}).WithDefaults().Policy.Jitter; j != 0 {
 		t.Errorf("NoJitter: jitter %g", j)
 	}
-	if n := (amqpretry.Config{Backend: delay.DelayedRetry, HeldRetries: 3}).WithDefaults().HeldRetries; n != 0 {
+	if n := (amqpretry.Config{Backend: delay.DelayedRetry{}, HeldRetries: 3}).WithDefaults().HeldRetries; n != 0 {
 		t.Errorf("delayed-retry backend: HeldRetries %d, want 0", n)
 	}
 	// An empty, non-nil ladder is not the default: it is refused.
@@ -102,7 +102,7 @@ func TestConfigDefaultsFollowAndKeep(t *testing.T) {
 // (On the old ladder, 1s 5s 30s 2m 10m 1h, delays asked for 1, 2, 4 and 8 s came back
 // as 9% at 1 s, 72% at 5 s and 19% at 30 s.)
 func TestDefaultPolicyJitterSurvivesDefaultTiers(t *testing.T) {
-	tiers, err := delay.Lookup(backend.Spec{Name: string(delay.TTLTiers), Prefix: "amqpretry", Tiers: backend.DefaultTiers()})
+	tiers, err := delay.Open(delay.TTLTiers{}, backend.Setup{Prefix: "amqpretry"})
 	if err != nil {
 		t.Fatal(err)
 	}

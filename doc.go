@@ -10,7 +10,7 @@
 //
 //	amqpCfg := amqp.NewDurableQueueConfig(uri) // watermill-amqp v3; pub/sub configs work too
 //	retry, err := wamqp3.New(amqpCfg, amqpretry.Config{
-//		Backend: delay.Backend(os.Getenv("DELAY_BACKEND")), // "" is ttl-tiers
+//		Backend: must(delay.Parse(os.Getenv("DELAY_BACKEND"))), // "" is ttl-tiers
 //		Policy:  amqpretry.Policy{MaxAttempts: 5},
 //	})
 //	if err != nil { ... }

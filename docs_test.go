@@ -59,15 +59,15 @@ func expectedFigures(t *testing.T) map[string]string {
 		return len(tp.Queues), len(tp.Exchanges), len(tp.Bindings)
 	}
 	perWorkQueue := -1
-	for _, name := range []delay.Backend{delay.TTLTiers, delay.BinaryLevels} {
+	for _, name := range []delay.Backend{delay.TTLTiers{}, delay.BinaryLevels{}} {
 		q, x, b := plan(name)
-		want[string(name)+".queues"] = strconv.Itoa(q)
-		want[string(name)+".exchanges"] = strconv.Itoa(x)
-		want[string(name)+".bindings"] = strconv.Itoa(b)
+		want[name.Name()+".queues"] = strconv.Itoa(q)
+		want[name.Name()+".exchanges"] = strconv.Itoa(x)
+		want[name.Name()+".bindings"] = strconv.Itoa(b)
 		// RabbitMQ 3.x reserves 3 file handles per single-node quorum queue
 		// (docs/broker-resources.md, measured).
-		want[string(name)+".handles"] = strconv.Itoa(3 * q)
-		for _, n := range []delay.Backend{delay.TTLTiers, delay.BinaryLevels, delay.DelayedExchange} {
+		want[name.Name()+".handles"] = strconv.Itoa(3 * q)
+		for _, n := range []delay.Backend{delay.TTLTiers{}, delay.BinaryLevels{}, delay.DelayedExchange{}} {
 			_, _, b0 := plan(n)
 			_, _, b1 := plan(n, "work")
 			if perWorkQueue >= 0 && b1-b0 != perWorkQueue {
@@ -80,12 +80,12 @@ func expectedFigures(t *testing.T) map[string]string {
 	want["ttl-tiers.tiers"] = strconv.Itoa(len(def.Tiers))
 	want["binary-levels.levels"] = strconv.Itoa(def.Levels)
 	// A 1,024-fd RabbitMQ 3.x broker's file handle budget (ulimit -n - 97, measured).
-	q, _, _ := plan(delay.TTLTiers)
+	q, _, _ := plan(delay.TTLTiers{})
 	want["ttl-tiers.ladders-per-broker"] = strconv.Itoa(927 / (3 * q))
 
 	want["ttl-tiers.longest"] = figureDuration(slices.Max(def.Tiers))
-	want["binary-levels.longest"] = fmt.Sprintf("%.1f years", longest(t, def, delay.BinaryLevels, time.Second).Hours()/24/365.25)
-	want["delayed-exchange.longest"] = fmt.Sprintf("%.1f days", longest(t, def, delay.DelayedExchange, time.Millisecond).Hours()/24)
+	want["binary-levels.longest"] = fmt.Sprintf("%.1f years", longest(t, def, delay.BinaryLevels{}, time.Second).Hours()/24/365.25)
+	want["delayed-exchange.longest"] = fmt.Sprintf("%.1f days", longest(t, def, delay.DelayedExchange{}, time.Millisecond).Hours()/24)
 
 	want["handoff-attempts"] = strconv.Itoa(def.HandoffAttempts)
 	want["handoff-pause-first"] = figureDuration(backend.HandoffPause(1))
@@ -100,7 +100,7 @@ func expectedFigures(t *testing.T) map[string]string {
 // backend's Effective accepts it and refuses one step more.
 func longest(t *testing.T, c amqpretry.Config, name delay.Backend, step time.Duration) time.Duration {
 	t.Helper()
-	b, err := delay.Lookup(backend.Spec{Name: string(name), Prefix: c.Prefix, Tiers: c.Tiers, Levels: c.Levels, RetryDelay: c.DelayedRetryDelay})
+	b, err := delay.Open(name, backend.Setup{Prefix: c.Prefix, Legacy: backend.Legacy{Tiers: c.Tiers, Levels: c.Levels, RetryDelay: c.DelayedRetryDelay}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,23 +245,10 @@ func TestDocsNameEveryBackend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var backends []string
-	for _, decl := range f.Decls {
-		g, ok := decl.(*ast.GenDecl)
-		if !ok || g.Tok != token.CONST || g.Doc == nil || !strings.Contains(g.Doc.Text(), "Names of the delay backends") {
-			continue
-		}
-		for _, spec := range g.Specs {
-			for _, v := range spec.(*ast.ValueSpec).Values {
-				if lit, ok := v.(*ast.BasicLit); ok {
-					s, _ := strconv.Unquote(lit.Value)
-					backends = append(backends, s)
-				}
-			}
-		}
-	}
+	_ = f
+	backends := delay.Names()
 	if len(backends) < 6 {
-		t.Fatalf("found only %v in delay/delay.go", backends)
+		t.Fatalf("found only %v in delay.Names()", backends)
 	}
 	cfg, err := parser.ParseFile(fset, "config.go", nil, parser.ParseComments)
 	if err != nil {
@@ -356,11 +343,14 @@ func TestGoDocDefaults(t *testing.T) {
 	values := map[string]reflect.Value{
 		"Config": reflect.ValueOf(def),
 		"Policy": reflect.ValueOf(def.Policy),
+		// The backend settings' docs, on their values.
+		"TTLTiers":     reflect.ValueOf(delay.TTLTiers{Tiers: def.Tiers}),
+		"BinaryLevels": reflect.ValueOf(delay.BinaryLevels{Levels: def.Levels}),
 	}
 	defaultRe := regexp.MustCompile(`Default: ("[^"]*"|[0-9][0-9.]*[a-z]*)`)
 	fset := token.NewFileSet()
 	checked := 0
-	for _, file := range []string{"config.go", "policy.go"} {
+	for _, file := range []string{"config.go", "policy.go", "delay/ttltiers.go", "delay/binarylevels.go"} {
 		f, err := parser.ParseFile(fset, file, nil, parser.ParseComments)
 		if err != nil {
 			t.Fatal(err)
@@ -379,6 +369,9 @@ func TestGoDocDefaults(t *testing.T) {
 				doc := strings.Join(strings.Fields(field.Doc.Text()), " ")
 				v := values[ts.Name.Name].FieldByName(name)
 				where := ts.Name.Name + "." + name
+				if strings.Contains(doc, "Deprecated:") {
+					continue // documented on the backend's value
+				}
 				switch name {
 				case "Tiers":
 					if m := regexp.MustCompile(`(\d+) tiers`).FindStringSubmatch(doc); m == nil || m[1] != strconv.Itoa(len(def.Tiers)) {
@@ -388,7 +381,7 @@ func TestGoDocDefaults(t *testing.T) {
 						t.Errorf("%s's doc does not end the default ladder at %s", where, last)
 					}
 				case "Levels":
-					years := fmt.Sprintf("about %.1f years", longest(t, def, delay.BinaryLevels, time.Second).Hours()/24/365.25)
+					years := fmt.Sprintf("about %.1f years", longest(t, def, delay.BinaryLevels{}, time.Second).Hours()/24/365.25)
 					if !strings.Contains(doc, years) {
 						t.Errorf("%s's doc does not say the default holds %s", where, years)
 					}

@@ -2,8 +2,6 @@ package amqpretry
 
 import (
 	"time"
-
-	"github.com/amqpretry/amqpretry/delay"
 )
 
 // EventKind says what an Event reports.
@@ -15,10 +13,10 @@ const (
 	EventDelivered EventKind = iota + 1
 	// EventSucceeded: the handler returned nil on attempt Attempt.
 	EventSucceeded
-	// EventRetryScheduled: a retry was handed to Backend and confirmed (for an
-	// in-place backend, the delivery was settled for the broker to hold). Attempt is
-	// the attempt that failed; Requested and Effective are the delays; Handoff the time
-	// from publish to confirm.
+	// EventRetryScheduled: a retry was handed to Backend and confirmed (for a backend
+	// that keeps the failed delivery in its work queue, the delivery was settled for
+	// the broker to hold). Attempt is the attempt that failed; Requested and Effective
+	// are the delays; Handoff the time from publish to confirm.
 	EventRetryScheduled
 	// EventPoisoned: the message went to the poison queue, for Reason, after Attempt.
 	// Handoff is the time from publish to confirm.
@@ -46,9 +44,9 @@ type Event struct {
 	Kind EventKind
 	// Queue is the queue the message came from: one the application subscribes to.
 	Queue string
-	// Backend is the delay backend the event is about (for a retry, the one that
-	// took it: delay.DelayedRetry for a retry held in the work queue).
-	Backend delay.Backend
+	// Backend is the name of the delay backend the event is about (for a retry, the
+	// one that took it: "delayed-retry" for a retry held in the work queue).
+	Backend string
 	// Attempt is the attempt the event is about, from 1.
 	Attempt int
 	// Reason is the poison reason (EventPoisoned, and EventHandoffFailed for a failed

@@ -8,7 +8,6 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/backend"
 )
 
 // TestConfiguredView: what the middleware, its transports and ops derive from a
@@ -26,23 +25,22 @@ func TestConfiguredView(t *testing.T) {
 		{"default", amqpretry.Config{}, false, 9600 * time.Millisecond, "1s, ×2 per retry up to 10m0s, jitter ±20%"},
 		{"held retries", amqpretry.Config{HeldRetries: 2, DelayedRetryDelay: 3 * time.Second}, true, 2400 * time.Millisecond,
 			"2 retries held in the work queue 3s apart, then 1s, ×2 per retry"},
-		{"delayed-retry", amqpretry.Config{Backend: delay.DelayedRetry, DelayedRetryDelay: 2 * time.Second}, false, 2 * time.Second,
-			"every retry held in the work queue 2s (DelayedRetryDelay)"},
-		{"binary-levels", amqpretry.Config{Backend: delay.BinaryLevels, Levels: 12, Prefix: "p", Policy: amqpretry.Policy{Delays: []time.Duration{time.Minute}}},
+		{"delayed-retry", amqpretry.Config{Backend: delay.DelayedRetry{}, DelayedRetryDelay: 2 * time.Second}, false, 2 * time.Second,
+			"every retry held in the work queue 2s (its Delay)"},
+		{"binary-levels", amqpretry.Config{Backend: delay.BinaryLevels{}, Levels: 12, Prefix: "p", Policy: amqpretry.Policy{Delays: []time.Duration{time.Minute}}},
 			false, time.Minute, "delays [1m0s], the last repeating"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := c.cfg.WithDefaults()
 			v := cfg.Derived()
-			want := backend.Spec{Name: string(cfg.Backend), Prefix: cfg.Prefix, Tiers: cfg.Tiers, Levels: cfg.Levels, RetryDelay: cfg.DelayedRetryDelay}
-			if !reflect.DeepEqual(v.Backend, want) {
-				t.Errorf("Backend = %+v, want %+v", v.Backend, want)
+			if v.Backend == nil || v.Name != cfg.Backend.Name() || v.Backend.Name() != v.Name || v.Err != nil {
+				t.Errorf("Backend = %v (%q, %v), want %s opened", v.Backend, v.Name, v.Err, cfg.Backend.Name())
 			}
 			if got := v.Held != nil; got != c.held {
 				t.Fatalf("Held = %+v, want one: %v", v.Held, c.held)
 			}
-			if c.held && (v.Held.Name != string(delay.DelayedRetry) || v.Held.RetryDelay != cfg.DelayedRetryDelay) {
-				t.Errorf("Held = %+v, want delayed-retry every %s", *v.Held, cfg.DelayedRetryDelay)
+			if c.held && (v.Held.Name() != (delay.DelayedRetry{}).Name() || v.Held.Caps().Longest != cfg.DelayedRetryDelay) {
+				t.Errorf("Held = %s holding %s, want delayed-retry every %s", v.Held.Name(), v.Held.Caps().Longest, cfg.DelayedRetryDelay)
 			}
 			if v.Longest != c.longest {
 				t.Errorf("Longest = %s, want %s", v.Longest, c.longest)

@@ -236,7 +236,7 @@ func (e *wuEnv) cleanup(cfg amqpretry.Config) {
 // classicUnderDelayedRetry is a delayed-retry config for e in topology mode m.
 func classicUnderDelayedRetry(m topology.Mode) func(e *wuEnv) amqpretry.Config {
 	return func(e *wuEnv) amqpretry.Config {
-		return amqpretry.Config{Backend: delay.DelayedRetry, Prefix: e.Prefix, Topology: m, Logger: logger{e.Logs}}
+		return amqpretry.Config{Backend: delay.DelayedRetry{}, Prefix: e.Prefix, Topology: m, Logger: logger{e.Logs}}
 	}
 }
 
@@ -304,14 +304,14 @@ func classicFix(queue string) []string {
 func TestWrongUsage(t *testing.T) {
 	memory := func(p amqpretry.Policy) func(*wuEnv) amqpretry.Config {
 		return func(*wuEnv) amqpretry.Config {
-			return amqpretry.Config{Backend: delay.Memory, Memory: discard{}, Policy: p}
+			return amqpretry.Config{Backend: delay.Memory{}, Memory: discard{}, Policy: p}
 		}
 	}
 	cases := []wrongUsage{
 		{
-			name: "Backend typo",
-			cfg:  func(*wuEnv) amqpretry.Config { return amqpretry.Config{Backend: "ttl-tier"} },
-			want: []string{`Backend: unknown backend "ttl-tier" (known: ttl-tiers, binary-levels, delayed-exchange, delayed-retry, delivery-time, memory)`},
+			name: "Backend setting out of range",
+			cfg:  func(*wuEnv) amqpretry.Config { return amqpretry.Config{Backend: delay.BinaryLevels{Levels: 30}} },
+			want: []string{"Levels: 30 is outside 1 to 29"},
 		},
 		{
 			name: "negative MaxAttempts",
@@ -326,13 +326,13 @@ func TestWrongUsage(t *testing.T) {
 		{
 			name: "binary-levels limit checked against the schedule, not MaxInterval's default",
 			cfg: func(*wuEnv) amqpretry.Config {
-				return amqpretry.Config{Backend: delay.BinaryLevels, Levels: 5, Policy: amqpretry.Policy{MaxAttempts: 3, InitialInterval: time.Second}}
+				return amqpretry.Config{Backend: delay.BinaryLevels{}, Levels: 5, Policy: amqpretry.Policy{MaxAttempts: 3, InitialInterval: time.Second}}
 			},
 		},
 		{
 			name: "binary-levels schedule past its limit",
 			cfg: func(*wuEnv) amqpretry.Config {
-				return amqpretry.Config{Backend: delay.BinaryLevels, Levels: 5, Policy: amqpretry.Policy{MaxAttempts: 10}}
+				return amqpretry.Config{Backend: delay.BinaryLevels{}, Levels: 5, Policy: amqpretry.Policy{MaxAttempts: 10}}
 			},
 			want: []string{"Policy.MaxInterval: delay too long", "set Policy.MaxInterval to at most 31s, or raise Levels"},
 			is:   delay.ErrDelayTooLong,
@@ -340,27 +340,27 @@ func TestWrongUsage(t *testing.T) {
 		{
 			name: "delayed-retry with the defaults left zero",
 			cfg: func(*wuEnv) amqpretry.Config {
-				return amqpretry.Config{Backend: delay.DelayedRetry, Policy: amqpretry.Policy{MaxAttempts: 3}}
+				return amqpretry.Config{Backend: delay.DelayedRetry{}, Policy: amqpretry.Policy{MaxAttempts: 3}}
 			},
 		},
 		{
 			name: "delayed-retry with a copying backend's default multiplier",
 			cfg: func(*wuEnv) amqpretry.Config {
-				return amqpretry.Config{Backend: delay.DelayedRetry, Policy: amqpretry.Policy{InitialInterval: time.Second, Multiplier: 2}}
+				return amqpretry.Config{Backend: delay.DelayedRetry{}, Policy: amqpretry.Policy{InitialInterval: time.Second, Multiplier: 2}}
 			},
-			want: []string{"Policy.Multiplier: 2, the delayed-retry backend holds every retry of a work queue for one constant delay, every 1s (DelayedRetryDelay), and cannot grow it: set Policy.Multiplier to 1 (or 0 for the default), or use a copying Backend"},
+			want: []string{"Policy.Multiplier: 2, the delayed-retry backend holds every retry of a work queue for one constant delay, every 1s (its Delay), and cannot grow it: set Policy.Multiplier to 1 (or 0 for the default), or use a copying Backend"},
 		},
 		{
 			name: "delayed-retry with a schedule it cannot keep",
 			cfg: func(*wuEnv) amqpretry.Config {
-				return amqpretry.Config{Backend: delay.DelayedRetry, Policy: amqpretry.Policy{InitialInterval: 5 * time.Second}}
+				return amqpretry.Config{Backend: delay.DelayedRetry{}, Policy: amqpretry.Policy{InitialInterval: 5 * time.Second}}
 			},
-			want: []string{"Policy.InitialInterval: 5s, the delayed-retry backend holds every retry of a work queue for one constant delay, every 1s (DelayedRetryDelay): set DelayedRetryDelay to 5s instead"},
+			want: []string{"Policy.InitialInterval: 5s, the delayed-retry backend holds every retry of a work queue for one constant delay, every 1s (its Delay): set its Delay to 5s instead"},
 		},
 		{
 			name: "MaxAttempts 0 is logged as what it means",
 			cfg: func(e *wuEnv) amqpretry.Config {
-				return amqpretry.Config{Backend: delay.Memory, Memory: discard{}, Logger: logger{e.Logs}}
+				return amqpretry.Config{Backend: delay.Memory{}, Memory: discard{}, Logger: logger{e.Logs}}
 			},
 			do: func(e *wuEnv, cfg amqpretry.Config) string {
 				r, err := wamqp3.New(wamqpv3.Config{}, cfg)
@@ -374,7 +374,7 @@ func TestWrongUsage(t *testing.T) {
 		},
 		{
 			name: "delivery-time on the 0-9-1 transport",
-			cfg:  func(*wuEnv) amqpretry.Config { return amqpretry.Config{Backend: delay.DeliveryTime} },
+			cfg:  func(*wuEnv) amqpretry.Config { return amqpretry.Config{Backend: delay.DeliveryTime{}} },
 			do:   newRetry,
 			want: []string{"Backend: delivery-time is not supported on the AMQP 0-9-1 transport (watermill-amqp)",
 				"use the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1, or another Backend (ttl-tiers, binary-levels, delayed-retry)"},
@@ -393,7 +393,7 @@ func TestWrongUsage(t *testing.T) {
 		{
 			name: "negative tier, unused by binary-levels",
 			cfg: func(*wuEnv) amqpretry.Config {
-				return amqpretry.Config{Backend: delay.BinaryLevels, Tiers: []time.Duration{time.Second, -time.Second}}
+				return amqpretry.Config{Backend: delay.BinaryLevels{}, Tiers: []time.Duration{time.Second, -time.Second}}
 			},
 			want: []string{"Tiers[1]: -1s, must not be negative (the binary-levels backend does not use Tiers: leave it nil)"},
 		},
@@ -413,7 +413,7 @@ func TestWrongUsage(t *testing.T) {
 			name:   "Backend delayed-retry before RabbitMQ 4.3",
 			broker: brokerBefore43,
 			cfg: func(e *wuEnv) amqpretry.Config {
-				return amqpretry.Config{Prefix: e.Prefix, Backend: delay.DelayedRetry}
+				return amqpretry.Config{Prefix: e.Prefix, Backend: delay.DelayedRetry{}}
 			},
 			do:   newRetry,
 			want: []string{"Backend: delayed-retry is not supported by this broker", "(the copying backends, ttl-tiers and binary-levels, run on any broker)", "on this broker set Backend to a copying backend, or move to RabbitMQ 4.3 or later"},

@@ -35,14 +35,14 @@ type Retry struct {
 
 // NewRetry validates sub and cfg, and only if both are valid connects to the broker at
 // sub.URI, refuses a broker older than 4.3, declares the poison queue and builds the
-// middleware. cfg.Backend must be "delivery-time" (the default here) or empty; the
+// middleware. cfg.Backend must be delay.DeliveryTime{} (the default here) or nil; the
 // subscriber's queues must be quorum queues (sub.Queue.Type, the default), and
 // cfg.Policy.MaxAttempts must not exceed their delivery limit (x-delivery-limit in
 // sub.Queue.Arguments, RabbitMQ 4's default 20 when unset; -1 for none), past which
 // the broker drops or dead-letters a message instead of delivering it again.
 func NewRetry(sub SubscriberConfig, cfg amqpretry.Config) (*Retry, error) {
-	if cfg.Backend == "" {
-		cfg.Backend = delay.DeliveryTime
+	if cfg.Backend == nil {
+		cfg.Backend = delay.DeliveryTime{}
 	}
 	sub.setDefaults()
 	r, err := middleware.New(cfg, middleware.Transport{
@@ -64,9 +64,9 @@ func (sub SubscriberConfig) validateFor(cfg amqpretry.Config) error {
 	if err := sub.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if !cfg.Derived().Caps.AMQP1 {
+	if !cfg.Derived().AMQP1 {
 		errs = append(errs, fmt.Errorf("Backend: %q: the AMQP 1.0 transport retries only with a backend that settles a failed delivery with an AMQP 1.0 outcome (%s): leave Backend empty for its default",
-			cfg.Backend, strings.Join(amqp1Backends(), ", ")))
+			cfg.Backend.Name(), strings.Join(amqp1Backends(), ", ")))
 	}
 	if sub.Queue.Type != "quorum" {
 		errs = append(errs, fmt.Errorf("Subscriber: Queue.Type %q: the broker holds a retry (x-opt-delivery-time) in a quorum queue only: set Queue.Type to \"quorum\", its default", sub.Queue.Type))
@@ -81,12 +81,12 @@ func (sub SubscriberConfig) validateFor(cfg amqpretry.Config) error {
 }
 
 // amqp1Backends are the backends this transport retries with: those that settle a
-// failed delivery with an AMQP 1.0 outcome (Caps.AMQP1), each with its defaults.
+// failed delivery with an AMQP 1.0 outcome, each with its defaults.
 func amqp1Backends() []string {
 	var out []string
-	for _, n := range delay.Backends() {
-		if (amqpretry.Config{Backend: n}).WithDefaults().Derived().Caps.AMQP1 {
-			out = append(out, string(n))
+	for _, b := range delay.Backends() {
+		if (amqpretry.Config{Backend: b}).Derived().AMQP1 {
+			out = append(out, b.Name())
 		}
 	}
 	return out

@@ -513,8 +513,8 @@ func TestNewRetryInvalidConfig(t *testing.T) {
 		cfg   amqpretry.Config
 		names []string
 	}{
-		{"another backend", SubscriberConfig{URI: uri}, amqpretry.Config{Backend: delay.TTLTiers}, []string{"Backend", string(delay.TTLTiers), string(delay.DeliveryTime)}},
-		{"memory backend", SubscriberConfig{URI: uri}, amqpretry.Config{Backend: delay.Memory}, []string{"Backend", string(delay.Memory)}},
+		{"another backend", SubscriberConfig{URI: uri}, amqpretry.Config{Backend: delay.TTLTiers{}}, []string{"Backend", delay.TTLTiers{}.Name(), delay.DeliveryTime{}.Name()}},
+		{"memory backend", SubscriberConfig{URI: uri}, amqpretry.Config{Backend: delay.Memory{}}, []string{"Backend", delay.Memory{}.Name()}},
 		{"classic queue", SubscriberConfig{URI: uri, Queue: QueueConfig{Type: "classic"}}, amqpretry.Config{}, []string{"Queue.Type", "classic", "quorum"}},
 		{"held retries", SubscriberConfig{URI: uri}, amqpretry.Config{HeldRetries: 2}, []string{"HeldRetries"}},
 		{"policy", SubscriberConfig{URI: uri}, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: -1}}, []string{"MaxAttempts"}},
@@ -525,7 +525,7 @@ func TestNewRetryInvalidConfig(t *testing.T) {
 			amqpretry.Config{}, []string{"Policy.MaxAttempts", "5", "x-delivery-limit 3"}},
 		{"delivery limit not an integer", SubscriberConfig{URI: uri, Queue: QueueConfig{Arguments: map[string]any{"x-delivery-limit": "30"}}},
 			amqpretry.Config{}, []string{"x-delivery-limit", "integer"}},
-		{"all at once", SubscriberConfig{URI: uri, Queue: QueueConfig{Type: "classic"}}, amqpretry.Config{Backend: delay.TTLTiers, HeldRetries: 1},
+		{"all at once", SubscriberConfig{URI: uri, Queue: QueueConfig{Type: "classic"}}, amqpretry.Config{Backend: delay.TTLTiers{}, HeldRetries: 1},
 			[]string{"Backend", "Queue.Type", "HeldRetries"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

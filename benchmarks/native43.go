@@ -733,10 +733,10 @@ func (e *env) setup43(ctx context.Context, o run43opts, msgs []*message.Message)
 		rcfg := amqpretry.Config{Prefix: prefix, PoisonQueue: prefix + ".poison", RetryLogEvery: -1, Observe: o.observe}
 		switch o.kind {
 		case "delayed-retry", "ceiling-native":
-			rcfg.Backend, rcfg.DelayedRetryDelay = delay.DelayedRetry, o.delay
+			rcfg.Backend = delay.DelayedRetry{Delay: o.delay}
 			rcfg.Policy = amqpretry.Policy{MaxAttempts: 100}
 		default:
-			rcfg.Backend, rcfg.Tiers = delay.TTLTiers, []time.Duration{o.delay}
+			rcfg.Backend = delay.TTLTiers{Tiers: []time.Duration{o.delay}}
 			rcfg.Policy = amqpretry.Policy{MaxAttempts: 100, Delays: []time.Duration{o.delay}}
 			if o.kind == "two-stage" {
 				rcfg.HeldRetries, rcfg.DelayedRetryDelay = 1, o.delay

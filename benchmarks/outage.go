@@ -275,20 +275,26 @@ func (e *env) outageRun(ctx context.Context, length time.Duration, detect bool, 
 	prefix := e.name("outage-delay", strconv.Itoa(runSeq))
 	amqpCfg := wamqp.NewDurableQueueConfig(e.uri)
 	amqpCfg.Consume.Qos.PrefetchCount = outagePrefetch
+	b, err := delay.Parse(backendName)
+	if err != nil {
+		return nil, err
+	}
 	rcfg := amqpretry.Config{
-		Backend:       delay.Backend(backendName),
+		Backend:       b,
 		Prefix:        prefix,
 		PoisonQueue:   prefix + ".poison",
 		RetryLogEvery: -1,
 		Outage:        amqpretry.Outage{Off: !detect},
 	}
-	switch rcfg.Backend {
+	switch b.(type) {
 	case delay.DelayedRetry:
 		rcfg.Policy = amqpretry.Policy{MaxAttempts: 3}
-		rcfg.DelayedRetryDelay = 500 * time.Millisecond
-		amqpCfg.Queue.Arguments = backend.WorkQueueArgs(rcfg.DelayedRetryDelay)
+		rcfg.Backend = delay.DelayedRetry{Delay: 500 * time.Millisecond}
+		amqpCfg.Queue.Arguments = backend.WorkQueueArgs(500 * time.Millisecond)
+	case delay.TTLTiers:
+		rcfg.Backend = delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond, time.Second}}
+		rcfg.Policy = amqpretry.Policy{MaxAttempts: 3, InitialInterval: 500 * time.Millisecond, Multiplier: 2, MaxInterval: time.Second, NoJitter: true}
 	default:
-		rcfg.Tiers = []time.Duration{500 * time.Millisecond, time.Second}
 		rcfg.Policy = amqpretry.Policy{MaxAttempts: 3, InitialInterval: 500 * time.Millisecond, Multiplier: 2, MaxInterval: time.Second, NoJitter: true}
 	}
 	st := &outageState{seen: map[int]int{}, handledAt: map[int]time.Time{}, flakyDone: map[int]bool{}}

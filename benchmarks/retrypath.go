@@ -153,9 +153,8 @@ func (e *env) oursRetryPath(ctx context.Context, round, n, handlers int, ceil bo
 	poison := e.name("rp-poison")
 	e.reg.queue(poison)
 	rcfg := amqpretry.Config{
-		Backend:     delay.TTLTiers,
+		Backend:     delay.TTLTiers{Tiers: []time.Duration{retryPathDelay}},
 		Prefix:      prefix,
-		Tiers:       []time.Duration{retryPathDelay},
 		Policy:      amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{retryPathDelay}},
 		PoisonQueue: poison,
 	}

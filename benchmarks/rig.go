@@ -26,23 +26,23 @@ type rig struct {
 }
 
 // benchBackends are the backends the per-backend scenarios measure: every backend
-// that parks a copy. The in-place ones (delayed-retry, delivery-time) hold the failed
+// that parks a copy. The holding ones (delayed-retry, delivery-time) keep the failed
 // delivery in its work queue and schedule nothing: delayed-retry is measured by the
 // RabbitMQ 4.3 experiments (-broker43).
 func benchBackends() []string {
 	var out []string
-	for _, name := range delay.Backends() {
-		b, err := delay.Lookup(backend.Spec{Name: string(name), Prefix: "x", Tiers: backend.DefaultTiers(), Levels: backend.DefaultLevels, RetryDelay: backend.DefaultRetryDelay})
+	for _, value := range delay.Backends() {
+		b, err := delay.Open(value, backend.Setup{Prefix: "x"})
 		if _, held := b.(backend.Holder); err == nil && held {
 			continue
 		}
-		out = append(out, string(name))
+		out = append(out, value.Name())
 	}
 	return out
 }
 
 // newRig builds the backend called name as the library does for any backend
-// (delay.New, then delay.Prepare: refuse what the broker cannot run, declare),
+// (delay.Open, then delay.Prepare: refuse what the broker cannot run, declare),
 // changing nothing but the name. A backend that cannot run on this broker returns a
 // non-empty skip reason (delayed-exchange without its plugin: delay.ErrPluginMissing;
 // delayed-retry before 4.3: delay.ErrUnsupported). err is for everything else.
@@ -52,8 +52,11 @@ func (e *env) newRig(name, scope string, tiers []time.Duration) (r *rig, skip st
 		return nil, "", err
 	}
 	prefix := e.name(scope, name)
-	spec := backend.Spec{Name: string(delay.Backend(name)), Prefix: prefix, Tiers: tiers, Levels: backend.DefaultLevels, RetryDelay: backend.DefaultRetryDelay}
-	b, err := delay.New(spec, backend.Env{Handoff: h, Memory: queuePublisher{h}})
+	value, err := delay.Parse(name)
+	var b backend.Backend
+	if err == nil {
+		b, err = delay.Open(value, backend.Setup{Prefix: prefix, Env: backend.Env{Handoff: h}, Legacy: backend.Legacy{Tiers: tiers, Memory: queuePublisher{h}}})
+	}
 	if err == nil {
 		e.reg.topology(b.Topology())
 		if err = delay.Prepare(b, h, topology.ModeDeclare); err != nil {

@@ -313,9 +313,8 @@ func (e *env) routerRun(ctx context.Context, v variant, n, handlers int, work ti
 	switch v {
 	case brokerRetry, ceilingRetry:
 		rcfg := amqpretry.Config{
-			Backend:     delay.TTLTiers,
+			Backend:     delay.TTLTiers{Tiers: throughputTiers},
 			Prefix:      e.name("tp-delay"),
-			Tiers:       throughputTiers,
 			Policy:      throughputPolicy,
 			PoisonQueue: e.name("tp-poison"),
 		}

@@ -15,21 +15,15 @@ import (
 	"github.com/amqpretry/amqpretry/topology"
 )
 
-// backends is the one table of the backends, the default first: adding a backend is a
-// file of its own in this package and its line here. open validates the backend's
-// settings in s (errors name the field at fault) and builds it, parking through env.
-var backends = []entry{
-	{TTLTiers, openTTLTiers},
-	{BinaryLevels, openBinaryLevels},
-	{DelayedExchange, openDelayedExchange},
-	{DelayedRetry, openDelayedRetry},
-	{DeliveryTime, openDeliveryTime},
-	{Memory, openMemory},
-}
-
-type entry struct {
-	name Backend
-	open func(s backend.Spec, env backend.Env, n names.Names) (backend.Backend, error)
+// backends is the parse table, the default first: adding a backend is a file of its
+// own in this package (a value type implementing Backend) and its line here.
+var backends = []Backend{
+	TTLTiers{},
+	BinaryLevels{},
+	DelayedExchange{},
+	DelayedRetry{},
+	DeliveryTime{},
+	Memory{},
 }
 
 // maxTTL is the longest TTL RabbitMQ accepts (315,360,000,000 ms, ten years).
@@ -37,38 +31,29 @@ const maxTTL = 315_360_000_000 * time.Millisecond
 
 var errDetached = errors.New("backend built for planning cannot park messages")
 
-// New validates s and returns its backend, parking through env. Errors name the
-// configuration field at fault.
-func New(s backend.Spec, env backend.Env) (backend.Backend, error) {
-	if env.Logger == nil {
-		env.Logger = watermill.NopLogger{}
+// Open validates b's settings and s.Prefix and opens b, parking through s.Env (without
+// a hand-off it only plans and sizes). Errors name the configuration field at fault.
+func Open(b Backend, s backend.Setup) (backend.Backend, error) {
+	if b == nil {
+		return nil, errors.New("Backend: nil; leave it nil in amqpretry.Config for the default, or use delay.Parse")
+	}
+	if s.Env.Logger == nil {
+		s.Env.Logger = watermill.NopLogger{}
 	}
 	if strings.ContainsAny(s.Prefix, "*# ") {
 		return nil, fmt.Errorf("Prefix: %q must not contain '*', '#' or spaces", s.Prefix)
 	}
-	i := slices.IndexFunc(backends, func(e entry) bool { return string(e.name) == s.Name })
-	if i < 0 {
-		known := make([]string, 0, len(backends))
-		for _, b := range backends {
-			known = append(known, string(b.name))
-		}
-		return nil, fmt.Errorf("Backend: unknown backend %q (known: %s)", s.Name, strings.Join(known, ", "))
-	}
-	b, err := backends[i].open(s, env, names.Names{Prefix: s.Prefix})
+	opened, err := b.Open(s)
 	if err != nil {
 		return nil, err
 	}
-	for _, name := range allNames(b.Topology()) {
+	for _, name := range allNames(opened.Topology()) {
 		if len(name) > names.MaxBytes {
 			return nil, fmt.Errorf("Prefix: makes the name %q %d bytes long, over AMQP's %d", name, len(name), names.MaxBytes)
 		}
 	}
-	return b, nil
+	return opened, nil
 }
-
-// Lookup validates s and returns its backend, without a broker: it plans and sizes.
-// Errors name the configuration field at fault.
-func Lookup(s backend.Spec) (backend.Backend, error) { return New(s, backend.Env{}) }
 
 // Dial connects a hand-off to the broker and opens its confirm channel.
 func Dial(cfg backend.HandoffConfig) (backend.Handoff, error) {
@@ -117,7 +102,7 @@ func delivery(n names.Names, exchange, kind string) topology.Topology {
 			{Name: n.Parking(), Kind: "fanout"},
 			{Name: exchange, Kind: kind, Args: map[string]interface{}{declare.AlternateExchangeArg: n.Parking()}},
 		},
-		Queues:   []topology.Queue{declare.HoldingQueue(n.Parking(), "parking")},
+		Queues:   []topology.Queue{declare.ReviewQueue(n.Parking(), "parking")},
 		Bindings: []topology.Binding{{Exchange: n.Parking(), Destination: n.Parking()}},
 	}
 }

@@ -23,7 +23,7 @@ import (
 	"github.com/amqpretry/amqpretry/topology"
 )
 
-func lookup(t *testing.T, s backend.Spec) backend.Backend {
+func lookup(t *testing.T, s Spec) backend.Backend {
 	t.Helper()
 	b, err := Lookup(s)
 	if err != nil {
@@ -36,10 +36,10 @@ func levels(n int) *binaryLevels { return &binaryLevels{names: names.Names{Prefi
 
 // TestEffective: what each backend applies for a requested delay.
 func TestEffective(t *testing.T) {
-	tiers := lookup(t, backend.Spec{Name: string(TTLTiers), Prefix: "p", Tiers: []time.Duration{5 * time.Second, time.Second, 2 * time.Second}})
-	dx := lookup(t, backend.Spec{Name: string(DelayedExchange), Prefix: "p"})
-	dr := lookup(t, backend.Spec{Name: string(DelayedRetry), RetryDelay: 3 * time.Second})
-	mem := lookup(t, backend.Spec{Name: string(Memory)})
+	tiers := lookup(t, Spec{Name: TTLTiers{}.Name(), Prefix: "p", Tiers: []time.Duration{5 * time.Second, time.Second, 2 * time.Second}})
+	dx := lookup(t, Spec{Name: DelayedExchange{}.Name(), Prefix: "p"})
+	dr := lookup(t, Spec{Name: DelayedRetry{}.Name(), RetryDelay: 3 * time.Second})
+	mem := lookup(t, Spec{Name: Memory{}.Name()})
 	maxPlugin := (1<<32 - 1) * time.Millisecond
 	for _, tt := range []struct {
 		backend   backend.Backend
@@ -124,8 +124,8 @@ func TestBinaryLevelsRoutingKey(t *testing.T) {
 		b := levels(tt.levels)
 		if got := b.routingKey(tt.delay, tt.queue); got != tt.want {
 			t.Errorf("levels %d, %s to %s: key %q, want %q", tt.levels, tt.delay, tt.queue, got, tt.want)
-		} else if got[b.Caps().KeyPrefix:] != tt.queue {
-			t.Errorf("levels %d: Caps.KeyPrefix %d does not find queue %q in key %q", tt.levels, b.Caps().KeyPrefix, tt.queue, got)
+		} else if b.QueueOf(got) != tt.queue {
+			t.Errorf("levels %d: QueueOf finds %q, not queue %q, in key %q", tt.levels, b.QueueOf(got), tt.queue, got)
 		}
 	}
 }
@@ -188,7 +188,7 @@ func checkDelayQueue(t *testing.T, q topology.Queue) {
 }
 
 func TestTTLTiersTopology(t *testing.T) {
-	b := lookup(t, backend.Spec{Name: string(TTLTiers), Prefix: "p", Tiers: []time.Duration{90 * time.Second, time.Second}})
+	b := lookup(t, Spec{Name: TTLTiers{}.Name(), Prefix: "p", Tiers: []time.Duration{90 * time.Second, time.Second}})
 	topo := b.Topology()
 	var queues []string
 	for _, q := range topo.Queues {
@@ -353,7 +353,7 @@ func topicMatch(pattern, key []string) bool {
 }
 
 func TestDelayedExchangeTopology(t *testing.T) {
-	b := lookup(t, backend.Spec{Name: string(DelayedExchange), Prefix: "p"})
+	b := lookup(t, Spec{Name: DelayedExchange{}.Name(), Prefix: "p"})
 	wq := b.WorkQueue("orders")
 	if len(wq.Exchanges) != 1 || len(wq.Queues) != 0 || len(wq.Bindings) != 1 {
 		t.Fatalf("WorkQueue: %+v, want the exchange and one binding", wq)
@@ -415,25 +415,25 @@ func TestStartupErrors(t *testing.T) {
 
 func TestValidationNamesTheField(t *testing.T) {
 	for _, tt := range []struct {
-		spec backend.Spec
+		spec Spec
 		want string
 	}{
-		{backend.Spec{Name: string(TTLTiers), Prefix: "a*b", Tiers: backend.DefaultTiers()}, `Prefix: "a*b" must not contain`},
-		{backend.Spec{Name: string(TTLTiers), Prefix: "a b", Tiers: backend.DefaultTiers()}, "Prefix:"},
-		{backend.Spec{Name: string(TTLTiers), Prefix: "p", Tiers: []time.Duration{}}, "Tiers: empty"},
-		{backend.Spec{Name: string(TTLTiers), Prefix: "p", Tiers: []time.Duration{time.Second, 0}}, "Tiers[1]: 0s is outside 1ms to"},
-		{backend.Spec{Name: string(TTLTiers), Prefix: "p", Tiers: []time.Duration{11 * 365 * 24 * time.Hour}}, "Tiers[0]:"},
-		{backend.Spec{Name: string(TTLTiers), Prefix: "p", Tiers: []time.Duration{time.Second, 1500 * time.Microsecond}}, "Tiers[1]: 1.5ms is not a whole number of milliseconds"},
-		{backend.Spec{Name: string(TTLTiers), Prefix: "p", Tiers: []time.Duration{time.Second, 2 * time.Second, time.Second}}, "Tiers[2]: 1s appears twice"},
-		{backend.Spec{Name: string(BinaryLevels), Prefix: "p", Levels: 0}, "Levels: 0 is outside 1 to 29"},
-		{backend.Spec{Name: string(BinaryLevels), Prefix: "p", Levels: 30}, "Levels: 30"},
-		{backend.Spec{Name: string(DelayedRetry), RetryDelay: 0}, "DelayedRetryDelay: 0s must be a whole number of milliseconds, at least 1ms"},
-		{backend.Spec{Name: string(DelayedRetry), RetryDelay: 1500 * time.Microsecond}, "DelayedRetryDelay:"},
-		{backend.Spec{Name: string("rabbit")}, `Backend: unknown backend "rabbit" (known: ttl-tiers, binary-levels, delayed-exchange, delayed-retry, delivery-time, memory)`},
+		{Spec{Name: TTLTiers{}.Name(), Prefix: "a*b", Tiers: backend.DefaultTiers()}, `Prefix: "a*b" must not contain`},
+		{Spec{Name: TTLTiers{}.Name(), Prefix: "a b", Tiers: backend.DefaultTiers()}, "Prefix:"},
+		{Spec{Name: TTLTiers{}.Name(), Prefix: "p", Tiers: []time.Duration{}}, "Tiers: empty"},
+		{Spec{Name: TTLTiers{}.Name(), Prefix: "p", Tiers: []time.Duration{time.Second, 0}}, "Tiers[1]: 0s is outside 1ms to"},
+		{Spec{Name: TTLTiers{}.Name(), Prefix: "p", Tiers: []time.Duration{11 * 365 * 24 * time.Hour}}, "Tiers[0]:"},
+		{Spec{Name: TTLTiers{}.Name(), Prefix: "p", Tiers: []time.Duration{time.Second, 1500 * time.Microsecond}}, "Tiers[1]: 1.5ms is not a whole number of milliseconds"},
+		{Spec{Name: TTLTiers{}.Name(), Prefix: "p", Tiers: []time.Duration{time.Second, 2 * time.Second, time.Second}}, "Tiers[2]: 1s appears twice"},
+		{Spec{Name: BinaryLevels{}.Name(), Prefix: "p", Levels: -1}, "Levels: -1 is outside 1 to 29"},
+		{Spec{Name: BinaryLevels{}.Name(), Prefix: "p", Levels: 30}, "Levels: 30"},
+		{Spec{Name: DelayedRetry{}.Name(), RetryDelay: -time.Second}, "DelayedRetryDelay: -1s must be a whole number of milliseconds, at least 1ms"},
+		{Spec{Name: DelayedRetry{}.Name(), RetryDelay: 1500 * time.Microsecond}, "DelayedRetryDelay:"},
+		{Spec{Name: string("rabbit")}, `Backend: unknown backend "rabbit" (known: ttl-tiers, binary-levels, delayed-exchange, delayed-retry, delivery-time, memory)`},
 		// Names longer than AMQP carries.
-		{backend.Spec{Name: string(TTLTiers), Prefix: strings.Repeat("p", 247), Tiers: []time.Duration{time.Second}}, "Prefix: makes the name"},
-		{backend.Spec{Name: string(BinaryLevels), Prefix: strings.Repeat("p", 245), Levels: 10}, "over AMQP's 255"},
-		{backend.Spec{Name: string(DelayedExchange), Prefix: strings.Repeat("p", 248)}, "Prefix: makes the name"},
+		{Spec{Name: TTLTiers{}.Name(), Prefix: strings.Repeat("p", 247), Tiers: []time.Duration{time.Second}}, "Prefix: makes the name"},
+		{Spec{Name: BinaryLevels{}.Name(), Prefix: strings.Repeat("p", 245), Levels: 10}, "over AMQP's 255"},
+		{Spec{Name: DelayedExchange{}.Name(), Prefix: strings.Repeat("p", 248)}, "Prefix: makes the name"},
 	} {
 		_, err := Lookup(tt.spec)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
@@ -441,45 +441,80 @@ func TestValidationNamesTheField(t *testing.T) {
 		}
 	}
 	// At the limits: accepted.
-	for _, s := range []backend.Spec{
-		{Name: string(TTLTiers), Prefix: strings.Repeat("p", names.MaxBytes-len(".delay.1s")), Tiers: []time.Duration{time.Second}},
-		{Name: string(BinaryLevels), Prefix: "p", Levels: 29},
-		{Name: string(BinaryLevels), Prefix: "p", Levels: 1},
-		{Name: string(DelayedRetry), RetryDelay: time.Millisecond},
-		{Name: string(TTLTiers), Prefix: "p", Tiers: []time.Duration{time.Millisecond, 315_360_000_000 * time.Millisecond}},
+	for _, s := range []Spec{
+		{Name: TTLTiers{}.Name(), Prefix: strings.Repeat("p", names.MaxBytes-len(".delay.1s")), Tiers: []time.Duration{time.Second}},
+		{Name: BinaryLevels{}.Name(), Prefix: "p", Levels: 29},
+		{Name: BinaryLevels{}.Name(), Prefix: "p", Levels: 1},
+		{Name: DelayedRetry{}.Name(), RetryDelay: time.Millisecond},
+		{Name: TTLTiers{}.Name(), Prefix: "p", Tiers: []time.Duration{time.Millisecond, 315_360_000_000 * time.Millisecond}},
 	} {
 		if _, err := Lookup(s); err != nil {
 			t.Errorf("Lookup(%s): %v", s.Name, err)
 		}
 	}
-	for _, name := range []Backend{TTLTiers, BinaryLevels, DelayedExchange, DelayedRetry, Memory} {
-		if !slices.Contains(Backends(), name) {
-			t.Errorf("Backends() = %v, without %s", Backends(), name)
+	if got, want := Names(), []string{"ttl-tiers", "binary-levels", "delayed-exchange", "delayed-retry", "delivery-time", "memory"}; !slices.Equal(got, want) {
+		t.Errorf("Names() = %v, want %v", got, want)
+	}
+	for i, b := range Backends() {
+		if b.Name() != Names()[i] {
+			t.Errorf("Backends()[%d] is %s, Names()[%d] %s", i, b, i, Names()[i])
 		}
 	}
 }
 
+// TestParse: a name gives its value with default settings, "" the default backend; an
+// unknown name is refused, naming the known ones.
+func TestParse(t *testing.T) {
+	for _, name := range Names() {
+		b, err := Parse(name)
+		if err != nil || b.Name() != name {
+			t.Errorf("Parse(%q) = %v, %v", name, b, err)
+		}
+	}
+	if b, err := Parse(""); err != nil || b.Name() != "ttl-tiers" {
+		t.Errorf(`Parse("") = %v, %v, want ttl-tiers`, b, err)
+	}
+	_, err := Parse("ttl-tier")
+	if want := `Backend: unknown backend "ttl-tier" (known: ttl-tiers, binary-levels, delayed-exchange, delayed-retry, delivery-time, memory)`; err == nil || err.Error() != want {
+		t.Errorf(`Parse("ttl-tier") = %v, want %q`, err, want)
+	}
+	var v Backend = BinaryLevels{Levels: 3}
+	if b, err := Open(v, backend.Setup{Prefix: "p", Legacy: backend.Legacy{Levels: 9}}); err != nil || len(b.DelayQueues()) != 3 {
+		t.Errorf("BinaryLevels{Levels: 3} opened with the deprecated Levels 9: %v, %v, want its own 3 levels", b, err)
+	}
+	if b, err := Open(BinaryLevels{}, backend.Setup{Prefix: "p", Legacy: backend.Legacy{Levels: 9}}); err != nil || len(b.DelayQueues()) != 9 {
+		t.Errorf("BinaryLevels{} opened with the deprecated Levels 9: %v, %v, want 9 levels", b, err)
+	}
+	// A value's own setting is named as its own.
+	if _, err := Open(DelayedRetry{Delay: 1500 * time.Microsecond}, backend.Setup{}); err == nil || !strings.HasPrefix(err.Error(), "Backend.Delay: 1.5ms must be a whole number of milliseconds") {
+		t.Errorf("DelayedRetry{Delay: 1.5ms}: %v, want the error naming Backend.Delay", err)
+	}
+	if b, err := Parse("delayed-retry", Settings{Delay: 3 * time.Second, Levels: 4}); err != nil || b != (DelayedRetry{Delay: 3 * time.Second}) {
+		t.Errorf(`Parse("delayed-retry", Settings{Delay: 3s, Levels: 4}) = %v, %v, want DelayedRetry{Delay: 3s}`, b, err)
+	}
+}
+
 func TestPlanWithoutBroker(t *testing.T) {
-	b := lookup(t, backend.Spec{Name: string(TTLTiers), Prefix: "p", Tiers: []time.Duration{5 * time.Second, time.Second}})
+	b := lookup(t, Spec{Name: TTLTiers{}.Name(), Prefix: "p", Tiers: []time.Duration{5 * time.Second, time.Second}})
 	p := backend.Plan(b, "a", "b", "a")
 	if len(p.Exchanges) != 3 || len(p.Queues) != 3 || len(p.Bindings) != 5 {
 		t.Errorf("ttl-tiers plan: %d exchanges, %d queues, %d bindings; want 3, 3, 5 (no duplicates)", len(p.Exchanges), len(p.Queues), len(p.Bindings))
 	}
-	if got := lookup(t, backend.Spec{Name: string(BinaryLevels), Prefix: "p", Levels: 3}).DelayQueues(); len(got) != 3 || got[2] != (backend.DelayQueue{Name: "p.level.2", TTL: 4 * time.Second}) {
+	if got := lookup(t, Spec{Name: BinaryLevels{}.Name(), Prefix: "p", Levels: 3}).DelayQueues(); len(got) != 3 || got[2] != (backend.DelayQueue{Name: "p.level.2", TTL: 4 * time.Second}) {
 		t.Errorf("binary-levels delay queues: %v", got)
 	}
-	for _, name := range []Backend{Memory, DelayedRetry} {
-		if p := backend.Plan(lookup(t, backend.Spec{Name: string(name), RetryDelay: time.Second}), "a"); p.Queues != nil || p.Exchanges != nil || p.Bindings != nil {
+	for _, name := range []Backend{Memory{}, DelayedRetry{}} {
+		if p := backend.Plan(lookup(t, Spec{Name: name.Name(), RetryDelay: time.Second}), "a"); p.Queues != nil || p.Exchanges != nil || p.Bindings != nil {
 			t.Errorf("%s plans %+v, want nothing on the broker", name, p)
 		}
 	}
-	if p := backend.Plan(lookup(t, backend.Spec{Name: string(DelayedExchange), Prefix: "p"}), "a", "b"); len(p.Exchanges) != 1 || len(p.Bindings) != 2 {
+	if p := backend.Plan(lookup(t, Spec{Name: DelayedExchange{}.Name(), Prefix: "p"}), "a", "b"); len(p.Exchanges) != 1 || len(p.Bindings) != 2 {
 		t.Errorf("delayed-exchange plan %+v", p)
 	}
 }
 
 func TestDelayedRetry(t *testing.T) {
-	b := lookup(t, backend.Spec{Name: string(DelayedRetry), RetryDelay: 2 * time.Second})
+	b := lookup(t, Spec{Name: DelayedRetry{}.Name(), RetryDelay: 2 * time.Second})
 	if _, ok := b.(backend.Holder); !ok {
 		t.Fatal("delayed-retry does not hold retries")
 	}
@@ -504,11 +539,11 @@ func TestDelayedRetry(t *testing.T) {
 }
 
 func TestMemory(t *testing.T) {
-	if err := lookup(t, backend.Spec{Name: string(Memory)}).Park(context.Background(), "q", message.NewMessage("m", nil), 0); !errors.Is(err, errDetached) {
+	if err := lookup(t, Spec{Name: Memory{}.Name()}).Park(context.Background(), "q", message.NewMessage("m", nil), 0); !errors.Is(err, errDetached) {
 		t.Errorf("memory backend without a publisher: %v", err)
 	}
 	rec := brokertest.NewRecorder(2)
-	b, err := New(backend.Spec{Name: string(Memory)}, backend.Env{Memory: rec})
+	b, err := New(Spec{Name: Memory{}.Name(), Memory: rec}, backend.Env{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -622,7 +657,7 @@ func TestSchedulerRefuses(t *testing.T) {
 	if err := (backend.Scheduler{Backend: &fake{}}).Publish("", message.NewMessage("m", nil)); err == nil || !strings.Contains(err.Error(), "empty destination queue") {
 		t.Errorf("empty queue: %v", err)
 	}
-	if err := (backend.Scheduler{Backend: lookup(t, backend.Spec{Name: string(DelayedRetry), RetryDelay: time.Second})}).Publish("q", message.NewMessage("m", nil)); err == nil || !strings.Contains(err.Error(), "holds failed deliveries") {
+	if err := (backend.Scheduler{Backend: lookup(t, Spec{Name: DelayedRetry{}.Name(), RetryDelay: time.Second})}).Publish("q", message.NewMessage("m", nil)); err == nil || !strings.Contains(err.Error(), "holds failed deliveries") {
 		t.Errorf("holding backend: %v", err)
 	}
 	f := &fake{parkErr: backend.ErrReturned}
@@ -647,11 +682,11 @@ func TestSchedulerRefuses(t *testing.T) {
 
 // TestBackendsBuiltForPlanningDoNotPark: Lookup's backends plan and size only.
 func TestBackendsBuiltForPlanningDoNotPark(t *testing.T) {
-	for _, s := range []backend.Spec{
-		{Name: string(TTLTiers), Prefix: "p", Tiers: backend.DefaultTiers()},
-		{Name: string(BinaryLevels), Prefix: "p", Levels: 4},
-		{Name: string(DelayedExchange), Prefix: "p"},
-		{Name: string(Memory)},
+	for _, s := range []Spec{
+		{Name: TTLTiers{}.Name(), Prefix: "p", Tiers: backend.DefaultTiers()},
+		{Name: BinaryLevels{}.Name(), Prefix: "p", Levels: 4},
+		{Name: DelayedExchange{}.Name(), Prefix: "p"},
+		{Name: Memory{}.Name()},
 	} {
 		if err := lookup(t, s).Park(context.Background(), "q", message.NewMessage("m", nil), time.Second); !errors.Is(err, errDetached) {
 			t.Errorf("%s: Park = %v, want errDetached", s.Name, err)
@@ -699,7 +734,7 @@ func TestVersionRules(t *testing.T) {
 			t.Errorf("warning %q does not name the version", w)
 		}
 	}
-	for v, want := range map[string][4]bool{ // DelayedRetry, NoPlugins, CountsNacks, DefaultDeliveryLimit
+	for v, want := range map[string][4]bool{ // DelayedRetry{}, NoPlugins, CountsNacks, DefaultDeliveryLimit
 		"3.10.8": {false, false, false, false},
 		"3.13.7": {false, false, false, false},
 		"4.0.5":  {false, false, true, true},
@@ -711,7 +746,7 @@ func TestVersionRules(t *testing.T) {
 	} {
 		got := [4]bool{version.DelayedRetry(v), version.NoPlugins(v), version.CountsNacks(v), version.DefaultDeliveryLimit(v)}
 		if got != want {
-			t.Errorf("version %q: DelayedRetry, NoPlugins, CountsNacks, DefaultDeliveryLimit = %v, want %v", v, got, want)
+			t.Errorf("version %q: DelayedRetry{}, NoPlugins, CountsNacks, DefaultDeliveryLimit = %v, want %v", v, got, want)
 		}
 	}
 }
@@ -719,11 +754,11 @@ func TestVersionRules(t *testing.T) {
 // TestContractNames: each backend is named as package delay names it.
 func TestContractNames(t *testing.T) {
 	for _, name := range Backends() {
-		b, err := Lookup(backend.Spec{Name: string(name), Prefix: "p", Tiers: backend.DefaultTiers(), Levels: backend.DefaultLevels, RetryDelay: time.Second})
+		b, err := Lookup(Spec{Name: name.Name(), Prefix: "p", Tiers: backend.DefaultTiers(), Levels: backend.DefaultLevels, RetryDelay: time.Second})
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		if b.Name() != string(name) {
+		if b.Name() != name.Name() {
 			t.Errorf("backend %s is named %q", name, b.Name())
 		}
 	}

@@ -3,6 +3,8 @@ package delay
 import (
 	"context"
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -42,18 +44,74 @@ type binaryLevels struct {
 	levels int
 }
 
-func openBinaryLevels(s backend.Spec, env backend.Env, n names.Names) (backend.Backend, error) {
-	if s.Levels < 1 || s.Levels > backend.MaxLevels {
-		return nil, fmt.Errorf("Levels: %d is outside 1 to %d (a level holding 2^%d s would need a TTL longer than RabbitMQ's ten-year maximum)", s.Levels, backend.MaxLevels, backend.MaxLevels)
-	}
-	return &binaryLevels{env: env, names: n, levels: s.Levels}, nil
+// BinaryLevels ("binary-levels") parks a retry in a cascade of quorum queues of 2^L
+// seconds: any delay up to 2^Levels - 1 s, in 1 s steps, without a plugin.
+type BinaryLevels struct {
+	// Levels is the number of levels, which hold delays up to 2^Levels - 1 s: 1 to 29.
+	// Change the Config's Prefix with it: New refuses a prefix that holds a ladder of
+	// other Levels (docs/switching-backends.md). Default (0): the Config's deprecated
+	// Levels, else 28 (about 8.5 years).
+	Levels int
 }
 
-func (b *binaryLevels) Name() string { return string(BinaryLevels) }
+// DefaultLevels is the number of levels of BinaryLevels when its Levels is left 0:
+// delays up to 2^28 - 1 s, about 8.5 years.
+const DefaultLevels = backend.DefaultLevels
+
+// Name is "binary-levels".
+func (BinaryLevels) Name() string { return "binary-levels" }
+
+func (b BinaryLevels) String() string { return b.Name() }
+
+// Open validates Levels and opens the backend.
+func (b BinaryLevels) Open(s backend.Setup) (backend.Backend, error) {
+	levels := b.Levels
+	if levels == 0 {
+		levels = s.Legacy.Levels
+	}
+	if levels == 0 {
+		levels = backend.DefaultLevels
+	}
+	if levels < 1 || levels > backend.MaxLevels {
+		return nil, fmt.Errorf("Levels: %d is outside 1 to %d (a level holding 2^%d s would need a TTL longer than RabbitMQ's ten-year maximum)", levels, backend.MaxLevels, backend.MaxLevels)
+	}
+	return &binaryLevels{env: s.Env, names: names.Names{Prefix: s.Prefix}, levels: levels}, nil
+}
+
+func (b *binaryLevels) Name() string { return BinaryLevels{}.Name() }
+
+// Flags give Levels other than the default.
+func (b *binaryLevels) Flags() []string {
+	if b.levels == backend.DefaultLevels {
+		return nil
+	}
+	return []string{"--levels", strconv.Itoa(b.levels)}
+}
+
+// StoragePattern matches the queue of any level under the prefix.
+func (b *binaryLevels) StoragePattern() string {
+	return `^` + regexp.QuoteMeta(b.names.Level(0)[:len(b.names.Level(0))-1]) + `[0-9]+$`
+}
+
+// QueueOf: a parked copy's routing key is one word per level, then its work queue.
+func (b *binaryLevels) QueueOf(key string) string {
+	if len(key) <= 2*b.levels {
+		return ""
+	}
+	return key[2*b.levels:]
+}
+
+// Unenumerable: Widest names every level.
+func (b *binaryLevels) Unenumerable() string { return "" }
+
+// Widest is the ladder of the most levels: every name any Levels declares.
+func (b *binaryLevels) Widest() backend.Backend {
+	return &binaryLevels{env: b.env, names: b.names, levels: backend.MaxLevels}
+}
 
 func (b *binaryLevels) Caps() backend.Caps {
-	return backend.Caps{Keeps: backend.KeepsCopy, Delays: backend.AnyDelay, Longest: b.maxDelay(), PastLongest: backend.Refuse,
-		CarriesEnvelope: true, KeyPrefix: 2 * b.levels, Fix: "raise Levels (Prefix with it)",
+	return backend.Caps{Keeps: backend.KeepsCopy, Longest: b.maxDelay(), PastLongest: backend.Refuse,
+		CarriesEnvelope: true, Fix: "raise Levels (Prefix with it)",
 		Text: fmt.Sprintf("1s steps up to %s (Levels %d), a longer delay is refused", b.maxDelay(), b.levels)}
 }
 
@@ -101,7 +159,7 @@ func (b *binaryLevels) maxDelay() time.Duration { return (time.Second << b.level
 // Effective rounds requested up to whole seconds, and refuses it past the maximum.
 func (b *binaryLevels) Effective(requested time.Duration) (time.Duration, error) {
 	if requested > b.maxDelay() {
-		return 0, fmt.Errorf("%s: %w: %s is longer than the maximum %s (2^%d - 1 s)", BinaryLevels, ErrDelayTooLong, requested, b.maxDelay(), b.levels)
+		return 0, fmt.Errorf("%s: %w: %s is longer than the maximum %s (2^%d - 1 s)", BinaryLevels{}, ErrDelayTooLong, requested, b.maxDelay(), b.levels)
 	}
 	secs := max(requested, 0) / time.Second
 	if requested%time.Second > 0 {
@@ -130,11 +188,11 @@ func (b *binaryLevels) routingKey(effective time.Duration, queue string) string 
 func (b *binaryLevels) checkQueue(queue string) error {
 	switch {
 	case queue == "":
-		return fmt.Errorf("%s: empty destination queue", BinaryLevels)
+		return fmt.Errorf("%s: empty destination queue", BinaryLevels{})
 	case strings.ContainsAny(queue, "*#"):
-		return fmt.Errorf("%s: queue %q: a name with '*' or '#' cannot be bound literally on topic exchange %q", BinaryLevels, queue, b.names.LevelsDeliver())
+		return fmt.Errorf("%s: queue %q: a name with '*' or '#' cannot be bound literally on topic exchange %q", BinaryLevels{}, queue, b.names.LevelsDeliver())
 	case 2*b.levels+len(queue) > names.MaxBytes:
-		return fmt.Errorf("%s: queue %q: name longer than %d bytes, the routing key would exceed %d bytes", BinaryLevels, queue, names.MaxBytes-2*b.levels, names.MaxBytes)
+		return fmt.Errorf("%s: queue %q: name longer than %d bytes, the routing key would exceed %d bytes", BinaryLevels{}, queue, names.MaxBytes-2*b.levels, names.MaxBytes)
 	}
 	return nil
 }
@@ -156,3 +214,10 @@ func (b *binaryLevels) Park(ctx context.Context, queue string, msg *message.Mess
 }
 
 func (b *binaryLevels) Close() error { return nil }
+
+func (b BinaryLevels) with(s Settings) Backend {
+	if s.Levels != 0 {
+		b.Levels = s.Levels
+	}
+	return b
+}

@@ -43,10 +43,10 @@ var conformanceTiers = []time.Duration{time.Second, 2 * time.Second, 3 * time.Se
 const conformanceLevels = 12
 
 var backendCases = []backendCase{
-	{name: delay.TTLTiers, precision: time.Second, durable: true},
-	{name: delay.BinaryLevels, precision: time.Second, durable: true},
-	{name: delay.DelayedExchange, precision: 500 * time.Millisecond, durable: true},
-	{name: delay.Memory, precision: 500 * time.Millisecond, durable: false},
+	{name: delay.TTLTiers{}, precision: time.Second, durable: true},
+	{name: delay.BinaryLevels{}, precision: time.Second, durable: true},
+	{name: delay.DelayedExchange{}, precision: 500 * time.Millisecond, durable: true},
+	{name: delay.Memory{}, precision: 500 * time.Millisecond, durable: false},
 }
 
 // queuePublisher is where the memory backend delivers: the queue named by the topic,
@@ -103,14 +103,14 @@ func newRig(t *testing.T, bc backendCase) *rig {
 	t.Helper()
 	h := dialHandoff(t)
 	prefix := brokertest.Prefix(t)
-	b, err := delay.New(backend.Spec{Name: string(bc.name), Prefix: prefix, Tiers: conformanceTiers, Levels: conformanceLevels},
-		backend.Env{Handoff: h, Memory: queuePublisher{h}})
+	b, err := delay.New(delay.Spec{Name: bc.name.Name(), Prefix: prefix, Tiers: conformanceTiers, Levels: conformanceLevels, Memory: queuePublisher{h}},
+		backend.Env{Handoff: h})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = b.Close() })
 	brokertest.CleanupTopology(t, b.Topology())
-	if bc.name != delay.Memory {
+	if bc.name != (delay.Memory{}) {
 		if err := delay.Prepare(b, h, topology.ModeDeclare); err != nil {
 			skipWithoutPlugin(t, h, err)
 			t.Fatal(err)
@@ -205,7 +205,7 @@ func collect(t *testing.T, queue string, n int, timeout time.Duration) []arrival
 
 func forEachBackend(t *testing.T, test func(t *testing.T, bc backendCase)) {
 	for _, bc := range backendCases {
-		t.Run(string(bc.name), func(t *testing.T) { test(t, bc) })
+		t.Run(bc.name.Name(), func(t *testing.T) { test(t, bc) })
 	}
 }
 
@@ -326,9 +326,9 @@ func TestConformanceParksWhenTheWorkQueueIsGone(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, bc backendCase) {
 		switch bc.name {
-		case delay.Memory:
+		case delay.Memory{}:
 			t.Skip("the memory backend publishes straight to the queue; there is nothing to park")
-		case delay.DelayedExchange:
+		case delay.DelayedExchange{}:
 			t.Skip("the plugin routes a due message fire-and-forget, with no alternate exchange: a retry for a deleted queue is lost (documented); it refuses a queue that does not exist before it publishes (TestDelayedExchangeRefusesMissingQueue)")
 		}
 		r := newRig(t, bc)
@@ -358,7 +358,7 @@ func TestConformanceParksWhenTheWorkQueueIsGone(t *testing.T) {
 func TestBinaryLevelsLongDelays(t *testing.T) {
 	skipShort(t)
 	t.Parallel()
-	bc := backendCases[slices.IndexFunc(backendCases, func(c backendCase) bool { return c.name == delay.BinaryLevels })]
+	bc := backendCases[slices.IndexFunc(backendCases, func(c backendCase) bool { return c.name == delay.BinaryLevels{} })]
 	r := newRig(t, bc)
 	delays := map[string]time.Duration{"3s": 3 * time.Second, "17s": 17 * time.Second, "65s": 65 * time.Second}
 	for id, d := range delays {
@@ -375,7 +375,7 @@ func TestBinaryLevelsRefusesDelayPastMaximum(t *testing.T) {
 	t.Parallel()
 	h := dialHandoff(t)
 	prefix := brokertest.Prefix(t)
-	b, err := delay.New(backend.Spec{Name: string(delay.BinaryLevels), Prefix: prefix, Levels: 4}, backend.Env{Handoff: h})
+	b, err := delay.New(delay.Spec{Name: delay.BinaryLevels{}.Name(), Prefix: prefix, Levels: 4}, backend.Env{Handoff: h})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -418,8 +418,8 @@ func TestBackendsShareAPrefix(t *testing.T) {
 	t.Parallel()
 	h := dialHandoff(t)
 	prefix := brokertest.Prefix(t)
-	for _, name := range []delay.Backend{delay.TTLTiers, delay.BinaryLevels, delay.TTLTiers} {
-		b, err := delay.New(backend.Spec{Name: string(name), Prefix: prefix, Tiers: []time.Duration{time.Second, time.Minute}, Levels: 4}, backend.Env{Handoff: h})
+	for _, name := range []delay.Backend{delay.TTLTiers{}, delay.BinaryLevels{}, delay.TTLTiers{}} {
+		b, err := delay.New(delay.Spec{Name: name.Name(), Prefix: prefix, Tiers: []time.Duration{time.Second, time.Minute}, Levels: 4}, backend.Env{Handoff: h})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -440,7 +440,7 @@ func TestBinaryLevelsRefusesAnotherLadderUnderItsPrefix(t *testing.T) {
 	h := dialHandoff(t)
 	prefix, other := brokertest.Prefix(t), brokertest.Prefix(t)+"-b"
 	ladder := func(prefix string, levels int) backend.Backend {
-		b, err := delay.New(backend.Spec{Name: string(delay.BinaryLevels), Prefix: prefix, Levels: levels}, backend.Env{Handoff: h})
+		b, err := delay.New(delay.Spec{Name: delay.BinaryLevels{}.Name(), Prefix: prefix, Levels: levels}, backend.Env{Handoff: h})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -496,7 +496,7 @@ func TestPrepare(t *testing.T) {
 	v := h.Version()
 	prefix := brokertest.Prefix(t)
 
-	dr, err := delay.New(backend.Spec{Name: string(delay.DelayedRetry), RetryDelay: time.Second}, backend.Env{Handoff: h})
+	dr, err := delay.New(delay.Spec{Name: delay.DelayedRetry{}.Name(), RetryDelay: time.Second}, backend.Env{Handoff: h})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -508,7 +508,7 @@ func TestPrepare(t *testing.T) {
 		t.Errorf("delayed-retry on RabbitMQ %s: %v, want ErrUnsupported naming 4.3 and the version", v, err)
 	}
 
-	dx, err := delay.New(backend.Spec{Name: string(delay.DelayedExchange), Prefix: prefix}, backend.Env{Handoff: h})
+	dx, err := delay.New(delay.Spec{Name: delay.DelayedExchange{}.Name(), Prefix: prefix}, backend.Env{Handoff: h})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -533,7 +533,7 @@ func TestPrepare(t *testing.T) {
 		}
 	}
 
-	tt, err := delay.New(backend.Spec{Name: string(delay.TTLTiers), Prefix: prefix, Tiers: []time.Duration{time.Second}}, backend.Env{Handoff: h})
+	tt, err := delay.New(delay.Spec{Name: delay.TTLTiers{}.Name(), Prefix: prefix, Tiers: []time.Duration{time.Second}}, backend.Env{Handoff: h})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -563,7 +563,7 @@ func TestPrepare(t *testing.T) {
 // first publish proves the queue exists, since the plugin cannot return a publish.
 func TestDelayedExchangeRefusesMissingQueue(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, backendCases[slices.IndexFunc(backendCases, func(c backendCase) bool { return c.name == delay.DelayedExchange })])
+	r := newRig(t, backendCases[slices.IndexFunc(backendCases, func(c backendCase) bool { return c.name == delay.DelayedExchange{} })])
 	msg := message.NewMessage("lost", nil)
 	wdelay.Message(msg, wdelay.For(time.Second))
 	missing := r.prefix + ".missing"
@@ -613,7 +613,7 @@ func TestConformanceSurvivesBrokerRestart(t *testing.T) {
 // (TestConformanceSurvivesBrokerRestart and the no-loss test).
 func TestDelayedExchangeShutdownWindow(t *testing.T) {
 	brokertest.RequireRestart(t)
-	r := newRig(t, backendCase{name: delay.DelayedExchange, precision: time.Second, durable: true}) // skips without the plugin
+	r := newRig(t, backendCase{name: delay.DelayedExchange{}, precision: time.Second, durable: true}) // skips without the plugin
 	const n = 3000
 	start := time.Now()
 	for i := range n {

@@ -1,54 +1,80 @@
 package delay
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
 
-// Backend is the name of a delay backend, the type of amqpretry.Config.Backend:
-// TTLTiers ("ttl-tiers", the default), BinaryLevels ("binary-levels"),
-// DelayedExchange ("delayed-exchange"), DelayedRetry ("delayed-retry"), DeliveryTime
-// ("delivery-time", over AMQP 1.0) or Memory ("memory"). A name read from
-// configuration converts with Backend(s); an unknown one is refused by New. The name
-// is for configuration, logs and errors: what a backend can do is its Caps.
-type Backend string
+	"github.com/ThreeDotsLabs/watermill/message"
 
-// Names of the delay backends: the values of amqpretry.Config.Backend.
-const (
-	// TTLTiers (the default) parks a retry in one of a ladder of quorum queues with
-	// queue-level TTLs; a delay snaps up to the next tier.
-	TTLTiers Backend = "ttl-tiers"
-	// BinaryLevels parks a retry in a cascade of quorum queues of 2^L seconds: any
-	// delay up to 2^Levels - 1 s, in 1 s steps, without a plugin.
-	BinaryLevels Backend = "binary-levels"
-	// DelayedExchange hands a retry to the rabbitmq_delayed_message_exchange plugin:
-	// 1 ms steps up to 49.7 days, stored on one node. The plugin cannot run on
-	// RabbitMQ 4.3 or later.
-	DelayedExchange Backend = "delayed-exchange"
-	// DelayedRetry has RabbitMQ 4.3+ hold the failed delivery in the work queue itself
-	// (its delayed retry of quorum queues): no copy, no publish, one constant delay per
-	// work queue, without jitter. The Policy's schedule fields left zero mean that
-	// delay; a value set that it would ignore (Delays other than DelayedRetryDelay,
-	// another InitialInterval, a Multiplier other than 1, a MaxInterval shorter than
-	// the delay, a Jitter, Immediate) is refused, even one that is the default on a
-	// copying backend (Multiplier 2, Jitter 0.2). The work queue must be a quorum
-	// queue: an existing queue of another type is refused by the transport's
-	// AddHandler, or else at the first subscribe.
-	DelayedRetry Backend = "delayed-retry"
-	// DeliveryTime has RabbitMQ 4.3+ hold a failed delivery received over AMQP 1.0 in
-	// its quorum queue until an exact time (the modified outcome with
-	// x-opt-delivery-time): any delay per message, no copy. It needs the AMQP 1.0
-	// transport, github.com/amqpretry/amqpretry/amqp1.
-	DeliveryTime Backend = "delivery-time"
-	// Memory holds a retry in a timer of this process: not durable, for tests and
-	// demos only.
-	Memory Backend = "memory"
+	"github.com/amqpretry/amqpretry/internal/backend"
 )
 
-// Backends lists the names of the delay backends, the default first: TTLTiers,
-// BinaryLevels, DelayedExchange, DelayedRetry, DeliveryTime, Memory. Every one is a
-// valid amqpretry.Config.Backend.
-func Backends() []Backend {
-	out := make([]Backend, len(backends))
-	for i, e := range backends {
-		out[i] = e.name
+// Backend is a delay backend as configured, the type of amqpretry.Config.Backend: a
+// value of TTLTiers (the default), BinaryLevels, DelayedExchange, DelayedRetry,
+// DeliveryTime or Memory, each holding its own settings:
+//
+//	Backend: delay.BinaryLevels{Levels: 20}
+//
+// A name read from configuration gives its value, with default settings, through
+// Parse. The value owns its decisions: it validates its settings, and the backend it
+// opens says what it can do (its Caps, and the optional interfaces of the library's
+// internal/backend it implements), so that nothing else asks which backend it is.
+// Only this module's types implement it.
+type Backend interface {
+	// Name is the backend's name, as Parse takes it: for configuration, logs, events
+	// and errors.
+	Name() string
+	// Open validates the settings (errors name the field at fault) and opens the
+	// backend under s.Prefix, parking through s.Env. Use the function Open, which
+	// also checks the prefix and the names.
+	Open(s backend.Setup) (backend.Backend, error)
+}
+
+// Parse returns the backend named name: "ttl-tiers" (also for ""), "binary-levels",
+// "delayed-exchange", "delayed-retry", "delivery-time" or "memory", with the settings
+// it has among those given (its defaults for the others). It is how a deployment
+// switches backends by configuration alone:
+//
+//	Backend: must(delay.Parse(os.Getenv("DELAY_BACKEND"))),
+func Parse(name string, settings ...Settings) (Backend, error) {
+	if name == "" {
+		name = backends[0].Name()
+	}
+	for _, b := range backends {
+		if b.Name() != name {
+			continue
+		}
+		for _, s := range settings {
+			if t, ok := b.(interface{ with(Settings) Backend }); ok {
+				b = t.with(s)
+			}
+		}
+		return b, nil
+	}
+	return nil, fmt.Errorf("Backend: unknown backend %q (known: %s)", name, strings.Join(Names(), ", "))
+}
+
+// Settings are backend settings read from configuration by name (a command line, the
+// environment), for Parse: the backend named takes those it has, and ignores the
+// others. A zero field is the backend's default.
+type Settings struct {
+	Tiers     []time.Duration   // TTLTiers.Tiers
+	Levels    int               // BinaryLevels.Levels
+	Delay     time.Duration     // DelayedRetry.Delay
+	Publisher message.Publisher // Memory.Publisher
+}
+
+// Backends lists the delay backends, each with its default settings, the default
+// first: TTLTiers, BinaryLevels, DelayedExchange, DelayedRetry, DeliveryTime, Memory.
+func Backends() []Backend { return append([]Backend(nil), backends...) }
+
+// Names lists the names of the delay backends, the default first: what Parse takes.
+func Names() []string {
+	out := make([]string, len(backends))
+	for i, b := range backends {
+		out[i] = b.Name()
 	}
 	return out
 }

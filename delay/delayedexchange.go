@@ -46,15 +46,50 @@ type delayedExchange struct {
 // maxPluginDelay is the longest delay the plugin honours (an Erlang timer's maximum).
 const maxPluginDelay = (1<<32 - 1) * time.Millisecond
 
-func openDelayedExchange(_ backend.Spec, env backend.Env, n names.Names) (backend.Backend, error) {
-	return &delayedExchange{env: env, names: n, bound: map[string]bool{}}, nil
+// DelayedExchange ("delayed-exchange") hands a retry to the
+// rabbitmq_delayed_message_exchange plugin: 1 ms steps up to 49.7 days, stored on one
+// node. The plugin cannot run on RabbitMQ 4.3 or later. It has no settings.
+type DelayedExchange struct{}
+
+// Name is "delayed-exchange".
+func (DelayedExchange) Name() string { return "delayed-exchange" }
+
+func (b DelayedExchange) String() string { return b.Name() }
+
+// Open opens the backend.
+func (DelayedExchange) Open(s backend.Setup) (backend.Backend, error) {
+	return &delayedExchange{env: s.Env, names: names.Names{Prefix: s.Prefix}, bound: map[string]bool{}}, nil
 }
 
-func (b *delayedExchange) Name() string { return string(DelayedExchange) }
+func (b *delayedExchange) Name() string { return DelayedExchange{}.Name() }
+
+// SealedIn: the plugin offers no way to read, bring back or drop what it holds in the
+// exchange.
+func (b *delayedExchange) SealedIn() topology.Exchange { return b.Topology().Exchanges[0] }
+
+// CheckVersion refuses RabbitMQ 4.3 and later, where the plugin cannot run.
+func (b *delayedExchange) CheckVersion(v string) error {
+	if version.NoPlugins(v) {
+		return b.errPluginMissing(v, nil)
+	}
+	return nil
+}
+
+// Prepare declares (or checks) the exchange, telling a missing plugin apart.
+func (b *delayedExchange) Prepare(h backend.Handoff, mode topology.Mode) error {
+	switch err := h.Ensure(mode, b.Topology()); {
+	case err == nil:
+		return nil
+	case pluginMissing(err):
+		return b.errPluginMissing(h.Version(), err)
+	default:
+		return fmt.Errorf("%s topology (mode %s): %w", b.Name(), mode, err)
+	}
+}
 
 func (b *delayedExchange) Caps() backend.Caps {
-	return backend.Caps{Keeps: backend.KeepsCopy, Delays: backend.AnyDelay, Longest: maxPluginDelay, PastLongest: backend.Refuse,
-		CarriesEnvelope: true, Sealed: true, Text: fmt.Sprintf("1ms steps up to %s (the plugin's 2^32-1 ms), a longer delay is refused", maxPluginDelay),
+	return backend.Caps{Keeps: backend.KeepsCopy, Longest: maxPluginDelay, PastLongest: backend.Refuse,
+		CarriesEnvelope: true, Text: fmt.Sprintf("1ms steps up to %s (the plugin's 2^32-1 ms), a longer delay is refused", maxPluginDelay),
 		Risk: "The delayed-exchange backend may lose retries that come due while the broker stops (the plugin routes them fire-and-forget); ttl-tiers and binary-levels do not"}
 }
 
@@ -82,7 +117,7 @@ func (b *delayedExchange) binding(queue string) topology.Binding {
 // past 2^32-1 ms.
 func (b *delayedExchange) Effective(requested time.Duration) (time.Duration, error) {
 	if requested > maxPluginDelay {
-		return 0, fmt.Errorf("%s: %w: %s is longer than the plugin's maximum %s (2^32-1 ms)", DelayedExchange, ErrDelayTooLong, requested, maxPluginDelay)
+		return 0, fmt.Errorf("%s: %w: %s is longer than the plugin's maximum %s (2^32-1 ms)", DelayedExchange{}, ErrDelayTooLong, requested, maxPluginDelay)
 	}
 	return wholeMillis(requested), nil
 }
@@ -96,7 +131,7 @@ func (b *delayedExchange) bind(queue string) error {
 		return nil
 	}
 	if err := b.env.Handoff.Ensure(topology.ModeDeclare, topology.Topology{Bindings: []topology.Binding{b.binding(queue)}}); err != nil {
-		return fmt.Errorf("%s: queue %q cannot receive from exchange %q (does it exist?): %w", DelayedExchange, queue, b.names.Delayed(), err)
+		return fmt.Errorf("%s: queue %q cannot receive from exchange %q (does it exist?): %w", DelayedExchange{}, queue, b.names.Delayed(), err)
 	}
 	b.mu.Lock()
 	b.bound[queue] = true
@@ -130,10 +165,10 @@ const pluginName = "rabbitmq_delayed_message_exchange"
 func (b *delayedExchange) errPluginMissing(brokerVersion string, cause error) error {
 	if version.NoPlugins(brokerVersion) {
 		return fmt.Errorf("%s: %w: RabbitMQ %s cannot run the %s plugin (4.3 and later keep their metadata in Khepri only, which the plugin does not support; it is archived); use %s (any delay, 1 s steps), %s, or %s (4.3 keeps the retry in the work queue, one delay per queue)",
-			DelayedExchange, ErrPluginMissing, brokerVersion, pluginName, BinaryLevels, TTLTiers, DelayedRetry)
+			DelayedExchange{}, ErrPluginMissing, brokerVersion, pluginName, BinaryLevels{}, TTLTiers{}, DelayedRetry{})
 	}
 	err := fmt.Errorf("%s: cannot declare exchange %q of type %s: %w on the broker; enable it on every node with `rabbitmq-plugins enable %s`, or use the %s backend, which needs no plugin",
-		DelayedExchange, b.names.Delayed(), declare.ExchangeDelayedMessage, ErrPluginMissing, pluginName, BinaryLevels)
+		DelayedExchange{}, b.names.Delayed(), declare.ExchangeDelayedMessage, ErrPluginMissing, pluginName, BinaryLevels{})
 	if cause != nil {
 		return fmt.Errorf("%w: %w", err, cause)
 	}

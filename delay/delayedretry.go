@@ -8,7 +8,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry/internal/backend"
-	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -22,19 +21,67 @@ import (
 // back unchanged; the attempt is counted from the broker's own x-acquired-count.
 type delayedRetry struct{ delay time.Duration }
 
-func openDelayedRetry(s backend.Spec, _ backend.Env, _ names.Names) (backend.Backend, error) {
-	if err := backend.CheckRetryDelay(s.RetryDelay); err != nil {
-		return nil, err
-	}
-	return delayedRetry{delay: s.RetryDelay}, nil
+// DelayedRetry ("delayed-retry") has RabbitMQ 4.3+ hold the failed delivery in the
+// work queue itself (its delayed retry of quorum queues): no copy, no publish, one
+// constant delay per work queue, without jitter. The Policy's schedule fields left
+// zero mean that delay; a value set that it would ignore (Delays other than Delay,
+// another InitialInterval, a Multiplier other than 1, a MaxInterval shorter than the
+// delay, a Jitter, Immediate) is refused, even one that is the default on a copying
+// backend (Multiplier 2, Jitter 0.2). The work queue must be a quorum queue: an
+// existing queue of another type is refused by the transport's AddHandler, or else at
+// the first subscribe. Every retry is held, so the Config's HeldRetries is unused.
+type DelayedRetry struct {
+	// Delay is the constant delay (the work queue's x-delayed-retry-min and -max), a
+	// whole number of milliseconds. A longer delay of the error's own (a RetryAfter)
+	// is never cut short: the retry is held again, as many times as it takes, so it
+	// comes back at the first multiple of Delay past the one asked for. Default (0):
+	// the Config's DelayedRetryDelay (1s).
+	Delay time.Duration
 }
 
-func (b delayedRetry) Name() string { return string(DelayedRetry) }
+// Name is "delayed-retry".
+func (DelayedRetry) Name() string { return "delayed-retry" }
+
+func (b DelayedRetry) String() string { return b.Name() }
+
+// Open validates Delay and opens the backend.
+func (b DelayedRetry) Open(s backend.Setup) (backend.Backend, error) {
+	d, field := b.Delay, "Backend.Delay"
+	if d == 0 {
+		d, field = s.Legacy.RetryDelay, "DelayedRetryDelay"
+	}
+	if d == 0 {
+		d = backend.DefaultRetryDelay
+	}
+	if err := backend.CheckRetryDelay(field, d); err != nil {
+		return nil, err
+	}
+	return delayedRetry{delay: d}, nil
+}
+
+func (b delayedRetry) Name() string { return DelayedRetry{}.Name() }
+
+// OneDelay is the queue's delay, whatever is asked.
+func (b delayedRetry) OneDelay() time.Duration { return b.delay }
+
+// WorkQueueArgs: every work queue holds its returned deliveries for the delay.
+func (b delayedRetry) WorkQueueArgs() map[string]any { return backend.WorkQueueArgs(b.delay) }
+
+// CheckVersion refuses RabbitMQ older than 4.3, which would redeliver at once.
+func (b delayedRetry) CheckVersion(v string) error { return needs43(b.Name(), v) }
+
+// Flags give a delay other than the default.
+func (b delayedRetry) Flags() []string {
+	if b.delay == backend.DefaultRetryDelay {
+		return nil
+	}
+	return []string{"--retry-delay", b.delay.String()}
+}
 
 // Caps: a nack carries nothing, so the retry comes back without its envelope; a
 // longer delay is held again.
 func (b delayedRetry) Caps() backend.Caps {
-	return backend.Caps{Keeps: backend.KeepsDelivery, Delays: backend.ConstantDelay, Longest: b.delay, PastLongest: backend.HoldAgain,
+	return backend.Caps{Keeps: backend.KeepsDelivery, Longest: b.delay, PastLongest: backend.HoldAgain,
 		Text: fmt.Sprintf("one constant delay, %s (DelayedRetryDelay), whatever is asked", b.delay)}
 }
 
@@ -46,7 +93,7 @@ func (b delayedRetry) WorkQueue(string) topology.Topology { return topology.Topo
 func (b delayedRetry) DelayQueues() []backend.DelayQueue  { return nil }
 
 func (b delayedRetry) Park(context.Context, string, *message.Message, time.Duration) error {
-	return fmt.Errorf("%s: holds the failed delivery, it parks no copy", DelayedRetry)
+	return fmt.Errorf("%s: holds the failed delivery, it parks no copy", b.Name())
 }
 
 // Settle has nothing to arrange: the middleware's nack requeues msg and the broker
@@ -56,3 +103,14 @@ func (b delayedRetry) Settle(*message.Message, time.Duration, message.Metadata) 
 }
 
 func (b delayedRetry) Close() error { return nil }
+
+// HoldsEveryRetry tells that the work queue holds every retry: the Config's
+// HeldRetries are this backend's own.
+func (DelayedRetry) HoldsEveryRetry() bool { return true }
+
+func (b DelayedRetry) with(s Settings) Backend {
+	if s.Delay != 0 {
+		b.Delay = s.Delay
+	}
+	return b
+}

@@ -8,7 +8,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry/internal/backend"
-	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -27,15 +26,33 @@ type deliveryTime struct {
 // reads them back with it.
 const AnnotationPrefix = "x-opt-"
 
-func openDeliveryTime(_ backend.Spec, env backend.Env, _ names.Names) (backend.Backend, error) {
-	return deliveryTime{redeliver: env.Redeliver}, nil
+// DeliveryTime ("delivery-time") has RabbitMQ 4.3+ hold a failed delivery received
+// over AMQP 1.0 in its quorum queue until an exact time (the modified outcome with
+// x-opt-delivery-time): any delay per message, no copy. It needs the AMQP 1.0
+// transport, github.com/amqpretry/amqpretry/amqp1. It has no settings.
+type DeliveryTime struct{}
+
+// Name is "delivery-time".
+func (DeliveryTime) Name() string { return "delivery-time" }
+
+func (b DeliveryTime) String() string { return b.Name() }
+
+// Open opens the backend, settling through s.Env.Redeliver.
+func (DeliveryTime) Open(s backend.Setup) (backend.Backend, error) {
+	return deliveryTime{redeliver: s.Env.Redeliver}, nil
 }
 
-func (deliveryTime) Name() string { return string(DeliveryTime) }
+func (deliveryTime) Name() string { return DeliveryTime{}.Name() }
 
 func (deliveryTime) Caps() backend.Caps {
-	return backend.Caps{Keeps: backend.KeepsDelivery, Delays: backend.AnyDelay, CarriesEnvelope: true, AMQP1: true, Text: "1ms steps, any delay"}
+	return backend.Caps{Keeps: backend.KeepsDelivery, CarriesEnvelope: true, Text: "1ms steps, any delay"}
 }
+
+// SettlesAMQP1: it settles with the AMQP 1.0 modified outcome.
+func (deliveryTime) SettlesAMQP1() bool { return true }
+
+// CheckVersion refuses RabbitMQ older than 4.3, which does not hold such a delivery.
+func (b deliveryTime) CheckVersion(v string) error { return needs43(b.Name(), v) }
 
 // Effective rounds requested up to whole milliseconds, at least 1 ms.
 func (deliveryTime) Effective(requested time.Duration) (time.Duration, error) {
@@ -47,17 +64,17 @@ func (deliveryTime) WorkQueue(string) topology.Topology { return topology.Topolo
 func (deliveryTime) DelayQueues() []backend.DelayQueue  { return nil }
 
 func (deliveryTime) Park(context.Context, string, *message.Message, time.Duration) error {
-	return fmt.Errorf("%s: holds the failed delivery, it parks no copy", DeliveryTime)
+	return fmt.Errorf("%s: holds the failed delivery, it parks no copy", DeliveryTime{})
 }
 
-// NeedsAMQP1 is the error of a backend that needs the AMQP 1.0 transport (Caps.AMQP1)
-// configured with an AMQP 0-9-1 one (watermill-amqp).
-func NeedsAMQP1(name Backend) error {
+// NeedsAMQP1 is the error of a backend (name) that needs the AMQP 1.0 transport (the
+// AMQP1 trait) configured with an AMQP 0-9-1 one (watermill-amqp).
+func NeedsAMQP1(name string) error {
 	return fmt.Errorf("Backend: %s is %w on the AMQP 0-9-1 transport (watermill-amqp): it settles a failed delivery with an AMQP 1.0 outcome; use the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1, or another Backend (%s, %s, %s)",
-		name, ErrUnsupported, TTLTiers, BinaryLevels, DelayedRetry)
+		name, ErrUnsupported, TTLTiers{}, BinaryLevels{}, DelayedRetry{})
 }
 
-var errNoTransport = fmt.Errorf("%s is %w on the AMQP 0-9-1 transport: it needs the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1", DeliveryTime, ErrUnsupported)
+var errNoTransport = fmt.Errorf("%s is %w on the AMQP 0-9-1 transport: it needs the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1", DeliveryTime{}, ErrUnsupported)
 
 // Settle asks the transport to settle msg modified, due after effective, with the
 // envelope as annotations, when the middleware nacks it.
@@ -70,7 +87,7 @@ func (b deliveryTime) Settle(msg *message.Message, effective time.Duration, enve
 		ann[AnnotationPrefix+k] = v
 	}
 	if err := b.redeliver(msg, time.Now().Add(effective), ann); err != nil {
-		return fmt.Errorf("%s: settle message %s: %w", DeliveryTime, msg.UUID, err)
+		return fmt.Errorf("%s: settle message %s: %w", DeliveryTime{}, msg.UUID, err)
 	}
 	return nil
 }

@@ -1,19 +1,29 @@
-// Package delay holds the delay backends: their names (type Backend), the errors they
+// Package delay holds the delay backends: Backend, the interface of a backend as
+// configured (the type of amqpretry.Config.Backend), its values TTLTiers (the default),
+// BinaryLevels, DelayedExchange, DelayedRetry, DeliveryTime and Memory, each holding
+// its own settings, Parse for a backend named by configuration, the errors they
 // return, and their implementations, one file per backend (ttltiers.go,
 // binarylevels.go, delayedexchange.go, delayedretry.go, deliverytime.go, memory.go),
 // each saying what it declares, how it sizes a delay and how it parks a message or
-// holds the failed delivery; prepare.go readies a backend on the broker at start-up; and
-// handoff.go is the hand-off, the delay publisher: the confirmed publish, on a
-// connection of its own, through which every copy reaches the broker before its
-// original is acked. New builds a backend, Dial a hand-off; the contract, with what
-// each backend can do (Caps), is the library's internal/backend, and the middleware and
-// package ops decide from that alone. Adding a backend is a file here and its line in
-// the table of backend.go.
+// holds the failed delivery, and what it alone does (the optional interfaces of the
+// library's internal/backend: a version gate, work queue arguments, command-line
+// flags, its storage as ops reads it); prepare.go readies a backend on the broker at
+// start-up; and handoff.go is the hand-off, the delay publisher: the confirmed
+// publish, on a connection of its own, through which every copy reaches the broker
+// before its original is acked. Open opens a backend, Dial a hand-off; the middleware,
+// the Config and package ops decide from what a backend implements alone. Adding a
+// backend is a file here and its line in the parse table of backend.go.
 //
-// Import it to name a backend in code (amqpretry.Config.Backend is a Backend; a name
-// read from configuration converts with delay.Backend(s), so a deployment can switch
-// backends by configuration alone) or to match ErrDelayTooLong, ErrPluginMissing or
-// ErrUnsupported.
+// Import it to configure a backend in code,
+//
+//	Backend: delay.BinaryLevels{Levels: 20},
+//
+// to read one from configuration (a deployment switches backends by configuration
+// alone),
+//
+//	Backend: must(delay.Parse(os.Getenv("DELAY_BACKEND"))), // "" is ttl-tiers
+//
+// or to match ErrDelayTooLong, ErrPluginMissing or ErrUnsupported.
 //
 //	backend           precision                    longest delay          broker
 //	ttl-tiers         snaps up to the next tier    the longest tier (1h)  3.10+

@@ -1,17 +1,34 @@
 package delay
 
 import (
-	"slices"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry/internal/backend"
-	"github.com/amqpretry/amqpretry/internal/names"
 )
 
-// AddBackend adds a line to the table of backends for the test: a backend defined in a
-// test is wired as any other. The returned func removes it.
-func AddBackend(name Backend, open func(s backend.Spec, env backend.Env, n names.Names) (backend.Backend, error)) (remove func()) {
-	backends = append(backends, entry{name: name, open: open})
-	return func() {
-		backends = slices.DeleteFunc(backends, func(e entry) bool { return e.name == name })
-	}
+// Spec is a backend by name with flat settings, for the tests' tables: the value Parse
+// gives for Name, opened with the settings as the Config's deprecated fields.
+type Spec struct {
+	Name       string
+	Prefix     string
+	Tiers      []time.Duration
+	Levels     int
+	RetryDelay time.Duration
+	Memory     message.Publisher
 }
+
+func (s Spec) open(env backend.Env) (backend.Backend, error) {
+	v, err := Parse(s.Name)
+	if err != nil {
+		return nil, err
+	}
+	return Open(v, backend.Setup{Prefix: s.Prefix, Env: env, Legacy: backend.Legacy{Tiers: s.Tiers, Levels: s.Levels, RetryDelay: s.RetryDelay, Memory: s.Memory}})
+}
+
+// New opens the backend s names, parking through env.
+func New(s Spec, env backend.Env) (backend.Backend, error) { return s.open(env) }
+
+// Lookup opens the backend s names, for planning and sizing.
+func Lookup(s Spec) (backend.Backend, error) { return s.open(backend.Env{}) }

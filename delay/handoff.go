@@ -175,10 +175,10 @@ func (h *publisher) Publish(ctx context.Context, exchange, key string, msg *mess
 }
 
 // ToQueue publishes msg to queue, a poison queue, through the default exchange,
-// mandatory. A queue that is gone is declared again (declare.HoldingQueue).
+// mandatory. A queue that is gone is declared again (declare.ReviewQueue).
 func (h *publisher) ToQueue(ctx context.Context, queue string, msg *message.Message) error {
 	owned := func() topology.Topology {
-		return topology.Topology{Queues: []topology.Queue{declare.HoldingQueue(queue, "poison")}}
+		return topology.Topology{Queues: []topology.Queue{declare.ReviewQueue(queue, "poison")}}
 	}
 	return h.Publish(ctx, "", queue, msg, nil, true, owned)
 }

@@ -324,13 +324,13 @@ func TestDeletedOwnedRouteIsDeclaredAgain(t *testing.T) {
 		}
 	}
 
-	// ToQueue declares a deleted poison queue again, as a holding queue.
+	// ToQueue declares a deleted poison queue again, as a review queue.
 	poison := prefix + ".poison"
 	brokertest.Cleanup(t, []string{poison}, nil)
 	if err := h.ToQueue(ctx, poison, message.NewMessage("p", nil)); err != nil {
 		t.Fatal(err)
 	}
-	check := topology.Topology{Queues: []topology.Queue{declare.HoldingQueue(poison, "poison")}}
+	check := topology.Topology{Queues: []topology.Queue{declare.ReviewQueue(poison, "poison")}}
 	findings, err := check.Check(brokertest.Dial(t), false)
 	if err != nil || len(findings) != 1 || findings[0].Status != topology.VerdictOK {
 		t.Fatalf("poison queue declared again: %+v, %v", findings, err)

@@ -10,11 +10,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry/internal/backend"
-	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
-// memory holds each message in a timer of this process and publishes it to Config.Memory
+// memory holds each message in a timer of this process and publishes it to its Publisher
 // when its delay is over. It is NOT durable: messages waiting when the process stops
 // (or Close is called) are lost. It exists for tests and for the quickstart on
 // Watermill's GoChannel; never use it in production.
@@ -27,21 +26,55 @@ type memory struct {
 	closed bool
 }
 
-func newMemory(env backend.Env) *memory {
-	return &memory{pub: env.Memory, logger: env.Logger, timers: map[*time.Timer]struct{}{}}
+// Memory ("memory") holds a retry in a timer of this process and publishes it to
+// Publisher when its delay is over: not durable, for tests and demos only.
+type Memory struct {
+	// Publisher is where a retry is published when its delay is over, with the queue
+	// as topic; in-process (no broker URI), also where poisoned messages go, and, if
+	// it is a message.Subscriber (a GoChannel), what AddHandler subscribes to.
+	// Required (nil takes the Config's deprecated Memory).
+	Publisher message.Publisher
+}
+
+// Name is "memory".
+func (Memory) Name() string { return "memory" }
+
+func (b Memory) String() string { return b.Name() }
+
+// Open opens the backend; without a Publisher it only plans (Validate refuses it).
+func (b Memory) Open(s backend.Setup) (backend.Backend, error) {
+	pub := b.Publisher
+	if pub == nil {
+		pub = s.Legacy.Memory
+	}
+	return newMemory(pub, s.Env.Logger), nil
+}
+
+func newMemory(pub message.Publisher, logger watermill.LoggerAdapter) *memory {
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	return &memory{pub: pub, logger: logger, timers: map[*time.Timer]struct{}{}}
 }
 
 var errMemoryClosed = errors.New("memory delay backend is closed")
 
-func openMemory(_ backend.Spec, env backend.Env, _ names.Names) (backend.Backend, error) {
-	return newMemory(env), nil
-}
-
-func (m *memory) Name() string { return string(Memory) }
+func (m *memory) Name() string { return Memory{}.Name() }
 
 func (m *memory) Caps() backend.Caps {
-	return backend.Caps{Keeps: backend.KeepsCopy, Delays: backend.AnyDelay, CarriesEnvelope: true, InProcess: true, Text: "any delay, held in this process"}
+	return backend.Caps{Keeps: backend.KeepsCopy, CarriesEnvelope: true, Text: "any delay, held in this process"}
 }
+
+// Validate refuses a memory backend without a publisher.
+func (m *memory) Validate() error {
+	if m.pub == nil {
+		return errors.New("Memory: required for the memory backend: set delay.Memory{Publisher: ...}")
+	}
+	return nil
+}
+
+// Local is the publisher retries come back through: nothing is on a broker.
+func (m *memory) Local() message.Publisher { return m.pub }
 
 // Effective is requested: timers have no tiers.
 func (m *memory) Effective(requested time.Duration) (time.Duration, error) { return requested, nil }
@@ -93,4 +126,11 @@ func (m *memory) Close() error {
 	}
 	m.timers = nil
 	return nil
+}
+
+func (b Memory) with(s Settings) Backend {
+	if s.Publisher != nil {
+		b.Publisher = s.Publisher
+	}
+	return b
 }

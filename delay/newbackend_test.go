@@ -14,23 +14,30 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
-	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
-// stepBackend is a backend defined in a test: it keeps a copy in this process for one
-// step of 20ms, and refuses a delay past one second. It is one type and its line in the
-// table (AddBackend); the middleware takes it through its Caps alone.
+// step is a backend value defined in a test: it opens stepBackend, which keeps a copy
+// in this process for one step of 20ms, and refuses a delay past one second. The
+// middleware takes it through its Caps and the traits it implements alone.
+type stepValue struct{ pub message.Publisher }
+
+func (stepValue) Name() string { return "step" }
+func (v stepValue) Open(backend.Setup) (backend.Backend, error) {
+	return stepBackend(v), nil
+}
+
 type stepBackend struct{ pub message.Publisher }
 
 const step = 20 * time.Millisecond
 
 func (stepBackend) Name() string { return "step" }
 func (stepBackend) Caps() backend.Caps {
-	return backend.Caps{Keeps: backend.KeepsCopy, Delays: backend.LadderDelays, Longest: time.Second, PastLongest: backend.Refuse,
-		CarriesEnvelope: true, InProcess: true, Text: "20ms, up to 1s"}
+	return backend.Caps{Keeps: backend.KeepsCopy, Longest: time.Second, PastLongest: backend.Refuse,
+		CarriesEnvelope: true, Text: "20ms, up to 1s"}
 }
+func (b stepBackend) Local() message.Publisher { return b.pub }
 func (stepBackend) Effective(d time.Duration) (time.Duration, error) {
 	if d > time.Second {
 		return 0, fmt.Errorf("step: %w: %s", delay.ErrDelayTooLong, d)
@@ -47,17 +54,13 @@ func (b stepBackend) Park(_ context.Context, queue string, msg *message.Message,
 	return nil
 }
 
-// TestBackendDefinedInATest: a new backend is one type and its line in the table; the
-// Config, its validation and the middleware take it without a change: a failure comes
-// back through it carrying its envelope, and a delay past its longest is poisoned, as
-// its Caps say.
+// TestBackendDefinedInATest: a new backend is a value type; the Config, its validation
+// and the middleware take it without a change: a failure comes back through it
+// carrying its envelope, and a delay past its longest is poisoned, as its Caps say.
 func TestBackendDefinedInATest(t *testing.T) {
-	defer delay.AddBackend("step", func(_ backend.Spec, env backend.Env, _ names.Names) (backend.Backend, error) {
-		return stepBackend{pub: env.Memory}, nil
-	})()
 	pubsub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 16}, watermill.NopLogger{})
 	defer pubsub.Close()
-	cfg := amqpretry.Config{Backend: "step", Memory: pubsub, Policy: amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{10 * time.Millisecond}}}
+	cfg := amqpretry.Config{Backend: stepValue{pubsub}, Policy: amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{10 * time.Millisecond}}}
 	r, err := middleware.New(cfg, middleware.Transport{})
 	if err != nil {
 		t.Fatal(err)

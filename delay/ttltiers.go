@@ -3,7 +3,9 @@ package delay
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -37,11 +39,41 @@ type ttlTiers struct {
 	exchange string          // the delay exchange
 }
 
-func openTTLTiers(s backend.Spec, env backend.Env, n names.Names) (backend.Backend, error) {
-	if err := validateTiers(s.Tiers); err != nil {
+// TTLTiers (the default backend, "ttl-tiers") parks a retry in one of a ladder of
+// quorum queues with queue-level TTLs; a delay snaps up to the next tier, and one
+// longer than the longest tier waits the longest, then is parked again when it comes
+// back, until it is due: never early.
+type TTLTiers struct {
+	// Tiers is the ladder: one queue per delay, each a whole number of milliseconds
+	// from 1ms to ten years. Default (nil): 34 tiers about 25% apart, 1s 1.25s 1.6s 2s
+	// 2.5s 3.15s 4s 5s 6.3s 8s, the same times 10 and 100 (10s to 8m20s), then 10m 15m
+	// 20m 30m 45m 1h. An empty, non-nil list is refused.
+	Tiers []time.Duration
+}
+
+// Name is "ttl-tiers".
+func (TTLTiers) Name() string { return "ttl-tiers" }
+
+func (b TTLTiers) String() string { return b.Name() }
+
+// Open validates the tiers (nil takes the Config's deprecated Tiers, then the
+// default ladder) and opens the backend.
+func (b TTLTiers) Open(s backend.Setup) (backend.Backend, error) {
+	tiers := b.Tiers
+	if tiers == nil {
+		tiers = s.Legacy.Tiers
+	}
+	if tiers == nil {
+		tiers = backend.DefaultTiers()
+	}
+	return openTTLTiers(tiers, s.Env, names.Names{Prefix: s.Prefix})
+}
+
+func openTTLTiers(given []time.Duration, env backend.Env, n names.Names) (*ttlTiers, error) {
+	if err := validateTiers(given); err != nil {
 		return nil, err
 	}
-	tiers := slices.Clone(s.Tiers)
+	tiers := slices.Clone(given)
 	slices.Sort(tiers)
 	tierKeys := make([]string, len(tiers))
 	for i, t := range tiers {
@@ -50,11 +82,30 @@ func openTTLTiers(s backend.Spec, env backend.Env, n names.Names) (backend.Backe
 	return &ttlTiers{env: env, names: n, tiers: tiers, tierKeys: tierKeys, exchange: n.DelayExchange()}, nil
 }
 
-func (b *ttlTiers) Name() string { return string(TTLTiers) }
+func (b *ttlTiers) Name() string { return TTLTiers{}.Name() }
+
+// Flags give a ladder other than the default one.
+func (b *ttlTiers) Flags() []string {
+	if slices.Equal(b.tiers, backend.DefaultTiers()) {
+		return nil
+	}
+	return []string{"--tiers", strings.Join(b.tierKeys, ",")}
+}
+
+// StoragePattern matches the queue of any tier under the prefix.
+func (b *ttlTiers) StoragePattern() string {
+	return `^` + regexp.QuoteMeta(b.names.TierQueues()[:len(b.names.TierQueues())-1]) + `[0-9hms.]+$`
+}
+
+// Unenumerable: any tier may have been configured once.
+func (b *ttlTiers) Unenumerable() string { return b.names.TierQueues() }
+
+// QueueOf: a parked copy's routing key is its work queue.
+func (b *ttlTiers) QueueOf(key string) string { return key }
 
 func (b *ttlTiers) Caps() backend.Caps {
 	longest := b.tiers[len(b.tiers)-1]
-	return backend.Caps{Keeps: backend.KeepsCopy, Delays: backend.LadderDelays, Longest: longest, PastLongest: backend.Repark,
+	return backend.Caps{Keeps: backend.KeepsCopy, Longest: longest, PastLongest: backend.Repark,
 		CarriesEnvelope: true, Fix: "add a longer tier to Tiers",
 		Text: fmt.Sprintf("%d tiers from %s to %s, a delay snaps up to the next, a longer one waits %s", len(b.tiers), b.tiers[0], longest, longest)}
 }
@@ -115,3 +166,16 @@ func (b *ttlTiers) Park(ctx context.Context, queue string, msg *message.Message,
 }
 
 func (b *ttlTiers) Close() error { return nil }
+
+func (b TTLTiers) with(s Settings) Backend {
+	if s.Tiers != nil {
+		b.Tiers = s.Tiers
+	}
+	return b
+}
+
+// DefaultTiers returns the default ladder of TTLTiers (its Tiers left nil): 34 tiers
+// from 1s to 1h. A longer ladder extends it:
+//
+//	delay.TTLTiers{Tiers: append(delay.DefaultTiers(), 2*time.Hour)}
+func DefaultTiers() []time.Duration { return backend.DefaultTiers() }

@@ -33,7 +33,7 @@ func QueuesOf(cfg amqpretry.Config) (Queues, error) {
 	if err := cfg.Validate(); err != nil {
 		return Queues{}, fmt.Errorf("metrics: invalid amqpretry config: %w", err)
 	}
-	if cfg.WithDefaults().Derived().Caps.InProcess {
+	if cfg.Derived().InProcess {
 		return Queues{}, errors.New("metrics: the memory backend has no queues on the broker")
 	}
 	plan, err := cfg.Plan()

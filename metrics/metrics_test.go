@@ -139,9 +139,9 @@ func TestMetricsCountWhatHappened(t *testing.T) {
 	brokertest.Dial(t)
 	var retriesReceived, done atomic.Int64
 	r := start(t, brokertest.URI(), amqpretry.Config{
-		Prefix: brokertest.Prefix(t),
-		Tiers:  []time.Duration{500 * time.Millisecond},
-		Policy: amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}},
+		Prefix:  brokertest.Prefix(t),
+		Backend: delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}},
+		Policy:  amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}},
 	}, func(msg *message.Message) error {
 		if amqpretry.Attempt(msg) > 1 {
 			retriesReceived.Add(1)
@@ -250,7 +250,7 @@ func TestDelayedRetryMetrics(t *testing.T) {
 		Prefix:            brokertest.Prefix(t),
 		HeldRetries:       1,
 		DelayedRetryDelay: 200 * time.Millisecond,
-		Tiers:             []time.Duration{300 * time.Millisecond},
+		Backend:           delay.TTLTiers{Tiers: []time.Duration{300 * time.Millisecond}},
 		Policy:            amqpretry.Policy{Delays: []time.Duration{300 * time.Millisecond}},
 		// Every message fails its first two attempts, all published together: new
 		// messages and retries failing, which is what an outage looks like
@@ -302,11 +302,11 @@ func TestObserveLabelsAHeldRetryWithoutItsBackend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mx.Observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: "q", Backend: delay.DelayedRetry, Attempt: 1, Effective: time.Second})
+	mx.Observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: "q", Backend: delay.DelayedRetry{}.Name(), Attempt: 1, Effective: time.Second})
 	mx.Observe(amqpretry.Event{Kind: amqpretry.EventDelivered, Queue: "q", Attempt: 2, Late: true, Lateness: 3 * time.Millisecond})
-	mx.Observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: "q", Backend: delay.TTLTiers, Attempt: 2, Handoff: time.Millisecond})
+	mx.Observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: "q", Backend: delay.TTLTiers{}.Name(), Attempt: 2, Handoff: time.Millisecond})
 	mx.Observe(amqpretry.Event{Kind: amqpretry.EventDelivered, Queue: "q", Attempt: 3, Late: true, Lateness: 5 * time.Millisecond})
-	mx.Observe(amqpretry.Event{Kind: amqpretry.EventDelivered, Queue: "q", Attempt: 3, Backend: delay.BinaryLevels, Late: true})
+	mx.Observe(amqpretry.Event{Kind: amqpretry.EventDelivered, Queue: "q", Attempt: 3, Backend: delay.BinaryLevels{}.Name(), Late: true})
 	mx.Observe(amqpretry.Event{Kind: amqpretry.EventDelivered, Queue: "other", Attempt: 2, Late: true})
 	got := flatten(mustGather(t, reg))
 	for k, want := range map[string]float64{
@@ -362,16 +362,16 @@ func TestQueuesOf(t *testing.T) {
 		want    metrics.Queues
 		wantErr string
 	}{
-		{"ttl-tiers", amqpretry.Config{Prefix: "p", Tiers: []time.Duration{time.Second, time.Minute}},
+		{"ttl-tiers", amqpretry.Config{Prefix: "p", Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second, time.Minute}}},
 			metrics.Queues{Delay: []string{"p.delay.1s", "p.delay.1m"}, Parking: "p.parking", Poison: "p.poison"}, ""},
-		{"binary-levels", amqpretry.Config{Backend: delay.BinaryLevels, Prefix: "p", Levels: 2, PoisonQueue: "dead", Policy: amqpretry.Policy{MaxInterval: 3 * time.Second}},
+		{"binary-levels", amqpretry.Config{Backend: delay.BinaryLevels{Levels: 2}, Prefix: "p", PoisonQueue: "dead", Policy: amqpretry.Policy{MaxInterval: 3 * time.Second}},
 			metrics.Queues{Delay: []string{"p.level.0", "p.level.1"}, Parking: "p.parking", Poison: "dead"}, ""},
-		{"delayed-retry", amqpretry.Config{Backend: delay.DelayedRetry},
+		{"delayed-retry", amqpretry.Config{Backend: delay.DelayedRetry{}},
 			metrics.Queues{Poison: "amqpretry.poison"}, ""},
-		{"two-stage", amqpretry.Config{Prefix: "p", HeldRetries: 2, Tiers: []time.Duration{time.Second}},
+		{"two-stage", amqpretry.Config{Prefix: "p", HeldRetries: 2, Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second}}},
 			metrics.Queues{Delay: []string{"p.delay.1s"}, Parking: "p.parking", Poison: "p.poison"}, ""},
-		{"memory", amqpretry.Config{Backend: delay.Memory, Memory: nopPublisher{}}, metrics.Queues{}, "memory backend"},
-		{"invalid", amqpretry.Config{Backend: "nope"}, metrics.Queues{}, `unknown backend "nope"`},
+		{"memory", amqpretry.Config{Backend: delay.Memory{Publisher: nopPublisher{}}}, metrics.Queues{}, "memory backend"},
+		{"invalid", amqpretry.Config{Backend: delay.BinaryLevels{Levels: 40}}, metrics.Queues{}, "Levels: 40"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, err := metrics.QueuesOf(c.cfg)

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/metrics"
 )
@@ -94,10 +95,10 @@ func TestOutageMetricsOnTheBroker(t *testing.T) {
 	var up atomic.Bool
 	var done atomic.Int64
 	r := start(t, brokertest.URI(), amqpretry.Config{
-		Prefix: brokertest.Prefix(t),
-		Tiers:  []time.Duration{500 * time.Millisecond},
-		Policy: amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}},
-		Outage: amqpretry.Outage{ProbeInterval: 50 * time.Millisecond, MaxProbeInterval: 100 * time.Millisecond},
+		Prefix:  brokertest.Prefix(t),
+		Backend: delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}},
+		Policy:  amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}},
+		Outage:  amqpretry.Outage{ProbeInterval: 50 * time.Millisecond, MaxProbeInterval: 100 * time.Millisecond},
 	}, func(*message.Message) error {
 		if !up.Load() {
 			return amqpretry.Unavailable(errors.New("database down"))

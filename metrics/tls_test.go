@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/tlstest"
 	"github.com/amqpretry/amqpretry/metrics"
@@ -25,7 +26,7 @@ func TestTLSGauges(t *testing.T) {
 	const m = 2
 	env := tlstest.Get(t)
 	withCA := tlstest.WithQuery(t, env.URI, "cacertfile", env.File("ca.pem"))
-	r := start(t, withCA, amqpretry.Config{Prefix: brokertest.Prefix(t), Tiers: []time.Duration{time.Second}},
+	r := start(t, withCA, amqpretry.Config{Prefix: brokertest.Prefix(t), Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second}}},
 		func(*message.Message) error { return amqpretry.Permanent(errors.New("malformed")) })
 	r.publish(t, 0, m)
 	poisoned := fmt.Sprintf(`amqpretry_poisoned_total{queue=%q,reason="permanent"}`, r.topic)

@@ -32,7 +32,7 @@ func TestRefreshWaiting(t *testing.T) {
 	}
 	prefix := brokertest.Prefix(t)
 	busy, idle := prefix+".orders", prefix+".invoices"
-	cfg := amqpretry.Config{Prefix: prefix, Tiers: []time.Duration{10 * time.Minute}}
+	cfg := amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers{Tiers: []time.Duration{10 * time.Minute}}}
 	plan, err := cfg.Plan(busy, idle)
 	if err != nil {
 		t.Fatal(err)
@@ -52,8 +52,7 @@ func TestRefreshWaiting(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	c := cfg.WithDefaults()
-	b, err := delay.New(backend.Spec{Name: string(c.Backend), Prefix: c.Prefix, Tiers: c.Tiers}, backend.Env{Handoff: h})
+	b, err := cfg.Derived().Open(backend.Env{Handoff: h})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -57,7 +57,7 @@ func BenchmarkBareHandler(b *testing.B) {
 func BenchmarkRetrySuccessPath(b *testing.B) {
 	// In-process, as retry.Start builds it on the memory backend.
 	b.Run("in-process", func(b *testing.B) {
-		r, err := start(amqpretry.Config{Backend: delay.Memory, Memory: discard{}}.WithDefaults(), Transport{})
+		r, err := start(amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}}.WithDefaults(), Transport{})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -68,7 +68,7 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	requested := decided.Delay
 	switch {
 	case requested > 0:
-	case caps.Delays == backend.ConstantDelay:
+	case target.constant:
 		requested = caps.Longest // its one delay is the one asked for: no schedule to follow
 	default:
 		// The schedule starts after the retries before the copying backend's: the
@@ -182,7 +182,7 @@ func (e *engine) holdsRetry(d delivery, dec amqpretry.Decision) bool {
 	switch {
 	case e.holder == nil:
 		return false
-	case e.holder.caps.Delays != backend.ConstantDelay:
+	case !e.holder.constant:
 		return true
 	case e.held.isBroken(d.queue):
 		return false

@@ -22,7 +22,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry"
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/ctxkey"
 	"github.com/amqpretry/amqpretry/internal/keys"
@@ -54,7 +53,9 @@ type engine struct {
 type kept struct {
 	backend.Backend
 	caps backend.Caps
-	name delay.Backend
+	name string
+	// constant: it holds every retry for one delay, caps.Longest (backend.Constant).
+	constant bool
 }
 
 // keep reads b's caps and name once; nil for none.
@@ -62,7 +63,8 @@ func keep(b backend.Backend) *kept {
 	if b == nil {
 		return nil
 	}
-	return &kept{Backend: b, caps: b.Caps(), name: delay.Backend(b.Name())}
+	_, constant := b.(backend.Constant)
+	return &kept{Backend: b, caps: b.Caps(), name: b.Name(), constant: constant}
 }
 
 // delivery is what the engine reads of a message once, when it arrives.
@@ -132,7 +134,7 @@ func (e *engine) read(msg *message.Message) delivery {
 	}
 	if ok && d.owned {
 		d.held, d.heldDue, d.heldUntil, d.rehelds, d.early = true, h.due, h.until, h.rehelds, h.early
-		d.backEarly = e.holder.caps.Delays == backend.ConstantDelay && d.at.Sub(h.due) < -e.holder.caps.Longest/2
+		d.backEarly = e.holder.constant && d.at.Sub(h.due) < -e.holder.caps.Longest/2
 		if !h.env.FirstFailure.IsZero() {
 			d.envelope, remembered = h.env, true
 			h.env.Write(msg.Metadata)

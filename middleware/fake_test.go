@@ -10,7 +10,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry"
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/topology"
 )
@@ -19,7 +18,7 @@ import (
 // effective says) and keeps what it is given to park, or fails as park says. It can
 // what caps says (zero: keeps a copy, any delay, no longest).
 type fakeBackend struct {
-	name      delay.Backend
+	name      string
 	caps      backend.Caps
 	effective func(time.Duration) (time.Duration, error)
 	park      func(msg *message.Message) error // nil: accept
@@ -41,7 +40,7 @@ func (b *fakeBackend) Name() string {
 	if b.name == "" {
 		return "fake"
 	}
-	return string(b.name)
+	return b.name
 }
 
 func (b *fakeBackend) Caps() backend.Caps { return b.caps }

@@ -363,9 +363,9 @@ func TestOutageOnTheMemoryBackend(t *testing.T) {
 	var runsDown, runsDownBefore atomic.Int64
 	rec := &outageRecorder{}
 	retry, err := New(amqpretry.Config{
-		Backend: delay.Memory, Memory: pubsub,
-		Policy: amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{20 * time.Millisecond}},
-		Outage: amqpretry.Outage{ProbeInterval: 5 * time.Millisecond, MaxProbeInterval: 20 * time.Millisecond},
+		Backend: delay.Memory{Publisher: pubsub},
+		Policy:  amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{20 * time.Millisecond}},
+		Outage:  amqpretry.Outage{ProbeInterval: 5 * time.Millisecond, MaxProbeInterval: 20 * time.Millisecond},
 		Observe: func(ev amqpretry.Event) {
 			if ev.Kind == amqpretry.EventOutageStarted {
 				started.Store(true)

@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/internal/backend"
 )
 
 // Transport is what the retry middleware needs of the transport its messages come
@@ -66,21 +67,22 @@ type Retry struct{ r *retry }
 // and builds the middleware. An invalid config touches nothing on the broker.
 //
 // With the memory backend and no URI, everything stays in this process:
-// Config.Memory (a GoChannel, say) receives the retries and the poisoned messages.
+// delay.Memory{Publisher: ...} (a GoChannel, say) receives the retries and the poisoned messages.
 func New(cfg amqpretry.Config, t Transport) (*Retry, error) {
-	withDefaults := cfg.WithDefaults()
+	// Derived once, from cfg as given (its policy is checked apart from its
+	// defaults), and handed down with the Config.
+	v := cfg.Derived()
+	withDefaults := cfg.WithDerived(v)
 	var errs []error
 	if t.Validate != nil {
 		errs = append(errs, t.Validate(withDefaults))
 	}
-	// Validate reads the policy as given (an explicit value is checked apart from its
-	// default), so it takes cfg itself.
-	errs = append(errs, cfg.Validate())
+	errs = append(errs, v.Invalid)
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("invalid config: %w", err)
 	}
-	if t.URI == "" && !withDefaults.Derived().Caps.InProcess {
-		return nil, fmt.Errorf("invalid config: Transport.URI: required for the %s backend", withDefaults.Backend)
+	if t.URI == "" && !v.InProcess {
+		return nil, fmt.Errorf("invalid config: Transport.URI: required for the %s backend", v.Name)
 	}
 	r, err := start(withDefaults, t)
 	if err != nil {
@@ -150,8 +152,12 @@ func (r *Retry) DeliveredFor(queue func(topic string) string) func(msg *message.
 }
 
 // Config returns the configuration this Retry runs with, defaults applied: its poison
-// queue, prefix, backend and policy.
-func (r *Retry) Config() amqpretry.Config { return r.r.cfg }
+// queue, prefix, backend and policy. A copy changed and planned again derives afresh.
+func (r *Retry) Config() amqpretry.Config { return r.r.cfg.WithDefaults() }
+
+// Derived is what New derived from the Config, once: for this module's transports
+// (its type is internal).
+func (r *Retry) Derived() backend.Derived { return r.r.view }
 
 // Bind gives queue its way back from the delay backend on ch, as Config.Topology says
 // (declares it, checks it, or nothing), and records that retries can come back to

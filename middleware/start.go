@@ -51,12 +51,12 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 	e := &engine{cfg: cfg, wiring: wiring{Queue: t.Queue}, outages: newOutages(cfg.Outage)}
 	r.engine = e
 	if t.URI == "" {
-		b, err := delay.New(v.Backend, backend.Env{Memory: cfg.Memory, Logger: cfg.Logger})
+		b, err := v.Open(backend.Env{Logger: cfg.Logger})
 		if err != nil {
 			return nil, fmt.Errorf("invalid config: %w", err)
 		}
 		e.backend = keep(b)
-		e.poisonQ = func(_ context.Context, msg *message.Message) error { return cfg.Memory.Publish(cfg.PoisonQueue, msg) }
+		e.poisonQ = func(_ context.Context, msg *message.Message) error { return v.Local.Publish(cfg.PoisonQueue, msg) }
 		r.logReady()
 		return r, nil
 	}
@@ -78,12 +78,8 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 
 func (r *retry) prepare() error {
 	cfg, e, v := r.cfg, r.engine, r.handoff.Version()
-	var held backend.Backend // the first retries, held in the work queue
-	if r.view.Held != nil {
-		var err error
-		if held, err = delay.New(*r.view.Held, backend.Env{}); err != nil {
-			return fmt.Errorf("invalid config: %w", err)
-		}
+	held := r.view.Held // the first retries, held in the work queue
+	if held != nil {
 		// Refuses a broker older than 4.3, before anything is declared.
 		if err := delay.Prepare(held, r.handoff, cfg.Topology); err != nil {
 			if errors.Is(err, delay.ErrUnsupported) {
@@ -92,7 +88,7 @@ func (r *retry) prepare() error {
 			return err
 		}
 	}
-	b, err := delay.New(r.view.Backend, backend.Env{Handoff: r.handoff, Memory: cfg.Memory, Redeliver: r.t.Redeliver, Logger: cfg.Logger})
+	b, err := r.view.Open(backend.Env{Handoff: r.handoff, Redeliver: r.t.Redeliver, Logger: cfg.Logger})
 	if err != nil {
 		return fmt.Errorf("invalid config: %w", err)
 	}
@@ -104,7 +100,7 @@ func (r *retry) prepare() error {
 		}
 		return r.view.Fix.Hint(err, "")
 	}
-	if err := r.handoff.Ensure(cfg.Topology, topology.Topology{Queues: []topology.Queue{declare.HoldingQueue(cfg.PoisonQueue, "poison")}}); err != nil {
+	if err := r.handoff.Ensure(cfg.Topology, topology.Topology{Queues: []topology.Queue{declare.ReviewQueue(cfg.PoisonQueue, "poison")}}); err != nil {
 		return fmt.Errorf("poison queue (topology mode %s): %w", cfg.Topology, r.view.Fix.Hint(err, ""))
 	}
 	switch {

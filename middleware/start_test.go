@@ -95,7 +95,7 @@ func TestDeadLetterWarning(t *testing.T) {
 // the poison queue's topic.
 func TestStartInProcess(t *testing.T) {
 	rec := brokertest.NewRecorder(10)
-	cfg := amqpretry.Config{Backend: delay.Memory, Memory: rec, Policy: amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{time.Millisecond}}}
+	cfg := amqpretry.Config{Backend: delay.Memory{Publisher: rec}, Policy: amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{time.Millisecond}}}
 	retry, err := New(cfg, Transport{})
 	if err != nil {
 		t.Fatal(err)
@@ -136,9 +136,12 @@ type holding struct {
 }
 
 func newHolding(d time.Duration) *holding {
-	return &holding{fakeBackend: fakeBackend{name: delay.DelayedRetry, effective: func(time.Duration) (time.Duration, error) { return d, nil },
-		caps: backend.Caps{Keeps: backend.KeepsDelivery, Delays: backend.ConstantDelay, Longest: d, PastLongest: backend.HoldAgain}}}
+	return &holding{fakeBackend: fakeBackend{name: (delay.DelayedRetry{}).Name(), effective: func(time.Duration) (time.Duration, error) { return d, nil },
+		caps: backend.Caps{Keeps: backend.KeepsDelivery, Longest: d, PastLongest: backend.HoldAgain}}}
 }
+
+// OneDelay: every retry is held for the queue's one delay (backend.Constant).
+func (p *holding) OneDelay() time.Duration { return p.caps.Longest }
 
 func (p *holding) Settle(msg *message.Message, effective time.Duration, envelope message.Metadata) error {
 	p.smu.Lock()
@@ -175,7 +178,7 @@ func TestHeldRetries(t *testing.T) {
 	if held.settled[0] != nil {
 		t.Errorf("an envelope was built for a nack, which cannot carry it: %v", held.settled[0])
 	}
-	if last := events[len(events)-1]; last.Backend != delay.DelayedRetry || last.Effective != time.Minute {
+	if last := events[len(events)-1]; last.Backend != (delay.DelayedRetry{}).Name() || last.Effective != time.Minute {
 		t.Errorf("event %+v", last)
 	}
 	back := func(attempt int) {
@@ -216,7 +219,7 @@ func TestHeldRetryBackEarlyOnceIsNotJudged(t *testing.T) {
 	logs := &countingLogger{}
 	// Every run fails, retries included: outage detection would stop the queue at the
 	// tenth failure; this test is about held retries' early returns.
-	e, _ := newEngine(t, amqpretry.Config{Backend: delay.DelayedRetry, DelayedRetryDelay: time.Second, Logger: logs,
+	e, _ := newEngine(t, amqpretry.Config{Backend: delay.DelayedRetry{}, DelayedRetryDelay: time.Second, Logger: logs,
 		Policy: amqpretry.Policy{MaxAttempts: 10}, Outage: amqpretry.Outage{Off: true}}, nil)
 	e.backend = nil
 	e.holder = keep(newHolding(time.Second))
@@ -260,7 +263,7 @@ func TestHeldRetryBackEarlyOnceIsNotJudged(t *testing.T) {
 // middleware's nack; the handler chain then returns nil, and the router's Ack that
 // follows does nothing: the delivery stays nacked, for the broker to hold.
 func TestHeldSettlesOnce(t *testing.T) {
-	e, _ := newEngine(t, amqpretry.Config{Backend: delay.DelayedRetry, DelayedRetryDelay: time.Second,
+	e, _ := newEngine(t, amqpretry.Config{Backend: delay.DelayedRetry{}, DelayedRetryDelay: time.Second,
 		Policy: amqpretry.Policy{MaxAttempts: 3}}, nil)
 	e.backend = nil
 	held := newHolding(time.Second)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
 )
 
 func TestFilterMatch(t *testing.T) {
@@ -67,15 +68,16 @@ func TestParkedQueueFromRoutingKey(t *testing.T) {
 		key     string
 		want    string
 	}{
-		{delay.TTLTiers, 0, "shop.orders", "shop.orders"},
-		{delay.BinaryLevels, 3, "0.1.1.shop.orders", "shop.orders"},
-		{delay.BinaryLevels, 3, "1.0.0.1.0.queue", "1.0.queue"}, // a queue named like levels
-		{delay.BinaryLevels, 3, "0.1.", ""},                     // too short: unknown
+		{delay.TTLTiers{}, 0, "shop.orders", "shop.orders"},
+		{delay.BinaryLevels{}, 3, "0.1.1.shop.orders", "shop.orders"},
+		{delay.BinaryLevels{}, 3, "1.0.0.1.0.queue", "1.0.queue"}, // a queue named like levels
+		{delay.BinaryLevels{}, 3, "0.1.", ""},                     // too short: unknown
 	} {
-		o := &Ops{}
-		if tt.backend == delay.BinaryLevels {
-			o.skip = 2 * tt.levels
+		b, err := delay.Open(tt.backend, backend.Setup{Prefix: "x", Legacy: backend.Legacy{Levels: tt.levels}})
+		if err != nil {
+			t.Fatal(err)
 		}
+		o := &Ops{backend: b}
 		m, err := o.message(amqp.Delivery{Exchange: "x.deliver", RoutingKey: tt.key}, false)
 		if err != nil {
 			t.Fatal(err)
@@ -85,7 +87,11 @@ func TestParkedQueueFromRoutingKey(t *testing.T) {
 		}
 	}
 	// The envelope's queue wins.
-	m, err := (&Ops{skip: 6}).message(amqp.Delivery{Exchange: "x", RoutingKey: "0.1.1.a", Headers: amqp.Table{"amqpretry-queue": "b"}}, false)
+	b, err := delay.Open(delay.BinaryLevels{Levels: 3}, backend.Setup{Prefix: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := (&Ops{backend: b}).message(amqp.Delivery{Exchange: "x", RoutingKey: "0.1.1.a", Headers: amqp.Table{"amqpretry-queue": "b"}}, false)
 	if err != nil || m.Queue != "b" {
 		t.Errorf("envelope queue: %q, %v", m.Queue, err)
 	}
@@ -95,16 +101,16 @@ func TestParkedQueueFromRoutingKey(t *testing.T) {
 // business (binary-levels with 5 levels holds 31 s, less than the default policy's
 // 10 min), but a broken broker side is refused, naming the field.
 func TestTopologyConfig(t *testing.T) {
-	if _, err := topologyConfig(amqpretry.Config{Backend: delay.BinaryLevels, Levels: 5}); err != nil {
+	if _, err := topologyConfig(amqpretry.Config{Backend: delay.BinaryLevels{Levels: 5}}); err != nil {
 		t.Errorf("binary-levels with 5 levels: %v", err)
 	}
-	if _, err := topologyConfig(amqpretry.Config{Backend: delay.DelayedRetry}); err != nil {
+	if _, err := topologyConfig(amqpretry.Config{Backend: delay.DelayedRetry{}}); err != nil {
 		t.Errorf("delayed-retry: %v", err)
 	}
 	for cfg, want := range map[*amqpretry.Config]string{
-		{Backend: delay.Memory}:                               "memory backend has nothing on the broker",
-		{Backend: delay.BinaryLevels, Levels: 40}:             "Levels: 40",
-		{Backend: "bogus"}:                                    `unknown backend "bogus"`,
+		{Backend: delay.Memory{}}:                             "memory backend has nothing on the broker",
+		{Backend: delay.BinaryLevels{}, Levels: 40}:           "Levels: 40",
+		{Backend: delay.TTLTiers{Tiers: []time.Duration{}}}:   "Tiers: empty",
 		{Tiers: []time.Duration{}}:                            "Tiers: empty",
 		{DelayedRetryDelay: time.Microsecond, HeldRetries: 1}: "DelayedRetryDelay",
 	} {
@@ -118,26 +124,26 @@ func TestTopologyConfig(t *testing.T) {
 // TestHasParking: the backends with a delivery exchange have the parking queue, the
 // others none, whatever the prefix; a Config naming no valid backend has none.
 func TestHasParking(t *testing.T) {
-	want := map[delay.Backend]bool{delay.TTLTiers: true, delay.BinaryLevels: true}
+	want := map[string]bool{"ttl-tiers": true, "binary-levels": true}
 	for _, b := range delay.Backends() {
 		for _, prefix := range []string{"", "orders"} {
-			if got := HasParking(amqpretry.Config{Backend: b, Prefix: prefix}); got != want[b] {
-				t.Errorf("%s, prefix %q: HasParking = %v, want %v", b, prefix, got, want[b])
+			if got := HasParking(amqpretry.Config{Backend: b, Prefix: prefix}); got != want[b.Name()] {
+				t.Errorf("%s, prefix %q: HasParking = %v, want %v", b, prefix, got, want[b.Name()])
 			}
 		}
 	}
 	if !HasParking(amqpretry.Config{}) {
 		t.Error("the default backend: HasParking = false, want true")
 	}
-	if HasParking(amqpretry.Config{Backend: "bogus"}) {
-		t.Error("an unknown backend: HasParking = true")
+	if HasParking(amqpretry.Config{Backend: delay.BinaryLevels{Levels: 40}}) {
+		t.Error("an invalid backend: HasParking = true")
 	}
 }
 
 // TestNewValidatesBeforeDialling: an invalid config never dials (the URI names no
 // broker that could answer).
 func TestNewValidatesBeforeDialling(t *testing.T) {
-	_, err := New(Config{URI: "amqp://u:p@192.0.2.1:1/", Retry: amqpretry.Config{Backend: "bogus"}})
+	_, err := New(Config{URI: "amqp://u:p@192.0.2.1:1/", Retry: amqpretry.Config{Backend: delay.BinaryLevels{Levels: 40}}})
 	if err == nil || !strings.HasPrefix(err.Error(), "invalid config:") {
 		t.Errorf("New: %v", err)
 	}
@@ -150,8 +156,13 @@ func TestNewValidatesBeforeDialling(t *testing.T) {
 // installed here; RabbitMQ 4.3 cannot run it), its count is an error that says so,
 // never a number; without rabbitmqctl, an error that says what is needed.
 func TestPluginCountFailsLoudly(t *testing.T) {
-	o := &Ops{retry: amqpretry.Config{Prefix: "amqpretry-test-plugin"}.WithDefaults(), vhost: "/"}
+	o := &Ops{retry: amqpretry.Config{Backend: delay.DelayedExchange{}, Prefix: "amqpretry-test-plugin"}.WithDefaults(), vhost: "/"}
 	o.names.Prefix = o.retry.Prefix
+	b, err := delay.Open(o.retry.Backend, backend.Setup{Prefix: o.retry.Prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.backend = b
 	if _, err := o.pluginWaiting(context.Background()); !errors.Is(err, errPluginCount) || !strings.Contains(err.Error(), "needs rabbitmqctl eval") {
 		t.Errorf("without rabbitmqctl: %v", err)
 	}

@@ -142,10 +142,10 @@ func (o *Ops) message(d amqp.Delivery, full bool) (Message, error) {
 	}
 	if m.Queue == "" && d.Exchange != "" {
 		// Dead-lettered to a delivery exchange, then to the parking queue: the routing
-		// key it was published with names the queue, after one word per level for
-		// binary-levels.
-		if len(d.RoutingKey) > o.skip {
-			m.Queue = d.RoutingKey[o.skip:]
+		// key it was published with names the queue, as the backend reads it.
+		m.Queue = d.RoutingKey
+		if s, ok := o.backend.(backend.Storage); ok {
+			m.Queue = s.QueueOf(d.RoutingKey)
 		}
 	}
 	if full {

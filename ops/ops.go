@@ -54,9 +54,6 @@ type Ops struct {
 	retry   amqpretry.Config // defaults applied; see topologyConfig
 	backend backend.Backend
 	names   names.Names
-	// skip is how many bytes of a parked copy's routing key come before the name of
-	// its queue: one "0." or "1." word per level for binary-levels, else none.
-	skip int
 	// holds: the work queues hold retries (the Config's work queue arguments).
 	holds   bool
 	parking bool // the backend has a parking queue
@@ -89,15 +86,16 @@ func New(cfg Config) (*Ops, error) {
 	if cfg.URI == "" {
 		return nil, errors.New("invalid config: URI: required")
 	}
-	b, err := delay.Lookup(retry.Derived().Backend)
-	if err != nil {
-		return nil, fmt.Errorf("invalid config: %w", err)
+	v := retry.Derived()
+	if v.Err != nil {
+		return nil, fmt.Errorf("invalid config: %w", v.Err)
 	}
+	b := v.Backend
 	o := &Ops{uri: cfg.URI, retry: retry, backend: b, names: names.Names{Prefix: retry.Prefix}, ctl: cfg.Rabbitmqctl, vhost: "/"}
 	if u, err := amqp.ParseURI(cfg.URI); err == nil {
 		o.vhost = u.Vhost
 	}
-	o.skip, o.holds = b.Caps().KeyPrefix, retry.Derived().WorkQueueArgs != nil
+	o.holds = v.WorkQueueArgs != nil
 	o.parking = hasParking(b, o.names)
 	h, err := delay.Dial(backend.HandoffConfig{
 		URI: cfg.URI, AMQP: cfg.AMQP, ConfirmTimeout: retry.ConfirmTimeout,
@@ -120,8 +118,8 @@ func New(cfg Config) (*Ops, error) {
 // that decide the topology (Config.Plan checks those, not the policy).
 func topologyConfig(r amqpretry.Config) (amqpretry.Config, error) {
 	r = r.WithDefaults()
-	if r.Derived().Caps.InProcess {
-		return r, fmt.Errorf("invalid config: Retry.Backend: the %s backend has nothing on the broker (it keeps its retries in the application's process)", r.Backend)
+	if v := r.Derived(); v.InProcess {
+		return r, fmt.Errorf("invalid config: Retry.Backend: the %s backend has nothing on the broker (it keeps its retries in the application's process)", v.Name)
 	}
 	if _, err := r.Plan(); err != nil {
 		return r, err
@@ -137,11 +135,11 @@ func topologyConfig(r amqpretry.Config) (amqpretry.Config, error) {
 // answer New gets.
 func HasParking(retry amqpretry.Config) bool {
 	retry = retry.WithDefaults()
-	b, err := delay.Lookup(retry.Derived().Backend)
-	if err != nil {
+	v := retry.Derived()
+	if v.Err != nil {
 		return false
 	}
-	return hasParking(b, names.Names{Prefix: retry.Prefix})
+	return hasParking(v.Backend, names.Names{Prefix: retry.Prefix})
 }
 
 // hasParking tells whether b declares the parking queue under n: ops's one answer to

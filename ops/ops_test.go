@@ -44,7 +44,7 @@ type rig struct {
 
 func newRig(t *testing.T, workQueues ...string) *rig {
 	t.Helper()
-	return newRigWith(t, amqpretry.Config{Tiers: testTiers}, workQueues...)
+	return newRigWith(t, amqpretry.Config{Backend: delay.TTLTiers{Tiers: testTiers}}, workQueues...)
 }
 
 // newRigWith is newRig with retry (its Prefix is set here).
@@ -59,7 +59,7 @@ func newRigWith(t *testing.T, retry amqpretry.Config, workQueues ...string) *rig
 		r.queues = append(r.queues, prefix+"."+q)
 	}
 	planned := retry
-	if planned.WithDefaults().Backend != delay.DelayedRetry {
+	if planned.WithDefaults().Backend != (delay.DelayedRetry{}) {
 		planned.Policy = amqpretry.Policy{Delays: []time.Duration{time.Second}}
 	}
 	p, err := planned.Plan(r.queues...)
@@ -193,7 +193,7 @@ func TestTopologyVerifyThenApply(t *testing.T) {
 
 	// A tier queue declared with another TTL is a mismatch naming the argument.
 	other := r.cfg
-	other.Retry.Tiers = []time.Duration{time.Second, 3 * time.Second}
+	other.Retry.Backend = delay.TTLTiers{Tiers: []time.Duration{time.Second, 3 * time.Second}}
 	ch, err := brokertest.Dial(t).Channel()
 	if err != nil {
 		t.Fatal(err)
@@ -274,7 +274,7 @@ func TestVerifyWithoutConfigurePermission(t *testing.T) {
 // queue its arguments; Apply creates a missing one with them (a quorum queue), and a
 // work queue declared otherwise is a mismatch.
 func TestApplyHeldRetriesWorkQueue(t *testing.T) {
-	r := newRigWith(t, amqpretry.Config{Tiers: testTiers, HeldRetries: 1, DelayedRetryDelay: 500 * time.Millisecond}, "orders", "classic")
+	r := newRigWith(t, amqpretry.Config{Backend: delay.TTLTiers{Tiers: testTiers}, HeldRetries: 1, DelayedRetryDelay: 500 * time.Millisecond}, "orders", "classic")
 	ch, err := brokertest.Dial(t).Channel()
 	if err != nil {
 		t.Fatal(err)
@@ -645,8 +645,7 @@ func TestRedriveInterrupted(t *testing.T) {
 // middleware does (backend.Scheduler, from Watermill's delay metadata).
 func (r *rig) schedule(cfg amqpretry.Config, queue string, msg *message.Message, d time.Duration) {
 	r.t.Helper()
-	c := cfg.WithDefaults()
-	b, err := delay.New(backend.Spec{Name: string(c.Backend), Prefix: c.Prefix, Tiers: c.Tiers, Levels: c.Levels, RetryDelay: c.DelayedRetryDelay}, backend.Env{Handoff: r.h})
+	b, err := cfg.Derived().Open(backend.Env{Handoff: r.h})
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -664,9 +663,9 @@ func (r *rig) schedule(cfg amqpretry.Config, queue string, msg *message.Message,
 func TestParkingRedrive(t *testing.T) {
 	for _, cfg := range []amqpretry.Config{
 		{Tiers: testTiers},
-		{Backend: delay.BinaryLevels, Levels: 2, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}}},
+		{Backend: delay.BinaryLevels{}, Levels: 2, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}}},
 	} {
-		t.Run(string(cfg.WithDefaults().Backend), func(t *testing.T) {
+		t.Run(cfg.WithDefaults().Backend.Name(), func(t *testing.T) {
 			r := newRigWith(t, cfg, "orders")
 			cfg.Prefix = r.prefix
 			r.apply()
@@ -821,7 +820,7 @@ func TestStatusHealthy(t *testing.T) {
 	if len(s.Flags) != 0 {
 		t.Errorf("flags on a healthy topology: %+v", s.Flags)
 	}
-	if s.Broker == "" || s.Backend != delay.TTLTiers || s.Prefix != r.prefix || s.Counted {
+	if s.Broker == "" || s.Backend != (delay.TTLTiers{}).Name() || s.Prefix != r.prefix || s.Counted {
 		t.Errorf("status: %+v", s)
 	}
 	var roles []string
@@ -952,7 +951,7 @@ func TestUnderReplicated(t *testing.T) {
 // TestStatusDelayedExchange: the plugin is known only from the backend's own
 // exchange; a broker that cannot run it (4.3+) is flagged so.
 func TestStatusDelayedExchange(t *testing.T) {
-	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedExchange})
+	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedExchange{}})
 	s, err := r.ops.Status(context.Background(), ops.StatusOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -978,7 +977,7 @@ func TestStatusDelayedExchange(t *testing.T) {
 // count in the broker's messages but in neither ready nor unacked (a passive declare
 // shows 0): status reports them held, and does not call the queue stuck.
 func TestStatusHeldRetries(t *testing.T) {
-	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedRetry, DelayedRetryDelay: 20 * time.Second}, "orders")
+	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedRetry{}, DelayedRetryDelay: 20 * time.Second}, "orders")
 	s, err := r.ops.Status(context.Background(), ops.StatusOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -1064,7 +1063,7 @@ func TestPasswordNeverInErrors(t *testing.T) {
 // work queue is created a quorum queue with the delayed-retry arguments (the broker's
 // version does not matter to Apply: on 3.10.8 the arguments are accepted and unused).
 func TestApplyDelayedRetryBackend(t *testing.T) {
-	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedRetry}, "orders")
+	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedRetry{}}, "orders")
 	created, err := r.ops.Apply(context.Background(), r.queues...)
 	if err != nil || !slices.Equal(created, r.queues) {
 		t.Fatalf("apply: %v %v", created, err)

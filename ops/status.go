@@ -9,7 +9,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/keys"
@@ -160,8 +159,8 @@ type Status struct {
 	// Broker is the RabbitMQ version from the server properties.
 	Broker string `json:"broker_version"`
 	// Backend and Prefix, as configured.
-	Backend delay.Backend `json:"backend"`
-	Prefix  string        `json:"prefix"`
+	Backend string `json:"backend"`
+	Prefix  string `json:"prefix"`
 	// Warning warns about a broker release that loses retries (RabbitMQ 3.13.0 to
 	// 3.13.2: rabbitmq-server #11159), or is empty.
 	Warning string `json:"warning,omitempty"`
@@ -283,24 +282,27 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 		return Status{}, fmt.Errorf("status: invalid options: Peek: unknown mode %q (known: auto, always, never)", opts.Peek)
 	}
 	v := o.handoff.Version()
-	s := Status{Broker: v, Backend: o.retry.Backend, Prefix: o.retry.Prefix, Queues: []QueueStatus{}, Flags: []Flag{},
+	s := Status{Broker: v, Backend: o.retry.Backend.Name(), Prefix: o.retry.Prefix, Queues: []QueueStatus{}, Flags: []Flag{},
 		Warning: version.Warning(v), NacksCounted: version.CountsNacks(v)}
 	flag := func(f Flag) { s.Flags = append(s.Flags, f) }
 
 	var pluginErr error
-	if o.backend.Caps().Sealed {
-		if version.NoPlugins(v) {
+	if sealed, ok := o.backend.(backend.Sealed); ok {
+		x := sealed.SealedIn()
+		gate, gated := o.backend.(backend.VersionGate)
+		runs := !gated || gate.CheckVersion(v) == nil
+		if !runs {
 			flag(Flag{Kind: FlagMissing, Name: "rabbitmq_delayed_message_exchange", Role: "plugin"})
 		}
 		// Only the backend's own exchange tells: its passive declaration.
-		s.DelayedExchangeName = o.names.Delayed()
-		ok, err := o.exchangeExists(o.names.Delayed(), declare.ExchangeDelayedMessage)
+		s.DelayedExchangeName = x.Name
+		ok, err := o.exchangeExists(x.Name, x.Kind)
 		if err != nil {
 			return s, err
 		}
 		s.DelayedExchange = ok
-		if !ok && !version.NoPlugins(v) {
-			flag(Flag{Kind: FlagMissing, Name: o.names.Delayed(), Role: "exchange"})
+		if !ok && runs {
+			flag(Flag{Kind: FlagMissing, Name: x.Name, Role: "exchange"})
 		}
 		if ok && o.ctl != nil {
 			n, err := o.pluginWaiting(ctx)

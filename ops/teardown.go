@@ -192,8 +192,12 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 		}
 	}
 	if o.ctl == nil {
-		// Without a listing, only the configured and the default tiers are looked for.
-		res.Unsearched = append(res.Unsearched, o.names.TierQueues())
+		// Without a listing, only the names the backends' plans give are looked for.
+		unsearched, err := o.unenumerable()
+		if err != nil {
+			return res, err
+		}
+		res.Unsearched = append(res.Unsearched, unsearched...)
 	}
 	if len(res.Queues) == 0 && len(res.Exchanges) == 0 {
 		if len(res.Left) > 0 {
@@ -284,9 +288,9 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 
 // everyBackend is what every backend with storage on the broker declares under the
 // prefix: the configured backend's plan first, then each other backend's at its
-// widest (binary-levels with backend.MaxLevels levels, ttl-tiers with the configured
-// tiers, or the default ones); sealed names the exchanges of a backend whose messages
-// only its plugin counts (Caps.Sealed).
+// widest (backend.Widest: binary-levels with backend.MaxLevels levels; ttl-tiers with
+// the configured tiers, or the default ones); sealed names the exchanges of a backend
+// whose messages only its plugin counts (backend.Sealed).
 func (o *Ops) everyBackend() (t topology.Topology, sealed []string, err error) {
 	add := func(b backend.Backend) {
 		bt := b.Topology()
@@ -301,26 +305,48 @@ func (o *Ops) everyBackend() (t topology.Topology, sealed []string, err error) {
 				t.Bindings = append(t.Bindings, nb)
 			}
 		}
-		if b.Caps().Sealed {
+		if _, ok := b.(backend.Sealed); ok {
 			for _, x := range bt.Exchanges {
 				sealed = append(sealed, x.Name)
 			}
 		}
 	}
 	add(o.backend)
-	configured := o.retry.Derived().Backend
-	for _, name := range delay.Backends() {
-		spec := configured
-		spec.Name, spec.Levels = string(name), backend.MaxLevels
-		b, err := delay.Lookup(spec)
+	setup := o.retry.Derived().Setup
+	for _, value := range delay.Backends() {
+		b, err := delay.Open(value, setup)
 		if err != nil {
-			return t, nil, fmt.Errorf("teardown: the names the %s backend declares under prefix %q: %w", name, o.retry.Prefix, err)
+			return t, nil, fmt.Errorf("teardown: the names the %s backend declares under prefix %q: %w", value.Name(), o.retry.Prefix, err)
 		}
-		if !b.Caps().InProcess {
+		if w, ok := b.(backend.Widest); ok {
+			b = w.Widest()
+		}
+		if _, ok := b.(backend.InProcess); !ok {
 			add(b)
 		}
 	}
 	return t, sealed, nil
+}
+
+// unenumerable are the patterns of the delay queues of any backend that only a listing
+// finds (backend.Storage): ttl-tiers' tiers of any earlier ladder.
+func (o *Ops) unenumerable() ([]string, error) {
+	var out []string
+	add := func(b backend.Backend) {
+		if s, ok := b.(backend.Storage); ok && s.Unenumerable() != "" && !slices.Contains(out, s.Unenumerable()) {
+			out = append(out, s.Unenumerable())
+		}
+	}
+	add(o.backend)
+	setup := o.retry.Derived().Setup
+	for _, value := range delay.Backends() {
+		b, err := delay.Open(value, setup)
+		if err != nil {
+			return nil, fmt.Errorf("teardown: the names the %s backend declares under prefix %q: %w", value.Name(), o.retry.Prefix, err)
+		}
+		add(b)
+	}
+	return out, nil
 }
 
 // shownWaiting is how many of the places where messages wait a refusal names (the
@@ -328,7 +354,7 @@ func (o *Ops) everyBackend() (t topology.Topology, sealed []string, err error) {
 const shownWaiting = 3
 
 // waitAdvice says what to do about the messages waiting in the storage torn down,
-// short of forcing it: inPlugin, some wait in the delayed-message plugin (Caps.Sealed).
+// short of forcing it: inPlugin, some wait in the delayed-message plugin (backend.Sealed).
 func waitAdvice(inPlugin bool) string {
 	if inPlugin {
 		// The plugin cannot give its messages back early: waiting is all there is.
@@ -437,7 +463,11 @@ var errPluginCount = errors.New("the delayed-message plugin's count of waiting m
 // pluginWaiting is how many messages the delayed-message plugin holds for the
 // backend's exchange, as the plugin itself reports; never a guess.
 func (o *Ops) pluginWaiting(ctx context.Context) (int, error) {
-	return o.pluginWaitingIn(ctx, o.names.Delayed())
+	sealed, ok := o.backend.(backend.Sealed)
+	if !ok {
+		return 0, nil
+	}
+	return o.pluginWaitingIn(ctx, sealed.SealedIn().Name)
 }
 
 // pluginWaitingIn is how many messages the delayed-message plugin holds for exchange

@@ -38,10 +38,10 @@ func exists(t *testing.T, name string, exchange bool) bool {
 // nothing, and the teardown removes the tier queue, the delay and delivery exchanges,
 // and leaves the new backend, the parking and poison queues and the work queue.
 func TestTeardownAfterBackendChange(t *testing.T) {
-	old := amqpretry.Config{Tiers: []time.Duration{waitDelay}}
+	old := amqpretry.Config{Backend: delay.TTLTiers{Tiers: []time.Duration{waitDelay}}}
 	r := waitingRig(t, old, "orders")
 	queue := r.queues[0]
-	now := amqpretry.Config{Backend: delay.BinaryLevels, Levels: 3, Prefix: r.prefix, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}}}
+	now := amqpretry.Config{Backend: delay.BinaryLevels{Levels: 3}, Prefix: r.prefix, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}}}
 	keep, err := now.Plan(queue)
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +117,7 @@ func TestTeardownAfterBackendChange(t *testing.T) {
 // refuses, saying so (and names the queue once a retry shows there); forced, it
 // removes the queue with what waits in it.
 func TestTeardownForceAndUnknown(t *testing.T) {
-	r := waitingRig(t, amqpretry.Config{Tiers: []time.Duration{waitDelay}}, "orders")
+	r := waitingRig(t, amqpretry.Config{Backend: delay.TTLTiers{Tiers: []time.Duration{waitDelay}}}, "orders")
 	blind, err := ops.New(ops.Config{URI: brokertest.URI(), Retry: r.cfg.Retry})
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +154,7 @@ func TestTeardownCountsOnlyWhatItFinds(t *testing.T) {
 		}
 	}
 
-	r = newRigWith(t, amqpretry.Config{Tiers: []time.Duration{waitDelay}}, "orders")
+	r = newRigWith(t, amqpretry.Config{Backend: delay.TTLTiers{Tiers: []time.Duration{waitDelay}}}, "orders")
 	r.apply()
 	tier := r.prefix + ".delay.10m"
 	opts := ops.TeardownOptions{DryRun: true, Force: true} // no rabbitmqctl: forced, as what waits is unknown
@@ -199,7 +199,7 @@ func TestTeardownCountsOnlyWhatItFinds(t *testing.T) {
 // now and purge of the waiting retries reported "0 of 0" (or asked for rabbitmqctl).
 // They refuse, saying why, naming the backend's exchange and what to do.
 func TestWaitingOnDelayedExchangeRefuses(t *testing.T) {
-	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedExchange}, "orders")
+	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedExchange{}}, "orders")
 	if _, err := brokertest.Ctl(context.Background(), "-q", "list_queues", "name"); err == nil {
 		r.cfg.Rabbitmqctl = brokertest.Ctl
 		o, err := ops.New(r.cfg)

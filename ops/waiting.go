@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,6 +11,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 )
 
@@ -55,23 +56,45 @@ var ErrPluginWaiting = errors.New("the delayed-message plugin offers no way to l
 // delayed-exchange backend (what, e.g. "list"), with the plugin's count when it can be
 // read, or nil for another backend.
 func (o *Ops) refusePlugin(ctx context.Context, what string) error {
-	if !o.backend.Caps().Sealed {
+	sealed, ok := o.backend.(backend.Sealed)
+	if !ok {
 		return nil
 	}
 	count := ""
 	if n, err := o.pluginWaiting(ctx); err == nil {
 		count = fmt.Sprintf("; %d wait there now, by its own count", n)
 	}
-	return fmt.Errorf("%s waiting retries of the delayed-exchange backend (exchange %q): %w%s. They come back to their work queues when due: watch the count reach 0 with `amqpretry status` (Status.PluginWaiting); see docs/waiting.md",
-		what, o.names.Delayed(), ErrPluginWaiting, count)
+	return fmt.Errorf("%s waiting retries of the %s backend (exchange %q): %w%s. They come back to their work queues when due: watch the count reach 0 with `amqpretry status` (Status.PluginWaiting); see docs/waiting.md",
+		what, o.backend.Name(), sealed.SealedIn().Name, ErrPluginWaiting, count)
 }
 
 // errNoCtl: reading waiting retries without changing them needs rabbitmqctl.
 var errNoCtl = errors.New("listing waiting retries without changing them needs rabbitmqctl eval (Config.Rabbitmqctl; the CLI's --rabbitmqctl): AMQP 0-9-1 can only take a message and give it back, which changes its delivery counters and its order")
 
-// delayQueueName matches the delay queues ttl-tiers and binary-levels declare under a
-// prefix (the prefix is quoted in front): <prefix>.delay.<tier>, <prefix>.level.<n>.
-const delayQueueName = `\.(delay\.[0-9hms.]+|level\.[0-9]+)$`
+// storagePattern matches the delay queues any backend may have declared under the
+// prefix, whatever its settings were: the configured backend's and every other's
+// (backend.Storage), each pattern its own.
+func (o *Ops) storagePattern() (string, error) {
+	var patterns []string
+	add := func(b backend.Backend) {
+		if s, ok := b.(backend.Storage); ok && !slices.Contains(patterns, s.StoragePattern()) {
+			patterns = append(patterns, s.StoragePattern())
+		}
+	}
+	add(o.backend)
+	setup := o.retry.Derived().Setup
+	for _, value := range delay.Backends() {
+		b, err := delay.Open(value, setup)
+		if err != nil {
+			return "", fmt.Errorf("the queues the %s backend declares under prefix %q: %w", value.Name(), o.retry.Prefix, err)
+		}
+		add(b)
+	}
+	if len(patterns) == 0 {
+		return "^$", nil // no backend keeps retries in queues: match none
+	}
+	return "(?:" + strings.Join(patterns, ")|(?:") + ")", nil
+}
 
 // waitingQueues returns the delay queues that may hold retries: the backend's, then
 // the other queues under the prefix named as ttl-tiers' or binary-levels' (found with
@@ -202,7 +225,10 @@ type peeked struct {
 // peekAll lists the delay queues under the prefix (queues, sorted) and up to max
 // messages of each, without changing them.
 func (o *Ops) peekAll(ctx context.Context, max int) (queues []string, msgs []Message, err error) {
-	pattern := `^` + regexp.QuoteMeta(o.retry.Prefix) + delayQueueName
+	pattern, err := o.storagePattern()
+	if err != nil {
+		return nil, nil, err
+	}
 	lines, err := o.eval(ctx, o.retry.Prefix+".*", fmt.Sprintf(peekExpr, erlBinary(o.vhost), erlBinary(pattern), max))
 	if err != nil {
 		return nil, nil, err

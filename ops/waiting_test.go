@@ -24,7 +24,7 @@ import (
 // with a delay that keeps them waiting through a test (10 minutes).
 var waitingBackends = []amqpretry.Config{
 	{Tiers: []time.Duration{10 * time.Minute}},
-	{Backend: delay.BinaryLevels, Levels: 12, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}}},
+	{Backend: delay.BinaryLevels{}, Levels: 12, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}}},
 }
 
 const waitDelay = 10 * time.Minute
@@ -95,7 +95,7 @@ func seenOf(res ops.ListResult) []seen {
 // and the same listing sees it: the counters it reads are the live ones.
 func TestPeekChangesNothing(t *testing.T) {
 	for _, cfg := range waitingBackends {
-		t.Run(string(cfg.WithDefaults().Backend), func(t *testing.T) {
+		t.Run(cfg.WithDefaults().Backend.Name(), func(t *testing.T) {
 			r := waitingRig(t, cfg, "orders", "invoices")
 			failed := time.Now().Add(-time.Hour)
 			for i := range 5 {
@@ -163,7 +163,7 @@ func uuids(msgs []ops.Message) []string {
 // run that changes nothing.
 func TestRetryNowAndPurgeWaiting(t *testing.T) {
 	for _, cfg := range waitingBackends {
-		t.Run(string(cfg.WithDefaults().Backend), func(t *testing.T) {
+		t.Run(cfg.WithDefaults().Backend.Name(), func(t *testing.T) {
 			r := waitingRig(t, cfg, "orders", "invoices")
 			orders, invoices := r.queues[0], r.queues[1]
 			old, recent := time.Now().Add(-2*time.Hour), time.Now()
@@ -267,7 +267,7 @@ func TestRetryNowSurvivesConnectionKill(t *testing.T) {
 	skipShort(t)
 	const total = 200
 	for _, cfg := range waitingBackends {
-		t.Run(string(cfg.WithDefaults().Backend), func(t *testing.T) {
+		t.Run(cfg.WithDefaults().Backend.Name(), func(t *testing.T) {
 			r := waitingRig(t, cfg, "orders")
 			queue := r.queues[0]
 			for i := range total {
@@ -324,7 +324,7 @@ func TestRetryNowSurvivesConnectionKill(t *testing.T) {
 // them; retry now takes no filter but a limit, and brings back the first due through
 // the broker's retry_delayed; purge says it cannot drop them.
 func TestWaitingDelayedRetry(t *testing.T) {
-	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedRetry, DelayedRetryDelay: waitDelay}, "orders")
+	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedRetry{}, DelayedRetryDelay: waitDelay}, "orders")
 	s, err := r.ops.Status(context.Background(), ops.StatusOptions{})
 	if err != nil {
 		t.Fatal(err)

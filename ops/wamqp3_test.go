@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/ops"
 	"github.com/amqpretry/amqpretry/wamqp3"
@@ -25,7 +26,7 @@ func TestRealRetriesThenRedrive(t *testing.T) {
 	r.apply()
 	queue := r.queues[0]
 	retry, err := wamqp3.New(amqp3.NewDurableQueueConfig(r.cfg.URI), amqpretry.Config{
-		Prefix: r.prefix, Tiers: testTiers, Policy: amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{time.Second}},
+		Prefix: r.prefix, Backend: delay.TTLTiers{Tiers: testTiers}, Policy: amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{time.Second}},
 	})
 	if err != nil {
 		t.Fatal(err)

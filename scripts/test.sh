@@ -150,21 +150,39 @@ cmd/amqpretry/go.sh run "$staticcheck" ./...
 step "API size: exported identifiers per public package (internal/cmd/apicount; printed, no limit)"
 go run ./internal/cmd/apicount
 
-step "backends by what they can do: no name compared outside delay/ and the Config's validation (config.go); no init-time registration"
+step "backends by what they can do: no name compared outside delay/; config.go compares none; no type switch on a backend outside its own file; ops spells no backend's names; no init-time registration"
 # Production code, the sibling modules' included (the root module without its test
-# harnesses, ops, cmd/amqpretry, amqp1, metrics), decides from a backend's Caps
-# (internal/backend/caps.go; from a sibling module, Config.Derived().Caps, or
-# ops.HasParking for the parking queue), never from its name. Any use of a backend's
-# name fails, but a line that only assigns one (amqp1's default); comments pass.
-# Examples and test harnesses are not checked.
+# harnesses, ops, cmd/amqpretry, amqp1, metrics), decides from a backend's Caps and the
+# optional interfaces it implements (internal/backend/caps.go, traits.go; from a
+# sibling module, Config.Derived()), never from its name or its type. Any use of a
+# backend's name or value outside delay/ and config.go fails, but a line that only
+# assigns one (amqp1's default); comments pass. Examples and test harnesses are not
+# checked.
 lib=$(git ls-files '*.go' ':!:*_test.go' ':!:delay/' ':!:config.go' ':!:benchmarks/' ':!:_examples/' \
   ':!:internal/gluetest/' ':!:internal/noloss/' ':!:internal/brokertest/' ':!:internal/tlstest/' ':!:internal/watermillsuite/' ':!:internal/netdelay/' ':!:internal/cmd/' \
   ':!:amqp1/examples/' ':!:amqp1/internal/noloss1/' ':!:amqp1/internal/nolosscons/' ':!:amqp1/internal/retrybench/' ':!:metrics/example/')
-names=$(grep -nE 'delay\.(TTLTiers|BinaryLevels|DelayedExchange|DelayedRetry|DeliveryTime|Memory)\b|"(ttl-tiers|binary-levels|delayed-exchange|delayed-retry|delivery-time|memory)"|nameOf\(' $lib |
-  grep -vE '^\S+:[0-9]+:\s*//' | grep -vE '^\S+:[0-9]+:\s*[A-Za-z_][A-Za-z0-9_.]*\s*=\s*delay\.[A-Za-z]+\s*(//.*)?$' || true)
+backendNames='ttl-tiers|binary-levels|delayed-exchange|delayed-retry|delivery-time|memory'
+backendTypes='ttlTiers|binaryLevels|delayedExchange|delayedRetry|deliveryTime|memory|TTLTiers|BinaryLevels|DelayedExchange|DelayedRetry|DeliveryTime|Memory'
+names=$(grep -nE "delay\.(TTLTiers|BinaryLevels|DelayedExchange|DelayedRetry|DeliveryTime|Memory)\b|\"($backendNames)\"|nameOf\(" $lib |
+  grep -vE '^\S+:[0-9]+:\s*//' | grep -vE '^\S+:[0-9]+:\s*[A-Za-z_][A-Za-z0-9_.]*\s*=\s*delay\.[A-Za-z]+(\{\})?\s*(//.*)?$' || true)
+# config.go builds the default and the held retries' backend, and compares none.
+names+=$'\n'$(grep -nE "(==|!=)\s*\(?delay\.|\.Name\(\)\s*(==|!=)|(==|!=)\s*\"($backendNames)\"" config.go | sed 's/^/config.go:/' || true)
+# A type switch or assertion on a backend's type stays in the backend's own file.
+for f in $(git ls-files '*.go' ':!:*_test.go' ':!:benchmarks/' ':!:_examples/' ':!:amqp1/examples/' ':!:metrics/example/'); do
+  own=$(grep -ohE "^type ($backendTypes) " "$f" | awk '{print $2}' | paste -sd'|' - || true)
+  hits=$(grep -nE "\.\(\*?(delay\.)?($backendTypes)\)|case \*?(delay\.)?($backendTypes)\b" "$f" | sed "s|^|$f:|" || true)
+  if [ -n "$own" ] && [ -n "$hits" ]; then
+    hits=$(echo "$hits" | grep -vE "\.\(\*?($own)\)|case \*?($own)\b" || true)
+  fi
+  names+=$'\n'$hits
+done
+# ops reads a backend's storage from the backend (backend.Storage, backend.Sealed).
+names+=$'\n'$(grep -nE "\.delay\.|\.level\.|\.levels\.|\.delayed\b|TierQueue|names\.Tier|\.Level\(|LevelsDeliver|\.Delayed\(\)|DelayExchange\(\)|\.Deliver\(\)" $(git ls-files 'ops/*.go' ':!:*_test.go') |
+  grep -vE '^\S+:[0-9]+:\s*//' || true)
+names=$(echo "$names" | grep -v '^$' || true)
 if [ -n "$names" ]; then
   echo "$names"
-  echo "FAIL: production code compares a backend's name: decide from its Caps instead (internal/backend/caps.go; Config.Derived().Caps from a sibling module)"
+  echo "FAIL: production code asks which backend it is: decide from its Caps and the optional interfaces it implements instead (internal/backend/caps.go, traits.go; Config.Derived() from a sibling module)"
   exit 1
 fi
 inits=$(grep -ln '^func init()' $lib || true)

@@ -32,7 +32,7 @@ type Retry struct {
 // queue, and builds the middleware. An invalid config touches nothing on the broker.
 //
 // With the memory backend and no URI in sub, everything stays in this process:
-// Config.Memory (a GoChannel, say) receives the retries and the poisoned messages.
+// delay.Memory{Publisher: ...} (a GoChannel, say) receives the retries and the poisoned messages.
 func New(sub amqp.Config, cfg amqpretry.Config) (*Retry, error) {
 	s := wamqp.Sub{
 		URI: sub.Connection.AmqpURI, AMQP: sub.Connection.AmqpConfig, TLS: sub.Connection.TLSConfig,
@@ -130,7 +130,7 @@ func (r *Retry) PoisonSubscriberConfig() amqp.Config {
 // the one call that wires subscriber, handler and middleware so that they cannot be
 // mismatched. The subscriber, and its connection, is closed when its subscription
 // ends: on router.Close(), when the context given to router.Run is cancelled, and on
-// the handler's Stop(). In-process, the subscriber is Config.Memory, which must then
+// the handler's Stop(). In-process, the subscriber is the memory backend's Publisher, which must then
 // be a message.Subscriber too (and is left open: it is yours).
 func (r *Retry) AddHandler(router *message.Router, handlerName, topic string, handler message.NoPublishHandlerFunc) (*message.Handler, error) {
 	return r.w.AddHandler(router, handlerName, topic, handler, func(logger watermill.LoggerAdapter) (message.Subscriber, error) {

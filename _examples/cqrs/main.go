@@ -71,10 +71,15 @@ func run() error {
 	}
 	logger := watermill.NopLogger{}
 	prefix := "amqpretry-cqrs-" + watermill.NewShortUUID()[:8]
+	// The backend named by DELAY_BACKEND ("" for the default), with the ladder it
+	// takes if it is ttl-tiers.
+	backend, err := delay.Parse(os.Getenv("DELAY_BACKEND"), delay.Settings{Tiers: []time.Duration{time.Second, 2 * time.Second}})
+	if err != nil {
+		return err
+	}
 	cfg := amqpretry.Config{
-		Backend: delay.Backend(os.Getenv("DELAY_BACKEND")),
+		Backend: backend,
 		Prefix:  prefix,
-		Tiers:   []time.Duration{time.Second, 2 * time.Second},
 		Policy:  amqpretry.Policy{MaxAttempts: 4, InitialInterval: time.Second, NoJitter: true},
 		Logger:  logger,
 	}
@@ -83,7 +88,7 @@ func run() error {
 	// A pub/sub config: a fanout exchange per topic; each handler's queue,
 	// "<topic>_<handler>", is bound to it.
 	amqpCfg := amqp.NewDurablePubSubConfig(uri, amqp.GenerateQueueNameTopicNameWithSuffix("bookings"))
-	if cfg.Backend == delay.DelayedRetry {
+	if _, ok := cfg.Backend.(delay.DelayedRetry); ok {
 		amqpCfg.Queue.Arguments = amqp091.Table{"x-queue-type": "quorum"} // RabbitMQ 4.3 holds retries in quorum queues
 	}
 	retry, err := wamqp3.New(amqpCfg, cfg)

@@ -45,14 +45,15 @@ func main() {
 
 func run() error {
 	logger := watermill.NopLogger{}
-	if delay.Backend(os.Getenv("DELAY_BACKEND")) == delay.DeliveryTime {
+	if os.Getenv("DELAY_BACKEND") == (delay.DeliveryTime{}).Name() {
 		return runAMQP1()
 	}
 	uri := os.Getenv("AMQP_URI")
 	runID := watermill.NewShortUUID()[:8]
 	cfg := scenarioConfig(runID, logger)
 	cfg.HeldRetries, _ = strconv.Atoi(os.Getenv("HELD_RETRIES"))
-	if cfg.Backend == delay.DelayedRetry {
+	_, delayedRetry := cfg.Backend.(delay.DelayedRetry)
+	if delayedRetry {
 		cfg.Policy = amqpretry.Policy{MaxAttempts: 4} // one delay per work queue: DelayedRetryDelay
 	}
 	topic := scenarioTopic(cfg)
@@ -63,12 +64,12 @@ func run() error {
 	)
 	if uri == "" {
 		goChannel := gochannel.NewGoChannel(gochannel.Config{}, logger)
-		cfg.Backend, cfg.Memory = delay.Memory, goChannel
+		cfg.Backend = delay.Memory{Publisher: goChannel}
 		s.Retry, err = wamqp3.New(amqp3.Config{}, cfg)
 		s.Publisher, s.Poison = goChannel, goChannel
 		fmt.Println("AMQP_URI is unset: running in-process on GoChannel with the memory delay backend (not durable).")
 	} else {
-		quorum := cfg.Backend == delay.DelayedRetry || cfg.HeldRetries > 0
+		quorum := delayedRetry || cfg.HeldRetries > 0
 		major := "3"
 		if os.Getenv("WATERMILL_AMQP") == "2" {
 			major = "2"
@@ -121,8 +122,8 @@ func withV3(uri string, cfg amqpretry.Config, quorum bool) (setup, error) {
 	if err != nil {
 		return setup{}, err
 	}
-	if cfg.Backend == delay.Memory {
-		cfg.Memory = pub // the retry waits in this process, then is published to its queue
+	if _, ok := cfg.Backend.(delay.Memory); ok {
+		cfg.Backend = delay.Memory{Publisher: pub} // the retry waits in this process, then is published to its queue
 	}
 	retry, err := wamqp3.New(amqpCfg, cfg)
 	if err != nil {
@@ -145,8 +146,8 @@ func withV2(uri string, cfg amqpretry.Config, quorum bool) (setup, error) {
 	if err != nil {
 		return setup{}, err
 	}
-	if cfg.Backend == delay.Memory {
-		cfg.Memory = pub // the retry waits in this process, then is published to its queue
+	if _, ok := cfg.Backend.(delay.Memory); ok {
+		cfg.Backend = delay.Memory{Publisher: pub} // the retry waits in this process, then is published to its queue
 	}
 	retry, err := wamqp2.New(amqpCfg, cfg)
 	if err != nil {
@@ -163,7 +164,7 @@ func withV2(uri string, cfg amqpretry.Config, quorum bool) (setup, error) {
 // exchange of its plan, and says so.
 func removeTopology(uri string, cfg amqpretry.Config, queue string) {
 	plan, err := cfg.Plan(queue)
-	if cfg.Backend == delay.Memory { // nothing of the backend's on the broker
+	if _, ok := cfg.Backend.(delay.Memory); ok { // nothing of the backend's on the broker
 		plan, err = topology.Topology{Queues: []topology.Queue{{Name: cfg.WithDefaults().PoisonQueue}}}, nil
 	}
 	if err != nil {

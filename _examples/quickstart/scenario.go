@@ -69,13 +69,21 @@ func scenarioConfig(runID string, logger watermill.LoggerAdapter) amqpretry.Conf
 		prefix = p
 	}
 	return amqpretry.Config{
-		Backend:  delay.Backend(os.Getenv("DELAY_BACKEND")),
+		Backend:  must(delay.Parse(os.Getenv("DELAY_BACKEND"), delay.Settings{Tiers: []time.Duration{time.Second, 2 * time.Second, 4 * time.Second}})),
 		Prefix:   prefix,
-		Tiers:    []time.Duration{time.Second, 2 * time.Second, 4 * time.Second},
 		Policy:   amqpretry.Policy{MaxAttempts: 4, InitialInterval: time.Second, Multiplier: 2, NoJitter: true},
 		Topology: topology.Mode(os.Getenv("TOPOLOGY")),
 		Logger:   logger,
 	}
+}
+
+// must returns v, or exits with err: a backend name the run cannot parse.
+func must[T any](v T, err error) T {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "quickstart:", err)
+		os.Exit(2)
+	}
+	return v
 }
 
 // scenarioTopic is the run's topic (the queue, with queue configs): QUEUE, or one of its own.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/console"
+	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/ops"
@@ -55,7 +56,7 @@ func BenchmarkConsolePoisonFirstPage(b *testing.B) {
 	const fill = 100_000
 	brokertest.Dial(b)
 	prefix := brokertest.Prefix(b)
-	cfg := amqpretry.Config{Prefix: prefix, Tiers: testTiers}
+	cfg := amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers{Tiers: testTiers}}
 	plan, err := cfg.Plan()
 	if err != nil {
 		b.Fatal(err)

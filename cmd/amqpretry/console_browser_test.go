@@ -171,7 +171,7 @@ func TestConsoleBrowser(t *testing.T) {
 	}
 	e := newEnv(t, "orders")
 	queue := e.queues[0]
-	cfg := amqpretry.Config{Prefix: e.prefix, Tiers: []time.Duration{time.Minute, 10 * time.Minute}}
+	cfg := amqpretry.Config{Prefix: e.prefix, Backend: delay.TTLTiers{Tiers: []time.Duration{time.Minute, 10 * time.Minute}}}
 	p, err := cfg.Plan(queue)
 	if err != nil {
 		t.Fatal(err)
@@ -191,7 +191,7 @@ func TestConsoleBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := cfg.WithDefaults()
-	b, err := delay.New(backend.Spec{Name: string(c.Backend), Prefix: c.Prefix, Tiers: c.Tiers}, backend.Env{Handoff: e.h})
+	b, err := c.Derived().Open(backend.Env{Handoff: e.h})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,7 +345,7 @@ func TestConsoleBrowserDelayedRetry(t *testing.T) {
 	}
 	e := newEnv(t, "orders")
 	queue := e.queues[0]
-	cfg := amqpretry.Config{Prefix: e.prefix, Backend: delay.DelayedRetry, DelayedRetryDelay: 10 * time.Minute}
+	cfg := amqpretry.Config{Prefix: e.prefix, Backend: delay.DelayedRetry{}, DelayedRetryDelay: 10 * time.Minute}
 	p, err := cfg.Plan(queue)
 	if err != nil {
 		t.Fatal(err)

@@ -62,7 +62,7 @@ func newEnv(t *testing.T, queues ...string) *env {
 	for _, q := range queues {
 		e.queues = append(e.queues, e.prefix+"."+q)
 	}
-	p, err := amqpretry.Config{Prefix: e.prefix, Tiers: testTiers}.Plan(e.queues...)
+	p, err := amqpretry.Config{Prefix: e.prefix, Backend: delay.TTLTiers{Tiers: testTiers}}.Plan(e.queues...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -117,7 +117,7 @@ func runWith(ctx context.Context, args []string, stdin io.Reader, terminal bool,
 // root builds the command tree.
 func (a *app) root() *cobra.Command {
 	defaults := amqpretry.Config{}.WithDefaults()
-	a.tiers = durationList(defaults.Tiers)
+	a.tiers = durationList(delay.DefaultTiers())
 	root := &cobra.Command{
 		Use:   "amqpretry",
 		Short: "Operate the broker side of amqpretry: status, topology, poison and parking queues",
@@ -148,10 +148,10 @@ their defaults are the library's. --json gives machine-readable output everywher
 	pf := root.PersistentFlags()
 	a.flags = pf
 	pf.BoolVar(&a.json, "json", false, "machine-readable output (JSON, snake_case keys)")
-	pf.StringVar(&a.backend, "backend", string(defaults.Backend), "delay backend: "+strings.Join(brokerBackends(), ", "))
+	pf.StringVar(&a.backend, "backend", defaults.Backend.Name(), "delay backend: "+strings.Join(brokerBackends(), ", "))
 	pf.StringVar(&a.prefix, "prefix", defaults.Prefix, "prefix of every queue and exchange the library declares")
 	pf.Var(&a.tiers, "tiers", "ttl-tiers: the ladder of delays, comma-separated")
-	pf.IntVar(&a.levels, "levels", defaults.Levels, "binary-levels: number of levels (delays up to 2^levels - 1 s)")
+	pf.IntVar(&a.levels, "levels", delay.DefaultLevels, "binary-levels: number of levels (delays up to 2^levels - 1 s)")
 	pf.IntVar(&a.heldRetries, "held-retries", defaults.HeldRetries, "retries RabbitMQ 4.3+ holds in the work queue itself before the backend takes the next")
 	// The flag's old name: a hidden, deprecated alias, so that scripts keep working.
 	pf.IntVar(&a.heldRetries, "delayed-retries", defaults.HeldRetries, "retries held in the work queue (old name of --held-retries)")
@@ -255,32 +255,37 @@ func buildVersion() string {
 }
 
 // brokerBackends are the backends with something on the broker: all but those that
-// keep their retries in the application's process (Caps.InProcess).
+// keep their retries in the application's process.
 func brokerBackends() []string {
 	var out []string
-	for _, n := range delay.Backends() {
-		if !inProcess(amqpretry.Config{Backend: n}) {
-			out = append(out, string(n))
+	for _, b := range delay.Backends() {
+		if !inProcess(amqpretry.Config{Backend: b}) {
+			out = append(out, b.Name())
 		}
 	}
 	return out
 }
 
 // inProcess tells whether cfg's backend keeps its retries in the application's
-// process, with nothing on the broker for the command to see (Caps.InProcess).
+// process, with nothing on the broker for the command to see.
 func inProcess(cfg amqpretry.Config) bool {
-	return cfg.WithDefaults().Derived().Caps.InProcess
+	return cfg.Derived().InProcess
 }
 
 // retryConfig is the application's retry configuration from the common flags: the
 // command knows the broker side only.
 func (a *app) retryConfig() (amqpretry.Config, error) {
-	cfg := amqpretry.Config{
-		Backend: delay.Backend(a.backend), Prefix: a.prefix, Levels: a.levels,
-		HeldRetries: a.heldRetries, DelayedRetryDelay: a.retryDelay, PoisonQueue: a.poisonQueue,
-	}
+	// The backend's settings from its flags: it takes those it has.
+	settings := delay.Settings{Levels: a.levels, Delay: a.retryDelay}
 	if a.flags.Changed("tiers") {
-		cfg.Tiers = a.tiers
+		settings.Tiers = a.tiers
+	}
+	b, err := delay.Parse(a.backend, settings)
+	if err != nil {
+		return amqpretry.Config{}, usagef("%s", flagNames(err.Error()))
+	}
+	cfg := amqpretry.Config{
+		Backend: b, Prefix: a.prefix, HeldRetries: a.heldRetries, DelayedRetryDelay: a.retryDelay, PoisonQueue: a.poisonQueue,
 	}
 	if inProcess(cfg) {
 		return cfg, usagef("--backend: the %s backend has nothing on the broker (known: %s)", cfg.Backend, strings.Join(brokerBackends(), ", "))
@@ -293,7 +298,7 @@ func (a *app) retryConfig() (amqpretry.Config, error) {
 
 // flagNames names the flags behind the amqpretry.Config fields in a validation error.
 func flagNames(s string) string {
-	return strings.NewReplacer("Backend:", "--backend:", "Prefix:", "--prefix:", "Tiers:", "--tiers:", "Tiers[", "--tiers[",
+	return strings.NewReplacer("Backend.Delay:", "--retry-delay:", "Backend:", "--backend:", "Prefix:", "--prefix:", "Tiers:", "--tiers:", "Tiers[", "--tiers[",
 		"Levels:", "--levels:", "HeldRetries:", "--held-retries:", "DelayedRetryDelay:", "--retry-delay:",
 		"PoisonQueue:", "--poison-queue:").Replace(s)
 }

@@ -11,7 +11,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/amqpretry/amqpretry"
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/ops"
 	"github.com/amqpretry/amqpretry/topology"
 )
@@ -44,7 +43,7 @@ common flags and the work queues, and the command that applies them. It needs no
 			}
 			cmd := applyCommand(cfg, queues)
 			if a.json {
-				return a.emit(planJSON{Backend: cfg.WithDefaults().Backend, Prefix: cfg.WithDefaults().Prefix, Topology: t, WorkQueues: nonNil(queues), ApplyCommand: cmd})
+				return a.emit(planJSON{Backend: cfg.WithDefaults().Backend.Name(), Prefix: cfg.WithDefaults().Prefix, Topology: t, WorkQueues: nonNil(queues), ApplyCommand: cmd})
 			}
 			a.printPlan(cfg, t, queues)
 			a.printf("apply with: %s\n", cmd)
@@ -77,7 +76,7 @@ clashes with an existing object fails naming the object and the argument.
 				return err
 			}
 			if a.json {
-				return a.emit(applyJSON{Backend: cfg.WithDefaults().Backend, Prefix: cfg.WithDefaults().Prefix, Topology: t, CreatedWorkQueues: created})
+				return a.emit(applyJSON{Backend: cfg.WithDefaults().Backend.Name(), Prefix: cfg.WithDefaults().Prefix, Topology: t, CreatedWorkQueues: created})
 			}
 			a.printf("applied: %d exchanges, %d queues, %d bindings (backend %s, prefix %s)\n",
 				len(t.Exchanges), len(t.Queues), len(t.Bindings), cfg.WithDefaults().Backend, cfg.WithDefaults().Prefix)
@@ -156,7 +155,7 @@ the output names the command that creates what is missing, with every --queue.
 }
 
 type planJSON struct {
-	Backend      delay.Backend     `json:"backend"`
+	Backend      string            `json:"backend"`
 	Prefix       string            `json:"prefix"`
 	Topology     topology.Topology `json:"topology"`
 	WorkQueues   []string          `json:"work_queues"`
@@ -164,7 +163,7 @@ type planJSON struct {
 }
 
 type applyJSON struct {
-	Backend           delay.Backend     `json:"backend"`
+	Backend           string            `json:"backend"`
 	Prefix            string            `json:"prefix"`
 	Topology          topology.Topology `json:"topology"`
 	CreatedWorkQueues []string          `json:"created_work_queues"`

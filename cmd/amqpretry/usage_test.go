@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/ops"
 )
@@ -121,9 +122,9 @@ func TestDeprecatedFlagNames(t *testing.T) {
 func TestHelp(t *testing.T) {
 	d := amqpretry.Config{}.WithDefaults()
 	code, out, _ := runArgs("--help")
-	tiers := durationList(d.Tiers)
-	for _, want := range []string{"(default " + tiers.String() + ")", `(default "` + string(d.Backend) + `")`, `(default "` + d.Prefix + `")`,
-		"(default " + strconv.Itoa(d.Levels) + ")", "(default " + d.DelayedRetryDelay.String() + ")", d.PoisonQueue, "130  interrupted", "AMQP_URI"} {
+	tiers := durationList(delay.DefaultTiers())
+	for _, want := range []string{"(default " + tiers.String() + ")", `(default "` + d.Backend.Name() + `")`, `(default "` + d.Prefix + `")`,
+		"(default " + strconv.Itoa(delay.DefaultLevels) + ")", "(default " + d.DelayedRetryDelay.String() + ")", d.PoisonQueue, "130  interrupted", "AMQP_URI"} {
 		if code != exitOK || !strings.Contains(out, want) {
 			t.Errorf("--help lacks %q (%d):\n%s", want, code, out)
 		}

@@ -347,10 +347,15 @@ more; --verbose names them all.
 				return err
 			}
 			if keepBackend != "" {
-				keep := amqpretry.Config{Backend: delay.Backend(keepBackend), Prefix: cfg.Prefix, Levels: keepLevels, HeldRetries: keepRetry, PoisonQueue: cfg.PoisonQueue}
+				settings := delay.Settings{Levels: keepLevels}
 				if len(keepTiers) > 0 {
-					keep.Tiers = keepTiers
+					settings.Tiers = keepTiers
 				}
+				kb, err := delay.Parse(keepBackend, settings)
+				if err != nil {
+					return usagef("invalid --keep-backend: %s", err)
+				}
+				keep := amqpretry.Config{Backend: kb, Prefix: cfg.Prefix, HeldRetries: keepRetry, PoisonQueue: cfg.PoisonQueue}
 				plan, err := keep.Plan()
 				if err != nil {
 					return usagef("invalid --keep-* configuration: %s", strings.TrimPrefix(err.Error(), "invalid config: "))
@@ -396,7 +401,7 @@ more; --verbose names them all.
 	f.BoolVar(&opts.Shared, "shared", false, "also remove the parking queue and exchange and the poison queue, which every backend under the prefix shares")
 	f.StringVar(&keepBackend, "keep-backend", "", "the backend in use now under the same prefix: what its plan declares stays")
 	f.Var(&keepTiers, "keep-tiers", "ttl-tiers in use now: its tier ladder")
-	f.IntVar(&keepLevels, "keep-levels", amqpretry.Config{}.WithDefaults().Levels, "binary-levels in use now: its levels")
+	f.IntVar(&keepLevels, "keep-levels", delay.DefaultLevels, "binary-levels in use now: its levels")
 	f.IntVar(&keepRetry, "keep-held-retries", 0, "the held retries in use now (--held-retries)")
 	// The flag's old name: a hidden, deprecated alias, so that scripts keep working.
 	f.IntVar(&keepRetry, "keep-delayed-retries", 0, "the held retries in use now (old name of --keep-held-retries)")
@@ -547,5 +552,5 @@ func waitingNote(r ops.TeardownResult, name string) string {
 // reason, and needs no rabbitmqctl to say so.
 func (a *app) sealed() bool {
 	cfg, err := a.retryConfig()
-	return err == nil && cfg.WithDefaults().Derived().Caps.Sealed
+	return err == nil && cfg.Derived().Sealed
 }

@@ -26,7 +26,7 @@ func TestWaitingAndTeardown(t *testing.T) {
 		t.Skipf("needs rabbitmqctl: %v", err)
 	}
 	e := newEnv(t, "orders")
-	cfg := amqpretry.Config{Prefix: e.prefix, Tiers: []time.Duration{10 * time.Minute}}
+	cfg := amqpretry.Config{Prefix: e.prefix, Backend: delay.TTLTiers{Tiers: []time.Duration{10 * time.Minute}}}
 	p, err := cfg.Plan(e.queues...)
 	if err != nil {
 		t.Fatal(err)
@@ -48,7 +48,7 @@ func TestWaitingAndTeardown(t *testing.T) {
 		t.Fatalf("apply: %d %s%s", code, out, errOut)
 	}
 	c := cfg.WithDefaults()
-	b, err := delay.New(backend.Spec{Name: string(c.Backend), Prefix: c.Prefix, Tiers: c.Tiers}, backend.Env{Handoff: e.h})
+	b, err := c.Derived().Open(backend.Env{Handoff: e.h})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,10 @@
 // Package backend is the contract between the delay backends and the hand-off, which
-// package delay implements (one file per backend, and handoff.go; delay.New builds a
-// backend, delay.Dial a hand-off), and the packages that use them: the middleware, its
-// transports, the root package's Config (validation, plan) and ops. What a backend can
-// do is its Caps (caps.go): its users decide from that alone, never from its name.
-// A backend's name is the string of its delay.Backend, for logs, events and errors.
+// package delay implements (one file per backend, and handoff.go; a delay.Backend
+// value opens a backend, delay.Dial a hand-off), and the packages that use them: the
+// middleware, its transports, the root package's Config (validation, plan) and ops.
+// What a backend can do is its Caps (caps.go) and the optional interfaces it
+// implements (traits.go): its users decide from those alone, never from its name or
+// type. A backend's name is for logs, events and errors.
 package backend
 
 import (
@@ -44,15 +45,23 @@ func DefaultTiers() []time.Duration {
 	return append(tiers, 10*time.Minute, 15*time.Minute, 20*time.Minute, 30*time.Minute, 45*time.Minute, time.Hour)
 }
 
-// Spec is a backend as configured, defaults applied.
-type Spec struct {
-	Name   string // a delay.Backend
+// Setup is what a backend value (a delay.Backend) is opened with: the names' prefix,
+// how to reach the broker, and the Config's deprecated flat settings, which a value
+// takes for a setting of its own left zero.
+type Setup struct {
 	Prefix string
-	Tiers  []time.Duration // ttl-tiers
-	Levels int             // binary-levels
-	// RetryDelay is delayed-retry's constant delay (the work queue's
-	// x-delayed-retry-min and -max).
+	Env    Env
+	Legacy Legacy
+}
+
+// Legacy are the deprecated flat backend settings of amqpretry.Config (Tiers, Levels,
+// DelayedRetryDelay, Memory), with their defaults: each backend value takes the ones
+// of its own settings it leaves zero.
+type Legacy struct {
+	Tiers      []time.Duration
+	Levels     int
 	RetryDelay time.Duration
+	Memory     message.Publisher
 }
 
 // DelayQueue is one queue in which a backend holds messages for a fixed TTL.
@@ -61,8 +70,8 @@ type DelayQueue struct {
 	TTL  time.Duration
 }
 
-// Backend is a delay backend. Built by delay.Lookup it only plans and sizes; built by
-// delay.New it also parks.
+// Backend is a delay backend, opened from a delay.Backend value. Opened without an
+// Env's hand-off it only plans and sizes; with one it also parks.
 type Backend interface {
 	// Name is the backend's name (package delay), for logs, events and errors.
 	Name() string
@@ -95,11 +104,9 @@ type Holder interface {
 	Settle(msg *message.Message, effective time.Duration, envelope message.Metadata) error
 }
 
-// Env is what New gives a backend to reach the broker.
+// Env is what a backend is given to reach the broker.
 type Env struct {
 	Handoff Handoff
-	// Memory receives the memory backend's messages when their delay is over.
-	Memory message.Publisher
 	// Redeliver asks the AMQP 1.0 transport to settle msg, when it is nacked, so that
 	// the broker holds it until at, with the given message annotations (delivery-time).
 	Redeliver func(msg *message.Message, at time.Time, annotations map[string]any) error

@@ -3,32 +3,50 @@ package backend
 import (
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/declare"
 )
 
 // Derived is what an amqpretry.Config, with its defaults, derives beyond its exported
-// fields: the backend it names, the one held in front of it, how to fix a topology
-// error, what its work queues need, and its policy's schedule. The root package
-// computes all of it, in one place (amqpretry.Config.Derived); the middleware, its
-// transports and ops read it there.
+// fields: the backend it names, opened once, the one held in front of it, how to fix a
+// topology error, what its work queues need, and its policy's schedule. The root
+// package computes all of it, in one place (amqpretry.Config.Derived), once per New;
+// the middleware, its transports and ops read it there.
 type Derived struct {
-	// Backend is the backend the Config names, and Caps what it can do (zero when the
-	// Config names no valid backend).
-	Backend Spec
+	// Name is the backend's name, for logs and errors.
+	Name string
+	// Backend is the backend the Config names, opened for planning and sizing (it
+	// parks nothing), and Caps what it can do; nil and zero when the Config names no
+	// valid backend (Err says why).
+	Backend Backend
 	Caps    Caps
-	// Held is the delayed-retry backend that holds the first HeldRetries retries in
-	// the work queue, in front of Backend; nil without held retries.
-	Held *Spec
+	Err     error
+	// Open opens the Config's backend again to park through env (the hand-off, the
+	// transport's Redeliver, the logger).
+	Open func(env Env) (Backend, error)
+	// Setup is what the Config opens its backend with, for planning: ops opens the
+	// other backends with it to find what they declared under the prefix.
+	Setup Setup
+	// InProcess: the backend keeps its retries in this process (the InProcess trait),
+	// Local is where they come back. AMQP1: it needs the AMQP 1.0 transport. Sealed:
+	// its waiting retries can only be counted. What the sibling modules ask.
+	InProcess, AMQP1, Sealed bool
+	Local                    message.Publisher
+	// Held is the backend that holds the first HeldRetries retries in the work queue,
+	// in front of Backend; nil without held retries.
+	Held Backend
 	// Fix is how to fix a topology error of this Config.
 	Fix declare.Fix
 	// WorkQueueArgs are the arguments every work queue needs, or nil: with delayed
 	// retries, a quorum queue that holds returned deliveries.
 	WorkQueueArgs amqp.Table
 	// Longest is the longest delay the policy asks of the backend (jitter's upper
-	// bound included; delayed-retry's constant delay), 0 when it asks for none.
+	// bound included; a constant delay), 0 when it asks for none.
 	Longest time.Duration
 	// Schedule describes the retries, for the log at start.
 	Schedule string
+	// Invalid is every invalid field, as amqpretry.Config.Validate reports them.
+	Invalid error
 }

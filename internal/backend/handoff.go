@@ -34,7 +34,7 @@ type Handoff interface {
 	// confirmed as well: the caller must know it is routable.
 	Publish(ctx context.Context, exchange, key string, msg *message.Message, headers amqp.Table, mandatory bool, owned func() topology.Topology) error
 	// ToQueue publishes msg to queue, a poison queue, through the default exchange,
-	// mandatory. A queue that is gone is declared again (declare.HoldingQueue).
+	// mandatory. A queue that is gone is declared again (declare.ReviewQueue).
 	ToQueue(ctx context.Context, queue string, msg *message.Message) error
 	// Ensure applies t as mode says, on a throwaway channel of the connection.
 	Ensure(mode topology.Mode, t topology.Topology) error

@@ -20,11 +20,11 @@ func WorkQueueArgs(d time.Duration) amqp.Table {
 	}
 }
 
-// CheckRetryDelay refuses a DelayedRetryDelay the broker cannot take: it is given in
-// whole milliseconds, at least one.
-func CheckRetryDelay(d time.Duration) error {
+// CheckRetryDelay refuses a delay of retries held in the work queue that the broker
+// cannot take, given in field: it is given in whole milliseconds, at least one.
+func CheckRetryDelay(field string, d time.Duration) error {
 	if d < time.Millisecond || d%time.Millisecond != 0 {
-		return fmt.Errorf("DelayedRetryDelay: %s must be a whole number of milliseconds, at least 1ms", d)
+		return fmt.Errorf("%s: %s must be a whole number of milliseconds, at least 1ms", field, d)
 	}
 	return nil
 }

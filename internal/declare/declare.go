@@ -1,5 +1,5 @@
 // Package declare holds what the library's packages share about declarations: the
-// arguments RabbitMQ gives meaning to, named once; the holding queues (poison,
+// arguments RabbitMQ gives meaning to, named once; the review queues (poison,
 // parking); the queue-type probe; and the fix each topology error suggests (Fix). A
 // topology is applied with topology.Topology.Apply, and checked with
 // topology.Topology.Check.
@@ -34,20 +34,20 @@ const (
 	DelayedRetryReturned   = "returned"
 )
 
-// holdingDeliveryLimit is the delivery limit of the queues that hold messages for
+// reviewDeliveryLimit is the delivery limit of the queues that hold messages for
 // people (poison, parking): reading them (basic.get, then a requeue) counts as a
 // delivery on RabbitMQ 4.0 to 4.2, whose default limit of 20 would drop a poisoned
 // message after its 20th listing. -1 would mean no limit on 4.x, but drops a message
 // at its first requeue on 3.x; a million does neither.
-const holdingDeliveryLimit = 1_000_000
+const reviewDeliveryLimit = 1_000_000
 
-// HoldingQueue is a queue that holds messages until someone acts on them, the poison
-// and parking queues (role): a quorum queue, replicated like the delay queues, with a
-// delivery limit no reading reaches.
-func HoldingQueue(name, role string) topology.Queue {
+// ReviewQueue is a queue whose messages wait for someone to review them and act, the
+// poison and parking queues (role): a quorum queue, replicated like the delay queues,
+// with a delivery limit no reading reaches.
+func ReviewQueue(name, role string) topology.Queue {
 	return topology.Queue{Name: name, Role: role, Args: map[string]interface{}{
 		QueueTypeArg:     QueueTypeQuorum,
-		DeliveryLimitArg: int64(holdingDeliveryLimit),
+		DeliveryLimitArg: int64(reviewDeliveryLimit),
 	}}
 }
 

@@ -57,14 +57,14 @@ func PoisonQueueGoneNeverRerunsTheHandler(t *testing.T, m Major) {
 		mode    topology.Mode
 		backend delay.Backend
 	}{
-		{topology.ModeVerify, delay.TTLTiers},
-		{topology.ModeDeclare, delay.TTLTiers},
+		{topology.ModeVerify, delay.TTLTiers{}},
+		{topology.ModeDeclare, delay.TTLTiers{}},
 		// Held in place: set aside in the work queue itself (RabbitMQ 4.3).
-		{topology.ModeNone, delay.DelayedRetry},
+		{topology.ModeNone, delay.DelayedRetry{}},
 	} {
 		mode := tc.mode
-		t.Run(string(mode)+" "+string(tc.backend), func(t *testing.T) {
-			if tc.backend == delay.DelayedRetry {
+		t.Run(string(mode)+" "+tc.backend.Name(), func(t *testing.T) {
+			if tc.backend == (delay.DelayedRetry{}) {
 				need43(t)
 			}
 			s := newSetup(t, m, tc.backend)
@@ -146,7 +146,7 @@ func PoisonQueueGoneNeverRerunsTheHandler(t *testing.T, m Major) {
 			named := false
 			for _, l := range logs.at(watermill.ErrorLogLevel) {
 				if l.Err != nil && strings.Contains(l.Err.Error(), `poison queue "`+poison+`" does not exist`) &&
-					strings.Contains(l.Err.Error(), "`amqpretry topology apply --backend "+string(tc.backend)+" --prefix "+s.prefix) {
+					strings.Contains(l.Err.Error(), "`amqpretry topology apply --backend "+tc.backend.Name()+" --prefix "+s.prefix) {
 					named = true
 				}
 			}
@@ -196,9 +196,10 @@ func PoisonQueueGoneNeverRerunsTheHandler(t *testing.T, m Major) {
 // logged, naming the order to close in; Close logged what it did before, and a second
 // Close does nothing.
 func CloseBeforeTheRouterHandsNothingOff(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers)
+	s := newSetup(t, m, delay.TTLTiers{})
 	logs := &logCapture{}
 	s.cfg.Logger = logs
+	//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
 	s.cfg.Tiers = []time.Duration{500 * time.Millisecond}
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{500 * time.Millisecond}}
 	r := newRetry(t, m, s.sub, s.cfg)
@@ -277,7 +278,7 @@ func CloseBeforeTheRouterHandsNothingOff(t *testing.T, m Major) {
 // ForgottenCloseIsWarnedAndClosed: a Retry dropped without Close is found by the
 // garbage collector: a WARN says so, and its hand-off connection is closed.
 func ForgottenCloseIsWarnedAndClosed(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers)
+	s := newSetup(t, m, delay.TTLTiers{})
 	logs := &logCapture{}
 	s.cfg.Logger = logs
 	plan, err := s.cfg.Plan()
@@ -310,7 +311,7 @@ func ForgottenCloseIsWarnedAndClosed(t *testing.T, m Major) {
 // due: it never comes back early. The adjustment is logged below ERROR.
 func RetryAfterIsNeverUndercutOnDelayedRetry(t *testing.T, m Major) {
 	need43(t)
-	s := newSetup(t, m, delay.DelayedRetry)
+	s := newSetup(t, m, delay.DelayedRetry{})
 	const held, after = 400 * time.Millisecond, 700 * time.Millisecond
 	s.sub.QueueArgs = quorumToPoison(s) // no ERROR about a quorum queue that drops
 	s.cfg.DelayedRetryDelay = held
@@ -343,8 +344,9 @@ func RetryAfterIsNeverUndercutOnDelayedRetry(t *testing.T, m Major) {
 // parked again when it comes back, until it is due: the handler never sees it early.
 // The adjustment is logged below ERROR.
 func RetryAfterIsNeverUndercutOnTTLTiers(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers)
+	s := newSetup(t, m, delay.TTLTiers{})
 	const after = 1200 * time.Millisecond
+	//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
 	s.cfg.Tiers = []time.Duration{500 * time.Millisecond}
 	logs := &logCapture{}
 	s.cfg.Logger = logs
@@ -379,8 +381,9 @@ func RetryAfterIsNeverUndercutOnTTLTiers(t *testing.T, m Major) {
 // back after the longest tier). Validate accepts it, start-up says so at INFO, and
 // nothing is logged at ERROR.
 func PolicyDelayPastTheLongestTierIsNeverEarly(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers)
+	s := newSetup(t, m, delay.TTLTiers{})
 	const tier, asked = time.Second, 3 * time.Second
+	//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
 	s.cfg.Tiers = []time.Duration{tier}
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{asked}}
 	if err := s.cfg.Validate(); err != nil {

@@ -292,9 +292,11 @@ func newSetup(t *testing.T, m Major, backend delay.Backend) setup {
 	s.cfg = amqpretry.Config{
 		Backend: backend,
 		Prefix:  prefix,
-		Tiers:   []time.Duration{500 * time.Millisecond, 2 * time.Second, 4 * time.Second},
-		Memory:  m.Publisher(t, s.sub),
-		Logger:  Logger(),
+		//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
+		Tiers: []time.Duration{500 * time.Millisecond, 2 * time.Second, 4 * time.Second},
+		//lint:ignore SA1019 as Tiers
+		Memory: m.Publisher(t, s.sub),
+		Logger: Logger(),
 	}
 	brokertest.Cleanup(t, []string{s.topic, prefix + ".poison"}, nil)
 	return s

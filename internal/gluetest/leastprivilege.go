@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/topology"
@@ -50,7 +51,7 @@ func LeastPrivilegeAfterTopologyApply(t *testing.T, m Major) {
 	queue := prefix + ".orders"
 	cfg := amqpretry.Config{
 		Prefix:   prefix,
-		Tiers:    []time.Duration{500 * time.Millisecond},
+		Backend:  delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}},
 		Policy:   amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{500 * time.Millisecond}},
 		Topology: topology.ModeVerify,
 		Logger:   Logger(),
@@ -120,7 +121,7 @@ func LeastPrivilegeAfterTopologyApply(t *testing.T, m Major) {
 
 	// The quickstart runs the same way: TOPOLOGY=verify on what the admin created.
 	qsPrefix, qsQueue := prefix+"-qs", prefix+"-qs.orders"
-	qsPlan, err := amqpretry.Config{Prefix: qsPrefix, Tiers: []time.Duration{time.Second, 2 * time.Second, 4 * time.Second}}.Plan(qsQueue)
+	qsPlan, err := amqpretry.Config{Prefix: qsPrefix, Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second, 2 * time.Second, 4 * time.Second}}}.Plan(qsQueue)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,12 +36,12 @@ func OutageIsNotAPoison(t *testing.T, m Major) {
 		quorum  bool
 		variant string
 	}{
-		{name: delay.TTLTiers},
-		{name: delay.BinaryLevels},
-		{name: delay.DelayedRetry, need43: true, quorum: true},
-		{name: delay.TTLTiers, held: 2, need43: true, quorum: true, variant: "+held"},
+		{name: delay.TTLTiers{}},
+		{name: delay.BinaryLevels{}},
+		{name: delay.DelayedRetry{}, need43: true, quorum: true},
+		{name: delay.TTLTiers{}, held: 2, need43: true, quorum: true, variant: "+held"},
 	} {
-		t.Run(string(tc.name)+tc.variant, func(t *testing.T) {
+		t.Run(tc.name.Name()+tc.variant, func(t *testing.T) {
 			if tc.need43 {
 				need43(t)
 			}
@@ -51,10 +51,11 @@ func OutageIsNotAPoison(t *testing.T, m Major) {
 			}
 			s.cfg.HeldRetries = tc.held
 			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3, InitialInterval: 500 * time.Millisecond, MaxInterval: time.Second, NoJitter: true}
-			if tc.name == delay.DelayedRetry {
+			if tc.name == (delay.DelayedRetry{}) {
 				s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3}
 				s.cfg.DelayedRetryDelay = 500 * time.Millisecond
 			} else {
+				//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
 				s.cfg.Tiers = []time.Duration{500 * time.Millisecond, time.Second}
 			}
 			s.cfg.Outage = amqpretry.Outage{ProbeInterval: 200 * time.Millisecond, MaxProbeInterval: time.Second}
@@ -213,8 +214,8 @@ func OutageBeginsAtOnceOnUnavailableAndAnOpenBreaker(t *testing.T, m Major) {
 			name = "circuit-breaker"
 		}
 		t.Run(name, func(t *testing.T) {
-			s := newSetup(t, m, delay.TTLTiers)
-			s.cfg.Tiers = []time.Duration{300 * time.Millisecond}
+			s := newSetup(t, m, delay.TTLTiers{})
+			s.cfg.Backend = delay.TTLTiers{Tiers: []time.Duration{300 * time.Millisecond}}
 			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, InitialInterval: 300 * time.Millisecond, NoJitter: true}
 			// Consecutive is far above what the test fails: only the one error (or
 			// refusal) can begin the outage.
@@ -335,12 +336,12 @@ func CloseDuringAnOutageLosesNothing(t *testing.T, m Major) {
 		held    int
 		variant string
 	}{
-		{name: delay.TTLTiers},
-		{name: delay.DelayedRetry},
-		{name: delay.TTLTiers, held: 2, variant: "+held"},
+		{name: delay.TTLTiers{}},
+		{name: delay.DelayedRetry{}},
+		{name: delay.TTLTiers{}, held: 2, variant: "+held"},
 	} {
-		counted := tc.name == delay.DelayedRetry || tc.held > 0 // the broker counts returns as attempts
-		t.Run(string(tc.name)+tc.variant, func(t *testing.T) {
+		counted := tc.name == (delay.DelayedRetry{}) || tc.held > 0 // the broker counts returns as attempts
+		t.Run(tc.name.Name()+tc.variant, func(t *testing.T) {
 			if counted {
 				need43(t)
 			}
@@ -351,11 +352,11 @@ func CloseDuringAnOutageLosesNothing(t *testing.T, m Major) {
 			if counted {
 				s.sub.QueueArgs = quorum
 			}
-			if tc.name == delay.DelayedRetry {
+			if tc.name == (delay.DelayedRetry{}) {
 				s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3}
 				s.cfg.DelayedRetryDelay = 300 * time.Millisecond
 			} else {
-				s.cfg.Tiers = []time.Duration{300 * time.Millisecond}
+				s.cfg.Backend = delay.TTLTiers{Tiers: []time.Duration{300 * time.Millisecond}}
 			}
 			// No probe comes while the test looks: the messages only wait.
 			s.cfg.Outage = amqpretry.Outage{ProbeInterval: time.Hour, MaxProbeInterval: time.Hour}
@@ -454,7 +455,7 @@ func CloseDuringAnOutageLosesNothing(t *testing.T, m Major) {
 			}
 			mu.Unlock()
 			st2 := r2.Stats()
-			t.Logf("%s%s: %d messages, %d handled more than once, first runs by attempt %v; first Retry %+v", tc.name, tc.variant, total, dups, byAttempt, st1)
+			t.Logf("%s%s: %d messages, %d handled more than once, first runs by attempt %v; first Retry %+v", tc.name.Name(), tc.variant, total, dups, byAttempt, st1)
 			if st1.Retries != 0 || st1.Poisoned != 0 || st2.Retries != 0 || st2.Poisoned != 0 {
 				t.Errorf("retried or poisoned for the outage: before Close %+v, after %+v", st1, st2)
 			}

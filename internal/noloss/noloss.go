@@ -79,11 +79,11 @@ type Variant struct {
 // Variants lists every variant, in the order the test runs them.
 func Variants() []Variant {
 	return []Variant{
-		{Name: string(delay.TTLTiers), Backend: delay.TTLTiers, Failures: 2},
-		{Name: string(delay.BinaryLevels), Backend: delay.BinaryLevels, Failures: 2},
-		{Name: string(delay.DelayedExchange), Backend: delay.DelayedExchange, Failures: 2},
-		{Name: string(delay.DelayedRetry), Backend: delay.DelayedRetry, Failures: 2},
-		{Name: string(delay.TTLTiers) + "+held-retries", Backend: delay.TTLTiers, HeldRetries: 2, Failures: 3},
+		{Name: delay.TTLTiers{}.Name(), Backend: delay.TTLTiers{}, Failures: 2},
+		{Name: delay.BinaryLevels{}.Name(), Backend: delay.BinaryLevels{}, Failures: 2},
+		{Name: delay.DelayedExchange{}.Name(), Backend: delay.DelayedExchange{}, Failures: 2},
+		{Name: delay.DelayedRetry{}.Name(), Backend: delay.DelayedRetry{}, Failures: 2},
+		{Name: delay.TTLTiers{}.Name() + "+held-retries", Backend: delay.TTLTiers{}, HeldRetries: 2, Failures: 3},
 	}
 }
 
@@ -99,11 +99,11 @@ func VariantNamed(name string) (Variant, bool) {
 
 // Holds tells whether retries of v wait in the work queue itself (RabbitMQ 4.3's
 // delayed retry of quorum queues).
-func (v Variant) Holds() bool { return v.Backend == delay.DelayedRetry || v.HeldRetries > 0 }
+func (v Variant) Holds() bool { return v.Backend == delay.DelayedRetry{} || v.HeldRetries > 0 }
 
 // Copies tells whether retries of v are copies parked in delay queues (some of them
 // at least).
-func (v Variant) Copies() bool { return v.Backend != delay.DelayedRetry }
+func (v Variant) Copies() bool { return v.Backend != delay.DelayedRetry{} }
 
 // Policy is the retry policy of the run: short, so that a run takes a minute or two.
 // MaxAttempts leaves one attempt spare after the transient failures: a message
@@ -116,7 +116,7 @@ func (s Setup) Policy() amqpretry.Policy {
 	v := s.Variant
 	p := amqpretry.Policy{MaxAttempts: v.Failures + 2}
 	switch {
-	case v.Backend == delay.DelayedRetry:
+	case v.Backend == delay.DelayedRetry{}:
 	case len(s.Nodes) > 0:
 		p.Delays = []time.Duration{5 * time.Second, 10 * time.Second}
 	default:
@@ -228,8 +228,9 @@ func (s Setup) QueueArgs() amqp.Table {
 func (s Setup) Config() amqpretry.Config {
 	v := s.Variant
 	cfg := amqpretry.Config{
-		Backend:     v.Backend,
-		Prefix:      s.Prefix,
+		Backend: v.Backend,
+		Prefix:  s.Prefix,
+		//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
 		Levels:      s.Levels(),
 		HeldRetries: v.HeldRetries,
 		Policy:      s.Policy(),
@@ -241,16 +242,19 @@ func (s Setup) Config() amqpretry.Config {
 		Outage: amqpretry.Outage{Off: true},
 		Logger: s.Logger,
 	}
-	if v.Backend == delay.TTLTiers {
+	if v.Backend.Name() == (delay.TTLTiers{}).Name() {
+		//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
 		cfg.Tiers = cfg.Policy.Delays // one tier per delay of the policy
 	}
 	if s.StoragePrefix != "" {
 		cfg.Prefix, cfg.PoisonQueue = s.StoragePrefix, s.Prefix+".poison"
 	}
 	if s.Tiers != nil {
+		//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
 		cfg.Tiers = s.Tiers
 	}
 	if s.LevelsOf != 0 {
+		//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
 		cfg.Levels = s.LevelsOf
 	}
 	cfg.Topology = s.Topology

@@ -160,7 +160,7 @@ func TestPartition(t *testing.T) {
 	bin := buildConsumer(t)
 
 	var def []noloss.Variant
-	for _, name := range []string{string(delay.TTLTiers), string(delay.BinaryLevels), string(delay.DelayedRetry)} {
+	for _, name := range []string{delay.TTLTiers{}.Name(), delay.BinaryLevels{}.Name(), delay.DelayedRetry{}.Name()} {
 		v, _ := noloss.VariantNamed(name)
 		def = append(def, v)
 	}

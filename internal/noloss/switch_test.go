@@ -36,7 +36,7 @@ type switchStage struct {
 }
 
 func (st switchStage) String() string {
-	s := string(st.backend)
+	s := st.backend.Name()
 	if st.prefix != "" {
 		s += "@" + st.prefix
 	}
@@ -59,11 +59,11 @@ func (st switchStage) String() string {
 // queues next to the old ones on one delay exchange), to another prefix with other
 // levels, then to another backend under that prefix.
 var copyingSwitches = []switchStage{
-	{backend: delay.TTLTiers},
-	{backend: delay.BinaryLevels},
-	{backend: delay.TTLTiers, tiers: []time.Duration{1200 * time.Millisecond, 2500 * time.Millisecond}},
-	{backend: delay.BinaryLevels, prefix: "b", levels: 4},
-	{backend: delay.TTLTiers, prefix: "b"},
+	{backend: delay.TTLTiers{}},
+	{backend: delay.BinaryLevels{}},
+	{backend: delay.TTLTiers{}, tiers: []time.Duration{1200 * time.Millisecond, 2500 * time.Millisecond}},
+	{backend: delay.BinaryLevels{}, prefix: "b", levels: 4},
+	{backend: delay.TTLTiers{}, prefix: "b"},
 }
 
 // delayedRetrySwitches (RabbitMQ 4.3): to and from delayed-retry, twice. The work queue
@@ -75,11 +75,11 @@ var copyingSwitches = []switchStage{
 // (The test applies it at the start, as an operator may ahead of a switch: rabbitmqctl
 // takes seconds, in which the retries waiting for the change would come back.)
 var delayedRetrySwitches = []switchStage{
-	{backend: delay.TTLTiers},
-	{backend: delay.DelayedRetry},
-	{backend: delay.BinaryLevels},
-	{backend: delay.DelayedRetry},
-	{backend: delay.TTLTiers, prefix: "b", tiers: []time.Duration{1200 * time.Millisecond, 2500 * time.Millisecond}},
+	{backend: delay.TTLTiers{}},
+	{backend: delay.DelayedRetry{}},
+	{backend: delay.BinaryLevels{}},
+	{backend: delay.DelayedRetry{}},
+	{backend: delay.TTLTiers{}, prefix: "b", tiers: []time.Duration{1200 * time.Millisecond, 2500 * time.Millisecond}},
 }
 
 // TestNoLossSwitch changes backends while retries wait, as an operator would: each
@@ -122,14 +122,14 @@ func TestNoLossSwitch(t *testing.T) {
 }
 
 func playSwitches(t *testing.T, bin string, o options, stages []switchStage) {
-	first, _ := noloss.VariantNamed(string(stages[0].backend))
+	first, _ := noloss.VariantNamed(stages[0].backend.Name())
 	g := newGroup(t, single{}, bin, o, []noloss.Variant{first})
 	r := g.runs[0]
 	var names []string
 	quorum := false
 	for _, st := range stages {
 		names = append(names, st.String())
-		quorum = quorum || st.backend == delay.DelayedRetry
+		quorum = quorum || st.backend == delay.DelayedRetry{}
 	}
 	r.scenario = "switch:" + strings.Join(names, ">")
 	heldLog := filepath.Join(t.TempDir(), "held.log")
@@ -191,7 +191,7 @@ func later(a, b time.Time) time.Time {
 func (r *run) use(st switchStage, quorum bool, heldLog string) {
 	r.t.Helper()
 	s := r.s
-	s.Variant, _ = noloss.VariantNamed(string(st.backend))
+	s.Variant, _ = noloss.VariantNamed(st.backend.Name())
 	s.StoragePrefix, s.Tiers, s.LevelsOf, s.QuorumWork, s.Topology = "", st.tiers, st.levels, quorum, ""
 	args := []string{"-held-log", heldLog}
 	if quorum {
@@ -211,7 +211,7 @@ func (r *run) use(st switchStage, quorum bool, heldLog string) {
 	if st.levels != 0 {
 		args = append(args, "-levels", strconv.Itoa(st.levels))
 	}
-	if st.backend == delay.DelayedRetry {
+	if st.backend == (delay.DelayedRetry{}) {
 		// The work queue exists without the delayed-retry arguments: a policy gives
 		// them, and nothing is declared (it would be refused).
 		s.Topology = topology.ModeVerify
@@ -246,7 +246,7 @@ func (r *run) switchTo(st switchStage, kill, quorum bool, heldLog, policy string
 	g := r.g
 	// The policy first: applying it takes seconds, while retries wait.
 	note := ""
-	if st.backend == delay.DelayedRetry && !r.policyOn {
+	if st.backend == (delay.DelayedRetry{}) && !r.policyOn {
 		for deadline := time.Now().Add(30 * time.Second); !r.policyApplied(policy); time.Sleep(200 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				r.fatal("policy %s not on %s after 30 s", policy, r.work)

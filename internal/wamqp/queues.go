@@ -91,7 +91,7 @@ func (q *Queues) DeclareExchange(ch *amqp.Channel, exchange, kind string, args a
 
 // PoisonQueue is the poison queue's name, and the arguments it is declared with.
 func (w *Wiring) PoisonQueue() (string, amqp.Table) {
-	q := declare.HoldingQueue(w.cfg.PoisonQueue, "poison")
+	q := declare.ReviewQueue(w.cfg.PoisonQueue, "poison")
 	return q.Name, q.Args
 }
 

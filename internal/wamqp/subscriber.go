@@ -60,8 +60,8 @@ func New(sub Sub, cfg amqpretry.Config) (*Wiring, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg = cfg.WithDefaults()
-	return &Wiring{Retry: r, cfg: cfg, sub: sub, view: cfg.Derived()}, nil
+	// With its defaults, and what New derived, once.
+	return &Wiring{Retry: r, cfg: r.Config(), sub: sub, view: r.Derived()}, nil
 }
 
 // InProcess tells whether the Retry runs without a broker (the memory backend, no
@@ -100,14 +100,14 @@ func (w *Wiring) WorkQueueArgs(args amqp.Table) amqp.Table {
 func (sub Sub) validate(cfg amqpretry.Config) error {
 	v := cfg.Derived()
 	if sub.URI == "" {
-		if !v.Caps.InProcess {
-			return fmt.Errorf("Subscriber: Connection.AmqpURI: required for the %s backend", cfg.Backend)
+		if !v.InProcess {
+			return fmt.Errorf("Subscriber: Connection.AmqpURI: required for the %s backend", v.Name)
 		}
 		return nil
 	}
 	var errs []error
-	if v.Caps.AMQP1 {
-		errs = append(errs, delay.NeedsAMQP1(cfg.Backend))
+	if v.AMQP1 {
+		errs = append(errs, delay.NeedsAMQP1(v.Name))
 	}
 	if sub.QueueName == nil {
 		errs = append(errs, errors.New("Subscriber: Queue.GenerateName: required"))

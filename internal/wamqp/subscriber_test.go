@@ -9,6 +9,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
 )
 
 // TestNewValidatesEveryField: New names every invalid field of the subscriber config
@@ -36,7 +37,7 @@ func TestNewValidatesEveryField(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "Subscriber: Connection.AmqpURI: required for the ttl-tiers backend") {
 		t.Errorf("no URI: %v", err)
 	}
-	_, err = New(Sub{}, amqpretry.Config{Backend: delay.Memory})
+	_, err = New(Sub{}, amqpretry.Config{Backend: delay.Memory{}})
 	if err == nil || !strings.Contains(err.Error(), "Memory: required for the memory backend") {
 		t.Errorf("memory backend without Memory: %v", err)
 	}
@@ -46,7 +47,7 @@ func TestNewValidatesEveryField(t *testing.T) {
 // nothing of the Retry; the marshaler still marks deliveries, and the queue arguments
 // are left as they are when the work queues hold no retries.
 func TestInProcessLeavesTheSubscriberAlone(t *testing.T) {
-	w, err := New(Sub{QueueName: func(topic string) string { return topic }}, amqpretry.Config{Backend: delay.Memory, Memory: discard{}})
+	w, err := New(Sub{QueueName: func(topic string) string { return topic }}, amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,3 +67,31 @@ type discard struct{}
 
 func (discard) Publish(string, ...*message.Message) error { return nil }
 func (discard) Close() error                              { return nil }
+
+// counted is a backend value that counts how often it is opened.
+type counted struct {
+	delay.Memory
+	opens *int
+}
+
+func (c counted) Open(s backend.Setup) (backend.Backend, error) {
+	*c.opens++
+	return c.Memory.Open(s)
+}
+
+// TestNewDerivesOnce: the transport's New derives the Config once and hands it down:
+// the backend is opened once to plan and validate and once to run, whatever the
+// transport, the middleware and the wiring read of it.
+func TestNewDerivesOnce(t *testing.T) {
+	opens := 0
+	w, err := New(Sub{QueueName: func(topic string) string { return topic }}, amqpretry.Config{Backend: counted{delay.Memory{Publisher: discard{}}, &opens}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Retry.Close()
+	_ = w.Marshaler()
+	_ = w.WorkQueueArgs(nil)
+	if opens != 2 {
+		t.Errorf("the backend was opened %d times by New, want 2: once to plan, once to run", opens)
+	}
+}

@@ -75,7 +75,7 @@ func (w *Wiring) DeclareExchange(ch *amqp.Channel, exchange, kind string, args a
 }
 
 // AddHandler adds to router a handler that consumes topic through the subscriber
-// newSubscriber builds, closed when its subscription ends (in-process: Config.Memory,
+// newSubscriber builds, closed when its subscription ends (in-process: the memory backend's publisher,
 // which must be a message.Subscriber, and is left open), with this Retry's middleware
 // on it. It first refuses a work queue that exists and cannot hold the retries
 // (Retry.CheckWorkQueue): refused here, not when the router runs.
@@ -89,9 +89,9 @@ func (w *Wiring) AddHandler(router *message.Router, handlerName, topic string, h
 	}
 	var sub message.Subscriber
 	if w.InProcess() {
-		s, ok := w.cfg.Memory.(message.Subscriber)
+		s, ok := w.view.Local.(message.Subscriber)
 		if !ok {
-			return nil, fmt.Errorf("handler %q: Config.Memory (%T) is not a message.Subscriber", handlerName, w.cfg.Memory)
+			return nil, fmt.Errorf("handler %q: the %s backend's publisher (%T) is not a message.Subscriber", handlerName, w.view.Name, w.view.Local)
 		}
 		sub = s
 	} else {

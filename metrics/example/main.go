@@ -79,10 +79,24 @@ func run() error {
 	prefix := "amqpretry-metrics-example." + runID
 	topic := prefix + ".orders"
 
+	amqpCfg := amqp3.NewDurableQueueConfig(uri)
+	var goChannel *gochannel.GoChannel
+	if uri == "" {
+		goChannel = gochannel.NewGoChannel(gochannel.Config{}, logger)
+		amqpCfg = amqp3.Config{}
+	}
+	settings := delay.Settings{Tiers: []time.Duration{time.Second, 2 * time.Second}, Delay: time.Second}
+	name := os.Getenv("DELAY_BACKEND")
+	if goChannel != nil {
+		name, settings.Publisher = delay.Memory{}.Name(), goChannel
+	}
+	backend, err := delay.Parse(name, settings)
+	if err != nil {
+		return err
+	}
 	cfg := amqpretry.Config{
-		Backend:       delay.Backend(os.Getenv("DELAY_BACKEND")),
+		Backend:       backend,
 		Prefix:        prefix,
-		Tiers:         []time.Duration{time.Second, 2 * time.Second},
 		Policy:        amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{time.Second, 2 * time.Second}},
 		RetryLogEvery: -1,
 		Logger:        logger,
@@ -93,15 +107,9 @@ func run() error {
 			return fmt.Errorf("HELD_RETRIES: %w", err)
 		}
 	}
-	if cfg.Backend == delay.DelayedRetry {
+	if name == (delay.DelayedRetry{}).Name() {
 		// One constant delay per work queue: RabbitMQ 4.3 holds every retry for it.
 		cfg.Policy = amqpretry.Policy{MaxAttempts: 4}
-		cfg.DelayedRetryDelay = time.Second
-	}
-	amqpCfg := amqp3.NewDurableQueueConfig(uri)
-	if uri == "" {
-		goChannel := gochannel.NewGoChannel(gochannel.Config{}, logger)
-		cfg.Backend, cfg.Memory, amqpCfg = delay.Memory, goChannel, amqp3.Config{}
 	}
 
 	reg := prometheus.NewRegistry()
@@ -118,7 +126,7 @@ func run() error {
 		return err
 	}
 	defer retry.Close()
-	var pub message.Publisher = cfg.Memory
+	var pub message.Publisher = goChannel
 	if uri != "" {
 		// The publisher declares the work queue as the subscriber does (with delayed
 		// retries, a quorum queue with the arguments RabbitMQ 4.3 needs).
