@@ -22,8 +22,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
-	"github.com/amqpretry/amqpretry/internal/brokertest"
-	"github.com/amqpretry/amqpretry/internal/tlstest"
+	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
+	"github.com/amqpretry/amqpretry/internal/testsupport/tlstest"
 	"github.com/amqpretry/amqpretry/ops"
 	"github.com/amqpretry/amqpretry/wamqp3"
 )

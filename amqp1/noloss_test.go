@@ -24,7 +24,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/amqp1/internal/noloss1"
-	"github.com/amqpretry/amqpretry/internal/noloss/fates"
+	"github.com/amqpretry/amqpretry/internal/testsupport/noloss/fates"
 )
 
 // TestNoLoss is the no-loss test of the delivery-time backend (issue 21): N messages

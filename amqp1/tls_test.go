@@ -14,7 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/amqpretry/amqpretry/internal/tlstest"
+	"github.com/amqpretry/amqpretry/internal/testsupport/tlstest"
 )
 
 // tlsRoundTrip publishes one message over the publisher config and receives it over

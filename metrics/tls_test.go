@@ -14,8 +14,8 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/brokertest"
-	"github.com/amqpretry/amqpretry/internal/tlstest"
+	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
+	"github.com/amqpretry/amqpretry/internal/testsupport/tlstest"
 	"github.com/amqpretry/amqpretry/metrics"
 )
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # A three-node RabbitMQ 4.3 cluster whose nodes and clients each live in a network
-# namespace of their own, for tests that cut, split and degrade the network between
-# them (the partition test, internal/noloss/partition_test.go). Nothing of it touches
-# the machine's own network: the namespaces are joined by veth pairs to a bridge that
-# itself lives in a namespace this script creates, on addresses of the benchmarking
+# namespace of their own, for tests that cut, split and degrade the network between them
+# (the partition test, internal/testsupport/noloss/partition_test.go). Nothing of it
+# touches the machine's own network: the namespaces are joined by veth pairs to a bridge
+# that itself lives in a namespace this script creates, on addresses of the benchmarking
 # range 198.18.0.0/24 that exist only there, with no route anywhere else.
 #
 #   namespace         address       what runs in it
@@ -47,14 +47,14 @@
 #   split "A.." "B.."  cut every endpoint of the first group from every one of the second
 #   down X           ip link set down X's interface (as a pulled cable: nothing passes)
 #   degrade [DELAY_MS [LOSS_PCT [REORDER_PCT]]]  on every endpoint but obs: tc netem delay,
-#                    loss and reordering where the kernel has netem; without it (as
-#                    on these CI machines), the userspace delayer internal/netdelay
-#                    (built with go on first use) in each namespace holds every
-#                    packet leaving eth0 DELAY_MS, sent to it by an iptables NFQUEUE
-#                    rule, and drops LOSS_PCT at random; no reordering. Where that
-#                    cannot run either, nftables drops LOSS_PCT and there is no delay.
-#                    Each is said on stderr; prints what it applied: "netem ...",
-#                    "nfqueue ..." or "nft-loss ..."
+#                    loss and reordering where the kernel has netem; without it (as on
+#                    these CI machines), the userspace delayer
+#                    internal/testsupport/netdelay (built with go on first use) in each
+#                    namespace holds every packet leaving eth0 DELAY_MS, sent to it by
+#                    an iptables NFQUEUE rule, and drops LOSS_PCT at random; no
+#                    reordering. Where that cannot run either, nftables drops LOSS_PCT
+#                    and there is no delay. Each is said on stderr; prints what it
+#                    applied: "netem ...", "nfqueue ..." or "nft-loss ..."
 #   heal             remove every fault: rules flushed, links up, qdiscs deleted,
 #                    delayers stopped (the packets they hold accepted at once)
 #
@@ -440,8 +440,8 @@ down() {
 
 # --- the userspace delayer (degrade without netem) -------------------------------
 
-# Builds internal/netdelay into $DELAY_BIN once (stop deletes it); fails, said on
-# stderr, when go or iptables is missing and cannot be had.
+# Builds internal/testsupport/netdelay into $DELAY_BIN once (stop deletes it); fails,
+# said on stderr, when go or iptables is missing and cannot be had.
 delayer_ready() {
   if ! command -v iptables >/dev/null; then
     log "installing iptables (the NFQUEUE rules of the delayer)"
@@ -449,10 +449,10 @@ delayer_ready() {
       || { log "could not install iptables (apt-get install iptables)"; return 1; }
   fi
   [ -x "$DELAY_BIN" ] && return 0
-  command -v go >/dev/null || { log "no go on PATH to build internal/netdelay"; return 1; }
+  command -v go >/dev/null || { log "no go on PATH to build internal/testsupport/netdelay"; return 1; }
   mkdir -p "$DELAY_RUN"
-  log "building internal/netdelay into $DELAY_BIN"
-  (cd "$(dirname "${BASH_SOURCE[0]}")/../internal/netdelay" && go build -o "$DELAY_BIN.tmp" .) >&2 \
+  log "building internal/testsupport/netdelay into $DELAY_BIN"
+  (cd "$(dirname "${BASH_SOURCE[0]}")/../internal/testsupport/netdelay" && go build -o "$DELAY_BIN.tmp" .) >&2 \
     && mv "$DELAY_BIN.tmp" "$DELAY_BIN"
 }
 
@@ -554,7 +554,7 @@ degrade() {
     fi
     if [ "$delayer" = yes ]; then
       delayer_start "$e" "$delay" "$loss" || die "could not delay the packets of $e (log: $DELAY_RUN/$e.log)"
-      applied="nfqueue delay ${delay}ms loss ${loss}% (no netem in this kernel: internal/netdelay; no reordering)"
+      applied="nfqueue delay ${delay}ms loss ${loss}% (no netem in this kernel: internal/testsupport/netdelay; no reordering)"
       continue
     fi
     if [ "$loss" != 0 ]; then

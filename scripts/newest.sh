@@ -55,11 +55,11 @@ done
 
 # The tests that read deliveries and headers with amqp091-go and watermill-amqp: the
 # marshaler's (in process), then, on the broker at AMQP_URI, the suite of each
-# watermill-amqp major (internal/gluetest) and the middleware's broker tests.
+# watermill-amqp major (internal/testsupport/gluetest) and the middleware's broker tests.
 go test -race -count=1 ./xdeath ./internal/marshal
 tests=${NEWEST_TESTS:-'^(TestSuite|TestVerifyModeNamesWhatIsMissing|TestStartWarnsAboutTheDeliveryLimit)$'}
 go test -race -count=1 -timeout 15m -p 1 -run "$tests" ./wamqp3 ./wamqp2 ./middleware
 # A delivery amqp091-go v1.16.0 cannot read makes watermill-amqp reconnect, which races
-# with itself (internal/gluetest/race.go): that test skips itself under -race, and
-# runs here without it.
+# with itself (internal/testsupport/gluetest/race.go): that test skips itself under
+# -race, and runs here without it.
 go test -count=1 -timeout 5m -run '^TestSuite$/^UnreadableHeadersEndInThePoisonQueue$' -v ./wamqp3 ./wamqp2

@@ -15,11 +15,11 @@
 #               left behind
 #   4.0, 4.3    the same on RabbitMQ 4.0.5 and 4.3.6 (scripts/rabbitmq4.sh), with the
 #               4.3-only backends, the AMQP 1.0 module and its quickstart
-#   no-loss     thousands of messages through faults, on each broker (internal/noloss,
-#               amqp1), and on a three-node 4.3 cluster (scripts/cluster.sh); through
-#               changes of backend while retries wait (TestNoLossSwitch, 1-3 min each);
-#               the partition test on three 4.3 nodes in network namespaces
-#               (scripts/netcluster.sh)
+#   no-loss     thousands of messages through faults, on each broker
+#               (internal/testsupport/noloss, amqp1), and on a three-node 4.3 cluster
+#               (scripts/cluster.sh); through changes of backend while retries wait
+#               (TestNoLossSwitch, 1-3 min each); the partition test on three 4.3 nodes
+#               in network namespaces (scripts/netcluster.sh)
 #
 # Where no broker answers at AMQP_URI it starts one: a local rabbitmq-server if
 # installed, else `docker compose up`. Under CI=true a broker that cannot be had fails
@@ -123,7 +123,7 @@ print_notes() { if [ "${#notes[@]}" -gt 0 ]; then printf '%s\n' "${notes[@]}"; f
 print_notes
 
 # Modules: the library, and the modules of its own the repository holds.
-modules=(. metrics amqp1 benchmarks internal/watermillsuite internal/netdelay _examples/quickstart _examples/cqrs amqp1/examples/quickstart)
+modules=(. metrics amqp1 benchmarks internal/testsupport/watermillsuite internal/testsupport/netdelay _examples/quickstart _examples/cqrs amqp1/examples/quickstart)
 gocmd() { # gocmd DIR ARGS: go in module DIR (the command module through its go.sh)
   local dir=$1
   shift
@@ -144,7 +144,7 @@ step "staticcheck (every module but benchmarks)"
 # Pinned: the module proxy serves exact versions. staticcheck.conf says what is off.
 staticcheck=honnef.co/go/tools/cmd/staticcheck@v0.8.2
 go run "$staticcheck" ./...
-for m in metrics amqp1 internal/watermillsuite internal/netdelay _examples/quickstart _examples/cqrs amqp1/examples/quickstart; do (cd "$m" && go run "$staticcheck" ./...); done
+for m in metrics amqp1 internal/testsupport/watermillsuite internal/testsupport/netdelay _examples/quickstart _examples/cqrs amqp1/examples/quickstart; do (cd "$m" && go run "$staticcheck" ./...); done
 cmd/amqpretry/go.sh run "$staticcheck" ./...
 
 step "API size: exported identifiers per public package (internal/cmd/apicount; printed, no limit)"
@@ -159,7 +159,7 @@ step "backends by what they can do: no name compared outside delay/; config.go c
 # assigns one (amqp1's default); comments pass. Examples and test harnesses are not
 # checked.
 lib=$(git ls-files '*.go' ':!:*_test.go' ':!:delay/' ':!:config.go' ':!:benchmarks/' ':!:_examples/' \
-  ':!:internal/gluetest/' ':!:internal/noloss/' ':!:internal/brokertest/' ':!:internal/tlstest/' ':!:internal/watermillsuite/' ':!:internal/netdelay/' ':!:internal/cmd/' \
+  ':!:internal/testsupport/' ':!:internal/cmd/' \
   ':!:amqp1/examples/' ':!:amqp1/internal/noloss1/' ':!:amqp1/internal/nolosscons/' ':!:amqp1/internal/retrybench/' ':!:metrics/example/')
 backendNames='ttl-tiers|binary-levels|delayed-exchange|delayed-retry|delivery-time|memory'
 backendTypes='ttlTiers|binaryLevels|delayedExchange|delayedRetry|deliveryTime|memory|TTLTiers|BinaryLevels|DelayedExchange|DelayedRetry|DeliveryTime|Memory'
@@ -408,7 +408,7 @@ noloss() {
   shift 3
   step "no-loss test on $name $*"
   env AMQP_URI="$uri" AMQPRETRY_RABBITMQCTL="$ctl" AMQPRETRY_NOLOSS=1 "$@" \
-    go test -count=1 -timeout 40m -run TestNoLoss -v ./internal/noloss
+    go test -count=1 -timeout 40m -run TestNoLoss -v ./internal/testsupport/noloss
 }
 if [ "$NOLOSS" = 1 ] && [ "$broker" = ok ]; then
   noloss "the broker at AMQP_URI" "$AMQP_URI" "${AMQPRETRY_RABBITMQCTL:-rabbitmqctl}"
@@ -446,7 +446,8 @@ if [ "$RABBITMQ4" = 1 ]; then
       quickstart "RabbitMQ 4.3" "$uri" DELAY_BACKEND=ttl-tiers HELD_RETRIES=2 WATERMILL_AMQP=2
       quickstart "RabbitMQ 4.3" "$uri" DELAY_BACKEND=delivery-time
       # Faults that make watermill-amqp reconnect: its ConnectionWrapper races with
-      # itself, so the race detector stays off for these (internal/gluetest/race.go).
+      # itself, so the race detector stays off for these
+      # (internal/testsupport/gluetest/race.go).
       step "retries held in the work queue through connection loss and a broker restart, both majors (without -race)"
       AMQP_URI=$uri AMQPRETRY_RABBITMQCTL=$ctl go test -count=1 -timeout 10m -run '^TestSuite$/^DelayedRetryWaitsThroughFaults$' ./wamqp3 ./wamqp2
       step "amqp1 module (AMQP 1.0): go test -race on RabbitMQ 4.3"
@@ -482,11 +483,11 @@ if [ "$CLUSTER" = 1 ]; then
   # The test starts the cluster (building the chroot the first time), kills and
   # restarts its nodes, and stops it at the end.
   step "no-loss test on a three-node RabbitMQ 4.3 cluster (scripts/cluster.sh)"
-  AMQPRETRY_NOLOSS=1 AMQPRETRY_NOLOSS_CLUSTER=1 go test -count=1 -timeout 40m -run '^TestNoLoss$' -v ./internal/noloss
+  AMQPRETRY_NOLOSS=1 AMQPRETRY_NOLOSS_CLUSTER=1 go test -count=1 -timeout 40m -run '^TestNoLoss$' -v ./internal/testsupport/noloss
   # The test starts the cluster in network namespaces and removes them at the end;
   # the stop below also removes them when the test binary itself dies (a timeout).
   step "partition test: three RabbitMQ 4.3 nodes in network namespaces, cut, split and degraded (scripts/netcluster.sh)"
-  if ! AMQPRETRY_PARTITION=1 go test -count=1 -timeout 12m -run '^TestPartition$' -v ./internal/noloss; then
+  if ! AMQPRETRY_PARTITION=1 go test -count=1 -timeout 12m -run '^TestPartition$' -v ./internal/testsupport/noloss; then
     scripts/netcluster.sh stop || true
     exit 1
   fi

@@ -4,13 +4,15 @@
 # twice, under -race, on the broker at AMQP_URI:
 #   as shipped   go test on the dependency package itself, from the module cache;
 #   with retry   the same test files, except that every subscriber the suite builds
-#                (amqp.NewSubscriber, amqp.NewSubscriberWithConnection in pubsub_test.go)
-#                is built from wamqp2/wamqp3 New(...).SubscriberConfig(): pubsub_test.go
-#                is patched with sed at run time and given, with `go test -overlay`,
-#                instead of the original, beside our wrapper
-#                internal/watermillsuite/overlay/v<major>_test.go. The overlay cannot
-#                touch the module cache, so this run tests a copy of the module (made
-#                here, checked identical) that a temporary -modfile replaces it with.
+#                (amqp.NewSubscriber, amqp.NewSubscriberWithConnection in
+#                pubsub_test.go) is built from wamqp2/wamqp3
+#                New(...).SubscriberConfig(): pubsub_test.go is patched with sed at run
+#                time and given, with `go test -overlay`, instead of the original,
+#                beside our wrapper
+#                internal/testsupport/watermillsuite/overlay/v<major>_test.go. The
+#                overlay cannot touch the module cache, so this run tests a copy of the
+#                module (made here, checked identical) that a temporary -modfile
+#                replaces it with.
 # and fails unless both runs passed the same tests, skipped the same tests and failed
 # none. Every Retry of a run shares one prefix and one 1s tier; at the end the script
 # deletes that prefix's queues and exchanges and the queues and exchanges the suite
@@ -35,12 +37,13 @@
 #   WATERMILL_SUITE_KEEP=1   keep the temporary directory (go test -json outputs)
 #
 # The Go side (test dependencies pinned at the versions watermill-amqp's go.mod and
-# watermill's name, the comparison, the deletion) is the module internal/watermillsuite,
-# a module of its own so that the root go.mod gains nothing.
+# watermill's name, the comparison, the deletion) is the module
+# internal/testsupport/watermillsuite, a module of its own so that the root go.mod gains
+# nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-suite=$root/internal/watermillsuite
+suite=$root/internal/testsupport/watermillsuite
 export AMQP_URI="${AMQP_URI:-amqp://guest:guest@127.0.0.1:5672/}"
 src="${AMQPRETRY_SUITE_SRC:-$root}"
 src=$(cd "$src" && pwd)

@@ -8,12 +8,12 @@ import (
 	amqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 
 	"github.com/amqpretry/amqpretry"
-	"github.com/amqpretry/amqpretry/internal/gluetest"
+	"github.com/amqpretry/amqpretry/internal/testsupport/gluetest"
 	"github.com/amqpretry/amqpretry/wamqp2"
 	"github.com/amqpretry/amqpretry/xdeath"
 )
 
-// TestSuite runs the transport packages' test suite (internal/gluetest) on
+// TestSuite runs the transport packages' test suite (internal/testsupport/gluetest) on
 // watermill-amqp v2, against the broker at AMQP_URI.
 func TestSuite(t *testing.T) { gluetest.Run(t, major{}) }
 

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/console"
-	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
 )
 
 // consoleRun is a console started in-process by the command line.

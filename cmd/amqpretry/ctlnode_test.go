@@ -12,7 +12,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
 )
 
 // TestRabbitmqctlAutoChecksTheNodeFirst (issue 25): --rabbitmqctl auto runs the

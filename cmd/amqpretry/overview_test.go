@@ -18,7 +18,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/console"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
 )
 
 // overviewScene is issue 43's first screen: ttl-tiers with tiers of 1.25s and 3.15s, a

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
 	"github.com/amqpretry/amqpretry/internal/version"
 )
 

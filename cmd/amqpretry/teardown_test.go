@@ -11,7 +11,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
 )
 
 // ctlFlag is --rabbitmqctl with the broker's own rabbitmqctl, or a skip when there is

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/amqpretry/amqpretry/internal/tlstest"
+	"github.com/amqpretry/amqpretry/internal/testsupport/tlstest"
 )
 
 // TestTLSStatus: topology apply and status over amqps, the CA (and for SASL EXTERNAL

@@ -1,7 +1,7 @@
 // Package noloss1 is what the no-loss test of the delivery-time backend (amqp1's
 // TestNoLoss) and its consumer program (../nolosscons) share, beside each message's
-// fate (internal/noloss/fates): the names of a run's queues and of the record the
-// consumer writes per handled message.
+// fate (internal/testsupport/noloss/fates): the names of a run's queues and of the
+// record the consumer writes per handled message.
 package noloss1
 
 import "time"

@@ -33,7 +33,7 @@ import (
 	"github.com/amqpretry/amqpretry/amqp1"
 	"github.com/amqpretry/amqpretry/amqp1/internal/noloss1"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/noloss/fates"
+	"github.com/amqpretry/amqpretry/internal/testsupport/noloss/fates"
 	"github.com/amqpretry/amqpretry/middleware"
 )
 

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
 )
 
 func main() {

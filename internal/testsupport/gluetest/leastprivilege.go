@@ -16,8 +16,8 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -128,7 +128,7 @@ func LeastPrivilegeAfterTopologyApply(t *testing.T, m Major) {
 	apply(t, qsPlan, qsQueue)
 	_, file, _, _ := runtime.Caller(0)
 	cmd := exec.Command("go", "run", ".") // a module of its own
-	cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..", "_examples", "quickstart")
+	cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..", "..", "_examples", "quickstart")
 	cmd.Env = append(os.Environ(), "AMQP_URI="+lpURI, "TOPOLOGY=verify", "PREFIX="+qsPrefix, "QUEUE="+qsQueue, "WATERMILL_AMQP="+m.Name())
 	out, err := cmd.CombinedOutput()
 	if err != nil {

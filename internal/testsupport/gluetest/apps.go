@@ -56,7 +56,7 @@ func PanicUnderRecovererIsRetriedThenPoisonedWithItsStack(t *testing.T, m Major)
 	if env.Reason != amqpretry.ReasonMaxAttempts || env.Attempt != 3 || env.Error != "handler panicked: inventory gone" {
 		t.Errorf("poisoned with reason %q at attempt %d, error %q; want max-attempts at 3, handler panicked: inventory gone", env.Reason, env.Attempt, env.Error)
 	}
-	if !strings.HasPrefix(env.Stack, "github.com/amqpretry/amqpretry/internal/gluetest.explode(") {
+	if !strings.HasPrefix(env.Stack, "github.com/amqpretry/amqpretry/internal/testsupport/gluetest.explode(") {
 		t.Errorf("the envelope's stack does not start at the function that panicked:\n%s", env.Stack)
 	}
 	calls := rec.waitCalls(t, 4, 10*time.Second)

@@ -23,9 +23,9 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/brokertest"
-	"github.com/amqpretry/amqpretry/internal/noloss"
-	"github.com/amqpretry/amqpretry/internal/noloss/fates"
+	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
+	"github.com/amqpretry/amqpretry/internal/testsupport/noloss"
+	"github.com/amqpretry/amqpretry/internal/testsupport/noloss/fates"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/xdeath"
 )

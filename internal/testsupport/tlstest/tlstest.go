@@ -22,7 +22,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
 )
 
 // The environment of the TLS tests.

@@ -12,18 +12,18 @@
 //
 //	AMQPRETRY_NOLOSS=1 AMQPRETRY_BROKER_RESTART=1 \
 //	  AMQP_URI=$(scripts/rabbitmq4.sh 4.3 uri) AMQPRETRY_RABBITMQCTL="$PWD/scripts/rabbitmq4.sh 4.3 ctl" \
-//	  go test -count=1 -timeout 30m -run '^TestNoLoss$' -v ./internal/noloss
+//	  go test -count=1 -timeout 30m -run '^TestNoLoss$' -v ./internal/testsupport/noloss
 //
 // TestNoLossSwitch (switch_test.go) changes the backend, tiers, levels and prefix
 // mid-run while retries wait in the old storage, stopping the consumer while it works
 // at each change; it disturbs nothing else (no AMQPRETRY_BROKER_RESTART):
 //
-//	AMQPRETRY_NOLOSS=1 go test -count=1 -timeout 20m -run '^TestNoLossSwitch$' -v ./internal/noloss
+//	AMQPRETRY_NOLOSS=1 go test -count=1 -timeout 20m -run '^TestNoLossSwitch$' -v ./internal/testsupport/noloss
 //
 // Against the three-node RabbitMQ 4.3 cluster of scripts/cluster.sh, which the test
 // starts (building it the first time; root) and stops (see cluster_test.go):
 //
-//	AMQPRETRY_NOLOSS=1 AMQPRETRY_NOLOSS_CLUSTER=1 go test -count=1 -timeout 30m -run '^TestNoLoss$' -v ./internal/noloss
+//	AMQPRETRY_NOLOSS=1 AMQPRETRY_NOLOSS_CLUSTER=1 go test -count=1 -timeout 30m -run '^TestNoLoss$' -v ./internal/testsupport/noloss
 //
 // Settings, all from the environment:
 //

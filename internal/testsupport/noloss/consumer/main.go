@@ -1,13 +1,14 @@
-// Command consumer is the consumer process of the no-loss test (internal/noloss). It
-// wires amqpretry the way the README says (wamqp3.New, or wamqp2.New with
-// AMQPRETRY_NOLOSS_MAJOR=2, then Retry.AddHandler: a subscriber from SubscriberConfig
-// with the Middleware on the handler) and handles the work queue of a run: each
-// message's fate is read from its payload (fates.Of), and every message handled
-// successfully is recorded, before the handler returns nil, by a persistent message
-// with its UUID published with a publisher confirm to the run's results queue. A record
-// whose delivery's ack is then lost (SIGKILL, a closed connection, a node gone) shows up
-// twice: a duplicate, never a loss. Each record also carries when the delivery arrived
-// and, for a retry, how late it was against its due time.
+// Command consumer is the consumer process of the no-loss test
+// (internal/testsupport/noloss). It wires amqpretry the way the README says
+// (wamqp3.New, or wamqp2.New with AMQPRETRY_NOLOSS_MAJOR=2, then Retry.AddHandler: a
+// subscriber from SubscriberConfig with the Middleware on the handler) and handles the
+// work queue of a run: each message's fate is read from its payload (fates.Of), and
+// every message handled successfully is recorded, before the handler returns nil, by a
+// persistent message with its UUID published with a publisher confirm to the run's
+// results queue. A record whose delivery's ack is then lost (SIGKILL, a closed
+// connection, a node gone) shows up twice: a duplicate, never a loss. Each record also
+// carries when the delivery arrived and, for a retry, how late it was against its due
+// time.
 //
 // The broker URI is read from AMQP_URI (never from the command line, never printed); in
 // a cluster, -nodes lists the nodes' host:port and every connection (subscribers,
@@ -36,8 +37,8 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/noloss"
-	"github.com/amqpretry/amqpretry/internal/noloss/fates"
+	"github.com/amqpretry/amqpretry/internal/testsupport/noloss"
+	"github.com/amqpretry/amqpretry/internal/testsupport/noloss/fates"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/topology"
 )

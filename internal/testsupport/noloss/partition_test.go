@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/brokertest"
-	"github.com/amqpretry/amqpretry/internal/noloss"
+	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
+	"github.com/amqpretry/amqpretry/internal/testsupport/noloss"
 )
 
 // TestPartition is the no-loss test through network partitions and bad links (issue
@@ -37,9 +37,9 @@ import (
 //     theirs to it passing;
 //  5. a flapping link: that node cut from the others and healed in turn every few
 //     seconds for a minute;
-//  6. every link degraded: 200 ms delay and 5% loss (tc netem; where the kernel has
-//     no netem, as on the CI machines, the userspace delayer internal/netdelay behind
-//     an iptables NFQUEUE rule: the same delay and loss, no reordering).
+//  6. every link degraded: 200 ms delay and 5% loss (tc netem; where the kernel has no
+//     netem, as on the CI machines, the userspace delayer internal/testsupport/netdelay
+//     behind an iptables NFQUEUE rule: the same delay and loss, no reordering).
 //
 // A transient message whose hand-offs failed Config.HandoffAttempts (5) times in a row
 // while its consumer's node was cut off is poisoned with reason handoff-failed, as
@@ -52,7 +52,7 @@ import (
 // batch. Every message is then accounted for (lost must be 0) and each fault's cost
 // printed (NOLOSS-FAULT: duplicates, retries due during it and how late they came).
 //
-//	AMQPRETRY_PARTITION=1 go test -count=1 -timeout 15m -run '^TestPartition$' -v ./internal/noloss
+//	AMQPRETRY_PARTITION=1 go test -count=1 -timeout 15m -run '^TestPartition$' -v ./internal/testsupport/noloss
 //
 // Settings: AMQPRETRY_PARTITION_FAULTS (the faults to run, by name, comma-separated),
 // AMQPRETRY_PARTITION_SABOTAGE=N (each consumer process loses N messages on purpose:
@@ -125,7 +125,7 @@ func TestPartition(t *testing.T) {
 		}
 	}
 
-	script, err := filepath.Abs(filepath.Join("..", "..", "scripts", "netcluster.sh"))
+	script, err := filepath.Abs(filepath.Join("..", "..", "..", "scripts", "netcluster.sh"))
 	if err != nil {
 		t.Fatal(err)
 	}

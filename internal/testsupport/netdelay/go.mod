@@ -1,4 +1,4 @@
-module github.com/amqpretry/amqpretry/internal/netdelay
+module github.com/amqpretry/amqpretry/internal/testsupport/netdelay
 
 go 1.24.0
 

@@ -1,6 +1,6 @@
-// Package fates is what the no-loss tests (internal/noloss, and amqp1's) and their
-// consumer programs share about each message: what its handler does with it, carried in
-// its own payload (never in the consumer's memory, which a SIGKILL wipes).
+// Package fates is what the no-loss tests (internal/testsupport/noloss, and amqp1's)
+// and their consumer programs share about each message: what its handler does with it,
+// carried in its own payload (never in the consumer's memory, which a SIGKILL wipes).
 package fates
 
 import (

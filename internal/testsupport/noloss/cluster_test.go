@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/brokertest"
-	"github.com/amqpretry/amqpretry/internal/noloss"
+	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
+	"github.com/amqpretry/amqpretry/internal/testsupport/noloss"
 	"github.com/amqpretry/amqpretry/ops"
 )
 
@@ -101,7 +101,7 @@ func testCluster(t *testing.T, o options) {
 	}
 	script := os.Getenv(ClusterScriptEnv)
 	if script == "" {
-		script = filepath.Join("..", "..", "scripts", "cluster.sh")
+		script = filepath.Join("..", "..", "..", "scripts", "cluster.sh")
 	}
 	script, err := filepath.Abs(script)
 	if err != nil {

@@ -1,4 +1,4 @@
-module github.com/amqpretry/amqpretry/internal/watermillsuite
+module github.com/amqpretry/amqpretry/internal/testsupport/watermillsuite
 
 go 1.24.0
 
@@ -27,4 +27,4 @@ require (
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 )
 
-replace github.com/amqpretry/amqpretry => ../../
+replace github.com/amqpretry/amqpretry => ../../../
