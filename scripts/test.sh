@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite, the one command the README gives and CI runs (.ci/run).
 #
-#   checks      gofmt, go vet and staticcheck of every module, shellcheck, the API
-#               size (internal/cmd/apicount, printed), no backend name compared and no
-#               init() in the library, the README snippet on each watermill-amqp major
-#               (scripts/majors.sh), each example in a module outside the repository
-#               (scripts/examples.sh)
+#   checks      gofmt, go vet and staticcheck of every module, shellcheck, the API size
+#               (internal/cmd/apicount, printed), no backend name compared and no init()
+#               in the library, internal/ importing nothing above it, the README snippet
+#               on each watermill-amqp major (scripts/majors.sh), each example in a
+#               module outside the repository (scripts/examples.sh)
 #   3.10        every package's tests with the race detector on the broker at AMQP_URI
 #               (default amqp://guest:guest@127.0.0.1:5672/, the machine's RabbitMQ
 #               3.10.8), the metrics and command modules (with the console's browser
@@ -191,6 +191,41 @@ if [ -n "$inits" ]; then
   echo "FAIL: init-time registration in the library: let the imports show what depends on what"
   exit 1
 fi
+
+step "internal/ one way: no package of internal/ imports one above it (internal/testsupport, the test harness, and internal/wamqp excepted)"
+# internal/ is what the public packages are built from: its packages import nothing of
+# the module outside internal/ (not the root package, delay, middleware, ops, wamqp2,
+# wamqp3, metrics...), so that no public package reaches back up through it. Excepted:
+# internal/testsupport/... (the test harness: tests and test programs import it, and it
+# may import anything), and internal/wamqp (the 0-9-1 transport wamqp2 and wamqp3
+# share, built on the root package's Config). topology and xdeath are the lower floor
+# that internal/ may import: public leaf packages whose own dependencies are internal/
+# only (go list -deps: topology reaches internal/amqperr, xdeath internal/keys, wire and
+# marshal), which the second half of this step keeps so. Test files are not checked.
+mod=github.com/amqpretry/amqpretry
+# up MOD: reads "PKG IMPORT..." lines; prints "PKG imports IMP" for each IMP of the
+# module outside internal/, topology and xdeath.
+up() {
+  awk -v mod="$1" '
+    function rel(p) { if (p == mod) return "."; if (index(p, mod "/") == 1) return substr(p, length(mod) + 2); return "" }
+    { for (i = 2; i <= NF; i++) { r = rel($i); if (r != "" && r !~ /^(internal|topology|xdeath)(\/|$)/) print "    " $1 " imports " $i } }'
+}
+# -e: an upward import into a package the public ones import is also an import cycle,
+# which go vet above reports; -e lists the package all the same, so this names it.
+reach=$(go list -e -f '{{.ImportPath}} {{join .Imports " "}}' ./internal/... |
+  grep -vE "^$mod/internal/(testsupport(/[^ ]*)?|wamqp) " | up "$mod" || true)
+if [ -n "$reach" ]; then
+  echo "$reach"
+  echo "FAIL: a package of internal/ imports a package above it: move what it needs down into internal/ (a test harness goes under internal/testsupport/)"
+  exit 1
+fi
+reach=$(go list -e -deps -f '{{.ImportPath}} {{join .Imports " "}}' ./topology ./xdeath | grep "^$mod/" | up "$mod" || true)
+if [ -n "$reach" ]; then
+  echo "$reach"
+  echo "FAIL: topology or xdeath imports a package above internal/: they are the floor internal/ may import, and must import only internal/ packages"
+  exit 1
+fi
+echo "    $(go list ./internal/... | grep -cvE "^$mod/internal/(testsupport(/|$)|wamqp$)") packages checked, and the floor topology, xdeath: none imports above internal/"
 
 step "sibling modules build on the public API: no import of the root module's internal/ (metrics, cmd/amqpretry, amqp1)"
 # Their own test harnesses (a module's internal/ packages and _test files) may reach
