@@ -12,7 +12,6 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/backend"
-	"github.com/amqpretry/amqpretry/internal/keys"
 )
 
 // Poisoning: a message that failed for good goes to the poison queue; one whose poison
@@ -57,7 +56,7 @@ func (e *engine) poisonTo(cp *message.Message) error { return e.poisonQ(cp.Conte
 func dropLargestHeader(md message.Metadata, env *Envelope) bool {
 	largest, size := "", -1
 	for k, v := range md {
-		if !keys.InEnvelope(k) && len(k)+len(v) > size {
+		if !inEnvelope(k) && len(k)+len(v) > size {
 			largest, size = k, len(k)+len(v)
 		}
 	}

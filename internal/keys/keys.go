@@ -8,8 +8,10 @@ import (
 	"strings"
 )
 
-// The failure envelope, written by the retry middleware on retried and poisoned copies
-// and by a redrive (see middleware.Envelope).
+// The failure envelope's keys, written by the retry middleware on retried and
+// poisoned copies and by a redrive. Which keys the envelope has, and how each field is
+// written and read, is listed once, in middleware (envelopeFields, behind
+// middleware.Envelope); every other place derives from that list.
 const (
 	Attempt            = "amqpretry-attempt"
 	MaxAttempts        = "amqpretry-max-attempts"
@@ -45,18 +47,6 @@ func ParseAttempt(s string) (n int, ok bool) {
 		return 1, false
 	}
 	return n, true
-}
-
-// InEnvelope tells whether key is one of the failure envelope's (middleware.Envelope
-// writes exactly these).
-func InEnvelope(key string) bool {
-	switch key {
-	case Attempt, MaxAttempts, PoisonReason, Error, ErrorTypes, Stack, FirstFailure, LastFailure, Handler, Topic, Queue,
-		OriginalExchange, OriginalRoutingKey, RequestedDelay, EffectiveDelay, Due, DroppedHeaders,
-		RedrivenAt, RedriveCount, RedrivenFrom:
-		return true
-	}
-	return false
 }
 
 // ParkUntil is written on a retry copy whose delay (a RetryAfter, or the policy's) is
