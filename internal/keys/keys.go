@@ -57,10 +57,10 @@ const ParkUntil = "amqpretry-hold-until"
 
 // Keys the marshaler writes on a received message and never publishes.
 const (
-	// TypedHeaders lists, as a sorted JSON array, the metadata keys holding encoded
+	// TypedHeaders lists, as a sorted JSON array, the metadata keys with encoded
 	// non-string header values.
 	TypedHeaders = "amqpretry-typed-headers"
-	// RawHeaders holds, base64 of an AMQP wire table, the headers the typed encoding
+	// RawHeaders has, base64 of an AMQP wire table, the headers the typed encoding
 	// cannot carry.
 	RawHeaders = "amqpretry-raw-headers"
 	// DeliveryExchange and DeliveryRoutingKey say where the delivery was published.
