@@ -1,3 +1,5 @@
+//lint:file-ignore SA1019 the deprecated names are what this test compiles against
+
 package ops_test
 
 import (
