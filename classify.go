@@ -86,7 +86,7 @@ type ClassifyParams struct {
 //     begins at once (Config.Outage);
 //   - any other error is retried on the policy's schedule.
 //
-// It is what ClassifyParams.Default holds: a Config.Classify may decide otherwise, as
+// It is what ClassifyParams.Default has: a Config.Classify may decide otherwise, as
 // Config.Classify's example of retrying decode errors does.
 func DecisionOf(err error) Decision {
 	var d Decision

@@ -23,7 +23,7 @@ import (
 // once, in the field's comment. The transport package of your watermill-amqp major
 // (wamqp3.New or wamqp2.New) takes it, with the subscriber config.
 type Config struct {
-	// Backend is the delay backend (package delay), a value holding its own settings:
+	// Backend is the delay backend (package delay), a value with its own settings:
 	// delay.TTLTiers{} ("ttl-tiers"), delay.BinaryLevels{} ("binary-levels"),
 	// delay.DelayedExchange{} ("delayed-exchange"), delay.DelayedRetry{}
 	// ("delayed-retry"), delay.DeliveryTime{} ("delivery-time", over AMQP 1.0: the
@@ -167,7 +167,7 @@ const defaultHandoffAttempts = 5
 
 // Validate reports every invalid field, each named; zero fields are checked as their
 // defaults. It touches nothing on the broker: an invalid config has no side effects.
-// It also refuses a policy the backend cannot keep: a delay longer than it holds
+// It also refuses a policy the backend cannot keep: a delay longer than it keeps
 // (binary-levels past 2^Levels - 1 s, delayed-exchange past the plugin's 49.7 days),
 // naming the field to change, or, on a backend of one constant delay (delayed-retry),
 // a schedule value that delay would ignore. On ttl-tiers a delay longer than the
@@ -272,7 +272,7 @@ func (c Config) fits(v backend.Derived, user Policy) []error {
 		if field == "MaxInterval" && c.Policy.Jitter > 0 {
 			jitter = ", jitter included"
 		}
-		return []error{fmt.Errorf("Policy.%s: %w: with %d attempts the policy asks for up to %s%s, longer than the %s the %s backend holds; %s",
+		return []error{fmt.Errorf("Policy.%s: %w: with %d attempts the policy asks for up to %s%s, longer than the %s the %s backend keeps; %s",
 			field, delay.ErrDelayTooLong, c.Policy.MaxAttempts, longest, jitter, lim.Longest, v.Name, fix)}
 	}
 	return nil

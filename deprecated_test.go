@@ -44,7 +44,7 @@ func TestDeprecatedFlatSettings(t *testing.T) {
 		t.Errorf("BinaryLevels{} with the flat Levels 3: delay queues %v", got)
 	}
 	if v := (amqpretry.Config{Backend: delay.DelayedRetry{}, DelayedRetryDelay: 3 * time.Second}).Derived(); v.Caps.Longest != 3*time.Second {
-		t.Errorf("DelayedRetry{} with the flat DelayedRetryDelay 3s: holds %s", v.Caps.Longest)
+		t.Errorf("DelayedRetry{} with the flat DelayedRetryDelay 3s: keeps %s", v.Caps.Longest)
 	}
 	pubsub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	defer pubsub.Close()

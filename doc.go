@@ -1,5 +1,5 @@
-// Package amqpretry turns a Watermill handler error into a delayed redelivery held by
-// RabbitMQ, instead of a sleep inside the handler. Every user imports it: it holds the
+// Package amqpretry turns a Watermill handler error into a delayed redelivery kept by
+// RabbitMQ, instead of a sleep inside the handler. Every user imports it: it has the
 // configuration (Config, Policy), what a handler returns to steer its retries
 // (Permanent, RetryAfter) and what it reads (Attempt, AttemptFromContext). The
 // transport package of your watermill-amqp major, github.com/amqpretry/amqpretry/wamqp3

@@ -383,7 +383,7 @@ func TestGoDocDefaults(t *testing.T) {
 				case "Levels":
 					years := fmt.Sprintf("about %.1f years", longest(t, def, delay.BinaryLevels{}, time.Second).Hours()/24/365.25)
 					if !strings.Contains(doc, years) {
-						t.Errorf("%s's doc does not say the default holds %s", where, years)
+						t.Errorf("%s's doc does not say the default keeps %s", where, years)
 					}
 				}
 				m := defaultRe.FindStringSubmatch(doc)

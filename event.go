@@ -84,11 +84,11 @@ const (
 	ReasonPermanent Reason = "permanent"
 	// ReasonMaxAttempts: the last attempt the policy allows failed.
 	ReasonMaxAttempts Reason = "max-attempts"
-	// ReasonDelayTooLong: the backend cannot hold the delay asked for (a RetryAfter
+	// ReasonDelayTooLong: the backend cannot keep the delay asked for (a RetryAfter
 	// longer than its longest delay).
 	ReasonDelayTooLong Reason = "delay-too-long"
 	// ReasonHandoffFailed: Config.HandoffAttempts hand-offs of the message failed in a
-	// row (Error holds the last hand-off error and the handler's).
+	// row (Error has the last hand-off error and the handler's).
 	ReasonHandoffFailed Reason = "handoff-failed"
 	// ReasonTooLarge: the retry copy, even with a trimmed envelope, is larger than the
 	// broker's frame_max (see DroppedHeaders).

@@ -130,7 +130,7 @@ func ExampleConfig_classify() {
 	}
 }
 
-// Each backend is a value holding its own settings; the rest of the code does not
+// Each backend is a value with its own settings; the rest of the code does not
 // change. A name read from configuration gives its value with delay.Parse.
 func ExampleConfig_backends() {
 	_ = []amqpretry.Config{

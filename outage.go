@@ -57,7 +57,7 @@ func breakerOpen(err error) bool {
 // began, then after a delay doubling up to MaxProbeInterval; a failed probe costs its
 // message no attempt, but a message that fails three probes in a row then takes the
 // retry path (spending an attempt), so that a message failing for reasons of its own
-// never holds its queue: the next message probes. The first success ends the outage,
+// never blocks its queue: the next message probes. The first success ends the outage,
 // whose failures then no longer count, and every waiting message runs at once. A
 // waiting message is given back to the broker (nacked with requeue; on AMQP 1.0,
 // released) when its subscriber closes or the Retry closes. The broker counts that

@@ -36,7 +36,7 @@ type Policy struct {
 	// any other value, 2 included, is refused.
 	Multiplier float64
 	// MaxInterval caps each delay of the exponential schedule, jitter included (not
-	// Delays, nor a RetryAfter). A policy delay longer than the backend holds is
+	// Delays, nor a RetryAfter). A policy delay longer than the backend keeps is
 	// refused by Config.Validate on binary-levels and delayed-exchange; on ttl-tiers
 	// it is parked again when it comes back, until it is due. Default: 10m; on
 	// delayed-retry, unused (a value shorter than DelayedRetryDelay is refused).

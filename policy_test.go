@@ -34,7 +34,7 @@ func schedule(t testing.TB, policy amqpretry.Policy, attempt, n int) []time.Dura
 		requested []time.Duration
 	)
 	// Every message fails: outage detection off, or the failures of retries would begin
-	// an outage and hold the messages instead of scheduling them.
+	// an outage and keep the messages instead of scheduling them.
 	cfg := amqpretry.Config{Backend: delay.Memory{}, Memory: discard{}, Policy: policy, Outage: amqpretry.Outage{Off: true},
 		Observe: func(ev amqpretry.Event) {
 			if ev.Kind == amqpretry.EventRetryScheduled {
@@ -168,7 +168,7 @@ func TestPolicyValidateNamesTheField(t *testing.T) {
 }
 
 // TestPolicyMustFitTheBackend: a policy whose longest delay the backend refuses is
-// refused up front, naming the delay; one the backend holds shorter is accepted.
+// refused up front, naming the delay; one the backend keeps shorter is accepted.
 func TestPolicyMustFitTheBackend(t *testing.T) {
 	err := amqpretry.Config{Backend: delay.BinaryLevels{}, Levels: 4, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second, 20 * time.Second}}}.Validate()
 	if !errors.Is(err, delay.ErrDelayTooLong) || !strings.Contains(err.Error(), "Policy.Delays[1]: delay too long: with 5 attempts the policy asks for up to 20s") {

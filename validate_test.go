@@ -217,7 +217,7 @@ func TestEffectivePolicyLoggedAtStart(t *testing.T) {
 		"max_attempts=5",
 		"schedule=1s, ×2 per retry up to 10m0s, jitter ±20%",
 		"longest_delay=9.6s",
-		"backend_limits=any delay, held in this process",
+		"backend_limits=any delay, kept in this process",
 	} {
 		if !strings.Contains(lines[0], want) {
 			t.Errorf("ready line %q does not say %q", lines[0], want)

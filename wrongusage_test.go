@@ -370,7 +370,7 @@ func TestWrongUsage(t *testing.T) {
 				_ = r.Close()
 				return strings.Join(e.Logs.matching("Broker-side retry ready"), "\n")
 			},
-			want: []string{"max_attempts=5", "schedule=1s, ×2 per retry up to 10m0s, jitter ±20%", "backend_limits=any delay, held in this process"},
+			want: []string{"max_attempts=5", "schedule=1s, ×2 per retry up to 10m0s, jitter ±20%", "backend_limits=any delay, kept in this process"},
 		},
 		{
 			name: "delivery-time on the 0-9-1 transport",
@@ -665,7 +665,7 @@ func (e *wuEnv) publishTo() {
 	}
 }
 
-// waitUntil polls cond every 20ms until it holds, failing the test after 30s.
+// waitUntil polls cond every 20ms until it is true, failing the test after 30s.
 func (e *wuEnv) waitUntil(what string, cond func() bool) {
 	e.t.Helper()
 	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
@@ -696,7 +696,7 @@ func poisonGone(e *wuEnv, cfg amqpretry.Config) string {
 	if cfg.Topology == topology.ModeDeclare {
 		e.waitUntil("the message poisoned", func() bool { return r.Stats().Poisoned == 1 })
 		if n := brokertest.QueueLength(e.t, poison); n != 1 || runs.Load() != 1 {
-			return fmt.Sprintf("poison queue holds %d, handler ran %d times: want 1 and 1", n, runs.Load())
+			return fmt.Sprintf("poison queue has %d, handler ran %d times: want 1 and 1", n, runs.Load())
 		}
 		return ""
 	}

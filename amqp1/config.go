@@ -97,7 +97,7 @@ type SubscriberConfig struct {
 	// their settlement (watermill-amqp's prefetch count). Messages are still handed
 	// out one at a time per Subscribe call; a higher credit saves the round trip
 	// between one message's settlement and the next delivery, at the cost of messages
-	// held by this subscriber while others could take them. Messages held but not yet
+	// kept by this subscriber while others could take them. Messages kept but not yet
 	// handed out are returned when the link closes, without counting as a failed
 	// delivery. Default: 1.
 	Credit int

@@ -66,7 +66,7 @@
 //
 // The Subscriber hands out one message at a time per Subscribe call. Ack settles it
 // accepted. Nack settles it released: the broker delivers it again at once, and a
-// quorum queue does not count that as a failed delivery. Before Nack, code holding the
+// quorum queue does not count that as a failed delivery. Before Nack, code with the
 // message (a middleware, the handler) may call Redeliver: Nack then settles it
 // modified, with delivery-failed set and the annotations given, and, with a delivery
 // time, RabbitMQ 4.3 keeps it aside until then, even on a queue without any
@@ -88,7 +88,7 @@
 // Delivery is at-least-once. When the link or the connection is lost, the Subscriber
 // attaches again with backoff (SubscriberConfig.ReconnectInitialInterval, up to
 // ReconnectMaxInterval) and goes on; the broker redelivers what was not settled. A lost
-// connection counts as a failed delivery of the messages it held (delivery count +1 on
+// connection counts as a failed delivery of the messages it had unsettled (delivery count +1 on
 // a quorum queue, towards its delivery-limit, 20 by default on RabbitMQ 4); a link
 // detached by the Subscriber (Close, the end of a Subscribe context) does not.
 //
@@ -113,7 +113,7 @@
 // handler. On a quorum queue, where every settlement goes through the queue's log,
 // credit 1 costs a round trip through it per message: measured on RabbitMQ 4.3.6 (2
 // cores), acking 3,000 messages ran at about 740 messages/s with credit 1, 3,300 with
-// 10, 6,600 with 50. Raise it for throughput; messages held but not handed out go
+// 10, 6,600 with 50. Raise it for throughput; messages received but not handed out go
 // back to the queue when the link closes, without counting as failed deliveries.
 //
 // The password of the URI never appears in logs or errors; the logs show the URI

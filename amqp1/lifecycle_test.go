@@ -125,7 +125,7 @@ func TestCloseWaitsForAck(t *testing.T) {
 	}
 }
 
-// TestCloseTimeout: a message neither acked nor nacked holds Close for CloseTimeout
+// TestCloseTimeout: a message neither acked nor nacked delays Close for CloseTimeout
 // only, then goes back to the queue.
 func TestCloseTimeout(t *testing.T) {
 	sub, queue, ids := lifecycleSetup(t, "close-timeout", 1, SubscriberConfig{CloseTimeout: 300 * time.Millisecond})

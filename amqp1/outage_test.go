@@ -50,7 +50,7 @@ func lasted(evs []amqpretry.Event) []time.Duration {
 	return out
 }
 
-// poll waits until cond holds, or fails t after timeout.
+// poll waits until cond is true, or fails t after timeout.
 func poll(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(timeout); !cond(); time.Sleep(20 * time.Millisecond) {

@@ -117,7 +117,7 @@ func TestNonStringProperties(t *testing.T) {
 		t.Errorf("0-9-1 message: UUID %q payload %q metadata %v", m.UUID, m.Payload, m.Metadata)
 	}
 	// RabbitMQ (4.3.6) moves x- headers to message annotations and leaves out the
-	// headers that are tables or arrays (application properties hold simple values).
+	// headers that are tables or arrays (application properties carry simple values).
 	if Annotations(m)["x-custom"] != "x" || m.Metadata.Get("x-custom") != "" {
 		t.Errorf("x-custom: metadata %q, annotation %#v", m.Metadata.Get("x-custom"), Annotations(m)["x-custom"])
 	}

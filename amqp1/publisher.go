@@ -265,7 +265,7 @@ func describe(address string) string {
 }
 
 // closeSession ends a session without waiting long: the broker returns the messages
-// its links held unsettled.
+// its links kept unsettled.
 func closeSession(s *amqp.Session) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

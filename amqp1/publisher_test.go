@@ -56,7 +56,7 @@ func TestPublishOutcomes(t *testing.T) {
 		t.Errorf("after Close: %v", err)
 	}
 	if got := drain(t, ok, time.Second); len(got) != 3 {
-		t.Errorf("queue holds %d messages, want 3", len(got))
+		t.Errorf("queue has %d messages, want 3", len(got))
 	}
 }
 

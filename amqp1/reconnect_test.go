@@ -155,7 +155,7 @@ func TestReconnectBrokerSideClose(t *testing.T) {
 	}
 }
 
-// TestConnectionLossCountsAsFailure: a message held when the connection is lost comes
+// TestConnectionLossCountsAsFailure: a message unsettled when the connection is lost comes
 // back, after the Subscriber reconnects, with its delivery count one higher.
 func TestConnectionLossCountsAsFailure(t *testing.T) {
 	ctl := rabbitmqctl(t)
@@ -226,6 +226,6 @@ func TestPublisherReconnects(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	if got := drain(t, queue, time.Second); len(got) != 2 {
-		t.Errorf("queue holds %d messages, want 2", len(got))
+		t.Errorf("queue has %d messages, want 2", len(got))
 	}
 }

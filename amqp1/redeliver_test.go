@@ -144,7 +144,7 @@ func TestRedeliverClassicQueue(t *testing.T) {
 	second, arrived := next(t, ctx, messages)
 	t.Logf("classic queue: back in %v; annotations: %v", arrived.Sub(start), Annotations(second))
 	if arrived.Sub(start) > 2*time.Second {
-		t.Errorf("classic queue held the message %v", arrived.Sub(start))
+		t.Errorf("classic queue delayed the message %v", arrived.Sub(start))
 	}
 	if _, ok := Annotations(second)["x-opt-amqpretry-test"]; ok {
 		t.Errorf("classic queue kept the annotation: %v", Annotations(second))

@@ -145,7 +145,7 @@ func newRetryRig(t *testing.T, name string, cfg amqpretry.Config, fail func(msg 
 	return r
 }
 
-// waitFor waits until done holds for the arrivals so far, or fails the test at the
+// waitFor waits until done is true for the arrivals so far, or fails the test at the
 // deadline.
 func (r *retryRig) waitFor(ctx context.Context, what string, done func([]arrival) bool) []arrival {
 	r.t.Helper()

@@ -245,7 +245,7 @@ func (sub *subscription) dropIfDead(conn *amqp.Conn, err error) {
 }
 
 // detach closes the receiver, then its session: the broker returns the messages the
-// link held unsettled, which a quorum queue does not count as failed deliveries.
+// link kept unsettled, which a quorum queue does not count as failed deliveries.
 func (l *receiveLink) detach() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

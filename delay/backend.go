@@ -107,7 +107,7 @@ func delivery(n names.Names, exchange, kind string) topology.Topology {
 	}
 }
 
-// delayQueueArgs are the arguments of a queue that holds messages for ttl and then
+// delayQueueArgs are the arguments of a queue that keeps messages for ttl and then
 // dead-letters them, at least once, to dlx.
 func delayQueueArgs(ttl time.Duration, dlx string) map[string]interface{} {
 	return map[string]interface{}{

@@ -177,7 +177,7 @@ func TestBinaryLevelsBindings(t *testing.T) {
 	}
 }
 
-// checkDelayQueue: a queue that holds messages for a TTL is an at-least-once quorum
+// checkDelayQueue: a queue that keeps messages for a TTL is an at-least-once quorum
 // queue that refuses publishes when full (a drop-head would lose the oldest retry).
 func checkDelayQueue(t *testing.T, q topology.Queue) {
 	t.Helper()
@@ -369,7 +369,7 @@ func TestDelayedExchangeTopology(t *testing.T) {
 		t.Errorf("binding %+v, want orders under its own name", bd)
 	}
 	if b.DelayQueues() != nil {
-		t.Errorf("DelayQueues %v: the plugin holds the messages", b.DelayQueues())
+		t.Errorf("DelayQueues %v: the plugin keeps the messages", b.DelayQueues())
 	}
 }
 

@@ -17,7 +17,7 @@ import (
 )
 
 // binaryLevels parks a message in a cascade of Levels quorum queues, the design of
-// NServiceBus.RabbitMQ and Celery 5.5. Level L holds messages for 2^L seconds (a
+// NServiceBus.RabbitMQ and Celery 5.5. Level L keeps messages for 2^L seconds (a
 // queue-level TTL, no consumers) and then dead-letters them, at least once, to level
 // L-1; level 0 dead-letters to the delivery exchange. The routing key spells the delay
 // in whole seconds in binary, most significant bit (level Levels-1) first, one word per
@@ -47,8 +47,8 @@ type binaryLevels struct {
 // BinaryLevels ("binary-levels") parks a retry in a cascade of quorum queues of 2^L
 // seconds: any delay up to 2^Levels - 1 s, in 1 s steps, without a plugin.
 type BinaryLevels struct {
-	// Levels is the number of levels, which hold delays up to 2^Levels - 1 s: 1 to 29.
-	// Change the Config's Prefix with it: New refuses a prefix that holds a ladder of
+	// Levels is the number of levels, which keep delays up to 2^Levels - 1 s: 1 to 29.
+	// Change the Config's Prefix with it: New refuses a prefix that has a ladder of
 	// other Levels (docs/switching-backends.md). Default (0): the Config's deprecated
 	// Levels, else 28 (about 8.5 years).
 	Levels int
@@ -73,7 +73,7 @@ func (b BinaryLevels) Open(s backend.Setup) (backend.Backend, error) {
 		levels = backend.DefaultLevels
 	}
 	if levels < 1 || levels > backend.MaxLevels {
-		return nil, fmt.Errorf("Levels: %d is outside 1 to %d (a level holding 2^%d s would need a TTL longer than RabbitMQ's ten-year maximum)", levels, backend.MaxLevels, backend.MaxLevels)
+		return nil, fmt.Errorf("Levels: %d is outside 1 to %d (a level keeping 2^%d s would need a TTL longer than RabbitMQ's ten-year maximum)", levels, backend.MaxLevels, backend.MaxLevels)
 	}
 	return &binaryLevels{env: s.Env, names: names.Names{Prefix: s.Prefix}, levels: levels}, nil
 }

@@ -37,7 +37,7 @@ type backendCase struct {
 // conformanceTiers serve ttl-tiers; other backends ignore them.
 var conformanceTiers = []time.Duration{time.Second, 2 * time.Second, 3 * time.Second, 5 * time.Second, 10 * time.Minute}
 
-// conformanceLevels holds delays up to 2^12 - 1 s (68 min), past the suite's longest (10
+// conformanceLevels keeps delays up to 2^12 - 1 s (68 min), past the suite's longest (10
 // min), with 16 fewer quorum queues than the default 28 on a broker the whole test run
 // shares.
 const conformanceLevels = 12
@@ -313,7 +313,7 @@ func TestConformanceOnlyTheFailingQueue(t *testing.T) {
 		}
 		for _, q := range queues {
 			if n := brokertest.QueueLength(t, q); n != 0 {
-				t.Errorf("queue %s holds %d extra messages", q, n)
+				t.Errorf("queue %s has %d extra messages", q, n)
 			}
 		}
 	})

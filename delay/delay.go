@@ -13,7 +13,7 @@ import (
 
 // Backend is a delay backend as configured, the type of amqpretry.Config.Backend: a
 // value of TTLTiers (the default), BinaryLevels, DelayedExchange, DelayedRetry,
-// DeliveryTime or Memory, each holding its own settings:
+// DeliveryTime or Memory, each with its own settings:
 //
 //	Backend: delay.BinaryLevels{Levels: 20}
 //

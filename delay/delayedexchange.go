@@ -20,7 +20,7 @@ import (
 )
 
 // delayedExchange hands each message to the rabbitmq_delayed_message_exchange plugin:
-// one exchange of type x-delayed-message holds the message for its x-delay header
+// one exchange of type x-delayed-message keeps the message for its x-delay header
 // (milliseconds), then routes it as a direct exchange by its routing key, the name of
 // the queue that failed, which is bound there under its own name.
 //
@@ -63,7 +63,7 @@ func (DelayedExchange) Open(s backend.Setup) (backend.Backend, error) {
 
 func (b *delayedExchange) Name() string { return DelayedExchange{}.Name() }
 
-// SealedIn: the plugin offers no way to read, bring back or drop what it holds in the
+// SealedIn: the plugin offers no way to read, bring back or drop what it keeps in the
 // exchange.
 func (b *delayedExchange) SealedIn() topology.Exchange { return b.Topology().Exchanges[0] }
 

@@ -1,6 +1,6 @@
-// Package delay holds the delay backends: Backend, the interface of a backend as
+// Package delay has the delay backends: Backend, the interface of a backend as
 // configured (the type of amqpretry.Config.Backend), its values TTLTiers (the default),
-// BinaryLevels, DelayedExchange, DelayedRetry, DeliveryTime and Memory, each holding
+// BinaryLevels, DelayedExchange, DelayedRetry, DeliveryTime and Memory, each with
 // its own settings, Parse for a backend named by configuration, the errors they
 // return, and their implementations, one file per backend (ttltiers.go,
 // binarylevels.go, delayedexchange.go, delayedretry.go, deliverytime.go, memory.go),

@@ -76,7 +76,7 @@ func TestHandoffFailuresAreReportedAndRecovered(t *testing.T) {
 		t.Fatalf("publish after a closed connection: %v", err)
 	}
 	if n := brokertest.QueueLength(t, q); n != 2 {
-		t.Fatalf("queue %s holds %d messages, want exactly the 2 confirmed ones", q, n)
+		t.Fatalf("queue %s has %d messages, want exactly the 2 confirmed ones", q, n)
 	}
 }
 
@@ -212,7 +212,7 @@ func TestFrameMax(t *testing.T) {
 		t.Fatalf("the refused publishes disturbed the connection (err %v)", err)
 	}
 	if n := brokertest.QueueLength(t, q); n != 1 {
-		t.Errorf("queue holds %d messages, want the one that fit", n)
+		t.Errorf("queue has %d messages, want the one that fit", n)
 	}
 }
 
@@ -303,7 +303,7 @@ func TestDeletedOwnedRouteIsDeclaredAgain(t *testing.T) {
 		t.Fatalf("publish after the queue was deleted: %v", err)
 	}
 	if declared != 2 || brokertest.QueueLength(t, q) != 1 {
-		t.Fatalf("declared %d times, queue holds %d; want 2 and the last message", declared, brokertest.QueueLength(t, q))
+		t.Fatalf("declared %d times, queue has %d; want 2 and the last message", declared, brokertest.QueueLength(t, q))
 	}
 	// A route that stays unroutable after declaring: the error stands, one try only.
 	err = h.Publish(ctx, x, q+".other", message.NewMessage("3", nil), nil, true, ownedFn)

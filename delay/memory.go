@@ -13,7 +13,7 @@ import (
 	"github.com/amqpretry/amqpretry/topology"
 )
 
-// memory holds each message in a timer of this process and publishes it to its Publisher
+// memory keeps each message in a timer of this process and publishes it to its Publisher
 // when its delay is over. It is NOT durable: messages waiting when the process stops
 // (or Close is called) are lost. It exists for tests and for the quickstart on
 // Watermill's GoChannel; never use it in production.
@@ -26,7 +26,7 @@ type memory struct {
 	closed bool
 }
 
-// Memory ("memory") holds a retry in a timer of this process and publishes it to
+// Memory ("memory") keeps a retry in a timer of this process and publishes it to
 // Publisher when its delay is over: not durable, for tests and demos only.
 type Memory struct {
 	// Publisher is where a retry is published when its delay is over, with the queue
@@ -62,7 +62,7 @@ var errMemoryClosed = errors.New("memory delay backend is closed")
 func (m *memory) Name() string { return Memory{}.Name() }
 
 func (m *memory) Caps() backend.Caps {
-	return backend.Caps{Keeps: backend.KeepsCopy, CarriesEnvelope: true, Text: "any delay, held in this process"}
+	return backend.Caps{Keeps: backend.KeepsCopy, CarriesEnvelope: true, Text: "any delay, kept in this process"}
 }
 
 // Validate refuses a memory backend without a publisher.

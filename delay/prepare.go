@@ -39,7 +39,7 @@ func ensure(b backend.Backend, h backend.Handoff, mode topology.Mode) error {
 	return nil
 }
 
-// Prepare refuses a prefix that holds a ladder of other Levels, then declares (or
+// Prepare refuses a prefix that has a ladder of other Levels, then declares (or
 // checks) the ladder.
 func (b *binaryLevels) Prepare(h backend.Handoff, mode topology.Mode) error {
 	if mode != topology.ModeNone {
@@ -50,7 +50,7 @@ func (b *binaryLevels) Prepare(h backend.Handoff, mode topology.Mode) error {
 	return ensure(b, h, mode)
 }
 
-// checkLadder refuses a prefix that holds a binary-levels ladder of another number of
+// checkLadder refuses a prefix that has a binary-levels ladder of another number of
 // levels. The level exchanges keep the bindings of every ladder declared on them, and
 // those depend on Levels: a retry waiting in the old ladder, or parked in the new one,
 // would also match the other's bindings, and be duplicated, a copy coming back late. A larger ladder leaves queue <prefix>.level.<Levels>; a smaller one has
@@ -87,7 +87,7 @@ func (b *binaryLevels) checkLadder(h backend.Handoff) error {
 	if ok, err := exists(queue(above)); err != nil {
 		return fmt.Errorf("%s: check queue %q: %w", BinaryLevels{}, above, err)
 	} else if ok {
-		return fmt.Errorf("Levels: %d, but queue %q exists: prefix %q holds a binary-levels ladder of more levels: %w: %s", b.levels, above, b.names.Prefix, topology.ErrMismatch, fix)
+		return fmt.Errorf("Levels: %d, but queue %q exists: prefix %q has a binary-levels ladder of more levels: %w: %s", b.levels, above, b.names.Prefix, topology.ErrMismatch, fix)
 	}
 	bottom, top := b.names.Level(0), b.names.Level(b.levels-1)
 	ok, err := exists(queue(bottom))
@@ -104,7 +104,7 @@ func (b *binaryLevels) checkLadder(h backend.Handoff) error {
 		return fmt.Errorf("%s: check exchange %q: %w", BinaryLevels{}, top, err)
 	}
 	if !ok {
-		return fmt.Errorf("Levels: %d, but queue %q exists without exchange %q: prefix %q holds a binary-levels ladder of fewer levels: %w: %s", b.levels, bottom, top, b.names.Prefix, topology.ErrMismatch, fix)
+		return fmt.Errorf("Levels: %d, but queue %q exists without exchange %q: prefix %q has a binary-levels ladder of fewer levels: %w: %s", b.levels, bottom, top, b.names.Prefix, topology.ErrMismatch, fix)
 	}
 	return nil
 }

@@ -465,7 +465,7 @@ func (r *run) publish(t *testing.T, n, m int) {
 	}
 }
 
-// waitFor polls the metrics until done holds, or fails the test at the deadline.
+// waitFor polls the metrics until done is true, or fails the test at the deadline.
 func (r *run) waitFor(t *testing.T, limit time.Duration, done func(map[string]float64) bool) {
 	t.Helper()
 	for deadline := time.Now().Add(limit); !done(flatten(mustGather(t, r.reg))); time.Sleep(50 * time.Millisecond) {

@@ -70,36 +70,72 @@ const (
 	typeSeparator     = " > "
 )
 
+// envelopeField is one key of the envelope: how Write formats its field (bounded; ""
+// for a zero field) and how ReadEnvelope reads it back.
+type envelopeField struct {
+	key   string
+	write func(e *Envelope) string
+	read  func(e *Envelope, v string)
+}
+
+// envelopeFields is the failure envelope's one list of keys (their names are in
+// internal/keys): Write, ReadEnvelope and inEnvelope go by it, and the command's
+// shown keys are what Write writes. Each field is formatted where it is listed.
+var envelopeFields = [...]envelopeField{
+	{keys.Attempt, func(e *Envelope) string { return formatInt(e.Attempt) }, func(e *Envelope, v string) {
+		if n, ok := keys.ParseAttempt(v); ok {
+			e.Attempt = n
+		}
+	}},
+	{keys.MaxAttempts, func(e *Envelope) string { return formatInt(e.MaxAttempts) }, func(e *Envelope, v string) { e.MaxAttempts, _ = strconv.Atoi(v) }},
+	{keys.RedriveCount, func(e *Envelope) string { return formatInt(e.Redriven) }, func(e *Envelope, v string) { e.Redriven, _ = strconv.Atoi(v) }},
+	{keys.PoisonReason, func(e *Envelope) string { return truncate(string(e.Reason), maxNameBytes) }, func(e *Envelope, v string) { e.Reason = amqpretry.Reason(v) }},
+	{keys.Error, func(e *Envelope) string { return truncate(e.Error, maxErrorBytes) }, func(e *Envelope, v string) { e.Error = v }},
+	{keys.ErrorTypes, func(e *Envelope) string { return joinTypes(e.ErrorTypes) }, func(e *Envelope, v string) {
+		if v != "" {
+			e.ErrorTypes = strings.Split(v, typeSeparator)
+		}
+	}},
+	{keys.Stack, func(e *Envelope) string { return truncate(e.Stack, maxStackBytes) }, func(e *Envelope, v string) { e.Stack = v }},
+	{keys.Handler, func(e *Envelope) string { return truncate(e.Handler, maxNameBytes) }, func(e *Envelope, v string) { e.Handler = v }},
+	{keys.Topic, func(e *Envelope) string { return truncate(e.Topic, maxNameBytes) }, func(e *Envelope, v string) { e.Topic = v }},
+	{keys.Queue, func(e *Envelope) string { return truncate(e.Queue, maxNameBytes) }, func(e *Envelope, v string) { e.Queue = v }},
+	{keys.OriginalExchange, func(e *Envelope) string { return truncate(e.OriginalExchange, maxNameBytes) }, func(e *Envelope, v string) { e.OriginalExchange = v }},
+	{keys.OriginalRoutingKey, func(e *Envelope) string { return truncate(e.OriginalRoutingKey, maxNameBytes) }, func(e *Envelope, v string) { e.OriginalRoutingKey = v }},
+	{keys.DroppedHeaders, func(e *Envelope) string { return truncate(e.DroppedHeaders, maxErrorBytes) }, func(e *Envelope, v string) { e.DroppedHeaders = v }},
+	{keys.RedrivenFrom, func(e *Envelope) string { return truncate(e.RedrivenFrom, maxNameBytes) }, func(e *Envelope, v string) { e.RedrivenFrom = v }},
+	{keys.FirstFailure, func(e *Envelope) string { return formatTime(e.FirstFailure) }, func(e *Envelope, v string) { e.FirstFailure = readTime(v) }},
+	{keys.LastFailure, func(e *Envelope) string { return formatTime(e.LastFailure) }, func(e *Envelope, v string) { e.LastFailure = readTime(v) }},
+	{keys.Due, func(e *Envelope) string { return formatTime(e.Due) }, func(e *Envelope, v string) { e.Due = readTime(v) }},
+	{keys.RedrivenAt, func(e *Envelope) string { return formatTime(e.RedrivenAt) }, func(e *Envelope, v string) { e.RedrivenAt = readTime(v) }},
+	{keys.RequestedDelay, func(e *Envelope) string { return formatDuration(e.RequestedDelay) }, func(e *Envelope, v string) { e.RequestedDelay, _ = time.ParseDuration(v) }},
+	{keys.EffectiveDelay, func(e *Envelope) string { return formatDuration(e.EffectiveDelay) }, func(e *Envelope, v string) { e.EffectiveDelay, _ = time.ParseDuration(v) }},
+}
+
+// envelopeIndex finds a key's place in envelopeFields.
+var envelopeIndex = func() map[string]int {
+	m := make(map[string]int, len(envelopeFields))
+	for i, f := range envelopeFields {
+		m[f.key] = i
+	}
+	return m
+}()
+
+// inEnvelope tells whether key is one of the failure envelope's.
+func inEnvelope(key string) bool {
+	_, ok := envelopeIndex[key]
+	return ok
+}
+
 // Write writes e into md, bounding every field, and removes the key of every zero
-// field, so that md holds exactly e: a poisoned copy keeps nothing of its last retry
-// hop, and a retried one no poison reason. Each field is formatted where it is listed.
+// field, so that md has exactly e: a poisoned copy keeps nothing of its last retry
+// hop, and a retried one no poison reason.
 func (e Envelope) Write(md message.Metadata) {
-	for _, f := range [...]struct{ key, value string }{
-		{keys.Attempt, formatInt(e.Attempt)},
-		{keys.MaxAttempts, formatInt(e.MaxAttempts)},
-		{keys.RedriveCount, formatInt(e.Redriven)},
-		{keys.PoisonReason, truncate(string(e.Reason), maxNameBytes)},
-		{keys.Error, truncate(e.Error, maxErrorBytes)},
-		{keys.ErrorTypes, joinTypes(e.ErrorTypes)},
-		{keys.Stack, truncate(e.Stack, maxStackBytes)},
-		{keys.Handler, truncate(e.Handler, maxNameBytes)},
-		{keys.Topic, truncate(e.Topic, maxNameBytes)},
-		{keys.Queue, truncate(e.Queue, maxNameBytes)},
-		{keys.OriginalExchange, truncate(e.OriginalExchange, maxNameBytes)},
-		{keys.OriginalRoutingKey, truncate(e.OriginalRoutingKey, maxNameBytes)},
-		{keys.DroppedHeaders, truncate(e.DroppedHeaders, maxErrorBytes)},
-		{keys.RedrivenFrom, truncate(e.RedrivenFrom, maxNameBytes)},
-		{keys.FirstFailure, formatTime(e.FirstFailure)},
-		{keys.LastFailure, formatTime(e.LastFailure)},
-		{keys.Due, formatTime(e.Due)},
-		{keys.RedrivenAt, formatTime(e.RedrivenAt)},
-		{keys.RequestedDelay, formatDuration(e.RequestedDelay)},
-		{keys.EffectiveDelay, formatDuration(e.EffectiveDelay)},
-	} {
-		if f.value == "" {
+	for _, f := range envelopeFields {
+		if v := f.write(&e); v == "" {
 			delete(md, f.key)
 		} else {
-			md[f.key] = f.value
+			md[f.key] = v
 		}
 	}
 }
@@ -109,51 +145,8 @@ func (e Envelope) Write(md message.Metadata) {
 func ReadEnvelope(md message.Metadata) Envelope {
 	var e Envelope
 	for k, v := range md {
-		switch k {
-		case keys.Attempt:
-			if n, ok := keys.ParseAttempt(v); ok {
-				e.Attempt = n
-			}
-		case keys.MaxAttempts:
-			e.MaxAttempts, _ = strconv.Atoi(v)
-		case keys.RedriveCount:
-			e.Redriven, _ = strconv.Atoi(v)
-		case keys.PoisonReason:
-			e.Reason = amqpretry.Reason(v)
-		case keys.Error:
-			e.Error = v
-		case keys.ErrorTypes:
-			if v != "" {
-				e.ErrorTypes = strings.Split(v, typeSeparator)
-			}
-		case keys.Stack:
-			e.Stack = v
-		case keys.Handler:
-			e.Handler = v
-		case keys.Topic:
-			e.Topic = v
-		case keys.Queue:
-			e.Queue = v
-		case keys.OriginalExchange:
-			e.OriginalExchange = v
-		case keys.OriginalRoutingKey:
-			e.OriginalRoutingKey = v
-		case keys.DroppedHeaders:
-			e.DroppedHeaders = v
-		case keys.RedrivenFrom:
-			e.RedrivenFrom = v
-		case keys.FirstFailure:
-			e.FirstFailure = readTime(v)
-		case keys.LastFailure:
-			e.LastFailure = readTime(v)
-		case keys.Due:
-			e.Due = readTime(v)
-		case keys.RedrivenAt:
-			e.RedrivenAt = readTime(v)
-		case keys.RequestedDelay:
-			e.RequestedDelay, _ = time.ParseDuration(v)
-		case keys.EffectiveDelay:
-			e.EffectiveDelay, _ = time.ParseDuration(v)
+		if i, ok := envelopeIndex[k]; ok {
+			envelopeFields[i].read(&e, v)
 		}
 	}
 	return e

@@ -16,13 +16,8 @@ import (
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
-// envelopeKeys are every key Envelope.Write may write.
-var envelopeKeys = []string{
-	keys.Attempt, keys.MaxAttempts, keys.PoisonReason, keys.Error, keys.ErrorTypes, keys.Stack,
-	keys.FirstFailure, keys.LastFailure, keys.Handler, keys.Topic, keys.Queue,
-	keys.OriginalExchange, keys.OriginalRoutingKey, keys.RequestedDelay, keys.EffectiveDelay,
-	keys.Due, keys.DroppedHeaders, keys.RedrivenAt, keys.RedriveCount, keys.RedrivenFrom,
-}
+// envelopeKeys are every key Envelope.Write may write: its one list.
+var envelopeKeys = middleware.EnvelopeKeys()
 
 // full is an envelope with every field set, within bounds.
 func full() middleware.Envelope {

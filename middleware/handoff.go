@@ -35,7 +35,7 @@ func (e *engine) handoffFailed(f failure, cp *message.Message, perr error, cause
 
 // failureCounts counts the failed hand-offs of each message in a row, by UUID. It
 // forgets a message once it is handed off or handled, and everything when it would
-// hold more than maxTracked messages (hand-offs failing for that many different
+// track more than maxTracked messages (hand-offs failing for that many different
 // messages at once is a broker outage, where the backoff is what matters).
 type failureCounts struct {
 	mu   sync.Mutex

@@ -80,7 +80,7 @@ func (e *engine) holdAgain(msg *message.Message, d delivery) bool {
 // redelivers them unchanged, so nothing on the message says when), and to notice a
 // work queue that does not hold them (a retry back long before its due time: the
 // queue lacks its delayed-retry settings, and every nack would come back at once).
-// It forgets everything when it would hold more than maxTracked.
+// It forgets everything when it would track more than maxTracked.
 type heldRetries struct {
 	mu     sync.Mutex
 	due    map[heldKey]heldRetry

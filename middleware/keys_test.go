@@ -2,6 +2,7 @@ package middleware_test
 
 import (
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -13,8 +14,9 @@ import (
 )
 
 // TestEnvelopeKeys: a full envelope writes one key per field, and every one is a key
-// keys.InEnvelope knows, which the engine asks (rather than writing an envelope into a
-// scratch map) to tell the envelope's headers from the message's own.
+// of the envelope's one list (InEnvelope), which the engine asks (rather than writing
+// an envelope into a scratch map) to tell the envelope's headers from the message's
+// own; the list has one key per field, each once, and none of the library's other keys.
 func TestEnvelopeKeys(t *testing.T) {
 	at := time.Unix(1_700_000_000, 0)
 	env := middleware.Envelope{
@@ -36,13 +38,17 @@ func TestEnvelopeKeys(t *testing.T) {
 		t.Errorf("a full envelope wrote %d keys, want one per field (%d): %v", len(md), want, md)
 	}
 	for k := range md {
-		if !keys.InEnvelope(k) {
-			t.Errorf("the envelope writes %q, which keys.InEnvelope does not know", k)
+		if !middleware.InEnvelope(k) {
+			t.Errorf("the envelope writes %q, which its list does not have", k)
 		}
 	}
 	for _, k := range []string{keys.ParkUntil, keys.TypedHeaders, keys.Subscriber, "amqpretry-other", "traceparent"} {
-		if keys.InEnvelope(k) {
-			t.Errorf("keys.InEnvelope(%q) = true, want false", k)
+		if middleware.InEnvelope(k) {
+			t.Errorf("InEnvelope(%q) = true, want false", k)
 		}
+	}
+	list := middleware.EnvelopeKeys()
+	if len(list) != len(md) || len(slices.Compact(slices.Sorted(slices.Values(list)))) != len(list) {
+		t.Errorf("the envelope's list has %d keys %v, want each of the %d written once", len(list), list, len(md))
 	}
 }

@@ -79,7 +79,7 @@ type outage struct {
 	next, filled            int
 	failures, retryFailures int
 	firstFailures           int // failed first deliveries (attempt 1)
-	// consecutive holds the messages of the failures in a row (up to Consecutive of
+	// consecutive has the messages of the failures in a row (up to Consecutive of
 	// them: enough to tell), consecutiveRetry whether a retry is among the failures.
 	// Messages, not runs: one message failing attempt after attempt is a poison, not
 	// an outage.
@@ -115,13 +115,13 @@ func (q *outage) isDown() bool {
 	return q.down
 }
 
-// signal wakes the waiting messages. q.mu is held.
+// signal wakes the waiting messages. q.mu is locked.
 func (q *outage) signal() {
 	close(q.changed)
 	q.changed = make(chan struct{})
 }
 
-// add records one run in the ring. q.mu is held.
+// add records one run in the ring. q.mu is locked.
 func (q *outage) add(o outcome) {
 	if q.filled == len(q.runs) {
 		old := q.runs[q.next]
@@ -148,7 +148,7 @@ func (q *outage) add(o outcome) {
 	}
 }
 
-// forget empties the ring of latest runs. q.mu is held.
+// forget empties the ring of latest runs. q.mu is locked.
 func (q *outage) forget() {
 	clear(q.runs)
 	q.next, q.filled, q.failures, q.retryFailures, q.firstFailures = 0, 0, 0, 0, 0
@@ -276,7 +276,7 @@ func (q *outage) record(msg string, err error, dec *amqpretry.Decision, attempt,
 }
 
 // failedMessages tells whether the failures in the ring are of at least n different
-// messages. q.mu is held.
+// messages. q.mu is locked.
 func (q *outage) failedMessages(n int) bool {
 	seen := make(map[string]struct{}, n)
 	for _, o := range q.runs[:q.filled] {
@@ -341,7 +341,7 @@ func (e *engine) runHandler(h message.HandlerFunc, m *message.Message, d deliver
 		if probe != 0 {
 			if failedProbes++; failedProbes >= probesPerMessage {
 				// It may fail for reasons of its own: it takes the retry path, spending
-				// an attempt, and the next message probes. A bad message never holds
+				// an attempt, and the next message probes. A bad message never blocks
 				// the queue.
 				return produced, dec, err
 			}

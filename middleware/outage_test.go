@@ -56,7 +56,7 @@ func (r *outageRecorder) kinds() []amqpretry.EventKind {
 	return out
 }
 
-// waitFor polls cond until it holds, or fails the test after a deadline.
+// waitFor polls cond until it is true, or fails the test after a deadline.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -306,7 +306,7 @@ func TestOutageOff(t *testing.T) {
 
 // A message that fails for reasons of its own, seen as an outage (its retries fail too,
 // and nothing else runs on one consumer), fails three probes, then takes the retry
-// path: the next message probes, succeeds and ends the outage. It never holds the queue.
+// path: the next message probes, succeeds and ends the outage. It never blocks the queue.
 func TestOutageBadMessageNeverHoldsTheQueue(t *testing.T) {
 	b := &fakeBackend{}
 	e, _ := newEngine(t, amqpretry.Config{
@@ -334,7 +334,7 @@ func TestOutageBadMessageNeverHoldsTheQueue(t *testing.T) {
 			t.Fatalf("the bad message after its failed probes: %v, want its retry handed off", err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("the bad message held its queue: it probed for ever")
+		t.Fatal("the bad message blocked its queue: it probed for ever")
 	}
 	if got := e.outages.probes.Load(); got != probesPerMessage {
 		t.Errorf("probes %d, want %d", got, probesPerMessage)

@@ -12,7 +12,6 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/backend"
-	"github.com/amqpretry/amqpretry/internal/keys"
 )
 
 // Poisoning: a message that failed for good goes to the poison queue; one whose poison
@@ -57,7 +56,7 @@ func (e *engine) poisonTo(cp *message.Message) error { return e.poisonQ(cp.Conte
 func dropLargestHeader(md message.Metadata, env *Envelope) bool {
 	largest, size := "", -1
 	for k, v := range md {
-		if !keys.InEnvelope(k) && len(k)+len(v) > size {
+		if !inEnvelope(k) && len(k)+len(v) > size {
 			largest, size = k, len(k)+len(v)
 		}
 	}
@@ -87,7 +86,7 @@ type pendingPoison struct {
 
 // pendingPoisons remembers, by message UUID, the messages whose poison publish failed.
 // The memory is this process's: after a restart the message runs through the handler
-// once more. It forgets everything when it would hold more than maxTracked messages.
+// once more. It forgets everything when it would track more than maxTracked messages.
 type pendingPoisons struct {
 	mu   sync.Mutex
 	m    map[string]*pendingPoison
@@ -198,7 +197,7 @@ func (e *engine) poisonFailed(f failure, reason amqpretry.Reason, perr error) er
 	return errors.Join(f.err, fmt.Errorf("%w: queue %q: %w", amqpretry.ErrHandoff, f.queue, perr))
 }
 
-// setAside holds f's message for about wait where a retry would wait (a copy parked
+// setAside keeps f's message for about wait where a retry would wait (a copy parked
 // in the delay backend, confirmed before the original is acked, or the delivery held
 // in its work queue), so that the messages behind it in its work queue keep flowing: a nack
 // would put it back at the head of the queue. It tells whether it did; a message that

@@ -26,7 +26,7 @@ import (
 
 // retry is a started Retry: the engine, the hand-off it publishes through, and the
 // queues its transport's subscribers bound. Nothing inside points back at the Retry
-// that holds it, so that a Retry dropped without Close is found by its finalizer.
+// that has it, so that a Retry dropped without Close is found by its finalizer.
 type retry struct {
 	*engine
 	cfg     amqpretry.Config
@@ -189,7 +189,7 @@ func (r *retry) scheduler() message.Publisher {
 // exchange: past its delivery limit (x-delivery-limit, or 20 by default from RabbitMQ
 // 4.0) a quorum queue without one drops the message. It gets there without the
 // library: a message no client can read (amqp091-go v1.16.0 and later close the
-// connection at a header nested deeper than 32 or holding more than 8,192 entries,
+// connection at a header nested deeper than 32 or with more than 8,192 entries,
 // the broker gives the message back and counts it) reaches the limit in as many
 // reconnections. It returns a warning naming the arguments that send such messages to
 // poisonQueue, or "". A policy can set the dead-letter exchange instead; the

@@ -4,9 +4,9 @@
 //
 //   - Status: depth and age of the oldest message of every delay queue, the parking
 //     queue, the poison queue and the work queues named; with the broker's own counts
-//     (StatusOptions.Counts), the messages a delay queue holds for dead lettering, the
+//     (StatusOptions.Counts), the expired messages a delay queue keeps for dead lettering, the
 //     retries a RabbitMQ 4.3 work queue holds in delayed retry, and the broker's file
-//     descriptors and sockets, and a work queue whose consumers hold deliveries without
+//     descriptors and sockets, and a work queue whose consumers keep deliveries without
 //     acking any between two samples of those counts (QueueStatus.PossibleOutage: its
 //     application may be in an outage). What needs attention is a Flag: typed data, no
 //     prose. Status.Overview puts it in the order to read it, the same for every view:
@@ -18,7 +18,7 @@
 //   - List, Redrive (retry now), Purge on the retries waiting in the delay backend
 //     (Source Waiting), read without changing anything through Config.Rabbitmqctl
 //     (refused on delayed-exchange: its plugin offers no way; Status counts what it
-//     holds); Teardown of the storage every backend declared under the prefix once
+//     keeps); Teardown of the storage every backend declared under the prefix once
 //     nothing waits there, removing and counting only what it finds, and naming what
 //     it left and why (TeardownResult.Left; docs/waiting.md).
 //   - List, Redrive, Purge on the poison and parking queues (Source), with a Filter.
@@ -33,14 +33,14 @@
 //     work queue as Queue.
 //
 // Reading a queue: AMQP 0-9-1 cannot browse, so List, Redrive and Purge take messages
-// with basic.get and hold them unacknowledged, then give back those they leave with one
+// with basic.get and keep them unacknowledged, then give back those they leave with one
 // basic.nack(multiple, requeue). A run that stops early (a limit, an interrupt) first
 // takes the rest of the messages present at its start, so that it gives back all of
 // them at once, which keeps their order (see below why giving back part of a quorum
-// queue does not). At most ListOptions.Window (MoveOptions.Window) messages are held at
+// queue does not). At most ListOptions.Window (MoveOptions.Window) messages are kept at
 // once, 10,000 by default; a run stops when the window is full and says so: only then
 // may what it gives back end up behind what it never took. A run never looks past the
-// messages present when it started. If the process dies, the broker gives every held
+// messages present when it started. If the process dies, the broker gives every kept
 // message back itself.
 //
 // Reading for Status: AMQP 0-9-1 cannot browse, so the only way to learn the age of a

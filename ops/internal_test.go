@@ -98,7 +98,7 @@ func TestParkedQueueFromRoutingKey(t *testing.T) {
 }
 
 // TestTopologyConfig: only the broker side is validated; the policy is not ops'
-// business (binary-levels with 5 levels holds 31 s, less than the default policy's
+// business (binary-levels with 5 levels reaches 31 s, less than the default policy's
 // 10 min), but a broken broker side is refused, naming the field.
 func TestTopologyConfig(t *testing.T) {
 	if _, err := topologyConfig(amqpretry.Config{Backend: delay.BinaryLevels{Levels: 5}}); err != nil {

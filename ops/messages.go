@@ -20,7 +20,7 @@ import (
 	"github.com/amqpretry/amqpretry/xdeath"
 )
 
-// defaultWindow bounds how many messages a run holds unacknowledged at once.
+// defaultWindow bounds how many messages a run keeps unacknowledged at once.
 const defaultWindow = 10_000
 
 // defaultListLimit is how many messages List returns unless told otherwise.
@@ -97,7 +97,7 @@ type Message struct {
 	// encoded), and Payload the body: set only with ListOptions.Full.
 	Metadata message.Metadata `json:"metadata,omitempty"`
 	Payload  []byte           `json:"payload,omitempty"`
-	// For a waiting retry (Source Waiting), as the broker holds it, read without
+	// For a waiting retry (Source Waiting), as the broker keeps it, read without
 	// changing it: the DelayQueue it waits in (the work queue itself for RabbitMQ 4.3's
 	// delayed retry), its Position there (1: next out; for delayed retry, its log
 	// index), its counters x-delivery-count and x-acquired-count (RabbitMQ 4.x), and
@@ -161,7 +161,7 @@ type ListOptions struct {
 	Limit int
 	// Full fills Message.Metadata and Message.Payload.
 	Full bool
-	// Window bounds the messages held during the scan. Default (0): 10,000.
+	// Window bounds the messages kept unacked during the scan. Default (0): 10,000.
 	Window int
 }
 
@@ -179,7 +179,7 @@ type ListResult struct {
 }
 
 // List lists the messages of source that match opts, in queue order, changing nothing:
-// each is taken (basic.get) and held until the end, then every one is given back
+// each is taken (basic.get) and kept unacked until the end, then every one is given back
 // (basic.nack with requeue), back in its place.
 func (o *Ops) List(ctx context.Context, source Source, opts ListOptions) (ListResult, error) {
 	if source == Waiting {
@@ -219,7 +219,7 @@ func (o *Ops) List(ctx context.Context, source Source, opts ListOptions) (ListRe
 			res.Complete = true
 			return res, nil
 		}
-		sc.hold(d)
+		sc.keep(d)
 		res.Scanned++
 		m, err := o.message(d, opts.Full)
 		if err != nil {
@@ -249,7 +249,7 @@ type MoveOptions struct {
 	ResetAttempts bool
 	// All (Purge only) must be set to purge with an empty Filter.
 	All bool
-	// Window bounds the messages held during the run. Default (0): 10,000.
+	// Window bounds the messages kept unacked during the run. Default (0): 10,000.
 	Window int
 	// Progress, if set, is called after each message with the result so far.
 	Progress func(MoveResult)
@@ -281,7 +281,7 @@ type MoveResult struct {
 	Unrouted []Message `json:"unrouted"`
 	// Stopped says why the run ended before it saw every message present when it
 	// started: "limit" (MoveOptions.Limit matching messages were acted on), "window"
-	// (the window of held messages is full: run again to go on), "interrupted" (the
+	// (the window of kept messages is full: run again to go on), "interrupted" (the
 	// context ended; the run stopped between two messages); "" when it did not.
 	Stopped string `json:"stopped,omitempty"`
 }
@@ -326,7 +326,7 @@ func (o *Ops) move(ctx context.Context, source Source, opts MoveOptions, redrive
 	return o.moveQueue(ctx, queue, opts, redrive, false)
 }
 
-// moveQueue is Redrive (redrive true) or Purge of queue; waiting tells that it holds
+// moveQueue is Redrive (redrive true) or Purge of queue; waiting tells that it has
 // waiting retries, sent back as they are (retry now).
 func (o *Ops) moveQueue(ctx context.Context, queue string, opts MoveOptions, redrive, waiting bool) (MoveResult, error) {
 	verb := "redrive"
@@ -382,21 +382,21 @@ func (o *Ops) moveQueue(ctx context.Context, queue string, opts MoveOptions, red
 		res.Scanned++
 		m, err := o.message(d, false)
 		if err != nil {
-			sc.hold(d)
+			sc.keep(d)
 			return res, err
 		}
 		if waiting {
 			m.DelayQueue = queue
 		}
 		if !opts.match(m, now) {
-			sc.hold(d)
+			sc.keep(d)
 			res.Skipped++
 			report()
 			continue
 		}
 		res.Matched++
 		if opts.DryRun {
-			sc.hold(d)
+			sc.keep(d)
 			if redrive {
 				ok, err := o.routable(m.Queue, routable)
 				if err != nil {
@@ -414,7 +414,7 @@ func (o *Ops) moveQueue(ctx context.Context, queue string, opts MoveOptions, red
 			continue
 		}
 		if err := pace.wait(ctx); err != nil {
-			sc.hold(d) // interrupted before this message: it stays
+			sc.keep(d) // interrupted before this message: it stays
 			res.Matched--
 			res.Stopped = "interrupted"
 			return res, nil
@@ -423,13 +423,13 @@ func (o *Ops) moveQueue(ctx context.Context, queue string, opts MoveOptions, red
 			err := o.send(ctx, queue, d, m, opts.ResetAttempts, waiting)
 			switch {
 			case errors.Is(err, backend.ErrReturned) || errors.Is(err, errNoQueue):
-				sc.hold(d)
+				sc.keep(d)
 				res.Unroutable++
 				res.Unrouted = append(res.Unrouted, m)
 				report()
 				continue
 			case err != nil:
-				sc.hold(d)
+				sc.keep(d)
 				return res, fmt.Errorf("redrive message %s to queue %q: %w", m.UUID, m.Queue, o.redact(err))
 			}
 		}
@@ -493,7 +493,7 @@ func (o *Ops) send(ctx context.Context, source string, d amqp.Delivery, m Messag
 	return o.handoff.Publish(context.WithoutCancel(ctx), "", m.Queue, msg, nil, true, nil)
 }
 
-// scan reads a queue with basic.get on a channel of its own, holding messages
+// scan reads a queue with basic.get on a channel of its own, keeping messages
 // unacknowledged until close gives them all back (basic.nack multiple, requeue): they
 // return to their places, in order. If the process dies, the broker gives them back
 // itself when the connection drops.
@@ -503,7 +503,7 @@ type scan struct {
 	queue  string
 	depth  int
 	seen   int
-	held   int
+	kept   int
 	window int
 	empty  bool   // the queue had no more messages
 	last   uint64 // the highest delivery tag taken
@@ -547,7 +547,7 @@ func (s *scan) next() (amqp.Delivery, bool, error) {
 	return d, true, nil
 }
 
-func (s *scan) hold(amqp.Delivery) { s.held++ }
+func (s *scan) keep(amqp.Delivery) { s.kept++ }
 
 func (s *scan) ack(d amqp.Delivery) error {
 	if err := s.ch.Ack(d.DeliveryTag, false); err != nil {
@@ -557,13 +557,13 @@ func (s *scan) ack(d amqp.Delivery) error {
 	return nil
 }
 
-// full tells whether the window of held messages is full.
-func (s *scan) full() bool { return s.held >= s.window }
+// full tells whether the window of kept messages is full.
+func (s *scan) full() bool { return s.kept >= s.window }
 
 // done tells whether every message present at the start was seen.
 func (s *scan) done() bool { return s.empty || s.seen >= s.depth }
 
-// close gives back every held message and closes the channel, then waits, briefly,
+// close gives back every kept message and closes the channel, then waits, briefly,
 // until the broker shows them ready again: it requeues them asynchronously, and a run
 // that starts before it has would see the queue shorter, or take what follows them
 // first.
@@ -575,7 +575,7 @@ func (s *scan) done() bool { return s.empty || s.seen >= s.depth }
 // message: measured), so a partial give-back would reorder the queue. Only a run
 // stopped by a full window can leave messages it never took before what it gives back.
 func (s *scan) close() {
-	if s.held == 0 || s.ch.IsClosed() {
+	if s.kept == 0 || s.ch.IsClosed() {
 		_ = s.ch.Close()
 		return
 	}
@@ -584,9 +584,9 @@ func (s *scan) close() {
 		if err != nil || !ok {
 			break
 		}
-		s.hold(d)
+		s.keep(d)
 	}
-	_ = s.ch.Nack(s.last, true, true) // every message still held, up to the last taken
+	_ = s.ch.Nack(s.last, true, true) // every message still kept, up to the last taken
 	_ = s.ch.Close()
 	s.o.settle(s.queue, s.depth-s.acked) // what it gave back, and what it never took
 }

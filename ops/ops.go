@@ -45,9 +45,9 @@ type Config struct {
 }
 
 // Ops runs the operations on one broker: status, topology, the poison and parking
-// queues. It holds two connections: one to read (basic.get, passive declarations) and
+// queues. It has two connections: one to read (basic.get, passive declarations) and
 // the library's confirmed hand-off to publish, so that a failed publish never closes
-// the channel holding the messages read. Call its methods one at a time; Close it when
+// the channel with the messages read. Call its methods one at a time; Close it when
 // done.
 type Ops struct {
 	uri     string

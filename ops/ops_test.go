@@ -373,7 +373,7 @@ func TestListAndShowPoison(t *testing.T) {
 		t.Errorf("limit 2: %v %+v", err, res)
 	}
 	if got := r.list(ops.Poison); !slices.Equal(got, []string{"p1", "p2", "p3"}) {
-		t.Errorf("after listing, the poison queue holds %v, want p1 p2 p3 in order", got)
+		t.Errorf("after listing, the poison queue has %v, want p1 p2 p3 in order", got)
 	}
 }
 
@@ -525,7 +525,7 @@ func TestRedrivePoison(t *testing.T) {
 	}
 	// What stays, stays in order: the one not matching and the one whose queue is gone.
 	if got := r.list(ops.Poison); !slices.Equal(got, []string{"b1", "g1"}) {
-		t.Errorf("poison queue holds %v, want b1 g1", got)
+		t.Errorf("poison queue has %v, want b1 g1", got)
 	}
 	if _, err := brokertest.Dial(t).Channel(); err != nil {
 		t.Fatal(err)
@@ -591,7 +591,7 @@ func TestPurgePoison(t *testing.T) {
 }
 
 // TestWindowKeepsOrder: with a window smaller than the run, the run stops when the
-// window is full, and what it held is back in place, in order.
+// window is full, and what it kept is back in its place, in order.
 func TestWindowKeepsOrder(t *testing.T) {
 	r := newRig(t, "orders", "billing")
 	r.apply()
@@ -602,13 +602,13 @@ func TestWindowKeepsOrder(t *testing.T) {
 	if err != nil || res.Stopped != "window" || res.Done != 2 {
 		t.Fatalf("redrive with a small window: %v %+v", err, res)
 	}
-	// m0, m2, m4 were held (not matching); m1, m3 redriven before the window filled;
-	// the rest was never looked at. Held and never taken each keep their order; a
-	// quorum queue may put the held behind the others (see scan.close).
+	// m0, m2, m4 were kept (not matching); m1, m3 redriven before the window filled;
+	// the rest was never looked at. Kept and never taken each keep their order; a
+	// quorum queue may put the kept behind the others (see scan.close).
 	got := r.list(ops.Poison)
-	held := slices.DeleteFunc(slices.Clone(got), func(id string) bool { return !slices.Contains([]string{"m0", "m2", "m4"}, id) })
+	kept := slices.DeleteFunc(slices.Clone(got), func(id string) bool { return !slices.Contains([]string{"m0", "m2", "m4"}, id) })
 	rest := slices.DeleteFunc(slices.Clone(got), func(id string) bool { return slices.Contains([]string{"m0", "m2", "m4"}, id) })
-	if !slices.Equal(held, []string{"m0", "m2", "m4"}) || !slices.Equal(rest, []string{"m5", "m6", "m7", "m8", "m9"}) {
+	if !slices.Equal(kept, []string{"m0", "m2", "m4"}) || !slices.Equal(rest, []string{"m5", "m6", "m7", "m8", "m9"}) {
 		t.Errorf("poison queue after the run: %v", got)
 	}
 	t.Logf("poison queue after a run stopped by its window: %v", got)
@@ -710,7 +710,7 @@ func TestParkingRedrive(t *testing.T) {
 				t.Fatalf("redrive to a missing queue: %v %+v", err, res)
 			}
 			if n := brokertest.QueueLength(t, parking); n != 2 {
-				t.Fatalf("parking holds %d after an unroutable redrive, want 2", n)
+				t.Fatalf("parking has %d after an unroutable redrive, want 2", n)
 			}
 
 			r.apply() // re-creates the work queue and its binding
@@ -728,7 +728,7 @@ func TestParkingRedrive(t *testing.T) {
 				}
 			}
 			if n := brokertest.QueueLength(t, parking); n != 0 {
-				t.Errorf("parking holds %d after the redrive", n)
+				t.Errorf("parking has %d after the redrive", n)
 			}
 		})
 	}
@@ -789,7 +789,7 @@ func TestStatusStuck(t *testing.T) {
 	tier := r.prefix + ".delay.1s"
 	var s ops.Status
 	waitFor(t, 30*time.Second, func() bool {
-		s, err = r.ops.Status(context.Background(), ops.StatusOptions{StuckMargin: time.Second, Peek: "always", Counts: counts, BacklogInterval: time.Second})
+		s, err = r.ops.Status(context.Background(), ops.StatusOptions{StuckMargin: time.Second, Peek: "always", Counts: counts, SampleInterval: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -801,7 +801,7 @@ func TestStatusStuck(t *testing.T) {
 		t.Errorf("flags: %+v", s.Flags)
 	}
 	for _, q := range s.Queues {
-		if q.Name == tier && (!q.Counted || q.Backlog != 1 || q.Ready != 0) {
+		if q.Name == tier && (!q.Counted || q.Expired != 1 || q.Ready != 0) {
 			t.Errorf("stuck queue status: %+v", q)
 		}
 	}
@@ -1012,7 +1012,7 @@ func TestStatusHeldRetries(t *testing.T) {
 	}
 	var q ops.QueueStatus
 	waitFor(t, 10*time.Second, func() bool {
-		s, err = r.ops.Status(context.Background(), ops.StatusOptions{WorkQueues: r.queues, Counts: counts, BacklogInterval: 500 * time.Millisecond})
+		s, err = r.ops.Status(context.Background(), ops.StatusOptions{WorkQueues: r.queues, Counts: counts, SampleInterval: 500 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1074,7 +1074,7 @@ func TestApplyDelayedRetryBackend(t *testing.T) {
 	}
 }
 
-// TestPartialRunKeepsOrder: a run that stops early (a limit) gives back what it held
+// TestPartialRunKeepsOrder: a run that stops early (a limit) gives back what it kept
 // without reordering the queue, even for messages given back before (RabbitMQ puts a
 // message it requeued before behind those still in the queue, measured on 3.10.8 and
 // 4.3.6); and a run right after another sees every message (the broker requeues
@@ -1089,7 +1089,7 @@ func TestPartialRunKeepsOrder(t *testing.T) {
 	want := []string{"m0", "m1", "m2", "m3", "m4", "m5"}
 	for round := range 3 {
 		if got := r.list(ops.Poison); !slices.Equal(got, want) {
-			t.Fatalf("round %d: queue holds %v, want %v", round, got, want)
+			t.Fatalf("round %d: queue has %v, want %v", round, got, want)
 		}
 		res, err := r.ops.List(ctx, ops.Poison, ops.ListOptions{Filter: ops.Filter{IDs: []string{"m1"}}, Limit: 1})
 		if err != nil || len(res.Messages) != 1 || res.Scanned != 2 || res.Depth != 6 {

@@ -10,7 +10,7 @@ import (
 // person, then one line on the delay storage, its queues last, shown on demand.
 type Overview struct {
 	// First: the poison queue and the parking queue (their counts, whatever they are),
-	// then the work queues whose consumers hold deliveries without acking
+	// then the work queues whose consumers keep deliveries without acking
 	// (QueueStatus.PossibleOutage), the work queues with a backlog and no consumer
 	// (QueueStatus.Unconsumed), then every other queue Status flags; each in the order
 	// of Status.Queues.
@@ -28,7 +28,7 @@ type DelaySummary struct {
 	// Queues counts the delay queues; Old, of them, those of another backend
 	// (QueueStatus.Old); Flagged, those Status flags (they are in Overview.First).
 	Queues, Old, Flagged int
-	// Messages they hold: the ready ones, or the most that the broker's counts
+	// Messages in them: the ready ones, or the most that the broker's counts
 	// (QueueStatus.Messages, which lag a few seconds) or the waiting retries read
 	// show. With the broker's counts (Counted: every delay queue was counted), the
 	// expired ones waiting to be dead-lettered are included.

@@ -14,7 +14,7 @@ import (
 )
 
 // TestOverviewOrder (issue 43): the order every view of Status reads in, decided once:
-// the poison and parking queues, the work queues whose consumers hold deliveries
+// the poison and parking queues, the work queues whose consumers keep deliveries
 // without acking (issue 41), those with a backlog and no consumer, what is flagged; then the other work queues; the delay queues sum up in one line.
 func TestOverviewOrder(t *testing.T) {
 	soon := time.Now().Add(time.Minute)
@@ -26,7 +26,7 @@ func TestOverviewOrder(t *testing.T) {
 			{Name: "p.parking", Role: "parking", Exists: true},
 			{Name: "p.poison", Role: "poison", Exists: true, Ready: 10},
 			{Name: "p.served", Role: "work", Exists: true, Ready: 5, Consumers: 1},
-			{Name: "p.held", Role: "work", Exists: true, Ready: 3, Consumers: 1, Counted: true, Messages: 5, Unacked: 2, Stalled: 2 * time.Second},
+			{Name: "p.stalled", Role: "work", Exists: true, Ready: 3, Consumers: 1, Counted: true, Messages: 5, Unacked: 2, Stalled: 2 * time.Second},
 			{Name: "p.orders", Role: "work", Exists: true, Ready: 10},
 			{Name: "p.gone", Role: "work"},
 		},
@@ -41,7 +41,7 @@ func TestOverviewOrder(t *testing.T) {
 		return fmt.Sprint(out)
 	}
 	for _, c := range []struct{ what, got, want string }{
-		{"first", names(ov.First), "[p.poison p.parking p.held p.orders p.delay.2s p.gone]"},
+		{"first", names(ov.First), "[p.poison p.parking p.stalled p.orders p.delay.2s p.gone]"},
 		{"work", names(ov.Work), "[p.served]"},
 		{"delay queues", names(ov.DelayQueues), "[p.delay.1s p.delay.4s]"},
 	} {
@@ -61,18 +61,18 @@ func TestOverviewOrder(t *testing.T) {
 	}
 }
 
-// holder is a consumer that holds its deliveries without acking them, as a consumer
+// keeper is a consumer that keeps its deliveries without acking them, as a consumer
 // in an outage does (its prefetch full, the rest ready in the queue).
-type holder struct {
+type keeper struct {
 	ch         *amqp.Channel
 	deliveries <-chan amqp.Delivery
-	held       []amqp.Delivery
+	kept       []amqp.Delivery
 }
 
-// hold publishes n messages to queue with confirms and consumes them with prefetch,
+// keep publishes n messages to queue with confirms and consumes them with prefetch,
 // acking none; it returns once the broker counts prefetch unacked and n-prefetch
 // ready.
-func hold(t *testing.T, counts func(context.Context) (ops.BrokerCounts, error), queue string, n, prefetch int) *holder {
+func keep(t *testing.T, counts func(context.Context) (ops.BrokerCounts, error), queue string, n, prefetch int) *keeper {
 	t.Helper()
 	conn := brokertest.Dial(t)
 	pub, err := conn.Channel()
@@ -92,7 +92,7 @@ func hold(t *testing.T, counts func(context.Context) (ops.BrokerCounts, error), 
 			t.Fatalf("publish to %s: acked %t, %v", queue, ok, err)
 		}
 	}
-	h := &holder{}
+	h := &keeper{}
 	if h.ch, err = conn.Channel(); err != nil {
 		t.Fatal(err)
 	}
@@ -116,18 +116,18 @@ func hold(t *testing.T, counts func(context.Context) (ops.BrokerCounts, error), 
 	return h
 }
 
-// next waits for the next delivery and holds it.
-func (h *holder) next(t *testing.T) {
+// next waits for the next delivery and keeps it.
+func (h *keeper) next(t *testing.T) {
 	t.Helper()
 	select {
 	case d := <-h.deliveries:
-		h.held = append(h.held, d)
+		h.kept = append(h.kept, d)
 	case <-time.After(30 * time.Second):
 		t.Fatal("no delivery within 30 s")
 	}
 }
 
-// TestStatusPossibleOutage: a work queue whose consumer holds its prefetch of
+// TestStatusPossibleOutage: a work queue whose consumer keeps its prefetch of
 // deliveries, acking none, while more wait ready: the broker's counts do not move
 // between Status's two samples (Stalled), and the overview puts the queue first, after
 // the poison and parking queues. When the consumer acks one between the samples (and
@@ -139,16 +139,16 @@ func TestStatusPossibleOutage(t *testing.T) {
 	r := newRig(t, "idle", "orders")
 	r.apply()
 	orders := r.queues[1]
-	h := hold(t, counts, orders, 5, 2)
+	h := keep(t, counts, orders, 5, 2)
 	const interval = 500 * time.Millisecond
-	opts := ops.StatusOptions{WorkQueues: r.queues, Counts: counts, BacklogInterval: interval, Peek: "never"}
+	opts := ops.StatusOptions{WorkQueues: r.queues, Counts: counts, SampleInterval: interval, Peek: "never"}
 	s, err := r.ops.Status(t.Context(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	q := s.Queues[slices.IndexFunc(s.Queues, func(q ops.QueueStatus) bool { return q.Name == orders })]
 	if !q.PossibleOutage() || q.Stalled != interval || q.Consumers != 1 || q.Unacked != 2 || q.Ready != 3 {
-		t.Errorf("a consumer holding its deliveries: %+v", q)
+		t.Errorf("a consumer keeping its deliveries: %+v", q)
 	}
 	var first []string
 	for _, q := range s.Overview().First {
@@ -166,10 +166,10 @@ func TestStatusPossibleOutage(t *testing.T) {
 	opts.Counts = func(ctx context.Context) (ops.BrokerCounts, error) {
 		c, err := counts(ctx)
 		if calls++; calls == 1 {
-			if err := h.held[0].Ack(false); err != nil {
+			if err := h.kept[0].Ack(false); err != nil {
 				t.Fatal(err)
 			}
-			h.held = h.held[1:]
+			h.kept = h.kept[1:]
 			h.next(t)
 		}
 		return c, err

@@ -18,8 +18,8 @@ import (
 
 // Defaults of StatusOptions.
 const (
-	defaultStuckMargin     = 30 * time.Second
-	defaultBacklogInterval = 2 * time.Second
+	defaultStuckMargin    = 30 * time.Second
+	defaultSampleInterval = 2 * time.Second
 	// nearLimit is the share of the broker's file descriptor or socket limit past which
 	// Status flags it (FlagNearLimit): 80%.
 	nearLimitPercent = 80
@@ -40,16 +40,18 @@ type StatusOptions struct {
 	// each delay queue, at the risk of a late retry; "never": nothing.
 	Peek string
 	// Counts, if set, reads the broker's own counts (BrokerCounts), which show what
-	// AMQP cannot: the messages a quorum delay queue holds for at-least-once dead
-	// lettering, and those a RabbitMQ 4.3 work queue holds in delayed retry (both
+	// AMQP cannot: the expired messages a quorum delay queue keeps for at-least-once
+	// dead lettering, and the retries a RabbitMQ 4.3 work queue holds (both
 	// have left the ready list: a passive declare counts them as 0 and basic.get cannot
 	// see them), the unacked messages, and the broker's file descriptors and sockets.
-	// With Counts, Status samples twice, BacklogInterval apart, when a delay queue holds
-	// messages for dead lettering, and flags it stuck when that backlog did not shrink;
+	// With Counts, Status samples twice, SampleInterval apart, when a delay queue keeps
+	// expired messages for dead lettering, and flags it stuck when they did not shrink;
 	// and when a work queue has both unacked and ready messages, to tell whether its
 	// counts moved (QueueStatus.Stalled).
 	Counts func(ctx context.Context) (BrokerCounts, error)
-	// BacklogInterval is the time between the two samples of Counts. Default (0): 2s.
+	// SampleInterval is the time between the two samples of Counts. Default (0): 2s.
+	SampleInterval time.Duration
+	// Deprecated: use SampleInterval (read when SampleInterval is 0).
 	BacklogInterval time.Duration
 }
 
@@ -57,9 +59,9 @@ type StatusOptions struct {
 // list_queues, or the management API), for StatusOptions.Counts.
 type BrokerCounts struct {
 	// Messages, Ready and Unacked count each queue's messages, by queue name: every
-	// message it holds, those ready for delivery, those delivered and not yet acked.
-	// What Messages counts beyond the other two is held aside: for dead lettering
-	// (quorum queues, at-least-once) or for delayed retry (RabbitMQ 4.3).
+	// message in it, those ready for delivery, those delivered and not yet acked.
+	// What Messages counts beyond the other two is set aside: for dead lettering
+	// (quorum queues, at-least-once) or held for delayed retry (RabbitMQ 4.3).
 	Messages, Ready, Unacked map[string]int
 	// Members and Online count, by queue name, each quorum queue's members and those
 	// of them online (rabbitmqctl list_queues members online); a queue of another type
@@ -86,21 +88,23 @@ type QueueStatus struct {
 	// TTL of a delay queue.
 	TTL time.Duration `json:"ttl_ns,omitempty"`
 	// Counted tells that the broker's counts (StatusOptions.Counts) include the queue:
-	// Messages it holds in all and Unacked, and, of the messages held aside, Backlog
-	// (a delay queue: expired messages waiting to be dead-lettered) or Held (a work
-	// queue: retries RabbitMQ 4.3 holds in delayed retry, counted in neither Ready
-	// nor Unacked).
+	// Messages in all and Unacked, and, of the messages set aside, Expired (a delay
+	// queue: expired messages waiting to be dead-lettered) or Held (a work queue:
+	// retries RabbitMQ 4.3 holds in delayed retry, counted in neither Ready nor
+	// Unacked).
 	Counted  bool `json:"counted"`
 	Messages int  `json:"messages"`
 	Unacked  int  `json:"unacked"`
-	Backlog  int  `json:"backlog"`
-	Held     int  `json:"held"`
+	Expired  int  `json:"expired"`
+	// Deprecated: use Expired (the same count; JSON "backlog" stays for one release).
+	Backlog int `json:"backlog"`
+	Held    int `json:"held"`
 	// Members and Online, for a quorum queue the counts include: its members and those
 	// online (FlagUnderReplicated when fewer).
 	Members int `json:"members,omitempty"`
 	Online  int `json:"members_online,omitempty"`
 	// Peeked tells whether messages were read: the head of a delay queue, every message
-	// of a parking or poison queue (unless it holds over 1,000). When one carries a
+	// of a parking or poison queue (unless it has over 1,000). When one carries a
 	// time, AgeKnown is set and OldestAge is the age of the oldest (since it was handed
 	// over, for a delay queue's head; since it came due, for parking; since it failed,
 	// for the poison queue).
@@ -131,13 +135,13 @@ type QueueStatus struct {
 	// Levels. It keeps delivering until it is empty; Teardown removes it then.
 	Old bool `json:"old,omitempty"`
 	// Stuck: a delay queue whose head is more than StuckMargin past its due time, or
-	// whose dead-letter backlog did not shrink between two samples: dead lettering out
+	// whose expired messages did not shrink between two samples: dead lettering out
 	// of it has stalled.
 	Stuck bool `json:"stuck"`
 	// Stalled, for a work queue with consumers, unacked and ready messages in both
 	// samples of the broker's counts (StatusOptions.Counts), is the time between the
-	// samples (BacklogInterval) when none of its counts (messages, ready, unacked)
-	// moved: its consumers hold deliveries and took nothing more, so nothing was acked
+	// samples (SampleInterval) when none of its counts (messages, ready, unacked)
+	// moved: its consumers keep deliveries unacked and took nothing more, so nothing was acked
 	// or nacked, unless exactly as many were published meanwhile. That is what a
 	// consumer in an outage shows from outside (see PossibleOutage); 0 when the counts
 	// moved or were not read twice. The broker counts no acks (no message rates
@@ -145,7 +149,7 @@ type QueueStatus struct {
 	Stalled time.Duration `json:"stalled_ns,omitempty"`
 }
 
-// PossibleOutage tells a work queue whose consumers hold deliveries without acking
+// PossibleOutage tells a work queue whose consumers keep deliveries without acking
 // any (Stalled): their application may be in an outage, its handlers failing as if
 // something they depend on is down (amqpretry.Config.Outage keeps its messages in the
 // process meanwhile), or its handlers take longer than Stalled a message. Only the
@@ -173,7 +177,7 @@ type Status struct {
 	DelayedExchange     bool   `json:"delayed_exchange"`
 	DelayedExchangeName string `json:"delayed_exchange_name,omitempty"`
 	// PluginWaiting, for the delayed-exchange backend, is how many messages the
-	// plugin holds for its exchange, as the plugin itself reports (rabbitmq eval of its
+	// plugin keeps for its exchange, as the plugin itself reports (rabbitmq eval of its
 	// messages_delayed, with Config.Rabbitmqctl); PluginCounted tells it was read.
 	// When it cannot be, CountsError says why: it is never guessed.
 	PluginCounted bool `json:"plugin_counted,omitempty"`
@@ -234,7 +238,7 @@ const (
 	// FlagNearLimit: the broker uses Flag.Count of its Flag.Limit file descriptors
 	// (Name "file_descriptors") or sockets (Name "sockets"), 80% or more: past the
 	// limit every new connection hangs in its handshake (on RabbitMQ 3.x each quorum
-	// queue holds 3 of them).
+	// queue uses 3 of them).
 	FlagNearLimit FlagKind = "near-limit"
 )
 
@@ -254,7 +258,7 @@ type Flag struct {
 	Limit int `json:"limit,omitempty"`
 	// Late: how far past its due time a stuck delay queue's head is.
 	Late time.Duration `json:"late_ns,omitempty"`
-	// Interval: how long a stuck backlog did not move.
+	// Interval: how long a stuck delay queue's expired messages did not shrink.
 	Interval time.Duration `json:"interval_ns,omitempty"`
 	// QueueType: the type of a work queue flagged FlagQueueType.
 	QueueType string `json:"queue_type,omitempty"`
@@ -271,8 +275,11 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 	if opts.StuckMargin <= 0 {
 		opts.StuckMargin = defaultStuckMargin
 	}
-	if opts.BacklogInterval <= 0 {
-		opts.BacklogInterval = defaultBacklogInterval
+	if opts.SampleInterval <= 0 {
+		opts.SampleInterval = opts.BacklogInterval
+	}
+	if opts.SampleInterval <= 0 {
+		opts.SampleInterval = defaultSampleInterval
 	}
 	switch opts.Peek {
 	case "":
@@ -311,7 +318,7 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 		}
 	}
 
-	backlog, err := o.sample(ctx, opts, &s)
+	samples, err := o.sample(ctx, opts, &s)
 	if err != nil {
 		if ctx.Err() != nil {
 			return s, ctx.Err()
@@ -341,16 +348,17 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 			return s, err
 		}
 		tally(&qs, waiting, func(m Message) bool { return m.DelayQueue == qs.Name }, opts.StuckMargin)
-		if b, ok := backlog[dq.Name]; ok {
+		if b, ok := samples[dq.Name]; ok {
 			count(&qs, b.now)
-			qs.Backlog = b.now.aside()
+			qs.Expired = b.now.aside()
+			qs.Backlog = qs.Expired
 			qs.Stuck = qs.Stuck || b.stuck
 		}
 		switch {
 		case !qs.Exists:
 			flag(Flag{Kind: FlagMissing, Name: qs.Name, Role: qs.Role})
-		case qs.Stuck && backlog[dq.Name].stuck:
-			flag(Flag{Kind: FlagStuck, Name: qs.Name, Role: qs.Role, Count: qs.Backlog, Interval: opts.BacklogInterval})
+		case qs.Stuck && samples[dq.Name].stuck:
+			flag(Flag{Kind: FlagStuck, Name: qs.Name, Role: qs.Role, Count: qs.Expired, Interval: opts.SampleInterval})
 		case qs.Stuck:
 			flag(Flag{Kind: FlagStuck, Name: qs.Name, Role: qs.Role, Late: time.Since(qs.HeadDue)})
 		}
@@ -366,9 +374,10 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 			return s, err
 		}
 		tally(&qs, waiting, func(m Message) bool { return m.DelayQueue == qs.Name }, opts.StuckMargin)
-		if b, ok := backlog[name]; ok {
+		if b, ok := samples[name]; ok {
 			count(&qs, b.now)
-			qs.Backlog = b.now.aside()
+			qs.Expired = b.now.aside()
+			qs.Backlog = qs.Expired
 		}
 		s.Queues = append(s.Queues, qs)
 	}
@@ -388,12 +397,12 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 		if err := o.queueStatus(&qs, peek, opts); err != nil {
 			return s, err
 		}
-		if b, ok := backlog[qs.Name]; ok {
+		if b, ok := samples[qs.Name]; ok {
 			count(&qs, b.now)
 			if qs.Role == "work" {
 				qs.Held = b.now.aside()
 				if b.still {
-					qs.Stalled = opts.BacklogInterval
+					qs.Stalled = opts.SampleInterval
 				}
 			}
 		}
@@ -479,7 +488,7 @@ func underReplicated(qs QueueStatus, flag func(Flag)) {
 // queueCounts are one queue's counts in a BrokerCounts.
 type queueCounts struct{ messages, ready, unacked, members, online int }
 
-// aside is what the queue holds beyond ready and unacked messages.
+// aside is what the queue counts beyond ready and unacked messages.
 func (c queueCounts) aside() int { return max(c.messages-c.ready-c.unacked, 0) }
 
 func count(qs *QueueStatus, c queueCounts) {
@@ -487,20 +496,20 @@ func count(qs *QueueStatus, c queueCounts) {
 	qs.Members, qs.Online = c.members, c.online
 }
 
-// backlogSample is one queue's counts over two samples.
-type backlogSample struct {
+// twoSamples is one queue's counts over two samples.
+type twoSamples struct {
 	now   queueCounts
-	stuck bool // held aside at the first sample, and no fewer at the second
+	stuck bool // set aside at the first sample, and no fewer at the second
 	still bool // a work queue with unacked and ready messages whose counts did not move
 }
 
-// holding tells a work queue's counts that may show a stall: deliveries unacked, and
+// mayStall tells a work queue's counts that may show a stall: deliveries unacked, and
 // more ready that its consumers do not take.
-func (c queueCounts) holding() bool { return c.unacked > 0 && c.ready > 0 }
+func (c queueCounts) mayStall() bool { return c.unacked > 0 && c.ready > 0 }
 
-// sample reads opts.Counts, and again after BacklogInterval when a delay queue holds
-// messages for dead lettering; it fills the resource use of s.
-func (o *Ops) sample(ctx context.Context, opts StatusOptions, s *Status) (map[string]backlogSample, error) {
+// sample reads opts.Counts, and again after SampleInterval when a delay queue keeps
+// expired messages for dead lettering; it fills the resource use of s.
+func (o *Ops) sample(ctx context.Context, opts StatusOptions, s *Status) (map[string]twoSamples, error) {
 	if opts.Counts == nil {
 		return nil, nil
 	}
@@ -511,10 +520,10 @@ func (o *Ops) sample(ctx context.Context, opts StatusOptions, s *Status) (map[st
 	s.Counted = true
 	s.FileDescriptors, s.FileDescriptorLimit = first.FileDescriptors, first.FileDescriptorLimit
 	s.Sockets, s.SocketLimit = first.Sockets, first.SocketLimit
-	out := map[string]backlogSample{}
+	out := map[string]twoSamples{}
 	for _, names := range []map[string]int{first.Messages, first.Members} {
 		for name := range names {
-			out[name] = backlogSample{now: countsOf(first, name)}
+			out[name] = twoSamples{now: countsOf(first, name)}
 		}
 	}
 	again := false
@@ -522,12 +531,12 @@ func (o *Ops) sample(ctx context.Context, opts StatusOptions, s *Status) (map[st
 		again = again || out[dq.Name].now.aside() > 0
 	}
 	for _, q := range opts.WorkQueues {
-		again = again || out[q].now.holding()
+		again = again || out[q].now.mayStall()
 	}
 	if !again {
 		return out, nil
 	}
-	t := time.NewTimer(opts.BacklogInterval)
+	t := time.NewTimer(opts.SampleInterval)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
@@ -543,14 +552,14 @@ func (o *Ops) sample(ctx context.Context, opts StatusOptions, s *Status) (map[st
 			continue
 		}
 		before, now := out[dq.Name].now.aside(), countsOf(second, dq.Name)
-		out[dq.Name] = backlogSample{now: now, stuck: before > 0 && now.aside() >= before}
+		out[dq.Name] = twoSamples{now: now, stuck: before > 0 && now.aside() >= before}
 	}
 	for _, q := range opts.WorkQueues {
 		if _, ok := second.Messages[q]; !ok {
 			continue
 		}
 		before, now := out[q].now, countsOf(second, q)
-		out[q] = backlogSample{now: now, still: before.holding() && now == before}
+		out[q] = twoSamples{now: now, still: before.mayStall() && now == before}
 	}
 	return out, nil
 }
@@ -637,7 +646,7 @@ func (o *Ops) readAll(qs *QueueStatus, ready int) error {
 		if err != nil || !ok {
 			return err
 		}
-		sc.hold(d)
+		sc.keep(d)
 		qs.Peeked = true
 		if first {
 			qs.HeadDue, _ = headerTime(d.Headers, keys.Due)

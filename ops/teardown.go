@@ -47,7 +47,7 @@ type TeardownResult struct {
 	Exchanges []string `json:"exchanges"`
 	Bindings  int      `json:"bindings"`
 	// Waiting counts the messages each queue (or the delayed-message plugin, by its
-	// exchange) holds, all of them: ready, unacked, and those held for dead lettering.
+	// exchange) keeps, all of them: ready, unacked, and those kept for dead lettering.
 	Waiting map[string]int `json:"waiting"`
 	// Left names what Teardown found under the prefix and left there, and why: what
 	// TeardownOptions.Keep names, the parking exchange and queue and the poison queue
@@ -100,7 +100,7 @@ const (
 // It refuses ("teardown refused"), removing nothing, while anything waits there,
 // unless opts.Force: the broker's own counts are read with Config.Rabbitmqctl
 // (rabbitmqctl list_queues: what a passive declare cannot see, the expired messages a
-// quorum queue holds for dead lettering), and, for a delayed-message exchange found,
+// quorum queue keeps for dead lettering), and, for a delayed-message exchange found,
 // the plugin's own count (rabbitmqctl eval); without them it cannot know and refuses.
 // Queues go first, then exchanges. Quorum queues cannot be deleted "if empty": a retry
 // parked into the old storage between the count and the delete would be lost, so stop
@@ -215,7 +215,7 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 	var unknown []error
 	var counts BrokerCounts
 	if o.ctl == nil {
-		unknown = append(unknown, errors.New("the broker's counts are unknown without rabbitmqctl (Config.Rabbitmqctl; the CLI's --rabbitmqctl): a passive declare does not see the messages a quorum queue holds for dead lettering"))
+		unknown = append(unknown, errors.New("the broker's counts are unknown without rabbitmqctl (Config.Rabbitmqctl; the CLI's --rabbitmqctl): a passive declare does not see the messages a quorum queue keeps for dead lettering"))
 	} else {
 		c, err := o.ctlCounts(ctx)
 		if err != nil {
@@ -441,7 +441,7 @@ func (o *Ops) ctlCounts(ctx context.Context) (BrokerCounts, error) {
 	return c, nil
 }
 
-// pluginExpr counts what the delayed-message plugin holds for one exchange, with its
+// pluginExpr counts what the delayed-message plugin keeps for one exchange, with its
 // own rabbit_delayed_message:messages_delayed; it fails when the plugin does not run.
 const pluginExpr = `case code:ensure_loaded(rabbit_delayed_message) of
   {module, _} ->
@@ -460,7 +460,7 @@ ok.`
 // errPluginCount: the delayed-message plugin's count could not be read.
 var errPluginCount = errors.New("the delayed-message plugin's count of waiting messages")
 
-// pluginWaiting is how many messages the delayed-message plugin holds for the
+// pluginWaiting is how many messages the delayed-message plugin keeps for the
 // backend's exchange, as the plugin itself reports; never a guess.
 func (o *Ops) pluginWaiting(ctx context.Context) (int, error) {
 	sealed, ok := o.backend.(backend.Sealed)
@@ -470,7 +470,7 @@ func (o *Ops) pluginWaiting(ctx context.Context) (int, error) {
 	return o.pluginWaitingIn(ctx, sealed.SealedIn().Name)
 }
 
-// pluginWaitingIn is how many messages the delayed-message plugin holds for exchange
+// pluginWaitingIn is how many messages the delayed-message plugin keeps for exchange
 // x, as the plugin itself reports.
 func (o *Ops) pluginWaitingIn(ctx context.Context, x string) (int, error) {
 	if o.ctl == nil {

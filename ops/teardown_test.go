@@ -212,7 +212,7 @@ func TestWaitingOnDelayedExchangeRefuses(t *testing.T) {
 	ctx := context.Background()
 	check := func(what string, err error) {
 		t.Helper()
-		if err == nil || !strings.Contains(err.Error(), "the delayed-message plugin offers no way to list, bring back or drop the retries it holds") || !strings.Contains(err.Error(), r.prefix+".delayed") || !strings.Contains(err.Error(), "amqpretry status") {
+		if err == nil || !strings.Contains(err.Error(), "the delayed-message plugin offers no way to list, bring back or drop the retries it keeps") || !strings.Contains(err.Error(), r.prefix+".delayed") || !strings.Contains(err.Error(), "amqpretry status") {
 			t.Errorf("%s on delayed-exchange: %v", what, err)
 		}
 	}

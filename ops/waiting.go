@@ -43,14 +43,14 @@ import (
 //
 // On the delayed-exchange backend List, Redrive and Purge of Waiting refuse
 // (ErrPluginWaiting): the delayed-message plugin offers no way to read, bring back or
-// drop what it holds. Status.PluginWaiting counts it.
+// drop what it keeps. Status.PluginWaiting counts it.
 const Waiting Source = "waiting"
 
 // ErrPluginWaiting is wrapped by List, Redrive and Purge of Waiting on the
 // delayed-exchange backend: its retries wait in the delayed-message plugin, which
 // offers no way to list them, bring them back early or drop them; they come back when
 // due.
-var ErrPluginWaiting = errors.New("the delayed-message plugin offers no way to list, bring back or drop the retries it holds")
+var ErrPluginWaiting = errors.New("the delayed-message plugin offers no way to list, bring back or drop the retries it keeps")
 
 // refusePlugin is the error of an operation on the waiting retries of the
 // delayed-exchange backend (what, e.g. "list"), with the plugin's count when it can be
@@ -96,7 +96,7 @@ func (o *Ops) storagePattern() (string, error) {
 	return "(?:" + strings.Join(patterns, ")|(?:") + ")", nil
 }
 
-// waitingQueues returns the delay queues that may hold retries: the backend's, then
+// waitingQueues returns the delay queues that may have retries: the backend's, then
 // the other queues under the prefix named as ttl-tiers' or binary-levels' (found with
 // rabbitmqctl eval when Config.Rabbitmqctl is set), sorted; old reports which are not
 // the configured backend's.
@@ -335,7 +335,7 @@ func (o *Ops) listWaiting(ctx context.Context, opts ListOptions) (ListResult, er
 }
 
 // waiting reads every waiting retry (of workQueue, if named), at most window per
-// queue, in due order; complete is false when a queue held more.
+// queue, in due order; complete is false when a queue had more.
 func (o *Ops) waiting(ctx context.Context, workQueue string, window int) (all []Message, complete bool, err error) {
 	_, msgs, err := o.peekAll(ctx, window)
 	if err != nil {

@@ -16,7 +16,7 @@ type Marshaler struct {
 	PostprocessPublishing func(amqp.Publishing) amqp.Publishing
 	// NotPersistentDeliveryMode sends messages transient instead of persistent.
 	NotPersistentDeliveryMode bool
-	// MessageUUIDHeaderKey is the header holding the message UUID. Default:
+	// MessageUUIDHeaderKey is the header with the message UUID. Default:
 	// "_watermill_message_uuid".
 	MessageUUIDHeaderKey string
 }

@@ -59,7 +59,7 @@ type Death struct {
 	// OriginalExpiration is the per-message TTL the message had, if any. The
 	// broker removes the expiration property when dead-lettering.
 	OriginalExpiration string
-	// Extra holds the fields this package does not know, nil if none.
+	// Extra has the fields this package does not know, nil if none.
 	Extra amqp.Table
 }
 

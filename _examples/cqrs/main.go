@@ -260,7 +260,7 @@ func newApp() *app {
 	return &app{runs: map[string]map[string][]int{}, settled: make(chan struct{}, 1000)}
 }
 
-// ranKey holds, in a delivery's context, whether the handler ran it (settle).
+// ranKey has, in a delivery's context, whether the handler ran it (settle).
 type ranKey struct{}
 
 // ran records a run of handler on the message of ctx, and returns its attempt.

@@ -17,7 +17,7 @@ import (
 	"github.com/amqpretry/amqpretry/ops"
 )
 
-// consoleTokenEnv names the environment variable that may hold the console's token.
+// consoleTokenEnv names the environment variable that may have the console's token.
 const consoleTokenEnv = "AMQPRETRY_CONSOLE_TOKEN"
 
 // consoleWindow is the console's default --window: a listing reads (takes and gives
@@ -48,7 +48,7 @@ times; retry now and purge). Every move shows its dry run and asks for confirmat
 See docs/console.md.
 
 It listens on --listen, 127.0.0.1:7433 by default, and prints one line with the URL to
-open: it holds a random access token (256 bits), or the one in $` + consoleTokenEnv + `
+open: it carries a random access token (256 bits), or the one in $` + consoleTokenEnv + `
 (22 characters at least). Any address but loopback needs --tls-cert and --tls-key, or
 --insecure-no-tls; an unspecified address (0.0.0.0, [::]) needs --host, the name
 browsers use: the console refuses any other Host or Origin. --read-only shows no action
@@ -174,7 +174,7 @@ it the console shows the rest.
 	f.BoolVar(&readOnly, "read-only", false, "show no action, refuse every POST")
 	f.StringArrayVar(&queues, "queue", nil, "a work queue to show (its waiting retries; repeat for more)")
 	f.Var(boundedInt{&limit, 1}, "limit", "messages per page")
-	f.Var(boundedInt{&window, 1}, "window", "at most this many messages read (held) per listing or move")
+	f.Var(boundedInt{&window, 1}, "window", "at most this many messages read (kept unacked) per listing or move")
 	src.flags(c)
 	return c
 }

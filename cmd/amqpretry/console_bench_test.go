@@ -26,7 +26,7 @@ import (
 )
 
 // counting is a console.Broker that counts what each listing read (ops'
-// ListResult.Scanned: messages taken with basic.get and held).
+// ListResult.Scanned: messages taken with basic.get and kept unacked).
 type counting struct {
 	console.Broker
 	mu      sync.Mutex

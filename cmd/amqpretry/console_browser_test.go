@@ -258,7 +258,7 @@ func TestConsoleBrowser(t *testing.T) {
 		t.Errorf("retry now: dry run %q, result %q", dry, result)
 	}
 	if n := brokertest.QueueLength(t, queue); n != 1 {
-		t.Errorf("work queue holds %d after retry now, want 1", n)
+		t.Errorf("work queue has %d after retry now, want 1", n)
 	}
 
 	act(t, ctx, "an unknown work queue", chromedp.Navigate(con.base+"/waiting?queue=nope"), chromedp.WaitVisible(chromedp.CSS("#error")))
@@ -411,7 +411,7 @@ func TestConsoleBrowserDelayedRetry(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the work queue holds %d after retry now, want 3", q.Messages)
+			t.Fatalf("the work queue has %d after retry now, want 3", q.Messages)
 		}
 	}
 	_, _ = ch.QueuePurge(queue, false)

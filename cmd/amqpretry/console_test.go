@@ -247,7 +247,7 @@ func TestConsoleSecurity(t *testing.T) {
 	st, body = post(t, cl, c.base+"/move", redrive)
 	check("redrive", st, body, http.StatusOK, "1 redriven")
 	if n := brokertest.QueueLength(t, e.queues[0]); n != 1 {
-		t.Errorf("work queue holds %d after the redrive, want 1", n)
+		t.Errorf("work queue has %d after the redrive, want 1", n)
 	}
 	audit := c.stderr.String()
 	if lines := strings.Count(audit, "audit "); lines != 1 || !strings.Contains(audit, "client=127.0.0.1 action=poison.redrive filter=\"ids=m0000\"") ||

@@ -28,7 +28,7 @@ import (
 type countsFunc = func(ctx context.Context) (ops.BrokerCounts, error)
 
 // ctlWaitDelay is how long a killed rabbitmqctl's output may stay open: past it the
-// run returns even if some process it started still holds the pipe.
+// run returns even if some process it started still has the pipe open.
 const ctlWaitDelay = 5 * time.Second
 
 // rabbitmqctlCounts reads the broker's counts with the rabbitmqctl command words:

@@ -6,7 +6,7 @@
 # that has one. To build and test against the working tree instead, this script makes
 # a throwaway workspace (GOWORK=<tmp>/go.work: `use` of the library and of this
 # directory, and a replace of the required version by the library's directory, which
-# a go.work may hold) and runs go in it; nothing is written into the checkout.
+# a go.work may list) and runs go in it; nothing is written into the checkout.
 #
 #   cmd/amqpretry/go.sh vet ./...
 #   cmd/amqpretry/go.sh test -race -count=1 ./...

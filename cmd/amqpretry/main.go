@@ -22,7 +22,7 @@ const (
 	exitInterrupted = 130
 )
 
-// uriEnv names the environment variable holding the broker URI.
+// uriEnv names the environment variable with the broker URI.
 const uriEnv = "AMQP_URI"
 
 // defaultURI is the broker URI when AMQP_URI is unset.

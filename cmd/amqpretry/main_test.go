@@ -217,7 +217,7 @@ func TestPoisonListShowDryRun(t *testing.T) {
 		t.Errorf("purge dry run (%d):\n%s", code, out)
 	}
 	if n := brokertest.QueueLength(t, e.prefix+".poison"); n != 4 {
-		t.Errorf("poison queue holds %d after dry runs, want 4", n)
+		t.Errorf("poison queue has %d after dry runs, want 4", n)
 	}
 	for _, q := range e.queues {
 		if n := brokertest.QueueLength(t, q); n != 0 {
@@ -395,7 +395,7 @@ func TestStatusCounts(t *testing.T) {
 	start := time.Now()
 	code, out, errOut = e.run("status", "--rabbitmqctl", hung, "--ctl-timeout", "500ms")
 	if took := time.Since(start); took > 10*time.Second {
-		t.Errorf("a hung rabbitmqctl held status %s", took)
+		t.Errorf("a hung rabbitmqctl kept status waiting %s", took)
 	}
 	if code != exitFailed || !strings.Contains(out+errOut, "no answer within 500ms") {
 		t.Errorf("hung rabbitmqctl (%d):\n%s%s", code, out, errOut)
@@ -484,7 +484,7 @@ func TestRedriveKilledMidRun(t *testing.T) {
 		t.Errorf("no line of counts on a stderr that is not a terminal")
 	}
 
-	// The broker requeues what the dead connection held: wait until it is back.
+	// The broker requeues what the dead connection had unacked: wait until it is back.
 	poison := e.prefix + ".poison"
 	seen := map[string]int{}
 	redriven := 0
@@ -519,7 +519,7 @@ func TestRedriveKilledMidRun(t *testing.T) {
 		t.Errorf("the kill did not land mid-run: %d redriven, %d left", redriven, len(left))
 	}
 	if limit := int(200*elapsed.Seconds()) + 200; redriven > limit {
-		t.Errorf("%d redriven in %s at 200/s: the rate limit does not hold", redriven, elapsed.Round(time.Millisecond))
+		t.Errorf("%d redriven in %s at 200/s: the rate limit is not kept", redriven, elapsed.Round(time.Millisecond))
 	}
 	if dups > 1 {
 		t.Errorf("%d messages in both places, want at most 1", dups)
@@ -565,26 +565,26 @@ func TestRedriveInterrupted(t *testing.T) {
 }
 
 // TestWindowKeepsOrder: with a window smaller than the run, the run stops when the
-// window is full, and what it held is back in place, in order.
+// window is full, and what it kept is back in its place, in order.
 func TestWindowKeepsOrder(t *testing.T) {
 	e := newEnv(t, "orders", "billing")
 	e.apply()
 	e.poison(10) // even: orders, odd: billing
 	code, out, _ := e.run("poison", "redrive", "--queue", e.queues[1], "--window", "3")
-	if code != exitOK || !strings.Contains(out, "stopped: 3 messages held (--window); run again to continue") {
+	if code != exitOK || !strings.Contains(out, "stopped: 3 messages kept (--window); run again to continue") {
 		t.Fatalf("redrive with a small window (%d):\n%s", code, out)
 	}
 	var got []string
 	for _, msg := range brokertest.Drain(t, e.prefix+".poison") {
 		got = append(got, msg.UUID)
 	}
-	// m0000, m0002, m0004 were held (not matching); m0001, m0003 redriven before the
-	// window filled; the rest was never looked at. Held and never taken each keep their
-	// order (a quorum queue may put the held behind the others).
-	heldIDs := []string{"m0000", "m0002", "m0004"}
-	held := slices.DeleteFunc(slices.Clone(got), func(id string) bool { return !slices.Contains(heldIDs, id) })
-	rest := slices.DeleteFunc(slices.Clone(got), func(id string) bool { return slices.Contains(heldIDs, id) })
-	if !slices.Equal(held, heldIDs) || !slices.Equal(rest, []string{"m0005", "m0006", "m0007", "m0008", "m0009"}) {
+	// m0000, m0002, m0004 were kept (not matching); m0001, m0003 redriven before the
+	// window filled; the rest was never looked at. Kept and never taken each keep their
+	// order (a quorum queue may put the kept behind the others).
+	keptIDs := []string{"m0000", "m0002", "m0004"}
+	kept := slices.DeleteFunc(slices.Clone(got), func(id string) bool { return !slices.Contains(keptIDs, id) })
+	rest := slices.DeleteFunc(slices.Clone(got), func(id string) bool { return slices.Contains(keptIDs, id) })
+	if !slices.Equal(kept, keptIDs) || !slices.Equal(rest, []string{"m0005", "m0006", "m0007", "m0008", "m0009"}) {
 		t.Errorf("poison queue after the run: %v", got)
 	}
 }

@@ -67,9 +67,9 @@ func (a *app) parkingCmd() *cobra.Command {
 		a.listCmd(ops.Parking), a.moveCmd(ops.Parking, false), a.moveCmd(ops.Parking, true))
 }
 
-const readingHelp = `Messages are read with basic.get and held unacknowledged, then given back with one
+const readingHelp = `Messages are read with basic.get and kept unacknowledged, then given back with one
 basic.nack(requeue), which puts them back in their places, in order: nothing changes. At
-most --window messages are held at once; the run stops when the window is full.`
+most --window messages are kept at once; the run stops when the window is full.`
 
 func (a *app) listCmd(source ops.Source) *cobra.Command {
 	var opts ops.ListOptions
@@ -128,7 +128,7 @@ func (a *app) listCmd(source ops.Source) *cobra.Command {
 	}
 	check = filterFlags(c.Flags(), &opts.Filter)
 	c.Flags().Var(boundedInt{&limit, 0}, "limit", "at most this many messages (0: all)")
-	c.Flags().Var(boundedInt{&window, 1}, "window", "at most this many messages held while scanning")
+	c.Flags().Var(boundedInt{&window, 1}, "window", "at most this many messages read and kept unacked while scanning")
 	return c
 }
 
@@ -181,7 +181,7 @@ failure envelope, every other header, and the payload.
 	}
 	check = filterFlags(c.Flags(), &opts.Filter)
 	c.Flags().Var(boundedInt{&limit, 1}, "limit", "without IDs: show this many matching messages")
-	c.Flags().Var(boundedInt{&window, 1}, "window", "at most this many messages held while scanning")
+	c.Flags().Var(boundedInt{&window, 1}, "window", "at most this many messages read and kept unacked while scanning")
 	return c
 }
 
@@ -191,7 +191,7 @@ func moveFlags(f *pflag.FlagSet, opts *ops.MoveOptions, rate *rateFlag, window *
 	f.Var(boundedInt{&opts.Limit, 0}, "limit", "act on at most this many matching "+noun+" (0: all)")
 	f.BoolVar(&opts.DryRun, "dry-run", false, "report what would be done, change nothing")
 	f.Var(rate, "rate", "at most this many "+noun+" per second: N/s or N/m (default: as fast as confirms come)")
-	f.Var(boundedInt{window, 1}, "window", "at most this many "+noun+" held (not matching, unroutable, dry run) before the run stops")
+	f.Var(boundedInt{window, 1}, "window", "at most this many "+noun+" kept (not matching, unroutable, dry run) before the run stops")
 }
 
 // shown are the metadata keys printEnvelope prints itself, or leaves out.
@@ -486,7 +486,7 @@ func (a *app) printMove(w io.Writer, r ops.MoveResult, kind moveKind, opts ops.M
 		}
 		printf("interrupted: stopped between two messages; the rest is still in %s\n", rest)
 	case "window":
-		printf("stopped: %d messages held (--window); run again to continue\n", opts.Window)
+		printf("stopped: %d messages kept (--window); run again to continue\n", opts.Window)
 	case "limit":
 		if kind.confirmed {
 			break // it acted on what the prompt showed: the limit is that, not --limit

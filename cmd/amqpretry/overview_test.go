@@ -70,7 +70,7 @@ func newOverviewScene(t *testing.T) *overviewScene {
 	// The broker shows a confirmed message as ready a moment later: wait for it.
 	for deadline := time.Now().Add(10 * time.Second); brokertest.QueueLength(t, s.backlog) != s.queued || brokertest.QueueLength(t, e.prefix+".poison") != s.poisoned; {
 		if time.Now().After(deadline) {
-			t.Fatalf("%s holds %d, the poison queue %d: want %d and %d", s.backlog, brokertest.QueueLength(t, s.backlog), brokertest.QueueLength(t, e.prefix+".poison"), s.queued, s.poisoned)
+			t.Fatalf("%s has %d, the poison queue %d: want %d and %d", s.backlog, brokertest.QueueLength(t, s.backlog), brokertest.QueueLength(t, e.prefix+".poison"), s.queued, s.poisoned)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -308,7 +308,7 @@ func holdDeliveries(t *testing.T, queue string, n, prefetch int) {
 	}
 }
 
-// TestStatusPossibleOutage (issue 41): a work queue whose consumer holds its prefetch
+// TestStatusPossibleOutage (issue 41): a work queue whose consumer keeps its prefetch
 // of deliveries, acking none, while more wait ready, is what an application in an
 // outage shows the broker. status (with the broker's counts) lists it first after the
 // poison and parking queues, POSSIBLE OUTAGE, and says what that is based on; it is not
@@ -331,7 +331,7 @@ func TestStatusPossibleOutage(t *testing.T) {
 	if !regexp.MustCompile(`\s3\s+2\s.*\s1\s.*POSSIBLE OUTAGE$`).MatchString(rows[orders]) || strings.Contains(rows[e.queues[0]], "OUTAGE") {
 		t.Errorf("status rows:\n%s", out)
 	}
-	said := "POSSIBLE OUTAGE work queue " + orders + ": its consumer holds 2 unacked messages while 3 wait ready, and nothing was acked in 2s: none of the broker's counts (messages, ready, unacked), read twice 2s apart, moved"
+	said := "POSSIBLE OUTAGE work queue " + orders + ": its consumer keeps 2 unacked messages while 3 wait ready, and nothing was acked in 2s: none of the broker's counts (messages, ready, unacked), read twice 2s apart, moved"
 	if !strings.Contains(out, "\n"+said) || !strings.Contains(out, "nothing flagged") {
 		t.Errorf("status does not say what the possible outage is based on:\n%s", out)
 	}

@@ -15,7 +15,7 @@ const unparseableURI = "(unparseable amqp uri)"
 
 // redactURI returns uri with its password replaced by "xxxxx", or a placeholder when
 // uri is not an amqp:// or amqps:// URI with a host (url.Parse takes many malformed
-// URIs, such as "amqp//user:pass@host/", for a path that still holds the password).
+// URIs, such as "amqp//user:pass@host/", for a path that still has the password).
 func redactURI(uri string) string {
 	u, err := url.Parse(uri)
 	if err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" || u.Opaque != "" {

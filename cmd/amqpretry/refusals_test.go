@@ -149,7 +149,7 @@ func TestWaitingOnDelayedExchange(t *testing.T) {
 		{"waiting", "purge", "--all", "--dry-run"}, {"waiting", "purge", "--all", "--yes"},
 	} {
 		code, out, errOut := runArgs(append(args, common...)...)
-		if code != exitFailed || strings.Contains(out, "0 of 0") || !strings.Contains(errOut, "the delayed-message plugin offers no way to list, bring back or drop the retries it holds") ||
+		if code != exitFailed || strings.Contains(out, "0 of 0") || !strings.Contains(errOut, "the delayed-message plugin offers no way to list, bring back or drop the retries it keeps") ||
 			!strings.Contains(errOut, prefix+".delayed") || !strings.Contains(errOut, "amqpretry status") {
 			t.Errorf("%q on delayed-exchange (%d):\n%s%s", args, code, out, errOut)
 		}

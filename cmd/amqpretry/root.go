@@ -21,7 +21,7 @@ import (
 	"github.com/amqpretry/amqpretry/ops"
 )
 
-// app holds what every command shares: the output, the broker URI and the common
+// app has what every command shares: the output, the broker URI and the common
 // flags.
 type app struct {
 	ctx            context.Context
@@ -182,7 +182,7 @@ func (a *app) wire(c *cobra.Command) {
 	}
 }
 
-// group is a command that only holds subcommands.
+// group is a command that only has subcommands.
 func group(use, short string, subs ...*cobra.Command) *cobra.Command {
 	c := &cobra.Command{
 		Use:   use,

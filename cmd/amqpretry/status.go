@@ -35,10 +35,10 @@ func (a *app) statusCmd() *cobra.Command {
 		Short: "Depth and oldest message of the delay, parking, poison and work queues; what needs attention",
 		Long: `status reports every delay queue, the parking queue, the poison queue and the work queues
 named with --queue: ready messages, consumers, the age of the oldest message, and, with
-the broker's own counts, what AMQP cannot see: the expired messages a delay queue holds
-for dead lettering (DLX-BACKLOG) and the retries RabbitMQ 4.3 holds in a work queue
-(HELD). It flags a missing queue, a STUCK delay queue (its head past its due time, or a
-backlog that does not move), a non-empty parking queue, a consumer on a delay queue, the
+the broker's own counts, what AMQP cannot see: the expired messages a delay queue keeps
+for dead lettering (EXPIRED) and the retries RabbitMQ 4.3 holds in a work queue
+(HELD). It flags a missing queue, a STUCK delay queue (its head past its due time, or
+expired messages that do not shrink), a non-empty parking queue, a consumer on a delay queue, the
 delayed-exchange backend where its plugin cannot run, a quorum queue with fewer members
 online than it has (UNDER-REPLICATED: a cluster node down), and a broker near its file
 descriptor or socket limit (80%).
@@ -57,15 +57,15 @@ AMQP cannot browse: to learn the age of a message status takes it and gives it b
 others (RabbitMQ 3.10.8 always, 4.3.6 from its second return), and 4.0-4.2 count each
 return against its delivery-limit. So --peek auto (the default) reads every message of
 the parking and poison queues (up to 1,000) and gives them all back at once, which keeps
-their order, and reads no delay queue: a stalled delay queue shows in DLX-BACKLOG.
+their order, and reads no delay queue: a stalled delay queue shows in EXPIRED.
 --peek always also reads the head of each delay queue, at the risk of a late retry (the
 head moved to the end expires late); never reads nothing.
 
-With the broker's counts and --queue, a work queue whose consumers hold unacked
+With the broker's counts and --queue, a work queue whose consumers keep unacked
 messages while more wait ready is read twice, 2s apart: when none of its counts moved,
 nothing was acked (unless exactly as many were published), and status says POSSIBLE
 OUTAGE, with what it is based on: the application's handlers may fail as if something
-they depend on is down (amqpretry waits out an outage holding its messages), or take
+they depend on is down (amqpretry waits out an outage keeping its messages), or take
 longer than 2s a message. The broker counts no acks (no message rates without the
 management plugin): only the application knows for sure. It is not flagged (the exit
 status does not change). Without the broker's counts, nothing is said of it.
@@ -263,7 +263,7 @@ func (a *app) printStatus(s ops.Status, cfg amqpretry.Config, queues []string, p
 			if explicit {
 				word = "error"
 			}
-			a.printf("%s: broker counts unavailable (DLX-BACKLOG, HELD and the broker's limits unknown): %s\n", word, a.redact(s.CountsError))
+			a.printf("%s: broker counts unavailable (EXPIRED, HELD and the broker's limits unknown): %s\n", word, a.redact(s.CountsError))
 		}
 		a.printf("\n")
 		ov := s.Overview()
@@ -272,16 +272,16 @@ func (a *app) printStatus(s ops.Status, cfg amqpretry.Config, queues []string, p
 			shown = append(shown, ov.DelayQueues...)
 		}
 		tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "QUEUE\tROLE\tREADY\tUNACKED\tDLX-BACKLOG\tHELD\tCONSUMERS\tTTL\tOLDEST\tSTATE")
+		fmt.Fprintln(tw, "QUEUE\tROLE\tREADY\tUNACKED\tEXPIRED\tHELD\tCONSUMERS\tTTL\tOLDEST\tSTATE")
 		for _, q := range shown {
-			ready, unacked, backlog, held, consumers, ttl, oldest := "-", "-", "-", "-", "-", "-", "-"
+			ready, unacked, expired, held, consumers, ttl, oldest := "-", "-", "-", "-", "-", "-", "-"
 			if q.Exists {
 				ready, consumers = fmt.Sprint(q.Ready), fmt.Sprint(q.Consumers)
 				if q.Counted {
 					unacked = fmt.Sprint(q.Unacked)
 					switch q.Role {
 					case "delay":
-						backlog = fmt.Sprint(q.Backlog)
+						expired = fmt.Sprint(q.Expired)
 					case "work":
 						held = fmt.Sprint(q.Held)
 					}
@@ -302,7 +302,7 @@ func (a *app) printStatus(s ops.Status, cfg amqpretry.Config, queues []string, p
 			if q.Old {
 				role = "delay (old)" // another backend's, left under the prefix
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", q.Name, role, ready, unacked, backlog, held, consumers, ttl, oldest, queueState(s, q))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", q.Name, role, ready, unacked, expired, held, consumers, ttl, oldest, queueState(s, q))
 		}
 		_ = tw.Flush()
 		for _, q := range ov.First {
@@ -436,7 +436,7 @@ func (a *app) describe(f ops.Flag, s ops.Status, cfg amqpretry.Config, queues []
 		return "QUEUE-TYPE " + f.Fix
 	case ops.FlagNearLimit:
 		what := strings.ReplaceAll(f.Name, "_", " ")
-		return fmt.Sprintf("NEAR-LIMIT: the broker uses %d of its %d %s (%d%%); past the limit every new connection hangs in its handshake; on RabbitMQ 3.x each quorum queue holds 3 of them (docs/broker-resources.md): delete unused quorum queues, or raise the limit (ulimit -n, LimitNOFILE)", f.Count, f.Limit, what, f.Count*100/f.Limit)
+		return fmt.Sprintf("NEAR-LIMIT: the broker uses %d of its %d %s (%d%%); past the limit every new connection hangs in its handshake; on RabbitMQ 3.x each quorum queue uses 3 of them (docs/broker-resources.md): delete unused quorum queues, or raise the limit (ulimit -n, LimitNOFILE)", f.Count, f.Limit, what, f.Count*100/f.Limit)
 	}
 	return fmt.Sprintf("%s %s", strings.ToUpper(string(f.Kind)), f.Name)
 }

@@ -320,7 +320,7 @@ typo in --prefix), or only what stays, it says so and exits 1.
 
 It refuses, removing nothing (exit status 1), while any message waits there (the
 broker's own counts, rabbitmqctl list_queues, which see the expired messages a quorum
-queue holds for dead lettering; for a delayed-message exchange, the plugin's own
+queue keeps for dead lettering; for a delayed-message exchange, the plugin's own
 count), or while that is unknown, unless --force: those messages are then lost. Bring
 them back first with ` + "`amqpretry waiting retry-now`" + `, or wait for them to come due
 (` + "`amqpretry status`" + `); on delayed-exchange only waiting works: the plugin's count, in

@@ -23,7 +23,7 @@ import (
 // Defaults of the backend settings: amqpretry.Config documents them.
 const (
 	DefaultLevels = 28
-	// MaxLevels is the most levels binary-levels can have: level 29 would hold
+	// MaxLevels is the most levels binary-levels can have: level 29 would keep
 	// messages 2^29 s, longer than RabbitMQ's longest TTL (ten years).
 	MaxLevels         = 29
 	DefaultRetryDelay = time.Second
@@ -64,7 +64,7 @@ type Legacy struct {
 	Memory     message.Publisher
 }
 
-// DelayQueue is one queue in which a backend holds messages for a fixed TTL.
+// DelayQueue is one queue in which a backend keeps messages for a fixed TTL.
 type DelayQueue struct {
 	Name string
 	TTL  time.Duration

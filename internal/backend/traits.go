@@ -35,7 +35,7 @@ type WorkQueueArgser interface {
 }
 
 // Preparer is implemented by a backend that checks the broker before its topology is
-// declared: its version (a gate) and what it already holds. An error wrapping
+// declared: its version (a gate) and what it already has. An error wrapping
 // delay.ErrUnsupported means the broker cannot run it. mode is the topology mode.
 type Preparer interface {
 	Prepare(h Handoff, mode topology.Mode) error
@@ -74,7 +74,7 @@ type Storage interface {
 // read, brought back early or dropped (the delayed-message plugin): ops refuses those
 // moves, and counts them with the plugin.
 type Sealed interface {
-	// SealedIn is the exchange whose plugin holds its retries.
+	// SealedIn is the exchange whose plugin keeps its retries.
 	SealedIn() topology.Exchange
 }
 

@@ -1,4 +1,4 @@
-// Package declare holds what the library's packages share about declarations: the
+// Package declare has what the library's packages share about declarations: the
 // arguments RabbitMQ gives meaning to, named once; the review queues (poison,
 // parking); the queue-type probe; and the fix each topology error suggests (Fix). A
 // topology is applied with topology.Topology.Apply, and checked with
@@ -34,7 +34,7 @@ const (
 	DelayedRetryReturned   = "returned"
 )
 
-// reviewDeliveryLimit is the delivery limit of the queues that hold messages for
+// reviewDeliveryLimit is the delivery limit of the queues that keep messages for
 // people (poison, parking): reading them (basic.get, then a requeue) counts as a
 // delivery on RabbitMQ 4.0 to 4.2, whose default limit of 20 would drop a poisoned
 // message after its 20th listing. -1 would mean no limit on 4.x, but drops a message

@@ -73,7 +73,7 @@ func (f Fix) Hint(err error, queue string) error {
 	return err
 }
 
-// argFix says what the subscriber config's queue arguments must hold for the existing
+// argFix says what the subscriber config's queue arguments must have for the existing
 // queue of clash c.
 func argFix(c topology.Clash) string {
 	if c.Has == "none" {

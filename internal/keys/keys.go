@@ -8,8 +8,10 @@ import (
 	"strings"
 )
 
-// The failure envelope, written by the retry middleware on retried and poisoned copies
-// and by a redrive (see middleware.Envelope).
+// The failure envelope's keys, written by the retry middleware on retried and
+// poisoned copies and by a redrive. Which keys the envelope has, and how each field is
+// written and read, is listed once, in middleware (envelopeFields, behind
+// middleware.Envelope); every other place derives from that list.
 const (
 	Attempt            = "amqpretry-attempt"
 	MaxAttempts        = "amqpretry-max-attempts"
@@ -47,18 +49,6 @@ func ParseAttempt(s string) (n int, ok bool) {
 	return n, true
 }
 
-// InEnvelope tells whether key is one of the failure envelope's (middleware.Envelope
-// writes exactly these).
-func InEnvelope(key string) bool {
-	switch key {
-	case Attempt, MaxAttempts, PoisonReason, Error, ErrorTypes, Stack, FirstFailure, LastFailure, Handler, Topic, Queue,
-		OriginalExchange, OriginalRoutingKey, RequestedDelay, EffectiveDelay, Due, DroppedHeaders,
-		RedrivenAt, RedriveCount, RedrivenFrom:
-		return true
-	}
-	return false
-}
-
 // ParkUntil is written on a retry copy whose delay (a RetryAfter, or the policy's) is
 // longer than the backend keeps: when it is due. The middleware re-parks it until
 // then instead of running the handler early. (The header says "hold", its name from
@@ -67,10 +57,10 @@ const ParkUntil = "amqpretry-hold-until"
 
 // Keys the marshaler writes on a received message and never publishes.
 const (
-	// TypedHeaders lists, as a sorted JSON array, the metadata keys holding encoded
+	// TypedHeaders lists, as a sorted JSON array, the metadata keys with encoded
 	// non-string header values.
 	TypedHeaders = "amqpretry-typed-headers"
-	// RawHeaders holds, base64 of an AMQP wire table, the headers the typed encoding
+	// RawHeaders has, base64 of an AMQP wire table, the headers the typed encoding
 	// cannot carry.
 	RawHeaders = "amqpretry-raw-headers"
 	// DeliveryExchange and DeliveryRoutingKey say where the delivery was published.

@@ -19,7 +19,7 @@ import (
 
 // Read once, write once: Unmarshal keeps the typed header values it read (a receipt)
 // beside the encoded strings it writes into the metadata, and Marshal publishes a kept
-// value, instead of decoding the string again, for as long as the metadata still holds
+// value, instead of decoding the string again, for as long as the metadata still has
 // exactly the string written. The encoding stays the metadata's contract (handlers
 // read it); the receipt only spares the decoding.
 //
@@ -67,7 +67,7 @@ func (r *receipt) value(key, s string) (interface{}, bool) {
 
 // receipts maps the messages Unmarshal returned with typed headers
 // (weak.Pointer[message.Message]) to their receipts. An entry goes when its message
-// is collected (runtime.AddCleanup): the table holds no message, and a receipt
+// is collected (runtime.AddCleanup): the table keeps no message, and a receipt
 // refers to none.
 var receipts struct {
 	m    sync.Map

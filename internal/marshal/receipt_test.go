@@ -300,7 +300,7 @@ func TestReceiptsAreDropped(t *testing.T) {
 	}
 	// Cleanups run after a collection, on their own goroutine, each dropping its entry
 	// and then the count: collect until every one of this test's has run and the table
-	// holds what is counted (a cleanup between the two is caught mid-way).
+	// has what is counted (a cleanup between the two is caught mid-way).
 	left := func() int64 {
 		n := int64(0)
 		receipts.m.Range(func(any, any) bool { n++; return true })

@@ -16,7 +16,7 @@ const unparseable = "(unparseable amqp uri)"
 
 // URI returns uri with its password replaced by "xxxxx", or a placeholder when uri is
 // not an amqp:// or amqps:// URI with a host (url.Parse takes many malformed URIs,
-// such as "amqp//user:pass@host/", for a path that still holds the password).
+// such as "amqp//user:pass@host/", for a path that still has the password).
 func URI(uri string) string {
 	u, err := url.Parse(uri)
 	if err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" || u.Opaque != "" {
@@ -42,7 +42,7 @@ func String(s, uri string) string {
 // Error returns err, or, when its text would show a password (of uri, or of any URI
 // it quotes), an error with the redacted text. The redacted error wraps the sentinels
 // of err that errors.Is finds among wanted, so that callers can still match them; it
-// does not wrap err itself, whose text holds the password.
+// does not wrap err itself, whose text has the password.
 func Error(err error, uri string, wanted ...error) error {
 	if err == nil {
 		return nil
@@ -64,7 +64,7 @@ func Error(err error, uri string, wanted ...error) error {
 	return r
 }
 
-// leaks tells whether text holds the password of uri outside a URI shape.
+// leaks tells whether text has the password of uri outside a URI shape.
 func leaks(text, uri string) bool {
 	u, err := url.Parse(uri)
 	if err != nil || u.User == nil {

@@ -28,7 +28,7 @@ func Is(err error) bool {
 	return strings.HasPrefix(t.PkgPath(), protobufPrefix)
 }
 
-// In tells whether err's chain holds a decode error (Is), as errors.As walks it.
+// In tells whether err's chain has a decode error (Is), as errors.As walks it.
 func In(err error) bool {
 	for err != nil {
 		if Is(err) {

@@ -29,7 +29,7 @@ type Sub struct {
 	QueueName       func(topic string) string
 	NoRequeueOnNack bool
 	QueueArgs       amqp.Table
-	// Marshal holds the options of the subscriber's marshaler, nil when it is of a
+	// Marshal has the options of the subscriber's marshaler, nil when it is of a
 	// type the retry cannot use (MarshalerType names it).
 	Marshal       *marshal.Options
 	MarshalerType string

@@ -51,7 +51,7 @@ func Ctl(ctx context.Context, args ...string) ([]byte, error) {
 }
 
 // ctlTimeout bounds one rabbitmqctl run, whatever the caller's context: a broker that
-// stopped answering fails the test within it, naming the command, instead of holding
+// stopped answering fails the test within it, naming the command, instead of hanging
 // the test binary until go test's own timeout. The caller's deadline still applies when
 // it is the shorter. (Variables for the package's tests.)
 var ctlTimeout = time.Minute
@@ -61,7 +61,7 @@ var ctlTimeout = time.Minute
 var ctlWaitTimeout = 3 * time.Minute
 
 // ctlWaitDelay is how long a killed rabbitmqctl's output may stay open: past it, the run
-// returns even if some process it started still holds the output pipe.
+// returns even if some process it started still has the output pipe open.
 const ctlWaitDelay = 5 * time.Second
 
 // errCtlTimeout says that a rabbitmqctl run did not finish within its bound.
@@ -109,7 +109,7 @@ func runCtl(ctx context.Context, args ...string) ([]byte, error) {
 	return out, fmt.Errorf("%s: %w\n%s", name, err, out)
 }
 
-// checked holds the rabbitmqctl command and AMQP_URI pairs found to match.
+// checked has the rabbitmqctl command and AMQP_URI pairs found to match.
 var checked sync.Map
 
 // errOtherNode says that the rabbitmqctl command reaches a node other than AMQP_URI's.

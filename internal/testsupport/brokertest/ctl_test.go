@@ -83,7 +83,7 @@ func TestRequireRestartRefusesAnotherNode(t *testing.T) {
 }
 
 // A rabbitmqctl that never answers fails within the bound, naming the command, even
-// when the caller's context has no deadline and the command's child holds its output.
+// when the caller's context has no deadline and the command's child keeps its output open.
 func TestCtlHungBrokerFailsFast(t *testing.T) {
 	if runtime.GOOS == "windows" {
 		t.Skip("needs sh")

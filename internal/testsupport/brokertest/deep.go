@@ -20,7 +20,7 @@ const ReadableDepth = 32
 
 // DialFlattening connects to the test broker (a plain amqp:// AMQP_URI) like Dial,
 // but reads what any amqp091-go version can read: a header table or array nested
-// deeper than ReadableDepth arrives as a byte array ([]byte) holding its AMQP
+// deeper than ReadableDepth arrives as a byte array ([]byte) with its AMQP
 // encoding, the rest of the headers as they are. It is how a test reads a delivery
 // the client it is built with cannot (x-death, the UUID). The rewrite keeps every
 // frame's size: only the value's type tag changes ('F' or 'A' to 'x', all three

@@ -14,10 +14,10 @@ type Published struct {
 }
 
 // Recorder is a message.Publisher that hands each message it is given to its channel:
-// the memory backend's publisher in tests. Its buffer must hold what a test publishes.
+// the memory backend's publisher in tests. Its buffer must fit what a test publishes.
 type Recorder chan Published
 
-// NewRecorder returns a Recorder that holds up to n messages.
+// NewRecorder returns a Recorder that keeps up to n messages.
 func NewRecorder(n int) Recorder { return make(Recorder, n) }
 
 // Publish hands each message to the channel, with topic.

@@ -12,7 +12,7 @@
 //
 // It prints "ready" on stdout once bound to the queue (a rule with --queue-bypass
 // lets packets pass until then). On SIGTERM or SIGINT it accepts every packet it
-// holds at once, waits until none came for 100 ms (the caller deletes the rule
+// keeps at once, waits until none came for 100 ms (the caller deletes the rule
 // first), and exits 0. Exit codes: 0 after a signal, 1 when it cannot bind the queue
 // or the socket fails, 2 on a bad flag. A module of its own: the library's go.mod
 // never requires the netlink packages.

@@ -1,6 +1,6 @@
 // Package console is the operator's console of the amqpretry command: a web page in
 // front of package ops (status, the poison and parking queues, the waiting retries),
-// served by net/http with html/template, its files embedded. It holds the security
+// served by net/http with html/template, its files embedded. It has the security
 // model (token, cookie, CSRF, Host and Origin checks, CSP, read-only mode); the
 // command (console.go) parses the flags, listens and prints the URL.
 package console
@@ -40,7 +40,7 @@ type Broker interface {
 
 // Config configures New.
 type Config struct {
-	// Open connects to the broker; the console holds one connection and opens a new
+	// Open connects to the broker; the console keeps one connection and opens a new
 	// one after an error (a broker that went away).
 	Open func() (Broker, error)
 	// Token is the access token (at least MinTokenLen characters).
@@ -256,7 +256,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	c, err := r.Cookie(CookieName)
 	if err != nil || !s.tokenOK(c.Value) {
-		http.Error(w, "401 unauthorized: open the URL amqpretry console printed at start (it holds the access token)", http.StatusUnauthorized)
+		http.Error(w, "401 unauthorized: open the URL amqpretry console printed at start (it carries the access token)", http.StatusUnauthorized)
 		return
 	}
 	if r.Method == http.MethodPost {

@@ -1,4 +1,4 @@
-// Package format holds how the amqpretry command and its console write the figures
+// Package format has how the amqpretry command and its console write the figures
 // they both show, so that a duration reads the same in a terminal and on the page.
 package format
 
@@ -76,9 +76,9 @@ func Delay(d ops.DelaySummary) string {
 // PossibleOutage writes, for a work queue in a possible outage (QueueStatus.
 // PossibleOutage), what the broker shows and what it does not.
 func PossibleOutage(q ops.QueueStatus) string {
-	consumers := fmt.Sprintf("%d consumers hold", q.Consumers)
+	consumers := fmt.Sprintf("%d consumers keep", q.Consumers)
 	if q.Consumers == 1 {
-		consumers = "its consumer holds"
+		consumers = "its consumer keeps"
 	}
 	return fmt.Sprintf("POSSIBLE OUTAGE work queue %s: %s %d unacked messages while %d wait ready, and nothing was acked in %s: "+
 		"none of the broker's counts (messages, ready, unacked), read twice %s apart, moved (unless exactly as many were published). "+
