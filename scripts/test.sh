@@ -179,6 +179,16 @@ done
 # ops reads a backend's storage from the backend (backend.Storage, backend.Sealed).
 names+=$'\n'$(grep -nE "\.delay\.|\.level\.|\.levels\.|\.delayed\b|TierQueue|names\.Tier|\.Level\(|LevelsDeliver|\.Delayed\(\)|DelayExchange\(\)|\.Deliver\(\)" $(git ls-files 'ops/*.go' ':!:*_test.go') |
   grep -vE '^\S+:[0-9]+:\s*//' || true)
+# ops spells no backend's name, nor its plugin's or its exchange type's: what a backend
+# needs from the broker, and how to count what it holds, come from the backend
+# (backend.Sealed's Requirement and CountSealed). Comments, trailing ones too, pass.
+opsNames=$(grep -niE "$backendNames|delayed_message|x-delayed" $(git ls-files 'ops/*.go' ':!:*_test.go') |
+  grep -vE '^\S+:[0-9]+:\s*//' | sed -E 's#\s//\s.*$##' | grep -iE "$backendNames|delayed_message|x-delayed" || true)
+if [ -n "$opsNames" ]; then
+  echo "$opsNames"
+  echo "FAIL: ops spells a backend's name, its plugin's or its exchange type's above: ask the backend through an optional interface (internal/backend/traits.go, e.g. backend.Sealed) and keep the spelling in its own file in delay/"
+  exit 1
+fi
 names=$(echo "$names" | grep -v '^$' || true)
 if [ -n "$names" ]; then
   echo "$names"
