@@ -237,8 +237,9 @@ func versionLess(a, b string) bool {
 	return len(pa) < len(pb)
 }
 
-// TestDocsNameEveryBackend: Config.Backend's doc and package delay's table name every
-// backend package delay defines.
+// TestDocsNameEveryBackend: Config.Backend's doc, package delay's table and the
+// README's table of backends name every backend of delay's parse table (delay.Names),
+// so a backend added there is documented, or this fails saying where.
 func TestDocsNameEveryBackend(t *testing.T) {
 	fset := token.NewFileSet()
 	f, err := parser.ParseFile(fset, "delay/delay.go", nil, parser.ParseComments)
@@ -270,14 +271,40 @@ func TestDocsNameEveryBackend(t *testing.T) {
 		t.Fatal(err)
 	}
 	table := pkgDoc.Doc.Text()
+	readmeTable := readmeBackends(t)
 	for _, name := range backends {
 		if !strings.Contains(backendDoc, strconv.Quote(name)) {
 			t.Errorf("Config.Backend's doc does not name %q", name)
 		}
 		if !regexp.MustCompile(`(?m)^\s+` + regexp.QuoteMeta(name) + `\s`).MatchString(table) {
-			t.Errorf("delay/doc.go's table has no row for %s", name)
+			t.Errorf("delay/doc.go's table has no row for %s: add one (precision, longest delay, broker)", name)
+		}
+		if !regexp.MustCompile("(?m)^\\| `" + regexp.QuoteMeta(name) + "`[ |]").MatchString(readmeTable) {
+			t.Errorf("README.md's table of backends (| backend | RabbitMQ | ...) has no row for %s: add one", name)
 		}
 	}
+}
+
+// readmeBackends is the README's table of backends: from its header to the first line
+// that is not a row.
+func readmeBackends(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "\n| backend | RabbitMQ |")
+	if !ok {
+		t.Fatal("README.md has no table of backends (a header | backend | RabbitMQ | ...): TestDocsNameEveryBackend checks its rows")
+	}
+	var rows []string
+	for _, line := range strings.Split(rest, "\n")[1:] {
+		if !strings.HasPrefix(line, "|") {
+			break
+		}
+		rows = append(rows, line)
+	}
+	return strings.Join(rows, "\n")
 }
 
 // TestDocCommandsWriteOutsideCheckout: a command the docs give through

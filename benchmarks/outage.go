@@ -286,12 +286,12 @@ func (e *env) outageRun(ctx context.Context, length time.Duration, detect bool, 
 		RetryLogEvery: -1,
 		Outage:        amqpretry.Outage{Off: !detect},
 	}
-	switch b.(type) {
-	case delay.DelayedRetry:
+	switch b.Name() {
+	case delay.DelayedRetry{}.Name():
 		rcfg.Policy = amqpretry.Policy{MaxAttempts: 3}
 		rcfg.Backend = delay.DelayedRetry{Delay: 500 * time.Millisecond}
 		amqpCfg.Queue.Arguments = backend.WorkQueueArgs(500 * time.Millisecond)
-	case delay.TTLTiers:
+	case delay.TTLTiers{}.Name():
 		rcfg.Backend = delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond, time.Second}}
 		rcfg.Policy = amqpretry.Policy{MaxAttempts: 3, InitialInterval: 500 * time.Millisecond, Multiplier: 2, MaxInterval: time.Second, NoJitter: true}
 	default:

@@ -452,8 +452,15 @@ func TestValidationNamesTheField(t *testing.T) {
 			t.Errorf("Lookup(%s): %v", s.Name, err)
 		}
 	}
-	if got, want := Names(), []string{"ttl-tiers", "binary-levels", "delayed-exchange", "delayed-retry", "delivery-time", "memory"}; !slices.Equal(got, want) {
-		t.Errorf("Names() = %v, want %v", got, want)
+	// The parse table: the default first, each name once (a backend added there needs
+	// no edit here).
+	if got := Names(); len(got) == 0 || got[0] != (TTLTiers{}).Name() {
+		t.Errorf("Names() = %v, want the default, %s, first", got, TTLTiers{})
+	}
+	for i, name := range Names() {
+		if slices.Index(Names(), name) != i {
+			t.Errorf("Names() = %v: %s twice", Names(), name)
+		}
 	}
 	for i, b := range Backends() {
 		if b.Name() != Names()[i] {
@@ -761,5 +768,53 @@ func TestContractNames(t *testing.T) {
 		if b.Name() != name.Name() {
 			t.Errorf("backend %s is named %q", name, b.Name())
 		}
+	}
+}
+
+// TestDelayedExchangeCountsItsPlugin: the delayed exchange is a backend.Sealed that
+// names its plugin as what the broker must run, counts what waits with the plugin's own
+// messages_delayed for the exchange and vhost it is given (quoted as Erlang binaries),
+// and reads what rabbitmqctl eval printed: a count, or why there is none.
+func TestDelayedExchangeCountsItsPlugin(t *testing.T) {
+	b, err := Lookup(Spec{Name: DelayedExchange{}.Name(), Prefix: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed, ok := b.(backend.Sealed)
+	if !ok {
+		t.Fatalf("%T is not a backend.Sealed", b)
+	}
+	if name, role := sealed.Requirement(); name != "rabbitmq_delayed_message_exchange" || role != "plugin" {
+		t.Errorf("Requirement() = %q, %q", name, role)
+	}
+	if x := sealed.SealedIn(); x.Name != "p.delayed" || x.Kind != "x-delayed-message" {
+		t.Errorf("SealedIn() = %+v", x)
+	}
+	for _, tt := range []struct {
+		out     string
+		want    int
+		wantErr string
+	}{
+		{out: "Warning: x\namqpretry-result 7\nok\n", want: 7},
+		{out: "amqpretry-error plugin_not_running\n", wantErr: "the rabbitmq_delayed_message_exchange plugin does not run on this node"},
+		{out: "amqpretry-error plugin_has_no_count\n", wantErr: "has no messages_delayed"},
+		{out: "amqpretry-error exchange_not_found\n", wantErr: "the exchange does not exist"},
+		{out: "{badrpc,nodedown}\n", wantErr: `rabbitmqctl eval printed "{badrpc,nodedown}"`},
+	} {
+		var expr string
+		eval := func(_ context.Context, e string) ([]byte, error) { expr = e; return []byte(tt.out), nil }
+		n, err := sealed.CountSealed(context.Background(), eval, "/", "p.delayed")
+		if tt.wantErr == "" && (err != nil || n != tt.want) || tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr) || n != 0) {
+			t.Errorf("output %q: %d, %v; want %d, %q", tt.out, n, err, tt.want, tt.wantErr)
+		}
+		for _, want := range []string{"rabbit_delayed_message:messages_delayed(X)", "rabbit_misc:r(<<47>>, exchange, <<112,46,100,101,108,97,121,101,100>>)"} {
+			if !strings.Contains(expr, want) {
+				t.Errorf("expression %q lacks %q", expr, want)
+			}
+		}
+	}
+	boom := errors.New("rabbitmqctl eval (needs admin rights): boom")
+	if _, err := sealed.CountSealed(context.Background(), func(context.Context, string) ([]byte, error) { return nil, boom }, "/", "p.delayed"); !errors.Is(err, boom) {
+		t.Errorf("a failed eval: %v, want it passed on", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -61,11 +62,77 @@ func (DelayedExchange) Open(s backend.Setup) (backend.Backend, error) {
 	return &delayedExchange{env: s.Env, names: names.Names{Prefix: s.Prefix}, bound: map[string]bool{}}, nil
 }
 
+// The traits the delayed exchange implements.
+var (
+	_ backend.Sealed      = (*delayedExchange)(nil)
+	_ backend.VersionGate = (*delayedExchange)(nil)
+	_ backend.Preparer    = (*delayedExchange)(nil)
+)
+
 func (b *delayedExchange) Name() string { return DelayedExchange{}.Name() }
 
 // SealedIn: the plugin offers no way to read, bring back or drop what it keeps in the
 // exchange.
 func (b *delayedExchange) SealedIn() topology.Exchange { return b.Topology().Exchanges[0] }
+
+// Requirement is the plugin, which RabbitMQ 4.3 and later cannot run.
+func (b *delayedExchange) Requirement() (name, role string) { return pluginName, "plugin" }
+
+// countExpr counts what the plugin holds for one exchange (%[1]s its vhost, %[2]s its
+// name, as Erlang binaries), with its own rabbit_delayed_message:messages_delayed; it
+// prints an error tag when the plugin does not run.
+const countExpr = `case code:ensure_loaded(rabbit_delayed_message) of
+  {module, _} ->
+    case erlang:function_exported(rabbit_delayed_message, messages_delayed, 1) of
+      true ->
+        case rabbit_exchange:lookup(rabbit_misc:r(%[1]s, exchange, %[2]s)) of
+          {ok, X} -> io:format("amqpretry-result ~p~n", [rabbit_delayed_message:messages_delayed(X)]);
+          _ -> io:format("amqpretry-error exchange_not_found~n")
+        end;
+      false -> io:format("amqpretry-error plugin_has_no_count~n")
+    end;
+  _ -> io:format("amqpretry-error plugin_not_running~n")
+end,
+ok.`
+
+// countExprFor is countExpr for exchange x of vhost.
+func countExprFor(vhost, x string) string {
+	return fmt.Sprintf(countExpr, backend.ErlBinary(vhost), backend.ErlBinary(x))
+}
+
+// CountSealed is how many messages the plugin holds for exchange x, as the plugin
+// itself reports: an error where it does not run, never a guess.
+func (b *delayedExchange) CountSealed(ctx context.Context, eval backend.Eval, vhost, x string) (int, error) {
+	out, err := eval(ctx, countExprFor(vhost, x))
+	if err != nil {
+		return 0, err
+	}
+	return readCount(out)
+}
+
+// readCount reads what countExpr printed (rabbitmqctl may print warnings around it).
+func readCount(out []byte) (int, error) {
+	for _, line := range strings.Split(string(out), "\n") {
+		line = strings.TrimSpace(line)
+		if why, ok := strings.CutPrefix(line, "amqpretry-error "); ok {
+			switch why {
+			case "plugin_not_running":
+				why = "the " + pluginName + " plugin does not run on this node (not enabled, or RabbitMQ 4.3+, which cannot run it): its messages, if any, are out of reach"
+			case "plugin_has_no_count":
+				why = "this version of the " + pluginName + " plugin has no messages_delayed"
+			case "exchange_not_found":
+				why = "the exchange does not exist"
+			}
+			return 0, errors.New(why)
+		}
+		if r, ok := strings.CutPrefix(line, "amqpretry-result "); ok {
+			if n, err := strconv.Atoi(r); err == nil {
+				return n, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("rabbitmqctl eval printed %q", strings.TrimSpace(string(out)))
+}
 
 // CheckVersion refuses RabbitMQ 4.3 and later, where the plugin cannot run.
 func (b *delayedExchange) CheckVersion(v string) error {

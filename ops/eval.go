@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"strings"
 )
 
@@ -45,21 +44,6 @@ func readEval(out []byte) evalOutput {
 		}
 	}
 	return r
-}
-
-// erlBinary spells s as an Erlang binary of its bytes: nothing in a name can break out
-// of it.
-func erlBinary(s string) string {
-	var b strings.Builder
-	b.WriteString("<<")
-	for i := 0; i < len(s); i++ {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.Itoa(int(s[i])))
-	}
-	b.WriteString(">>")
-	return b.String()
 }
 
 // eval runs expr with rabbitmqctl eval and returns its JSON lines; a line the

@@ -163,7 +163,7 @@ func TestPluginCountFailsLoudly(t *testing.T) {
 		t.Fatal(err)
 	}
 	o.backend = b
-	if _, err := o.pluginWaiting(context.Background()); !errors.Is(err, errPluginCount) || !strings.Contains(err.Error(), "needs rabbitmqctl eval") {
+	if _, err := o.sealedWaiting(context.Background()); !errors.Is(err, errSealedCount) || !strings.Contains(err.Error(), "needs rabbitmqctl eval") {
 		t.Errorf("without rabbitmqctl: %v", err)
 	}
 	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
@@ -175,8 +175,8 @@ func TestPluginCountFailsLoudly(t *testing.T) {
 	if out, err := o.ctl(context.Background(), "-q", "eval", "code:which(rabbit_delayed_message)."); err != nil || !strings.Contains(string(out), "non_existing") {
 		t.Skipf("the delayed-message plugin is installed here (%s): this test needs a broker without it", out)
 	}
-	n, err := o.pluginWaiting(context.Background())
-	if !errors.Is(err, errPluginCount) || !strings.Contains(err.Error(), "does not run on this node") || n != 0 {
+	n, err := o.sealedWaiting(context.Background())
+	if !errors.Is(err, errSealedCount) || !strings.Contains(err.Error(), "does not run on this node") || n != 0 {
 		t.Errorf("plugin count without the plugin: %d, %v", n, err)
 	}
 }
@@ -186,10 +186,10 @@ func TestPluginCountFailsLoudly(t *testing.T) {
 // the plugin's count to reach 0, watched with status (whichever backend is torn down:
 // the plugin's exchange is found under the prefix by any teardown).
 func TestTeardownAdviceOnDelayedExchange(t *testing.T) {
-	if got := waitAdvice(true); strings.Contains(got, "retry-now") || !strings.Contains(got, "plugin's count reaches 0") || !strings.Contains(got, "amqpretry status") {
+	if got := waitAdvice("delayed-exchange"); strings.Contains(got, "retry-now") || !strings.Contains(got, "plugin's count reaches 0") || !strings.Contains(got, "`amqpretry status --backend delayed-exchange`") {
 		t.Errorf("delayed-exchange: %q", got)
 	}
-	if got := waitAdvice(false); !strings.Contains(got, "amqpretry waiting retry-now") {
+	if got := waitAdvice(""); !strings.Contains(got, "amqpretry waiting retry-now") {
 		t.Errorf("ttl-tiers: %q", got)
 	}
 }

@@ -299,7 +299,8 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 		gate, gated := o.backend.(backend.VersionGate)
 		runs := !gated || gate.CheckVersion(v) == nil
 		if !runs {
-			flag(Flag{Kind: FlagMissing, Name: "rabbitmq_delayed_message_exchange", Role: "plugin"})
+			name, role := sealed.Requirement()
+			flag(Flag{Kind: FlagMissing, Name: name, Role: role})
 		}
 		// Only the backend's own exchange tells: its passive declaration.
 		s.DelayedExchangeName = x.Name
@@ -312,7 +313,7 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 			flag(Flag{Kind: FlagMissing, Name: x.Name, Role: "exchange"})
 		}
 		if ok && o.ctl != nil {
-			n, err := o.pluginWaiting(ctx)
+			n, err := o.sealedWaitingIn(ctx, sealed, x.Name)
 			pluginErr = err
 			s.PluginCounted, s.PluginWaiting = err == nil, n
 		}

@@ -231,10 +231,11 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 		}
 	}
 	for _, x := range res.Exchanges {
-		if !slices.Contains(sealed, x) {
+		sb, ok := sealed[x]
+		if !ok {
 			continue
 		}
-		n, err := o.pluginWaitingIn(ctx, x)
+		n, err := o.sealedWaitingIn(ctx, sb.(backend.Sealed), x)
 		switch {
 		case err != nil:
 			unknown = append(unknown, err)
@@ -246,12 +247,14 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 	if !opts.Force {
 		if len(res.Waiting) > 0 {
 			var parts []string
-			total, inPlugin := 0, false
+			total, inPlugin := 0, ""
 			for _, name := range append(slices.Clone(res.Queues), res.Exchanges...) {
 				if n, ok := res.Waiting[name]; ok {
 					parts = append(parts, name+": "+strconv.Itoa(n))
 					total += n
-					inPlugin = inPlugin || slices.Contains(sealed, name)
+					if sb, ok := sealed[name]; ok && inPlugin == "" {
+						inPlugin = sb.Name()
+					}
 				}
 			}
 			if len(parts) > shownWaiting {
@@ -289,9 +292,10 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 // everyBackend is what every backend with storage on the broker declares under the
 // prefix: the configured backend's plan first, then each other backend's at its
 // widest (backend.Widest: binary-levels with backend.MaxLevels levels; ttl-tiers with
-// the configured tiers, or the default ones); sealed names the exchanges of a backend
-// whose messages only its plugin counts (backend.Sealed).
-func (o *Ops) everyBackend() (t topology.Topology, sealed []string, err error) {
+// the configured tiers, or the default ones); sealed maps the exchanges of a backend
+// whose messages only its plugin counts (backend.Sealed) to that backend.
+func (o *Ops) everyBackend() (t topology.Topology, sealed map[string]backend.Backend, err error) {
+	sealed = map[string]backend.Backend{}
 	add := func(b backend.Backend) {
 		bt := b.Topology()
 		t.Queues = append(t.Queues, bt.Queues...)
@@ -307,7 +311,9 @@ func (o *Ops) everyBackend() (t topology.Topology, sealed []string, err error) {
 		}
 		if _, ok := b.(backend.Sealed); ok {
 			for _, x := range bt.Exchanges {
-				sealed = append(sealed, x.Name)
+				if _, seen := sealed[x.Name]; !seen {
+					sealed[x.Name] = b
+				}
 			}
 		}
 	}
@@ -354,11 +360,12 @@ func (o *Ops) unenumerable() ([]string, error) {
 const shownWaiting = 3
 
 // waitAdvice says what to do about the messages waiting in the storage torn down,
-// short of forcing it: inPlugin, some wait in the delayed-message plugin (backend.Sealed).
-func waitAdvice(inPlugin bool) string {
-	if inPlugin {
+// short of forcing it: inPlugin, if not "", names the backend whose plugin holds some
+// (backend.Sealed).
+func waitAdvice(inPlugin string) string {
+	if inPlugin != "" {
 		// The plugin cannot give its messages back early: waiting is all there is.
-		return "wait until the plugin's count reaches 0 as they come due (watch it with `amqpretry status --backend delayed-exchange`; the plugin offers no way to bring them back early)"
+		return "wait until the plugin's count reaches 0 as they come due (watch it with `amqpretry status --backend " + inPlugin + "`; the plugin offers no way to bring them back early)"
 	}
 	return "wait until they have come due (amqpretry status), bring them back now (amqpretry waiting retry-now)"
 }
@@ -441,61 +448,35 @@ func (o *Ops) ctlCounts(ctx context.Context) (BrokerCounts, error) {
 	return c, nil
 }
 
-// pluginExpr counts what the delayed-message plugin keeps for one exchange, with its
-// own rabbit_delayed_message:messages_delayed; it fails when the plugin does not run.
-const pluginExpr = `case code:ensure_loaded(rabbit_delayed_message) of
-  {module, _} ->
-    case erlang:function_exported(rabbit_delayed_message, messages_delayed, 1) of
-      true ->
-        case rabbit_exchange:lookup(rabbit_misc:r(%[1]s, exchange, %[2]s)) of
-          {ok, X} -> io:format("amqpretry-result ~p~n", [rabbit_delayed_message:messages_delayed(X)]);
-          _ -> io:format("amqpretry-error exchange_not_found~n")
-        end;
-      false -> io:format("amqpretry-error plugin_has_no_count~n")
-    end;
-  _ -> io:format("amqpretry-error plugin_not_running~n")
-end,
-ok.`
+// errSealedCount: a sealed backend's count of its waiting retries could not be read.
+var errSealedCount = errors.New("the count of the retries waiting in exchange")
 
-// errPluginCount: the delayed-message plugin's count could not be read.
-var errPluginCount = errors.New("the delayed-message plugin's count of waiting messages")
-
-// pluginWaiting is how many messages the delayed-message plugin keeps for the
-// backend's exchange, as the plugin itself reports; never a guess.
-func (o *Ops) pluginWaiting(ctx context.Context) (int, error) {
+// sealedWaiting is how many retries wait in the configured backend's sealed exchange,
+// as the backend reads them (backend.Sealed); 0 for another backend.
+func (o *Ops) sealedWaiting(ctx context.Context) (int, error) {
 	sealed, ok := o.backend.(backend.Sealed)
 	if !ok {
 		return 0, nil
 	}
-	return o.pluginWaitingIn(ctx, sealed.SealedIn().Name)
+	return o.sealedWaitingIn(ctx, sealed, sealed.SealedIn().Name)
 }
 
-// pluginWaitingIn is how many messages the delayed-message plugin keeps for exchange
-// x, as the plugin itself reports.
-func (o *Ops) pluginWaitingIn(ctx context.Context, x string) (int, error) {
+// sealedWaitingIn is how many retries wait in exchange x of sealed, as it reads them
+// with rabbitmqctl eval; never a guess.
+func (o *Ops) sealedWaitingIn(ctx context.Context, sealed backend.Sealed, x string) (int, error) {
 	if o.ctl == nil {
-		return 0, fmt.Errorf("%w for exchange %q is unknown: reading it needs rabbitmqctl eval (Config.Rabbitmqctl; the CLI's --rabbitmqctl)", errPluginCount, x)
+		return 0, fmt.Errorf("%w %q is unknown: reading it needs rabbitmqctl eval (Config.Rabbitmqctl; the CLI's --rabbitmqctl)", errSealedCount, x)
 	}
-	out, err := o.ctl(ctx, "-q", "eval", fmt.Sprintf(pluginExpr, erlBinary(o.vhost), erlBinary(x)))
-	if err != nil {
-		return 0, fmt.Errorf("%w for exchange %q: rabbitmqctl eval (needs admin rights): %w", errPluginCount, x, o.redact(err))
-	}
-	r := readEval(out)
-	if r.hasFailed {
-		why := r.failed
-		switch why {
-		case "plugin_not_running":
-			why = "the rabbitmq_delayed_message_exchange plugin does not run on this node (not enabled, or RabbitMQ 4.3+, which cannot run it): its messages, if any, are out of reach"
-		case "plugin_has_no_count":
-			why = "this version of the plugin has no messages_delayed"
-		case "exchange_not_found":
-			why = "the exchange does not exist"
+	eval := func(ctx context.Context, expr string) ([]byte, error) {
+		out, err := o.ctl(ctx, "-q", "eval", expr)
+		if err != nil {
+			return out, fmt.Errorf("rabbitmqctl eval (needs admin rights): %w", o.redact(err))
 		}
-		return 0, fmt.Errorf("%w for exchange %q is unknown: %s", errPluginCount, x, why)
+		return out, nil
 	}
-	n, err := strconv.Atoi(r.result)
-	if !r.hasResult || err != nil {
-		return 0, fmt.Errorf("%w for exchange %q is unknown: rabbitmqctl eval printed %q", errPluginCount, x, strings.TrimSpace(string(out)))
+	n, err := sealed.CountSealed(ctx, eval, o.vhost, x)
+	if err != nil {
+		return 0, fmt.Errorf("%w %q is unknown: %w", errSealedCount, x, err)
 	}
 	return n, nil
 }

@@ -61,7 +61,7 @@ func (o *Ops) refusePlugin(ctx context.Context, what string) error {
 		return nil
 	}
 	count := ""
-	if n, err := o.pluginWaiting(ctx); err == nil {
+	if n, err := o.sealedWaitingIn(ctx, sealed, sealed.SealedIn().Name); err == nil {
 		count = fmt.Sprintf("; %d wait there now, by its own count", n)
 	}
 	return fmt.Errorf("%s waiting retries of the %s backend (exchange %q): %w%s. They come back to their work queues when due: watch the count reach 0 with `amqpretry status` (Status.PluginWaiting); see docs/waiting.md",
@@ -229,7 +229,7 @@ func (o *Ops) peekAll(ctx context.Context, max int) (queues []string, msgs []Mes
 	if err != nil {
 		return nil, nil, err
 	}
-	lines, err := o.eval(ctx, o.retry.Prefix+".*", fmt.Sprintf(peekExpr, erlBinary(o.vhost), erlBinary(pattern), max))
+	lines, err := o.eval(ctx, o.retry.Prefix+".*", fmt.Sprintf(peekExpr, backend.ErlBinary(o.vhost), backend.ErlBinary(pattern), max))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -280,7 +280,7 @@ func (o *Ops) peekedMessages(lines []peeked) ([]Message, error) {
 
 // peekDelayed lists what the work queue holds in RabbitMQ 4.3's delayed retry.
 func (o *Ops) peekDelayed(ctx context.Context, queue string) ([]Message, error) {
-	lines, err := o.eval(ctx, queue, fmt.Sprintf(delayedExpr, erlBinary(o.vhost), erlBinary(queue)))
+	lines, err := o.eval(ctx, queue, fmt.Sprintf(delayedExpr, backend.ErlBinary(o.vhost), backend.ErlBinary(queue)))
 	if err != nil {
 		return nil, err
 	}
@@ -447,7 +447,7 @@ func (o *Ops) retryDelayed(ctx context.Context, opts MoveOptions, redrive bool, 
 	if opts.DryRun || n == 0 {
 		return res, nil
 	}
-	out, err := o.ctl(ctx, "-q", "eval", fmt.Sprintf(retryDelayedExpr, erlBinary(o.vhost), erlBinary(q), mode))
+	out, err := o.ctl(ctx, "-q", "eval", fmt.Sprintf(retryDelayedExpr, backend.ErlBinary(o.vhost), backend.ErlBinary(q), mode))
 	if err != nil {
 		return res, fmt.Errorf("queue %q: rabbitmqctl eval rabbit_quorum_queue:retry_delayed (needs admin rights): %w", q, o.redact(err))
 	}

@@ -1,6 +1,7 @@
 package backend
 
 import (
+	"context"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -72,10 +73,17 @@ type Storage interface {
 
 // Sealed is implemented by a backend whose waiting retries can only be counted, not
 // read, brought back early or dropped (the delayed-message plugin): ops refuses those
-// moves, and counts them with the plugin.
+// moves, and counts them through the backend, which alone knows how.
 type Sealed interface {
 	// SealedIn is the exchange whose plugin keeps its retries.
 	SealedIn() topology.Exchange
+	// Requirement is what the broker must run for the backend (name, and its role:
+	// "plugin"), which ops flags missing when the backend's VersionGate refuses the
+	// broker's version.
+	Requirement() (name, role string)
+	// CountSealed is how many retries wait in exchange of vhost, as what holds them
+	// reports (never a guess), read with eval; an error says why it is unknown.
+	CountSealed(ctx context.Context, eval Eval, vhost, exchange string) (int, error)
 }
 
 // Constant is implemented by a backend that holds every retry of a work queue for one
