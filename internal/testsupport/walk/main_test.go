@@ -8,8 +8,9 @@ import (
 	"testing"
 )
 
-// testdata/trace.txt is scripts/walk.sh's trace of ttl-tiers on RabbitMQ 3.10,
-// trimmed: the failed message's run of the closure on goroutine 25 without most of its
+// testdata/trace.txt is scripts/walk.sh's trace of ttl-tiers on RabbitMQ 3.10, from
+// before the scenario turned jitter off (the delay, 1.086s, passed the 1s tier, so
+// (*engine).fail also stamps the time of the re-park: formatTime), trimmed: the failed message's run of the closure on goroutine 25 without most of its
 // repeated calls (Envelope.Write's truncates and its formatDurations, the header keys
 // after the second, the wire's field sizes after the first), a few lines of other
 // goroutines around and inside it, and the start of the second attempt's run on

@@ -46,7 +46,9 @@ func run(backend, uri string) (string, error) {
 	switch backend {
 	case "ttl-tiers":
 		cfg.Backend = delay.TTLTiers{Tiers: []time.Duration{time.Second}}
-		cfg.Policy = amqpretry.Policy{MaxAttempts: 3, InitialInterval: time.Second}
+		// The delay is the tier's, exactly: with jitter it would pass the tier about
+		// half the time, and the walk would then stamp a re-park (keys.ParkUntil).
+		cfg.Policy = amqpretry.Policy{MaxAttempts: 3, InitialInterval: time.Second, NoJitter: true}
 	case "delayed-retry":
 		cfg.Backend = delay.DelayedRetry{Delay: time.Second}
 		cfg.Policy = amqpretry.Policy{MaxAttempts: 3}
