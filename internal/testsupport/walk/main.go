@@ -12,10 +12,12 @@
 // it returns) that calls -want somewhere. walk prints its tree of calls, each with its
 // file, then three figures:
 //
-//   - hops: the distinct caller->callee pairs. Method values' wrappers (...-fm) are
-//     made by the compiler and skipped, their callees counted as called by the wrapper's
-//     caller; so are defer wrappers (...deferwrapN); a deferred closure X.funcN counts
-//     as called by X.
+//   - hops: the distinct caller->callee pairs. What the compiler makes is skipped, its
+//     callees counted as called by its caller: method values' wrappers (X-fm), the
+//     wrapper (*T).M of a method with a value receiver T.M (called through a pointer),
+//     and the hash and equality functions of map keys (type:.hash.T, type:.eq.T); so
+//     are defer wrappers (X.deferwrapN), their callees counted as called by X. A
+//     deferred closure X.funcN counts as called by X.
 //   - files: the distinct files of the functions on the walk, the closure's included.
 //   - returns: the calls from one file into a different file the walk had already
 //     entered, each pair counted once; they are listed.
@@ -79,7 +81,7 @@ func run(w io.Writer, tracePath, root, module, start, want string, tree bool) er
 		return err
 	}
 	defer func() { _ = f.Close() }()
-	segs, err := parseTrace(f, module, start)
+	segs, err := parseTrace(f, module, start, idx.compilerMade(module))
 	if err != nil {
 		return fmt.Errorf("%s: %w", tracePath, err)
 	}
@@ -157,8 +159,8 @@ func parseLine(l string) (event, bool) {
 }
 
 // parseTrace returns every run of start (a symbol without the module path) in the
-// trace, in order.
-func parseTrace(r io.Reader, module, start string) ([]segment, error) {
+// trace, in order, without the calls of the functions drop names (compilerMade).
+func parseTrace(r io.Reader, module, start string, drop func(sym string) bool) ([]segment, error) {
 	var lines []string
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1024*1024), 64*1024*1024)
@@ -184,13 +186,16 @@ func parseTrace(r io.Reader, module, start string) ([]segment, error) {
 			line := j + 1
 			e, ok := parseLine(lines[j])
 			j++
-			if !ok || e.goroutine != s.goroutine || strings.HasSuffix(e.sym, "-fm") {
+			if !ok || e.goroutine != s.goroutine || drop(e.sym) {
 				continue
 			}
 			if !e.ret {
 				caller := ""
 				if len(stack) > 0 {
 					caller = stack[len(stack)-1]
+				}
+				if x, _, ok := strings.Cut(caller, ".deferwrap"); ok {
+					caller = x // X's defer wrapper calls for X
 				}
 				if lastRet != "" && strings.HasPrefix(e.sym, lastRet+".func") {
 					caller = lastRet // a deferred closure runs as its function returns
@@ -355,9 +360,14 @@ func modulePath(root string) (string, error) {
 
 // index maps a function, as package directory (slash-separated, "" for the root),
 // receiver type name ("" for none) and name, to its file, relative to the root.
-type index map[funcKey]string
+type index map[funcKey]funcDecl
 
 type funcKey struct{ dir, recv, name string }
+
+type funcDecl struct {
+	file    string
+	pointer bool // its receiver is a pointer
+}
 
 // indexRepo parses the non-test Go files under root, leaving out what the go command
 // leaves out: testdata, and directories whose names start with "." or "_".
@@ -396,12 +406,13 @@ func indexRepo(root string) (index, error) {
 			if !ok {
 				continue
 			}
-			k := funcKey{dir: dir, name: fd.Name.Name}
+			k, v := funcKey{dir: dir, name: fd.Name.Name}, funcDecl{file: rel}
 			if fd.Recv != nil && len(fd.Recv.List) > 0 {
 				k.recv = recvName(fd.Recv.List[0].Type)
+				_, v.pointer = fd.Recv.List[0].Type.(*ast.StarExpr)
 			}
 			if _, dup := idx[k]; !dup { // init, or files for different builds
-				idx[k] = rel
+				idx[k] = v
 			}
 		}
 		return nil
@@ -441,12 +452,32 @@ func recvName(x ast.Expr) string {
 func (idx index) fileOf(module, sym string) string {
 	dir, recv, name := split(module, sym)
 	if f, ok := idx[funcKey{dir, recv, name}]; ok {
-		return f
+		return f.file
 	}
 	if dir != "" {
 		dir += "/"
 	}
 	return dir + "?" + name
+}
+
+// compilerMade reports the functions the compiler makes, which the walk skips:
+// method values' wrappers (X-fm), the wrapper (*T).M of a method declared on T,
+// and what is not the module's own (type:.hash.T and type:.eq.T, for map keys).
+func (idx index) compilerMade(module string) func(sym string) bool {
+	return func(sym string) bool {
+		if strings.HasSuffix(sym, "-fm") {
+			return true
+		}
+		if !strings.HasPrefix(sym, module+"/") && !strings.HasPrefix(sym, module+".") {
+			return true
+		}
+		dir, recv, name := split(module, sym)
+		if recv == "" || !strings.HasSuffix(stripBrackets(sym), ".(*"+recv+")."+name) {
+			return false
+		}
+		f, ok := idx[funcKey{dir, recv, name}]
+		return ok && !f.pointer
+	}
 }
 
 // split parses a traced symbol into package directory, receiver type and name:

@@ -25,7 +25,7 @@ func segments(t *testing.T) []segment {
 		t.Fatal(err)
 	}
 	defer func() { _ = f.Close() }()
-	segs, err := parseTrace(f, module, "middleware.(*engine).Middleware.func1")
+	segs, err := parseTrace(f, module, "middleware.(*engine).Middleware.func1", repo(t).compilerMade(module))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,6 +97,46 @@ func TestWalkOfTheFailedMessage(t *testing.T) {
 		if short(module, c.sym) == "middleware.(*engine).run.func1" && short(module, c.caller) != "middleware.(*engine).run" {
 			t.Errorf("run.func1 called by %s, want (*engine).run", c.caller)
 		}
+	}
+}
+
+// testdata/trace-delayed-retry.txt is scripts/walk.sh's trace of delayed-retry on
+// RabbitMQ 4.3, trimmed to the calls of (*engine).fail that the compiler's functions
+// are in: the wrappers (*delayedRetry).Effective and Settle of methods declared on
+// delayedRetry, and the hash of a map key.
+func TestCompilerMadeSkipped(t *testing.T) {
+	f, err := os.Open("testdata/trace-delayed-retry.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = f.Close() }()
+	idx := repo(t)
+	segs, err := parseTrace(f, module, "middleware.(*engine).Middleware.func1", idx.compilerMade(module))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seg, ok := pick(segs, "(*engine).settle")
+	if !ok {
+		t.Fatal("no run calls (*engine).settle")
+	}
+	var got []string
+	for _, c := range seg.calls[1:] {
+		got = append(got, short(module, c.caller)+" -> "+short(module, c.sym))
+	}
+	want := []string{
+		"middleware.(*engine).Middleware.func1 -> middleware.(*engine).fail",
+		"middleware.(*engine).fail -> delay.delayedRetry.Effective",
+		"middleware.(*engine).fail -> middleware.(*engine).settle",
+		"middleware.(*engine).settle -> middleware.(*engine).holdDelivery",
+		"middleware.(*engine).holdDelivery -> delay.delayedRetry.Settle",
+		"middleware.(*engine).settle -> middleware.(*heldRetries).add",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("calls:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	w := measure(seg, func(sym string) string { return idx.fileOf(module, sym) })
+	if w.hops != 6 || len(w.files) != 4 || len(w.returns) != 1 || w.returns[0].to != "delay/delayedretry.go" {
+		t.Errorf("hops %d, files %q, returns %+v; want 6, 4, one: into delay/delayedretry.go", w.hops, w.files, w.returns)
 	}
 }
 
