@@ -2,9 +2,9 @@
 # Issue 44's walk of one failed message, measured. It runs from the closure
 # engine.Middleware returns to the confirmed publish (ttl-tiers) or the settle
 # (delayed-retry), and back. Hops: the distinct caller->callee pairs of the repository's
-# functions, internal packages included; method values' (-fm) and defer wrappers are the
-# compiler's, skipped; a deferred closure X.funcN is called by X. Files: those of the
-# functions on the walk. Returns: the calls into a different file the walk had entered.
+# functions, internal packages included; the compiler's wrappers (X-fm, X.deferwrapN,
+# (*T).M of a method on T, type:.hash) are skipped, and a deferred X.funcN is called by
+# X. Files: those of the functions on the walk. Returns: calls into a file entered before.
 #
 #   scripts/walk.sh [ttl-tiers|delayed-retry] [AMQP_URI]
 #
