@@ -1,0 +1,5 @@
+package amqpretry
+
+func DecisionOf() {}
+
+func marks() {}

@@ -1,0 +1,5 @@
+package delay
+
+func (delayedRetry) Effective() {}
+
+func (delayedRetry) Settle() {}

@@ -1,0 +1,5 @@
+package delay
+
+func (*ttlTiers) Effective() {}
+
+func (*ttlTiers) Park() {}

@@ -1,0 +1,3 @@
+module github.com/amqpretry/amqpretry
+
+go 1.24.0

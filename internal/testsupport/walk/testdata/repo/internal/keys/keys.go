@@ -1,0 +1,7 @@
+package keys
+
+func BrokerOwned() {}
+
+func ParseAttempt() {}
+
+func Reserved() {}

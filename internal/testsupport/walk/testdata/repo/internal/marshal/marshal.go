@@ -1,0 +1,5 @@
+package marshal
+
+func (Marshaler) Marshal() {}
+
+func (Options) UUIDKey() {}

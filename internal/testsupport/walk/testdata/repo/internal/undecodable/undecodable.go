@@ -1,0 +1,3 @@
+package undecodable
+
+func Is() {}

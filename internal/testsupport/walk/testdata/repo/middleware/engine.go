@@ -1,0 +1,11 @@
+package middleware
+
+func (*chain) Value() {}
+
+func (*chain) join() {}
+
+func (*engine) Middleware() {}
+
+func (*engine) read() {}
+
+func chainOf() {}

@@ -1,0 +1,7 @@
+package middleware
+
+func (*engine) holdDelivery() {}
+
+func (*engine) settle() {}
+
+func (*heldRetries) add() {}

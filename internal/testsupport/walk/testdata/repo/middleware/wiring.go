@@ -1,0 +1,7 @@
+package middleware
+
+func (*retry) isBound() {}
+
+func (*wiring) queue() {}
+
+func parseMark() {}

@@ -1,0 +1,3 @@
+package amqpretry
+
+func breakerOpen() {}
