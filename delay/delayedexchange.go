@@ -78,7 +78,7 @@ func (b *delayedExchange) SealedIn() topology.Exchange { return b.Topology().Exc
 // Requirement is the plugin, which RabbitMQ 4.3 and later cannot run.
 func (b *delayedExchange) Requirement() (name, role string) { return pluginName, "plugin" }
 
-// countExpr counts what the plugin holds for one exchange (%[1]s its vhost, %[2]s its
+// countExpr counts what the plugin keeps for one exchange (%[1]s its vhost, %[2]s its
 // name, as Erlang binaries), with its own rabbit_delayed_message:messages_delayed; it
 // prints an error tag when the plugin does not run.
 const countExpr = `case code:ensure_loaded(rabbit_delayed_message) of
@@ -100,7 +100,7 @@ func countExprFor(vhost, x string) string {
 	return fmt.Sprintf(countExpr, backend.ErlBinary(vhost), backend.ErlBinary(x))
 }
 
-// CountSealed is how many messages the plugin holds for exchange x, as the plugin
+// CountSealed is how many messages the plugin keeps for exchange x, as the plugin
 // itself reports: an error where it does not run, never a guess.
 func (b *delayedExchange) CountSealed(ctx context.Context, eval backend.Eval, vhost, x string) (int, error) {
 	out, err := eval(ctx, countExprFor(vhost, x))
