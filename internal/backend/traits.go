@@ -81,7 +81,7 @@ type Sealed interface {
 	// "plugin"), which ops flags missing when the backend's VersionGate refuses the
 	// broker's version.
 	Requirement() (name, role string)
-	// CountSealed is how many retries wait in exchange of vhost, as what holds them
+	// CountSealed is how many retries wait in exchange of vhost, as what keeps them
 	// reports (never a guess), read with eval; an error says why it is unknown.
 	CountSealed(ctx context.Context, eval Eval, vhost, exchange string) (int, error)
 }
