@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/sony/gobreaker"
 
 	"github.com/amqpretry/amqpretry/internal/ctxkey"
 	"github.com/amqpretry/amqpretry/internal/keys"
@@ -90,15 +91,16 @@ type ClassifyParams struct {
 // Config.Classify's example of retrying decode errors does.
 func DecisionOf(err error) Decision {
 	var d Decision
-	marks(err, &d, new(bool))
-	return d
-}
-
-// marks reads the marks of err's chain into d, as errors.As finds them (depth first,
-// outermost first): Permanent or a decode error anywhere, and the first RetryAfter's
-// delay (found).
-func marks(err error, d *Decision, found *bool) {
-	for err != nil {
+	found := false // the first RetryAfter's delay is taken
+	// err's chain, as errors.As walks it: depth first, outermost first.
+	var buf [8]error
+	todo := append(buf[:0], err)
+	for len(todo) > 0 {
+		err := todo[len(todo)-1]
+		todo = todo[:len(todo)-1]
+		if err == nil {
+			continue
+		}
 		if undecodable.Is(err) {
 			d.Permanent = true
 		}
@@ -106,28 +108,29 @@ func marks(err error, d *Decision, found *bool) {
 		case *permanentError:
 			d.Permanent = true
 		case *retryAfterError:
-			if !*found {
-				d.Delay, *found = max(e.after, 0), true
+			if !found {
+				d.Delay, found = max(e.after, 0), true
 			}
 		case *unavailableError:
 			d.Unavailable = true
 		default:
-			if breakerOpen(err) {
+			// An open circuit breaker's refusal (Watermill's CircuitBreaker
+			// middleware, sony/gobreaker).
+			if err == gobreaker.ErrOpenState || err == gobreaker.ErrTooManyRequests {
 				d.Unavailable = true
 			}
 		}
 		switch u := err.(type) {
 		case interface{ Unwrap() error }:
-			err = u.Unwrap()
+			todo = append(todo, u.Unwrap())
 		case interface{ Unwrap() []error }:
-			for _, inner := range u.Unwrap() {
-				marks(inner, d, found)
+			inner := u.Unwrap()
+			for i := len(inner) - 1; i >= 0; i-- {
+				todo = append(todo, inner[i])
 			}
-			return
-		default:
-			return
 		}
 	}
+	return d
 }
 
 // Attempt returns which attempt this delivery of msg is, from 1 (a missing or

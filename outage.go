@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/sony/gobreaker"
 )
 
 // Unavailable marks err as a sign that something the handler depends on is down (a
@@ -26,12 +24,6 @@ type unavailableError struct{ err error }
 
 func (e *unavailableError) Error() string { return e.err.Error() }
 func (e *unavailableError) Unwrap() error { return e.err }
-
-// breakerOpen tells whether err is an open circuit breaker's refusal (Watermill's
-// CircuitBreaker middleware, sony/gobreaker).
-func breakerOpen(err error) bool {
-	return err == gobreaker.ErrOpenState || err == gobreaker.ErrTooManyRequests
-}
 
 // Outage says when the handlers of a work queue are judged to fail because something
 // they depend on is down, and what happens then. An outage is per work queue, shared

@@ -158,19 +158,10 @@ func (e *engine) checkWiring(d delivery) error {
 	default:
 		return fmt.Errorf("%w: message %s on handler %q was delivered by the subscriber of another Retry, whose middleware is not on this handler; add that Retry's Middleware to the handler, or add the handler with its AddHandler", amqpretry.ErrNotWired, d.msg.UUID, d.handler)
 	}
-	if e.wiring.Bound != nil && !e.wiring.Bound(d.queue) {
+	if !d.bound {
 		return fmt.Errorf("%w: handler %q: queue %q was never bound for retries by a subscriber built from this Retry's SubscriberConfig(), so a retry could not come back to it", amqpretry.ErrNotWired, d.handler, d.queue)
 	}
 	return nil
-}
-
-// decide classifies err: the error's marks, then Classify if set.
-func (e *engine) decide(msg *message.Message, err error, attempt int) amqpretry.Decision {
-	p := amqpretry.ClassifyParams{Err: err, Message: msg, Attempt: attempt, Default: amqpretry.DecisionOf(err)}
-	if e.cfg.Classify == nil {
-		return p.Default
-	}
-	return e.cfg.Classify(p)
 }
 
 // holdsRetry tells whether the retry after d's failed attempt is held in the work
@@ -239,10 +230,10 @@ func (e *engine) envelope(d delivery, err error) Envelope {
 	env := Envelope{
 		FirstFailure: was.FirstFailure, OriginalExchange: was.OriginalExchange, OriginalRoutingKey: was.OriginalRoutingKey,
 		DroppedHeaders: was.DroppedHeaders, RedrivenAt: was.RedrivenAt, Redriven: was.Redriven, RedrivenFrom: was.RedrivenFrom,
-		LastFailure: d.at, Error: err.Error(), ErrorTypes: errorTypes(err),
+		LastFailure: d.at, Error: err.Error(),
 		Handler: d.handler, Topic: d.topic, Queue: d.queue,
 	}
-	env.Stack = stackOf(err)
+	env.ErrorTypes, env.Stack = errorChain(err)
 	if env.FirstFailure.IsZero() {
 		env.FirstFailure = d.at
 		env.OriginalExchange, env.OriginalRoutingKey = d.exchange, d.key
@@ -250,26 +241,35 @@ func (e *engine) envelope(d delivery, err error) Envelope {
 	return env
 }
 
-// errorTypes lists the Go types in err's chain, depth first, outermost first.
-func errorTypes(err error) []string {
-	var types []string
-	var walk func(error)
-	walk = func(e error) {
-		if e == nil || len(types) >= keys.MaxErrorTypes {
-			return
+// errorChain walks err's chain depth first, outermost first, as errors.As does: the
+// Go types in it (at most keys.MaxErrorTypes) and the stack of the first panic in it
+// (a *panicked's), "" for none.
+func errorChain(err error) (types []string, stack string) {
+	var buf [8]error
+	todo := append(buf[:0], err)
+	for len(todo) > 0 && (len(types) < keys.MaxErrorTypes || stack == "") {
+		e := todo[len(todo)-1]
+		todo = todo[:len(todo)-1]
+		if e == nil {
+			continue
 		}
-		types = append(types, fmt.Sprintf("%T", e))
+		if len(types) < keys.MaxErrorTypes {
+			types = append(types, fmt.Sprintf("%T", e))
+		}
+		if p, ok := e.(*panicked); ok && stack == "" {
+			stack = p.stack
+		}
 		switch u := e.(type) {
 		case interface{ Unwrap() error }:
-			walk(u.Unwrap())
+			todo = append(todo, u.Unwrap())
 		case interface{ Unwrap() []error }:
-			for _, inner := range u.Unwrap() {
-				walk(inner)
+			inner := u.Unwrap()
+			for i := len(inner) - 1; i >= 0; i-- {
+				todo = append(todo, inner[i])
 			}
 		}
 	}
-	walk(err)
-	return types
+	return types, stack
 }
 
 // envelopeRoom is how many keys the envelope of a retry adds to a copy.

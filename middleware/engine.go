@@ -77,6 +77,7 @@ type delivery struct {
 	handler  string
 	topic    string
 	queue    string
+	bound    bool   // queue's way back was bound by this Retry's subscriber (wiring.resolve)
 	exchange string // the delivery's own
 	key      string
 	at       time.Time
@@ -102,15 +103,10 @@ type delivery struct {
 // one remembered when it was held is written back into its metadata, so that the
 // handler reads it as on a copy.
 func (e *engine) read(msg *message.Message) delivery {
-	c := chainOf(msg)
-	if e.wiring.ID != "" {
-		c.join(e.wiring.ID)
-	}
+	c := joinChain(msg, e.wiring.ID)
 	ctx := msg.Context()
-	owner, fn := parseMark(msg.Metadata[keys.Subscriber])
 	d := delivery{
 		msg:      msg,
-		owner:    owner,
 		envelope: ReadEnvelope(msg.Metadata),
 		handler:  message.HandlerNameFromCtx(ctx),
 		topic:    message.SubscribeTopicFromCtx(ctx),
@@ -118,11 +114,8 @@ func (e *engine) read(msg *message.Message) delivery {
 		key:      msg.Metadata[keys.DeliveryRoutingKey],
 		at:       time.Now(),
 	}
+	d.owner, d.queue, d.bound = e.wiring.resolve(msg.Metadata[keys.Subscriber], d.topic)
 	d.owned = e.wiring.ID == "" || d.owner == e.wiring.ID
-	if !d.owned {
-		fn = 0 // another Retry's function
-	}
-	d.queue = e.wiring.queue(fn, d.topic)
 	if v, ok := msg.Metadata[keys.ParkUntil]; ok {
 		d.parkedUntil, _ = time.Parse(time.RFC3339Nano, v) // zero when unreadable
 	}
@@ -182,21 +175,20 @@ func (c *chain) Value(key any) any {
 // Attempt is the attempt the handler runs (amqpretry.AttemptFromContext).
 func (c *chain) Attempt() int { return int(c.attempt.Load()) }
 
-// chainOf returns msg's chain, adding one to its context if it has none.
-func chainOf(msg *message.Message) *chain {
+// joinChain returns msg's chain, adding one to its context if it has none, with id
+// recorded in it unless id is "".
+func joinChain(msg *message.Message, id string) *chain {
 	c, _ := msg.Context().Value(ctxkey.Chain{}).(*chain)
 	if c == nil {
 		c = &chain{Context: msg.Context()}
 		msg.SetContext(c)
 	}
+	if id != "" {
+		c.mu.Lock()
+		c.ids = append(c.ids, id)
+		c.mu.Unlock()
+	}
 	return c
-}
-
-// join records id in the chain.
-func (c *chain) join(id string) {
-	c.mu.Lock()
-	c.ids = append(c.ids, id)
-	c.mu.Unlock()
 }
 
 // inChain tells whether the Retry id is among the middlewares msg passes through.
@@ -253,7 +245,7 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			next.SetContext(marshal.CopyContext(run)) // typed headers as read
 			attempt++
 			next.Metadata[keys.Attempt] = strconv.Itoa(attempt)
-			chainOf(next).attempt.Store(int64(attempt))
+			joinChain(next, "").attempt.Store(int64(attempt))
 			run = next
 			d.attempt = attempt
 			produced, decided, err = e.runHandler(h, run, d)

@@ -5,7 +5,8 @@ package middleware
 // messages wait here, before the handler, instead of taking the failure path: they
 // spend no attempt, nothing is copied or held, and the subscriber takes no more from
 // the broker than its prefetch. One at a time runs as a probe; the first success ends
-// the outage. The engine runs every handler through runHandler (engine.go).
+// the outage. The engine runs every handler through runHandler, here: through its
+// queue's outage, its panic recovered (run) and its error decided (decide).
 
 import (
 	"context"
@@ -62,7 +63,7 @@ func (o *outages) inOutage() int64 {
 	defer o.mu.Unlock()
 	var n int64
 	for _, q := range o.queues {
-		if q.isDown() {
+		if q.isDown.Load() {
 			n++
 		}
 	}
@@ -90,7 +91,11 @@ type outage struct {
 	// outage.
 	consecutiveFirst bool
 
-	down      bool
+	down bool
+	// isDown mirrors down, for runHandler to read without the lock: a message that
+	// reads it false as the outage begins runs once more, as it would have a moment
+	// earlier.
+	isDown    atomic.Bool
 	since     time.Time
 	last      error // the latest failure that counted
 	interval  time.Duration
@@ -107,12 +112,6 @@ type outage struct {
 type outcome struct {
 	failed, retry bool
 	msg           string
-}
-
-func (q *outage) isDown() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.down
 }
 
 // signal wakes the waiting messages. q.mu is locked.
@@ -236,6 +235,7 @@ func (q *outage) record(msg string, err error, dec *amqpretry.Decision, attempt,
 		q.consecutiveRetry, q.consecutiveFirst = false, false
 		if q.down {
 			q.down = false
+			q.isDown.Store(false)
 			q.signal()
 			return false, ended, now.Sub(q.since), q.last
 		}
@@ -269,6 +269,7 @@ func (q *outage) record(msg string, err error, dec *amqpretry.Decision, attempt,
 		return false, noEdge, 0, nil
 	}
 	q.down, q.since = true, now
+	q.isDown.Store(true)
 	q.interval = q.cfg.ProbeInterval
 	q.nextProbe = now.Add(q.interval)
 	q.signal()
@@ -301,40 +302,36 @@ func (q *outage) abandon(probe uint64) {
 	}
 }
 
-// outageOf returns the outage state of d's queue: nil when outage detection is off,
-// or d is not this Retry's to decide.
-func (e *engine) outageOf(d delivery) *outage {
-	if e.outages == nil || !d.owned || d.queue == "" {
-		return nil
-	}
-	return e.outages.of(d.queue)
-}
-
-// runHandler runs h on m, on attempt d.attempt, through the outage of d's queue
-// (recovering its panic: run): while the queue is down, m waits here and runs only as
-// the probe or once the outage is over, and a failure that counts costs no attempt: m
-// waits and runs again. It returns the handler's result, and the decision of its error
-// when it classified it.
+// runHandler runs h on m, on attempt d.attempt (run: its panic recovered, its error
+// decided), through the outage of d's queue: while the queue is down, m waits here and
+// runs only as the probe or once the outage is over, and a failure that counts costs
+// no attempt: m waits and runs again. It returns the handler's result and its error's
+// decision (nil for no error, or a failed hand-off of a Retry nearer the handler).
+// Outside an outage it takes no lock but record's.
 func (e *engine) runHandler(h message.HandlerFunc, m *message.Message, d delivery) ([]*message.Message, *amqpretry.Decision, error) {
-	q := e.outageOf(d)
-	if q == nil {
-		produced, err := e.run(h, m, d)
-		return produced, nil, err
+	if e.outages == nil || !d.owned || d.queue == "" {
+		return e.run(h, m, d, nil, 0)
 	}
+	q := e.outages.of(d.queue)
 	attempt := d.attempt
 	failedProbes := 0
 	for {
-		probe, werr := q.await(m.Context(), e.life.closing())
-		if werr != nil {
-			return nil, nil, e.outageGiveBack(m, d, q, werr)
+		var probe uint64
+		if q.isDown.Load() {
+			var werr error
+			if probe, werr = q.await(m.Context(), e.life.closing()); werr != nil {
+				return nil, nil, e.outageGiveBack(m, d, q, werr)
+			}
 		}
-		produced, dec, err := e.runProbe(h, m, d, q, probe)
+		produced, dec, err := e.run(h, m, d, q, probe)
 		wait, edge, lasted, last := q.record(m.UUID, err, dec, attempt, e.cfg.Policy.MaxAttempts, probe, time.Now())
 		if probe != 0 {
 			e.outages.probes.Add(1)
 			e.observe(amqpretry.Event{Kind: amqpretry.EventProbe, Queue: d.queue, Attempt: attempt, Err: err})
 		}
-		e.outageEdge(d, edge, lasted, last)
+		if edge != noEdge {
+			e.outageEdge(d, edge, lasted, last)
+		}
 		if !wait {
 			return produced, dec, err
 		}
@@ -353,24 +350,45 @@ func (e *engine) runHandler(h message.HandlerFunc, m *message.Message, d deliver
 // the retry path (amqpretry.Outage's doc).
 const probesPerMessage = 3
 
-// runProbe runs h on m (run) and classifies its error; a probe (token probe) that does
-// not return is abandoned, so that another message can probe.
-func (e *engine) runProbe(h message.HandlerFunc, m *message.Message, d delivery, q *outage, probe uint64) (produced []*message.Message, dec *amqpretry.Decision, err error) {
+// run runs h on msg and decides its error (decide; a failed hand-off of a Retry nearer
+// the handler is not this one's to decide). A panic is recovered as a failure (the
+// package's doc in panic.go): a *panicked error carrying the stack, logged at ERROR.
+// The Retry nearest the handler recovers it; one further out sees its error. A probe
+// (token probe of q, 0 for none) whose handler never returns (runtime.Goexit) is
+// abandoned, so that another message can probe.
+func (e *engine) run(h message.HandlerFunc, msg *message.Message, d delivery, q *outage, probe uint64) (produced []*message.Message, dec *amqpretry.Decision, err error) {
 	returned := false
-	if probe != 0 {
-		defer func() {
-			if !returned {
+	defer func() {
+		if v := recover(); v != nil {
+			p := &panicked{value: v, stack: panicStack()}
+			produced, err = nil, p
+			e.cfg.Logger.Error("Handler panicked: recovered, dealt with as a failure", p, watermill.LogFields{
+				"message_uuid": msg.UUID, "handler": d.handler, "topic": d.topic, "queue": d.queue, "attempt": d.attempt,
+				"stack": p.stack,
+			})
+		} else if !returned {
+			if probe != 0 {
 				q.abandon(probe)
 			}
-		}()
-	}
-	produced, err = e.run(h, m, d)
+			return
+		}
+		if err != nil && !errors.Is(err, amqpretry.ErrHandoff) {
+			x := e.decide(msg, err, d.attempt)
+			dec = &x
+		}
+	}()
+	produced, err = h(msg)
 	returned = true
-	if err != nil && !errors.Is(err, amqpretry.ErrHandoff) {
-		x := e.decide(m, err, d.attempt)
-		dec = &x
+	return produced, nil, err
+}
+
+// decide classifies err: the error's marks, then Classify if set.
+func (e *engine) decide(msg *message.Message, err error, attempt int) amqpretry.Decision {
+	p := amqpretry.ClassifyParams{Err: err, Message: msg, Attempt: attempt, Default: amqpretry.DecisionOf(err)}
+	if e.cfg.Classify == nil {
+		return p.Default
 	}
-	return produced, dec, err
+	return e.cfg.Classify(p)
 }
 
 // outageEdge reports an outage's start or end: an event, and one log line.

@@ -97,8 +97,8 @@ func TestOutageBeginsProbesAndEnds(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := len(b.msgs()); got != 3 || e.outages.of("work").isDown() {
-		t.Fatalf("after 3 first-attempt failures: %d parked, down %v; want 3 parked and no outage", got, e.outages.of("work").isDown())
+	if got := len(b.msgs()); got != 3 || e.outages.of("work").isDown.Load() {
+		t.Fatalf("after 3 first-attempt failures: %d parked, down %v; want 3 parked and no outage", got, e.outages.of("work").isDown.Load())
 	}
 	// A retry fails: 4 in a row with a retry among them. The message waits.
 	done := make(chan error, 1)
@@ -106,7 +106,7 @@ func TestOutageBeginsProbesAndEnds(t *testing.T) {
 		_, err := mw(attemptMsg("retry", 2))
 		done <- err
 	}()
-	waitFor(t, "the outage to begin", func() bool { return e.outages.of("work").isDown() })
+	waitFor(t, "the outage to begin", func() bool { return e.outages.of("work").isDown.Load() })
 	// More messages arrive while down: they wait too, before the handler.
 	others := make(chan error, 5)
 	for i := range 5 {
@@ -131,7 +131,7 @@ func TestOutageBeginsProbesAndEnds(t *testing.T) {
 			t.Fatalf("a waiting message: %v", err)
 		}
 	}
-	if e.outages.of("work").isDown() {
+	if e.outages.of("work").isDown.Load() {
 		t.Error("still down after a success")
 	}
 	if len(poison.got()) != 0 {
@@ -173,7 +173,7 @@ func TestOutageNotFromMessagesThatFailOnce(t *testing.T) {
 			}
 		}
 	}
-	if e.outages.of("work").isDown() || e.outages.started.Load() != 0 {
+	if e.outages.of("work").isDown.Load() || e.outages.started.Load() != 0 {
 		t.Fatal("a storm of messages that fail once began an outage")
 	}
 	if got := len(b.msgs()); got != 500 {
@@ -236,7 +236,7 @@ func TestOutageAtOnce(t *testing.T) {
 				_, err := mw(msg)
 				done <- err
 			}()
-			waitFor(t, "the outage", func() bool { return e.outages.of("work").isDown() })
+			waitFor(t, "the outage", func() bool { return e.outages.of("work").isDown.Load() })
 			cancel() // its subscriber closes: the message goes back to the broker
 			err := <-done
 			if !errors.Is(err, amqpretry.ErrHandoff) {
@@ -271,7 +271,7 @@ func TestOutageCloseGivesBack(t *testing.T) {
 			done <- err
 		}()
 	}
-	waitFor(t, "the outage", func() bool { return e.outages.of("work").isDown() })
+	waitFor(t, "the outage", func() bool { return e.outages.of("work").isDown.Load() })
 	e.life.close()
 	for range 3 {
 		if err := <-done; !errors.Is(err, amqpretry.ErrHandoff) {
@@ -345,7 +345,7 @@ func TestOutageBadMessageNeverHoldsTheQueue(t *testing.T) {
 	if _, err := mw(attemptMsg("good", 1)); err != nil { // the next message probes and succeeds
 		t.Fatal(err)
 	}
-	if e.outages.of("work").isDown() {
+	if e.outages.of("work").isDown.Load() {
 		t.Error("still down after the good message succeeded")
 	}
 }
@@ -541,7 +541,7 @@ func TestOutageNotFromAFewPoisonMessages(t *testing.T) {
 				_, err := mw(msg)
 				done <- err
 			}()
-			waitFor(t, "the outage", func() bool { return e.outages.of("work").isDown() })
+			waitFor(t, "the outage", func() bool { return e.outages.of("work").isDown.Load() })
 			dcancel()
 			if err := <-done; !errors.Is(err, amqpretry.ErrHandoff) {
 				t.Errorf("the waiting message whose subscriber closed: %v, want ErrHandoff", err)

@@ -14,9 +14,10 @@ import (
 )
 
 // Wiring: what the engine knows of its subscriber side, and the queues bound for
-// retries (bind). Whether a message is this Retry's to hand off is the failure path's
-// first step (checkWiring, copy.go); the Retry middlewares a message passes through
-// are recorded on receipt (joinChain, engine.go).
+// retries (bind). A delivery's mark is resolved once, on receipt (resolve, called by
+// read); whether the message is this Retry's to hand off is the failure path's first
+// step (checkWiring, copy.go); the Retry middlewares a message passes through are
+// recorded on receipt (joinChain, engine.go).
 
 // wiring is what the engine needs to know of the subscriber side.
 type wiring struct {
@@ -54,19 +55,6 @@ func (q *queueFuncs) add(f func(topic string) string) int {
 	return len(fs)
 }
 
-// queue is the queue a delivery on topic came from, for the subscriber whose
-// queue-name function is number fn: 0 for Queue. "" for a number never registered.
-func (w *wiring) queue(fn int, topic string) string {
-	if fn == 0 {
-		return w.Queue(topic)
-	}
-	fs := w.more.fs.Load()
-	if fs == nil || fn > len(*fs) {
-		return ""
-	}
-	return (*fs)[fn-1](topic)
-}
-
 // mark is the keys.Subscriber value of Retry id's subscriber whose queue-name
 // function is number fn.
 func mark(id string, fn int) string {
@@ -76,18 +64,29 @@ func mark(id string, fn int) string {
 	return id + "/" + strconv.Itoa(fn)
 }
 
-// parseMark splits a keys.Subscriber value into the Retry's id and its queue-name
-// function's number (mark).
-func parseMark(v string) (id string, fn int) {
-	id, n, ok := strings.Cut(v, "/")
-	if !ok {
-		return v, 0
+// resolve reads a delivery's subscriber mark v (keys.Subscriber: mark's "<ID>" or
+// "<ID>/<n>") as it arrives on topic: the Retry whose subscriber delivered it, the
+// queue it came from ("" for a number never registered; a message of another Retry is
+// resolved with Queue), and whether that queue's way back was bound by this Retry's
+// subscriber (true when Bound is nil: not checked). One call, on receipt: the failure
+// path reads the answers from the delivery.
+func (w *wiring) resolve(v, topic string) (owner, queue string, bound bool) {
+	owner, fn := v, 0
+	if id, n, ok := strings.Cut(v, "/"); ok {
+		if i, err := strconv.Atoi(n); err == nil && i >= 1 {
+			owner, fn = id, i
+		}
 	}
-	fn, err := strconv.Atoi(n)
-	if err != nil || fn < 1 {
-		return v, 0
+	if w.ID != "" && owner != w.ID {
+		fn = 0 // another Retry's function
 	}
-	return id, fn
+	switch fs := w.more.fs.Load(); {
+	case fn == 0:
+		queue = w.Queue(topic)
+	case fs != nil && fn <= len(*fs):
+		queue = (*fs)[fn-1](topic)
+	}
+	return owner, queue, w.Bound == nil || w.Bound(queue)
 }
 
 // bind gives queue its way back, on ch, as the topology mode says (declare, check,
