@@ -52,7 +52,7 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	case d.queue == "":
 		return errors.Join(err, fmt.Errorf("%w: no subscribed topic in the message context (is the middleware on a router handler?)", amqpretry.ErrHandoff))
 	}
-	target, held := e.backend, e.holdsRetry(d, *decided)
+	target, held := e.backend, e.holder != nil && e.holdsRetry(d, *decided)
 	switch {
 	case held:
 		target = e.holder
@@ -185,7 +185,9 @@ func (e *engine) holdsRetry(d delivery, dec amqpretry.Decision) bool {
 // its park took) or a held delivery: it forgets the message's failed hand-offs, counts
 // the retry, tells Observe and logs it, one in Config.RetryLogEvery.
 func (e *engine) scheduled(f *failure, by *kept, requested, effective, handoff time.Duration) {
-	e.failures.forget(f.msg.UUID)
+	if e.failures.size.Load() > 0 {
+		e.failures.forget(f.msg.UUID)
+	}
 	n := e.stats.retries.Add(1)
 	e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: f.queue, Backend: by.name, Attempt: f.attempt, Err: f.err,
 		Requested: requested, Effective: effective, Handoff: handoff})
@@ -199,6 +201,13 @@ func (e *engine) scheduled(f *failure, by *kept, requested, effective, handoff t
 		return
 	}
 	e.cfg.Logger.Info("Retry scheduled", fields)
+}
+
+// observe sends ev to Config.Observe, if set.
+func (e *engine) observe(ev amqpretry.Event) {
+	if e.cfg.Observe != nil {
+		e.cfg.Observe(ev)
+	}
 }
 
 // failure is one failed attempt being dealt with.

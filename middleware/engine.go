@@ -67,6 +67,71 @@ func keep(b backend.Backend) *kept {
 	return &kept{Backend: b, caps: b.Caps(), name: b.Name(), constant: constant}
 }
 
+// lifecycle is the engine's open or closed state. Once closed, the engine hands
+// nothing off: a failed message is nacked for redelivery, paced. Close waits for
+// the hand-offs that began before it.
+type lifecycle struct {
+	mu       sync.Mutex
+	closed   bool
+	done     chan struct{} // closed by close: ends the pauses of hand-offs in flight
+	inflight sync.WaitGroup
+	running  atomic.Int64 // hand-offs in flight
+	warned   atomic.Bool  // the first message after Close was logged
+	refused  atomic.Int64 // failed messages nacked because the engine was closed
+}
+
+// begin starts a hand-off; false once closed. A true begin must be followed by end.
+func (l *lifecycle) begin() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.inflight.Add(1)
+	l.running.Add(1)
+	return true
+}
+
+func (l *lifecycle) end() {
+	l.running.Add(-1)
+	l.inflight.Done()
+}
+
+// closing returns a channel closed once the engine is closed.
+func (l *lifecycle) closing() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.done == nil {
+		l.done = make(chan struct{})
+	}
+	return l.done
+}
+
+// close closes the engine and waits for the hand-offs in flight. It returns how many
+// it waited for, and false when the engine was closed already.
+func (l *lifecycle) close() (waited int64, first bool) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return 0, false
+	}
+	l.closed = true
+	if l.done == nil {
+		l.done = make(chan struct{})
+	}
+	close(l.done)
+	waited = l.running.Load()
+	l.mu.Unlock()
+	l.inflight.Wait()
+	return waited, true
+}
+
+func (l *lifecycle) isClosed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closed
+}
+
 // delivery is what the engine reads of a message once, when it arrives.
 type delivery struct {
 	msg      *message.Message
@@ -251,7 +316,9 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			produced, decided, err = e.runHandler(h, run, d)
 		}
 		if err == nil {
-			e.failures.forget(msg.UUID)
+			if e.failures.size.Load() > 0 {
+				e.failures.forget(msg.UUID)
+			}
 			if d.owned {
 				e.observe(amqpretry.Event{Kind: amqpretry.EventSucceeded, Queue: d.queue, Attempt: attempt})
 			}

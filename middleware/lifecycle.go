@@ -3,8 +3,6 @@ package middleware
 import (
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -15,72 +13,8 @@ import (
 )
 
 // Lifecycle: open, closing (nothing handed off, paced nacks), closed; Close and the
-// finalizer of a Retry dropped without it.
-
-// lifecycle is the engine's open or closed state. Once closed, the engine hands
-// nothing off: a failed message is nacked for redelivery, paced. Close waits for
-// the hand-offs that began before it.
-type lifecycle struct {
-	mu       sync.Mutex
-	closed   bool
-	done     chan struct{} // closed by close: ends the pauses of hand-offs in flight
-	inflight sync.WaitGroup
-	running  atomic.Int64 // hand-offs in flight
-	warned   atomic.Bool  // the first message after Close was logged
-	refused  atomic.Int64 // failed messages nacked because the engine was closed
-}
-
-// begin starts a hand-off; false once closed. A true begin must be followed by end.
-func (l *lifecycle) begin() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return false
-	}
-	l.inflight.Add(1)
-	l.running.Add(1)
-	return true
-}
-
-func (l *lifecycle) end() {
-	l.running.Add(-1)
-	l.inflight.Done()
-}
-
-// closing returns a channel closed once the engine is closed.
-func (l *lifecycle) closing() <-chan struct{} {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.done == nil {
-		l.done = make(chan struct{})
-	}
-	return l.done
-}
-
-// close closes the engine and waits for the hand-offs in flight. It returns how many
-// it waited for, and false when the engine was closed already.
-func (l *lifecycle) close() (waited int64, first bool) {
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		return 0, false
-	}
-	l.closed = true
-	if l.done == nil {
-		l.done = make(chan struct{})
-	}
-	close(l.done)
-	waited = l.running.Load()
-	l.mu.Unlock()
-	l.inflight.Wait()
-	return waited, true
-}
-
-func (l *lifecycle) isClosed() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.closed
-}
+// finalizer of a Retry dropped without it. The state itself (lifecycle: begin and end
+// of each hand-off) is the engine's, in engine.go.
 
 // refuseClosed answers a message that failed after Close: nothing is handed off (the
 // hand-off connection is closed and is not opened again); the message is nacked for

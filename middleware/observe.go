@@ -21,13 +21,6 @@ func (e *engine) Stats() Stats {
 	return st
 }
 
-// observe sends ev to Config.Observe, if set.
-func (e *engine) observe(ev amqpretry.Event) {
-	if e.cfg.Observe != nil {
-		e.cfg.Observe(ev)
-	}
-}
-
 // observeDelivery reports a delivery, with its lateness when it is a retry whose due
 // time is known: recorded on the copy, or, for a retry held in the work queue, kept
 // here when it was settled. A held retry that came back long before its due time

@@ -120,33 +120,6 @@ func (q *outage) signal() {
 	q.changed = make(chan struct{})
 }
 
-// add records one run in the ring. q.mu is locked.
-func (q *outage) add(o outcome) {
-	if q.filled == len(q.runs) {
-		old := q.runs[q.next]
-		if old.failed {
-			q.failures--
-			if old.retry {
-				q.retryFailures--
-			} else {
-				q.firstFailures--
-			}
-		}
-	} else {
-		q.filled++
-	}
-	q.runs[q.next] = o
-	q.next = (q.next + 1) % len(q.runs)
-	if o.failed {
-		q.failures++
-		if o.retry {
-			q.retryFailures++
-		} else {
-			q.firstFailures++
-		}
-	}
-}
-
 // forget empties the ring of latest runs. q.mu is locked.
 func (q *outage) forget() {
 	clear(q.runs)
@@ -223,14 +196,44 @@ func (q *outage) record(msg string, err error, dec *amqpretry.Decision, attempt,
 		defer q.signal()
 	}
 	counts := err != nil && dec != nil && !dec.Permanent && dec.Delay <= 0
-	switch {
-	case err == nil:
+	if err != nil && !counts {
+		return false, noEdge, 0, nil
+	}
+	// The run goes into the ring of latest runs, and the counts over it.
+	retry := attempt >= 2
+	o := outcome{failed: counts, retry: counts && retry}
+	if counts {
+		o.msg = msg
+	}
+	if q.filled == len(q.runs) {
+		old := q.runs[q.next]
+		if old.failed {
+			q.failures--
+			if old.retry {
+				q.retryFailures--
+			} else {
+				q.firstFailures--
+			}
+		}
+	} else {
+		q.filled++
+	}
+	q.runs[q.next] = o
+	q.next = (q.next + 1) % len(q.runs)
+	if o.failed {
+		q.failures++
+		if o.retry {
+			q.retryFailures++
+		} else {
+			q.firstFailures++
+		}
+	}
+	if err == nil {
 		if q.down {
 			// The outage's failures are its own: the next one is judged on the
 			// runs after it.
 			q.forget()
 		}
-		q.add(outcome{})
 		clear(q.consecutive)
 		q.consecutiveRetry, q.consecutiveFirst = false, false
 		if q.down {
@@ -240,11 +243,7 @@ func (q *outage) record(msg string, err error, dec *amqpretry.Decision, attempt,
 			return false, ended, now.Sub(q.since), q.last
 		}
 		return false, noEdge, 0, nil
-	case !counts:
-		return false, noEdge, 0, nil
 	}
-	retry := attempt >= 2
-	q.add(outcome{failed: true, retry: retry, msg: msg})
 	if q.consecutive == nil {
 		q.consecutive = map[string]struct{}{}
 	}

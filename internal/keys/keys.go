@@ -107,6 +107,9 @@ const (
 	LastDeath  = "x-last-death-"
 )
 
+// NotPublished tells whether header is never published: Reserved or BrokerOwned.
+func NotPublished(header string) bool { return Reserved(header) || BrokerOwned(header) }
+
 // BrokerOwned tells whether header is set by RabbitMQ itself and must never be copied
 // into a message published again: x-death, every x-first-death-* and x-last-death-*
 // header, x-delay, x-delivery-count, x-acquired-count, CC and BCC. Copied, x-death

@@ -187,7 +187,7 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 	md := msg.Metadata
 	headers := make(amqp.Table, len(md)+1)
 	for k, s := range md {
-		if keys.Reserved(k) || keys.BrokerOwned(k) || k == uuidKey {
+		if k == uuidKey || keys.NotPublished(k) {
 			continue
 		}
 		headers[k] = s
@@ -224,7 +224,7 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 		if b, err := base64.StdEncoding.DecodeString(s); err == nil {
 			if raw, err := wire.ParseTable(b); err == nil {
 				for k, v := range raw {
-					if !keys.Reserved(k) && !keys.BrokerOwned(k) {
+					if !keys.NotPublished(k) {
 						headers[k] = v
 					}
 				}
