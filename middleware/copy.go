@@ -117,7 +117,7 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	f.envelope.Write(cp.Metadata)
 	delete(cp.Metadata, keys.ParkUntil)
 	if !parkUntil.IsZero() {
-		cp.Metadata[keys.ParkUntil] = formatTime(parkUntil)
+		cp.Metadata[keys.ParkUntil] = parkUntil.UTC().Format(timeLayout)
 	}
 
 	// Park.

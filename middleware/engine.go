@@ -182,7 +182,7 @@ func (e *engine) read(msg *message.Message) delivery {
 	d.owner, d.queue, d.bound = e.wiring.resolve(msg.Metadata[keys.Subscriber], d.topic)
 	d.owned = e.wiring.ID == "" || d.owner == e.wiring.ID
 	if v, ok := msg.Metadata[keys.ParkUntil]; ok {
-		d.parkedUntil, _ = time.Parse(time.RFC3339Nano, v) // zero when unreadable
+		d.parkedUntil, _ = time.Parse(timeLayout, v) // zero when unreadable
 	}
 	remembered := false // the envelope is the one kept when it was held
 	var h heldRetry

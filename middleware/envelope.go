@@ -70,72 +70,132 @@ const (
 	typeSeparator     = " > "
 )
 
-// envelopeField is one key of the envelope: how Write formats its field (bounded; ""
-// for a zero field) and how ReadEnvelope reads it back.
+// envelopeField is one key of the envelope with the field of an Envelope it holds:
+// one of the pointers is set. Write formats it (format), ReadEnvelope parses it back
+// (parse).
 type envelopeField struct {
-	key   string
-	write func(e *Envelope) string
-	read  func(e *Envelope, v string)
+	key    string
+	limit  int // bytes, for text
+	text   *string
+	reason *amqpretry.Reason
+	types  *[]string
+	n      *int
+	at     *time.Time
+	delay  *time.Duration
 }
 
-// envelopeFields is the failure envelope's one list of keys (their names are in
-// internal/keys): Write, ReadEnvelope and inEnvelope go by it, and the command's
-// shown keys are what Write writes. Each field is formatted where it is listed.
-var envelopeFields = [...]envelopeField{
-	{keys.Attempt, func(e *Envelope) string { return formatInt(e.Attempt) }, func(e *Envelope, v string) {
-		if n, ok := keys.ParseAttempt(v); ok {
-			e.Attempt = n
-		}
-	}},
-	{keys.MaxAttempts, func(e *Envelope) string { return formatInt(e.MaxAttempts) }, func(e *Envelope, v string) { e.MaxAttempts, _ = strconv.Atoi(v) }},
-	{keys.RedriveCount, func(e *Envelope) string { return formatInt(e.Redriven) }, func(e *Envelope, v string) { e.Redriven, _ = strconv.Atoi(v) }},
-	{keys.PoisonReason, func(e *Envelope) string { return truncate(string(e.Reason), maxNameBytes) }, func(e *Envelope, v string) { e.Reason = amqpretry.Reason(v) }},
-	{keys.Error, func(e *Envelope) string { return truncate(e.Error, maxErrorBytes) }, func(e *Envelope, v string) { e.Error = v }},
-	{keys.ErrorTypes, func(e *Envelope) string { return joinTypes(e.ErrorTypes) }, func(e *Envelope, v string) {
-		if v != "" {
-			e.ErrorTypes = strings.Split(v, typeSeparator)
-		}
-	}},
-	{keys.Stack, func(e *Envelope) string { return truncate(e.Stack, maxStackBytes) }, func(e *Envelope, v string) { e.Stack = v }},
-	{keys.Handler, func(e *Envelope) string { return truncate(e.Handler, maxNameBytes) }, func(e *Envelope, v string) { e.Handler = v }},
-	{keys.Topic, func(e *Envelope) string { return truncate(e.Topic, maxNameBytes) }, func(e *Envelope, v string) { e.Topic = v }},
-	{keys.Queue, func(e *Envelope) string { return truncate(e.Queue, maxNameBytes) }, func(e *Envelope, v string) { e.Queue = v }},
-	{keys.OriginalExchange, func(e *Envelope) string { return truncate(e.OriginalExchange, maxNameBytes) }, func(e *Envelope, v string) { e.OriginalExchange = v }},
-	{keys.OriginalRoutingKey, func(e *Envelope) string { return truncate(e.OriginalRoutingKey, maxNameBytes) }, func(e *Envelope, v string) { e.OriginalRoutingKey = v }},
-	{keys.DroppedHeaders, func(e *Envelope) string { return truncate(e.DroppedHeaders, maxErrorBytes) }, func(e *Envelope, v string) { e.DroppedHeaders = v }},
-	{keys.RedrivenFrom, func(e *Envelope) string { return truncate(e.RedrivenFrom, maxNameBytes) }, func(e *Envelope, v string) { e.RedrivenFrom = v }},
-	{keys.FirstFailure, func(e *Envelope) string { return formatTime(e.FirstFailure) }, func(e *Envelope, v string) { e.FirstFailure = readTime(v) }},
-	{keys.LastFailure, func(e *Envelope) string { return formatTime(e.LastFailure) }, func(e *Envelope, v string) { e.LastFailure = readTime(v) }},
-	{keys.Due, func(e *Envelope) string { return formatTime(e.Due) }, func(e *Envelope, v string) { e.Due = readTime(v) }},
-	{keys.RedrivenAt, func(e *Envelope) string { return formatTime(e.RedrivenAt) }, func(e *Envelope, v string) { e.RedrivenAt = readTime(v) }},
-	{keys.RequestedDelay, func(e *Envelope) string { return formatDuration(e.RequestedDelay) }, func(e *Envelope, v string) { e.RequestedDelay, _ = time.ParseDuration(v) }},
-	{keys.EffectiveDelay, func(e *Envelope) string { return formatDuration(e.EffectiveDelay) }, func(e *Envelope, v string) { e.EffectiveDelay, _ = time.ParseDuration(v) }},
-}
+// envelopeKeys is how many keys the envelope has.
+const envelopeKeys = 20
 
-// envelopeIndex finds a key's place in envelopeFields.
-var envelopeIndex = func() map[string]int {
-	m := make(map[string]int, len(envelopeFields))
-	for i, f := range envelopeFields {
-		m[f.key] = i
+// fields is the failure envelope's one list of keys (their names are in
+// internal/keys), each with e's field: Write, ReadEnvelope and inEnvelope go by it,
+// and the command's shown keys are what Write writes.
+func (e *Envelope) fields() [envelopeKeys]envelopeField {
+	return [...]envelopeField{
+		{key: keys.Attempt, n: &e.Attempt},
+		{key: keys.MaxAttempts, n: &e.MaxAttempts},
+		{key: keys.RedriveCount, n: &e.Redriven},
+		{key: keys.PoisonReason, reason: &e.Reason, limit: maxNameBytes},
+		{key: keys.Error, text: &e.Error, limit: maxErrorBytes},
+		{key: keys.ErrorTypes, types: &e.ErrorTypes},
+		{key: keys.Stack, text: &e.Stack, limit: maxStackBytes},
+		{key: keys.Handler, text: &e.Handler, limit: maxNameBytes},
+		{key: keys.Topic, text: &e.Topic, limit: maxNameBytes},
+		{key: keys.Queue, text: &e.Queue, limit: maxNameBytes},
+		{key: keys.OriginalExchange, text: &e.OriginalExchange, limit: maxNameBytes},
+		{key: keys.OriginalRoutingKey, text: &e.OriginalRoutingKey, limit: maxNameBytes},
+		{key: keys.DroppedHeaders, text: &e.DroppedHeaders, limit: maxErrorBytes},
+		{key: keys.RedrivenFrom, text: &e.RedrivenFrom, limit: maxNameBytes},
+		{key: keys.FirstFailure, at: &e.FirstFailure},
+		{key: keys.LastFailure, at: &e.LastFailure},
+		{key: keys.Due, at: &e.Due},
+		{key: keys.RedrivenAt, at: &e.RedrivenAt},
+		{key: keys.RequestedDelay, delay: &e.RequestedDelay},
+		{key: keys.EffectiveDelay, delay: &e.EffectiveDelay},
 	}
-	return m
+}
+
+// format is f's field as Write writes it: bounded, "" for a zero field (left out).
+// Times are UTC RFC 3339 (timeLayout).
+func (f envelopeField) format() string {
+	var v string
+	switch {
+	case f.text != nil:
+		v = *f.text
+	case f.reason != nil:
+		v = string(*f.reason)
+	case f.types != nil:
+		return joinTypes(*f.types)
+	case f.n != nil && *f.n != 0:
+		v = strconv.Itoa(*f.n)
+	case f.at != nil && !f.at.IsZero():
+		v = f.at.UTC().Format(timeLayout)
+	case f.delay != nil && *f.delay != 0:
+		v = f.delay.String()
+	}
+	if f.limit > 0 && len(v) > f.limit {
+		v = truncate(v, f.limit)
+	}
+	return v
+}
+
+// parse reads v, Write's value of f, into f's field; an unreadable value leaves it
+// zero.
+func (f envelopeField) parse(v string) {
+	switch {
+	case f.text != nil:
+		*f.text = v
+	case f.reason != nil:
+		*f.reason = amqpretry.Reason(v)
+	case f.types != nil:
+		if v != "" {
+			*f.types = strings.Split(v, typeSeparator)
+		}
+	case f.n != nil && f.key == keys.Attempt:
+		if n, ok := keys.ParseAttempt(v); ok {
+			*f.n = n
+		}
+	case f.n != nil:
+		*f.n, _ = strconv.Atoi(v)
+	case f.at != nil:
+		*f.at = readTime(v)
+	case f.delay != nil:
+		*f.delay, _ = time.ParseDuration(v)
+	}
+}
+
+// timeLayout is how the envelope and keys.ParkUntil write a time, in UTC.
+const timeLayout = time.RFC3339Nano
+
+// envelopeKeyList is the envelope's keys in the order of its list (fields), read from
+// it: Write stores a key from here, so that the Envelope it writes stays on the stack.
+var envelopeKeyList = func() (ks [envelopeKeys]string) {
+	var e Envelope
+	for i, f := range e.fields() {
+		ks[i] = f.key
+	}
+	return ks
 }()
 
 // inEnvelope tells whether key is one of the failure envelope's.
 func inEnvelope(key string) bool {
-	_, ok := envelopeIndex[key]
-	return ok
+	for _, k := range envelopeKeyList {
+		if k == key {
+			return true
+		}
+	}
+	return false
 }
 
 // Write writes e into md, bounding every field, and removes the key of every zero
 // field, so that md has exactly e: a poisoned copy keeps nothing of its last retry
 // hop, and a retried one no poison reason.
 func (e Envelope) Write(md message.Metadata) {
-	for _, f := range envelopeFields {
-		if v := f.write(&e); v == "" {
-			delete(md, f.key)
+	for i, f := range e.fields() {
+		if v := f.format(); v == "" {
+			delete(md, envelopeKeyList[i])
 		} else {
-			md[f.key] = v
+			md[envelopeKeyList[i]] = v
 		}
 	}
 }
@@ -144,9 +204,9 @@ func (e Envelope) Write(md message.Metadata) {
 // keys are absent or unreadable are zero.
 func ReadEnvelope(md message.Metadata) Envelope {
 	var e Envelope
-	for k, v := range md {
-		if i, ok := envelopeIndex[k]; ok {
-			envelopeFields[i].read(&e, v)
+	for _, f := range e.fields() {
+		if v, ok := md[f.key]; ok {
+			f.parse(v)
 		}
 	}
 	return e
@@ -155,34 +215,11 @@ func ReadEnvelope(md message.Metadata) Envelope {
 // readTime reads a time of the envelope, zero when unreadable or when Write could not
 // write it back in UTC RFC 3339 (an offset that moves it out of years 0 to 9999).
 func readTime(s string) time.Time {
-	t, err := time.Parse(time.RFC3339Nano, s)
+	t, err := time.Parse(timeLayout, s)
 	if u := t.UTC(); err != nil || u.Year() < 0 || u.Year() > 9999 {
 		return time.Time{}
 	}
 	return t
-}
-
-// formatInt, formatTime and formatDuration format a field of the envelope as its
-// metadata value: "" for zero, which Write leaves out.
-func formatInt(n int) string {
-	if n == 0 {
-		return ""
-	}
-	return strconv.Itoa(n)
-}
-
-func formatTime(t time.Time) string {
-	if t.IsZero() {
-		return ""
-	}
-	return t.UTC().Format(time.RFC3339Nano)
-}
-
-func formatDuration(d time.Duration) string {
-	if d == 0 {
-		return ""
-	}
-	return d.String()
 }
 
 // truncate cuts s to at most n bytes on a rune boundary, marking the cut with "…".
@@ -200,15 +237,18 @@ func truncate(s string, n int) string {
 
 // joinTypes joins at most keys.MaxErrorTypes types, each bounded.
 func joinTypes(types []string) string {
-	if len(types) == 1 {
-		return truncate(types[0], maxErrorTypeBytes)
+	if len(types) == 1 && len(types[0]) <= maxErrorTypeBytes {
+		return types[0] // most errors have no chain: nothing to build
 	}
 	var b strings.Builder
 	for i, t := range types[:min(len(types), keys.MaxErrorTypes)] {
 		if i > 0 {
 			b.WriteString(typeSeparator)
 		}
-		b.WriteString(truncate(t, maxErrorTypeBytes))
+		if len(t) > maxErrorTypeBytes {
+			t = truncate(t, maxErrorTypeBytes)
+		}
+		b.WriteString(t)
 	}
 	return b.String()
 }
