@@ -2,7 +2,10 @@ package amqpretry
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"reflect"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -10,7 +13,6 @@ import (
 
 	"github.com/amqpretry/amqpretry/internal/ctxkey"
 	"github.com/amqpretry/amqpretry/internal/keys"
-	"github.com/amqpretry/amqpretry/internal/undecodable"
 )
 
 // Permanent marks err as not worth retrying: the message is poisoned on this failure.
@@ -56,6 +58,10 @@ type Decision struct {
 	// queue's outage begins at once (Config.Outage), and the message waits, spending
 	// no attempt. Permanent and Delay take precedence over it.
 	Unavailable bool
+	// Undecodable says the chain has an error of a payload that can never decode
+	// (DecisionOf's list): Permanent is set with it, and the poisoned copy's envelope
+	// says why.
+	Undecodable bool
 }
 
 // ClassifyParams is what Config.Classify is given. Fields may be added.
@@ -74,6 +80,12 @@ type ClassifyParams struct {
 	// policy's schedule.
 	Default Decision
 }
+
+// protobufPrefix starts the package path of every error type of protobuf-go
+// (google.golang.org/protobuf/internal/errors): what errors.Is(err, proto.Error)
+// matches, read without importing protobuf-go, which a program that does not use it
+// would then link.
+const protobufPrefix = "google.golang.org/protobuf/"
 
 // DecisionOf returns the decision of err's chain, as errors.As walks it:
 //   - Permanent anywhere poisons the message now;
@@ -101,9 +113,6 @@ func DecisionOf(err error) Decision {
 		if err == nil {
 			continue
 		}
-		if undecodable.Is(err) {
-			d.Permanent = true
-		}
 		switch e := err.(type) {
 		case *permanentError:
 			d.Permanent = true
@@ -113,11 +122,21 @@ func DecisionOf(err error) Decision {
 			}
 		case *unavailableError:
 			d.Unavailable = true
+		case *json.SyntaxError, *json.UnmarshalTypeError:
+			d.Permanent, d.Undecodable = true, true
 		default:
 			// An open circuit breaker's refusal (Watermill's CircuitBreaker
 			// middleware, sony/gobreaker).
 			if err == gobreaker.ErrOpenState || err == gobreaker.ErrTooManyRequests {
 				d.Unavailable = true
+			}
+			// An error of protobuf-go, told by its type's package.
+			t := reflect.TypeOf(err)
+			if t.Kind() == reflect.Pointer {
+				t = t.Elem()
+			}
+			if strings.HasPrefix(t.PkgPath(), protobufPrefix) {
+				d.Permanent, d.Undecodable = true, true
 			}
 		}
 		switch u := err.(type) {

@@ -16,7 +16,8 @@ import (
 
 // TestDecisionOfUndecodable: an error of a payload that can never decode, anywhere in
 // the chain, is permanent: encoding/json's syntax and type errors, protobuf-go's
-// errors; not json's other errors, nor an error that only says "proto:".
+// errors (Undecodable says so); not json's other errors, nor an error that only says
+// "proto:".
 func TestDecisionOfUndecodable(t *testing.T) {
 	var o struct{ Amount int }
 	syntax := json.Unmarshal([]byte(`{"Amount": `), &o)
@@ -37,13 +38,13 @@ func TestDecisionOfUndecodable(t *testing.T) {
 		err  error
 		want amqpretry.Decision
 	}{
-		{"json syntax", syntax, amqpretry.Decision{Permanent: true}},
-		{"json syntax, wrapped", fmt.Errorf("order event: %w", syntax), amqpretry.Decision{Permanent: true}},
-		{"json type, joined", errors.Join(errors.New("order event"), typ), amqpretry.Decision{Permanent: true}},
-		{"json type, retry after", amqpretry.RetryAfter(fmt.Errorf("x: %w", typ), 5), amqpretry.Decision{Permanent: true, Delay: 5}},
+		{"json syntax", syntax, amqpretry.Decision{Permanent: true, Undecodable: true}},
+		{"json syntax, wrapped", fmt.Errorf("order event: %w", syntax), amqpretry.Decision{Permanent: true, Undecodable: true}},
+		{"json type, joined", errors.Join(errors.New("order event"), typ), amqpretry.Decision{Permanent: true, Undecodable: true}},
+		{"json type, retry after", amqpretry.RetryAfter(fmt.Errorf("x: %w", typ), 5), amqpretry.Decision{Permanent: true, Undecodable: true, Delay: 5}},
 		{"json invalid unmarshal", invalid, amqpretry.Decision{}},
-		{"protobuf wire", fmt.Errorf("event: %w", wire), amqpretry.Decision{Permanent: true}},
-		{"protobuf json", errors.Join(errors.New("event"), pjson), amqpretry.Decision{Permanent: true}},
+		{"protobuf wire", fmt.Errorf("event: %w", wire), amqpretry.Decision{Permanent: true, Undecodable: true}},
+		{"protobuf json", errors.Join(errors.New("event"), pjson), amqpretry.Decision{Permanent: true, Undecodable: true}},
 		{"only says proto", errors.New("proto: cannot parse invalid wire-format data"), amqpretry.Decision{}},
 	} {
 		if got := amqpretry.DecisionOf(tt.err); got != tt.want {

@@ -15,7 +15,6 @@ import (
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
-	"github.com/amqpretry/amqpretry/internal/undecodable"
 )
 
 // The failure path, in the order it runs: decide what becomes of the message, size
@@ -27,7 +26,10 @@ import (
 // err: decided is err's decision when the immediate retries already classified it.
 func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided *amqpretry.Decision) error {
 	// Decide.
-	werr := e.checkWiring(d)
+	var werr error
+	if e.wiring.ID != "" && (d.owner != e.wiring.ID || !d.bound) { // else this Retry's, on a bound queue
+		werr = e.checkWiring(d)
+	}
 	if errors.Is(werr, errOtherRetry) {
 		return err // that Retry, also on this handler, decides
 	}
@@ -41,7 +43,7 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	case werr != nil:
 		return e.handoffFailed(f, copyOf(run), werr, "not-wired", true)
 	case decided.Permanent:
-		if undecodable.In(err) {
+		if decided.Undecodable {
 			// Say why the error is permanent when no mark of the handler's says it.
 			f.envelope.Error = "undecodable payload, not retried: " + f.envelope.Error
 			f.log()["undecodable"] = true
@@ -175,7 +177,7 @@ func (e *engine) holdsRetry(d delivery, dec amqpretry.Decision) bool {
 		return false
 	case !e.holder.constant:
 		return true
-	case e.held.isBroken(d.queue):
+	case e.held.anyBroken.Load() && e.held.isBroken(d.queue):
 		return false
 	}
 	return dec.Delay <= 0 && (e.backend == nil || d.attempt <= e.cfg.HeldRetries)
@@ -189,8 +191,10 @@ func (e *engine) scheduled(f *failure, by *kept, requested, effective, handoff t
 		e.failures.forget(f.msg.UUID)
 	}
 	n := e.stats.retries.Add(1)
-	e.observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: f.queue, Backend: by.name, Attempt: f.attempt, Err: f.err,
-		Requested: requested, Effective: effective, Handoff: handoff})
+	if e.cfg.Observe != nil { // observe, on the way of every retry
+		e.cfg.Observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: f.queue, Backend: by.name, Attempt: f.attempt, Err: f.err,
+			Requested: requested, Effective: effective, Handoff: handoff})
+	}
 	if every := int64(e.cfg.RetryLogEvery); every < 0 || (every > 1 && n%every != 1) {
 		return
 	}
@@ -242,31 +246,21 @@ func (e *engine) envelope(d delivery, err error) Envelope {
 		LastFailure: d.at, Error: err.Error(),
 		Handler: d.handler, Topic: d.topic, Queue: d.queue,
 	}
-	env.ErrorTypes, env.Stack = errorChain(err)
-	if env.FirstFailure.IsZero() {
-		env.FirstFailure = d.at
-		env.OriginalExchange, env.OriginalRoutingKey = d.exchange, d.key
-	}
-	return env
-}
-
-// errorChain walks err's chain depth first, outermost first, as errors.As does: the
-// Go types in it (at most keys.MaxErrorTypes) and the stack of the first panic in it
-// (a *panicked's), "" for none.
-func errorChain(err error) (types []string, stack string) {
+	// err's chain, depth first, outermost first, as errors.As walks it: the Go types
+	// in it (at most keys.MaxErrorTypes) and the stack of the first panic in it.
 	var buf [8]error
 	todo := append(buf[:0], err)
-	for len(todo) > 0 && (len(types) < keys.MaxErrorTypes || stack == "") {
+	for len(todo) > 0 && (len(env.ErrorTypes) < keys.MaxErrorTypes || env.Stack == "") {
 		e := todo[len(todo)-1]
 		todo = todo[:len(todo)-1]
 		if e == nil {
 			continue
 		}
-		if len(types) < keys.MaxErrorTypes {
-			types = append(types, fmt.Sprintf("%T", e))
+		if len(env.ErrorTypes) < keys.MaxErrorTypes {
+			env.ErrorTypes = append(env.ErrorTypes, fmt.Sprintf("%T", e))
 		}
-		if p, ok := e.(*panicked); ok && stack == "" {
-			stack = p.stack
+		if p, ok := e.(*panicked); ok && env.Stack == "" {
+			env.Stack = p.stack
 		}
 		switch u := e.(type) {
 		case interface{ Unwrap() error }:
@@ -278,7 +272,11 @@ func errorChain(err error) (types []string, stack string) {
 			}
 		}
 	}
-	return types, stack
+	if env.FirstFailure.IsZero() {
+		env.FirstFailure = d.at
+		env.OriginalExchange, env.OriginalRoutingKey = d.exchange, d.key
+	}
+	return env
 }
 
 // envelopeRoom is how many keys the envelope of a retry adds to a copy.
@@ -299,7 +297,11 @@ const envelopeRoom = 13
 // ConfirmTimeout, the hand-off is confirmed, and the original acked, or fails, and the
 // original is nacked.
 func copyOf(msg *message.Message) *message.Message {
-	cp := message.NewMessageWithContext(context.WithoutCancel(marshal.CopyContext(msg)), msg.UUID, msg.Payload)
+	ctx := msg.Context()
+	if _, typed := msg.Metadata[keys.TypedHeaders]; typed { // else nothing to carry
+		ctx = marshal.CopyContext(msg)
+	}
+	cp := message.NewMessageWithContext(context.WithoutCancel(ctx), msg.UUID, msg.Payload)
 	n := len(msg.Metadata) + envelopeRoom
 	for _, k := range keys.OfDelivery {
 		if _, ok := msg.Metadata[k]; ok {

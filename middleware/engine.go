@@ -15,6 +15,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -135,6 +136,7 @@ func (l *lifecycle) isClosed() bool {
 // delivery is what the engine reads of a message once, when it arrives.
 type delivery struct {
 	msg      *message.Message
+	chain    *chain // msg's context, where this Retry has joined
 	owned    bool
 	owner    string
 	attempt  int
@@ -164,13 +166,25 @@ type delivery struct {
 }
 
 // read reads msg on receipt, and records this Retry among the middlewares msg passes
-// through (joinChain). A retry this process held comes back without its envelope: the
+// through (its chain). A retry this process held comes back without its envelope: the
 // one remembered when it was held is written back into its metadata, so that the
 // handler reads it as on a copy.
 func (e *engine) read(msg *message.Message) delivery {
-	c := joinChain(msg, e.wiring.ID)
+	// The chain: msg's, or a new one wrapping its context, read before; this Retry
+	// joins it.
 	ctx := msg.Context()
+	c, _ := ctx.Value(ctxkey.Chain{}).(*chain)
+	if c == nil {
+		c = &chain{Context: ctx}
+		msg.SetContext(c)
+	}
+	if e.wiring.ID != "" {
+		c.mu.Lock()
+		c.ids = append(c.ids, e.wiring.ID)
+		c.mu.Unlock()
+	}
 	d := delivery{
+		chain:    c,
 		msg:      msg,
 		envelope: ReadEnvelope(msg.Metadata),
 		handler:  message.HandlerNameFromCtx(ctx),
@@ -217,6 +231,46 @@ func (e *engine) read(msg *message.Message) delivery {
 	return d
 }
 
+// mark is the keys.Subscriber value of Retry id's subscriber whose queue-name
+// function is number fn.
+func mark(id string, fn int) string {
+	if fn == 0 {
+		return id
+	}
+	return id + "/" + strconv.Itoa(fn)
+}
+
+// resolve reads a delivery's subscriber mark v (keys.Subscriber: mark's "<ID>" or
+// "<ID>/<n>") as it arrives on topic: the Retry whose subscriber delivered it, the
+// queue it came from ("" for a number never registered; a message of another Retry is
+// resolved with Queue), and whether that queue's way back was bound by this Retry's
+// subscriber (true when Bound is nil: not checked). One call, on receipt: the failure
+// path reads the answers from the delivery.
+func (w *wiring) resolve(v, topic string) (owner, queue string, bound bool) {
+	owner, fn := v, 0
+	if id, n, ok := strings.Cut(v, "/"); ok {
+		if i, err := strconv.Atoi(n); err == nil && i >= 1 {
+			owner, fn = id, i
+		}
+	}
+	if w.ID != "" && owner != w.ID {
+		fn = 0 // another Retry's function
+	}
+	switch fs := w.more.fs.Load(); {
+	case fn == 0:
+		queue = w.Queue(topic)
+	case fs != nil && fn <= len(*fs):
+		queue = (*fs)[fn-1](topic)
+	}
+	bound = true
+	if s := w.Bound; s != nil {
+		s.mu.Lock()
+		bound = s.m[queue]
+		s.mu.Unlock()
+	}
+	return owner, queue, bound
+}
+
 // chain is the record of a delivery in its message's context, shared by every
 // middleware of the handler: the Retry middlewares (by wiring.ID) it passes through,
 // so that an outer one sees the inner ones after the handler returns, and the attempt
@@ -239,22 +293,6 @@ func (c *chain) Value(key any) any {
 
 // Attempt is the attempt the handler runs (amqpretry.AttemptFromContext).
 func (c *chain) Attempt() int { return int(c.attempt.Load()) }
-
-// joinChain returns msg's chain, adding one to its context if it has none, with id
-// recorded in it unless id is "".
-func joinChain(msg *message.Message, id string) *chain {
-	c, _ := msg.Context().Value(ctxkey.Chain{}).(*chain)
-	if c == nil {
-		c = &chain{Context: msg.Context()}
-		msg.SetContext(c)
-	}
-	if id != "" {
-		c.mu.Lock()
-		c.ids = append(c.ids, id)
-		c.mu.Unlock()
-	}
-	return c
-}
 
 // inChain tells whether the Retry id is among the middlewares msg passes through.
 func inChain(msg *message.Message, id string) bool {
@@ -310,7 +348,7 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			next.SetContext(marshal.CopyContext(run)) // typed headers as read
 			attempt++
 			next.Metadata[keys.Attempt] = strconv.Itoa(attempt)
-			joinChain(next, "").attempt.Store(int64(attempt))
+			d.chain.attempt.Store(int64(attempt)) // next's context is msg's: the same chain
 			run = next
 			d.attempt = attempt
 			produced, decided, err = e.runHandler(h, run, d)

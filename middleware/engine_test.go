@@ -479,7 +479,7 @@ func TestErrorTypes(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got, _ := errorChain(tt.err); !slices.Equal(got, tt.want) {
+			if got := (&engine{}).envelope(delivery{}, tt.err).ErrorTypes; !slices.Equal(got, tt.want) {
 				t.Errorf("errorTypes = %q, want %q", got, tt.want)
 			}
 		})
@@ -488,7 +488,7 @@ func TestErrorTypes(t *testing.T) {
 	for range 40 {
 		deep = fmt.Errorf("layer: %w", deep)
 	}
-	if got, _ := errorChain(deep); len(got) != 16 {
+	if got := (&engine{}).envelope(delivery{}, deep).ErrorTypes; len(got) != 16 {
 		t.Errorf("errorTypes of a chain of 41: %d types, want 16", len(got))
 	}
 }

@@ -124,6 +124,8 @@ func (f envelopeField) format() string {
 		v = *f.text
 	case f.reason != nil:
 		v = string(*f.reason)
+	case f.types != nil && len(*f.types) == 1 && len((*f.types)[0]) <= maxErrorTypeBytes:
+		v = (*f.types)[0] // most errors have no chain: nothing to join
 	case f.types != nil:
 		return joinTypes(*f.types)
 	case f.n != nil && *f.n != 0:
@@ -169,22 +171,20 @@ const timeLayout = time.RFC3339Nano
 
 // envelopeKeyList is the envelope's keys in the order of its list (fields), read from
 // it: Write stores a key from here, so that the Envelope it writes stays on the stack.
-var envelopeKeyList = func() (ks [envelopeKeys]string) {
+// envelopeIndex finds a key's place in it.
+var envelopeKeyList, envelopeIndex = func() (ks [envelopeKeys]string, index map[string]int) {
 	var e Envelope
+	index = make(map[string]int, envelopeKeys)
 	for i, f := range e.fields() {
-		ks[i] = f.key
+		ks[i], index[f.key] = f.key, i
 	}
-	return ks
+	return ks, index
 }()
 
 // inEnvelope tells whether key is one of the failure envelope's.
 func inEnvelope(key string) bool {
-	for _, k := range envelopeKeyList {
-		if k == key {
-			return true
-		}
-	}
-	return false
+	_, ok := envelopeIndex[key]
+	return ok
 }
 
 // Write writes e into md, bounding every field, and removes the key of every zero
@@ -204,10 +204,16 @@ func (e Envelope) Write(md message.Metadata) {
 // keys are absent or unreadable are zero.
 func ReadEnvelope(md message.Metadata) Envelope {
 	var e Envelope
-	for _, f := range e.fields() {
-		if v, ok := md[f.key]; ok {
-			f.parse(v)
+	var fs [envelopeKeys]envelopeField // e's, once a key of the envelope is found
+	for k, v := range md {
+		i, ok := envelopeIndex[k]
+		if !ok {
+			continue
 		}
+		if fs[i].key == "" {
+			fs = e.fields()
+		}
+		fs[i].parse(v)
 	}
 	return e
 }
@@ -237,9 +243,6 @@ func truncate(s string, n int) string {
 
 // joinTypes joins at most keys.MaxErrorTypes types, each bounded.
 func joinTypes(types []string) string {
-	if len(types) == 1 && len(types[0]) <= maxErrorTypeBytes {
-		return types[0] // most errors have no chain: nothing to build
-	}
 	var b strings.Builder
 	for i, t := range types[:min(len(types), keys.MaxErrorTypes)] {
 		if i > 0 {

@@ -86,6 +86,9 @@ type heldRetries struct {
 	due    map[heldKey]heldRetry
 	broken map[string]bool // work queues found not to hold retries
 	size   atomic.Int64
+	// anyBroken tells, without the lock, that broken has a queue: a retry on the way
+	// of every message asks it first (isBroken).
+	anyBroken atomic.Bool
 }
 
 // heldRetry is what the engine knows of a retry it held: when it is due, and when the
@@ -137,9 +140,11 @@ func (h *heldRetries) markBroken(queue string) bool {
 		h.broken = map[string]bool{}
 	}
 	h.broken[queue] = true
+	h.anyBroken.Store(true)
 	return true
 }
 
+// isBroken tells whether queue was found not to hold retries (markBroken).
 func (h *heldRetries) isBroken(queue string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -372,7 +372,11 @@ func (e *engine) run(h message.HandlerFunc, msg *message.Message, d delivery, q 
 			return
 		}
 		if err != nil && !errors.Is(err, amqpretry.ErrHandoff) {
-			x := e.decide(msg, err, d.attempt)
+			// decide, on the way of every failure: the error's marks, then Classify.
+			x := amqpretry.DecisionOf(err)
+			if e.cfg.Classify != nil {
+				x = e.cfg.Classify(amqpretry.ClassifyParams{Err: err, Message: msg, Attempt: d.attempt, Default: x})
+			}
 			dec = &x
 		}
 	}()

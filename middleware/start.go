@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"strconv"
-	"sync"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -34,9 +33,6 @@ type retry struct {
 	view    backend.Derived // what cfg derives
 	handoff backend.Handoff // nil in-process
 	id      string
-
-	mu    sync.Mutex
-	bound map[string]bool // queues whose way back a subscriber of this Retry declared
 }
 
 // start builds a retry from cfg, valid and with its defaults, and t: it connects
@@ -61,7 +57,7 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 		return r, nil
 	}
 	r.id = watermill.NewShortUUID()
-	e.wiring.ID, e.wiring.Bound = r.id, r.isBound
+	e.wiring.ID, e.wiring.Bound = r.id, &queueSet{}
 	h, err := delay.Dial(backend.HandoffConfig{URI: t.URI, AMQP: t.AMQP, ConfirmTimeout: cfg.ConfirmTimeout,
 		Marshal:  marshal.Options{MessageUUIDHeaderKey: t.UUIDHeader, NotPersistentDeliveryMode: t.NotPersistent, PostprocessPublishing: t.Postprocess},
 		Topology: cfg.Topology, Logger: cfg.Logger})

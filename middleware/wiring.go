@@ -2,8 +2,6 @@ package middleware
 
 import (
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -14,10 +12,10 @@ import (
 )
 
 // Wiring: what the engine knows of its subscriber side, and the queues bound for
-// retries (bind). A delivery's mark is resolved once, on receipt (resolve, called by
-// read); whether the message is this Retry's to hand off is the failure path's first
+// retries (bind). A delivery's mark (mark, engine.go) is resolved once, on receipt
+// (resolve, engine.go); whether the message is this Retry's to hand off is the failure path's first
 // step (checkWiring, copy.go); the Retry middlewares a message passes through are
-// recorded on receipt (joinChain, engine.go).
+// recorded on receipt (read, engine.go).
 
 // wiring is what the engine needs to know of the subscriber side.
 type wiring struct {
@@ -27,13 +25,29 @@ type wiring struct {
 	// Queue maps the topic a handler subscribes to onto the queue its messages come
 	// from, where a retry must come back. Default: the topic.
 	Queue func(topic string) string
-	// Bound tells whether a queue's way back was declared by this Retry's subscriber.
+	// Bound are the queues whose way back this Retry's subscriber declared (bind).
 	// Nil: not checked.
-	Bound func(queue string) bool
+	Bound *queueSet
 	// more are the queue-name functions of subscribers that name queues otherwise
 	// than Queue (Retry.DeliveredFor): the n-th (from 1) marks its deliveries
 	// "<ID>/<n>".
 	more queueFuncs
+}
+
+// queueSet is a set of queue names that grows while the engine reads it.
+type queueSet struct {
+	mu sync.Mutex
+	m  map[string]bool
+}
+
+// add adds queue to the set.
+func (s *queueSet) add(queue string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[string]bool{}
+	}
+	s.m[queue] = true
 }
 
 // queueFuncs is a list that grows while the engine reads it: copied on write.
@@ -55,40 +69,6 @@ func (q *queueFuncs) add(f func(topic string) string) int {
 	return len(fs)
 }
 
-// mark is the keys.Subscriber value of Retry id's subscriber whose queue-name
-// function is number fn.
-func mark(id string, fn int) string {
-	if fn == 0 {
-		return id
-	}
-	return id + "/" + strconv.Itoa(fn)
-}
-
-// resolve reads a delivery's subscriber mark v (keys.Subscriber: mark's "<ID>" or
-// "<ID>/<n>") as it arrives on topic: the Retry whose subscriber delivered it, the
-// queue it came from ("" for a number never registered; a message of another Retry is
-// resolved with Queue), and whether that queue's way back was bound by this Retry's
-// subscriber (true when Bound is nil: not checked). One call, on receipt: the failure
-// path reads the answers from the delivery.
-func (w *wiring) resolve(v, topic string) (owner, queue string, bound bool) {
-	owner, fn := v, 0
-	if id, n, ok := strings.Cut(v, "/"); ok {
-		if i, err := strconv.Atoi(n); err == nil && i >= 1 {
-			owner, fn = id, i
-		}
-	}
-	if w.ID != "" && owner != w.ID {
-		fn = 0 // another Retry's function
-	}
-	switch fs := w.more.fs.Load(); {
-	case fn == 0:
-		queue = w.Queue(topic)
-	case fs != nil && fn <= len(*fs):
-		queue = (*fs)[fn-1](topic)
-	}
-	return owner, queue, w.Bound == nil || w.Bound(queue)
-}
-
 // bind gives queue its way back, on ch, as the topology mode says (declare, check,
 // nothing), and records that it did (Retry.Bind).
 func (r *retry) bind(ch *amqp.Channel, queue string) error {
@@ -100,12 +80,9 @@ func (r *retry) bind(ch *amqp.Channel, queue string) error {
 			return fmt.Errorf("retry topology for queue %q: %w", queue, r.view.Fix.Hint(err, queue))
 		}
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.bound == nil {
-		r.bound = map[string]bool{}
+	if r.wiring.Bound != nil {
+		r.wiring.Bound.add(queue)
 	}
-	r.bound[queue] = true
 	return nil
 }
 
@@ -145,8 +122,13 @@ func (r *retry) checkWorkQueue(queue string) error {
 	return nil
 }
 
+// isBound tells whether queue's way back was bound (bind): always when not checked.
 func (r *retry) isBound(queue string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.bound[queue]
+	s := r.wiring.Bound
+	if s == nil {
+		return true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m[queue]
 }

@@ -106,7 +106,7 @@ func TestNotWiredIsPoisonedAfterHandoffAttempts(t *testing.T) {
 func TestUnboundQueueIsNotWired(t *testing.T) {
 	e, b, _ := wired(t, "billing", amqpretry.Config{})
 	bound := map[string]bool{}
-	e.wiring.Bound = func(q string) bool { return bound[q] }
+	e.wiring.Bound = &queueSet{m: bound}
 	_, err := e.Middleware(failing(errFlaky))(stamped("billing"))
 	if !errors.Is(err, amqpretry.ErrNotWired) || !strings.Contains(err.Error(), `queue "q-billing" was never bound`) {
 		t.Fatalf("unbound queue: %v", err)

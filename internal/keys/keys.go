@@ -84,13 +84,7 @@ var OfDelivery = [...]string{DeliveryExchange, DeliveryRoutingKey, Subscriber}
 
 // Reserved tells whether key is one the marshaler writes on receipt and never
 // publishes.
-func Reserved(key string) bool {
-	switch key {
-	case TypedHeaders, RawHeaders, DeliveryExchange, DeliveryRoutingKey, Subscriber:
-		return true
-	}
-	return false
-}
+func Reserved(key string) bool { return KindOf(key) == ReservedKey }
 
 // MaxErrorTypes bounds how many Go types of an error's chain an envelope lists.
 const MaxErrorTypes = 16
@@ -107,18 +101,34 @@ const (
 	LastDeath  = "x-last-death-"
 )
 
-// NotPublished tells whether header is never published: Reserved or BrokerOwned.
-func NotPublished(header string) bool { return Reserved(header) || BrokerOwned(header) }
-
 // BrokerOwned tells whether header is set by RabbitMQ itself and must never be copied
 // into a message published again: x-death, every x-first-death-* and x-last-death-*
 // header, x-delay, x-delivery-count, x-acquired-count, CC and BCC. Copied, x-death
 // feeds RabbitMQ's dead-letter cycle detection, which can drop the message silently;
 // the others describe the delivery that just happened, not the next one.
-func BrokerOwned(header string) bool {
+func BrokerOwned(header string) bool { return KindOf(header) == BrokerOwnedKey }
+
+// Kind is what a header is to the library (KindOf).
+type Kind uint8
+
+// The kinds of header: published with the message, or never (the marshaler's own, or
+// RabbitMQ's).
+const (
+	Published      Kind = iota
+	ReservedKey         // Reserved
+	BrokerOwnedKey      // BrokerOwned
+)
+
+// KindOf is what header is: ReservedKey, BrokerOwnedKey, or Published.
+func KindOf(header string) Kind {
 	switch header {
+	case TypedHeaders, RawHeaders, DeliveryExchange, DeliveryRoutingKey, Subscriber:
+		return ReservedKey
 	case XDeath, XDelay, XDeliveryCount, XAcquiredCount, "CC", "BCC":
-		return true
+		return BrokerOwnedKey
 	}
-	return strings.HasPrefix(header, FirstDeath) || strings.HasPrefix(header, LastDeath)
+	if strings.HasPrefix(header, FirstDeath) || strings.HasPrefix(header, LastDeath) {
+		return BrokerOwnedKey
+	}
+	return Published
 }

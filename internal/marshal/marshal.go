@@ -7,6 +7,8 @@
 package marshal
 
 import (
+	"cmp"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -54,14 +56,6 @@ type Options struct {
 // (both use amqp091-go's types).
 type Marshaler struct{ Options }
 
-// UUIDKey is the header the message UUID is kept in.
-func (o Options) UUIDKey() string {
-	if o.MessageUUIDHeaderKey != "" {
-		return o.MessageUUIDHeaderKey
-	}
-	return DefaultUUIDKey
-}
-
 // Unmarshal converts a delivery to a message. String headers become metadata as
 // they are; every other header is stored encoded (EncodeValue) and listed under
 // keys.TypedHeaders, or, where the encoding cannot carry it, kept under
@@ -79,7 +73,7 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	if isZero(&d) {
 		return nil, ErrZeroDelivery
 	}
-	uuidKey := m.UUIDKey()
+	uuidKey := cmp.Or(m.MessageUUIDHeaderKey, DefaultUUIDKey) // the header the UUID is kept in
 	uuid := ""
 	md := make(message.Metadata, len(d.Headers)+4)
 	var typed []kept
@@ -171,6 +165,22 @@ func isZero(d *amqp.Delivery) bool {
 		d.Type == "" && d.UserId == "" && d.AppId == "" && d.MessageCount == 0 && !d.Redelivered
 }
 
+// CopyContext returns the context for a copy of msg: msg's, carrying the typed header
+// values Unmarshal read with msg, so that Marshal publishes the copy's typed headers
+// without decoding them again. A message without typed headers gets its context as
+// it is.
+func CopyContext(msg *message.Message) context.Context {
+	ctx := msg.Context()
+	if _, ok := msg.Metadata[keys.TypedHeaders]; !ok {
+		return ctx
+	}
+	r := receiptOf(msg)
+	if r == nil || ctx.Value(receiptKey{}) == r {
+		return ctx
+	}
+	return context.WithValue(ctx, receiptKey{}, r)
+}
+
 // Marshal converts a message to a publishing without modifying the message. Typed
 // metadata is turned back into the original AMQP types and the headers under
 // keys.RawHeaders are restored. A typed value whose metadata is still the string
@@ -183,11 +193,11 @@ func isZero(d *amqp.Delivery) bool {
 // longer decodes (a handler set a plain string there) is sent as the string it now is,
 // and a keys.RawHeaders value that is not one Unmarshal wrote is left out.
 func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
-	uuidKey := m.UUIDKey()
+	uuidKey := cmp.Or(m.MessageUUIDHeaderKey, DefaultUUIDKey) // the header the UUID is kept in
 	md := msg.Metadata
 	headers := make(amqp.Table, len(md)+1)
 	for k, s := range md {
-		if k == uuidKey || keys.NotPublished(k) {
+		if k == uuidKey || keys.KindOf(k) != keys.Published {
 			continue
 		}
 		headers[k] = s
@@ -224,7 +234,7 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 		if b, err := base64.StdEncoding.DecodeString(s); err == nil {
 			if raw, err := wire.ParseTable(b); err == nil {
 				for k, v := range raw {
-					if !keys.NotPublished(k) {
+					if keys.KindOf(k) == keys.Published {
 						headers[k] = v
 					}
 				}

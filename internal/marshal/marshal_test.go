@@ -201,7 +201,7 @@ func TestReturnedAttempts(t *testing.T) {
 }
 
 func TestOptionsUUIDKey(t *testing.T) {
-	if got := (Options{}).UUIDKey(); got != "_watermill_message_uuid" {
+	if got := DefaultUUIDKey; got != "_watermill_message_uuid" {
 		t.Errorf("default UUIDKey %q", got)
 	}
 	m := Marshaler{Options{MessageUUIDHeaderKey: "id", Retry: true}}

@@ -1,7 +1,6 @@
 package marshal
 
 import (
-	"context"
 	"runtime"
 	"slices"
 	"strconv"
@@ -13,8 +12,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/amqpretry/amqpretry/internal/keys"
 )
 
 // Read once, write once: Unmarshal keeps the typed header values it read (a receipt)
@@ -103,22 +100,6 @@ func receiptOf(msg *message.Message) *receipt {
 		return r.(*receipt)
 	}
 	return nil
-}
-
-// CopyContext returns the context for a copy of msg: msg's, carrying the typed header
-// values Unmarshal read with msg, so that Marshal publishes the copy's typed headers
-// without decoding them again. A message without typed headers gets its context as
-// it is.
-func CopyContext(msg *message.Message) context.Context {
-	ctx := msg.Context()
-	if _, ok := msg.Metadata[keys.TypedHeaders]; !ok {
-		return ctx
-	}
-	r := receiptOf(msg)
-	if r == nil || ctx.Value(receiptKey{}) == r {
-		return ctx
-	}
-	return context.WithValue(ctx, receiptKey{}, r)
 }
 
 // nan32 and nan64 are the NaNs DecodeValue gives (float).

@@ -43,6 +43,10 @@ func Size(t amqp.Table) (int, error) {
 		if len(k) > math.MaxUint8 {
 			return 0, PathError(ErrUnsupported, k, "table key longer than 255 bytes")
 		}
+		if s, ok := v.(string); ok { // most headers: sized here, as fieldSize would
+			n += 1 + len(k) + 5 + len(s)
+			continue
+		}
 		fn, err := fieldSize(v)
 		if err != nil {
 			return 0, err
