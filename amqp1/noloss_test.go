@@ -700,14 +700,14 @@ func (r *nolossRun) finish() {
 		}
 	}
 	if m, _, _ := r.workQueueStats(); m != 0 {
-		t.Errorf("the work queue holds %d messages at the end, want 0", m)
+		t.Errorf("the work queue has %d messages at the end, want 0", m)
 	}
 	if t.Failed() {
 		t.Logf("consumer log (last 8 KiB): %s", tail(r.logPath, 8192))
 	}
 }
 
-// quiet tells whether the work queue holds nothing: no message ready, delivered or
+// quiet tells whether the work queue has nothing: no message ready, delivered or
 // held for later.
 func (r *nolossRun) quiet() bool {
 	m, _, _ := r.workQueueStats()

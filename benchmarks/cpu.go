@@ -52,7 +52,7 @@ func procCPU(pid string) time.Duration {
 	if err != nil {
 		return 0
 	}
-	// The command (field 2) is in parentheses and may hold spaces: count after it.
+	// The command (field 2) is in parentheses and may contain spaces: count after it.
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
 		return 0

@@ -30,7 +30,7 @@ import (
 
 const defaultURI = "amqp://guest:guest@127.0.0.1:5672/"
 
-// Results holds exactly the figures of the issue; it is the JSON file.
+// Results has exactly the figures of the issue; it is the JSON file.
 type Results struct {
 	HealthyThroughputRatio *float64 `json:"healthy_throughput_ratio"`
 	// HealthyCeilingRatio: per handler work ("0ms", "1ms"), healthy msg/s with our
@@ -98,7 +98,7 @@ func modeSizes(quick bool) sizes {
 	if quick {
 		// In-process retry sleeps 300 ms per failing message inside the one handler:
 		// 5,000 messages would take 150 s per round. 500 keep the 10% mix and take 15 s;
-		// its steady-state window holds 400 of them, 40 failing.
+		// its steady-state window has 400 of them, 40 failing.
 		s.inprocessN = 500
 		s.ceilingRounds = 2
 		// The baseline queue releases nothing until its head expires.
@@ -234,7 +234,7 @@ func main() {
 		pprof.StopCPUProfile()
 		close(done)
 		cleanErr := e.cleanup(true)
-		// The broker may be restarting (a shared one): its queues hold up to a million
+		// The broker may be restarting (a shared one): its queues have up to a million
 		// messages each, so keep trying for a few minutes.
 		for try := 0; cleanErr != nil && try < 18; try++ {
 			fmt.Fprintln(os.Stderr, "cleanup:", cleanErr, "- trying again in 10 s")
@@ -351,7 +351,7 @@ func main() {
 	}
 
 	// -also: the same suite against more brokers, one after the other; the JSON's top
-	// level stays that of AMQP_URI, and "brokers" holds every broker's figures under its
+	// level stays that of AMQP_URI, and "brokers" has every broker's figures under its
 	// version.
 	envs := []*env{e}
 	for _, u := range strings.Split(*also, ",") {
@@ -477,7 +477,7 @@ func run(ctx context.Context, e *env, only string) (*report, error) {
 		}
 		fmt.Printf("   (%s)\n", time.Since(start).Round(100*time.Millisecond))
 		// Each scenario's queues go as soon as it is done, so the next one runs on a
-		// broker that holds none of them.
+		// broker that has none of them.
 		if err := e.cleanup(e.reg.takeUnsure()); err != nil {
 			errs = append(errs, fmt.Errorf("%s: cleanup: %w", s.name, err))
 		}

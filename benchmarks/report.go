@@ -54,7 +54,7 @@ func latenessGoal(backend string) float64 {
 	return 0
 }
 
-func holds(ok bool) string {
+func met(ok bool) string {
 	if ok {
 		return "yes"
 	}
@@ -64,12 +64,12 @@ func holds(ok bool) string {
 func (r *report) table() string {
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "figure\tvalue\tgoal\tholds\tmeasured")
+	fmt.Fprintln(w, "figure\tvalue\tgoal\tmet\tmeasured")
 	if r.tp != nil {
 		for i, t := range r.tp.sets {
 			name, vsName := "healthy_throughput_ratio", "vs_inprocess_retry"
 			goal, vsGoal := ">= 0.8", ">= 100"
-			ok, vsOK := holds(t.healthyRatio() >= 0.8), holds(t.vsInprocess() >= 100)
+			ok, vsOK := met(t.healthyRatio() >= 0.8), met(t.vsInprocess() >= 100)
 			if i > 0 { // not the figure: shown for comparison
 				name = fmt.Sprintf("  same, %d handlers (not in JSON)", t.handlers)
 				vsName = name
@@ -93,13 +93,13 @@ func (r *report) table() string {
 	if r.ceil != nil {
 		for _, row := range r.ceil.rows {
 			fmt.Fprintf(w, "healthy_ceiling_ratio %s\t%.3f\t>= 0.9\t%s\thealthy msg/s, means of %d rounds: ours %.0f vs ceiling %.0f (per round: %s vs %s); plain amqp091-go consumer %.0f (%s) (%d msgs, 1 handler, %s handler work)\n",
-				row.key(), row.ratio(), holds(row.ratio() >= 0.9), len(row.ours), mean(row.ours), mean(row.ceiling),
+				row.key(), row.ratio(), met(row.ratio() >= 0.9), len(row.ours), mean(row.ours), mean(row.ceiling),
 				joinf(row.ours, 0), joinf(row.ceiling, 0), mean(row.plain), joinf(row.plain, 0), row.n, row.work)
 		}
 	}
 	if v := r.results.RetryPathRatio; v != nil && r.rp != nil {
 		fmt.Fprintf(w, "retry_path_ratio\t%.3f\t>= 0.9\t%s\t%.0f retries scheduled/s vs %.0f/s raw amqp091-go confirmed publish+consume+ack into a tier-like queue (medians of %d rounds, %d msgs, %d consumers, 1 confirm channel)\n",
-			*v, holds(*v >= 0.9), r.rp.oursRate, r.rp.rawRate, len(r.rp.rawRates), r.rp.n, r.rp.concurrency)
+			*v, met(*v >= 0.9), r.rp.oursRate, r.rp.rawRate, len(r.rp.rawRates), r.rp.n, r.rp.concurrency)
 		fmt.Fprintf(w, "  vs raw into a classic queue (not in JSON)\t%.3f\t\t\t%.0f/s raw amqp091-go into a plain durable classic queue\n",
 			r.rp.oursRate/r.rp.classicRate, r.rp.classicRate)
 		fmt.Fprintf(w, "  vs router + ceiling middleware (not in JSON)\t%.3f\t\t\t%.0f/s the same router with the ceiling middleware (per round: ours %s, ceiling %s, raw %s); router + ceiling vs raw %.3f\n",
@@ -113,7 +113,7 @@ func (r *report) table() string {
 		case quantiles:
 			goal, ok := "-", "-"
 			if g := latenessGoal(name); g > 0 {
-				goal, ok = fmt.Sprintf("p99 <= %.0f", g), holds(v.P99 <= g)
+				goal, ok = fmt.Sprintf("p99 <= %.0f", g), met(v.P99 <= g)
 			}
 			fmt.Fprintf(w, "%s\tp99 %.1f\t%s\t%s\tp50 %.1f, p95 %.1f, max %.1f ms over %d retries of 1-10 s\n",
 				key, v.P99, goal, ok, v.P50, v.P95, v.Max, r.sz.latenessN)
@@ -137,7 +137,7 @@ func (r *report) table() string {
 	}
 	if v := r.results.RSSGrowthMB; v != nil && r.rss != nil {
 		fmt.Fprintf(w, "rss_growth_mb\t%.1f\t< 20\t%s\tVmRSS %.1f -> %.1f MiB after GC, %d retries waiting in ttl-tiers\n",
-			*v, holds(*v < 20), r.rss.before, r.rss.after, r.rss.n)
+			*v, met(*v < 20), r.rss.before, r.rss.after, r.rss.n)
 	}
 	_ = w.Flush()
 	fmt.Fprintf(&b, "\n%s mode, RabbitMQ %s, %d CPUs, run time %s\n", r.mode, r.broker, numCPU(), r.elapsed.Round(time.Second))

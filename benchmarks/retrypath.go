@@ -125,7 +125,7 @@ func median(xs []float64) float64 {
 // oursRetryPath runs the router with our middleware or, with ceil, with the ceiling
 // middleware of ceiling.go in its place (same router, subscriber and topology),
 // carrying envelope on its copies when that is not nil. Ours also returns the headers
-// of one of its copies as the tier queue holds them, without those the ceiling sets
+// of one of its copies as the tier queue keeps them, without those the ceiling sets
 // itself (the tier and the message UUID) and those the broker adds when it delivers
 // (x-*).
 func (e *env) oursRetryPath(ctx context.Context, round, n, handlers int, ceil bool, envelope amqp.Table) (float64, amqp.Table, error) {
@@ -242,7 +242,7 @@ func (e *env) oursRetryPath(ctx context.Context, round, n, handlers int, ceil bo
 	// Sanity: the copies wait in the tier queue.
 	tier := prefix + ".delay." + tierName(retryPathDelay)
 	if depth, err := queueDepth(conn, tier); err != nil || depth < n {
-		return 0, nil, fmt.Errorf("tier queue %s holds %d messages, want %d (%v)", tier, depth, n, err)
+		return 0, nil, fmt.Errorf("tier queue %s has %d messages, want %d (%v)", tier, depth, n, err)
 	}
 	rate := float64(n) / last.Sub(first).Seconds()
 	if ceil {

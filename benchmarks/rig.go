@@ -166,7 +166,7 @@ func (e *env) consume(queue string, buffer int) (*consumer, error) {
 			}
 			select {
 			case c.arrivals <- arrival{msg: msg, at: at}:
-			default: // the buffer holds every message a scenario expects
+			default: // the buffer has room for every message a scenario expects
 			}
 		}
 	}()

@@ -11,7 +11,7 @@ import (
 // RSS: the growth of this process's resident memory (VmRSS from /proc/self/status,
 // each read after a full GC that returns freed memory to the OS) from before to after
 // N retries were scheduled through ttl-tiers, while all N wait in its 10 min tier. The
-// broker holds them; the process should hold nothing per waiting message.
+// broker keeps them; the process should keep nothing per waiting message.
 
 type rssDetail struct {
 	n             int
@@ -56,7 +56,7 @@ func runRSS(ctx context.Context, e *env, rep *report) error {
 		return err
 	}
 	if depth < n {
-		return fmt.Errorf("tier queue %s holds %d messages, want %d", tier, depth, n)
+		return fmt.Errorf("tier queue %s has %d messages, want %d", tier, depth, n)
 	}
 	d := &rssDetail{n: n, before: float64(before) / mib, after: float64(after) / mib}
 	rep.rss = d

@@ -312,7 +312,7 @@ func levelPublish(ctx context.Context, r *rig, id string, d time.Duration) error
 	return r.h.Publish(ctx, exchange, key.String(), msg, nil, true, func() topology.Topology { return backend.Plan(r.b, r.queue) })
 }
 
-// waitDepth waits until the backend's queues hold want messages: every retry handed
+// waitDepth waits until the backend's queues have want messages: every retry handed
 // off is confirmed, so this is at once for ttl-tiers; binary-levels may still be
 // moving some between levels.
 func (e *env) waitDepth(ctx context.Context, r *rig, name string, want int) error {

@@ -40,8 +40,8 @@ var conformanceTiers = []time.Duration{time.Second, 2 * time.Second, 3 * time.Se
 // shares.
 const conformanceLevels = 12
 
-// tighterPrecision holds the backends that claim to be on time within less than a
-// second; every other is held to a second.
+// tighterPrecision lists the backends that claim to be on time within less than a
+// second; every other is allowed a second.
 var tighterPrecision = map[string]time.Duration{
 	delay.DelayedExchange{}.Name(): 500 * time.Millisecond,
 	delay.Memory{}.Name():          500 * time.Millisecond,
@@ -630,7 +630,7 @@ func TestConformanceSurvivesBrokerRestart(t *testing.T) {
 // delayed-exchange backend: the plugin routes a message that comes due fire-and-forget,
 // so retries due while the broker stops its application may be lost (measured 15 of
 // 3,000). It schedules 3,000 confirmed retries whose due times span a stop_app and
-// start_app, counts what reaches the work queue, and holds the loss to the README's
+// start_app, counts what reaches the work queue, and checks the loss against the README's
 // bound of 1%. ttl-tiers and binary-levels lose nothing in the same situation
 // (TestConformanceSurvivesBrokerRestart and the no-loss test).
 func TestDelayedExchangeShutdownWindow(t *testing.T) {

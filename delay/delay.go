@@ -81,7 +81,7 @@ func Names() []string {
 
 var (
 	// ErrDelayTooLong is wrapped by the error for a delay longer than the backend can
-	// hold.
+	// wait.
 	ErrDelayTooLong = errors.New("delay too long")
 	// ErrPluginMissing is wrapped by the start-up error of the delayed-exchange backend
 	// on a broker without the rabbitmq_delayed_message_exchange plugin.

@@ -70,7 +70,7 @@ const (
 	typeSeparator     = " > "
 )
 
-// envelopeField is one key of the envelope with the field of an Envelope it holds:
+// envelopeField is one key of the envelope with the field of an Envelope it stands for:
 // one of the pointers is set. Write formats it (format), ReadEnvelope parses it back
 // (parse).
 type envelopeField struct {

@@ -23,7 +23,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 )
 
-// outages holds the outage state of each work queue the engine has seen fail.
+// outages keeps the outage state of each work queue the engine has seen fail.
 type outages struct {
 	cfg    amqpretry.Outage // with defaults
 	mu     sync.Mutex

@@ -126,24 +126,24 @@ func TestStartInProcess(t *testing.T) {
 	}
 }
 
-// holding is a backend that holds retries, as delayed-retry is: its delay is the queue's, and it
+// fakeHolder is a backend that holds retries, as delayed-retry is: its delay is the queue's, and it
 // records what it is asked to settle.
-type holding struct {
+type fakeHolder struct {
 	fakeBackend
 	smu     sync.Mutex
 	settled []message.Metadata
 	err     error
 }
 
-func newHolding(d time.Duration) *holding {
-	return &holding{fakeBackend: fakeBackend{name: (delay.DelayedRetry{}).Name(), effective: func(time.Duration) (time.Duration, error) { return d, nil },
+func newFakeHolder(d time.Duration) *fakeHolder {
+	return &fakeHolder{fakeBackend: fakeBackend{name: (delay.DelayedRetry{}).Name(), effective: func(time.Duration) (time.Duration, error) { return d, nil },
 		caps: backend.Caps{Keeps: backend.KeepsDelivery, Longest: d, PastLongest: backend.HoldAgain}}}
 }
 
 // OneDelay: every retry is held for the queue's one delay (backend.Constant).
-func (p *holding) OneDelay() time.Duration { return p.caps.Longest }
+func (p *fakeHolder) OneDelay() time.Duration { return p.caps.Longest }
 
-func (p *holding) Settle(msg *message.Message, effective time.Duration, envelope message.Metadata) error {
+func (p *fakeHolder) Settle(msg *message.Message, effective time.Duration, envelope message.Metadata) error {
 	p.smu.Lock()
 	defer p.smu.Unlock()
 	if p.err != nil {
@@ -165,18 +165,18 @@ func TestHeldRetries(t *testing.T) {
 	e, _ := newEngine(t, amqpretry.Config{HeldRetries: 3, DelayedRetryDelay: time.Minute, Logger: logs,
 		Policy:  amqpretry.Policy{MaxAttempts: 6, Delays: []time.Duration{7 * time.Second}},
 		Observe: func(ev amqpretry.Event) { events = append(events, ev) }}, b)
-	held := newHolding(time.Minute)
-	e.holder = keep(held)
+	holder := newFakeHolder(time.Minute)
+	e.holder = keep(holder)
 	h := e.Middleware(failing(errFlaky))
 
 	if _, err := h(message.NewMessage("m", nil)); err != nil {
 		t.Fatal(err)
 	}
-	if len(held.settled) != 1 || len(b.parked) != 0 {
-		t.Fatalf("settled %d, parked %d; want the first retry held", len(held.settled), len(b.parked))
+	if len(holder.settled) != 1 || len(b.parked) != 0 {
+		t.Fatalf("settled %d, parked %d; want the first retry held", len(holder.settled), len(b.parked))
 	}
-	if held.settled[0] != nil {
-		t.Errorf("an envelope was built for a nack, which cannot carry it: %v", held.settled[0])
+	if holder.settled[0] != nil {
+		t.Errorf("an envelope was built for a nack, which cannot carry it: %v", holder.settled[0])
 	}
 	if last := events[len(events)-1]; last.Backend != (delay.DelayedRetry{}).Name() || last.Effective != time.Minute {
 		t.Errorf("event %+v", last)
@@ -195,8 +195,8 @@ func TestHeldRetries(t *testing.T) {
 	if e.held.isBroken("work") || logs.errors != 0 {
 		t.Errorf("queue marked broken after one early return (errors logged: %d)", logs.errors)
 	}
-	if len(held.settled) != 2 || len(b.parked) != 0 {
-		t.Fatalf("settled %d, parked %d; want the second retry held again", len(held.settled), len(b.parked))
+	if len(holder.settled) != 2 || len(b.parked) != 0 {
+		t.Fatalf("settled %d, parked %d; want the second retry held again", len(holder.settled), len(b.parked))
 	}
 	// Back at once again, in a row: the queue does not hold retries. The next retry is
 	// a copy, after the schedule's first delay.
@@ -204,8 +204,8 @@ func TestHeldRetries(t *testing.T) {
 	if !e.held.isBroken("work") || logs.errors != 1 {
 		t.Errorf("queue not marked broken after two early returns in a row (errors logged: %d)", logs.errors)
 	}
-	if len(b.parked) != 1 || len(held.settled) != 2 {
-		t.Fatalf("settled %d, parked %d; want the third retry copied", len(held.settled), len(b.parked))
+	if len(b.parked) != 1 || len(holder.settled) != 2 {
+		t.Fatalf("settled %d, parked %d; want the third retry copied", len(holder.settled), len(b.parked))
 	}
 	if env := ReadEnvelope(b.msgs()[0].Metadata); env.Attempt != 4 || env.RequestedDelay != 7*time.Second {
 		t.Errorf("copied retry %+v, want attempt 4 after the schedule's first delay", env)
@@ -222,7 +222,7 @@ func TestHeldRetryBackEarlyOnceIsNotJudged(t *testing.T) {
 	e, _ := newEngine(t, amqpretry.Config{Backend: delay.DelayedRetry{}, DelayedRetryDelay: time.Second, Logger: logs,
 		Policy: amqpretry.Policy{MaxAttempts: 10}, Outage: amqpretry.Outage{Off: true}}, nil)
 	e.backend = nil
-	e.holder = keep(newHolding(time.Second))
+	e.holder = keep(newFakeHolder(time.Second))
 	h := e.Middleware(failing(errFlaky))
 	for _, id := range []string{"a", "b", "c", "d"} {
 		for attempt := 1; attempt <= 2; attempt++ { // held, then back at once
@@ -266,14 +266,14 @@ func TestHeldSettlesOnce(t *testing.T) {
 	e, _ := newEngine(t, amqpretry.Config{Backend: delay.DelayedRetry{}, DelayedRetryDelay: time.Second,
 		Policy: amqpretry.Policy{MaxAttempts: 3}}, nil)
 	e.backend = nil
-	held := newHolding(time.Second)
-	e.holder = keep(held)
+	holder := newFakeHolder(time.Second)
+	e.holder = keep(holder)
 	msg := message.NewMessage("m", nil)
 	if _, err := e.Middleware(failing(errFlaky))(msg); err != nil {
 		t.Fatal(err)
 	}
-	if len(held.settled) != 1 {
-		t.Fatalf("settled %d times, want once", len(held.settled))
+	if len(holder.settled) != 1 {
+		t.Fatalf("settled %d times, want once", len(holder.settled))
 	}
 	select {
 	case <-msg.Nacked():
@@ -314,7 +314,7 @@ func TestHeldDelayIsTheQueues(t *testing.T) {
 	var events []amqpretry.Event
 	e, _ := newEngine(t, amqpretry.Config{HeldRetries: 2, DelayedRetryDelay: time.Second,
 		Observe: func(ev amqpretry.Event) { events = append(events, ev) }}, &fakeBackend{})
-	e.holder = keep(newHolding(time.Second))
+	e.holder = keep(newFakeHolder(time.Second))
 	h := e.Middleware(failing(errFlaky))
 	if _, err := h(message.NewMessage("m", nil)); err != nil {
 		t.Fatal(err)

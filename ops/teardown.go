@@ -360,7 +360,7 @@ func (o *Ops) unenumerable() ([]string, error) {
 const shownWaiting = 3
 
 // waitAdvice says what to do about the messages waiting in the storage torn down,
-// short of forcing it: inPlugin, if not "", names the backend whose plugin holds some
+// short of forcing it: inPlugin, if not "", names the backend whose plugin keeps some
 // (backend.Sealed).
 func waitAdvice(inPlugin string) string {
 	if inPlugin != "" {

@@ -50,13 +50,13 @@
 #                    loss and reordering where the kernel has netem; without it (as on
 #                    these CI machines), the userspace delayer
 #                    internal/testsupport/netdelay (built with go on first use) in each
-#                    namespace holds every packet leaving eth0 DELAY_MS, sent to it by
+#                    namespace delays every packet leaving eth0 DELAY_MS, sent to it by
 #                    an iptables NFQUEUE rule, and drops LOSS_PCT at random; no
 #                    reordering. Where that cannot run either, nftables drops LOSS_PCT
 #                    and there is no delay. Each is said on stderr; prints what it
 #                    applied: "netem ...", "nfqueue ..." or "nft-loss ..."
 #   heal             remove every fault: rules flushed, links up, qdiscs deleted,
-#                    delayers stopped (the packets they hold accepted at once)
+#                    delayers stopped (the packets they keep accepted at once)
 #
 # Needs root, ip (iproute2), nsenter, and nft (installed with apt-get when missing);
 # degrade without netem needs go and iptables (installed with apt-get when missing).
@@ -309,7 +309,7 @@ start() {
   need_tools
   lock
   # Built here only when missing, under the lock that scripts/rabbitmq4.sh and
-  # scripts/cluster.sh hold while they build it: never two builds at once.
+  # scripts/cluster.sh take while they build it: never two builds at once.
   [ -f "$ROOT/$READY" ] || build
   local t0=$SECONDS n
   make_net
@@ -465,7 +465,7 @@ delayer_pid() {
   if [ "$(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null)" != Z ]; then echo "$pid"; fi
 }
 
-# Starts a delayer in endpoint $1's namespace holding each packet that leaves eth0
+# Starts a delayer in endpoint $1's namespace delaying each packet that leaves eth0
 # $2 ms and dropping $3 % at random. The rule comes once the delayer is bound to the
 # queue; with --queue-bypass, packets pass undelayed whenever none is.
 delayer_start() {
@@ -489,7 +489,7 @@ delayer_start() {
 }
 
 # Stops the delayers of endpoints $@: each one's rule deleted, then SIGTERM (it
-# accepts the packets it holds at once and exits once none came for 100 ms), all at
+# accepts the packets it keeps at once and exits once none came for 100 ms), all at
 # once; SIGKILL for any left after 5 s.
 delayer_stop() {
   local e pid i running stopping=()

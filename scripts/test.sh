@@ -122,7 +122,7 @@ fi
 print_notes() { if [ "${#notes[@]}" -gt 0 ]; then printf '%s\n' "${notes[@]}"; fi; }
 print_notes
 
-# Modules: the library, and the modules of its own the repository holds.
+# Modules: the library, and the modules of its own the repository has.
 modules=(. metrics amqp1 benchmarks internal/testsupport/watermillsuite internal/testsupport/netdelay _examples/quickstart _examples/cqrs amqp1/examples/quickstart)
 gocmd() { # gocmd DIR ARGS: go in module DIR (the command module through its go.sh)
   local dir=$1
@@ -338,12 +338,12 @@ fd_budget() {
   case "$used$limit" in *[!0-9]* | "") return 0 ;; esac
   echo "file handles on $name: $used of $limit"
   if [ $((used * 100)) -gt $((limit * 80)) ]; then
-    echo "FAIL: $name has used $used of its $limit file handles (more than 80%): tests would hang; see docs/broker-resources.md for what holds them and how to free them"
+    echo "FAIL: $name has used $used of its $limit file handles (more than 80%): tests would hang; see docs/broker-resources.md for what keeps them open and how to free them"
     exit 1
   fi
 }
 
-# What a broker holds (queues, exchanges, users), to check that a run leaves nothing:
+# What a broker has (queues, exchanges, users), to check that a run leaves nothing:
 # before NAME CTL... records it, after NAME CTL... compares.
 snapdir=$(mktemp -d)
 snapshot() {

@@ -128,7 +128,7 @@ auth_mechanisms.1 = PLAIN
 auth_mechanisms.2 = AMQPLAIN
 auth_mechanisms.3 = EXTERNAL
 EOF
-  # RabbitMQ 4.x's default list holds ANONYMOUS too (3.x has no such mechanism).
+  # RabbitMQ 4.x's default list has ANONYMOUS too (3.x has no such mechanism).
   if [ -n "${3:-}" ]; then echo "auth_mechanisms.4 = $3"; fi
 }
 

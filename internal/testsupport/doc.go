@@ -1,4 +1,4 @@
-// Package testsupport holds the test harness only: the packages and programs under it
+// Package testsupport contains the test harness only: the packages and programs under it
 // (brokertest, gluetest, noloss, tlstest, and the modules of their own netdelay and
 // watermillsuite) are imported by tests and test programs, and may import any package
 // of the module. Nothing outside tests imports them.

@@ -6,7 +6,7 @@
 // named by DELAY_BACKEND (default ttl-tiers; delayed-retry needs RabbitMQ 4.3), and
 // HELD_RETRIES=N to have RabbitMQ 4.3 hold the first N retries in the work queue;
 // or in-process on a GoChannel with the memory backend when AMQP_URI is unset. With
-// METRICS_ADDR=host:port it serves /metrics while it runs (and METRICS_HOLD=30s keeps
+// METRICS_ADDR=host:port it serves /metrics while it runs (and METRICS_LINGER=30s keeps
 // serving that long after). At the end it prints the final metrics in Prometheus text
 // format, and deletes the queues and exchanges it declared (their names start with a
 // prefix of its own per run).
@@ -206,8 +206,14 @@ func run() error {
 			return err
 		}
 	}
-	if hold, err := time.ParseDuration(os.Getenv("METRICS_HOLD")); err == nil {
-		time.Sleep(hold)
+	// METRICS_LINGER: how long to keep serving before the end. METRICS_HOLD, its old
+	// name, is still read when METRICS_LINGER is unset.
+	linger, ok := os.LookupEnv("METRICS_LINGER")
+	if !ok {
+		linger = os.Getenv("METRICS_HOLD")
+	}
+	if d, err := time.ParseDuration(linger); err == nil {
+		time.Sleep(d)
 	}
 	rec := httptest.NewRecorder()
 	handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Shared by scripts/rabbitmq4.sh and scripts/cluster.sh (sourced, not run): a Debian
-# chroot holding rabbitmq-server, built with `debootstrap --variant=minbase` from the
+# chroot containing rabbitmq-server, built with `debootstrap --variant=minbase` from the
 # machine's own apt mirror, kept outside the clone and reused across runs, and the
 # helpers that run and find processes in it.
 #
@@ -132,7 +132,7 @@ chroot_pids() {
   done
 }
 
-# The ids of processes in the chroot whose environment holds VAR=VALUE ($1): every
+# The ids of processes in the chroot whose environment has VAR=VALUE ($1): every
 # command in the chroot runs with the node_env of its node, so ERL_EPMD_PORT=N finds
 # the processes of the nodes on that epmd (and the epmd), RABBITMQ_NODENAME=X those
 # started for node X (its VM, its helpers, rabbitmqctl runs against it).
@@ -181,12 +181,12 @@ unmount_if_idle() {
 }
 
 # One build, start or stop in the chroot at a time (two test runs may start nodes
-# together). The nodes must not inherit the lock's descriptor: it would hold the lock
+# together). The nodes must not inherit the lock's descriptor: it would keep the lock
 # for their lifetime.
 lock() {
   mkdir -p "$(dirname "$ROOT")"
   exec 9>"$ROOT.lock"
-  flock -w 600 9 || die "another start or stop holds $ROOT.lock"
+  flock -w 600 9 || die "another start or stop has $ROOT.lock locked"
 }
 
 # Builds the chroot at $ROOT: debootstrap, the rabbitmq user, rabbitmq-server (no

@@ -15,7 +15,7 @@ const Failures = 2
 const RetryDelay = 10 * time.Second
 
 // MaxAttempts is the policy's limit: above Failures + 1 with room for the delivery
-// count a lost connection adds to the deliveries it held (a quorum queue counts those
+// count a lost connection adds to the deliveries it had (a quorum queue counts those
 // as failed deliveries).
 const MaxAttempts = 10
 

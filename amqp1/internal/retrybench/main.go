@@ -11,7 +11,7 @@
 //     settled per second. Each for Subscriber + router + Retry (ours), a raw go-amqp
 //     loop settling modified with x-opt-delivery-time (raw), and the copy ceiling: a
 //     raw amqp091-go loop that hands each failure off as a confirmed copy (to the work
-//     queue for retry_path, to a holding quorum queue for failure_storm), then acks;
+//     queue for retry_path, to a quorum queue of copies for failure_storm), then acks;
 //     at link credit (prefetch) 1 and 50, variants alternating, rounds on fresh queues;
 //   - vs_inprocess_retry: steady-state handled msg/s with 10% of messages failing twice
 //     (delays 100 ms, 200 ms), ours ÷ the same router with Watermill's middleware.Retry
@@ -278,11 +278,11 @@ func goalFigure(name string, v float64, unit, goal string, met bool, measured st
 }
 
 func line(f Figure) string {
-	holds := "-"
+	met := "-"
 	if f.Met != nil {
-		holds = map[bool]string{true: "yes", false: "NO"}[*f.Met]
+		met = map[bool]string{true: "yes", false: "NO"}[*f.Met]
 	}
-	return fmt.Sprintf("%-40s %10.3f  %-10s %-5s %s", f.Name, f.Value, f.Goal, holds, f.Measured)
+	return fmt.Sprintf("%-40s %10.3f  %-10s %-5s %s", f.Name, f.Value, f.Goal, met, f.Measured)
 }
 
 func write(out string, res Result) error {
@@ -298,7 +298,7 @@ func write(out string, res Result) error {
 	}
 	var txt strings.Builder
 	fmt.Fprintf(&txt, "RabbitMQ %s, %d CPUs, load average %s at start, %s at end, %s, %.0f s\n", res.RabbitMQ, res.CPUs, res.LoadStart, res.LoadEnd, res.Started.Format(time.RFC3339), res.Seconds)
-	fmt.Fprintf(&txt, "%-40s %10s  %-10s %-5s %s\n", "figure", "value", "goal", "holds", "measured")
+	fmt.Fprintf(&txt, "%-40s %10s  %-10s %-5s %s\n", "figure", "value", "goal", "met", "measured")
 	for _, f := range res.Figures {
 		txt.WriteString(line(f) + "\n")
 	}
@@ -685,11 +685,11 @@ func trickle(ctx context.Context, queue string, n, per int, pause time.Duration)
 // the n-th completion.
 func throughput(sc, variant string, credit, n int) (float64, error) {
 	queue := queueName(sc + "-" + variant)
-	hold := queue + ".hold"
-	if err := declareQuorum(queue, hold); err != nil {
+	copies := queue + ".copies"
+	if err := declareQuorum(queue, copies); err != nil {
 		return 0, err
 	}
-	defer deleteQueues(queue, hold)
+	defer deleteQueues(queue, copies)
 	if err := prefill(queue, n, func(int) []byte { return []byte("x") }); err != nil {
 		return 0, err
 	}
@@ -795,7 +795,7 @@ func throughput(sc, variant string, credit, n int) (float64, error) {
 				if storm || d.Headers["x-copy"] == nil {
 					target := queue
 					if storm {
-						target = hold
+						target = copies
 					}
 					headers := amqp091.Table{"x-copy": int32(1)}
 					for k, v := range d.Headers {

@@ -34,7 +34,7 @@ func noNilErr(t *testing.T, logs *logCapture) {
 	}
 }
 
-// waitFor polls cond until it holds, failing after timeout.
+// waitFor polls cond until it is true, failing after timeout.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(timeout); !cond(); time.Sleep(20 * time.Millisecond) {

@@ -194,7 +194,7 @@ func DeletedPoisonQueueIsDeclaredAgain(t *testing.T, m Major) {
 }
 
 // HandoffThatKeepsFailingBacksOffThenPoisons: a broker policy makes the tier queue
-// reject publishes while it holds a message (max-length 0, reject-publish), and a
+// reject publishes while it has a message (max-length 0, reject-publish), and a
 // message waits there, so each hand-off is nacked. The failing message is not
 // redelivered at wire speed: it runs HandoffAttempts times with growing pauses, then
 // lands in the poison queue, once, while a canary is handled.
@@ -528,7 +528,7 @@ func TraceContextSurvivesRetryAndPoison(t *testing.T, m Major) {
 
 // WorkPerCopyIsEncodeOnReceipt pins the failure path's header work: a message with
 // three headers of AMQP types other than string, retried once on ttl-tiers, has each
-// of them encoded once per receipt (Watermill metadata holds strings) and never
+// of them encoded once per receipt (Watermill metadata has strings only) and never
 // decoded: its one copy is published from the values read on receipt (read once,
 // write once), and the middleware decides, stamps and hands off without reading them
 // back; the broker's x-death on the retry is not encoded at all (the retry subscriber

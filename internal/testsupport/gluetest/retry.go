@@ -383,12 +383,12 @@ func InvalidConfigNamesTheField(t *testing.T, m Major) {
 	}
 }
 
-// InvalidConfigTouchesNothingOnTheBroker: a policy the backend cannot hold is refused
+// InvalidConfigTouchesNothingOnTheBroker: a policy the backend cannot serve is refused
 // before New connects, so no queue or exchange is declared.
 func InvalidConfigTouchesNothingOnTheBroker(t *testing.T, m Major) {
 	s := newSetup(t, m, delay.BinaryLevels{})
 	//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
-	s.cfg.Levels = 4 // holds up to 15 s
+	s.cfg.Levels = 4 // up to 15 s
 	s.cfg.Policy = amqpretry.Policy{Delays: []time.Duration{time.Second, 20 * time.Second}}
 	_, err := m.New(s.sub, s.cfg)
 	if !errors.Is(err, delay.ErrDelayTooLong) || !strings.Contains(err.Error(), "invalid config") || !strings.Contains(err.Error(), "Policy") || !strings.Contains(err.Error(), "20s") {

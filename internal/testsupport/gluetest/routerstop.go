@@ -54,7 +54,7 @@ func AddHandlersSubscriberClosesWhenRunsContextEnds(t *testing.T, m Major) {
 	waitConnections(t, name, func(n int) bool { return n == 0 }, "every connection to close after Run's context ended and the Retry closed (the subscriber's stayed open)")
 }
 
-// waitConnections polls the broker's connections named name until ok holds of their
+// waitConnections polls the broker's connections named name until ok is true of their
 // number, failing t after a deadline.
 func waitConnections(t *testing.T, name string, ok func(int) bool, what string) {
 	t.Helper()

@@ -34,24 +34,24 @@ import (
 	"github.com/mdlayher/netlink"
 )
 
-// held is a packet waiting for its verdict.
-type held struct {
+// waiting is a packet waiting for its verdict.
+type waiting struct {
 	id  uint32
 	due time.Time
 }
 
 const (
-	// maxHeld is the kernel queue's length and the delayer's buffer: at 200 ms,
+	// maxWaiting is the kernel queue's length and the delayer's buffer: at 200 ms,
 	// 65,536 packets are 327,680 packets per second, far more than a test's cluster
 	// sends. Past it the kernel accepts packets without delay (fail-open), never drops.
-	maxHeld = 1 << 16
+	maxWaiting = 1 << 16
 	// quiet is how long, after a signal, no packet must come before netdelay exits.
 	quiet = 100 * time.Millisecond
 )
 
 func main() {
 	queue := flag.Uint("queue", 27, "the NFQUEUE number to read (the iptables rule's --queue-num)")
-	delay := flag.Duration("delay", 200*time.Millisecond, "how long each packet is held before it is accepted")
+	delay := flag.Duration("delay", 200*time.Millisecond, "how long each packet is delayed before it is accepted")
 	loss := flag.Float64("loss", 0, "the percentage of packets dropped at random, in [0, 100]")
 	flag.Parse()
 	switch {
@@ -79,7 +79,7 @@ func usage(format string, args ...any) {
 func run(queue uint16, delay time.Duration, loss float64) error {
 	nf, err := nfqueue.Open(&nfqueue.Config{
 		NfQueue:     queue,
-		MaxQueueLen: maxHeld,
+		MaxQueueLen: maxWaiting,
 		// Metadata only: the verdict needs the packet's id, not its bytes.
 		Copymode:     nfqueue.NfQnlCopyMeta,
 		Flags:        nfqueue.NfQaCfgFlagFailOpen,
@@ -96,7 +96,7 @@ func run(queue uint16, delay time.Duration, loss float64) error {
 		return fmt.Errorf("set the queue socket's read buffer: %w", err)
 	}
 
-	pending := make(chan held, maxHeld)
+	pending := make(chan waiting, maxWaiting)
 	var (
 		draining atomic.Bool
 		last     atomic.Int64 // when the last packet came (UnixNano)
@@ -120,7 +120,7 @@ func run(queue uint16, delay time.Duration, loss float64) error {
 			verdict(*a.PacketID, nfqueue.NfDrop)
 			return 0
 		}
-		pending <- held{id: *a.PacketID, due: now.Add(delay)}
+		pending <- waiting{id: *a.PacketID, due: now.Add(delay)}
 		return 0
 	}
 	onErr := func(err error) int {
@@ -163,13 +163,13 @@ func run(queue uint16, delay time.Duration, loss float64) error {
 	case err := <-failed:
 		return err
 	case s := <-sig:
-		// Every packet held is accepted now; those still coming (the rule is being
+		// Every packet waiting is accepted now; those still coming (the rule is being
 		// deleted) too, until none came for a while.
 		draining.Store(true)
 		for time.Since(time.Unix(0, last.Load())) < quiet || len(pending) > 0 {
 			time.Sleep(10 * time.Millisecond)
 		}
-		fmt.Fprintf(os.Stderr, "netdelay: %s: every packet held accepted, exiting\n", s)
+		fmt.Fprintf(os.Stderr, "netdelay: %s: every packet waiting accepted, exiting\n", s)
 		return nil
 	}
 }

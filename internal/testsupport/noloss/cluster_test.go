@@ -34,7 +34,7 @@ import (
 // wait, one fault:
 //
 //  1. rabbitmqctl close_all_connections on every node at once;
-//  2. SIGKILL of the node that holds most of the consumers' connections (rabbitmqctl
+//  2. SIGKILL of the node with most of the consumers' connections (rabbitmqctl
 //     list_connections, matched with the consumer processes' ports), then its restart;
 //     while it is down, a topology is declared (downProbe);
 //  3. SIGKILL of the node that leads the queue where most retries wait (a delay
@@ -309,7 +309,7 @@ func closeAllNodes(g *group) string {
 	return ""
 }
 
-// killConsumerNode kills the node that holds most of the consumers' connections
+// killConsumerNode kills the node with most of the consumers' connections
 // (amqpretry.Cluster spreads them over the nodes), then restarts it: rabbitmqctl
 // list_connections lists every connection of the cluster with the port it came from
 // (a consumer process's, read from /proc) and the port it reached (its node's).
@@ -367,13 +367,13 @@ func killLeader(g *group) string {
 	for _, r := range g.runs {
 		qs := r.mine(all)
 		candidates := slices.Clone(r.delayQueues)
-		if r.v.Holds() {
+		if r.v.HoldsRetries() {
 			candidates = append(candidates, r.work)
 		}
 		for _, q := range candidates {
 			w := qs[q].Messages
 			if q == r.work {
-				w = qs[q].held()
+				w = qs[q].aside()
 			}
 			if w > most {
 				best, most, short = qs[q], w, r.v.Name+strings.TrimPrefix(q, r.s.Prefix)

@@ -2,7 +2,7 @@
 // through a consumer process that is killed and restarted, brokers whose connections
 // are closed and whose application or nodes are stopped, killed and started, each
 // while retries wait, and at the end every message accounted for by its UUID. The test
-// is TestNoLoss; the consumer is the main package in ./consumer. This file holds what
+// is TestNoLoss; the consumer is the main package in ./consumer. This file has what
 // both share: the variants (backend, and how many retries RabbitMQ 4.3 holds in the
 // work queue), the configuration, the fate of a message and the record the consumer
 // writes for each message it handled.
@@ -97,9 +97,9 @@ func VariantNamed(name string) (Variant, bool) {
 	return Variant{}, false
 }
 
-// Holds tells whether retries of v wait in the work queue itself (RabbitMQ 4.3's
+// HoldsRetries tells whether retries of v wait in the work queue itself (RabbitMQ 4.3's
 // delayed retry of quorum queues).
-func (v Variant) Holds() bool { return v.Backend == delay.DelayedRetry{} || v.HeldRetries > 0 }
+func (v Variant) HoldsRetries() bool { return v.Backend == delay.DelayedRetry{} || v.HeldRetries > 0 }
 
 // Copies tells whether retries of v are copies parked in delay queues (some of them
 // at least).
@@ -170,7 +170,7 @@ type Setup struct {
 // Quorum tells whether the run's work and results queues are quorum queues: in a
 // cluster (replicated, as a cluster's users declare them), and wherever RabbitMQ
 // holds retries in the work queue (which needs one).
-func (s Setup) Quorum() bool { return len(s.Nodes) > 0 || s.Variant.Holds() || s.QuorumWork }
+func (s Setup) Quorum() bool { return len(s.Nodes) > 0 || s.Variant.HoldsRetries() || s.QuorumWork }
 
 // HeldDelay is how long RabbitMQ 4.3 holds a retry in the work queue
 // (Config.DelayedRetryDelay): long enough for the test to see retries waiting there
@@ -258,7 +258,7 @@ func (s Setup) Config() amqpretry.Config {
 		cfg.Levels = s.LevelsOf
 	}
 	cfg.Topology = s.Topology
-	if v.Holds() {
+	if v.HoldsRetries() {
 		cfg.DelayedRetryDelay = s.HeldDelay()
 	}
 	return cfg
@@ -313,11 +313,11 @@ func ResultsQueue(prefix string) string { return prefix + ".results" }
 
 // Headers of a result record.
 const (
-	// AttemptHeader holds the attempt that succeeded.
+	// AttemptHeader carries the attempt that succeeded.
 	AttemptHeader = "noloss-attempt"
-	// ArrivedHeader holds when the delivery that succeeded arrived (Unix ms).
+	// ArrivedHeader carries when the delivery that succeeded arrived (Unix ms).
 	ArrivedHeader = "noloss-arrived-ms"
-	// LateHeader holds how late that delivery was, a retry, against the time it was
+	// LateHeader carries how late that delivery was, a retry, against the time it was
 	// due (ms; absent on a first delivery): its envelope's Due for a copy, the time of
 	// the failure plus Setup.HeldDelay for a retry held in the work queue.
 	LateHeader = "noloss-late-ms"

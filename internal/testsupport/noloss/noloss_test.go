@@ -253,7 +253,7 @@ type group struct {
 }
 
 // newGroup bounds the group's runs: 6 min (10 in a cluster, which restarts nodes)
-// plus 15 ms per message. After a restart, at-least-once dead lettering may hold
+// plus 15 ms per message. After a restart, at-least-once dead lettering may keep
 // expired retries until it retries them, minutes later (seen: 3 min on RabbitMQ
 // 3.10.8).
 func newGroup(t *testing.T, b broker, bin string, o options, variants []noloss.Variant) *group {
@@ -377,20 +377,20 @@ type run struct {
 	// waitingOptional lets a fault go ahead when fewer retries than wanted were seen
 	// waiting a minute after its batch (the backend-switch run).
 	waitingOptional bool
-	// resultsAtFault is how many records the results queue held after the last fault.
+	// resultsAtFault is how many records the results queue had after the last fault.
 	resultsAtFault int
 	// consumerArgs are more flags of the consumer (a run that changes backends), and
-	// anyHolds tells that some configuration of the run holds retries in the work queue.
-	consumerArgs []string
-	anyHolds     bool
-	policyOn     bool // the delayed-retry policy is on the work queue
+	// anyHoldsRetries tells that some configuration of the run holds retries in the work queue.
+	consumerArgs    []string
+	anyHoldsRetries bool
+	policyOn        bool // the delayed-retry policy is on the work queue
 	// stoppedAt and readyAt are when each change began stopping the consumer and
 	// when the next one was ready.
 	stoppedAt, readyAt []time.Time
 }
 
-// holds tells whether retries may wait in the work queue itself.
-func (r *run) holds() bool { return r.v.Holds() || r.anyHolds }
+// holdsRetries tells whether retries may wait in the work queue itself.
+func (r *run) holdsRetries() bool { return r.v.HoldsRetries() || r.anyHoldsRetries }
 
 // faultRecord is one injected fault.
 type faultRecord struct {
@@ -648,14 +648,14 @@ func (r *run) finish() *account {
 	}
 	// Nothing may be left where retries wait. rabbitmqctl's counts of quorum queues
 	// lag by seconds: a count above 0 is asked again for up to 20 s.
-	holds := r.brokerHoldsEach()
-	for deadline := time.Now().Add(20 * time.Second); sum(holds) > 0 && time.Now().Before(deadline); {
+	counts := r.brokerCountsEach()
+	for deadline := time.Now().Add(20 * time.Second); sum(counts) > 0 && time.Now().Before(deadline); {
 		time.Sleep(2 * time.Second)
-		holds = r.brokerHoldsEach()
+		counts = r.brokerCountsEach()
 	}
 	for _, q := range r.waitingQueues() {
-		if c := holds[q]; c != 0 {
-			t.Errorf("queue %s holds %d messages at the end, want 0", q, c)
+		if c := counts[q]; c != 0 {
+			t.Errorf("queue %s has %d messages at the end, want 0", q, c)
 		}
 	}
 	if t.Failed() {
@@ -784,7 +784,7 @@ func (r *run) awaitWaitingRetries(lo, hi int) int {
 // retryQueues names where retries wait, for messages.
 func (r *run) retryQueues() []string {
 	qs := slices.Clone(r.delayQueues)
-	if r.holds() {
+	if r.holdsRetries() {
 		qs = append(qs, r.work+" (held)")
 	}
 	return qs
@@ -798,8 +798,8 @@ func (r *run) waitingNow() int {
 	for _, q := range r.delayQueues {
 		waiting += r.count(q)
 	}
-	if r.holds() {
-		waiting += r.listQueues()[r.work].held()
+	if r.holdsRetries() {
+		waiting += r.listQueues()[r.work].aside()
 	}
 	return waiting
 }
@@ -816,9 +816,9 @@ type queueStats struct {
 	Online   []string `json:"online"`
 }
 
-// held is how many messages the queue holds that are neither ready nor delivered:
+// aside is how many messages the queue has that are neither ready nor delivered:
 // retries RabbitMQ 4.3 holds (delayed retry), or messages waiting to be dead-lettered.
-func (q queueStats) held() int { return max(q.Messages-q.Ready-q.Unacked, 0) }
+func (q queueStats) aside() int { return max(q.Messages-q.Ready-q.Unacked, 0) }
 
 // listQueues runs rabbitmqctl list_queues (every queue of the vhost, with its counts;
 // in a cluster also its leader and members) and returns the run's queues.
@@ -978,7 +978,7 @@ func (a *account) problems(fateOf map[string]fates.Fate, failures int, handoffPo
 		first := slices.MinFunc(recs, func(a, b record) int { return a.attempt - b.attempt })
 		switch fate, ok := fateOf[id]; {
 		case !ok:
-			out = append(out, fmt.Sprintf("results hold an unknown message %s", id))
+			out = append(out, fmt.Sprintf("results contain an unknown message %s", id))
 		case fate == fates.Permanent:
 			out = append(out, fmt.Sprintf("message %s (fate permanent) was handled", id))
 		case fate == fates.Transient && first.attempt <= failures:
@@ -992,7 +992,7 @@ func (a *account) problems(fateOf map[string]fates.Fate, failures int, handoffPo
 		}
 		switch {
 		case !ok:
-			out = append(out, fmt.Sprintf("poison queue holds an unknown message %s", id))
+			out = append(out, fmt.Sprintf("poison queue has an unknown message %s", id))
 		case fate != fates.Permanent:
 			out = append(out, fmt.Sprintf("message %s (fate %s) was poisoned: %v", id, fate, reasons))
 		}
@@ -1032,7 +1032,7 @@ const quietBeforeGivingUp = 15 * time.Second
 // accounted for; it returns the messages still missing at the run's deadline, or as soon
 // as nothing is left that could account for them: after 15 s without progress, no
 // message, ready, unacked or held, in the work, delay or parking queues (see
-// brokerHolds), seen twice with nothing drained in between. That shortcut needs
+// brokerCount), seen twice with nothing drained in between. That shortcut needs
 // countable retries: not delayed-exchange, which waits for the deadline.
 func (r *run) collectUntilAccounted(a *account) []string {
 	lastProgress, quietSeen := time.Now(), 0
@@ -1050,7 +1050,7 @@ func (r *run) collectUntilAccounted(a *account) []string {
 		if len(a.handled)+len(a.poisoned) != before {
 			lastProgress, quietSeen = time.Now(), 0
 		} else if r.countable() && time.Since(lastProgress) > quietBeforeGivingUp {
-			if r.brokerHolds() == 0 {
+			if r.brokerCount() == 0 {
 				quietSeen++
 			} else {
 				quietSeen = 0
@@ -1065,23 +1065,23 @@ func (r *run) collectUntilAccounted(a *account) []string {
 	}
 }
 
-// brokerHolds returns how many messages the work, delay and parking queues hold.
-func (r *run) brokerHolds() int {
+// brokerCount returns how many messages the work, delay and parking queues have.
+func (r *run) brokerCount() int {
 	total := 0
-	for _, c := range r.brokerHoldsEach() {
+	for _, c := range r.brokerCountsEach() {
 		total += c
 	}
 	return total
 }
 
-// brokerHoldsEach returns how many messages each of the work, delay and parking queues
-// holds, by two counts of each, the larger: rabbitmqctl list_queues' "messages", which
+// brokerCountsEach returns how many messages each of the work, delay and parking queues
+// has, by two counts of each, the larger: rabbitmqctl list_queues' "messages", which
 // includes the unacked ones and, for a quorum queue, those waiting to be dead-lettered
-// (after a restart, at-least-once dead lettering may hold expired retries until its
+// (after a restart, at-least-once dead lettering may keep expired retries until its
 // target is back, and retry them minutes later; they are not "ready") and the retries
 // RabbitMQ 4.3 holds in the work queue, but reports quorum queues from statistics
 // seconds late; and a passive declare, which asks the queue now.
-func (r *run) brokerHoldsEach() map[string]int {
+func (r *run) brokerCountsEach() map[string]int {
 	listed := r.listQueues()
 	if _, ok := listed[r.work]; !ok {
 		r.fatal("rabbitmqctl list_queues does not list the work queue %s: is %s the broker under test?", r.work, brokertest.CtlEnv)
@@ -1101,7 +1101,7 @@ func (r *run) awaitQuiet() {
 		for _, q := range r.waitingQueues() {
 			total += r.count(q)
 		}
-		if total == 0 && r.holds() {
+		if total == 0 && r.holdsRetries() {
 			total = r.listQueues()[r.work].Messages
 		}
 		if total == 0 {
@@ -1117,7 +1117,7 @@ func (r *run) awaitQuiet() {
 func (r *run) drain(a *account) {
 	conn := r.dial()
 	defer noloss.CloseConn(conn)
-	// Bounded: a broker that stops answering fails the run instead of holding it.
+	// Bounded: a broker that stops answering fails the run instead of blocking it.
 	watchdog := time.AfterFunc(2*time.Minute, func() { noloss.CloseConn(conn) })
 	defer watchdog.Stop()
 	ch, err := conn.Channel()

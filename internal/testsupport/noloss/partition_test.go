@@ -29,7 +29,7 @@ import (
 // once retries wait, the fault starts: a quarter of the next batch is published first, so
 // that hand-offs are in flight when the network breaks, and another once it is healed. The faults:
 //
-//  1. the node holding most of the consumers' connections cut from the other two
+//  1. the node with most of the consumers' connections cut from the other two
 //     (the clients still reach it: a minority node with consumers on it);
 //  2. the node leading the queue where most retries wait, its link down;
 //  3. a majority/minority split, {1, 2, c1, obs} | {3, c2}: clients on both sides;
@@ -252,7 +252,7 @@ func nodeOfHost(s string) int {
 	return n
 }
 
-// consumerNode returns the node that holds most of the consumer processes'
+// consumerNode returns the node with most of the consumer processes'
 // connections (rabbitmqctl list_connections: the node address each reached and the
 // client port, matched with the processes' own sockets), with the counts per node.
 func consumerNode(g *group) (int, []int) {
@@ -305,13 +305,13 @@ func leaderNode(g *group) (int, string) {
 	for _, r := range g.runs {
 		qs := r.mine(all)
 		candidates := slices.Clone(r.delayQueues)
-		if r.v.Holds() {
+		if r.v.HoldsRetries() {
 			candidates = append(candidates, r.work)
 		}
 		for _, q := range candidates {
 			w := qs[q].Messages
 			if q == r.work {
-				w = qs[q].held()
+				w = qs[q].aside()
 			}
 			if w > most {
 				best, most, short = qs[q], w, r.v.Name+strings.TrimPrefix(q, r.s.Prefix)
@@ -369,17 +369,17 @@ func publishQuarter(g *group, q int) {
 }
 
 // partition runs one fault: a quarter of the next batch published, apply (which breaks
-// the network and returns a note), the fault held for hold (flap does its own), the
+// the network and returns a note), the fault kept for lasting (flap does its own), the
 // network healed; then it publishes the next quarter and waits until every run
 // records messages again and the cluster lists its three nodes, and returns the note
 // with those times (records_again_after_heal counts from the heal, the publish
 // included).
-func partition(g *group, apply func() string, hold time.Duration) string {
+func partition(g *group, apply func() string, lasting time.Duration) string {
 	c := g.b.(*netCluster)
 	publishQuarter(g, 0) // in flight when the network breaks
 	broke := time.Now()
 	note := apply()
-	time.Sleep(time.Until(broke.Add(hold)))
+	time.Sleep(time.Until(broke.Add(lasting)))
 	// Asked from obs, which no fault cuts from the majority; unknown (-1) if no node
 	// answers in time: the first count after the heal is the mark then.
 	before := make([]int, len(g.runs))
@@ -431,7 +431,7 @@ func partition(g *group, apply func() string, hold time.Duration) string {
 	if err := <-wholeErr; err != nil {
 		g.fatal("the cluster did not list its three nodes within 150 s of the heal: %v", err)
 	}
-	return fmt.Sprintf("%s,held=%.1fs,records_again_after_heal=%s,cluster_whole_after_heal=%.1fs,broke@%.1fs,healed@%.1fs",
+	return fmt.Sprintf("%s,lasted=%.1fs,records_again_after_heal=%s,cluster_whole_after_heal=%.1fs,broke@%.1fs,healed@%.1fs",
 		note, healed.Sub(broke).Seconds(), strings.Join(again, "/"), whole.Seconds(), broke.Sub(g.start).Seconds(), healed.Sub(g.start).Seconds())
 }
 

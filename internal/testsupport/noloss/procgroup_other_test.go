@@ -5,5 +5,5 @@ package noloss_test
 import "os/exec"
 
 // killProcessGroup leaves cmd as it is: its context kills the command alone, and
-// cmd.WaitDelay bounds the wait for any child still holding its output.
+// cmd.WaitDelay bounds the wait for any child that still has its output open.
 func killProcessGroup(*exec.Cmd) {}

@@ -71,7 +71,7 @@ var copyingSwitches = []switchStage{
 // (queue arguments cannot change): before the first switch to delayed-retry the test
 // applies the policy the library's error names (docs/switching-backends.md), and the
 // delayed-retry configurations run in topology mode verify. The policy stays while
-// the copying configurations run: the work queue keeps holding the retries it holds.
+// the copying configurations run: the work queue keeps the retries it holds.
 // (The test applies it at the start, as an operator may ahead of a switch: rabbitmqctl
 // takes seconds, in which the retries waiting for the change would come back.)
 var delayedRetrySwitches = []switchStage{
@@ -218,7 +218,7 @@ func (r *run) use(st switchStage, quorum bool, heldLog string) {
 		args = append(args, "-topology", string(topology.ModeVerify))
 	}
 	r.s, r.v, r.consumerArgs = s, s.Variant, args
-	r.anyHolds = r.anyHolds || s.Variant.Holds()
+	r.anyHoldsRetries = r.anyHoldsRetries || s.Variant.HoldsRetries()
 
 	plan, err := s.Config().Plan(r.work)
 	if err != nil {
@@ -288,7 +288,7 @@ func (r *run) switchTo(st switchStage, kill, quorum bool, heldLog, policy string
 	// held in the work queue are counted (rabbitmqctl) only when the old configuration
 	// held them.
 	waitingOld := r.waitingCopies
-	if r.v.Holds() {
+	if r.v.HoldsRetries() {
 		waitingOld = r.waitingNow
 	}
 	base := waitingOld()

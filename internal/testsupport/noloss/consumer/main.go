@@ -239,7 +239,7 @@ type recorder struct {
 	queue  string
 	logger watermill.LoggerAdapter
 
-	mu   sync.Mutex // guards conn and ch, never held while waiting for the broker
+	mu   sync.Mutex // guards conn and ch, never locked while waiting for the broker
 	conn *amqp.Connection
 	ch   *amqp.Channel
 }

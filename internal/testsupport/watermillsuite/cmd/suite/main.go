@@ -151,7 +151,7 @@ func record(in io.Reader, path string) error {
 		return err
 	}
 	w := bufio.NewWriter(f)
-	held := map[string]*heldOutput{}
+	pending := map[string]*pendingOutput{}
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 1<<20), 64<<20)
 	for sc.Scan() {
@@ -160,41 +160,41 @@ func record(in io.Reader, path string) error {
 		if len(line) > 0 && line[0] == '{' && json.Unmarshal(line, &ev) == nil && ev.Test != "" {
 			switch ev.Action {
 			case "output":
-				h := held[ev.Test]
+				h := pending[ev.Test]
 				if h == nil {
-					h = &heldOutput{}
-					held[ev.Test] = h
+					h = &pendingOutput{}
+					pending[ev.Test] = h
 				}
 				h.add(line, ev.Output)
 				continue
 			case "pass", "skip", "fail":
-				if h := held[ev.Test]; h != nil && ev.Action == "fail" {
+				if h := pending[ev.Test]; h != nil && ev.Action == "fail" {
 					h.write(w)
 				}
-				delete(held, ev.Test)
+				delete(pending, ev.Test)
 			}
 		}
 		w.Write(line)
 		w.WriteByte('\n')
 	}
 	// Tests that never ended (a panic, a timeout): their last lines.
-	for _, test := range slices.Sorted(maps.Keys(held)) {
-		held[test].write(w)
+	for _, test := range slices.Sorted(maps.Keys(pending)) {
+		pending[test].write(w)
 	}
 	return errors.Join(sc.Err(), w.Flush(), f.Close())
 }
 
-// heldOutput is what record keeps of a test's output until the test ends: the lines
+// pendingOutput is what record keeps of a test's output until the test ends: the lines
 // that are not Watermill's logging (the test's own: assertion failures, the suite's
 // progress), up to keptLines, and the last tailLines lines.
-type heldOutput struct {
+type pendingOutput struct {
 	own, tail [][]byte
 	ownOrder  []int // for each own line, its position among all lines
 	n         int
 	tailStart int // position of tail[0]
 }
 
-func (h *heldOutput) add(line []byte, output string) {
+func (h *pendingOutput) add(line []byte, output string) {
 	if !strings.HasPrefix(strings.TrimSpace(output), "[watermill]") && len(h.own) < keptLines {
 		h.own = append(h.own, slices.Clone(line))
 		h.ownOrder = append(h.ownOrder, h.n)
@@ -208,7 +208,7 @@ func (h *heldOutput) add(line []byte, output string) {
 }
 
 // write writes the own lines before the tail, then the tail, in their order.
-func (h *heldOutput) write(w *bufio.Writer) {
+func (h *pendingOutput) write(w *bufio.Writer) {
 	for i, l := range h.own {
 		if h.ownOrder[i] >= h.tailStart {
 			break // in the tail
