@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2030,SC2031 # tests() exports AMQP_URI in a subshell of its own, on purpose
 # The whole test suite, the one command the README gives and CI runs (.ci/run).
 #
 #   checks      gofmt, go vet and staticcheck of every module, shellcheck, the API size
@@ -158,12 +159,13 @@ step "backends by what they can do: no name compared outside delay/; config.go c
 # backend's name or value outside delay/ and config.go fails, but a line that only
 # assigns one (amqp1's default); comments pass. Examples and test harnesses are not
 # checked.
-lib=$(git ls-files '*.go' ':!:*_test.go' ':!:delay/' ':!:config.go' ':!:benchmarks/' ':!:_examples/' \
+mapfile -t lib < <(git ls-files '*.go' ':!:*_test.go' ':!:delay/' ':!:config.go' ':!:benchmarks/' ':!:_examples/' \
   ':!:internal/testsupport/' ':!:internal/cmd/' \
   ':!:amqp1/examples/' ':!:amqp1/internal/noloss1/' ':!:amqp1/internal/nolosscons/' ':!:amqp1/internal/retrybench/' ':!:metrics/example/')
+mapfile -t opsFiles < <(git ls-files 'ops/*.go' ':!:*_test.go')
 backendNames='ttl-tiers|binary-levels|delayed-exchange|delayed-retry|delivery-time|memory'
 backendTypes='ttlTiers|binaryLevels|delayedExchange|delayedRetry|deliveryTime|memory|TTLTiers|BinaryLevels|DelayedExchange|DelayedRetry|DeliveryTime|Memory'
-names=$(grep -nE "delay\.(TTLTiers|BinaryLevels|DelayedExchange|DelayedRetry|DeliveryTime|Memory)\b|\"($backendNames)\"|nameOf\(" $lib |
+names=$(grep -nE "delay\.(TTLTiers|BinaryLevels|DelayedExchange|DelayedRetry|DeliveryTime|Memory)\b|\"($backendNames)\"|nameOf\(" "${lib[@]}" |
   grep -vE '^\S+:[0-9]+:\s*//' | grep -vE '^\S+:[0-9]+:\s*[A-Za-z_][A-Za-z0-9_.]*\s*=\s*delay\.[A-Za-z]+(\{\})?\s*(//.*)?$' || true)
 # config.go builds the default and the held retries' backend, and compares none.
 names+=$'\n'$(grep -nE "(==|!=)\s*\(?delay\.|\.Name\(\)\s*(==|!=)|(==|!=)\s*\"($backendNames)\"" config.go | sed 's/^/config.go:/' || true)
@@ -178,12 +180,12 @@ for f in $(git ls-files '*.go' ':!:*_test.go' ':!:_examples/' ':!:amqp1/examples
   names+=$'\n'$hits
 done
 # ops reads a backend's storage from the backend (backend.Storage, backend.Sealed).
-names+=$'\n'$(grep -nE "\.delay\.|\.level\.|\.levels\.|\.delayed\b|TierQueue|names\.Tier|\.Level\(|LevelsDeliver|\.Delayed\(\)|DelayExchange\(\)|\.Deliver\(\)" $(git ls-files 'ops/*.go' ':!:*_test.go') |
+names+=$'\n'$(grep -nE "\.delay\.|\.level\.|\.levels\.|\.delayed\b|TierQueue|names\.Tier|\.Level\(|LevelsDeliver|\.Delayed\(\)|DelayExchange\(\)|\.Deliver\(\)" "${opsFiles[@]}" |
   grep -vE '^\S+:[0-9]+:\s*//' || true)
 # ops spells no backend's name, nor its plugin's or its exchange type's: what a backend
 # needs from the broker, and how to count what it holds, come from the backend
 # (backend.Sealed's Requirement and CountSealed). Comments, trailing ones too, pass.
-opsNames=$(grep -niE "$backendNames|delayed_message|x-delayed" $(git ls-files 'ops/*.go' ':!:*_test.go') |
+opsNames=$(grep -niE "$backendNames|delayed_message|x-delayed" "${opsFiles[@]}" |
   grep -vE '^\S+:[0-9]+:\s*//' | sed -E 's#\s//\s.*$##' | grep -iE "$backendNames|delayed_message|x-delayed" || true)
 if [ -n "$opsNames" ]; then
   echo "$opsNames"
@@ -196,7 +198,7 @@ if [ -n "$names" ]; then
   echo "FAIL: production code asks which backend it is: decide from its Caps and the optional interfaces it implements instead (internal/backend/caps.go, traits.go; Config.Derived() from a sibling module)"
   exit 1
 fi
-inits=$(grep -ln '^func init()' $lib || true)
+inits=$(grep -ln '^func init()' "${lib[@]}" || true)
 if [ -n "$inits" ]; then
   echo "$inits"
   echo "FAIL: init-time registration in the library: let the imports show what depends on what"
