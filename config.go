@@ -100,6 +100,16 @@ type Config struct {
 	// speed. Default: 5.
 	HandoffAttempts int
 
+	// OrderKey, if set, names the key whose messages are handled in order (an account,
+	// an order, an aggregate): while a message of key K waits for its retry, K's later
+	// messages wait on the broker behind it, and the other keys flow (docs/ordering.md).
+	// "" means no order to keep. Needs a single active consumer per work queue (the
+	// subscriber config declares it) and topology mode declare. Default: nil, no order.
+	OrderKey func(*message.Message) string
+	// BlockOnPoison keeps a key blocked when its message is poisoned, until an operator
+	// releases it (`amqpretry blocked release`); by default the messages behind it run.
+	BlockOnPoison bool
+
 	// Observe, if set, is told every delivery, success, retry, poisoning and failed
 	// hand-off (Event), on the handler's goroutine: the metrics module's
 	// Metrics.Observe, for example. Default: nil.
@@ -200,6 +210,12 @@ func (c Config) invalid(v backend.Derived, user Policy) error {
 	}
 	if c.HandoffAttempts < 0 {
 		errs = append(errs, fmt.Errorf("HandoffAttempts: %d is negative", c.HandoffAttempts))
+	}
+	if c.OrderKey != nil && c.Topology != topology.ModeDeclare {
+		errs = append(errs, fmt.Errorf("OrderKey: not with topology mode %s: a blocked key's messages wait in a queue declared when it is blocked (%s); use topology mode declare, with configure permission on those names", c.Topology, names.Names{Prefix: c.Prefix}.BehindQueues()))
+	}
+	if c.OrderKey == nil && c.BlockOnPoison {
+		errs = append(errs, errors.New("BlockOnPoison: set without OrderKey, which names the keys it blocks: set OrderKey, or leave BlockOnPoison false"))
 	}
 	if v.Err == nil {
 		errs = append(errs, c.unusedNegatives(v)...)
@@ -369,7 +385,7 @@ func (c Config) Derived() backend.Derived {
 		v.Schedule = fmt.Sprintf("every retry held in the work queue %s (its Delay)", retryDelay)
 		v.Longest = retryDelay
 	}
-	v.Fix = declare.Fix{Mode: c.Topology, HoldsRetries: v.WorkQueueArgs != nil, RetryDelay: retryDelay, Backend: v.Name, PoisonQueue: c.PoisonQueue, Apply: c.ApplyCommand}
+	v.Fix = declare.Fix{Mode: c.Topology, HoldsRetries: v.WorkQueueArgs != nil, RetryDelay: retryDelay, Backend: v.Name, PoisonQueue: c.PoisonQueue, Apply: c.ApplyCommand, Ordered: c.OrderKey != nil}
 	v.Invalid = c.invalid(v, user)
 	return v
 }

@@ -35,6 +35,13 @@ const (
 	// EventOutageEnded: a probe of Queue succeeded after Duration in outage; Err is
 	// the last failure of the outage.
 	EventOutageEnded
+	// EventKeyBlocked: the message of Key failed and its retry was scheduled (or,
+	// with Config.BlockOnPoison, it was poisoned): Key's later messages in Queue wait
+	// behind it, on the broker, in order (Config.OrderKey).
+	EventKeyBlocked
+	// EventKeyReleased: the messages behind Key ran, in order, and Key is no longer
+	// blocked; Duration is how long it was, where this process knows it.
+	EventKeyReleased
 )
 
 // Event is what Config.Observe is told, on the handler's goroutine. Fields
@@ -69,8 +76,11 @@ type Event struct {
 	// arrival minus due: negative for a retry that came back early (EventDelivered).
 	Late     bool
 	Lateness time.Duration
-	// Duration is how long the outage lasted (EventOutageEnded).
+	// Duration is how long the outage lasted (EventOutageEnded), or the key was
+	// blocked (EventKeyReleased).
 	Duration time.Duration
+	// Key is the order key (Config.OrderKey) of EventKeyBlocked and EventKeyReleased.
+	Key string
 }
 
 // Reason says why a message was poisoned. Declared here, beside Event, which

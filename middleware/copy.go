@@ -64,6 +64,17 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	case e.backend == nil: // a holder alone, asked for a delay of its own
 		target, held = e.holder, true
 	}
+	// A key's head must carry its key (keys.OrderHead): a holder that carries nothing
+	// takes it as a copy, to the copying backend, or, alone, to the work queue
+	// itself, where it is held until due (selfPark).
+	selfPark := false
+	if held && d.orderKey != "" && !e.holder.caps.CarriesEnvelope {
+		if e.backend != nil {
+			target, held = e.backend, false
+		} else {
+			held, selfPark = false, true
+		}
+	}
 
 	// Size.
 	caps := target.caps
@@ -107,6 +118,10 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 		if herr := e.settle(msg, f, requested, effective); herr != nil {
 			return e.handoffFailed(f, copyOf(msg), herr, "other", true)
 		}
+		if berr := e.orderBlock(&f); berr != nil {
+			// The retry is held already: the key is blocked at its next failure.
+			e.cfg.Logger.Error("Could not block a key: its later messages may overtake this retry", berr, f.log())
+		}
 		e.scheduled(&f, e.holder, requested, effective, 0)
 		return nil
 	}
@@ -118,20 +133,39 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	f.envelope.RequestedDelay, f.envelope.EffectiveDelay, f.envelope.Due = requested, effective, start.Add(effective)
 	f.envelope.Write(cp.Metadata)
 	delete(cp.Metadata, keys.ParkUntil)
+	if selfPark {
+		if requested > effective {
+			// Held again until due: never back before the delay asked for.
+			effective = requested
+			f.envelope.EffectiveDelay, f.envelope.Due = effective, start.Add(effective)
+			f.envelope.Write(cp.Metadata)
+		}
+		parkUntil = f.envelope.Due
+	}
 	if !parkUntil.IsZero() {
 		cp.Metadata[keys.ParkUntil] = parkUntil.UTC().Format(timeLayout)
 	}
+	if d.orderKey != "" {
+		cp.Metadata[keys.OrderHead] = d.orderKey
+	}
 
 	// Park.
-	perr := e.backend.Park(cp.Context(), d.queue, cp, effective)
+	park := e.park
+	if selfPark {
+		park, target = e.selfPark, e.holder
+	}
+	perr := park(cp.Context(), d.queue, cp, effective)
 	if errors.Is(perr, backend.ErrTooLarge) {
 		trim(&f.envelope)
 		f.envelope.Write(cp.Metadata)
-		perr = e.backend.Park(cp.Context(), d.queue, cp, effective)
+		perr = park(cp.Context(), d.queue, cp, effective)
+	}
+	if perr == nil {
+		perr = e.orderBlock(&f)
 	}
 	switch {
 	case perr == nil:
-		e.scheduled(&f, e.backend, requested, effective, time.Since(start))
+		e.scheduled(&f, target, requested, effective, time.Since(start))
 		return nil
 	case errors.Is(perr, backend.ErrTooLarge):
 		// Handing it off again would be refused again: poison it, saying why.
@@ -140,6 +174,18 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 		return e.poison(f, cp, amqpretry.ReasonTooLarge)
 	}
 	return e.handoffFailed(f, cp, perr, backend.Cause(perr), true)
+}
+
+// park parks cp with the copying backend, for queue.
+func (e *engine) park(ctx context.Context, queue string, cp *message.Message, effective time.Duration) error {
+	return e.backend.Park(ctx, queue, cp, effective)
+}
+
+// selfPark sends cp, the head copy of an order key, to queue, its work queue, on a
+// holder that carries nothing on the failed delivery (delayed-retry): it is held there
+// when it arrives, until it is due (holdUntil).
+func (e *engine) selfPark(ctx context.Context, queue string, cp *message.Message, _ time.Duration) error {
+	return e.toQueue(ctx, queue, cp)
 }
 
 // errOtherRetry: the message is another Retry's, and that Retry is on the handler too.
@@ -187,6 +233,9 @@ func (e *engine) holdsRetry(d delivery, dec amqpretry.Decision) bool {
 // its park took) or a held delivery: it forgets the message's failed hand-offs, counts
 // the retry, tells Observe and logs it, one in Config.RetryLogEvery.
 func (e *engine) scheduled(f *failure, by *kept, requested, effective, handoff time.Duration) {
+	if f.out != nil {
+		f.out.scheduled = true
+	}
 	if e.failures.size.Load() > 0 {
 		e.failures.forget(f.msg.UUID)
 	}

@@ -42,6 +42,11 @@ type engine struct {
 	stats    struct{ retries, poisoned, failures atomic.Int64 }
 
 	outages *outages // nil when Config.Outage.Off
+	order   *order   // nil without Config.OrderKey
+	// toQueue publishes a message to a work queue, confirmed: a key's head copy on a
+	// holder that carries nothing (selfPark), and a release that could not finish.
+	// Nil in-process.
+	toQueue func(ctx context.Context, queue string, msg *message.Message) error
 	life    lifecycle
 	pending pendingPoisons // messages whose poison publish failed
 	// poisonHint adds the fix to a failed poison publish's error (gone: the poison
@@ -163,6 +168,12 @@ type delivery struct {
 	// parkedUntil is when a copy parked for longer than the backend keeps is due
 	// (keys.ParkUntil), to be re-parked until then; zero for any other.
 	parkedUntil time.Time
+	// orderKey is the message's order key (Config.OrderKey), "" for none; orderHead
+	// tells that the message is its key's head (a retry, or a release); out records
+	// what became of a message with a key.
+	orderKey  string
+	orderHead bool
+	out       *orderOutcome
 }
 
 // read reads msg on receipt, and records this Retry among the middlewares msg passes
@@ -313,12 +324,15 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			if d.held && e.holdAgain(msg, d) {
 				return nil, nil
 			}
-			if e.backend != nil && d.at.Before(d.parkedUntil) {
+			if d.at.Before(d.parkedUntil) {
 				// Parked for a delay longer than the backend keeps: not due yet.
 				if !e.life.begin() {
 					return nil, e.refuseClosed(msg, d, nil)
 				}
 				defer e.life.end()
+				if e.backend == nil {
+					return nil, e.holdUntil(msg, d)
+				}
 				return nil, e.repark(msg, d, d.parkedUntil)
 			}
 			if e.pending.size.Load() > 0 {
@@ -331,47 +345,71 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 					return nil, e.repoison(msg, d, pp)
 				}
 			}
+			if e.order != nil {
+				if produced, done, err := e.orderRoute(h, msg, &d); done {
+					return produced, err
+				}
+			}
 			if e.cfg.Observe != nil || d.backEarly {
 				e.observeDelivery(d)
 			}
 		}
-		// decided is err's decision, once classified (Classify runs once per failure).
-		produced, decided, err := e.runHandler(h, msg, d)
-		run, attempt := msg, d.attempt
-		for err != nil && attempt <= e.cfg.Policy.Immediate {
-			var again bool
-			if again, decided = e.retryNow(d, run, attempt, err, decided); !again {
-				break
+		produced, err := e.handle(h, msg, d)
+		if d.orderHead && err == nil && (d.out.succeeded || (d.out.poisoned && !e.order.poisonBlocks)) {
+			// The key's head is done with: the messages behind it run.
+			behind, rerr := e.release(h, msg, d)
+			if rerr != nil {
+				return nil, rerr
 			}
-			pause(msg.Context(), e.cfg.Policy.ImmediateInterval)
-			next := run.Copy()
-			next.SetContext(marshal.CopyContext(run)) // typed headers as read
-			attempt++
-			next.Metadata[keys.Attempt] = strconv.Itoa(attempt)
-			d.chain.attempt.Store(int64(attempt)) // next's context is msg's: the same chain
-			run = next
-			d.attempt = attempt
-			produced, decided, err = e.runHandler(h, run, d)
+			produced = append(produced, behind...)
 		}
-		if err == nil {
-			if e.failures.size.Load() > 0 {
-				e.failures.forget(msg.UUID)
-			}
-			if d.owned {
-				e.observe(amqpretry.Event{Kind: amqpretry.EventSucceeded, Queue: d.queue, Attempt: attempt})
-			}
-			return produced, nil
-		}
-		d.attempt = attempt
-		if errors.Is(err, amqpretry.ErrHandoff) {
-			return nil, err // a Retry nearer the handler has dealt with it
-		}
-		if !e.life.begin() {
-			return nil, e.refuseClosed(msg, d, err)
-		}
-		defer e.life.end()
-		return nil, e.fail(msg, run, d, err, decided)
+		return produced, err
 	}
+}
+
+// handle runs h on msg, delivered as d, with Policy.Immediate's retries in this
+// process, and deals with its failure (fail). What became of a message with an order
+// key is recorded in d.out.
+func (e *engine) handle(h message.HandlerFunc, msg *message.Message, d delivery) ([]*message.Message, error) {
+	// decided is err's decision, once classified (Classify runs once per failure).
+	produced, decided, err := e.runHandler(h, msg, d)
+	run, attempt := msg, d.attempt
+	for err != nil && attempt <= e.cfg.Policy.Immediate {
+		var again bool
+		if again, decided = e.retryNow(d, run, attempt, err, decided); !again {
+			break
+		}
+		pause(msg.Context(), e.cfg.Policy.ImmediateInterval)
+		next := run.Copy()
+		next.SetContext(marshal.CopyContext(run)) // typed headers as read
+		attempt++
+		next.Metadata[keys.Attempt] = strconv.Itoa(attempt)
+		d.chain.attempt.Store(int64(attempt)) // next's context is msg's: the same chain
+		run = next
+		d.attempt = attempt
+		produced, decided, err = e.runHandler(h, run, d)
+	}
+	if err == nil {
+		if e.failures.size.Load() > 0 {
+			e.failures.forget(msg.UUID)
+		}
+		if d.owned {
+			e.observe(amqpretry.Event{Kind: amqpretry.EventSucceeded, Queue: d.queue, Attempt: attempt})
+		}
+		if d.out != nil {
+			d.out.succeeded = true
+		}
+		return produced, nil
+	}
+	d.attempt = attempt
+	if errors.Is(err, amqpretry.ErrHandoff) {
+		return nil, err // a Retry nearer the handler has dealt with it
+	}
+	if !e.life.begin() {
+		return nil, e.refuseClosed(msg, d, err)
+	}
+	defer e.life.end()
+	return nil, e.fail(msg, run, d, err, decided)
 }
 
 // retryNow tells whether run, which failed with err on attempt (within

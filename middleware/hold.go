@@ -1,13 +1,17 @@
 package middleware
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/keys"
 )
 
 // The hold: a retry the broker keeps as the failed delivery itself, in its work queue
@@ -26,6 +30,9 @@ func (e *engine) settle(msg *message.Message, f failure, requested, effective ti
 	if e.holder.caps.CarriesEnvelope {
 		md = message.Metadata{}
 		f.envelope.Write(md)
+		if f.orderKey != "" {
+			md[keys.OrderHead] = f.orderKey
+		}
 	}
 	if err := e.holdDelivery(msg, effective, md); err != nil {
 		return err
@@ -53,6 +60,34 @@ func (e *engine) holdDelivery(msg *message.Message, effective time.Duration, env
 	}
 	msg.Nack()
 	return nil
+}
+
+// holdUntil holds msg, a copy back before it is due (d.parkedUntil) on a holder
+// alone, in its work queue until then: a key's head copy (selfPark), held for the
+// queue's delay, and again until due (holdAgain). A failed hold is nacked, paced.
+func (e *engine) holdUntil(msg *message.Message, d delivery) error {
+	hold := time.Until(d.parkedUntil)
+	var md message.Metadata
+	if e.holder.caps.CarriesEnvelope {
+		md = message.Metadata{}
+		d.envelope.Write(md)
+	}
+	err := e.holdDelivery(msg, hold, md)
+	if err == nil {
+		h := heldRetry{due: time.Now().Add(hold), first: d.envelope.FirstFailure, env: d.envelope}
+		if longest := e.holder.caps.Longest; e.holder.caps.PastLongest == backend.HoldAgain && hold > longest {
+			h.due, h.until = time.Now().Add(longest), d.parkedUntil
+		}
+		e.held.add(d.queue, msg.UUID, h)
+		return nil
+	}
+	n := e.failures.add(msg.UUID)
+	e.stats.failures.Add(1)
+	e.observe(amqpretry.Event{Kind: amqpretry.EventHandoffFailed, Queue: d.queue, Attempt: d.attempt, Err: err, Cause: backend.Cause(err)})
+	e.cfg.Logger.Error("Could not hold a retry until it is due, nacking it for redelivery", err, watermill.LogFields{
+		"message_uuid": msg.UUID, "queue": d.queue, "attempt": d.attempt, "handoff_failures": n, "due": d.parkedUntil.Format(time.RFC3339Nano)})
+	e.pausePaced(msg.Context(), backend.HandoffPause(n))
+	return fmt.Errorf("%w: queue %q: hold until %s: %w", amqpretry.ErrHandoff, d.queue, d.parkedUntil.Format(time.RFC3339Nano), err)
 }
 
 // holdAgain holds msg in its work queue once more when it is a retry held for a delay

@@ -18,6 +18,9 @@ func (e *engine) Stats() Stats {
 	if e.outages != nil {
 		st.Outages, st.Probes, st.InOutage = e.outages.started.Load(), e.outages.probes.Load(), e.outages.inOutage()
 	}
+	if e.order != nil {
+		st.BlockedKeys, st.Behind, st.LongestBlocked = e.order.stats()
+	}
 	return st
 }
 

@@ -167,14 +167,14 @@ func TestAttemptFromContext(t *testing.T) {
 
 type processorKey struct{}
 
-type order struct {
+type orderEvent struct {
 	Amount int `json:"amount"`
 }
 
 // decoding is a handler that decodes its payload, as a CQRS processor does before the
 // handler runs.
 func decoding(msg *message.Message) ([]*message.Message, error) {
-	var o order
+	var o orderEvent
 	if err := json.Unmarshal(msg.Payload, &o); err != nil {
 		return nil, errors.Join(errors.New("order event"), err)
 	}

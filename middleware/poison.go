@@ -12,6 +12,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/keys"
 )
 
 // Poisoning: a message that failed for good goes to the poison queue; one whose poison
@@ -22,8 +23,18 @@ import (
 // copy too large for the broker loses its envelope's longer fields first, then the
 // largest headers that are not the envelope's, named in DroppedHeaders, until it fits.
 func (e *engine) poison(f failure, cp *message.Message, reason amqpretry.Reason) error {
+	if f.orderKey != "" && e.order.poisonBlocks {
+		// Its key stays blocked until an operator releases it: blocked first, so that
+		// no later message of the key runs before it is.
+		if err := e.orderBlock(&f); err != nil {
+			return e.handoffFailed(f, cp, err, backend.Cause(err), false)
+		}
+	}
 	f.envelope.Reason, f.envelope.Attempt, f.envelope.MaxAttempts = reason, f.attempt, e.cfg.Policy.MaxAttempts
 	f.envelope.Write(cp.Metadata)
+	if f.orderKey != "" {
+		cp.Metadata[keys.OrderHead] = f.orderKey // redriven, it runs as its key's head
+	}
 	f.log()["poison_reason"] = string(reason)
 	start := time.Now()
 	perr := e.poisonTo(cp)
@@ -41,6 +52,9 @@ func (e *engine) poison(f failure, cp *message.Message, reason amqpretry.Reason)
 	e.failures.forget(cp.UUID)
 	e.pending.forget(cp.UUID)
 	e.stats.poisoned.Add(1)
+	if f.out != nil {
+		f.out.poisoned = true
+	}
 	e.observe(amqpretry.Event{Kind: amqpretry.EventPoisoned, Queue: f.queue, Attempt: f.attempt, Reason: reason, Err: f.err, Handoff: time.Since(start)})
 	if f.envelope.DroppedHeaders != "" {
 		f.log()["dropped_headers"] = f.envelope.DroppedHeaders

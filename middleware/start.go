@@ -17,6 +17,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
+	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/internal/redact"
 	"github.com/amqpretry/amqpretry/internal/version"
 	"github.com/amqpretry/amqpretry/internal/wire"
@@ -53,6 +54,9 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 		}
 		e.backend = keep(b)
 		e.poisonQ = func(_ context.Context, msg *message.Message) error { return v.Local.Publish(cfg.PoisonQueue, msg) }
+		if cfg.OrderKey != nil {
+			e.order = newOrder(cfg, &memoryLines{})
+		}
 		r.logReady()
 		return r, nil
 	}
@@ -108,6 +112,13 @@ func (r *retry) prepare() error {
 	}
 	e.poisonQ = func(ctx context.Context, msg *message.Message) error {
 		return r.handoff.ToQueue(ctx, cfg.PoisonQueue, msg)
+	}
+	e.toQueue = func(ctx context.Context, queue string, msg *message.Message) error {
+		return r.handoff.Publish(ctx, "", queue, msg, nil, true, nil)
+	}
+	if cfg.OrderKey != nil {
+		m := marshal.Marshaler{Options: marshal.Options{MessageUUIDHeaderKey: r.t.UUIDHeader, Retry: true}}
+		e.order = newOrder(cfg, brokerLines{handoff: r.handoff, names: names.Names{Prefix: cfg.Prefix}, unmarshal: m.Unmarshal})
 	}
 	e.poisonHint = r.poisonHint
 	fields := watermill.LogFields{"rabbitmq_version": v, "delay_backend": cfg.Backend}

@@ -1,5 +1,7 @@
 package middleware
 
+import "time"
+
 // Stats counts what a Retry did since it was built.
 type Stats struct {
 	// Retries handed off and confirmed, or held (the broker keeps the failed delivery).
@@ -20,4 +22,10 @@ type Stats struct {
 	// queues in an outage now (their messages wait in this process, spending no
 	// attempt, until a probe succeeds).
 	Outages, Probes, InOutage int64
+	// BlockedKeys are the order keys (Config.OrderKey) blocked now, as this process
+	// knows them (it learns of a key blocked by another when it next sees one of its
+	// messages); Behind, the messages it put behind them that wait; LongestBlocked, how
+	// long the oldest has been blocked. The amqpretry command reads the broker's.
+	BlockedKeys, Behind int64
+	LongestBlocked      time.Duration
 }

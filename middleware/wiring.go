@@ -83,6 +83,10 @@ func (r *retry) bind(ch *amqp.Channel, queue string) error {
 	if r.wiring.Bound != nil {
 		r.wiring.Bound.add(queue)
 	}
+	if r.order != nil {
+		// A new consumer: another may have blocked or released keys meanwhile.
+		r.order.forget(queue)
+	}
 	return nil
 }
 

@@ -21,6 +21,9 @@ const (
 	AlternateExchangeArg  = "alternate-exchange"
 	DelayedTypeArg        = "x-delayed-type"
 	DeliveryLimitArg      = "x-delivery-limit"
+	// SingleActiveConsumerArg gives a queue one active consumer at a time, the next
+	// taking over when it goes: what keeps order keys in order (Config.OrderKey).
+	SingleActiveConsumerArg = "x-single-active-consumer"
 	// RabbitMQ 4.3's delayed retry of quorum queues: type (disabled, all, failed or
 	// returned) and the linear delay's minimum and maximum, in milliseconds.
 	DelayedRetryTypeArg = "x-delayed-retry-type"
@@ -48,6 +51,23 @@ func ReviewQueue(name, role string) topology.Queue {
 	return topology.Queue{Name: name, Role: role, Args: map[string]interface{}{
 		QueueTypeArg:     QueueTypeQuorum,
 		DeliveryLimitArg: int64(reviewDeliveryLimit),
+	}}
+}
+
+// The arguments of a queue of messages behind an order key (BehindQueue): RabbitMQ
+// ignores them; they say whose messages the queue has.
+const (
+	BehindQueueArg = "x-amqpretry-queue"
+	BehindKeyArg   = "x-amqpretry-key"
+)
+
+// BehindQueue is the queue name where the messages of key wait behind its head, for
+// work queue queue (names.Names.Behind): a durable classic queue, declared when the
+// key is blocked and deleted when it is released, whose arguments name queue and key.
+func BehindQueue(name, queue, key string) topology.Queue {
+	return topology.Queue{Name: name, Role: "behind", Args: map[string]interface{}{
+		BehindQueueArg: queue,
+		BehindKeyArg:   key,
 	}}
 }
 

@@ -26,6 +26,9 @@ type Fix struct {
 	// PoisonQueue is the poison queue's name: a subscriber that declares it with its
 	// own arguments is told how to read it.
 	PoisonQueue string
+	// Ordered: Config.OrderKey is set, and the work queues need a single active
+	// consumer.
+	Ordered bool
 	// Apply is the `amqpretry topology apply` command that creates what the
 	// configuration needs, for the work queues given (amqpretry.Config.ApplyCommand).
 	Apply func(workQueues ...string) string
@@ -61,6 +64,9 @@ func (f Fix) Hint(err error, queue string) error {
 			return fmt.Errorf("poison queue %q: %w: it has %s %s, the subscriber config asks for %s (%w); it is not a work queue: read it with a subscriber built from Retry.PoisonSubscriberConfig(), which declares it with its own arguments",
 				queue, topology.ErrMismatch, c.Arg, c.Has, c.Asked, err)
 		}
+	case queue != "" && f.Ordered && amqperr.IsCode(err, amqp.PreconditionFailed) && strings.Contains(err.Error(), SingleActiveConsumerArg):
+		return fmt.Errorf("work queue %q: %w: it exists without %s, which Config.OrderKey needs: competing consumers would break each key's order (%w); an existing queue's arguments cannot change: move to a new queue, or, once it is empty and no one consumes it, delete it (`rabbitmqctl delete_queue %s`) and let the subscriber declare it again",
+			queue, topology.ErrMismatch, SingleActiveConsumerArg, err, queue)
 	case queue != "" && amqperr.IsCode(err, amqp.PreconditionFailed):
 		if c, ok := topology.ParseClash(amqperr.Reason(err)); ok {
 			return fmt.Errorf("work queue %q: %w: it has %s %s, the subscriber config asks for %s (%w); an existing queue's arguments cannot change: "+

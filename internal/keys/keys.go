@@ -55,6 +55,19 @@ func ParseAttempt(s string) (n int, ok bool) {
 // before the words were settled: copies already parked carry it.)
 const ParkUntil = "amqpretry-hold-until"
 
+// Order keys (amqpretry.Config.OrderKey): published on the messages that keep a key's
+// order through its retries.
+const (
+	// OrderHead is written on the retry copy of a message of an order key, with the
+	// key: the copy is the key's head, whose success releases the messages behind it.
+	OrderHead = "amqpretry-order-head"
+	// OrderRelease makes a message with no payload a release of the key it names: the
+	// messages behind the key run, in order, and the key is unblocked. The amqpretry
+	// command publishes it (`amqpretry blocked release`), and so does a release that
+	// could not finish.
+	OrderRelease = "amqpretry-order-release"
+)
+
 // Keys the marshaler writes on a received message and never publishes.
 const (
 	// TypedHeaders lists, as a sorted JSON array, the metadata keys with encoded

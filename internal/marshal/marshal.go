@@ -138,7 +138,9 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 		md[keys.DeliveryRoutingKey] = d.RoutingKey
 	}
 	attempt := 0
-	if returns > 0 {
+	// A copy that carries its due time (keys.ParkUntil) is held until then: its returns
+	// are waits, not attempts.
+	if _, due := md[keys.ParkUntil]; returns > 0 && !due {
 		base, _ := keys.ParseAttempt(md[keys.Attempt])
 		attempt = base + int(returns)
 	}

@@ -3,6 +3,9 @@
 package names
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"hash/fnv"
 	"strconv"
 	"strings"
 	"time"
@@ -56,3 +59,21 @@ func Tier(t time.Duration) string {
 	}
 	return s
 }
+
+// Behind is the queue where the messages of key wait behind its head, for work queue
+// queue (amqpretry.Config.OrderKey): "<prefix>.behind.<hash of queue>.<key>", or, for a
+// key too long for AMQP's names, "<prefix>.behind.<hash of queue>.#<hash of key>".
+// Its arguments name queue and key in full (declare.BehindQueue).
+func (n Names) Behind(queue, key string) string {
+	h := fnv.New64a()
+	h.Write([]byte(queue))
+	base := n.Prefix + ".behind." + strconv.FormatUint(h.Sum64(), 16) + "."
+	if len(base)+len(key) <= MaxBytes {
+		return base + key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return base + "#" + hex.EncodeToString(sum[:20])
+}
+
+// BehindQueues is every queue of Behind, as a pattern.
+func (n Names) BehindQueues() string { return n.Prefix + ".behind.*" }

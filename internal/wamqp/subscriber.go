@@ -85,7 +85,7 @@ func (w *Wiring) Marshaler() marshal.Marshaler {
 // holds returned deliveries, with delayed retries), as a new table; args itself when
 // it needs nothing.
 func (w *Wiring) WorkQueueArgs(args amqp.Table) amqp.Table {
-	if w.view.WorkQueueArgs == nil {
+	if w.view.WorkQueueArgs == nil && w.cfg.OrderKey == nil {
 		return args
 	}
 	out := maps.Clone(args)
@@ -93,6 +93,10 @@ func (w *Wiring) WorkQueueArgs(args amqp.Table) amqp.Table {
 		out = amqp.Table{}
 	}
 	maps.Copy(out, w.view.WorkQueueArgs)
+	if w.cfg.OrderKey != nil {
+		// One consumer at a time: competing consumers would break each key's order.
+		out[declare.SingleActiveConsumerArg] = true
+	}
 	return out
 }
 
@@ -117,6 +121,11 @@ func (sub Sub) validate(cfg amqpretry.Config) error {
 	}
 	if sub.Marshal == nil {
 		errs = append(errs, fmt.Errorf("Subscriber: Marshaler: %s cannot read dead-lettered messages; use the DefaultMarshaler or xdeath.Marshaler", sub.MarshalerType))
+	}
+	if cfg.OrderKey != nil {
+		if sac, ok := sub.QueueArgs[declare.SingleActiveConsumerArg]; ok && sac != true {
+			errs = append(errs, fmt.Errorf("Subscriber: Queue.Arguments: %s %v: with Config.OrderKey a work queue has one active consumer, or competing consumers would break each key's order: leave it out (the subscriber config sets it), or set it true", declare.SingleActiveConsumerArg, sac))
+		}
 	}
 	if v.WorkQueueArgs != nil {
 		if t, ok := sub.QueueArgs[declare.QueueTypeArg]; ok && t != declare.QueueTypeQuorum {

@@ -124,6 +124,8 @@ func Run(t *testing.T, m Major) {
 		{"OutageIsNotAPoison", OutageIsNotAPoison, false},
 		{"OutageBeginsAtOnceOnUnavailableAndAnOpenBreaker", OutageBeginsAtOnceOnUnavailableAndAnOpenBreaker, false},
 		{"CloseDuringAnOutageLosesNothing", CloseDuringAnOutageLosesNothing, false},
+		{"OrderKeepsEachKeysOrder", OrderKeepsEachKeysOrder, true},
+		{"OrderOtherKeysFlow", OrderOtherKeysFlow, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if testing.Short() && !tc.quick {

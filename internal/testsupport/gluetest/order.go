@@ -1,0 +1,321 @@
+package gluetest
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/names"
+	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
+)
+
+// The order scenarios (Config.OrderKey, docs/ordering.md): a projection of accounts'
+// events, each applied in order through retries, while other keys flow.
+
+// projection applies each account's events, numbered from 1 in the order they were
+// published, and records every one applied out of order: not the next of its account.
+// An event applied again is a duplicate (at-least-once), counted apart.
+type projection struct {
+	mu         sync.Mutex
+	last       map[string]int
+	applied    map[string]bool
+	outOfOrder []string
+	duplicates int
+	count      int
+	total      int
+	done       chan struct{}
+	attempts   map[string][]int // by event, the attempts it ran at
+}
+
+func newProjection(total int) *projection {
+	return &projection{last: map[string]int{}, applied: map[string]bool{}, total: total, done: make(chan struct{}), attempts: map[string][]int{}}
+}
+
+// apply applies event seq of account; it tells whether it was a duplicate.
+func (p *projection) apply(account string, seq int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	id := account + "/" + strconv.Itoa(seq)
+	if p.applied[id] {
+		p.duplicates++
+		return
+	}
+	if seq != p.last[account]+1 {
+		p.outOfOrder = append(p.outOfOrder, fmt.Sprintf("%s after %d", id, p.last[account]))
+	}
+	p.applied[id] = true
+	p.last[account] = max(p.last[account], seq)
+	if p.count++; p.count == p.total {
+		close(p.done)
+	}
+}
+
+func (p *projection) wait(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		t.Fatalf("%d of %d events applied within %s", p.count, p.total, timeout)
+	}
+}
+
+// orderEvents counts the key events Config.Observe is told.
+type orderEvents struct {
+	mu                sync.Mutex
+	blocked, released int
+	changed           chan struct{}
+}
+
+func newOrderEvents() *orderEvents { return &orderEvents{changed: make(chan struct{}, 1)} }
+
+func (o *orderEvents) observe(ev amqpretry.Event) {
+	o.mu.Lock()
+	switch ev.Kind {
+	case amqpretry.EventKeyBlocked:
+		o.blocked++
+	case amqpretry.EventKeyReleased:
+		o.released++
+	default:
+		o.mu.Unlock()
+		return
+	}
+	o.mu.Unlock()
+	select {
+	case o.changed <- struct{}{}:
+	default:
+	}
+}
+
+// waitAllReleased waits until every key blocked was released, and returns how many
+// blocks there were.
+func (o *orderEvents) waitAllReleased(t *testing.T, timeout time.Duration) int {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		o.mu.Lock()
+		b, r := o.blocked, o.released
+		o.mu.Unlock()
+		if b == r {
+			return b
+		}
+		select {
+		case <-o.changed:
+		case <-deadline:
+			t.Fatalf("%d keys blocked, %d released within %s", b, r, timeout)
+		}
+	}
+}
+
+// orderAccount and orderSeq are the metadata of a projection's event.
+const (
+	orderAccount = "account"
+	orderSeq     = "seq"
+)
+
+func accountOf(msg *message.Message) string { return msg.Metadata.Get(orderAccount) }
+
+// failsOnce tells whether event seq of account a fails its first attempt: about one in
+// four, spread over the accounts.
+func failsOnce(a, seq int) bool { return (a*7+seq*3)%4 == 0 }
+
+// publishEvents publishes seqs events of each of accounts accounts, interleaved, each
+// account's in order, to topic.
+func publishEvents(t *testing.T, m Major, topic string, accounts, seqs int) {
+	t.Helper()
+	pub := m.Publisher(t, Sub{URI: brokertest.URI()})
+	for seq := 1; seq <= seqs; seq++ {
+		for a := range accounts {
+			msg := message.NewMessage(fmt.Sprintf("acc%d-%d", a, seq), []byte("event"))
+			msg.Metadata.Set(orderAccount, "acc"+strconv.Itoa(a))
+			msg.Metadata.Set(orderSeq, strconv.Itoa(seq))
+			if err := pub.Publish(topic, msg); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// cleanupBehind deletes, when the test ends, the behind queues of the accounts.
+func cleanupBehind(t *testing.T, prefix, queue string, accounts int) {
+	var qs []string
+	for a := range accounts {
+		qs = append(qs, names.Names{Prefix: prefix}.Behind(queue, "acc"+strconv.Itoa(a)))
+	}
+	brokertest.Cleanup(t, qs, nil)
+}
+
+// projectionHandler applies each event, failing the first attempt of those failsOnce
+// picks.
+func projectionHandler(p *projection) message.NoPublishHandlerFunc {
+	return func(msg *message.Message) error {
+		a, _ := strconv.Atoi(accountOf(msg)[len("acc"):])
+		seq, _ := strconv.Atoi(msg.Metadata.Get(orderSeq))
+		p.mu.Lock()
+		p.attempts[msg.UUID] = append(p.attempts[msg.UUID], amqpretry.Attempt(msg))
+		p.mu.Unlock()
+		if failsOnce(a, seq) && amqpretry.Attempt(msg) == 1 {
+			return errors.New("lock timeout")
+		}
+		p.apply(accountOf(msg), seq)
+		return nil
+	}
+}
+
+// OrderKeepsEachKeysOrder is the projection of issue 48 scaled to CI: 8 accounts, 8
+// events each, one in four failing once; with Config.OrderKey every account's events
+// are applied in exact order through the retries, on every backend this broker runs,
+// and every key blocked is released, its behind queue deleted.
+func OrderKeepsEachKeysOrder(t *testing.T, m Major) {
+	const accounts, seqs = 8, 8
+	type variant struct {
+		name    string
+		backend delay.Backend
+		held    int
+	}
+	for _, v := range []variant{
+		{"ttl-tiers", delay.TTLTiers{}, 0},
+		{"binary-levels", delay.BinaryLevels{}, 0},
+		{"delayed-exchange", delay.DelayedExchange{}, 0},
+		{"memory", delay.Memory{}, 0},
+		{"delayed-retry", delay.DelayedRetry{}, 0},
+		{"held-retries", delay.TTLTiers{}, 2},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			if testing.Short() && v.name != "ttl-tiers" {
+				t.Skip("one backend in the quick loop (go test -short)")
+			}
+			s := newSetup(t, m, v.backend)
+			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{500 * time.Millisecond}}
+			if v.name == "delayed-retry" {
+				s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5}
+			}
+			s.cfg.HeldRetries = v.held
+			s.cfg.OrderKey = accountOf
+			ev := newOrderEvents()
+			s.cfg.Observe = ev.observe
+			cleanupBehind(t, s.prefix, s.topic, accounts)
+			r := newRetry(t, m, s.sub, s.cfg)
+			p := newProjection(accounts * seqs)
+			run(t, m, r, s.topic, projectionHandler(p))
+			publishEvents(t, m, s.topic, accounts, seqs)
+
+			p.wait(t, 90*time.Second)
+			blocks := ev.waitAllReleased(t, 30*time.Second)
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if len(p.outOfOrder) > 0 {
+				t.Errorf("%d events applied out of order: %v", len(p.outOfOrder), p.outOfOrder)
+			}
+			if blocks == 0 {
+				t.Error("no key was ever blocked: the scenario did not exercise order")
+			}
+			failing := 0
+			for a := range accounts {
+				for seq := 1; seq <= seqs; seq++ {
+					want := "[1]"
+					if failsOnce(a, seq) {
+						failing++
+						want = "[1 2]"
+					}
+					if id := fmt.Sprintf("acc%d-%d", a, seq); p.duplicates == 0 && fmt.Sprint(p.attempts[id]) != want {
+						t.Errorf("event %s ran at attempts %v, want %s", id, p.attempts[id], want)
+					}
+				}
+			}
+			if st := r.Stats(); st.BlockedKeys != 0 || st.Behind != 0 || st.Retries != int64(failing) || st.Poisoned != 0 {
+				t.Errorf("stats after every release: %+v, want %d retries", st, failing)
+			}
+			if p.duplicates > 0 {
+				t.Logf("%d duplicates (at-least-once)", p.duplicates)
+			}
+			assertNoBehindQueues(t, s.prefix, s.topic, accounts)
+		})
+	}
+}
+
+// assertNoBehindQueues fails if a behind queue of the accounts exists.
+func assertNoBehindQueues(t *testing.T, prefix, queue string, accounts int) {
+	t.Helper()
+	conn := brokertest.Dial(t)
+	for a := range accounts {
+		q := names.Names{Prefix: prefix}.Behind(queue, "acc"+strconv.Itoa(a))
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ch.QueueDeclarePassive(q, true, false, false, false, nil); err == nil {
+			t.Errorf("behind queue %s left after every release", q)
+			_ = ch.Close()
+		}
+	}
+}
+
+// OrderOtherKeysFlow: one key whose head waits 10 minutes (a RetryAfter) holds back
+// its own later messages only: every other key's messages are handled meanwhile, and
+// the key's later messages wait on the broker, in its behind queue.
+func OrderOtherKeysFlow(t *testing.T, m Major) {
+	const others, seqs = 4, 5
+	s := newSetup(t, m, delay.TTLTiers{})
+	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{500 * time.Millisecond}}
+	s.cfg.OrderKey = accountOf
+	cleanupBehind(t, s.prefix, s.topic, others+1)
+	r := newRetry(t, m, s.sub, s.cfg)
+	p := newProjection(others * seqs)
+	slow := "acc" + strconv.Itoa(others) // the last account: its first event waits 10 minutes
+	var slowRuns sync.Map
+	run(t, m, r, s.topic, func(msg *message.Message) error {
+		if accountOf(msg) == slow {
+			slowRuns.Store(msg.UUID, true)
+			if msg.Metadata.Get(orderSeq) == "1" {
+				return amqpretry.RetryAfter(errors.New("rate limited"), 10*time.Minute)
+			}
+			return nil
+		}
+		seq, _ := strconv.Atoi(msg.Metadata.Get(orderSeq))
+		p.apply(accountOf(msg), seq)
+		return nil
+	})
+	publishEvents(t, m, s.topic, others+1, seqs)
+
+	p.wait(t, 60*time.Second)
+	ran := 0
+	slowRuns.Range(func(k, _ any) bool { ran++; return true })
+	if ran != 1 {
+		t.Errorf("the blocked key's messages ran %d times while its head waits, want 1 (the head's first attempt)", ran)
+	}
+	// Its later messages wait on the broker, in order, in its behind queue.
+	q := names.Names{Prefix: s.prefix}.Behind(s.topic, slow)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ch, err := brokertest.Dial(t).Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+		_ = ch.Close()
+		if err == nil && info.Messages == seqs-1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("behind queue %s: %+v, %v; want %d messages", q, info, err, seqs-1)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if st := r.Stats(); st.BlockedKeys != 1 || st.Behind != seqs-1 {
+		t.Errorf("stats %+v, want 1 blocked key with %d behind it", st, seqs-1)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.outOfOrder) > 0 {
+		t.Errorf("out of order: %v", p.outOfOrder)
+	}
+}
