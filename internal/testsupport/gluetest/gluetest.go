@@ -126,6 +126,7 @@ func Run(t *testing.T, m Major) {
 		{"CloseDuringAnOutageLosesNothing", CloseDuringAnOutageLosesNothing, false},
 		{"OrderKeepsEachKeysOrder", OrderKeepsEachKeysOrder, true},
 		{"OrderOtherKeysFlow", OrderOtherKeysFlow, false},
+		{"OrderPoisonedHead", OrderPoisonedHead, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if testing.Short() && !tc.quick {

@@ -1,6 +1,7 @@
 package gluetest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -12,8 +13,10 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
+	"github.com/amqpretry/amqpretry/ops"
 )
 
 // The order scenarios (Config.OrderKey, docs/ordering.md): a projection of accounts'
@@ -294,22 +297,9 @@ func OrderOtherKeysFlow(t *testing.T, m Major) {
 	}
 	// Its later messages wait on the broker, in order, in its behind queue.
 	q := names.Names{Prefix: s.prefix}.Behind(s.topic, slow)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ch, err := brokertest.Dial(t).Channel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		info, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
-		_ = ch.Close()
-		if err == nil && info.Messages == seqs-1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("behind queue %s: %+v, %v; want %d messages", q, info, err, seqs-1)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitFor(t, 30*time.Second, fmt.Sprintf("%d messages in behind queue %s", seqs-1, q), func() bool {
+		return queueReady(t, q) == seqs-1
+	})
 	if st := r.Stats(); st.BlockedKeys != 1 || st.Behind != seqs-1 {
 		t.Errorf("stats %+v, want 1 blocked key with %d behind it", st, seqs-1)
 	}
@@ -318,4 +308,135 @@ func OrderOtherKeysFlow(t *testing.T, m Major) {
 	if len(p.outOfOrder) > 0 {
 		t.Errorf("out of order: %v", p.outOfOrder)
 	}
+}
+
+// OrderPoisonedHead: a key's head that is poisoned releases the messages behind it, in
+// order, by default; with Config.BlockOnPoison they wait until an operator releases
+// the key (ops.Release, the amqpretry command's `blocked release`), or redrives its
+// head, which releases the key when it succeeds.
+func OrderPoisonedHead(t *testing.T, m Major) {
+	const seqs = 4
+	for _, tc := range []struct {
+		name          string
+		blockOnPoison bool
+		redriveHead   bool
+	}{
+		{"released by default", false, false},
+		{"blocked until released", true, false},
+		{"blocked until its head is redriven", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSetup(t, m, delay.TTLTiers{})
+			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{500 * time.Millisecond}}
+			s.cfg.OrderKey = accountOf
+			s.cfg.BlockOnPoison = tc.blockOnPoison
+			ev := newOrderEvents()
+			s.cfg.Observe = ev.observe
+			cleanupBehind(t, s.prefix, s.topic, 2)
+			r := newRetry(t, m, s.sub, s.cfg)
+			p := newProjection(2*seqs - 1) // acc0's first event is poisoned
+			if !tc.redriveHead {
+				p.last["acc0"] = 1 // and never applied: acc0's next is its second
+			} else {
+				p.total++ // redriven, it is applied first
+			}
+			var healed sync.Map            // after a redrive, the head succeeds
+			run(t, m, r, s.topic, func(msg *message.Message) error {
+				seq, _ := strconv.Atoi(msg.Metadata.Get(orderSeq))
+				if accountOf(msg) == "acc0" && seq == 1 {
+					if _, ok := healed.Load("acc0"); !ok {
+						return errors.New("account locked")
+					}
+				}
+				p.apply(accountOf(msg), seq)
+				return nil
+			})
+			publishEvents(t, m, s.topic, 2, seqs)
+
+			head := poisoned(t, s.prefix+".poison", 30*time.Second)
+			if head.UUID != "acc0-1" || head.Metadata.Get(keys.OrderHead) != "acc0" {
+				t.Fatalf("poisoned %s with head mark %q, want acc0-1 marked as acc0's head", head.UUID, head.Metadata.Get(keys.OrderHead))
+			}
+			// Put it back for ops to find, as an operator would see it.
+			pub := m.Publisher(t, Sub{URI: brokertest.URI()})
+			if err := pub.Publish(s.prefix+".poison", head); err != nil {
+				t.Fatal(err)
+			}
+			if !tc.blockOnPoison {
+				p.wait(t, 30*time.Second)
+				ev.waitAllReleased(t, 30*time.Second)
+				assertNoBehindQueues(t, s.prefix, s.topic, 2)
+				assertInOrder(t, p)
+				return
+			}
+			// acc1's events all run; acc0's wait behind its poisoned head.
+			o, err := ops.New(ops.Config{URI: brokertest.URI(), Retry: s.cfg, Rabbitmqctl: brokertest.Ctl})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer o.Close()
+			behind := names.Names{Prefix: s.prefix}.Behind(s.topic, "acc0")
+			waitFor(t, 30*time.Second, "acc0's later events behind its poisoned head", func() bool {
+				return queueReady(t, behind) == seqs-1
+			})
+			blocked, err := o.Blocked(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(blocked) != 1 || blocked[0].Behind != seqs-1 || blocked[0].Head == nil {
+				t.Fatalf("blocked keys %+v, want acc0 with %d behind its poisoned head", blocked, seqs-1)
+			}
+			if b := blocked[0]; b.Queue != s.topic || b.Key != "acc0" || b.Head.UUID != "acc0-1" {
+				t.Fatalf("blocked %+v (head %+v), want acc0 of %s, head acc0-1", b, b.Head, s.topic)
+			}
+			p.mu.Lock()
+			ranBehind := p.applied["acc0/2"]
+			p.mu.Unlock()
+			if ranBehind {
+				t.Fatal("acc0's events ran while its head is poisoned")
+			}
+			if _, err := o.Release(context.Background(), ops.ReleaseOptions{Queue: s.topic, Key: "acc1", Force: true}); err == nil {
+				t.Error("a key that is not blocked was released")
+			}
+			if tc.redriveHead {
+				healed.Store("acc0", true)
+			}
+			res, err := o.Release(context.Background(), ops.ReleaseOptions{Queue: s.topic, Key: "acc0", RedriveHead: tc.redriveHead})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Released == tc.redriveHead || (res.Redriven != nil) != tc.redriveHead {
+				t.Errorf("release result %+v", res)
+			}
+			p.wait(t, 30*time.Second)
+			ev.waitAllReleased(t, 30*time.Second)
+			assertNoBehindQueues(t, s.prefix, s.topic, 2)
+			assertInOrder(t, p)
+		})
+	}
+}
+
+// assertInOrder fails if p applied an event out of order.
+func assertInOrder(t *testing.T, p *projection) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.outOfOrder) > 0 {
+		t.Errorf("%d events applied out of order: %v", len(p.outOfOrder), p.outOfOrder)
+	}
+}
+
+// queueReady is the ready messages of queue, -1 when it does not exist.
+func queueReady(t *testing.T, queue string) int {
+	t.Helper()
+	ch, err := brokertest.Dial(t).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close() //nolint:errcheck // closed by the broker on 404
+	info, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		return -1
+	}
+	return info.Messages
 }
