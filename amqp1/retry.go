@@ -3,6 +3,7 @@ package amqp1
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"reflect"
 	"strings"
@@ -45,6 +46,17 @@ func NewRetry(sub SubscriberConfig, cfg amqpretry.Config) (*Retry, error) {
 		cfg.Backend = delay.DeliveryTime{}
 	}
 	sub.setDefaults()
+	if cfg.OrderKey != nil {
+		// One consumer at a time: competing consumers would break each key's order.
+		args := maps.Clone(sub.Queue.Arguments)
+		if args == nil {
+			args = map[string]any{}
+		}
+		if _, set := args[singleActiveConsumerArg]; !set {
+			args[singleActiveConsumerArg] = true
+		}
+		sub.Queue.Arguments = args
+	}
 	r, err := middleware.New(cfg, middleware.Transport{
 		URI:       sub.URI,
 		AMQP:      amqp091.Config{TLSClientConfig: sub.TLSConfig, Properties: handoffProperties(sub.ContainerID)},
@@ -73,6 +85,9 @@ func (sub SubscriberConfig) validateFor(cfg amqpretry.Config) error {
 	}
 	if err := deliveryLimitFits(sub.Queue.Arguments, cfg.Policy.MaxAttempts); err != nil {
 		errs = append(errs, err)
+	}
+	if sac, ok := sub.Queue.Arguments[singleActiveConsumerArg]; ok && cfg.OrderKey != nil && sac != true {
+		errs = append(errs, fmt.Errorf("Subscriber: Queue.Arguments: %s %v: with Config.OrderKey a work queue has one active consumer, or competing consumers would break each key's order: leave it out (NewRetry sets it), or set it true", singleActiveConsumerArg, sac))
 	}
 	if cfg.HeldRetries != 0 {
 		errs = append(errs, fmt.Errorf("HeldRetries: %d: the AMQP 1.0 transport holds every retry in the work queue already: leave HeldRetries 0", cfg.HeldRetries))
@@ -129,9 +144,15 @@ func deliveryLimitFits(args map[string]any, maxAttempts int) error {
 // declare.DeliveryLimitArg and declare.QueueTypeArg, which this module cannot import
 // (a test pins the copies).
 const (
-	deliveryLimitArg = "x-delivery-limit"
-	queueTypeArg     = "x-queue-type"
+	deliveryLimitArg        = "x-delivery-limit"
+	queueTypeArg            = "x-queue-type"
+	singleActiveConsumerArg = "x-single-active-consumer"
 )
+
+// parkUntilKey is the metadata key of a retry copy's due time, the library's internal
+// keys.ParkUntil (a test pins the copy): a copy held until then counts its
+// returns as waits, not attempts.
+const parkUntilKey = "amqpretry-hold-until"
 
 // handoffProperties are the client properties of the poison queue's AMQP 0-9-1
 // connection: its connection_name is the subscriber's ContainerID (or
@@ -191,6 +212,11 @@ func retryView(msg *message.Message, m *amqp.Message, r *middleware.Retry) {
 	count := uint32(0)
 	if m.Header != nil {
 		count = m.Header.DeliveryCount
+	}
+	if _, copied := msg.Metadata[parkUntilKey]; copied {
+		// A copy held until it is due: its attempt is the one it carries.
+		r.Delivered(msg, 0)
+		return
 	}
 	r.Delivered(msg, int(count)+1)
 }

@@ -234,6 +234,13 @@ func (sub *subscription) attach(ctx context.Context) (*receiveLink, error) {
 		sub.dropIfDead(conn, err)
 		return nil, fmt.Errorf("attach receiver: %w", err)
 	}
+	if r := s.config.retry; r != nil {
+		// A new consumer: the Retry forgets what it knew of the queue's order keys.
+		if err := r.Bind(nil, sub.queue); err != nil {
+			(&receiveLink{conn: conn, session: session, rcv: rcv}).detach()
+			return nil, err
+		}
+	}
 	return &receiveLink{conn: conn, session: session, rcv: rcv}, nil
 }
 

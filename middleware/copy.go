@@ -64,11 +64,12 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	case e.backend == nil: // a holder alone, asked for a delay of its own
 		target, held = e.holder, true
 	}
-	// A key's head must carry its key (keys.OrderHead): a holder that carries nothing
-	// takes it as a copy, to the copying backend, or, alone, to the work queue
-	// itself, where it is held until due (selfPark).
+	// A key's head must carry its key (keys.OrderHead), and a message taken from behind
+	// its key is no delivery a holder could settle: a holder that carries nothing,
+	// or such a message, takes it as a copy, to the copying backend, or, alone, to the
+	// work queue itself, where it is held until due (selfPark).
 	selfPark := false
-	if held && d.orderKey != "" && !e.holder.caps.CarriesEnvelope {
+	if held && (d.behind || d.orderKey != "" && !e.holder.caps.CarriesEnvelope) {
 		if e.backend != nil {
 			target, held = e.backend, false
 		} else {

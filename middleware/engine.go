@@ -174,6 +174,9 @@ type delivery struct {
 	orderKey  string
 	orderHead bool
 	out       *orderOutcome
+	// behind tells that the message was taken from behind its key (release): it is
+	// no delivery of its work queue, which a holder could settle.
+	behind bool
 }
 
 // read reads msg on receipt, and records this Retry among the middlewares msg passes

@@ -71,6 +71,9 @@ func (e *engine) holdUntil(msg *message.Message, d delivery) error {
 	if e.holder.caps.CarriesEnvelope {
 		md = message.Metadata{}
 		d.envelope.Write(md)
+		if key, ok := msg.Metadata[keys.OrderHead]; ok {
+			md[keys.OrderHead] = key
+		}
 	}
 	err := e.holdDelivery(msg, hold, md)
 	if err == nil {

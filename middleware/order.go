@@ -440,7 +440,7 @@ func (e *engine) follower(m *message.Message, trig delivery) delivery {
 	d := delivery{
 		chain: c, msg: m, owned: true, owner: trig.owner, envelope: ReadEnvelope(m.Metadata),
 		handler: trig.handler, topic: trig.topic, queue: trig.queue, bound: trig.bound,
-		key: trig.queue, at: time.Now(), orderKey: trig.orderKey, out: &orderOutcome{},
+		key: trig.queue, at: time.Now(), orderKey: trig.orderKey, out: &orderOutcome{}, behind: true,
 	}
 	d.attempt = max(d.envelope.Attempt, 1)
 	c.attempt.Store(int64(d.attempt))

@@ -164,7 +164,10 @@ func (r *Retry) Derived() backend.Derived { return r.r.view }
 // queue: a transport's subscriber calls it after declaring queue, on every subscribe
 // and reconnect. The middleware hands off no retry for a queue never bound
 // (amqpretry.ErrNotWired). With delayed retries in topology mode verify it also
-// checks that queue is a quorum queue.
+// checks that queue is a quorum queue. With Config.OrderKey it forgets what it knew of
+// the queue's keys: another consumer may have blocked or released some. A transport
+// whose backend keeps every retry in the work queue (no way back) calls it with a nil
+// ch.
 func (r *Retry) Bind(ch *amqp.Channel, queue string) error { return r.r.bind(ch, queue) }
 
 // CheckWorkQueue refuses queue as a work queue of this Retry when it already exists

@@ -76,6 +76,9 @@ func (r *retry) bind(ch *amqp.Channel, queue string) error {
 		return err
 	}
 	if r.engine.backend != nil {
+		if ch == nil && r.cfg.Topology != topology.ModeNone {
+			return fmt.Errorf("retry topology for queue %q: no channel to declare it on", queue)
+		}
 		if err := r.engine.backend.WorkQueue(queue).Apply(ch, r.cfg.Topology); err != nil {
 			return fmt.Errorf("retry topology for queue %q: %w", queue, r.view.Fix.Hint(err, queue))
 		}
