@@ -56,6 +56,7 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 		e.poisonQ = func(_ context.Context, msg *message.Message) error { return v.Local.Publish(cfg.PoisonQueue, msg) }
 		if cfg.OrderKey != nil {
 			e.order = newOrder(cfg, &memoryLines{})
+			e.toQueue = func(_ context.Context, queue string, msg *message.Message) error { return v.Local.Publish(queue, msg) }
 		}
 		r.logReady()
 		return r, nil
