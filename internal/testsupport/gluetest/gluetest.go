@@ -127,6 +127,7 @@ func Run(t *testing.T, m Major) {
 		{"OrderKeepsEachKeysOrder", OrderKeepsEachKeysOrder, true},
 		{"OrderOtherKeysFlow", OrderOtherKeysFlow, false},
 		{"OrderPoisonedHead", OrderPoisonedHead, false},
+		{"OrderNeedsOneActiveConsumer", OrderNeedsOneActiveConsumer, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if testing.Short() && !tc.quick {

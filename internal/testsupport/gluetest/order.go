@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
@@ -439,4 +441,68 @@ func queueReady(t *testing.T, queue string) int {
 		return -1
 	}
 	return info.Messages
+}
+
+// OrderNeedsOneActiveConsumer: with Config.OrderKey the subscriber config declares the
+// work queue with a single active consumer, which a second subscriber cannot change; a
+// queue that exists without one is refused when the router subscribes, and a
+// subscriber config that asks for competing consumers is refused by New, each naming
+// the fix.
+func OrderNeedsOneActiveConsumer(t *testing.T, m Major) {
+	t.Run("declared with one active consumer", func(t *testing.T) {
+		s := newSetup(t, m, delay.TTLTiers{})
+		s.cfg.OrderKey = accountOf
+		r := newRetry(t, m, s.sub, s.cfg)
+		rec := newRecorder(nil)
+		run(t, m, r, s.topic, rec.handle)
+		ch, err := brokertest.Dial(t).Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = ch.QueueDeclare(s.topic, true, false, false, false, amqp.Table{"x-single-active-consumer": false})
+		if err == nil || !strings.Contains(err.Error(), "x-single-active-consumer") {
+			t.Fatalf("declaring the work queue without a single active consumer = %v, want it refused as inequivalent", err)
+		}
+	})
+	t.Run("an existing queue without one is refused", func(t *testing.T) {
+		s := newSetup(t, m, delay.TTLTiers{})
+		ch, err := brokertest.Dial(t).Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ch.QueueDeclare(s.topic, true, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		s.cfg.OrderKey = accountOf
+		r := newRetry(t, m, s.sub, s.cfg)
+		router, err := message.NewRouter(message.RouterConfig{CloseTimeout: time.Second}, Logger())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.AddHandler(router, "ordered", s.topic, func(*message.Message) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		runErr := make(chan error, 1)
+		go func() { runErr <- router.Run(context.Background()) }()
+		t.Cleanup(func() { _ = router.Close() })
+		select {
+		case err := <-runErr:
+			for _, want := range []string{s.topic, "x-single-active-consumer", "OrderKey", "delete_queue"} {
+				if err == nil || !strings.Contains(err.Error(), want) {
+					t.Errorf("router.Run = %v, want it to name %q", err, want)
+				}
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("the router ran on a work queue without a single active consumer")
+		}
+	})
+	t.Run("competing consumers asked for are refused", func(t *testing.T) {
+		s := newSetup(t, m, delay.TTLTiers{})
+		s.cfg.OrderKey = accountOf
+		s.sub.QueueArgs = amqp.Table{"x-single-active-consumer": false}
+		_, err := m.New(s.sub, s.cfg)
+		if err == nil || !strings.Contains(err.Error(), "Queue.Arguments: x-single-active-consumer false") {
+			t.Fatalf("New = %v, want the argument refused", err)
+		}
+	})
 }
