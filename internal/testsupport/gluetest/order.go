@@ -342,7 +342,7 @@ func OrderPoisonedHead(t *testing.T, m Major) {
 			} else {
 				p.total++ // redriven, it is applied first
 			}
-			var healed sync.Map            // after a redrive, the head succeeds
+			var healed sync.Map // after a redrive, the head succeeds
 			run(t, m, r, s.topic, func(msg *message.Message) error {
 				seq, _ := strconv.Atoi(msg.Metadata.Get(orderSeq))
 				if accountOf(msg) == "acc0" && seq == 1 {
