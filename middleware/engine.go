@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry"
@@ -42,8 +43,19 @@ type engine struct {
 	stats    struct{ retries, poisoned, failures atomic.Int64 }
 
 	outages *outages // nil when Config.Outage.Off
-	life    lifecycle
-	pending pendingPoisons // messages whose poison publish failed
+	dedup   *dedup   // nil when Config.Dedup is 0
+	// givenBack counts, by UUID, the deliveries given back to the broker unhandled
+	// (nacked after a failed hand-off, at Close, in an outage; set aside): for
+	// amqpretry.DedupKey, which tells such a redelivery from a duplicate.
+	givenBack failureCounts
+	// sent are the retries scheduled, until their first delivery; arrivals, those
+	// delivered that have not reached the engine yet; droppedSaid, that one dropped
+	// was logged (dedup.go).
+	sent        sentRetries
+	arrivals    arrivals
+	droppedSaid atomic.Bool
+	life        lifecycle
+	pending     pendingPoisons // messages whose poison publish failed
 	// poisonHint adds the fix to a failed poison publish's error (gone: the poison
 	// queue does not exist). Nil: none.
 	poisonHint func(err error, gone bool) error
@@ -178,6 +190,12 @@ func (e *engine) read(msg *message.Message) delivery {
 		c = &chain{Context: ctx}
 		msg.SetContext(c)
 	}
+	switch {
+	case e.wiring.ID == "": // in-process: no subscriber called Delivered
+		c.retry = e.arrive(msg, false)
+	case e.arrivals.size.Load() > 0:
+		c.retry = e.arrivals.reach(msg)
+	}
 	if e.wiring.ID != "" {
 		c.mu.Lock()
 		c.ids = append(c.ids, e.wiring.ID)
@@ -282,6 +300,11 @@ type chain struct {
 	mu      sync.Mutex
 	ids     []string
 	attempt atomic.Int64
+	// retry: the delivery is the first of a retry the engine scheduled (arrive,
+	// dedup.go). expect: the handler added through AddHandler is under this Retry;
+	// ran: it ran (ExpectHandler, HandlerRan).
+	retry       bool
+	expect, ran atomic.Bool
 }
 
 func (c *chain) Value(key any) any {
@@ -293,6 +316,12 @@ func (c *chain) Value(key any) any {
 
 // Attempt is the attempt the handler runs (amqpretry.AttemptFromContext).
 func (c *chain) Attempt() int { return int(c.attempt.Load()) }
+
+// ExpectHandler and HandlerRan are called by the handler a transport's AddHandler
+// adds: the first by a middleware just inside the Retry's, the second by the handler
+// itself, so that the Retry tells a retry acked without its handler running.
+func (c *chain) ExpectHandler() { c.expect.Store(true) }
+func (c *chain) HandlerRan()    { c.ran.Store(true) }
 
 // inChain tells whether the Retry id is among the middlewares msg passes through.
 func inChain(msg *message.Message, id string) bool {
@@ -335,8 +364,14 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 				e.observeDelivery(d)
 			}
 		}
+		handler, key := h, ""
+		var dup *bool // the handler was not run: a duplicate (with Config.Dedup only)
+		if e.dedup != nil && d.owned && d.queue != "" {
+			key, dup = dedupKey(d), new(bool)
+			handler = e.dedup.handler(h, key, dup)
+		}
 		// decided is err's decision, once classified (Classify runs once per failure).
-		produced, decided, err := e.runHandler(h, msg, d)
+		produced, decided, err := e.runHandler(handler, msg, d)
 		run, attempt := msg, d.attempt
 		for err != nil && attempt <= e.cfg.Policy.Immediate {
 			var again bool
@@ -351,11 +386,26 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			d.chain.attempt.Store(int64(attempt)) // next's context is msg's: the same chain
 			run = next
 			d.attempt = attempt
-			produced, decided, err = e.runHandler(h, run, d)
+			produced, decided, err = e.runHandler(handler, run, d)
 		}
 		if err == nil {
 			if e.failures.size.Load() > 0 {
 				e.failures.forget(msg.UUID)
+			}
+			if e.givenBack.size.Load() > 0 {
+				e.givenBack.forget(msg.UUID)
+			}
+			if dup != nil && *dup {
+				e.dedup.duplicates.Add(1)
+				e.cfg.Logger.Debug("Duplicate of a message handled before: acked, the handler not run", watermill.LogFields{
+					"message_uuid": msg.UUID, "queue": d.queue, "handler": d.handler, "attempt": attempt})
+				return nil, nil
+			}
+			if key != "" {
+				e.record(d, key)
+			}
+			if d.chain.retry && d.chain.expect.Load() && !d.chain.ran.Load() {
+				e.dropped(msg, d.queue, attempt, "inside the Retry (a handler middleware added after it)")
 			}
 			if d.owned {
 				e.observe(amqpretry.Event{Kind: amqpretry.EventSucceeded, Queue: d.queue, Attempt: attempt})

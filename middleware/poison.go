@@ -40,6 +40,12 @@ func (e *engine) poison(f failure, cp *message.Message, reason amqpretry.Reason)
 	}
 	e.failures.forget(cp.UUID)
 	e.pending.forget(cp.UUID)
+	if e.givenBack.size.Load() > 0 {
+		e.givenBack.forget(cp.UUID)
+	}
+	if e.dedup != nil && f.owned && f.queue != "" && f.msg != nil {
+		e.record(f.delivery, dedupKey(f.delivery))
+	}
 	e.stats.poisoned.Add(1)
 	e.observe(amqpretry.Event{Kind: amqpretry.EventPoisoned, Queue: f.queue, Attempt: f.attempt, Reason: reason, Err: f.err, Handoff: time.Since(start)})
 	if f.envelope.DroppedHeaders != "" {
@@ -178,6 +184,7 @@ func (e *engine) poisonFailed(f failure, reason amqpretry.Reason, perr error) er
 		perr = e.poisonHint(perr, gone)
 	}
 	n := e.pending.add(f, reason)
+	e.givenBack.add(f.msg.UUID)
 	e.stats.failures.Add(1)
 	cause := backend.Cause(perr)
 	if gone {

@@ -20,4 +20,7 @@ type Stats struct {
 	// queues in an outage now (their messages wait in this process, spending no
 	// attempt, until a probe succeeds).
 	Outages, Probes, InOutage int64
+	// Duplicates: messages acked without running the handler, as duplicates of one
+	// handled before (amqpretry.Config.Dedup).
+	Duplicates int64
 }

@@ -124,6 +124,7 @@ func Run(t *testing.T, m Major) {
 		{"OutageIsNotAPoison", OutageIsNotAPoison, false},
 		{"OutageBeginsAtOnceOnUnavailableAndAnOpenBreaker", OutageBeginsAtOnceOnUnavailableAndAnOpenBreaker, false},
 		{"CloseDuringAnOutageLosesNothing", CloseDuringAnOutageLosesNothing, false},
+		{"DedupDropsDuplicatesNeverRetries", DedupDropsDuplicatesNeverRetries, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if testing.Short() && !tc.quick {
