@@ -190,11 +190,14 @@ func (e *engine) read(msg *message.Message) delivery {
 		c = &chain{Context: ctx}
 		msg.SetContext(c)
 	}
-	switch {
-	case e.wiring.ID == "": // in-process: no subscriber called Delivered
-		c.retry = e.arrive(msg, false)
-	case e.arrivals.size.Load() > 0:
-		c.retry = e.arrivals.reach(msg)
+	// The first delivery of a retry this engine scheduled: known when its subscriber
+	// delivered it (Delivered), or here in-process, where no subscriber calls Delivered.
+	if e.wiring.ID == "" {
+		if e.arrive(msg, false) {
+			c.set(chainRetry)
+		}
+	} else if e.arrivals.size.Load() > 0 && e.arrivals.reach(msg) {
+		c.set(chainRetry)
 	}
 	if e.wiring.ID != "" {
 		c.mu.Lock()
@@ -300,12 +303,23 @@ type chain struct {
 	mu      sync.Mutex
 	ids     []string
 	attempt atomic.Int64
-	// retry: the delivery is the first of a retry the engine scheduled (arrive,
-	// dedup.go). expect: the handler added through AddHandler is under this Retry;
-	// ran: it ran (ExpectHandler, HandlerRan).
-	retry       bool
-	expect, ran atomic.Bool
+	// flags: chainRetry, chainExpect, chainRan (one word: the chain stays in its
+	// allocation size class).
+	flags atomic.Uint32
 }
+
+const (
+	// chainRetry: the delivery is the first of a retry the engine scheduled (arrive,
+	// dedup.go).
+	chainRetry uint32 = 1 << iota
+	// chainExpect: the handler added through AddHandler is under this Retry;
+	// chainRan: it ran (ExpectHandler, HandlerRan).
+	chainExpect
+	chainRan
+)
+
+func (c *chain) set(f uint32)     { c.flags.Or(f) }
+func (c *chain) is(f uint32) bool { return c.flags.Load()&f != 0 }
 
 func (c *chain) Value(key any) any {
 	if key == (ctxkey.Chain{}) {
@@ -320,8 +334,8 @@ func (c *chain) Attempt() int { return int(c.attempt.Load()) }
 // ExpectHandler and HandlerRan are called by the handler a transport's AddHandler
 // adds: the first by a middleware just inside the Retry's, the second by the handler
 // itself, so that the Retry tells a retry acked without its handler running.
-func (c *chain) ExpectHandler() { c.expect.Store(true) }
-func (c *chain) HandlerRan()    { c.ran.Store(true) }
+func (c *chain) ExpectHandler() { c.set(chainExpect) }
+func (c *chain) HandlerRan()    { c.set(chainRan) }
 
 // inChain tells whether the Retry id is among the middlewares msg passes through.
 func inChain(msg *message.Message, id string) bool {
@@ -404,7 +418,7 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			if key != "" {
 				e.record(d, key)
 			}
-			if d.chain.retry && d.chain.expect.Load() && !d.chain.ran.Load() {
+			if d.chain.is(chainRetry) && d.chain.is(chainExpect) && !d.chain.is(chainRan) {
 				e.dropped(msg, d.queue, attempt, "inside the Retry (a handler middleware added after it)")
 			}
 			if d.owned {
