@@ -73,6 +73,20 @@ type Config struct {
 	// succeeds, instead of being retried to the poison queue. On by default; see
 	// Outage for its defaults, and Outage.Off.
 	Outage Outage
+	// Dedup is how long a message handled (or poisoned) is remembered, so that a
+	// duplicate of it, which at-least-once delivery brings, is acked without running the
+	// handler again. A message is remembered by its work queue and UUID (and its
+	// redrives) once its handler has succeeded, never when it fails: its retries, which
+	// carry the same UUID, always run. A duplicate that arrives while the first copy is
+	// still running runs too. A DedupStore that fails is a dependency down: the message
+	// waits (Outage), or is retried. docs/dedup.md tells where duplicates come from and
+	// how long to keep. Default: 0, off.
+	Dedup time.Duration
+	// DedupStore is where Dedup remembers the messages handled. Default: nil, this
+	// process's memory, up to 100,000 messages (the oldest forgotten first), lost on a
+	// restart; a store of your own (the pgdedup module's table in PostgreSQL) survives
+	// restarts and serves every instance of the application.
+	DedupStore DedupStore
 	// Classify decides, for any error, whether to poison the message now and whether
 	// to replace the policy's delay. It receives DecisionOf the error in
 	// ClassifyParams.Default: its marks (Permanent, RetryAfter), and Permanent for an
@@ -207,6 +221,12 @@ func (c Config) invalid(v backend.Derived, user Policy) error {
 	}
 	if c.ConfirmTimeout < 0 {
 		errs = append(errs, fmt.Errorf("ConfirmTimeout: %s is negative", c.ConfirmTimeout))
+	}
+	if c.Dedup < 0 {
+		errs = append(errs, fmt.Errorf("Dedup: %s is negative", c.Dedup))
+	}
+	if c.Dedup == 0 && c.DedupStore != nil {
+		errs = append(errs, errors.New("DedupStore: set, but Dedup is 0 (off): set Dedup to how long a handled message is remembered (7 days, say), or leave DedupStore nil"))
 	}
 	if c.HandoffAttempts < 0 {
 		errs = append(errs, fmt.Errorf("HandoffAttempts: %d is negative", c.HandoffAttempts))

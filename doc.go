@@ -45,6 +45,16 @@
 // x-delivery-limit and the poison queue as its dead-letter target
 // (docs/troubleshooting.md); New warns about a quorum work queue that would drop it.
 //
+// # Duplicates
+//
+// At-least-once delivery brings duplicates: a message whose ack was lost runs again.
+// Config.Dedup acks a duplicate without running the handler: it remembers a message
+// once its handler has succeeded (or it was poisoned), never when it fails, so that a
+// retry, which carries the same UUID and payload, always runs; in memory, or in a
+// DedupStore (the pgdedup module's PostgreSQL table). Watermill's Deduplicator records
+// a key before the handler runs and drops every retry: give it DedupKey as its
+// KeyFactory. docs/dedup.md tells more.
+//
 // # Words
 //
 // One word per concept, in the code, the docs, the logs and the events:

@@ -14,6 +14,7 @@ import (
 	amqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/components/cqrs"
 	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
@@ -179,4 +180,37 @@ func ExampleCluster() {
 	pubCfg := amqp.NewDurableQueueConfig("amqp://app:secret@rabbit-1:5672/")
 	pubCfg.Connection.AmqpConfig = nodes // your publishers
 	_, _ = wamqp3.New(amqpCfg, amqpretry.Config{})
+}
+
+// Duplicates dropped, retries never: the Retry remembers a message for a week once its
+// handler has succeeded (here in this process's memory; a DedupStore such as the
+// pgdedup module's keeps it in PostgreSQL).
+func ExampleConfig_dedup() {
+	amqpCfg := amqp.NewDurableQueueConfig("amqp://guest:guest@localhost:5672/")
+	retry, err := wamqp3.New(amqpCfg, amqpretry.Config{Dedup: 7 * 24 * time.Hour})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer retry.Close()
+}
+
+// Watermill's Deduplicator beside the Retry, keyed so that a retry, which has the next
+// attempt, is not taken for a duplicate of the attempt that failed.
+func ExampleDedupKey() {
+	logger := watermill.NewStdLogger(false, false)
+	retry, err := wamqp3.New(amqp.NewDurableQueueConfig("amqp://guest:guest@localhost:5672/"), amqpretry.Config{Logger: logger})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer retry.Close()
+	router, err := message.NewRouter(message.RouterConfig{}, logger)
+	if err != nil {
+		log.Fatal(err)
+	}
+	dedup := &wmiddleware.Deduplicator{KeyFactory: amqpretry.DedupKey}
+	router.AddMiddleware(dedup.Middleware) // outside the Retry; on the handler after AddHandler works too
+	if _, err := retry.AddHandler(router, "orders", "orders", chargeCard); err != nil {
+		log.Fatal(err)
+	}
+	_ = router.Run(context.Background())
 }

@@ -240,6 +240,10 @@ func (e *engine) scheduled(f *failure, by *kept, requested, effective, handoff t
 	if e.failures.size.Load() > 0 {
 		e.failures.forget(f.msg.UUID)
 	}
+	if e.givenBack.size.Load() > 0 {
+		e.givenBack.forget(f.msg.UUID)
+	}
+	e.sent.add(f.msg.UUID, f.attempt+1)
 	n := e.stats.retries.Add(1)
 	if e.cfg.Observe != nil { // observe, on the way of every retry
 		e.cfg.Observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: f.queue, Backend: by.name, Attempt: f.attempt, Err: f.err,

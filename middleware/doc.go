@@ -17,7 +17,10 @@
 // the handler (poison.go). A failed hand-off is paced and counted (handoff.go); a copy
 // back before it is due is re-parked (repark.go); the queues bound for retries are
 // recorded when its subscriber subscribes (wiring.go); Close waits for the hand-offs in
-// flight (lifecycle.go). Every path that moves a message publishes with confirms before
+// flight (lifecycle.go); with amqpretry.Config.Dedup, a message is checked before the
+// handler and remembered once handled or poisoned, never when it fails, and a retry
+// this Retry scheduled that a middleware acked before its handler ran is said once at
+// ERROR (dedup.go). Every path that moves a message publishes with confirms before
 // it acks, or nacks with requeue: nothing is lost. It tells amqpretry.Config.Observe
 // every amqpretry.Event and counts its Stats (observe.go).
 //

@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry"
@@ -47,8 +48,19 @@ type engine struct {
 	// holder that carries nothing (selfPark), and a release that could not finish.
 	// Nil in-process.
 	toQueue func(ctx context.Context, queue string, msg *message.Message) error
-	life    lifecycle
-	pending pendingPoisons // messages whose poison publish failed
+	dedup   *dedup // nil when Config.Dedup is 0
+	// givenBack counts, by UUID, the deliveries given back to the broker unhandled
+	// (nacked after a failed hand-off, at Close, in an outage; set aside): for
+	// amqpretry.DedupKey, which tells such a redelivery from a duplicate.
+	givenBack failureCounts
+	// sent are the retries scheduled, until their first delivery; arrivals, those
+	// delivered that have not reached the engine yet; droppedSaid, that one dropped
+	// was logged (dedup.go).
+	sent        sentRetries
+	arrivals    arrivals
+	droppedSaid atomic.Bool
+	life        lifecycle
+	pending     pendingPoisons // messages whose poison publish failed
 	// poisonHint adds the fix to a failed poison publish's error (gone: the poison
 	// queue does not exist). Nil: none.
 	poisonHint func(err error, gone bool) error
@@ -192,6 +204,15 @@ func (e *engine) read(msg *message.Message) delivery {
 		c = &chain{Context: ctx}
 		msg.SetContext(c)
 	}
+	// The first delivery of a retry this engine scheduled: known when its subscriber
+	// delivered it (Delivered), or here in-process, where no subscriber calls Delivered.
+	if e.wiring.ID == "" {
+		if e.arrive(msg, false) {
+			c.set(chainRetry)
+		}
+	} else if e.arrivals.size.Load() > 0 && e.arrivals.reach(msg) {
+		c.set(chainRetry)
+	}
 	if e.wiring.ID != "" {
 		c.mu.Lock()
 		c.ids = append(c.ids, e.wiring.ID)
@@ -296,7 +317,23 @@ type chain struct {
 	mu      sync.Mutex
 	ids     []string
 	attempt atomic.Int64
+	// flags: chainRetry, chainExpect, chainRan (one word: the chain stays in its
+	// allocation size class).
+	flags atomic.Uint32
 }
+
+const (
+	// chainRetry: the delivery is the first of a retry the engine scheduled (arrive,
+	// dedup.go).
+	chainRetry uint32 = 1 << iota
+	// chainExpect: the handler added through AddHandler is under this Retry;
+	// chainRan: it ran (ExpectHandler, HandlerRan).
+	chainExpect
+	chainRan
+)
+
+func (c *chain) set(f uint32)     { c.flags.Or(f) }
+func (c *chain) is(f uint32) bool { return c.flags.Load()&f != 0 }
 
 func (c *chain) Value(key any) any {
 	if key == (ctxkey.Chain{}) {
@@ -307,6 +344,12 @@ func (c *chain) Value(key any) any {
 
 // Attempt is the attempt the handler runs (amqpretry.AttemptFromContext).
 func (c *chain) Attempt() int { return int(c.attempt.Load()) }
+
+// ExpectHandler and HandlerRan are called by the handler a transport's AddHandler
+// adds: the first by a middleware just inside the Retry's, the second by the handler
+// itself, so that the Retry tells a retry acked without its handler running.
+func (c *chain) ExpectHandler() { c.set(chainExpect) }
+func (c *chain) HandlerRan()    { c.set(chainRan) }
 
 // inChain tells whether the Retry id is among the middlewares msg passes through.
 func inChain(msg *message.Message, id string) bool {
@@ -374,8 +417,14 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 // process, and deals with its failure (fail). What became of a message with an order
 // key is recorded in d.out.
 func (e *engine) handle(h message.HandlerFunc, msg *message.Message, d delivery) ([]*message.Message, error) {
+	handler, key := h, ""
+	var dup *bool // the handler was not run: a duplicate (with Config.Dedup only)
+	if e.dedup != nil && d.owned && d.queue != "" {
+		key, dup = dedupKey(d), new(bool)
+		handler = e.dedup.handler(h, key, dup)
+	}
 	// decided is err's decision, once classified (Classify runs once per failure).
-	produced, decided, err := e.runHandler(h, msg, d)
+	produced, decided, err := e.runHandler(handler, msg, d)
 	run, attempt := msg, d.attempt
 	for err != nil && attempt <= e.cfg.Policy.Immediate {
 		var again bool
@@ -390,17 +439,32 @@ func (e *engine) handle(h message.HandlerFunc, msg *message.Message, d delivery)
 		d.chain.attempt.Store(int64(attempt)) // next's context is msg's: the same chain
 		run = next
 		d.attempt = attempt
-		produced, decided, err = e.runHandler(h, run, d)
+		produced, decided, err = e.runHandler(handler, run, d)
 	}
 	if err == nil {
 		if e.failures.size.Load() > 0 {
 			e.failures.forget(msg.UUID)
 		}
-		if d.owned {
-			e.observe(amqpretry.Event{Kind: amqpretry.EventSucceeded, Queue: d.queue, Attempt: attempt})
+		if e.givenBack.size.Load() > 0 {
+			e.givenBack.forget(msg.UUID)
 		}
 		if d.out != nil {
 			d.out.succeeded = true
+		}
+		if dup != nil && *dup {
+			e.dedup.duplicates.Add(1)
+			e.cfg.Logger.Debug("Duplicate of a message handled before: acked, the handler not run", watermill.LogFields{
+				"message_uuid": msg.UUID, "queue": d.queue, "handler": d.handler, "attempt": attempt})
+			return nil, nil
+		}
+		if key != "" {
+			e.record(d, key)
+		}
+		if d.chain.is(chainRetry) && d.chain.is(chainExpect) && !d.chain.is(chainRan) {
+			e.dropped(msg, d.queue, attempt, "inside the Retry (a handler middleware added after it)")
+		}
+		if d.owned {
+			e.observe(amqpretry.Event{Kind: amqpretry.EventSucceeded, Queue: d.queue, Attempt: attempt})
 		}
 		return produced, nil
 	}

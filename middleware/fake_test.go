@@ -120,6 +120,7 @@ func newEngine(t testing.TB, cfg amqpretry.Config, b backend.Backend) (*engine, 
 	p := &poisonQueue{}
 	e := &engine{cfg: cfg.WithDefaults(), poisonQ: p.send, wiring: wiring{Queue: func(string) string { return "work" }}}
 	e.outages = newOutages(e.cfg.Outage)
+	e.dedup = newDedup(e.cfg)
 	if b != nil {
 		e.backend = keep(b)
 	}

@@ -29,6 +29,7 @@ func (e *engine) handoffFailed(f failure, cp *message.Message, perr error, cause
 		f.envelope.Error = fmt.Sprintf("%d hand-offs failed in a row, the last: %v; handler error: %v", n, perr, f.err)
 		return e.poison(f, cp, amqpretry.ReasonHandoffFailed)
 	}
+	e.givenBack.add(cp.UUID)
 	e.pausePaced(f.msg.Context(), backend.HandoffPause(n))
 	return errors.Join(f.err, fmt.Errorf("%w: queue %q: %w", amqpretry.ErrHandoff, f.queue, perr))
 }
@@ -63,6 +64,13 @@ func (c *failureCounts) forget(uuid string) {
 	defer c.mu.Unlock()
 	delete(c.n, uuid)
 	c.size.Store(int64(len(c.n)))
+}
+
+// count returns uuid's count.
+func (c *failureCounts) count(uuid string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[uuid]
 }
 
 // pause waits d, or until ctx is done.

@@ -22,6 +22,7 @@ import (
 // and nothing loops. The first one is logged at WARN, naming the order to close in.
 func (e *engine) refuseClosed(msg *message.Message, d delivery, err error) error {
 	n := e.failures.add(msg.UUID)
+	e.givenBack.add(msg.UUID)
 	e.life.refused.Add(1)
 	cerr := fmt.Errorf("%w: queue %q: the Retry was closed before the router stopped, so nothing is handed off; the message is nacked for redelivery: close the router first, then the Retry (defer retry.Close() before creating the router, so that it runs after the router's Close)", amqpretry.ErrHandoff, d.queue)
 	if e.life.warned.CompareAndSwap(false, true) {
@@ -46,6 +47,7 @@ func (r *retry) close() error {
 	if !first {
 		return nil
 	}
+	r.engine.sweep()
 	var errs []error
 	if r.engine.backend != nil {
 		errs = append(errs, r.engine.backend.Close())

@@ -15,6 +15,9 @@ import (
 func (e *engine) Stats() Stats {
 	st := Stats{Retries: e.stats.retries.Load(), Poisoned: e.stats.poisoned.Load(), HandoffFailures: e.stats.failures.Load(),
 		PoisonPending: e.pending.len()}
+	if e.dedup != nil {
+		st.Duplicates = e.dedup.duplicates.Load()
+	}
 	if e.outages != nil {
 		st.Outages, st.Probes, st.InOutage = e.outages.started.Load(), e.outages.probes.Load(), e.outages.inOutage()
 	}

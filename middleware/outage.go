@@ -424,5 +424,6 @@ func (e *engine) outageGiveBack(m *message.Message, d delivery, q *outage, why e
 	if errors.Is(why, errClosing) {
 		return e.refuseClosed(m, d, errors.Join(last, err))
 	}
+	e.givenBack.add(m.UUID)
 	return errors.Join(last, err)
 }

@@ -51,6 +51,12 @@ func (e *engine) poison(f failure, cp *message.Message, reason amqpretry.Reason)
 	}
 	e.failures.forget(cp.UUID)
 	e.pending.forget(cp.UUID)
+	if e.givenBack.size.Load() > 0 {
+		e.givenBack.forget(cp.UUID)
+	}
+	if e.dedup != nil && f.owned && f.queue != "" && f.msg != nil {
+		e.record(f.delivery, dedupKey(f.delivery))
+	}
 	e.stats.poisoned.Add(1)
 	if f.out != nil {
 		f.out.poisoned = true
@@ -192,6 +198,7 @@ func (e *engine) poisonFailed(f failure, reason amqpretry.Reason, perr error) er
 		perr = e.poisonHint(perr, gone)
 	}
 	n := e.pending.add(f, reason)
+	e.givenBack.add(f.msg.UUID)
 	e.stats.failures.Add(1)
 	cause := backend.Cause(perr)
 	if gone {

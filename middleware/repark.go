@@ -29,6 +29,7 @@ func (e *engine) repark(msg *message.Message, d delivery, until time.Time) error
 		}
 	}
 	n := e.failures.add(msg.UUID)
+	e.givenBack.add(msg.UUID)
 	e.stats.failures.Add(1)
 	e.observe(amqpretry.Event{Kind: amqpretry.EventHandoffFailed, Queue: d.queue, Attempt: d.attempt, Err: err, Cause: backend.Cause(err)})
 	e.cfg.Logger.Error("Could not park a retry again until it is due, nacking it for redelivery", err, watermill.LogFields{

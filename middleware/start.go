@@ -45,7 +45,7 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 	}
 	v := cfg.Derived()
 	r := &retry{cfg: cfg, view: v, t: t}
-	e := &engine{cfg: cfg, wiring: wiring{Queue: t.Queue}, outages: newOutages(cfg.Outage)}
+	e := &engine{cfg: cfg, wiring: wiring{Queue: t.Queue}, outages: newOutages(cfg.Outage), dedup: newDedup(cfg)}
 	r.engine = e
 	if t.URI == "" {
 		b, err := v.Open(backend.Env{Logger: cfg.Logger})
@@ -182,6 +182,8 @@ func (r *retry) delivered(msg *message.Message, attempt, fn int) {
 	if attempt > 0 {
 		msg.Metadata[keys.Attempt] = strconv.Itoa(attempt)
 	}
+	r.engine.sweep()
+	r.engine.arrive(msg, true)
 }
 
 // scheduler is a message.Publisher that schedules a delayed message to a queue

@@ -28,4 +28,7 @@ type Stats struct {
 	// long the oldest has been blocked. The amqpretry command reads the broker's.
 	BlockedKeys, Behind int64
 	LongestBlocked      time.Duration
+	// Duplicates: messages acked without running the handler, as duplicates of one
+	// handled before (amqpretry.Config.Dedup).
+	Duplicates int64
 }

@@ -7,6 +7,8 @@
 #               in the library, internal/ importing nothing above it, the README snippet
 #               on each watermill-amqp major (scripts/majors.sh), each example in a
 #               module outside the repository (scripts/examples.sh)
+#   pgdedup     the durable dedup store's tests on PostgreSQL (PGDEDUP_DSN, default the
+#               machine's at 127.0.0.1:5432, started if it does not answer)
 #   3.10        every package's tests with the race detector on the broker at AMQP_URI
 #               (default amqp://guest:guest@127.0.0.1:5672/, the machine's RabbitMQ
 #               3.10.8), the metrics and command modules (with the console's browser
@@ -124,7 +126,7 @@ print_notes() { if [ "${#notes[@]}" -gt 0 ]; then printf '%s\n' "${notes[@]}"; f
 print_notes
 
 # Modules: the library, and the modules of its own the repository has.
-modules=(. metrics amqp1 benchmarks internal/testsupport/watermillsuite internal/testsupport/netdelay _examples/quickstart _examples/cqrs amqp1/examples/quickstart)
+modules=(. metrics pgdedup amqp1 benchmarks internal/testsupport/watermillsuite internal/testsupport/netdelay _examples/quickstart _examples/cqrs amqp1/examples/quickstart)
 gocmd() { # gocmd DIR ARGS: go in module DIR (the command module through its go.sh)
   local dir=$1
   shift
@@ -145,7 +147,7 @@ step "staticcheck (every module but benchmarks)"
 # Pinned: the module proxy serves exact versions. staticcheck.conf says what is off.
 staticcheck=honnef.co/go/tools/cmd/staticcheck@v0.8.2
 go run "$staticcheck" ./...
-for m in metrics amqp1 internal/testsupport/watermillsuite internal/testsupport/netdelay _examples/quickstart _examples/cqrs amqp1/examples/quickstart; do (cd "$m" && go run "$staticcheck" ./...); done
+for m in metrics pgdedup amqp1 internal/testsupport/watermillsuite internal/testsupport/netdelay _examples/quickstart _examples/cqrs amqp1/examples/quickstart; do (cd "$m" && go run "$staticcheck" ./...); done
 cmd/amqpretry/go.sh run "$staticcheck" ./...
 
 step "API size: exported identifiers per public package (internal/cmd/apicount; printed, no limit)"
@@ -240,10 +242,10 @@ if [ -n "$reach" ]; then
 fi
 echo "    $(go list ./internal/... | grep -cvE "^$mod/internal/(testsupport(/|$)|wamqp$)") packages checked, and the floor topology, xdeath: none imports above internal/"
 
-step "sibling modules build on the public API: no import of the root module's internal/ (metrics, cmd/amqpretry, amqp1)"
+step "sibling modules build on the public API: no import of the root module's internal/ (metrics, pgdedup, cmd/amqpretry, amqp1)"
 # Their own test harnesses (a module's internal/ packages and _test files) may reach
 # inside, as benchmarks do.
-for m in metrics cmd/amqpretry amqp1; do
+for m in metrics pgdedup cmd/amqpretry amqp1; do
   reach=$(gocmd "$m" list -f '{{.ImportPath}}: {{join .Imports " "}}' ./... | grep -v '^github.com/amqpretry/amqpretry/[a-z0-9/]*internal/' | tr ' ' '\n' | grep '^github.com/amqpretry/amqpretry/internal/' | sort -u || true)
   if [ -z "$reach" ]; then echo "    $m: none"; continue; fi
   echo "    $m: $(echo "$reach" | tr '\n' ' ')"
@@ -427,6 +429,25 @@ cqrs() {
 
 step "quickstart, in-process (no broker)"
 env -u AMQP_URI go -C _examples/quickstart run .
+
+# The durable dedup store (pgdedup, a module of its own) on PostgreSQL: PGDEDUP_DSN, or
+# the machine's at 127.0.0.1:5432 (trust auth, database test), started with its
+# cluster's pg_ctlcluster when it does not answer, as the broker is below. Under
+# CI=true a PostgreSQL that cannot be had fails the run; elsewhere its tests skip.
+step "pgdedup on PostgreSQL (${PGDEDUP_DSN:-127.0.0.1:5432, database test}): the durable dedup store's tests with -race"
+if [ -z "${PGDEDUP_DSN:-}" ] && command -v pg_isready >/dev/null 2>&1 && ! pg_isready -q -h 127.0.0.1 -p 5432; then
+  for v in /etc/postgresql/*/; do
+    [ -d "$v" ] || continue
+    v=$(basename "$v")
+    echo "starting PostgreSQL $v (pg_ctlcluster)"
+    pg_ctlcluster --skip-systemctl-redirect "$v" main start || true
+  done
+  for _ in $(seq 30); do
+    if pg_isready -q -h 127.0.0.1 -p 5432; then break; fi
+    sleep 1
+  done
+fi
+(cd pgdedup && go test -race -count=1 -v ./... 2>&1) | grep -E '^(--- |ok|FAIL|panic)|pgdedup_test'
 
 if [ "$broker" = ok ]; then
   fd_budget "the broker at AMQP_URI" "${ctl310[@]}"

@@ -1,9 +1,11 @@
 // Package ctxkey names the context key of the retry middleware's record of a delivery,
-// shared by the middleware, which writes it, and amqpretry.AttemptFromContext, which
-// reads it.
+// shared by the middleware, which writes it, amqpretry.AttemptFromContext, which reads
+// it, and the transports' AddHandler, which marks it.
 package ctxkey
 
 // Chain is the key of the record the retry middleware keeps in a message's context
 // (middleware/engine.go, chain): the Retry middlewares it passes through and the
-// attempt the handler runs. Its value has a method Attempt() int.
+// attempt the handler runs. Its value has the methods Attempt() int, ExpectHandler()
+// and HandlerRan() (the handler added through a transport's AddHandler is below, and
+// ran).
 type Chain struct{}

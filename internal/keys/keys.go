@@ -83,6 +83,10 @@ const (
 	// its id, followed by "/<n>" for the n-th queue-name function registered with
 	// Retry.DeliveredFor.
 	Subscriber = "amqpretry-subscriber"
+	// GivenBack is the times the Retry gave the delivery back to the broker unhandled
+	// before (a failed hand-off, a Close, an outage), written on receipt only when
+	// not zero: amqpretry.DedupKey reads it.
+	GivenBack = "amqpretry-given-back"
 )
 
 // Tier is the header the ttl-tiers backend routes a copy on: the tier's name. It is
@@ -93,7 +97,7 @@ const Tier = "amqpretry-tier"
 // OfDelivery are the keys the marshaler writes on receipt about the delivery itself
 // (where it was published, which Retry's subscriber delivered it): a copy of the
 // message never carries them.
-var OfDelivery = [...]string{DeliveryExchange, DeliveryRoutingKey, Subscriber}
+var OfDelivery = [...]string{DeliveryExchange, DeliveryRoutingKey, Subscriber, GivenBack}
 
 // Reserved tells whether key is one the marshaler writes on receipt and never
 // publishes.
@@ -135,7 +139,7 @@ const (
 // KindOf is what header is: ReservedKey, BrokerOwnedKey, or Published.
 func KindOf(header string) Kind {
 	switch header {
-	case TypedHeaders, RawHeaders, DeliveryExchange, DeliveryRoutingKey, Subscriber:
+	case TypedHeaders, RawHeaders, DeliveryExchange, DeliveryRoutingKey, Subscriber, GivenBack:
 		return ReservedKey
 	case XDeath, XDelay, XDeliveryCount, XAcquiredCount, "CC", "BCC":
 		return BrokerOwnedKey

@@ -7,6 +7,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/ctxkey"
 	"github.com/amqpretry/amqpretry/internal/subclose"
 	"github.com/amqpretry/amqpretry/topology"
 )
@@ -101,7 +102,29 @@ func (w *Wiring) AddHandler(router *message.Router, handlerName, topic string, h
 		}
 		sub = subclose.OnDone(s)
 	}
-	h := router.AddConsumerHandler(handlerName, topic, sub, handler)
-	h.AddMiddleware(w.Retry.Middleware)
+	h := router.AddConsumerHandler(handlerName, topic, sub, ranHandler(handler))
+	h.AddMiddleware(w.Retry.Middleware, expectHandler)
 	return h, nil
+}
+
+// ranHandler is h, telling the Retry that it ran; expectHandler, just inside the
+// Retry's middleware, tells it that h is below: a retry acked without h running was
+// dropped by a middleware in between (one added to the handler after AddHandler),
+// which the Retry logs once. Both go through the message's chain (ctxkey.Chain).
+func ranHandler(h message.NoPublishHandlerFunc) message.NoPublishHandlerFunc {
+	return func(msg *message.Message) error {
+		if c, ok := msg.Context().Value(ctxkey.Chain{}).(interface{ HandlerRan() }); ok {
+			c.HandlerRan()
+		}
+		return h(msg)
+	}
+}
+
+func expectHandler(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		if c, ok := msg.Context().Value(ctxkey.Chain{}).(interface{ ExpectHandler() }); ok {
+			c.ExpectHandler()
+		}
+		return h(msg)
+	}
 }

@@ -128,6 +128,7 @@ func Run(t *testing.T, m Major) {
 		{"OrderOtherKeysFlow", OrderOtherKeysFlow, false},
 		{"OrderPoisonedHead", OrderPoisonedHead, false},
 		{"OrderNeedsOneActiveConsumer", OrderNeedsOneActiveConsumer, true},
+		{"DedupDropsDuplicatesNeverRetries", DedupDropsDuplicatesNeverRetries, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if testing.Short() && !tc.quick {
