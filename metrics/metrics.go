@@ -49,6 +49,10 @@
 //   - amqpretry_attempts{outcome}: the attempt on which a message finally succeeded
 //     (outcome="succeeded") or was poisoned (outcome="poisoned").
 //
+//   - amqpretry_keys_blocked_total{queue}, amqpretry_keys_released_total{queue}: order
+//     keys (amqpretry.Config.OrderKey) blocked, and released (EventKeyBlocked,
+//     EventKeyReleased).
+//
 // Gauges set by Observe:
 //   - amqpretry_in_outage{queue}: 1 while the work queue is in an outage (its messages
 //     wait in the process, spending no attempt, until a probe succeeds), 0 after; no
@@ -70,6 +74,13 @@
 //     RabbitMQ 4.3's delayed retry).
 //   - amqpretry_next_retry_due_timestamp_seconds{queue}: due time of the first of them;
 //     a value in the past is an overdue retry (alert rule: example/alerts.yml).
+//
+// Gauges of order keys:
+//   - amqpretry_longest_blocked_seconds{queue}: how long the key blocked longest has
+//     been, as this process saw it block (Observe); 0 when none is.
+//   - amqpretry_blocked_keys{queue}, amqpretry_behind_messages{queue}: the keys blocked
+//     and the messages waiting behind them, as the broker has them (RefreshBlocked,
+//     through ops with rabbitmqctl).
 //
 // Labels are bounded: queue is a queue the application subscribes to (or, for the gauges,
 // one of the library's own), backend a backend name (package delay), reason, cause and
@@ -148,6 +159,13 @@ type Metrics struct {
 	outageCount     *prometheus.CounterVec
 	probes          *prometheus.CounterVec
 	took            tookBy
+	keysBlocked     *prometheus.CounterVec
+	keysReleased    *prometheus.CounterVec
+	blockedKeys     *blockedKeys
+	blockedGauge    *prometheus.GaugeVec
+	behind          *prometheus.GaugeVec
+	blockedMu       sync.Mutex
+	blockedSeen     map[string]bool // queues RefreshBlocked set
 }
 
 // New registers the metrics on cfg.Registerer.
@@ -187,8 +205,18 @@ func New(cfg Config) (*Metrics, error) {
 			Help: "Outages of the work queue that started (its handlers failed as if something they depend on is down)."}, []string{"queue"}),
 		probes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "outage_probes_total",
 			Help: "Messages run as an outage's probe, by result (ok ends the outage, failed keeps it)."}, []string{"queue", "result"}),
+		keysBlocked: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "keys_blocked_total",
+			Help: "Order keys blocked: a message of the key waits for its retry, and its later messages wait behind it."}, []string{"queue"}),
+		keysReleased: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "keys_released_total",
+			Help: "Order keys released: the messages behind the key ran, in order."}, []string{"queue"}),
+		blockedKeys: newBlockedKeys(ns),
+		blockedGauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "blocked_keys",
+			Help: "Order keys blocked in the work queue, as the broker has them (refreshed by RefreshBlocked)."}, []string{"queue"}),
+		behind: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "behind_messages",
+			Help: "Messages waiting behind the work queue's blocked order keys (refreshed by RefreshBlocked)."}, []string{"queue"}),
+		blockedSeen: map[string]bool{},
 	}
-	for _, c := range []prometheus.Collector{m.retries, m.poisoned, m.handoffFailures, m.handoff, m.lateness, m.attempts, m.waiting, m.parked, m.poisonDepth, m.workWaiting, m.nextDue, m.outages, m.outageCount, m.probes} {
+	for _, c := range []prometheus.Collector{m.retries, m.poisoned, m.handoffFailures, m.handoff, m.lateness, m.attempts, m.waiting, m.parked, m.poisonDepth, m.workWaiting, m.nextDue, m.outages, m.outageCount, m.probes, m.keysBlocked, m.keysReleased, m.blockedKeys, m.blockedGauge, m.behind} {
 		if err := cfg.Registerer.Register(c); err != nil {
 			return nil, fmt.Errorf("register amqpretry metrics: %w", err)
 		}
@@ -233,6 +261,12 @@ func (m *Metrics) Observe(e amqpretry.Event) {
 		m.probes.WithLabelValues(e.Queue, probeResult(e)).Inc()
 	case amqpretry.EventOutageEnded:
 		m.outages.ended(e.Queue, e.Duration)
+	case amqpretry.EventKeyBlocked:
+		m.keysBlocked.WithLabelValues(e.Queue).Inc()
+		m.blockedKeys.blocked(e.Queue, e.Key)
+	case amqpretry.EventKeyReleased:
+		m.keysReleased.WithLabelValues(e.Queue).Inc()
+		m.blockedKeys.released(e.Queue, e.Key)
 	}
 }
 

@@ -107,11 +107,14 @@ func (o *Ops) Blocked(ctx context.Context) ([]BlockedKey, error) {
 // poisonedHeads reads the poison queue for the heads of order keys, by work queue and
 // key: the last one of each.
 func (o *Ops) poisonedHeads(ctx context.Context) (map[[2]string]Message, error) {
+	heads := map[[2]string]Message{}
+	if _, exists, err := o.inspect(o.retry.PoisonQueue); err != nil || !exists {
+		return heads, err
+	}
 	res, err := o.List(ctx, Poison, ListOptions{Limit: -1, Full: true})
 	if err != nil {
 		return nil, err
 	}
-	heads := map[[2]string]Message{}
 	for _, m := range res.Messages {
 		key, ok := m.Metadata[keys.OrderHead]
 		if !ok {
