@@ -70,6 +70,10 @@
 //   - re-park: park a retry again when it comes back before it is due, because its
 //     delay (a RetryAfter) is longer than the backend's longest; hold again is the same
 //     for a held retry.
+//   - order key (Config.OrderKey): what a message's order is kept within. A key is
+//     blocked while its head (its message whose retry waits) waits; its later messages
+//     wait behind it, in its behind queue (<Prefix>.behind.*); releasing the key runs
+//     them, in order (docs/ordering.md).
 //
 // What each backend can do (how it keeps a retry, which delays, past its longest) is
 // in the table of package delay.

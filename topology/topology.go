@@ -28,8 +28,8 @@ type Queue struct {
 	Args amqp.Table `json:"args,omitempty"`
 	// Role is what the library keeps in the queue: "delay" (retries waiting out a
 	// delay), "parking" (dead letters that found no work queue), "poison" (messages
-	// that failed for good) or "work" (an application queue the retries come back
-	// to). It is not declared; "" in a topology of the user's own.
+	// that failed for good), "work" (an application queue the retries come back
+	// to) or "behind" (the messages waiting behind a blocked order key). It is not declared; "" in a topology of the user's own.
 	Role string `json:"role,omitempty"`
 }
 
