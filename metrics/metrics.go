@@ -38,14 +38,17 @@
 //     outage's Event.Duration, plus the ongoing outage's time up to the scrape.
 //
 // Histograms:
+//
 //   - amqpretry_handoff_seconds: publish to confirm of each confirmed hand-off (parked
 //     retries, and poisonings). A held retry (delayed-retry, delivery-time: the broker
 //     holds the failed delivery) is not published and is not observed here.
+//
 //   - amqpretry_redelivery_lateness_seconds{backend}: arrival of a retry minus its due
 //     time (recorded on a copy; for a retry held in the work queue, kept by the
 //     middleware that settled it). An early arrival (clock skew between processes, or
 //     a delay shortened to the longest tier, which the due time already accounts for)
 //     is observed as a negative value: the lowest buckets are -0.1, -0.01 and 0.
+//
 //   - amqpretry_attempts{outcome}: the attempt on which a message finally succeeded
 //     (outcome="succeeded") or was poisoned (outcome="poisoned").
 //
