@@ -189,7 +189,7 @@ func (o *Ops) Release(ctx context.Context, opts ReleaseOptions) (ReleaseResult, 
 		return res, nil
 	}
 	if opts.RedriveHead {
-		mr, err := o.Redrive(ctx, Poison, MoveOptions{Filter: Filter{IDs: []string{head.MessageID}, Queue: opts.Queue}, Limit: 1, ResetAttempts: true})
+		mr, err := o.Redrive(ctx, Poison, MoveOptions{Filter: Filter{IDs: []string{head.MessageID}, Queue: opts.Queue}, Limit: 1, ResetAttempts: true, head: true})
 		if err != nil {
 			return res, err
 		}

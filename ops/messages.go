@@ -253,6 +253,9 @@ type MoveOptions struct {
 	Window int
 	// Progress, if set, is called after each message with the result so far.
 	Progress func(MoveResult)
+	// head keeps a redriven message's mark as its order key's head (Release with
+	// RedriveHead): a message redriven otherwise goes behind its key like any other.
+	head bool
 }
 
 // MoveResult is the outcome of Redrive and Purge.
@@ -296,7 +299,9 @@ type MoveResult struct {
 // so do messages that do not match, in their order. A cancelled ctx stops the run
 // between two messages (Stopped "interrupted"), with a nil error. The redriven copy
 // keeps its failure envelope without the poison reason, and records the redrive
-// (Envelope.RedrivenAt, Redriven, RedrivenFrom).
+// (Envelope.RedrivenAt, Redriven, RedrivenFrom). A poisoned head of an order key
+// (amqpretry.Config.OrderKey) is redriven as any message of its key: behind it, if the
+// key is blocked; Release with RedriveHead sends it back as the key's head.
 func (o *Ops) Redrive(ctx context.Context, source Source, opts MoveOptions) (MoveResult, error) {
 	return o.move(ctx, source, opts, true)
 }
@@ -420,7 +425,7 @@ func (o *Ops) moveQueue(ctx context.Context, queue string, opts MoveOptions, red
 			return res, nil
 		}
 		if redrive {
-			err := o.send(ctx, queue, d, m, opts.ResetAttempts, waiting)
+			err := o.send(ctx, queue, d, m, opts.ResetAttempts, waiting, opts.head)
 			switch {
 			case errors.Is(err, backend.ErrReturned) || errors.Is(err, errNoQueue):
 				sc.keep(d)
@@ -469,7 +474,7 @@ var errNoQueue = errors.New("the queue to send it to is unknown: no envelope, an
 
 // send publishes the message of d to its queue through the hand-off.
 // A waiting retry (retry now) goes back as it is, without the redrive's marks.
-func (o *Ops) send(ctx context.Context, source string, d amqp.Delivery, m Message, reset, waiting bool) error {
+func (o *Ops) send(ctx context.Context, source string, d amqp.Delivery, m Message, reset, waiting, head bool) error {
 	if m.Queue == "" {
 		return errNoQueue
 	}
@@ -487,6 +492,11 @@ func (o *Ops) send(ctx context.Context, source string, d amqp.Delivery, m Messag
 		env.Write(msg.Metadata)
 	}
 	delete(msg.Metadata, keys.Tier) // ttl-tiers' routing header, of no use on the way back
+	if !head && !waiting {
+		// A poisoned head of an order key, redriven, waits behind its key like any
+		// message: it would otherwise release the key, overtaking its current head.
+		delete(msg.Metadata, keys.OrderHead)
+	}
 	// The publish is not cancelled by ctx: once started, a message is finished (its
 	// confirm awaited) so that an interrupt stops between messages. No owned topology:
 	// a queue that is gone is never declared again by a redrive.
