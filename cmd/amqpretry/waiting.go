@@ -23,26 +23,26 @@ type ctlRunner = func(ctx context.Context, args ...string) ([]byte, error)
 
 // ctlRunner returns the rabbitmqctl the flags name, or nil: each run is bounded by the
 // timeout, and none runs before the command is known to reach the node listening on
-// the URI's port (the check shared with the counts), so that an eval meant for the
-// broker at the URI never runs on another one.
+// the URI's port (the check shared with the counts, which may find that node: -n), so
+// that an eval meant for the broker at the URI never runs on another one.
 func (src *countsSource) ctlRunner(uri string) ctlRunner {
-	words, _ := rabbitmqctlWords(src.ctl, uri)
+	words, explicit := rabbitmqctlWords(src.ctl, uri)
 	if len(words) == 0 {
 		return nil
 	}
-	check := src.nodeCheck(words, uri)
+	check := src.nodeCheck(words, uri, mayFind(words, explicit))
 	return func(ctx context.Context, args ...string) ([]byte, error) {
 		if err := check.do(ctx); err != nil {
 			return nil, err
 		}
-		return runCtl(ctx, words, src.timeout, args...)
+		return runCtl(ctx, check.words, src.timeout, args...)
 	}
 }
 
 // ctlFlags adds --rabbitmqctl and --ctl-timeout to a command that needs rabbitmqctl.
 func (src *countsSource) ctlFlags(c *cobra.Command) {
 	f := c.Flags()
-	f.StringVar(&src.ctl, "rabbitmqctl", "auto", "rabbitmqctl command of the broker at AMQP_URI (needs admin rights: rabbitmqctl eval): auto (rabbitmqctl on PATH for a broker on this host), off, or a command line")
+	f.StringVar(&src.ctl, "rabbitmqctl", "auto", "rabbitmqctl command of the broker at AMQP_URI (needs admin rights: rabbitmqctl eval): auto (rabbitmqctl on PATH for a broker on this host, -n the node on the URI's port), off, or a command line")
 	f.DurationVar(&src.timeout, "ctl-timeout", time.Minute, "bound of each rabbitmqctl run")
 }
 
