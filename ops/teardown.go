@@ -216,7 +216,7 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 		if len(res.Left) > 0 {
 			return res, fmt.Errorf("%w under prefix %q: of what any backend declares there, only what stays was found (%d, TeardownResult.Left: shared by every backend, or kept); the shared ones go with Shared (the CLI's --shared)", ErrNothingToTearDown, o.retry.Prefix, len(res.Left))
 		}
-		return res, fmt.Errorf("%w: no queue or exchange of the %s backend, nor of any other, under prefix %q (nothing removed); check the prefix against the configuration that declared them", ErrNothingToTearDown, o.retry.Backend, o.retry.Prefix)
+		return res, fmt.Errorf("%w: no queue or exchange of any backend under prefix %q (nothing removed); check the prefix against the configuration that declared them", ErrNothingToTearDown, o.retry.Prefix)
 	}
 	if o.ctl != nil {
 		listed, err := o.ctlBindings(ctx)

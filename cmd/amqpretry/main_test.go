@@ -207,7 +207,7 @@ func TestPoisonShowEveryMessageWithTheID(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out, errOut := e.run("poison", "show", "m0001")
-	first, second := strings.Index(out, "message m0001 (1 of 2 with id m0001)\n"), strings.Index(out, "message m0001 (2 of 2 with id m0001)\n")
+	first, second := strings.Index(out, "message m0001 (1 of 2 with this id)\n"), strings.Index(out, "message m0001 (2 of 2 with this id)\n")
 	if code != exitOK || first < 0 || second < first || !strings.Contains(out[first:second], "warehouse offline") || !strings.Contains(out[second:], "poisoned again") ||
 		strings.Contains(out, "m0000") || strings.Contains(out, "m0002") {
 		t.Errorf("poison show m0001 (%d):\n%s%s", code, out, errOut)

@@ -144,7 +144,7 @@ message id, or, without IDs, the first --limit that match the filters, in full: 
 failure envelope, every other header, and the payload. With IDs it shows every message
 that has one of them (the whole queue is read, up to --window messages): an ID may name
 several (a message poisoned again after a redrive, a copy published twice), and each is
-shown, numbered ("1 of 2 with id ...").
+shown, numbered ("1 of 2 with this id").
 
 ` + readingHelp + `
 
@@ -193,7 +193,11 @@ shown, numbered ("1 of 2 with id ...").
 				id := idOf(m)
 				seen[id]++
 				note := ""
-				if id != "" && count[id] > 1 {
+				switch {
+				case id == "" || count[id] < 2:
+				case id == m.UUID:
+					note = fmt.Sprintf(" (%d of %d with this id)", seen[id], count[id])
+				default: // its AMQP message id
 					note = fmt.Sprintf(" (%d of %d with id %s)", seen[id], count[id], id)
 				}
 				a.printEnvelope(m, note)
