@@ -41,6 +41,10 @@ type engine struct {
 	held     heldRetries
 	stats    struct{ retries, poisoned, failures atomic.Int64 }
 
+	// reads records the subscriber marks this engine read a message of, for the
+	// subscribers' marshalers (marshal.Reads); nil in-process.
+	reads *marshal.Reads
+
 	outages *outages // nil when Config.Outage.Off
 	life    lifecycle
 	pending pendingPoisons // messages whose poison publish failed
@@ -193,7 +197,9 @@ func (e *engine) read(msg *message.Message) delivery {
 		key:      msg.Metadata[keys.DeliveryRoutingKey],
 		at:       time.Now(),
 	}
-	d.owner, d.queue, d.bound = e.wiring.resolve(msg.Metadata[keys.Subscriber], d.topic)
+	mark := msg.Metadata[keys.Subscriber]
+	e.reads.Read(mark)
+	d.owner, d.queue, d.bound = e.wiring.resolve(mark, d.topic)
 	d.owned = e.wiring.ID == "" || d.owner == e.wiring.ID
 	if v, ok := msg.Metadata[keys.ParkUntil]; ok {
 		d.parkedUntil, _ = time.Parse(timeLayout, v) // zero when unreadable
