@@ -41,7 +41,13 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	// The copy (copyOf) is made where a way out publishes one: never for a held retry.
 	switch {
 	case werr != nil:
-		return e.handoffFailed(f, copyOf(run), werr, "not-wired", true)
+		// Where its retry must go is unknown, now as at every redelivery: poisoned at
+		// once, the fix in its envelope and its one log line, never run again.
+		f.err = fmt.Errorf("%w; handler error: %w", werr, err)
+		f.envelope.Error = f.err.Error()
+		e.stats.failures.Add(1)
+		e.observe(amqpretry.Event{Kind: amqpretry.EventHandoffFailed, Queue: f.queue, Attempt: f.attempt, Err: werr, Cause: "not-wired"})
+		return e.poison(f, copyOf(run), amqpretry.ReasonHandoffFailed)
 	case decided.Permanent:
 		if decided.Undecodable {
 			// Say why the error is permanent when no mark of the handler's says it.

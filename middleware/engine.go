@@ -42,6 +42,10 @@ type engine struct {
 	held     heldRetries
 	stats    struct{ retries, poisoned, failures atomic.Int64 }
 
+	// reads records the subscriber marks this engine read a message of, for the
+	// subscribers' marshalers (marshal.Reads); nil in-process.
+	reads *marshal.Reads
+
 	outages *outages // nil when Config.Outage.Off
 	order   *order   // nil without Config.OrderKey
 	// toQueue publishes a message to a work queue, confirmed: a key's head copy on a
@@ -228,7 +232,9 @@ func (e *engine) read(msg *message.Message) delivery {
 		key:      msg.Metadata[keys.DeliveryRoutingKey],
 		at:       time.Now(),
 	}
-	d.owner, d.queue, d.bound = e.wiring.resolve(msg.Metadata[keys.Subscriber], d.topic)
+	mark := msg.Metadata[keys.Subscriber]
+	e.reads.Read(mark)
+	d.owner, d.queue, d.bound = e.wiring.resolve(mark, d.topic)
 	d.owned = e.wiring.ID == "" || d.owner == e.wiring.ID
 	if v, ok := msg.Metadata[keys.ParkUntil]; ok {
 		d.parkedUntil, _ = time.Parse(timeLayout, v) // zero when unreadable

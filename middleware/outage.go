@@ -399,9 +399,9 @@ func (e *engine) outageEdge(d delivery, ed edge, lasted time.Duration, last erro
 	switch ed {
 	case started:
 		e.outages.started.Add(1)
-		warn(e.cfg.Logger, "Work queue in an outage: its handlers fail as if something they depend on is down; its messages wait, spending no attempt, and one at a time is run as a probe", last, watermill.LogFields{
+		notice(e.cfg.Logger, "Work queue in an outage: its handlers fail as if something they depend on is down; its messages wait, spending no attempt, and one at a time is run as a probe", withErr(watermill.LogFields{
 			"queue": d.queue, "handler": d.handler, "probe_interval": e.cfg.Outage.ProbeInterval.String(),
-		})
+		}, last))
 		e.observe(amqpretry.Event{Kind: amqpretry.EventOutageStarted, Queue: d.queue, Err: last})
 	case ended:
 		e.outages.down.Add(int64(lasted))

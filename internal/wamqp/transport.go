@@ -78,12 +78,16 @@ func (w *Wiring) DeclareExchange(ch *amqp.Channel, exchange, kind string, args a
 // AddHandler adds to router a handler that consumes topic through the subscriber
 // newSubscriber builds, closed when its subscription ends (in-process: the memory backend's publisher,
 // which must be a message.Subscriber, and is left open), with this Retry's middleware
-// on it. It first refuses a work queue that exists and cannot hold the retries
-// (Retry.CheckWorkQueue): refused here, not when the router runs.
+// on it. It first refuses the poison queue as the handler's queue, and a work queue
+// that exists and cannot hold the retries (Retry.CheckWorkQueue): refused here, not
+// when the router runs.
 func (w *Wiring) AddHandler(router *message.Router, handlerName, topic string, handler message.NoPublishHandlerFunc, newSubscriber func(watermill.LoggerAdapter) (message.Subscriber, error)) (*message.Handler, error) {
 	queue := topic
 	if w.sub.QueueName != nil {
 		queue = w.sub.QueueName(topic)
+	}
+	if queue == w.cfg.PoisonQueue {
+		return nil, fmt.Errorf("handler %q: %w", handlerName, w.poisonAsWorkQueue(queue))
 	}
 	if err := w.Retry.CheckWorkQueue(queue); err != nil {
 		return nil, fmt.Errorf("handler %q: %w", handlerName, err)

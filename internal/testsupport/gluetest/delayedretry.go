@@ -7,6 +7,7 @@ package gluetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -19,7 +20,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
 	"github.com/amqpretry/amqpretry/internal/version"
 	"github.com/amqpretry/amqpretry/middleware"
@@ -421,14 +422,35 @@ func CopyingBackendOnADelayedRetryQueueKeepsIt(t *testing.T, m Major) {
 	if err == nil || !strings.Contains(err.Error(), "x-delayed-retry") || !strings.Contains(err.Error(), "Queue.Arguments") || strings.Contains(err.Error(), "delete it and") {
 		t.Fatalf("Subscribe = %v, want the argument clash with the fix: keep the arguments", err)
 	}
+	// The work queue as the delayed-retry config declared it, every argument named
+	// (RabbitMQ's refusal names one): its dead-letter target too.
 	kept := s.sub
-	kept.QueueArgs = amqp.Table{}
-	for k, v := range backend.WorkQueueArgs(s.cfg.DelayedRetryDelay) {
-		kept.QueueArgs[k] = v
+	kept.QueueArgs = workQueueArgs(t, s.cfg, s.topic)
+	for k, v := range kept.QueueArgs {
+		if !strings.Contains(err.Error(), fmt.Sprintf("%s: %s", k, declare.FormatValue(v))) {
+			t.Errorf("Subscribe = %v, does not name %s %v", err, k, v)
+		}
 	}
 	rec := newRecorder(failFirst(0))
 	run(t, m, newRetry(t, m, kept, cfg), s.topic, rec.handle)
 	if calls := rec.waitCalls(t, 1, 30*time.Second); calls[0].msg.UUID != "held" {
 		t.Errorf("got %q, want the held retry", calls[0].msg.UUID)
 	}
+}
+
+// workQueueArgs are the arguments cfg's subscribers declare work queue queue with (no
+// Queue.Arguments of the user's), as its plan has them.
+func workQueueArgs(t *testing.T, cfg amqpretry.Config, queue string) amqp.Table {
+	t.Helper()
+	plan, err := cfg.Plan(queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range plan.Queues {
+		if q.Name == queue {
+			return q.Args
+		}
+	}
+	t.Fatalf("the plan of %s declares no work queue %s", cfg.Backend, queue)
+	return nil
 }
