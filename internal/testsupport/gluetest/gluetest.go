@@ -119,6 +119,7 @@ func Run(t *testing.T, m Major) {
 		{"PanicUnderRecovererIsRetriedThenPoisonedWithItsStack", PanicUnderRecovererIsRetriedThenPoisonedWithItsStack, true},
 		{"CQRSEventsUndecodableAtOnceAttemptFromContext", CQRSEventsUndecodableAtOnceAttemptFromContext, true},
 		{"CQRSHandlersShareOneRetry", CQRSHandlersShareOneRetry, false},
+		{"CQRSWarmingHandlerNeverStallsItsQueue", CQRSWarmingHandlerNeverStallsItsQueue, false},
 		{"MiswiredSubscriberIsRefusedAtSubscribe", MiswiredSubscriberIsRefusedAtSubscribe, true},
 		{"PoisonQueueReadFromGo", PoisonQueueReadFromGo, true},
 		{"OutageIsNotAPoison", OutageIsNotAPoison, false},
