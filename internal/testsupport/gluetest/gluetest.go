@@ -120,6 +120,7 @@ func Run(t *testing.T, m Major) {
 		{"PanicUnderRecovererIsRetriedThenPoisonedWithItsStack", PanicUnderRecovererIsRetriedThenPoisonedWithItsStack, true},
 		{"CQRSEventsUndecodableAtOnceAttemptFromContext", CQRSEventsUndecodableAtOnceAttemptFromContext, true},
 		{"CQRSHandlersShareOneRetry", CQRSHandlersShareOneRetry, false},
+		{"CQRSWarmingHandlerNeverStallsItsQueue", CQRSWarmingHandlerNeverStallsItsQueue, false},
 		{"MiswiredSubscriberIsRefusedAtSubscribe", MiswiredSubscriberIsRefusedAtSubscribe, true},
 		{"PoisonQueueNamedLikeTheWorkQueue", PoisonQueueNamedLikeTheWorkQueue, true},
 		{"HeldRetriesStartWithNoError", HeldRetriesStartWithNoError, true},
