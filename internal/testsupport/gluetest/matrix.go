@@ -3,12 +3,13 @@ package gluetest
 // Issue 49's matrix: every middleware of Watermill's message/router/middleware, on
 // either side of the Retry, on the real broker. The middlewares and what each cell
 // must show are in matrixcells.go; docs/watermill-middlewares.md is the table they
-// render (MatrixTable), checked by TestMatrixDocs.
+// render (matrixTable), checked by TestMatrixDocs.
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -27,8 +28,8 @@ import (
 )
 
 // The matrix's Retry: three attempts, retries after 200 ms, and a 3 s tier whose queue
-// refuses every publish (a policy of max-length 0), so that a hand-off to it fails;
-// three failed hand-offs in a row poison the message.
+// the test deletes, so that a hand-off to it fails (returned unroutable); three failed
+// hand-offs in a row poison the message.
 const (
 	matrixAttempts = 3
 	matrixGuard    = 10 // deliveries of one message after which the test acks it: a loop
@@ -43,7 +44,7 @@ var (
 // with each: flaky fails its first run (in a Timeout cell, by waiting for its
 // context's deadline), perm fails with a Permanent error, always fails every run,
 // panicky panics on its first run, ok succeeds, handoff asks for a 3 s delay, whose
-// hand-off fails (the tier refuses it) until it is poisoned. The few failures in a row
+// hand-off fails (its tier is gone) until it is poisoned. The few failures in a row
 // stay under gobreaker's default threshold (6), whatever the order the retries come
 // back in. A cell may add messages of its own (ignored, open).
 var matrixMessages = []string{"flaky", "perm", "always", "panicky", "ok", "handoff"}
@@ -191,21 +192,11 @@ func (c *cellRun) waitQuiet(t *testing.T, timeout time.Duration) {
 
 func (c *cellRun) describe() string {
 	var b strings.Builder
-	for _, name := range slices.Sorted(mapsKeys(c.msgs)) {
+	for _, name := range slices.Sorted(maps.Keys(c.msgs)) {
 		s := c.msgs[name]
 		fmt.Fprintf(&b, "%s: %d deliveries, %d runs %v, %d ok; ", name, s.deliveries, s.runs, s.attempts, s.succeeded)
 	}
 	return b.String()
-}
-
-func mapsKeys[V any](m map[string]V) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 // msgName is the message's name in its cell: its UUID after the cell's id.
@@ -289,7 +280,7 @@ func cellID(mw matrixMiddleware, sd side) string {
 // newMatrixSetup declares the topology of the cells' Retries and their work queues,
 // then deletes the 3 s tier: a hand-off to it is returned unroutable, and fails. The
 // cells' Retries declare nothing (topology mode none), so nothing declares it again.
-func newMatrixSetup(t *testing.T, m Major, rows []matrixMiddleware) matrixSetup {
+func newMatrixSetup(t *testing.T, rows []matrixMiddleware) matrixSetup {
 	t.Helper()
 	ch, err := brokertest.Dial(t).Channel()
 	if err != nil {
@@ -503,7 +494,7 @@ func (c *cellRun) said() string {
 // follow.
 func MiddlewareMatrix(t *testing.T, m Major) {
 	rows := matrixCells()
-	s := newMatrixSetup(t, m, rows)
+	s := newMatrixSetup(t, rows)
 	// Every cell at once: each waits on the broker most of the time.
 	cells := make([][2]*cell, len(rows))
 	for i, mw := range rows {
