@@ -469,7 +469,7 @@ func TestDocClaims(t *testing.T) {
 	}{
 		{"docs/outage.md", "one at WARN when it begins (at INFO with a logger that has no `Warn` method, as Watermill's own loggers", outageBeginsAtWarnOrInfo},
 		{"docs/cqrs.md", "The Retry recovers a handler's panic itself and retries it like an error (`amqpretry.ErrPanicked`, its stack in the envelope), whatever the order", panicRetriedWhateverTheOrder},
-		{"README.md", "A handler's panic is recovered by the middleware, whatever the order of Watermill's `Recoverer`, and retried like an error", panicRetriedWhateverTheOrder},
+		{"README.md", "A panic is recovered whatever the order of `Recoverer`, and retried", panicRetriedWhateverTheOrder},
 	} {
 		t.Run(c.doc+": "+c.claim[:40], func(t *testing.T) {
 			if !strings.Contains(folded(t, c.doc), c.claim) {

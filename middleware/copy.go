@@ -349,17 +349,22 @@ const envelopeRoom = 13
 // their types, and does not publish; the copy's context carries the typed values as
 // read (marshal.CopyContext).
 //
-// The copy's context is the delivery's, but not canceled with it. The router cancels
-// it when it closes, while the handlers still run and the subscriber may still
-// deliver; a hand-off canceled then would count as failed, again at each redelivery to
-// the closing process, and poison the message after HandoffAttempts of them (seen
-// stopping a consumer in the no-loss test that changes backends). Bounded by
-// ConfirmTimeout, the hand-off is confirmed, and the original acked, or fails, and the
-// original is nacked.
+// The copy's context is the delivery's (without the Retry's chain), but not canceled
+// with it. The router cancels it when it closes, while the handlers still run and the
+// subscriber may still deliver; a hand-off canceled then would count as failed, again
+// at each redelivery to the closing process, and poison the message after
+// HandoffAttempts of them (seen stopping a consumer in the no-loss test that changes
+// backends). Bounded by ConfirmTimeout, the hand-off is confirmed, and the original
+// acked, or fails, and the original is nacked.
 func copyOf(msg *message.Message) *message.Message {
 	ctx := msg.Context()
 	if _, typed := msg.Metadata[keys.TypedHeaders]; typed { // else nothing to carry
 		ctx = marshal.CopyContext(msg)
+	}
+	if c, ok := ctx.(*chain); ok {
+		// A copy is another delivery: not this one's chain (in process, where a copy
+		// keeps its context, its delivery reads a chain of its own).
+		ctx = c.Context
 	}
 	cp := message.NewMessageWithContext(context.WithoutCancel(ctx), msg.UUID, msg.Payload)
 	n := len(msg.Metadata) + envelopeRoom

@@ -210,7 +210,7 @@ func (r *retry) delivered(msg *message.Message, attempt, fn int) {
 	if attempt > 0 {
 		msg.Metadata[keys.Attempt] = strconv.Itoa(attempt)
 	}
-	r.engine.sweep()
+	r.engine.sweep(false)
 	r.engine.arrive(msg, true)
 }
 

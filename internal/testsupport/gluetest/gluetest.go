@@ -133,6 +133,7 @@ func Run(t *testing.T, m Major) {
 		{"OrderPoisonedHead", OrderPoisonedHead, false},
 		{"OrderNeedsOneActiveConsumer", OrderNeedsOneActiveConsumer, true},
 		{"DedupDropsDuplicatesNeverRetries", DedupDropsDuplicatesNeverRetries, false},
+		{"MiddlewareMatrix", MiddlewareMatrix, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if testing.Short() && !tc.quick {
