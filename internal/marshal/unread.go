@@ -6,6 +6,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/amqpretry/amqpretry/internal/ctxkey"
 	"github.com/amqpretry/amqpretry/internal/keys"
 )
 
@@ -28,9 +29,10 @@ const maxUnread = 10_000
 // read a message of.
 type Reads struct {
 	// Refuse is called on the refused redelivery of msg (refusals: how many times in
-	// a row, from 1; first: the first of its mark) and returns the error Unmarshal
-	// returns: it names the fix, logs, paces.
-	Refuse func(msg *message.Message, refusals int, first bool) error
+	// a row, from 1; first: the first of its mark; outside: a middleware outside the
+	// Retry failed it, the mark read) and returns the error Unmarshal returns: it
+	// names the fix, logs, paces.
+	Refuse func(msg *message.Message, refusals int, first, outside bool) error
 
 	unread atomic.Int64 // marks delivered and not read yet
 	marks  sync.Map     // mark → *markReads
@@ -80,6 +82,61 @@ type Guard struct {
 	// handler, seen on last, the message let through last, once it was settled.
 	routed atomic.Bool
 	last   atomic.Pointer[message.Message]
+
+	// Once the mark is read: the messages nacked by their router handler without
+	// passing through the Retry's middleware (one outside it failed them), the
+	// latest maxOutside, and how many of their redeliveries were paced.
+	mu       sync.Mutex
+	failedBy map[string]int
+	failed   atomic.Int64 // len(failedBy), read without the lock
+	said     bool
+}
+
+// maxOutside bounds the messages failed outside the Retry that a Guard remembers.
+const maxOutside = 1_000
+
+// outside paces the redelivery of a message that a router handler nacked before the
+// Retry's middleware read it (a middleware outside the Retry failed it: an open
+// CircuitBreaker, say), which the broker would otherwise redeliver at once, again and
+// again: Reads.Refuse pauses it, longer each time, then it goes through, and runs once
+// the middleware outside lets it. It looks at the message let through before msg,
+// settled by then with sequential delivery: on the way of every message, one atomic
+// swap and two channel polls.
+func (g *Guard) outside(msg *message.Message, redelivered bool) error {
+	last := g.last.Swap(msg)
+	if last != nil && last.UUID != "" && closed(last.Nacked()) && message.HandlerNameFromCtx(last.Context()) != "" {
+		passed := last.Context().Value(ctxkey.Chain{}) != nil
+		if !passed || g.failed.Load() > 0 {
+			g.mu.Lock()
+			switch {
+			case passed:
+				delete(g.failedBy, last.UUID)
+			case g.failedBy == nil || len(g.failedBy) >= maxOutside:
+				g.failedBy = map[string]int{last.UUID: 0}
+			default:
+				if _, ok := g.failedBy[last.UUID]; !ok {
+					g.failedBy[last.UUID] = 0
+				}
+			}
+			g.failed.Store(int64(len(g.failedBy)))
+			g.mu.Unlock()
+		}
+	}
+	if !redelivered || msg.UUID == "" || g.failed.Load() == 0 {
+		return nil
+	}
+	g.mu.Lock()
+	n, failed := g.failedBy[msg.UUID]
+	if !failed {
+		g.mu.Unlock()
+		return nil
+	}
+	n++
+	g.failedBy[msg.UUID] = n
+	first := !g.said
+	g.said = true
+	g.mu.Unlock()
+	return g.reads.Refuse(msg, n, first, true)
 }
 
 // admit lets msg, just unmarshalled and marked (keys.Subscriber), through, or refuses
@@ -98,10 +155,7 @@ func (g *Guard) admit(msg *message.Message, redelivered bool) error {
 		g.mark.Store(m)
 	}
 	if m.read.Load() {
-		if g.last.Load() != nil {
-			g.last.Store(nil)
-		}
-		return nil
+		return g.outside(msg, redelivered)
 	}
 	if !g.routed.Load() {
 		// Settled, its handler's context was written before (the router writes it,
@@ -126,7 +180,7 @@ func (g *Guard) admit(msg *message.Message, redelivered bool) error {
 		first := !m.logged
 		m.logged = true
 		m.mu.Unlock()
-		return g.reads.Refuse(msg, u.refusals, first)
+		return g.reads.Refuse(msg, u.refusals, first, false)
 	}
 	if m.delivered == nil || len(m.delivered) >= maxUnread {
 		m.delivered = map[string]unread{}

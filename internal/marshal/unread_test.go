@@ -65,7 +65,7 @@ func (c chanSub) Close() error                                                  
 // everything through again.
 func TestGuardRefusesTheRedeliveryOfAMessageNoMiddlewareRead(t *testing.T) {
 	r := &refusals{}
-	reads := &Reads{Refuse: r.refuse}
+	reads := &Reads{Refuse: func(m *message.Message, n int, first, _ bool) error { return r.refuse(m, n, first) }}
 	m := guarded(reads)
 	router := routed(t)
 	msg, err := m.Unmarshal(delivery("bad", false))
@@ -95,7 +95,7 @@ func TestGuardRefusesTheRedeliveryOfAMessageNoMiddlewareRead(t *testing.T) {
 // is read.
 func TestGuardLetsThrough(t *testing.T) {
 	r := &refusals{}
-	reads := &Reads{Refuse: r.refuse}
+	reads := &Reads{Refuse: func(m *message.Message, n int, first, _ bool) error { return r.refuse(m, n, first) }}
 	m := guarded(reads)
 	msg, _ := m.Unmarshal(delivery("by-hand", false))
 	msg.Nack()

@@ -168,7 +168,39 @@ func (c *cellRun) quiet() bool {
 	for _, s := range c.msgs {
 		delivered += s.deliveries
 	}
+	if c.inflight == 0 && c.refused() {
+		// A message given back is refused when it comes back (no Retry read a message
+		// of the subscriber), paced: the router never sees it again, nor those behind
+		// it, which wait in the work queue.
+		return true
+	}
 	return c.inflight == 0 && int64(delivered) == int64(c.published+c.nacks)+retries
+}
+
+// paced tells that the Retry paced the redeliveries of a message a middleware outside
+// it failed, which it says once.
+func (c *cellRun) paced() bool {
+	c.logs.mu.Lock()
+	defer c.logs.mu.Unlock()
+	for _, l := range c.logs.lines {
+		if strings.HasPrefix(l.Msg, saidPaced) {
+			return true
+		}
+	}
+	return false
+}
+
+// refused tells that the Retry refuses the redeliveries of the cell's subscriber (its
+// middleware never read one of its messages), which it says once.
+func (c *cellRun) refused() bool {
+	c.logs.mu.Lock()
+	defer c.logs.mu.Unlock()
+	for _, l := range c.logs.lines {
+		if strings.HasPrefix(l.Msg, saidRefused) {
+			return true
+		}
+	}
+	return false
 }
 
 // waitQuiet waits until quiet, or fails t after timeout.
@@ -432,11 +464,11 @@ func (c *cellRun) measure() outcome {
 		if s == nil {
 			continue
 		}
-		if s.deliveries > matrixAttempts {
-			o.Loop = true
+		if s.deliveries > matrixAttempts && !c.paced() {
+			o.Loop = true // more deliveries than attempts, none of them paced
 		}
-		if !s.stopped && s.succeeded == 0 && s.poisoned+s.wpoisoned == 0 {
-			o.Lost++
+		if !s.stopped && s.succeeded == 0 && s.poisoned+s.wpoisoned == 0 && !c.refused() {
+			o.Lost++ // (refused messages wait in the work queue)
 		}
 	}
 	if f := c.msgs["flaky"]; f != nil {
