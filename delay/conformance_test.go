@@ -94,16 +94,17 @@ func dialHandoff(t *testing.T) backend.Handoff {
 	return h
 }
 
-// skipWithoutPlugin skips t when err says the delayed-message plugin is missing.
-func skipWithoutPlugin(t *testing.T, h backend.Handoff, err error) {
-	t.Helper()
+// pluginMissing says why a test cannot run when err says the delayed-message plugin is
+// missing, or returns "".
+func pluginMissing(h backend.Handoff, err error) string {
 	if errors.Is(err, delay.ErrPluginMissing) && version.NoPlugins(h.Version()) {
-		t.Skipf("needs the rabbitmq_delayed_message_exchange plugin, which RabbitMQ %s at AMQP_URI cannot run (4.3 and later); point AMQP_URI at an older broker that has it: %v", h.Version(), err)
+		return fmt.Sprintf("needs the rabbitmq_delayed_message_exchange plugin, which RabbitMQ %s at AMQP_URI cannot run (4.3 and later); point AMQP_URI at an older broker that has it: %v", h.Version(), err)
 	}
 	if errors.Is(err, delay.ErrPluginMissing) {
-		t.Skipf("needs the rabbitmq_delayed_message_exchange plugin, which RabbitMQ %s at AMQP_URI does not run (enable it with `rabbitmq-plugins enable rabbitmq_delayed_message_exchange`, or point AMQP_URI at a broker that has it): %v",
+		return fmt.Sprintf("needs the rabbitmq_delayed_message_exchange plugin, which RabbitMQ %s at AMQP_URI does not run (enable it with `rabbitmq-plugins enable rabbitmq_delayed_message_exchange`, or point AMQP_URI at a broker that has it): %v",
 			h.Version(), err)
 	}
+	return ""
 }
 
 // rig is one backend, prepared as the library prepares it, wired to a fresh work queue
@@ -116,8 +117,20 @@ type rig struct {
 	prefix  string
 }
 
-// newRig builds and prepares the backend named bc.name.
+// newRig builds and prepares the backend named bc.name, or skips t, saying why the suite
+// does not apply to it.
 func newRig(t *testing.T, bc backendCase) *rig {
+	t.Helper()
+	r, why := prepareRig(t, bc)
+	if why != "" {
+		t.Skip(why)
+	}
+	return r
+}
+
+// prepareRig is newRig returning why the suite does not apply to the backend (and no
+// rig) instead of skipping t.
+func prepareRig(t *testing.T, bc backendCase) (*rig, string) {
 	t.Helper()
 	h := dialHandoff(t)
 	prefix := brokertest.Prefix(t)
@@ -129,18 +142,20 @@ func newRig(t *testing.T, bc backendCase) *rig {
 	t.Cleanup(func() { _ = b.Close() })
 	brokertest.CleanupTopology(t, b.Topology())
 	if b.Caps().Keeps != backend.KeepsCopy {
-		t.Skipf("the %s backend parks no copy (the broker holds the failed delivery itself): the suite, which parks copies, does not apply", bc.name)
+		return nil, fmt.Sprintf("the %s backend parks no copy (the broker holds the failed delivery itself): the suite, which parks copies, does not apply", bc.name)
 	}
 	if err := delay.Prepare(b, h, topology.ModeDeclare); err != nil {
-		skipWithoutPlugin(t, h, err)
+		if why := pluginMissing(h, err); why != "" {
+			return nil, why
+		}
 		if errors.Is(err, delay.ErrUnsupported) {
-			t.Skipf("RabbitMQ %s at AMQP_URI cannot run the %s backend: %v", h.Version(), bc.name, err)
+			return nil, fmt.Sprintf("RabbitMQ %s at AMQP_URI cannot run the %s backend: %v", h.Version(), bc.name, err)
 		}
 		t.Fatal(err)
 	}
 	r := &rig{t: t, backend: b, handoff: h, queue: prefix + ".work", prefix: prefix}
 	r.declareWorkQueue(r.queue)
-	return r
+	return r, ""
 }
 
 func (r *rig) declareWorkQueue(q string) {
@@ -598,7 +613,8 @@ func TestDelayedExchangeRefusesMissingQueue(t *testing.T) {
 // TestConformanceSurvivesBrokerRestart restarts the broker under test (stop_app and
 // start_app through brokertest.Ctl, so on the RabbitMQ 4.x node of scripts/rabbitmq4.sh
 // only that node), so it runs only when AMQPRETRY_BROKER_RESTART=1. It is not parallel:
-// the restart would cut the other tests' connections.
+// the restart would cut the other tests' connections. One restart serves every
+// backend: each parks its retries, then the broker restarts once.
 //
 // The retries come due while the broker is stopped, and must all come back. Most
 // restarts bring them back at once; but a broker that keeps its metadata in Mnesia
@@ -607,38 +623,64 @@ func TestDelayedExchangeRefusesMissingQueue(t *testing.T) {
 // (3 min by default): that is the bound, plus restartMargin.
 func TestConformanceSurvivesBrokerRestart(t *testing.T) {
 	brokertest.RequireRestart(t)
-	forEachBackend(t, func(t *testing.T, bc backendCase) {
-		r := newRig(t, bc)
-		if _, ok := r.backend.(backend.InProcess); ok {
-			t.Skipf("%s keeps its retries in this process: they do not outlive it, whatever the broker does", bc.name)
+	resend := brokertest.DeadLetterResend(t)
+	// One restart for every backend: all are prepared, then all their retries parked
+	// right before it.
+	type restartCase struct {
+		bc  backendCase
+		r   *rig
+		why string // why the test does not apply, or ""
+	}
+	var cases []restartCase
+	for _, bc := range backendCases() {
+		r, why := prepareRig(t, bc)
+		if r != nil {
+			if _, ok := r.backend.(backend.InProcess); ok {
+				r, why = nil, fmt.Sprintf("%s keeps its retries in this process: they do not outlive it, whatever the broker does", bc.name)
+			}
+		}
+		cases = append(cases, restartCase{bc, r, why})
+	}
+	for _, c := range cases {
+		if c.r == nil {
+			continue
 		}
 		for i := range 3 {
-			r.schedule(r.queue, "durable-"+strconv.Itoa(i), 5*time.Second) // a tier of conformanceTiers; still waiting when the broker stops
+			c.r.schedule(c.r.queue, "durable-"+strconv.Itoa(i), 5*time.Second) // a tier of conformanceTiers; still waiting when the broker stops
 		}
-		resend := brokertest.DeadLetterResend(t)
-		restartBroker(t)
-		back := time.Now()
-		got := collect(t, r.queue, 3, resend+restartMargin)
-		var ids []string
-		for _, a := range got {
-			ids = append(ids, a.msg.UUID)
-			t.Logf("%s came back %s after the broker did (%s after its due time)", a.msg.UUID,
-				a.at.Sub(back).Round(time.Millisecond), a.at.Sub(dueOf(t, a.msg)).Round(time.Millisecond))
-		}
-		if late := got[len(got)-1].at.Sub(back); late > restartMargin {
-			t.Logf("the broker's dead-letter worker sent them again after its timeout (%s): they expired before it had restored its bindings", resend)
-		}
-		slices.Sort(ids)
-		if want := []string{"durable-0", "durable-1", "durable-2"}; !slices.Equal(ids, want) {
-			t.Errorf("after restart got %v, want %v", ids, want)
-		}
-		// The hand-off reconnects by itself, and the broker, which accepts connections
-		// only once it has restored its bindings, routes a retry due now at once.
-		r.schedule(r.queue, "after-restart", time.Second)
-		if got := collect(t, r.queue, 1, 30*time.Second); got[0].msg.UUID != "after-restart" {
-			t.Errorf("after restart got %s", got[0].msg.UUID)
-		}
-	})
+	}
+	restartBroker(t)
+	back := time.Now()
+	for _, c := range cases {
+		t.Run(c.bc.name.Name(), func(t *testing.T) {
+			if c.why != "" {
+				t.Skip(c.why)
+			}
+			r := c.r
+			r.t = t
+			got := collect(t, r.queue, 3, max(resend+restartMargin-time.Since(back), restartMargin))
+			var ids []string
+			for _, a := range got {
+				ids = append(ids, a.msg.UUID)
+				t.Logf("%s came back %s after the broker did (%s after its due time)", a.msg.UUID,
+					a.at.Sub(back).Round(time.Millisecond), a.at.Sub(dueOf(t, a.msg)).Round(time.Millisecond))
+			}
+			if late := got[len(got)-1].at.Sub(back); late > restartMargin {
+				t.Logf("the broker's dead-letter worker sent them again after its timeout (%s): they expired before it had restored its bindings", resend)
+			}
+			slices.Sort(ids)
+			if want := []string{"durable-0", "durable-1", "durable-2"}; !slices.Equal(ids, want) {
+				t.Errorf("after restart got %v, want %v", ids, want)
+			}
+			// The hand-off reconnects by itself, and the broker, which accepts
+			// connections only once it has restored its bindings, routes a retry due
+			// now at once.
+			r.schedule(r.queue, "after-restart", time.Second)
+			if got := collect(t, r.queue, 1, 30*time.Second); got[0].msg.UUID != "after-restart" {
+				t.Errorf("after restart got %s", got[0].msg.UUID)
+			}
+		})
+	}
 }
 
 // TestDelayedExchangeShutdownWindow reproduces the window the README documents for the
