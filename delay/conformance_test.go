@@ -658,29 +658,75 @@ func TestConformanceSurvivesBrokerRestart(t *testing.T) {
 			}
 			r := c.r
 			r.t = t
-			got := collect(t, r.queue, 3, max(resend+restartMargin-time.Since(back), restartMargin))
-			var ids []string
-			for _, a := range got {
-				ids = append(ids, a.msg.UUID)
-				t.Logf("%s came back %s after the broker did (%s after its due time)", a.msg.UUID,
+			want := []string{"durable-0", "durable-1", "durable-2"}
+			got, again := collectIDs(t, r.queue, want, max(resend+restartMargin-time.Since(back), restartMargin))
+			for _, id := range want {
+				a := got[id]
+				t.Logf("%s came back %s after the broker did (%s after its due time)", id,
 					a.at.Sub(back).Round(time.Millisecond), a.at.Sub(dueOf(t, a.msg)).Round(time.Millisecond))
-			}
-			if late := got[len(got)-1].at.Sub(back); late > restartMargin {
-				t.Logf("the broker's dead-letter worker sent them again after its timeout (%s): they expired before it had restored its bindings", resend)
-			}
-			slices.Sort(ids)
-			if want := []string{"durable-0", "durable-1", "durable-2"}; !slices.Equal(ids, want) {
-				t.Errorf("after restart got %v, want %v", ids, want)
+				if late := a.at.Sub(back); late > restartMargin {
+					t.Logf("%s: the broker's dead-letter worker sent it again after its timeout (%s): it expired before the broker had restored its bindings", id, resend)
+				}
 			}
 			// The hand-off reconnects by itself, and the broker, which accepts
 			// connections only once it has restored its bindings, routes a retry due
 			// now at once.
 			r.schedule(r.queue, "after-restart", time.Second)
-			if got := collect(t, r.queue, 1, 30*time.Second); got[0].msg.UUID != "after-restart" {
-				t.Errorf("after restart got %s", got[0].msg.UUID)
+			_, more := collectIDs(t, r.queue, []string{"after-restart"}, 30*time.Second)
+			// A retry the broker dead-lettered as it stopped may come twice: at least
+			// once, its worker sends again what the restart kept it from settling.
+			for _, id := range append(again, more...) {
+				if !slices.Contains(want, id) {
+					t.Errorf("%s came back twice, or came back unasked", id)
+				} else {
+					t.Logf("%s came back twice (at-least-once dead lettering across the restart)", id)
+				}
 			}
 		})
 	}
+}
+
+// collectIDs consumes from queue, as collect does, until every message of want has
+// arrived, or fails after timeout. It returns the first arrival of each and the ids of
+// the others: any message that came again, or that was not asked for.
+func collectIDs(t *testing.T, queue string, want []string, timeout time.Duration) (map[string]arrival, []string) {
+	t.Helper()
+	conn := brokertest.Dial(t)
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := marshal.Marshaler{Options: marshal.Options{Retry: true}}
+	got := map[string]arrival{}
+	var others []string
+	deadline := time.After(timeout)
+	for missing := len(want); missing > 0; {
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				t.Fatalf("queue %s: consumer closed with %d of %v still to come", queue, missing, want)
+			}
+			msg, err := m.Unmarshal(d)
+			if err != nil {
+				t.Fatalf("unmarshal delivery from %s: %v", queue, err)
+			}
+			_ = d.Ack(false)
+			if _, seen := got[msg.UUID]; seen || !slices.Contains(want, msg.UUID) {
+				others = append(others, msg.UUID)
+				continue
+			}
+			got[msg.UUID] = arrival{msg: msg, at: time.Now()}
+			missing--
+		case <-deadline:
+			t.Fatalf("queue %s: %d of %v still to come after %s (got %d, and %v)", queue, missing, want, timeout, len(got), others)
+		}
+	}
+	return got, others
 }
 
 // TestDelayedExchangeShutdownWindow reproduces the window the README documents for the
