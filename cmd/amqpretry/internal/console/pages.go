@@ -207,9 +207,9 @@ func (s *Server) status(r *http.Request) (ops.Status, error) {
 
 // overview shows, in the order of ops.Overview: the poison and parking queues, the
 // work queues in a possible outage (said below the table, with what it is based on),
-// those with a backlog and no consumer, what is flagged, then the other work
-// queues, one line on the delay storage (its queues on /delay) and the waiting
-// retries.
+// those with a backlog and no consumer, what is flagged, one line on the blocked
+// order keys when there are any (on /blocked), then the other work queues, one line
+// on the delay storage (its queues on /delay) and the waiting retries.
 func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 	st, err := s.status(r)
 	if err != nil {
@@ -240,7 +240,8 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		Outages     []string
 		Flags       []string
 		CountsError string
-	}{st, s.rows(st, append(ov.First, ov.Work...)), work, ov.Delay, outages, flags, s.cfg.Redact(st.CountsError)})
+		BlockedKeys blockedLine
+	}{st, s.rows(st, append(ov.First, ov.Work...)), work, ov.Delay, outages, flags, s.cfg.Redact(st.CountsError), s.blockedSummary(r)})
 }
 
 // delayQueues lists every delay queue, the flagged ones first.
