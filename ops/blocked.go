@@ -194,7 +194,7 @@ func (o *Ops) Release(ctx context.Context, opts ReleaseOptions) (ReleaseResult, 
 	case opts.RedriveHead && head == nil:
 		return res, fmt.Errorf("release key %q of queue %q: its head is not in the poison queue %q (it waits for its retry, which releases the key when it succeeds): nothing to redrive; release without it, with Force, to run the messages behind the key now", opts.Key, opts.Queue, o.retry.PoisonQueue)
 	case head == nil && !opts.Force:
-		return res, fmt.Errorf("release key %q of queue %q: its head is not in the poison queue %q: it waits for its retry, which releases the key when it succeeds, and the %d messages behind it would overtake it; set Force to release it anyway", opts.Key, opts.Queue, o.retry.PoisonQueue, res.Key.Behind)
+		return res, fmt.Errorf("release key %q of queue %q: its head is not in the poison queue %q: it waits for its retry, which releases the key when it succeeds, and %s behind it would overtake it; set Force to release it anyway", opts.Key, opts.Queue, o.retry.PoisonQueue, theMessages(res.Key.Behind))
 	}
 	if opts.DryRun {
 		res.Redriven, res.Released = nil, !opts.RedriveHead
@@ -223,4 +223,12 @@ func (o *Ops) Release(ctx context.Context, opts ReleaseOptions) (ReleaseResult, 
 	}
 	res.Released = true
 	return res, nil
+}
+
+// theMessages is "the message" or "the N messages".
+func theMessages(n int) string {
+	if n == 1 {
+		return "the message"
+	}
+	return fmt.Sprintf("the %d messages", n)
 }

@@ -253,7 +253,7 @@ func (a *app) printRelease(w io.Writer, r ops.ReleaseResult) {
 	case r.DryRun:
 		fmt.Fprintf(w, "dry run: %s; nothing changed\n", line)
 	case r.Released:
-		fmt.Fprintf(w, "%s\n  a release went to %s: the application consuming it runs them, then unblocks the key (amqpretry blocked list no longer shows it)\n", line, r.Key.Queue)
+		fmt.Fprintf(w, "%s\n  a release went to %s: the application consuming it runs what waits behind the key, then unblocks it (amqpretry blocked list no longer shows it)\n", line, r.Key.Queue)
 	default:
 		fmt.Fprintf(w, "%s\n  the key stays blocked until then (amqpretry blocked list shows it)\n", line)
 	}

@@ -245,6 +245,9 @@ func TestBlockedListAndRelease(t *testing.T) {
 		listed.Keys[0].BehindQueue != r.behind("acc0") || listed.Keys[2].Head != nil || listed.Keys[2].Behind != 1 {
 		t.Errorf("blocked list --json:\n%s", out)
 	}
+	if code, out, errOut := r.run("blocked", "list", "--queue", r.prefix+".other"); code != exitOK || out != "no blocked key\n" {
+		t.Errorf("blocked list --queue of another work queue (%d):\n%s%s", code, out, errOut)
+	}
 
 	// Refusals: off a terminal without --yes (before anything is dialled), a key not
 	// blocked, a key whose head waits for its retry.
@@ -289,7 +292,7 @@ func TestBlockedListAndRelease(t *testing.T) {
 	code, out, errOut = runInput(true, "y\n", append(release, r.flags...)...)
 	t.Logf("amqpretry blocked release (answered y):\n%s%s", errOut, out)
 	if code != exitOK || !strings.HasPrefix(out, "key acc0 of queue "+r.queue+" released: the 3 messages behind it run, in order; its poisoned head acc0-1 stays in "+r.poison) ||
-		!strings.Contains(out, "a release went to "+r.queue+": the application consuming it runs them, then unblocks the key") {
+		!strings.Contains(out, "a release went to "+r.queue+": the application consuming it runs what waits behind the key, then unblocks it") {
 		t.Errorf("blocked release confirmed (%d):\n%s%s", code, out, errOut)
 	}
 	r.waitApplied(t, "acc0", 2, 3, 4)

@@ -22,10 +22,25 @@ type blockedLine struct {
 	Line, Error string
 }
 
-// blockedSummary lists the blocked keys for the overview (with rabbitmqctl only).
-func (s *Server) blockedSummary(r *http.Request) blockedLine {
+// blockedSummary lists the blocked keys for the overview (with rabbitmqctl only),
+// unless queues, every queue the broker's counts named (nil: unknown), has no behind
+// queue.
+func (s *Server) blockedSummary(r *http.Request, queues map[string]int) blockedLine {
 	if !s.cfg.Blocked {
 		return blockedLine{}
+	}
+	if queues != nil && s.cfg.BehindQueues != "" {
+		prefix := strings.TrimSuffix(s.cfg.BehindQueues, "*")
+		found := false
+		for q := range queues {
+			if strings.HasPrefix(q, prefix) {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return blockedLine{}
+		}
 	}
 	var keys []ops.BlockedKey
 	err := s.use(func(b Broker) (err error) {
@@ -180,7 +195,7 @@ func (s *Server) release(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case res.DryRun:
 	case res.Released:
-		done = "A release went to " + res.Key.Queue + ": the application consuming it runs them, then unblocks the key."
+		done = "A release went to " + res.Key.Queue + ": the application consuming it runs what waits behind the key, then unblocks it."
 	default:
 		done = "The key stays blocked until then."
 	}

@@ -59,6 +59,9 @@ type Config struct {
 	// Parking: the backend has a parking queue. Waiting: the waiting retries can be
 	// read (rabbitmqctl). Blocked: the blocked order keys can be listed (rabbitmqctl).
 	Parking, Waiting, Blocked bool
+	// BehindQueues is the pattern of the blocked keys' queues ("<prefix>.behind.*"):
+	// when the broker's counts name none, the overview does not list the keys.
+	BehindQueues string
 	// Limit is the page size, Window the most messages one listing reads.
 	Limit, Window int
 	// Title says what the console looks at (backend, prefix, the redacted URI).
