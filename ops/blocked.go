@@ -39,44 +39,13 @@ type BlockedKey struct {
 // from the poison queue, each one's poisoned head. Listing the behind queues needs
 // rabbitmqctl (Config.Rabbitmqctl): AMQP has no way to list queues.
 func (o *Ops) Blocked(ctx context.Context) ([]BlockedKey, error) {
-	if o.ctl == nil {
-		return nil, errors.New("blocked keys: listing their queues needs rabbitmqctl (Config.Rabbitmqctl; the CLI's --rabbitmqctl)")
-	}
-	out, err := o.ctl(ctx, "-q", "list_queues", "-p", o.vhost, "name", "arguments", "--formatter", "json")
+	queues, err := o.behindQueues(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("rabbitmqctl list_queues: %w", o.redact(err))
+		return nil, err
 	}
-	var queues []struct {
-		Name      string  `json:"name"`
-		Arguments [][]any `json:"arguments"`
-	}
-	if err := json.Unmarshal(out, &queues); err != nil {
-		return nil, fmt.Errorf("rabbitmqctl list_queues: unreadable output: %w", err)
-	}
-	prefix := strings.TrimSuffix(o.names.BehindQueues(), "*")
 	var keysFound []BlockedKey
-	for _, q := range queues {
-		if !strings.HasPrefix(q.Name, prefix) {
-			continue
-		}
-		b := BlockedKey{BehindQueue: q.Name}
-		for _, a := range q.Arguments {
-			if len(a) != 3 {
-				continue
-			}
-			name, _ := a[0].(string)
-			value, _ := a[2].(string)
-			switch name {
-			case declare.BehindQueueArg:
-				b.Queue = value
-			case declare.BehindKeyArg:
-				b.Key = value
-			}
-		}
-		if b.Queue == "" || o.names.Behind(b.Queue, b.Key) != q.Name {
-			continue // not one of ours
-		}
-		info, exists, err := o.inspect(q.Name)
+	for _, b := range queues {
+		info, exists, err := o.inspect(b.BehindQueue)
 		if err != nil {
 			return nil, err
 		}
@@ -102,6 +71,52 @@ func (o *Ops) Blocked(ctx context.Context) ([]BlockedKey, error) {
 		return strings.Compare(a.Queue+"\x00"+a.Key, b.Queue+"\x00"+b.Key)
 	})
 	return keysFound, nil
+}
+
+// behindQueues lists the behind queues under the prefix with rabbitmqctl list_queues
+// (AMQP has no way to list queues): each one's work queue and key, from its arguments
+// (Behind not set).
+func (o *Ops) behindQueues(ctx context.Context) ([]BlockedKey, error) {
+	if o.ctl == nil {
+		return nil, errors.New("blocked keys: listing their queues needs rabbitmqctl (Config.Rabbitmqctl; the CLI's --rabbitmqctl)")
+	}
+	out, err := o.ctl(ctx, "-q", "list_queues", "-p", o.vhost, "name", "arguments", "--formatter", "json")
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmqctl list_queues: %w", o.redact(err))
+	}
+	var queues []struct {
+		Name      string  `json:"name"`
+		Arguments [][]any `json:"arguments"`
+	}
+	if err := json.Unmarshal(out, &queues); err != nil {
+		return nil, fmt.Errorf("rabbitmqctl list_queues: unreadable output: %w", err)
+	}
+	prefix := strings.TrimSuffix(o.names.BehindQueues(), "*")
+	var found []BlockedKey
+	for _, q := range queues {
+		if !strings.HasPrefix(q.Name, prefix) {
+			continue
+		}
+		b := BlockedKey{BehindQueue: q.Name}
+		for _, a := range q.Arguments {
+			if len(a) != 3 {
+				continue
+			}
+			name, _ := a[0].(string)
+			value, _ := a[2].(string)
+			switch name {
+			case declare.BehindQueueArg:
+				b.Queue = value
+			case declare.BehindKeyArg:
+				b.Key = value
+			}
+		}
+		if b.Queue == "" || o.names.Behind(b.Queue, b.Key) != q.Name {
+			continue // not one of ours
+		}
+		found = append(found, b)
+	}
+	return found, nil
 }
 
 // poisonedHeads reads the poison queue for the heads of order keys, by work queue and
@@ -179,7 +194,7 @@ func (o *Ops) Release(ctx context.Context, opts ReleaseOptions) (ReleaseResult, 
 	case opts.RedriveHead && head == nil:
 		return res, fmt.Errorf("release key %q of queue %q: its head is not in the poison queue %q (it waits for its retry, which releases the key when it succeeds): nothing to redrive; release without it, with Force, to run the messages behind the key now", opts.Key, opts.Queue, o.retry.PoisonQueue)
 	case head == nil && !opts.Force:
-		return res, fmt.Errorf("release key %q of queue %q: its head is not in the poison queue %q: it waits for its retry, which releases the key when it succeeds, and the %d messages behind it would overtake it; set Force to release it anyway", opts.Key, opts.Queue, o.retry.PoisonQueue, res.Key.Behind)
+		return res, fmt.Errorf("release key %q of queue %q: its head is not in the poison queue %q: it waits for its retry, which releases the key when it succeeds, and %s behind it would overtake it; set Force to release it anyway", opts.Key, opts.Queue, o.retry.PoisonQueue, theMessages(res.Key.Behind))
 	}
 	if opts.DryRun {
 		res.Redriven, res.Released = nil, !opts.RedriveHead
@@ -208,4 +223,12 @@ func (o *Ops) Release(ctx context.Context, opts ReleaseOptions) (ReleaseResult, 
 	}
 	res.Released = true
 	return res, nil
+}
+
+// theMessages is "the message" or "the N messages".
+func theMessages(n int) string {
+	if n == 1 {
+		return "the message"
+	}
+	return fmt.Sprintf("the %d messages", n)
 }

@@ -20,7 +20,9 @@ type TeardownOptions struct {
 	// named in Keep is never removed.
 	Keep topology.Topology
 	// Shared also removes what every backend under the prefix shares: the parking
-	// exchange and queue, and the poison queue (Config.Retry.PoisonQueue).
+	// exchange and queue, the poison queue (Config.Retry.PoisonQueue), and the behind
+	// queues of the blocked order keys (amqpretry.Config.OrderKey; found with
+	// Config.Rabbitmqctl), whose keys an empty one still blocks.
 	Shared bool
 	// DryRun reports what would be removed and what waits there, and removes nothing.
 	DryRun bool
@@ -81,7 +83,7 @@ const (
 	// LeftKept: TeardownOptions.Keep names it (in use).
 	LeftKept = "kept"
 	// LeftShared: every backend under the prefix shares it (the parking exchange and
-	// queue, the poison queue); TeardownOptions.Shared removes it.
+	// queue, the poison queue, the behind queues); TeardownOptions.Shared removes it.
 	LeftShared = "shared"
 	// LeftNotShown: TeardownOptions.Only does not name it (not shown at the
 	// confirmation: it appeared since).
@@ -101,7 +103,9 @@ const (
 // delay queues of ttl-tiers tiers other than the configured and default ones are found
 // only by a listing, with Config.Rabbitmqctl; without it TeardownResult.Unsearched says
 // so. What opts.Keep names stays; the parking exchange and queue and the poison queue
-// stay unless opts.Shared; TeardownResult.Left names what stayed, and why. Work queues
+// stay unless opts.Shared, and so do the behind queues of the blocked order keys (found
+// with Config.Rabbitmqctl): they belong to the configuration in use, whatever its
+// backend. TeardownResult.Left names what stayed, and why. Work queues
 // and the application's exchanges are never removed: with Config.Rabbitmqctl the
 // bindings are listed, and Left names the work queues bound from an exchange that
 // goes, and the exchanges bound to them.
@@ -131,12 +135,23 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 	for _, x := range opts.Keep.Exchanges {
 		keptX = append(keptX, x.Name)
 	}
+	// The behind queues of the blocked order keys: only a listing finds them.
+	behind := map[string]bool{}
+	if o.ctl != nil {
+		keys, err := o.behindQueues(ctx)
+		if err != nil {
+			return res, err
+		}
+		for _, b := range keys {
+			behind[b.BehindQueue] = true
+		}
+	}
 	// left names why name stays, or "" when it goes.
 	left := func(name string, kept []string) string {
 		switch {
 		case slices.Contains(kept, name):
 			return LeftKept
-		case !opts.Shared && (name == o.names.Parking() || name == o.retry.PoisonQueue):
+		case !opts.Shared && (name == o.names.Parking() || name == o.retry.PoisonQueue || behind[name]):
 			return LeftShared
 		case opts.Only != nil && !slices.Contains(opts.Only, name):
 			return LeftNotShown
@@ -162,6 +177,12 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 				candQ = append(candQ, q)
 			}
 		}
+		var bs []string
+		for q := range behind {
+			bs = append(bs, q)
+		}
+		slices.Sort(bs)
+		candQ = append(candQ, bs...)
 	}
 	for _, x := range t.Exchanges {
 		if !slices.Contains(candX, x.Name) {
@@ -211,6 +232,9 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 			return res, err
 		}
 		res.Unsearched = append(res.Unsearched, unsearched...)
+		if opts.Shared {
+			res.Unsearched = append(res.Unsearched, o.names.BehindQueues())
+		}
 	}
 	if len(res.Queues) == 0 && len(res.Exchanges) == 0 {
 		if len(res.Left) > 0 {
@@ -287,6 +311,8 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 					kinds.poison = name
 				case name == o.names.Parking():
 					kinds.parking = name
+				case behind[name]:
+					kinds.behind = o.names.BehindQueues()
 				default:
 					kinds.delay = true
 				}
@@ -310,8 +336,13 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 	defer func() { _ = ch.Close() }()
 	for _, q := range res.Queues {
 		// Quorum queues refuse if-empty (540 NOT_IMPLEMENTED): the counts above are the
-		// check.
-		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+		// check. A behind queue is a classic queue: if-empty keeps a message put behind
+		// its key since the count.
+		ifEmpty := behind[q] && !opts.Force
+		if _, err := ch.QueueDelete(q, false, ifEmpty, false); err != nil {
+			if ifEmpty {
+				return res, fmt.Errorf("delete queue %q: %w: a message was put behind its key since the count (an application still runs there): release the key (amqpretry blocked release), stop the application, and run teardown again (nothing after it removed)", q, o.redact(err))
+			}
 			return res, fmt.Errorf("delete queue %q: %w (nothing after it removed)", q, o.redact(err))
 		}
 	}
@@ -399,6 +430,7 @@ type waitKinds struct {
 	inPlugin string // the backend whose plugin keeps some (backend.Sealed), or ""
 	poison   string // the poison queue, or ""
 	parking  string // the parking queue, or ""
+	behind   string // the pattern of the behind queues, when some wait there, or ""
 }
 
 // waitAdvice says what to do about the messages waiting in the storage torn down,
@@ -417,6 +449,9 @@ func waitAdvice(k waitKinds) string {
 	}
 	if k.parking != "" {
 		advice = append(advice, "the retries in the parking queue "+k.parking+": re-create the work queues `amqpretry parking list` names and redrive them (amqpretry parking redrive), or drop them (amqpretry parking purge)")
+	}
+	if k.behind != "" {
+		advice = append(advice, "the messages behind blocked order keys ("+k.behind+"): release the keys first (`amqpretry blocked list` shows them, `amqpretry blocked release` releases one), and let the application that consumes their work queues run them")
 	}
 	return "for " + strings.Join(advice, "; for ")
 }

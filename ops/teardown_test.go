@@ -11,6 +11,8 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
 	"github.com/amqpretry/amqpretry/ops"
 	"github.com/amqpretry/amqpretry/topology"
@@ -278,4 +280,76 @@ func TestWaitingOnDelayedExchangeRefuses(t *testing.T) {
 	check("retry now", err)
 	_, err = r.ops.Purge(ctx, ops.Waiting, ops.MoveOptions{All: true, DryRun: true})
 	check("purge", err)
+}
+
+// TestTeardownBehindQueues (issue 48): the behind queues of blocked order keys are
+// under the prefix and belong to the configuration in use, whatever its backend: a
+// teardown leaves them, named as shared; with Shared it refuses while messages wait
+// behind a key, naming the fix (release the keys), and once none waits it removes
+// them with the rest. Without rabbitmqctl, Shared says they could not be looked for.
+func TestTeardownBehindQueues(t *testing.T) {
+	r := waitingRig(t, amqpretry.Config{Backend: delay.TTLTiers{Tiers: []time.Duration{waitDelay}}}, "orders")
+	queue := r.queues[0]
+	full := names.Names{Prefix: r.prefix}.Behind(queue, "acc-1")
+	empty := names.Names{Prefix: r.prefix}.Behind(queue, "acc-2")
+	brokertest.Cleanup(t, []string{full, empty}, nil)
+	ch, err := brokertest.Dial(t).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	for key, q := range map[string]string{"acc-1": full, "acc-2": empty} {
+		if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table(declare.BehindQueue(q, queue, key).Args)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(t.Context(), "", full, true, false, amqp.Publishing{Body: []byte("e"), DeliveryMode: amqp.Persistent})
+		if err != nil || !dc.Wait() {
+			t.Fatalf("publish behind acc-1: %v", err)
+		}
+	}
+	ctx := context.Background()
+	res, err := r.ops.Teardown(ctx, ops.TeardownOptions{DryRun: true})
+	shared := []ops.Left{{Name: full, Kind: "queue", Why: ops.LeftShared}, {Name: empty, Kind: "queue", Why: ops.LeftShared}}
+	if err != nil || slices.Contains(res.Queues, full) || slices.Contains(res.Queues, empty) ||
+		!slices.ContainsFunc(res.Left, func(l ops.Left) bool { return l == shared[0] }) || !slices.ContainsFunc(res.Left, func(l ops.Left) bool { return l == shared[1] }) {
+		t.Fatalf("teardown without Shared: %v %+v", err, res)
+	}
+	for _, dry := range []bool{true, false} {
+		res, err = r.ops.Teardown(ctx, ops.TeardownOptions{Shared: true, DryRun: dry})
+		if err == nil || !strings.Contains(err.Error(), "teardown refused: messages wait in "+full+": 2; for the messages behind blocked order keys ("+r.prefix+".behind.*): release the keys first (`amqpretry blocked list` shows them, `amqpretry blocked release` releases one)") ||
+			strings.Contains(err.Error(), "retry-now") || res.Waiting[full] != 2 || !slices.Contains(res.Queues, empty) {
+			t.Fatalf("teardown with Shared (dry run %v) while 2 wait behind a key: %v %+v", dry, err, res)
+		}
+	}
+	if !exists(t, full, false) || !exists(t, empty, false) {
+		t.Fatal("a refused teardown removed a behind queue")
+	}
+	blind, err := ops.New(ops.Config{URI: brokertest.URI(), Retry: r.cfg.Retry})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blind.Close()
+	if res, err := blind.Teardown(ctx, ops.TeardownOptions{Shared: true, DryRun: true, Force: true}); err != nil || !slices.Contains(res.Unsearched, r.prefix+".behind.*") {
+		t.Errorf("teardown with Shared, without rabbitmqctl: %v, unsearched %v", err, res.Unsearched)
+	}
+	if _, err := ch.QueuePurge(full, false); err != nil {
+		t.Fatal(err)
+	}
+	// The broker's counts lag its stats interval: until they show the queue empty,
+	// teardown still refuses.
+	waitFor(t, 30*time.Second, func() bool {
+		_, err = r.ops.Teardown(ctx, ops.TeardownOptions{Shared: true, DryRun: true})
+		return err == nil
+	})
+	if res, err = r.ops.Teardown(ctx, ops.TeardownOptions{Shared: true}); err != nil || !slices.Contains(res.Queues, full) || !slices.Contains(res.Queues, empty) {
+		t.Fatalf("teardown with Shared, nothing behind: %v %+v", err, res)
+	}
+	if exists(t, full, false) || exists(t, empty, false) {
+		t.Error("a behind queue is still there")
+	}
 }

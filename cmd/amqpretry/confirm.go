@@ -81,7 +81,7 @@ func (a *app) ask(question string) (bool, error) {
 // set), is the command's result, with nothing to ask (proceed false). Otherwise it
 // shows the preview (show prints it on stderr) and asks question: proceed tells the
 // answer was yes; any other answer is errDeclined (exit status 1), nothing changed.
-// It is the one prompt of every destructive command (purge, teardown).
+// It is the one prompt of every destructive command (purge, teardown, blocked release).
 func confirmFirst[R any](a *app, preview func() (R, error), nothing func(R) bool, show func(R), question func(R) string) (r R, proceed bool, err error) {
 	r, err = preview()
 	if err != nil || nothing != nil && nothing(r) {

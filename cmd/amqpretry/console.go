@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/console"
+	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/ops"
 )
 
@@ -39,12 +40,14 @@ func (a *app) consoleCmd() *cobra.Command {
 	)
 	c := &cobra.Command{
 		Use:   "console",
-		Short: "Serve the operator's console: a web page on status, the poison and parking queues and the waiting retries",
+		Short: "Serve the operator's console: a web page on status, the poison and parking queues, the waiting retries and the blocked keys",
 		Long: `console serves a web page for the backend, prefix and work queues (--queue) the common
-flags name: an overview (what status shows, refreshed every 10 s), the poison and parking
-queues (grouped by error, filters, each message's envelope, headers and payload;
-redrive and purge), and the waiting retries of each work queue (a chart of their due
-times; retry now and purge). Every move shows its dry run and asks for confirmation.
+flags name: an overview (what status shows, and the blocked order keys when there are
+any, refreshed every 10 s), the poison and parking queues (grouped by error, filters,
+each message's envelope, headers and payload; redrive and purge), the waiting retries
+of each work queue (a chart of their due times; retry now and purge), and the blocked
+order keys (what waits behind each, its poisoned head; release, or redrive the head
+and then release). Every move shows its dry run and asks for confirmation.
 See docs/console.md.
 
 It listens on --listen, 127.0.0.1:7433 by default, and prints one line with the URL to
@@ -54,8 +57,8 @@ open: it carries a random access token (256 bits), or the one in $` + consoleTok
 browsers use: the console refuses any other Host or Origin. --read-only shows no action
 and refuses every POST. Each move is logged on stderr as one audit line.
 
-The waiting retries are read with rabbitmqctl (--rabbitmqctl, as for status); without
-it the console shows the rest.
+The waiting retries are read, and the blocked keys listed, with rabbitmqctl
+(--rabbitmqctl, as for status); without it the console shows the rest.
 
 ` + exitHelp,
 		Args: noArgs,
@@ -126,7 +129,8 @@ it the console shows the rest.
 				},
 				Token: token, ReadOnly: readOnly, Hosts: allowed, Scheme: scheme,
 				Status:  ops.StatusOptions{WorkQueues: queues, Counts: counts},
-				Parking: ops.HasParking(cfg), Waiting: ctl != nil, Limit: limit, Window: window,
+				Parking: ops.HasParking(cfg), Waiting: ctl != nil, Blocked: ctl != nil, BehindQueues: names.Names{Prefix: cfg.WithDefaults().Prefix}.BehindQueues(),
+				Limit: limit, Window: window,
 				Title:    fmt.Sprintf("%s, backend %s, prefix %s", redactURI(a.uri), cfg.Backend, cfg.Prefix),
 				Describe: func(f ops.Flag, s ops.Status) string { return a.describe(f, s, cfg, queues) },
 				Hidden:   func(k string) bool { return shown[k] },

@@ -66,10 +66,11 @@ const exitHelp = `Exit status, the same for every command:
   0    all is well
   1    an error, or something flagged: status found a problem, verify found the
        topology incomplete, a redrive (or its dry run) left unroutable messages,
-       teardown found nothing to remove or refused, a destructive move (purge,
-       teardown) not confirmed at its prompt
-  2    usage error: unknown command or flag, bad value, missing --all, a destructive
-       move (purge, teardown) without --yes when stdin is not a terminal
+       teardown found nothing to remove or refused, blocked release refused, a move
+       that asks first (purge, teardown, blocked release) not confirmed at its prompt
+  2    usage error: unknown command or flag, bad value, missing --all, a move that
+       asks first (purge, teardown, blocked release) without --yes when stdin is not
+       a terminal
   130  interrupted (Ctrl-C, SIGTERM): a redrive or purge stops between two messages
 
 The broker URI comes from AMQP_URI (default ` + defaultURI + `);
@@ -125,7 +126,8 @@ func (a *app) root() *cobra.Command {
 		Long: `amqpretry operates the broker side of amqpretry: the status of the delay, parking,
 poison and work queues; the topology the library needs (plan, apply, verify); and the
 poison and parking queues (list, show, redrive, purge); the retries waiting in the delay
-backend (waiting list, retry-now, purge); and teardown of a backend's storage.
+backend (waiting list, retry-now, purge); the blocked order keys (blocked list,
+release); and teardown of a backend's storage.
 
 The common flags describe the application's retry configuration (amqpretry.Config);
 their defaults are the library's. --json gives machine-readable output everywhere.
@@ -160,7 +162,7 @@ their defaults are the library's. --json gives machine-readable output everywher
 	pf.DurationVar(&a.retryDelay, "retry-delay", defaults.DelayedRetryDelay, "delay of the retries held in the work queue (held-retries, delayed-retry backend)")
 	pf.StringVar(&a.poisonQueue, "poison-queue", "", "poison queue (default <prefix>.poison: "+defaults.PoisonQueue+")")
 
-	root.AddCommand(a.statusCmd(), a.topologyCmd(), a.poisonCmd(), a.parkingCmd(), a.waitingCmd(), a.teardownCmd(), a.versionCmd(), a.consoleCmd())
+	root.AddCommand(a.statusCmd(), a.topologyCmd(), a.poisonCmd(), a.parkingCmd(), a.waitingCmd(), a.blockedCmd(), a.teardownCmd(), a.versionCmd(), a.consoleCmd())
 	a.wire(root)
 	return root
 }

@@ -78,6 +78,12 @@ func TestUsageErrors(t *testing.T) {
 		// Issue 43: every teardown that removes, not only --force.
 		{[]string{"--backend", "ttl-tiers", "teardown"}, "teardown removes queues and exchanges for good: pass --yes to confirm"},
 		{[]string{"--backend", "ttl-tiers", "teardown", "--keep-backend", "binary-levels", "--keep-levels", "99"}, "invalid --keep-* configuration"},
+		// Issue 48: the blocked keys.
+		{[]string{"blocked"}, "amqpretry blocked needs a command: list, release"},
+		{[]string{"blocked", "list", "--rabbitmqctl", "off"}, "blocked list needs rabbitmqctl"},
+		{[]string{"blocked", "release", "--queue", "q"}, "--queue and --key are both required"},
+		{[]string{"blocked", "release", "--queue", "q", "--key", "k"}, "blocked release lets a key's messages run, which cannot be undone: pass --yes to confirm"},
+		{[]string{"blocked", "release", "--queue", "q", "--key", "k", "--yes", "--rabbitmqctl", "off"}, "blocked release needs rabbitmqctl"},
 	} {
 		code, out, errOut := runArgs(tt.args...)
 		if code != exitUsage {
@@ -130,7 +136,7 @@ func TestHelp(t *testing.T) {
 			t.Errorf("--help lacks %q (%d):\n%s", want, code, out)
 		}
 	}
-	for _, args := range [][]string{{"status", "--help"}, {"topology", "verify", "--help"}, {"poison", "redrive", "--help"}, {"parking", "list", "-h"}, {"help", "poison", "purge"}} {
+	for _, args := range [][]string{{"status", "--help"}, {"topology", "verify", "--help"}, {"poison", "redrive", "--help"}, {"parking", "list", "-h"}, {"help", "poison", "purge"}, {"blocked", "release", "--help"}} {
 		code, out, _ := runArgs(args...)
 		if code != exitOK || !strings.Contains(out, "Exit status, the same for every command") || !strings.Contains(out, "--prefix") {
 			t.Errorf("%q (%d):\n%s", args, code, out)

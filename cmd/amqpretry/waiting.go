@@ -310,7 +310,9 @@ in one run. --backend is not needed: each backend is asked what it declares (--b
 Without rabbitmqctl (--rabbitmqctl off) the delay queues of tiers other than --tiers
 and the default ones cannot be listed: the output says so. The parking exchange and
 queue and the poison queue, which every backend under the prefix shares, stay unless
---shared.
+--shared; so do the behind queues of the blocked order keys (<prefix>.behind.*, found
+with rabbitmqctl), which belong to the configuration in use whatever its backend: an
+empty one still blocks its key.
 
 Work queues and the exchanges the application binds to them (its topics) are the
 application's: teardown never removes them. The bindings from a delivery exchange to
@@ -335,10 +337,12 @@ refusal names the fix for each kind of queue where they wait: in a delay queue, 
 for them to come due (` + "`amqpretry status`" + `) or bring them back with ` + "`amqpretry waiting retry-now`" + `;
 in the poison queue (--shared), ` + "`amqpretry poison redrive`" + ` or ` + "`amqpretry poison purge`" + `; in the
 parking queue (--shared), ` + "`amqpretry parking redrive`" + ` once their work queues exist, or
-` + "`amqpretry parking purge`" + `; on delayed-exchange only waiting works: the plugin's count, in
-` + "`amqpretry status`" + `, reaches 0 as they come due. Stop every application instance still
-on the old configuration first: a retry parked between the count and the delete would
-be lost (quorum queues cannot be deleted "if empty"). --force only lifts that refusal:
+` + "`amqpretry parking purge`" + `; behind a blocked order key (--shared), release the key
+(` + "`amqpretry blocked release`" + `: the application consuming its work queue runs them); on
+delayed-exchange only waiting works: the plugin's count, in ` + "`amqpretry status`" + `,
+reaches 0 as they come due. Stop every application instance still on the old
+configuration first: a retry parked between the count and the delete would be lost
+(quorum queues cannot be deleted "if empty"). --force only lifts that refusal:
 it asks like any other teardown.
 
 ` + confirmHelp + `
@@ -526,7 +530,15 @@ func (a *app) printLeft(w io.Writer, r ops.TeardownResult) {
 		fmt.Fprintf(w, "  left %d, %s: %s\n", len(left[why]), leftWhy(why), a.nameList(left[why]))
 	}
 	if len(r.Unsearched) > 0 {
-		fmt.Fprintf(w, "  not looked for: %s (delay queues of other tiers): only rabbitmqctl lists them (--rabbitmqctl)\n", strings.Join(r.Unsearched, ", "))
+		var patterns []string
+		for _, p := range r.Unsearched {
+			what := "delay queues of other tiers"
+			if strings.HasSuffix(p, ".behind.*") {
+				what = "behind queues of blocked order keys"
+			}
+			patterns = append(patterns, p+" ("+what+")")
+		}
+		fmt.Fprintf(w, "  not looked for: %s: only rabbitmqctl lists them (--rabbitmqctl)\n", strings.Join(patterns, ", "))
 	}
 	if a.unlisted && len(r.Exchanges) > 0 {
 		fmt.Fprintf(w, "  not listed: the bindings to the work queues (they go with their delivery exchange), the work queues and the application's exchanges bound to them (never removed): only rabbitmqctl lists bindings (--rabbitmqctl)\n")

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"encoding/hex"
 	"fmt"
 	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/format"
@@ -197,9 +198,14 @@ func (s *Server) rows(st ops.Status, queues []ops.QueueStatus) []row {
 
 // status reads the status for a page.
 func (s *Server) status(r *http.Request) (ops.Status, error) {
+	return s.statusWith(r, s.cfg.Status)
+}
+
+// statusWith reads the status with opts.
+func (s *Server) statusWith(r *http.Request, opts ops.StatusOptions) (ops.Status, error) {
 	var st ops.Status
 	err := s.use(func(b Broker) (err error) {
-		st, err = b.Status(r.Context(), s.cfg.Status)
+		st, err = b.Status(r.Context(), opts)
 		return err
 	})
 	return st, err
@@ -207,11 +213,24 @@ func (s *Server) status(r *http.Request) (ops.Status, error) {
 
 // overview shows, in the order of ops.Overview: the poison and parking queues, the
 // work queues in a possible outage (said below the table, with what it is based on),
-// those with a backlog and no consumer, what is flagged, then the other work
-// queues, one line on the delay storage (its queues on /delay) and the waiting
-// retries.
+// those with a backlog and no consumer, what is flagged, one line on the blocked
+// order keys when there are any (on /blocked), then the other work queues, one line
+// on the delay storage (its queues on /delay) and the waiting retries.
 func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
-	st, err := s.status(r)
+	// The broker's counts name every queue: without a behind queue among them, no key
+	// is blocked, and the blocked keys are not listed.
+	opts := s.cfg.Status
+	var queues map[string]int
+	if counts := opts.Counts; counts != nil && s.cfg.Blocked {
+		opts.Counts = func(ctx context.Context) (ops.BrokerCounts, error) {
+			c, err := counts(ctx)
+			if err == nil {
+				queues = c.Messages
+			}
+			return c, err
+		}
+	}
+	st, err := s.statusWith(r, opts)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -240,7 +259,8 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		Outages     []string
 		Flags       []string
 		CountsError string
-	}{st, s.rows(st, append(ov.First, ov.Work...)), work, ov.Delay, outages, flags, s.cfg.Redact(st.CountsError)})
+		BlockedKeys blockedLine
+	}{st, s.rows(st, append(ov.First, ov.Work...)), work, ov.Delay, outages, flags, s.cfg.Redact(st.CountsError), s.blockedSummary(r, queues)})
 }
 
 // delayQueues lists every delay queue, the flagged ones first.

@@ -1,5 +1,6 @@
 // Package console is the operator's console of the amqpretry command: a web page in
-// front of package ops (status, the poison and parking queues, the waiting retries),
+// front of package ops (status, the poison and parking queues, the waiting retries,
+// the blocked order keys),
 // served by net/http with html/template, its files embedded. It has the security
 // model (token, cookie, CSRF, Host and Origin checks, CSP, read-only mode); the
 // command (console.go) parses the flags, listens and prints the URL.
@@ -35,6 +36,8 @@ type Broker interface {
 	List(ctx context.Context, source ops.Source, opts ops.ListOptions) (ops.ListResult, error)
 	Redrive(ctx context.Context, source ops.Source, opts ops.MoveOptions) (ops.MoveResult, error)
 	Purge(ctx context.Context, source ops.Source, opts ops.MoveOptions) (ops.MoveResult, error)
+	Blocked(ctx context.Context) ([]ops.BlockedKey, error)
+	Release(ctx context.Context, opts ops.ReleaseOptions) (ops.ReleaseResult, error)
 	Close() error
 }
 
@@ -54,8 +57,11 @@ type Config struct {
 	// Status are the options of the overview's ops.Status (work queues, counts).
 	Status ops.StatusOptions
 	// Parking: the backend has a parking queue. Waiting: the waiting retries can be
-	// read (rabbitmqctl).
-	Parking, Waiting bool
+	// read (rabbitmqctl). Blocked: the blocked order keys can be listed (rabbitmqctl).
+	Parking, Waiting, Blocked bool
+	// BehindQueues is the pattern of the blocked keys' queues ("<prefix>.behind.*"):
+	// when the broker's counts name none, the overview does not list the keys.
+	BehindQueues string
 	// Limit is the page size, Window the most messages one listing reads.
 	Limit, Window int
 	// Title says what the console looks at (backend, prefix, the redacted URI).
@@ -72,7 +78,7 @@ type Config struct {
 }
 
 // readOnlyRefusal is the answer of a read-only console to every POST (403).
-const readOnlyRefusal = "this console is read-only (started with --read-only): it redrives, retries and purges nothing; " +
+const readOnlyRefusal = "this console is read-only (started with --read-only): it redrives, retries, purges and releases nothing; " +
 	"use the amqpretry command, or start the console again without --read-only"
 
 // MinTokenLen is the shortest access token taken: 22 characters of a random token are
@@ -144,7 +150,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.Audit = io.Discard
 	}
 	s := &Server{cfg: cfg, csrf: CSRF(cfg.Token), pages: map[string]*template.Template{}}
-	for _, page := range []string{"overview", "delay", "messages", "message", "waiting", "confirm", "result", "error"} {
+	for _, page := range []string{"overview", "delay", "messages", "message", "waiting", "blocked", "release", "confirm", "result", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", page, err)
@@ -285,9 +291,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.message(w, r)
 	case r.Method == http.MethodGet && r.URL.Path == "/waiting":
 		s.waiting(w, r)
+	case r.Method == http.MethodGet && r.URL.Path == "/blocked":
+		s.blocked(w, r)
 	case r.Method == http.MethodPost && r.URL.Path == "/move":
 		s.move(w, r)
-	case r.URL.Path == "/" || r.URL.Path == "/delay" || r.URL.Path == "/poison" || r.URL.Path == "/parking" || r.URL.Path == "/message" || r.URL.Path == "/waiting" || r.URL.Path == "/move":
+	case r.Method == http.MethodPost && r.URL.Path == "/release":
+		s.release(w, r)
+	case r.URL.Path == "/" || r.URL.Path == "/delay" || r.URL.Path == "/poison" || r.URL.Path == "/parking" || r.URL.Path == "/message" || r.URL.Path == "/waiting" ||
+		r.URL.Path == "/blocked" || r.URL.Path == "/move" || r.URL.Path == "/release":
 		s.fail(w, r, inputError{http.StatusMethodNotAllowed, "method " + r.Method + " not allowed on " + r.URL.Path})
 	default:
 		s.fail(w, r, notFound("no page %s", r.URL.Path))
@@ -326,6 +337,7 @@ type page struct {
 	CSRF     string
 	Parking  bool
 	Waiting  bool
+	Blocked  bool
 	Queues   []string // the work queues (--queue)
 	Refresh  int      // seconds, 0: none
 	Data     any
@@ -333,7 +345,7 @@ type page struct {
 
 func (s *Server) render(w http.ResponseWriter, status int, name, nav string, data any) {
 	p := page{Title: s.cfg.Title, Nav: nav, ReadOnly: s.cfg.ReadOnly, CSRF: s.csrf, Parking: s.cfg.Parking,
-		Waiting: s.cfg.Waiting, Queues: s.cfg.Status.WorkQueues, Data: data}
+		Waiting: s.cfg.Waiting, Blocked: s.cfg.Blocked, Queues: s.cfg.Status.WorkQueues, Data: data}
 	if name == "overview" {
 		p.Refresh = 10
 	}

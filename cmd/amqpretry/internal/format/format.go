@@ -86,3 +86,68 @@ func PossibleOutage(q ops.QueueStatus) string {
 		"or take longer than %s a message",
 		q.Name, consumers, q.Unacked, q.Ready, Configured(q.Stalled), Configured(q.Stalled), Configured(q.Stalled))
 }
+
+// Blocked writes the blocked order keys in one line: how many, the messages waiting
+// behind them, and how many have their head in the poison queue.
+func Blocked(keys []ops.BlockedKey) string {
+	behind, heads := 0, 0
+	for _, k := range keys {
+		behind += k.Behind
+		if k.Head != nil {
+			heads++
+		}
+	}
+	return fmt.Sprintf("%d blocked %s, %d %s behind %s, %d poisoned %s", len(keys), plural(len(keys), "key", "keys"),
+		behind, plural(behind, "message", "messages"), plural(len(keys), "it", "them"), heads, plural(heads, "head", "heads"))
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// Release writes what a release of a blocked key did (would do, in a dry run), key as
+// the caller shows it, poison naming the poison queue.
+func Release(r ops.ReleaseResult, key, poison string) string {
+	k := r.Key
+	did := func(would, done string) string {
+		if r.DryRun {
+			return would
+		}
+		return done
+	}
+	switch {
+	case r.Redriven != nil:
+		return fmt.Sprintf("the poisoned head %s of key %s %s to queue %s, its attempts reset: once it succeeds, %s",
+			messageID(*r.Redriven), key, did("would be redriven", "redriven"), k.Queue, behindRuns(k.Behind))
+	case k.Head == nil:
+		return fmt.Sprintf("key %s of queue %s %s, forced: %s, before its head (not in the poison queue: its retry waits, or it is gone)",
+			key, k.Queue, did("would be released", "released"), behindRuns(k.Behind))
+	}
+	return fmt.Sprintf("key %s of queue %s %s: %s; its poisoned head %s stays in %s (redriven later, it runs after them)",
+		key, k.Queue, did("would be released", "released"), behindRuns(k.Behind), messageID(*k.Head), poison)
+}
+
+// behindRuns says what runs behind a key that is released.
+func behindRuns(n int) string {
+	switch n {
+	case 0:
+		return "no message waits behind it"
+	case 1:
+		return "the message behind it runs"
+	}
+	return fmt.Sprintf("the %d messages behind it run, in order", n)
+}
+
+// messageID names m: its Watermill UUID, else its AMQP message id, else "-".
+func messageID(m ops.Message) string {
+	switch {
+	case m.UUID != "":
+		return m.UUID
+	case m.MessageID != "":
+		return m.MessageID
+	}
+	return "-"
+}
