@@ -82,6 +82,7 @@ type sizes struct {
 	// order: accounts and events per account of the projection, and the accounts of
 	// its in-process run
 	orderAccounts, orderEvents, orderInprocAccounts int
+	orderFailEvery                                  int // one event in this many fails once
 }
 
 func modeSizes(quick bool) sizes {
@@ -103,6 +104,7 @@ func modeSizes(quick bool) sizes {
 		orderAccounts:       500,
 		orderEvents:         20,
 		orderInprocAccounts: 40,
+		orderFailEvery:      10,
 	}
 	if quick {
 		s.orderAccounts, s.orderEvents, s.orderInprocAccounts = 200, 15, 20
@@ -144,6 +146,7 @@ func main() {
 	orderB := flag.String("order-backends", strings.Join(orderBackends, ","), "order: the backends of the ordered and unordered runs (those this broker cannot run are skipped)")
 	orderAcc := flag.Int("order-accounts", 0, "order: accounts of the projection (default 500, quick 200)")
 	orderEv := flag.Int("order-events", 0, "order: events per account (default 20, quick 15)")
+	orderFail := flag.Int("order-fail-every", 10, "order: one event in this many fails once")
 	also := flag.String("also", "", "comma-separated AMQP URIs of more brokers to run the same suite against after AMQP_URI (JSON: one section per broker version under \"brokers\")")
 	flag.Parse()
 
@@ -186,6 +189,7 @@ func main() {
 	if *orderEv > 0 {
 		sz.orderEvents = *orderEv
 	}
+	sz.orderFailEvery = max(*orderFail, 1)
 	orderBackends = strings.Split(*orderB, ",")
 	e := &env{
 		uri:    uri,

@@ -27,8 +27,9 @@ import (
 // account's numbered from 1, published in order (every account's event 1, then every
 // account's event 2, ...) to one work queue before the consumer starts, as a projection
 // rebuilt from its log; one subscriber (watermill-amqp's default prefetch, 1), one
-// handler, applies them. Exactly one event in ten (a seeded draw, the same in every
-// run) fails its first attempt (a lock timeout); its retry succeeds. Three modes:
+// handler, applies them. Exactly one event in ten (-order-fail-every; a seeded draw,
+// the same in every run) fails its first attempt (a lock timeout); its retry succeeds.
+// Three modes:
 //
 //   - ordered: the router with our middleware, Config.OrderKey = the account;
 //   - unordered: the same without OrderKey;
@@ -117,6 +118,7 @@ type orderBackend struct {
 // orderFigures is the JSON's "order".
 type orderFigures struct {
 	Accounts       int                      `json:"accounts"`
+	FailEvery      int                      `json:"fail_every"` // one event in this many fails once
 	EventsPerKey   int                      `json:"events_per_account"`
 	InprocAccounts int                      `json:"inprocess_accounts"`
 	DelayMS        float64                  `json:"retry_delay_ms"`
@@ -128,7 +130,7 @@ type orderFigures struct {
 
 func runOrder(ctx context.Context, e *env, rep *report) error {
 	f := &orderFigures{
-		Accounts: e.sz.orderAccounts, EventsPerKey: e.sz.orderEvents, InprocAccounts: e.sz.orderInprocAccounts,
+		Accounts: e.sz.orderAccounts, FailEvery: e.sz.orderFailEvery, EventsPerKey: e.sz.orderEvents, InprocAccounts: e.sz.orderInprocAccounts,
 		DelayMS: ms(orderDelay), Prefetch: wamqp.NewDurableQueueConfig(e.uri).Consume.Qos.PrefetchCount,
 		Rounds: orderRounds, Backends: map[string]*orderBackend{},
 	}
@@ -243,9 +245,9 @@ const (
 func orderAccountOf(msg *message.Message) string { return msg.Metadata.Get(orderAccount) }
 
 // orderEvents returns the projection's events in publishing order (every account's
-// event 1, then every account's event 2, ...) and which of them fail once: exactly a
-// tenth, a seeded draw.
-func orderEvents(accounts, perAccount int) ([]*message.Message, map[string]bool) {
+// event 1, then every account's event 2, ...) and which of them fail once: exactly one
+// in failEvery, a seeded draw.
+func orderEvents(accounts, perAccount, failEvery int) ([]*message.Message, map[string]bool) {
 	var msgs []*message.Message
 	for seq := 1; seq <= perAccount; seq++ {
 		for a := range accounts {
@@ -258,7 +260,7 @@ func orderEvents(accounts, perAccount int) ([]*message.Message, map[string]bool)
 	}
 	fails := map[string]bool{}
 	perm := rand.New(rand.NewPCG(48, uint64(len(msgs)))).Perm(len(msgs))
-	for _, i := range perm[:len(msgs)/10] {
+	for _, i := range perm[:len(msgs)/failEvery] {
 		fails[msgs[i].UUID] = true
 	}
 	return msgs, fails
@@ -418,7 +420,7 @@ func (e *env) orderRun(ctx context.Context, backendName, mode string, accounts, 
 		tag += "-" + backendName
 	}
 	topic := e.name("order", fmt.Sprintf("%s-%d", tag, runSeq))
-	msgs, fails := orderEvents(accounts, e.sz.orderEvents)
+	msgs, fails := orderEvents(accounts, e.sz.orderEvents, e.sz.orderFailEvery)
 	p := newProjection(len(msgs), fails)
 	ev := &keyEvents{}
 
@@ -580,6 +582,6 @@ func orderTable(w func(format string, a ...any), f *orderFigures) {
 		w("order %s ordered out of order\t%d\t0\t%s\tevents applied out of order over the %d ordered runs\n",
 			name, b.OrderedOutOfOrder, met(b.OrderedOutOfOrder == 0), len(b.Ordered))
 	}
-	w("  (order: %d accounts x %d events, in-process %d accounts; retry delay %.0f ms both sides; prefetch %d, one handler)\n",
-		f.Accounts, f.EventsPerKey, f.InprocAccounts, f.DelayMS, f.Prefetch)
+	w("  (order: %d accounts x %d events, one in %d failing once, in-process %d accounts; retry delay %.0f ms both sides; prefetch %d, one handler)\n",
+		f.Accounts, f.EventsPerKey, f.FailEvery, f.InprocAccounts, f.DelayMS, f.Prefetch)
 }
