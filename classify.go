@@ -179,13 +179,16 @@ var (
 	// middleware produces it; it is declared here, beside Config, so that a Classify
 	// or an application matches it without importing the middleware.
 	ErrHandoff = errors.New("retry hand-off failed, message nacked for redelivery")
-	// ErrNotWired is wrapped by the hand-off error of a message the middleware cannot
-	// route back: its subscriber was not built from the Retry's SubscriberConfig, or
-	// its queue was never bound for retries. The error names the fix. Such a message
-	// is nacked like any failed hand-off and, after Config.HandoffAttempts of them,
-	// poisoned. A subscriber built from a Retry's config whose queue the Retry would
-	// not send retries to (its Queue.GenerateName replaced, or the poison queue) is
-	// refused at subscribe with it.
+	// ErrNotWired is wrapped by the error of a message the middleware cannot route
+	// back: its subscriber was not built from the Retry's SubscriberConfig, or its
+	// queue was never bound for retries. The error names the fix. Such a message is
+	// poisoned at its first failure (ReasonHandoffFailed), the error in its envelope
+	// and in its one log line. A subscriber built from a Retry's config whose queue
+	// the Retry would not send retries to (its Queue.GenerateName replaced, or the
+	// poison queue) is refused at subscribe with it, and AddHandler refuses the
+	// poison queue with it. A message of a subscriber built from a Retry's config
+	// whose handler has no middleware of that Retry is refused with it when it comes
+	// back after a failure, paced, until the handler has one.
 	ErrNotWired = errors.New("retry middleware not wired to this message's subscriber")
 	// ErrPanicked is wrapped by the error the middleware makes of a handler's panic,
 	// which it recovers: a failure like any other, retried on the policy's schedule and

@@ -400,6 +400,11 @@ func (c Config) Derived() backend.Derived {
 		}
 		v.Schedule = fmt.Sprintf("%d retries held in the work queue %s apart, then %s", c.HeldRetries, c.DelayedRetryDelay, v.Schedule)
 	}
+	if v.WorkQueueArgs != nil {
+		// Past its delivery limit a quorum queue drops a message it cannot deliver,
+		// unless it has a dead-letter target: the poison queue.
+		v.WorkQueueArgs = backend.WithDeadLetter(v.WorkQueueArgs, c.PoisonQueue)
+	}
 	if k, ok := v.Backend.(backend.Constant); ok {
 		retryDelay = k.OneDelay()
 		v.Schedule = fmt.Sprintf("every retry held in the work queue %s (its Delay)", retryDelay)

@@ -8,7 +8,7 @@
 //
 // # The common case
 //
-//	amqpCfg := amqp.NewDurableQueueConfig(uri) // watermill-amqp v3; pub/sub configs work too
+//	amqpCfg := amqp.NewDurableQueueConfig(uri) // watermill-amqp v3; pub/sub configs work too; delayed retries add the queue arguments they need
 //	retry, err := wamqp3.New(amqpCfg, amqpretry.Config{
 //		Backend: must(delay.Parse(os.Getenv("DELAY_BACKEND"))), // "" is ttl-tiers
 //		Policy:  amqpretry.Policy{MaxAttempts: 5},

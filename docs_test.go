@@ -1,6 +1,8 @@
 package amqpretry_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"go/ast"
 	"go/parser"
@@ -12,12 +14,20 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqpv3 "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/wamqp3"
 )
 
 // The figures the docs give about the topology, its limits and its defaults are marked
@@ -445,5 +455,141 @@ func TestGoDocDefaults(t *testing.T) {
 	}
 	if checked < 10 {
 		t.Errorf("checked only %d documented defaults", checked)
+	}
+}
+
+// TestDocClaims checks, where a test can, what the docs say the library does (issue
+// 51): each claim is a sentence of a doc, which must still say it (its whitespace
+// folded), and the behaviour that makes it true, run in this process (GoChannel, the
+// memory backend). wrong are sentences no doc may say any more.
+func TestDocClaims(t *testing.T) {
+	for _, c := range []struct {
+		doc, claim string
+		check      func(t *testing.T)
+	}{
+		{"docs/outage.md", "one at WARN when it begins (at INFO with a logger that has no `Warn` method, as Watermill's own loggers", outageBeginsAtWarnOrInfo},
+		{"docs/cqrs.md", "The Retry recovers a handler's panic itself and retries it like an error (`amqpretry.ErrPanicked`, its stack in the envelope), whatever the order", panicRetriedWhateverTheOrder},
+		{"README.md", "A panic is recovered whatever the order of `Recoverer`, and retried", panicRetriedWhateverTheOrder},
+	} {
+		t.Run(c.doc+": "+c.claim[:40], func(t *testing.T) {
+			if !strings.Contains(folded(t, c.doc), c.claim) {
+				t.Fatalf("%s no longer says: %s", c.doc, c.claim)
+			}
+			c.check(t)
+		})
+	}
+	for doc, wrong := range map[string]string{
+		"docs/cqrs.md":   "a panic would skip the retry and be redelivered at once",
+		"docs/outage.md": "one at WARN when it begins, `Work queue in an outage",
+	} {
+		if strings.Contains(folded(t, doc), wrong) {
+			t.Errorf("%s says %q, which the library does not do", doc, wrong)
+		}
+	}
+}
+
+// folded is the text of doc with every run of white space one space.
+func folded(t *testing.T, doc string) string {
+	t.Helper()
+	b, err := os.ReadFile(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(strings.Fields(string(b)), " ")
+}
+
+// inProcess runs handler on a topic through an in-process Retry (GoChannel, the memory
+// backend) of cfg, added with AddHandler to a router with the router-level middlewares
+// given, and publishes one message to it. stop closes the router, then the Retry.
+func inProcess(t *testing.T, cfg amqpretry.Config, handler message.NoPublishHandlerFunc, middlewares ...message.HandlerMiddleware) (stop func()) {
+	t.Helper()
+	pubsub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	cfg.Backend = delay.Memory{Publisher: pubsub}
+	r, err := wamqp3.New(wamqpv3.Config{}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	router.AddMiddleware(middlewares...)
+	if _, err := r.AddHandler(router, "claims", "claims", handler); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = router.Run(context.Background()) }()
+	<-router.Running()
+	if err := pubsub.Publish("claims", message.NewMessage("m1", []byte("{}"))); err != nil {
+		t.Fatal(err)
+	}
+	return func() { _ = router.Close(); _ = r.Close(); _ = pubsub.Close() }
+}
+
+// warnLogger is logger with a Warn method: the library's WARN level.
+type warnLogger struct{ logger }
+
+func (g warnLogger) Warn(msg string, f watermill.LogFields) { g.l.add("WARN", msg, nil, f) }
+
+// outageBeginsAtWarnOrInfo: the line that begins an outage is at WARN where the logger
+// has a Warn method, at INFO where it has none; never at ERROR.
+func outageBeginsAtWarnOrInfo(t *testing.T) {
+	const begins = "Work queue in an outage"
+	for level, log := range map[string]func(*logged) watermill.LoggerAdapter{
+		"WARN": func(l *logged) watermill.LoggerAdapter { return warnLogger{logger{l}} },
+		"INFO": func(l *logged) watermill.LoggerAdapter { return logger{l} },
+	} {
+		l := &logged{}
+		cfg := amqpretry.Config{Logger: log(l), Outage: amqpretry.Outage{ProbeInterval: time.Hour, MaxProbeInterval: time.Hour}}
+		stop := inProcess(t, cfg, func(*message.Message) error { return amqpretry.Unavailable(errors.New("database down")) })
+		deadline := time.Now().Add(10 * time.Second)
+		for len(l.matching(begins)) == 0 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		stop()
+		lines := l.matching(begins)
+		if len(lines) != 1 || !strings.HasPrefix(lines[0], level+" ") || !strings.Contains(lines[0], "err=database down") {
+			t.Errorf("outage begun: %q, want one line at %s with its error", lines, level)
+		}
+	}
+}
+
+// panicRetriedWhateverTheOrder: a handler's panic is retried like an error, with
+// Watermill's Recoverer outside the Retry's middleware (on the router) as inside it.
+func panicRetriedWhateverTheOrder(t *testing.T) {
+	for _, recovererOutside := range []bool{true, false} {
+		var attempts []int
+		var mu sync.Mutex
+		done := make(chan struct{})
+		var once sync.Once
+		handler := func(msg *message.Message) error {
+			mu.Lock()
+			attempts = append(attempts, amqpretry.Attempt(msg))
+			mu.Unlock()
+			if amqpretry.Attempt(msg) == 1 {
+				panic("inventory gone")
+			}
+			once.Do(func() { close(done) })
+			return nil
+		}
+		cfg := amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{time.Millisecond}}}
+		var stop func()
+		if recovererOutside {
+			stop = inProcess(t, cfg, handler, wmiddleware.Recoverer)
+		} else {
+			stop = inProcess(t, cfg, func(msg *message.Message) error {
+				_, err := wmiddleware.Recoverer(func(msg *message.Message) ([]*message.Message, error) { return nil, handler(msg) })(msg)
+				return err
+			})
+		}
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+		}
+		stop()
+		mu.Lock()
+		if !slices.Equal(attempts, []int{1, 2}) {
+			t.Errorf("Recoverer outside the Retry %v: attempts %v, want [1 2]", recovererOutside, attempts)
+		}
+		mu.Unlock()
 	}
 }

@@ -98,7 +98,9 @@ const (
 	// longer than its longest delay).
 	ReasonDelayTooLong Reason = "delay-too-long"
 	// ReasonHandoffFailed: Config.HandoffAttempts hand-offs of the message failed in a
-	// row (Error has the last hand-off error and the handler's).
+	// row (Error has the last hand-off error and the handler's), or the message could
+	// not be handed off at all, Error saying why (ErrNotWired; a work queue that does
+	// not hold delayed retries).
 	ReasonHandoffFailed Reason = "handoff-failed"
 	// ReasonTooLarge: the retry copy, even with a trimmed envelope, is larger than the
 	// broker's frame_max (see DroppedHeaders).

@@ -8,8 +8,9 @@ import (
 
 // Unavailable marks err as a sign that something the handler depends on is down (a
 // database, an API), not that the message is bad: the work queue's outage begins at
-// once (see Outage), and the message waits in this process, spending no attempt, until
-// a probe succeeds. Unavailable(nil) is nil.
+// once (see Outage). The message's own run was an attempt and takes the retry path;
+// the messages behind it wait in this process, spending no attempt, until a probe
+// succeeds. Unavailable(nil) is nil.
 //
 // Watermill's CircuitBreaker middleware, while open, returns gobreaker's
 // ErrOpenState or ErrTooManyRequests: those are read as Unavailable too.
@@ -29,45 +30,41 @@ func (e *unavailableError) Unwrap() error { return e.err }
 // they depend on is down, and what happens then. An outage is per work queue, shared
 // by every handler of this Retry that consumes it.
 //
-// It begins when:
+// The rules tell "these messages fail" from "their dependency is down" by the new
+// messages: a dependency that is down fails every first delivery, while messages that
+// fail for reasons of their own are some of the new ones, and then their retries fail.
+// An outage begins when:
 //   - a handler error is marked Unavailable (or an open CircuitBreaker refused the
 //     message), at once; or
-//   - failures in a row of Consecutive different messages, or a failure ratio of at
-//     least Ratio over the last Window runs, failures of Consecutive different
-//     messages (or of Ratio × Window, if fewer), and both a retry (attempt 2 or later)
-//     and a first delivery among the failures: old and new messages fail. A storm of
-//     messages that each fail once and then succeed is not an outage, since their
-//     retries succeed; nor is a wave of retries failing again alone; nor are a few
-//     messages that fail attempt after attempt, however many runs they fail: they are
-//     poisons.
+//   - Consecutive first deliveries fail in a row, no run succeeding among them, and a
+//     retry (attempt 2 or later) fails too; or
+//   - over the last Window runs, at least Ratio of the runs and of the first
+//     deliveries fail, a retry among them.
 //
-// Errors marked Permanent or RetryAfter (or so decided by Classify) never count: they
-// are about the message. While the outage lasts, the failing message and every message
-// that reaches the queue's handlers wait in this process (the subscriber then takes no
-// more than its prefetch from the broker), spending no attempt, and nothing is copied
-// or held. One of them at a time is run as a probe, ProbeInterval after the outage
-// began, then after a delay doubling up to MaxProbeInterval; a failed probe costs its
-// message no attempt, but a message that fails three probes in a row then takes the
-// retry path (spending an attempt), so that a message failing for reasons of its own
-// never blocks its queue: the next message probes. The first success ends the outage,
-// whose failures then no longer count, and every waiting message runs at once. A
-// waiting message is given back to the broker (nacked with requeue; on AMQP 1.0,
-// released) when its subscriber closes or the Retry closes. The broker counts that
-// return as a failed delivery only on a work queue that holds retries on RabbitMQ 4.3
-// (delayed-retry, HeldRetries: their attempt is counted from x-acquired-count): there
-// the message comes back one attempt later, after the queue's delay, as do the
-// messages the subscriber had prefetched. docs/outage.md tells more: the rules'
-// arithmetic, the costs, measurements, and where Watermill's CircuitBreaker, Throttle
-// and Retry go.
+// A storm of messages that each fail once is no outage (their retries succeed), nor a
+// wave of retries failing while most new messages succeed. Every new message failing
+// its first attempts looks like one. Errors marked Permanent or RetryAfter (or so
+// decided by Classify) never count.
+//
+// While the outage lasts, the messages that reach the queue's handlers wait in this
+// process, spending no attempt (the subscriber takes no more than its prefetch). One
+// at a time runs as a probe, ProbeInterval after the outage began, then after a delay
+// doubling up to MaxProbeInterval: the waiting message with the most attempts left,
+// never the latest probe's while another waits. Every run is an attempt, a probe's
+// too: a failed one takes the retry path, and the next probe is another message. The
+// first success ends the outage and every waiting message runs. A waiting message
+// goes back to the broker when its subscriber or the Retry closes (on RabbitMQ 4.3's
+// held retries the broker counts that as an attempt). docs/outage.md tells more.
 type Outage struct {
 	// Off turns outage detection off: every failure takes the retry path.
 	Off bool
-	// Consecutive is how many different messages must fail in a row to begin an
-	// outage (with a retry and a first delivery among the failures); over the Window,
-	// that many different messages must be among the failures. Default: 10.
+	// Consecutive is how many first deliveries (of different messages) must fail in
+	// a row to begin an outage, with a retry failing too; over the Window, how many
+	// must be among the failures (or Ratio × Window, if fewer). Default: 10.
 	Consecutive int
-	// Ratio of failed runs over the last Window runs that begins an outage (with a
-	// retry and a first delivery among the failures), in (0, 1]. Default: 0.8.
+	// Ratio of failed runs, and of failed first deliveries, over the last Window runs
+	// that begins an outage (with a retry among the failures), in (0, 1]. Default:
+	// 0.8.
 	Ratio float64
 	// Window is how many of the latest runs Ratio is measured over. Default: 50.
 	Window int

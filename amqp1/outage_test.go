@@ -65,7 +65,8 @@ func poll(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 // 5 fails once; in the middle the handler's dependency is down for longer than the
 // whole retry schedule. The outage poisons nothing, every Permanent message is
 // poisoned, nothing is lost, the handler's runs while down are the failures before
-// the outage began and the probes, and the fail-once messages begin no outage.
+// the outage began and the probes, the fail-once messages begin no outage, and every
+// message runs once per attempt.
 func TestOutageIsNotAPoison(t *testing.T) {
 	obs := &outageEvents{}
 	var down, started, wentDown atomic.Bool
@@ -74,7 +75,9 @@ func TestOutageIsNotAPoison(t *testing.T) {
 	var published, publishedAtStart atomic.Int64
 	ranBeforeDown := map[string]bool{} // under mu
 	cfg := amqpretry.Config{
-		Policy: amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{500 * time.Millisecond, time.Second}},
+		// MaxAttempts 4: a fail-once message may lose two attempts to the outage
+		// (a run as it began, a probe) and still have one to spare.
+		Policy: amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{500 * time.Millisecond, time.Second}},
 		Outage: amqpretry.Outage{ProbeInterval: 200 * time.Millisecond, MaxProbeInterval: time.Second},
 		Observe: func(ev amqpretry.Event) {
 			if ev.Kind == amqpretry.EventOutageStarted {
@@ -88,7 +91,11 @@ func TestOutageIsNotAPoison(t *testing.T) {
 	var mu sync.Mutex
 	succeeded := map[string]bool{}
 	failedOnce := map[string]bool{}
+	ran := map[string][]int{} // under mu: the attempts each message ran on
 	r := newRetryRig(t, "outage", cfg, func(msg *message.Message, attempt int) error {
+		mu.Lock()
+		ran[string(msg.Payload)] = append(ran[string(msg.Payload)], attempt)
+		mu.Unlock()
 		i, _ := strconv.Atoi(string(msg.Payload[1:]))
 		if i%25 == 0 {
 			return amqpretry.Permanent(errors.New("malformed"))
@@ -189,14 +196,25 @@ func TestOutageIsNotAPoison(t *testing.T) {
 	if in != int64(failedProbes) {
 		t.Errorf("handler ran %d times while down in the outage, want only the %d failed probes", in, failedProbes)
 	}
+	mu.Lock()
+	defer mu.Unlock()
+	for id, attempts := range ran {
+		for k, a := range attempts {
+			if a != k+1 {
+				t.Errorf("%s ran on attempts %v, want once per attempt", id, attempts)
+				break
+			}
+		}
+	}
 }
 
 // TestOutageCloseGivesBack: messages wait in an outage, one in each of three
 // consumers of the work queue, more sent ahead on their links (Credit); the router's
 // Close returns within its close timeout, then the Retry's. Each waiting message is
 // settled released, which the broker does not count as a failed delivery: a new
-// Retry and router on the queue, the dependency back, handle every message on its
-// first attempt, none poisoned.
+// Retry and router on the queue, the dependency back, handle every message on the
+// attempt it had, none poisoned. Only the runs before the outage began (the one that
+// began it, and any that read it not begun yet) spent an attempt.
 func TestOutageCloseGivesBack(t *testing.T) {
 	uri := requireBroker43(t)
 	name := "outage-close"
@@ -207,8 +225,12 @@ func TestOutageCloseGivesBack(t *testing.T) {
 	down.Store(true)
 	var mu sync.Mutex
 	handled := map[string][]uint32{} // the delivery counts each message succeeded with
+	ranDown := map[string]uint32{}   // runs while down
 	handle := func(msg *message.Message) error {
 		if down.Load() {
+			mu.Lock()
+			ranDown[msg.UUID]++
+			mu.Unlock()
 			return amqpretry.Unavailable(errors.New("dial tcp 10.0.0.5:5432: connection refused"))
 		}
 		n, _ := DeliveryCount(msg)
@@ -269,9 +291,17 @@ func TestOutageCloseGivesBack(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	poll(t, 20*time.Second, "a message waiting in each consumer", func() bool { return waiting.Load() == consumers })
-	if st := r1.Stats(); st.InOutage != 1 || st.Retries != 0 || st.Poisoned != 0 {
-		t.Fatalf("while down: %+v, want the queue in an outage, nothing retried or poisoned", st)
+	ranWhileDown := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(ranDown)
+	}
+	poll(t, 20*time.Second, "a message waiting in each consumer, the runs before the outage handed off", func() bool {
+		return waiting.Load() == consumers && r1.Stats().Retries == int64(ranWhileDown())
+	})
+	runsDown := ranWhileDown()
+	if st := r1.Stats(); st.InOutage != 1 || runsDown > consumers || st.Poisoned != 0 {
+		t.Fatalf("while down: %+v, %d messages ran; want the queue in an outage, one retry per run, at most %d, nothing poisoned", st, runsDown, consumers)
 	}
 	closed := make(chan error, 1)
 	go func() { closed <- router1.Close() }()
@@ -301,14 +331,14 @@ func TestOutageCloseGivesBack(t *testing.T) {
 	dups := 0
 	for id, counts := range handled {
 		dups += len(counts) - 1
-		if counts[0] != 0 {
-			t.Errorf("%s came back with delivery count %d: going back to the queue counted as a failed delivery (an attempt)", id, counts[0])
+		if counts[0] != ranDown[id] {
+			t.Errorf("%s came back with delivery count %d, want %d (its runs while down): going back to the queue counted as a failed delivery (an attempt)", id, counts[0], ranDown[id])
 		}
 	}
 	mu.Unlock()
 	st2 := r2.Stats()
-	t.Logf("%d messages, %d handled more than once; first Retry %+v", total, dups, st1)
-	if st1.Retries != 0 || st1.Poisoned != 0 || st2.Retries != 0 || st2.Poisoned != 0 {
-		t.Errorf("retried or poisoned for the outage: before Close %+v, after %+v", st1, st2)
+	t.Logf("%d messages, %d ran while down, %d handled more than once; first Retry %+v", total, runsDown, dups, st1)
+	if st1.Retries != int64(runsDown) || st1.Poisoned != 0 || st2.Retries != 0 || st2.Poisoned != 0 {
+		t.Errorf("retried or poisoned for the outage: before Close %+v (%d ran while down), after %+v", st1, runsDown, st2)
 	}
 }

@@ -143,12 +143,29 @@ func main() {
 	flag.IntVar(&brokerPID, "broker43pid", 0, "-broker43: the broker's beam.smp process: the prefetch step also reports its CPU time per 1,000 messages (Linux)")
 	outageLengths := flag.String("outage", "", "run only the outage scenario (issue 41; outage.go) against AMQP_URI: the handler's dependency down for each of these lengths (\"30s,5m\"), with and without outage detection; JSON to -json (default results/outage.json), its table and plot beside it")
 	outageBackend := flag.String("outage-backend", "ttl-tiers", "-outage: the delay backend (ttl-tiers; delayed-retry on RabbitMQ 4.3)")
+	falseTrips := flag.Int("false-trips", 0, "run only the false-trip scenario (issue 49; outage.go) against AMQP_URI, this many rounds: failure patterns that are not an outage, and a real one, with outage detection; JSON to -json (default results/falsetrips.json), its table beside it")
+	tablePath := flag.String("false-trips-table", "", "print the table of this -false-trips JSON and exit")
+	falseTripRules := flag.String("false-trips-rules", "this branch's", "-false-trips: what the results table calls the outage rules measured (a version, a commit)")
 	orderB := flag.String("order-backends", strings.Join(orderBackends, ","), "order: the backends of the ordered and unordered runs (those this broker cannot run are skipped)")
 	orderAcc := flag.Int("order-accounts", 0, "order: accounts of the projection (default 500, quick 200)")
 	orderEv := flag.Int("order-events", 0, "order: events per account (default 20, quick 15)")
 	orderFail := flag.Int("order-fail-every", 10, "order: one event in this many fails once")
 	also := flag.String("also", "", "comma-separated AMQP URIs of more brokers to run the same suite against after AMQP_URI (JSON: one section per broker version under \"brokers\")")
 	flag.Parse()
+
+	if *tablePath != "" {
+		var res falseTripResults
+		b, err := os.ReadFile(*tablePath)
+		if err == nil {
+			err = json.Unmarshal(b, &res)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "error:", err)
+			os.Exit(1)
+		}
+		fmt.Print(falseTripTable(&res))
+		return
+	}
 
 	uri := os.Getenv("AMQP_URI")
 	if uri == "" {
@@ -276,6 +293,34 @@ func main() {
 				fmt.Printf("wrote %s (%s)\n", *jsonPath, time.Since(started).Round(time.Second))
 			}
 		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "error:", err)
+			os.Exit(1)
+		}
+		return
+	}
+
+	if *falseTrips > 0 {
+		if *jsonPath == "" {
+			*jsonPath = filepath.Join("results", "falsetrips.json")
+		}
+		if *textPath == "" {
+			*textPath = strings.TrimSuffix(*jsonPath, ".json") + ".txt"
+		}
+		res, runErr := runFalseTrips(ctx, e, *falseTrips, *falseTripRules)
+		close(done)
+		err := errors.Join(runErr, e.cleanup(true))
+		res.Command = "cd benchmarks && go run . " + strings.Join(os.Args[1:], " ")
+		res.Machine = fmt.Sprintf("%d CPUs; load average at the end %s", numCPU(), loadAvg())
+		text := falseTripTable(res)
+		fmt.Print("\n" + text)
+		if werr := writeJSON(*jsonPath, res); werr != nil {
+			err = errors.Join(err, werr)
+		}
+		if werr := os.WriteFile(*textPath, []byte(text), 0o644); werr != nil {
+			err = errors.Join(err, werr)
+		}
+		fmt.Printf("wrote %s and %s (%s)\n", *jsonPath, *textPath, time.Since(started).Round(time.Second))
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "error:", err)
 			os.Exit(1)

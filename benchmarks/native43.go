@@ -23,6 +23,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/topology"
 	"github.com/amqpretry/amqpretry/wamqp3"
@@ -767,7 +768,13 @@ func (e *env) setup43(ctx context.Context, o run43opts, msgs []*message.Message)
 		case o.kind == "ceiling-native":
 			// The delayed-retry subscriber (its marshaler reads the int headers 4.3
 			// adds on redelivery, which watermill-amqp's DefaultMarshaler refuses),
-			// and nothing but the settlement that backend makes: nack, requeue.
+			// and nothing but the settlement that backend makes: nack, requeue. No
+			// Retry middleware on purpose: the marshaler's guard, which refuses a
+			// message its handler failed without one, is left out.
+			if m, ok := subCfg.Marshaler.(marshal.Marshaler); ok {
+				m.Guard = nil
+				subCfg.Marshaler = m
+			}
 			router.AddMiddleware(nackOnError)
 		default:
 			router.AddMiddleware(r.Middleware)

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -717,4 +719,480 @@ func loadAvg() string {
 		return strings.Join(f[:3], " ")
 	}
 	return "unknown"
+}
+
+// The false-trip scenario (issue 49; -false-trips N): how often the outage rules take
+// a queue whose messages fail for reasons of their own for one whose dependency is
+// down, what such a false trip costs, and that a real outage is still caught and
+// poisons nothing. Each failure pattern runs in two shapes of traffic, N rounds each,
+// on fresh queues, with the default Config.Outage; MaxAttempts 3, retries 0.5 s then
+// 1 s (ttl-tiers), a plain error for every failure (nothing marked Unavailable).
+//
+// Patterns: fail once (every message fails its first attempt), fail twice (its first
+// two), a flaky fifth (every run fails with probability 0.2, retries included), a
+// third that fail twice (issue 49's warming dependency: every third message fails its
+// first two attempts), Unavailable by mistake (one message in 50 fails every attempt
+// with an error its handler marks Unavailable: each run of it begins an outage, a
+// false trip every time), and a real outage (every run fails while the dependency is
+// down). Shapes: paced, issue 41's traffic (40 messages a second for 20 s, 4 handlers
+// on the queue, prefetch 10; the outage from 5 s to 15 s); burst, issue 49's CQRS
+// handler (100 messages published at once, one handler on its queue, prefetch 10; the
+// outage from the start for 5 s).
+//
+// Figures per run: outages begun, the probe that ended each (1: the first), the time
+// the queue spent in outage, messages that ran more than once on one attempt (more
+// often than their attempts), the most runs of one message, poisoned messages,
+// messages still unsettled tripSettle after the last publish (a stalled queue: they
+// are counted in the queues once the router has closed, and any not found there are
+// lost); for the real outage, when it was caught.
+
+const (
+	tripRate       = 40
+	tripPaced      = 20 * time.Second
+	tripBurst      = 100
+	tripPacedDown  = 5 * time.Second
+	tripPacedBack  = 15 * time.Second
+	tripBurstBack  = 5 * time.Second
+	tripSettle     = time.Minute // after the last publish: a queue still stalled then is reported so
+	tripMaxAttempt = 3
+)
+
+// tripPatterns are the failure patterns, in the table's order.
+var tripPatterns = []string{"fail once", "fail twice", "flaky fifth", "a third fail twice", "Unavailable by mistake", "real outage"}
+
+// falseTripRun is one run's figures.
+type falseTripRun struct {
+	Shape     string `json:"shape"`
+	Pattern   string `json:"pattern"`
+	Round     int    `json:"round"`
+	Published int    `json:"published"`
+	Succeeded int    `json:"succeeded"`
+	Poisoned  int    `json:"poisoned"`
+	// Unsettled: neither handled nor poisoned tripSettle after the last publish;
+	// Lost: of those, not in the work queue or the delay queues after the close.
+	Unsettled int `json:"unsettled"`
+	Lost      int `json:"lost"`
+	// Outages begun; for each ended one, the probe that ended it (1: the first); how
+	// long each lasted (the last one, if not over, until the end of the run).
+	Outages      int       `json:"outages"`
+	Probes       int       `json:"probes"`
+	EndedAtProbe []int     `json:"ended_at_probe"`
+	OutageS      []float64 `json:"outage_s"`
+	// Messages that ran more than once on one attempt; the most runs of one message.
+	Repeated int `json:"repeated_attempts"`
+	MostRuns int `json:"most_runs"`
+	// The real outage: when the first outage began, after the dependency went down.
+	CaughtAfterS *float64 `json:"caught_after_s,omitempty"`
+	Seconds      float64  `json:"seconds"`
+}
+
+// falseTripResults is the JSON of -false-trips.
+type falseTripResults struct {
+	Broker      string          `json:"broker"`
+	Rules       string          `json:"rules"`
+	Machine     string          `json:"machine"`
+	Command     string          `json:"command"`
+	Rounds      int             `json:"rounds"`
+	Runs        []*falseTripRun `json:"runs"`
+	StartedUTC  string          `json:"started_utc"`
+	FinishedUTC string          `json:"finished_utc"`
+}
+
+// runFalseTrips runs every shape and pattern, rounds times, on fresh queues.
+func runFalseTrips(ctx context.Context, e *env, rounds int, rules string) (*falseTripResults, error) {
+	res := &falseTripResults{Broker: e.brokerVersion(), Rules: rules, Rounds: rounds, StartedUTC: time.Now().UTC().Format(time.RFC3339)}
+	var errs []error
+	for round := 1; round <= rounds; round++ {
+		for _, shape := range []string{"paced", "burst"} {
+			for _, p := range tripPatterns {
+				if ctx.Err() != nil {
+					return res, errors.Join(append(errs, ctx.Err())...)
+				}
+				fmt.Printf("== round %d, %s, %s\n", round, shape, p)
+				r, err := e.falseTripRun(ctx, shape, p, round)
+				if cerr := e.cleanup(e.reg.takeUnsure()); cerr != nil {
+					err = errors.Join(err, fmt.Errorf("cleanup: %w", cerr))
+				}
+				if r != nil {
+					res.Runs = append(res.Runs, r)
+					fmt.Printf("   outages %d (ended at probe %v, lasting %v s), probes %d; repeated attempts %d, most runs %d; succeeded %d, poisoned %d, unsettled %d, lost %d of %d (%.1f s)\n",
+						r.Outages, r.EndedAtProbe, r.OutageS, r.Probes, r.Repeated, r.MostRuns, r.Succeeded, r.Poisoned, r.Unsettled, r.Lost, r.Published, r.Seconds)
+				}
+				if err != nil {
+					fmt.Printf("   FAILED: %v\n", err)
+					errs = append(errs, fmt.Errorf("round %d, %s, %s: %w", round, shape, p, err))
+				}
+			}
+		}
+	}
+	res.FinishedUTC = time.Now().UTC().Format(time.RFC3339)
+	return res, errors.Join(errs...)
+}
+
+// tripState is what the handler and the observer share during a run.
+type tripState struct {
+	mu        sync.Mutex
+	t0        time.Time
+	rng       *rand.Rand
+	runs      map[int][]int // attempts each message ran on
+	succeeded map[int]bool
+	began     []time.Time
+	probes    []error // of the current outage
+	endedAt   []int
+	lasted    []float64
+	allProbes int
+}
+
+func (e *env) falseTripRun(ctx context.Context, shape, pattern string, rnd int) (_ *falseTripRun, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	runSeq++
+	topic := e.name("falsetrip", fmt.Sprintf("%s-%d", strings.ReplaceAll(shape+"-"+pattern, " ", "-"), runSeq))
+	prefix := e.name("falsetrip-delay", strconv.Itoa(runSeq))
+	handlers, n, downFrom, downTo := outageHandlers, int(tripPaced/time.Second)*tripRate, tripPacedDown, tripPacedBack
+	if shape == "burst" {
+		handlers, n, downFrom, downTo = 1, tripBurst, 0, tripBurstBack
+	}
+	st := &tripState{rng: rand.New(rand.NewPCG(49, uint64(rnd))), runs: map[int][]int{}, succeeded: map[int]bool{}}
+	rcfg := amqpretry.Config{
+		Backend:       delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond, time.Second}},
+		Policy:        amqpretry.Policy{MaxAttempts: tripMaxAttempt, InitialInterval: 500 * time.Millisecond, Multiplier: 2, MaxInterval: time.Second, NoJitter: true},
+		Prefix:        prefix,
+		PoisonQueue:   prefix + ".poison",
+		RetryLogEvery: -1,
+		Observe: func(ev amqpretry.Event) {
+			now := time.Now()
+			st.mu.Lock()
+			defer st.mu.Unlock()
+			switch ev.Kind {
+			case amqpretry.EventOutageStarted:
+				st.began = append(st.began, now)
+				st.probes = nil
+			case amqpretry.EventProbe:
+				st.probes = append(st.probes, ev.Err)
+				st.allProbes++
+			case amqpretry.EventOutageEnded:
+				st.endedAt = append(st.endedAt, len(st.probes))
+				st.lasted = append(st.lasted, round(ev.Duration.Seconds(), 1))
+			}
+		},
+	}
+	e.reg.queue(topic, rcfg.PoisonQueue)
+	plan, err := rcfg.Plan(topic)
+	if err != nil {
+		return nil, err
+	}
+	e.reg.topology(plan)
+	amqpCfg := wamqp.NewDurableQueueConfig(e.uri)
+	amqpCfg.Consume.Qos.PrefetchCount = outagePrefetch
+	r, err := wamqp3.New(amqpCfg, rcfg)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close() //nolint:errcheck // after the router
+	subCfg := r.SubscriberConfig()
+	conn, err := e.dial()
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close() //nolint:errcheck
+	if err := e.declare(conn, topology.Topology{Queues: []topology.Queue{{Name: topic, Args: subCfg.Queue.Arguments}}}); err != nil {
+		return nil, err
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		return nil, err
+	}
+	router.AddMiddleware(r.Middleware)
+	sub, err := wamqp.NewSubscriber(subCfg, watermill.NopLogger{})
+	if err != nil {
+		return nil, err
+	}
+	defer sub.Close() //nolint:errcheck
+	errOwn := errors.New("the invoice service is warming up")
+	handle := func(m *message.Message) error {
+		i, perr := strconv.Atoi(strings.TrimPrefix(m.UUID, "f-"))
+		if perr != nil {
+			return amqpretry.Permanent(fmt.Errorf("message id %q: %w", m.UUID, perr))
+		}
+		time.Sleep(outageWork)
+		attempt := amqpretry.Attempt(m)
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		st.runs[i] = append(st.runs[i], attempt)
+		at := time.Since(st.t0)
+		var fail bool
+		switch pattern {
+		case "fail once":
+			fail = attempt == 1
+		case "fail twice":
+			fail = attempt <= 2
+		case "flaky fifth":
+			fail = st.rng.Float64() < 0.2
+		case "a third fail twice":
+			fail = i%3 == 0 && attempt <= 2
+		case "Unavailable by mistake":
+			if i%50 == 7 {
+				return amqpretry.Unavailable(errors.New("customer 42 not found"))
+			}
+		case "real outage":
+			if at >= downFrom && at < downTo {
+				return errDependencyDown
+			}
+		}
+		if fail {
+			return errOwn
+		}
+		st.succeeded[i] = true
+		return nil
+	}
+	for h := range handlers {
+		router.AddConsumerHandler(fmt.Sprintf("falsetrip-%d", h), topic, sub, func(m *message.Message) error { return handle(m) })
+	}
+	runErr := make(chan error, 1)
+	go func() { runErr <- router.Run(ctx) }()
+	select {
+	case <-router.Running():
+	case err := <-runErr:
+		return nil, fmt.Errorf("router: %w", err)
+	case <-time.After(time.Minute):
+		return nil, errors.New("router not running after 1 min")
+	}
+	defer func() {
+		if cerr := router.Close(); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+	}()
+	poison, err := e.consume(rcfg.PoisonQueue, n)
+	if err != nil {
+		return nil, err
+	}
+	defer poison.close()
+	pubConn, err := e.dial()
+	if err != nil {
+		return nil, err
+	}
+	defer pubConn.Close() //nolint:errcheck
+	pch, err := pubConn.Channel()
+	if err == nil {
+		err = pch.Confirm(false)
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := &falseTripRun{Shape: shape, Pattern: pattern, Round: rnd}
+	st.mu.Lock()
+	st.t0 = time.Now()
+	st.mu.Unlock()
+	var confirms []*amqp.DeferredConfirmation
+	publish := func(i int) error {
+		p, merr := wamqp.DefaultMarshaler{}.Marshal(message.NewMessage(fmt.Sprintf("f-%06d", i), []byte(`{"booking":"12345"}`)))
+		if merr != nil {
+			return merr
+		}
+		dc, perr := pch.PublishWithDeferredConfirmWithContext(ctx, "", topic, false, false, p)
+		if perr != nil {
+			return fmt.Errorf("publish: %w", perr)
+		}
+		confirms = append(confirms, dc)
+		return nil
+	}
+	if shape == "burst" {
+		for i := range n {
+			if err := publish(i); err != nil {
+				return out, err
+			}
+		}
+	} else {
+		pace := time.NewTicker(time.Second / tripRate)
+		for i := 0; i < n; i++ {
+			select {
+			case <-ctx.Done():
+				pace.Stop()
+				return out, ctx.Err()
+			case err := <-runErr:
+				pace.Stop()
+				return out, fmt.Errorf("router stopped: %w", err)
+			case <-pace.C:
+			}
+			if err := publish(i); err != nil {
+				pace.Stop()
+				return out, err
+			}
+		}
+		pace.Stop()
+	}
+	for _, dc := range confirms {
+		ok, cerr := dc.WaitContext(ctx)
+		if cerr != nil {
+			return out, cerr
+		}
+		if !ok {
+			return out, fmt.Errorf("publish to %s nacked", topic)
+		}
+	}
+	out.Published = n
+	poisoned := map[int]bool{}
+	settled := func() bool {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		for i := range n {
+			if !st.succeeded[i] && !poisoned[i] {
+				return false
+			}
+		}
+		return true
+	}
+	for end := time.Now().Add(tripSettle); !settled() && time.Now().Before(end); {
+		select {
+		case <-ctx.Done():
+			return out, ctx.Err()
+		case a := <-poison.arrivals:
+			i, perr := strconv.Atoi(strings.TrimPrefix(a.msg.UUID, "f-"))
+			if perr != nil {
+				return out, fmt.Errorf("poison queue: message %q is not this run's", a.msg.UUID)
+			}
+			poisoned[i] = true
+		case err := <-poison.errs:
+			return out, err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	// A stalled queue's messages go back to the broker when the router closes: count
+	// them there.
+	var left int
+	st.mu.Lock()
+	if len(st.began) > len(st.endedAt) { // an outage not over: its time so far
+		st.lasted = append(st.lasted, round(time.Since(st.began[len(st.began)-1]).Seconds(), 1))
+	}
+	st.mu.Unlock()
+	unsettled := func() int {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		k := 0
+		for i := range n {
+			if !st.succeeded[i] && !poisoned[i] {
+				k++
+			}
+		}
+		return k
+	}
+	if k := unsettled(); k > 0 {
+		// The subscriber's close nacks what it holds: ready again, the broker
+		// counts it (a retry still in a delay queue is counted there).
+		for _, c := range []interface{ Close() error }{router, sub, r} {
+			if cerr := c.Close(); cerr != nil {
+				return out, cerr
+			}
+		}
+		for end := time.Now().Add(10 * time.Second); left < k && time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+			left = 0
+			for _, q := range append(plan.Queues, topology.Queue{Name: topic}) {
+				if q.Name == rcfg.PoisonQueue || (q.Name == topic && q.Role != "") {
+					continue // the work queue once
+				}
+				d, qerr := queueDepth(conn, q.Name)
+				if qerr != nil {
+					return out, qerr
+				}
+				left += d
+			}
+		}
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	out.Seconds = round(time.Since(st.t0).Seconds(), 1)
+	for i := range n {
+		switch {
+		case st.succeeded[i]:
+			out.Succeeded++
+		case poisoned[i]:
+			out.Poisoned++
+		default:
+			out.Unsettled++
+		}
+		seen := map[int]bool{}
+		for _, a := range st.runs[i] {
+			if seen[a] {
+				out.Repeated++
+				break
+			}
+			seen[a] = true
+		}
+		out.MostRuns = max(out.MostRuns, len(st.runs[i]))
+	}
+	out.Outages, out.Probes = len(st.began), st.allProbes
+	out.EndedAtProbe, out.OutageS = append([]int{}, st.endedAt...), append([]float64{}, st.lasted...)
+	if pattern == "real outage" && len(st.began) > 0 {
+		out.CaughtAfterS = ptr(round(st.began[0].Sub(st.t0.Add(downFrom)).Seconds(), 2))
+	}
+	out.Lost = max(out.Unsettled-left, 0)
+	if out.Lost > 0 {
+		return out, fmt.Errorf("%d of %d messages lost: neither handled, poisoned, nor in the queues", out.Lost, n)
+	}
+	return out, nil
+}
+
+// falseTripTable is the results table of -false-trips: per shape and pattern, the
+// rounds summed.
+func falseTripTable(res *falseTripResults) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "False trips of the outage rules (%s), RabbitMQ %s, ttl-tiers; MaxAttempts %d, retries 0.5 s then 1 s; %d rounds, %d CPUs\n\n",
+		res.Rules, res.Broker, tripMaxAttempt, res.Rounds, numCPU())
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
+	fmt.Fprintf(tw, "shape\tpattern\tmessages\toutages begun\tended at probe (0: by a run under way): outages\tin outage, s\tprobes\tmessages run twice on an attempt\tmost runs of a message\tpoisoned\tunsettled %s after the last publish\tlost\treal outage caught after, s\t\n", tripSettle)
+	for _, shape := range []string{"paced", "burst"} {
+		for _, p := range tripPatterns {
+			var msgs, outages, probes, repeated, most, poisoned, unsettled, lost, notOver int
+			endedAt := map[int]int{} // probe: outages it ended
+			var inOutage float64
+			var caught []string
+			found := false
+			for _, r := range res.Runs {
+				if r.Shape != shape || r.Pattern != p {
+					continue
+				}
+				found = true
+				msgs += r.Published
+				outages += r.Outages
+				probes += r.Probes
+				repeated += r.Repeated
+				most = max(most, r.MostRuns)
+				poisoned += r.Poisoned
+				unsettled += r.Unsettled
+				lost += r.Lost
+				for _, k := range r.EndedAtProbe {
+					endedAt[k]++
+				}
+				notOver += r.Outages - len(r.EndedAtProbe)
+				for _, s := range r.OutageS {
+					inOutage += s
+				}
+				if r.CaughtAfterS != nil {
+					caught = append(caught, strconv.FormatFloat(*r.CaughtAfterS, 'f', 2, 64))
+				}
+			}
+			if !found {
+				continue
+			}
+			var ended []string
+			for _, k := range slices.Sorted(maps.Keys(endedAt)) {
+				ended = append(ended, fmt.Sprintf("%d: %d", k, endedAt[k]))
+			}
+			if notOver > 0 {
+				ended = append(ended, fmt.Sprintf("not over: %d", notOver))
+			}
+			endedAtProbe := "-"
+			if len(ended) > 0 {
+				endedAtProbe = strings.Join(ended, ", ")
+			}
+			caughtAt := "-"
+			if len(caught) > 0 {
+				caughtAt = strings.Join(caught, ", ")
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%.1f\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t\n", shape, p, msgs, outages, endedAtProbe, inOutage, probes, repeated, most, poisoned, unsettled, lost, caughtAt)
+		}
+	}
+	_ = tw.Flush()
+	return b.String()
 }

@@ -41,7 +41,13 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 	// The copy (copyOf) is made where a way out publishes one: never for a held retry.
 	switch {
 	case werr != nil:
-		return e.handoffFailed(f, copyOf(run), werr, "not-wired", true)
+		// Where its retry must go is unknown, now as at every redelivery: poisoned at
+		// once, the fix in its envelope and its one log line, never run again.
+		f.err = fmt.Errorf("%w; handler error: %w", werr, err)
+		f.envelope.Error = f.err.Error()
+		e.stats.failures.Add(1)
+		e.observe(amqpretry.Event{Kind: amqpretry.EventHandoffFailed, Queue: f.queue, Attempt: f.attempt, Err: werr, Cause: "not-wired"})
+		return e.poison(f, copyOf(run), amqpretry.ReasonHandoffFailed)
 	case decided.Permanent:
 		if decided.Undecodable {
 			// Say why the error is permanent when no mark of the handler's says it.
@@ -343,17 +349,22 @@ const envelopeRoom = 13
 // their types, and does not publish; the copy's context carries the typed values as
 // read (marshal.CopyContext).
 //
-// The copy's context is the delivery's, but not canceled with it. The router cancels
-// it when it closes, while the handlers still run and the subscriber may still
-// deliver; a hand-off canceled then would count as failed, again at each redelivery to
-// the closing process, and poison the message after HandoffAttempts of them (seen
-// stopping a consumer in the no-loss test that changes backends). Bounded by
-// ConfirmTimeout, the hand-off is confirmed, and the original acked, or fails, and the
-// original is nacked.
+// The copy's context is the delivery's (without the Retry's chain), but not canceled
+// with it. The router cancels it when it closes, while the handlers still run and the
+// subscriber may still deliver; a hand-off canceled then would count as failed, again
+// at each redelivery to the closing process, and poison the message after
+// HandoffAttempts of them (seen stopping a consumer in the no-loss test that changes
+// backends). Bounded by ConfirmTimeout, the hand-off is confirmed, and the original
+// acked, or fails, and the original is nacked.
 func copyOf(msg *message.Message) *message.Message {
 	ctx := msg.Context()
 	if _, typed := msg.Metadata[keys.TypedHeaders]; typed { // else nothing to carry
 		ctx = marshal.CopyContext(msg)
+	}
+	if c, ok := ctx.(*chain); ok {
+		// A copy is another delivery: not this one's chain (in process, where a copy
+		// keeps its context, its delivery reads a chain of its own).
+		ctx = c.Context
 	}
 	cp := message.NewMessageWithContext(context.WithoutCancel(ctx), msg.UUID, msg.Payload)
 	n := len(msg.Metadata) + envelopeRoom

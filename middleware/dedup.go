@@ -244,8 +244,10 @@ func (a *arrivals) reach(msg *message.Message) bool {
 }
 
 // sweep reports a watched retry that was acked without reaching the engine, and stops
-// watching those settled.
-func (e *engine) sweep() {
+// watching those settled. Where messages are acked before they reach the engine
+// (Watermill's InstantAck outside it, around.go), one acked may still be on its way:
+// it is reported only by the final sweep, at Close, after the router's.
+func (e *engine) sweep(final bool) {
 	if e.arrivals.size.Load() == 0 {
 		return
 	}
@@ -255,6 +257,9 @@ func (e *engine) sweep() {
 	for _, m := range e.arrivals.list {
 		select {
 		case <-m.Acked():
+			if !final && e.around.early.Load() {
+				break // kept: told at Close if it never reaches the engine
+			}
 			if dropped == nil {
 				dropped = m
 			}

@@ -315,7 +315,7 @@ func TestRetryDroppedBeforeItsHandlerIsSaidOnce(t *testing.T) {
 			retry := b.msgs()[0].Copy()
 			e.arrive(retry, true)
 			retry.Ack()
-			e.sweep()
+			e.sweep(false)
 		}
 		errs := logs.Captured()[watermill.ErrorLogLevel]
 		if len(errs) != 1 || !strings.HasPrefix(errs[0].Fields["middleware"].(string), "outside") {

@@ -20,7 +20,10 @@
 // flight (lifecycle.go); with amqpretry.Config.Dedup, a message is checked before the
 // handler and remembered once handled or poisoned, never when it fails, and a retry
 // this Retry scheduled that a middleware acked before its handler ran is said once at
-// ERROR (dedup.go). Every path that moves a message publishes with confirms before
+// ERROR (dedup.go). What it sees of Watermill's middlewares around it (a message acked
+// before it could settle it, a failure taken by PoisonQueue inside, the handler run
+// again after a Permanent error, a delivery run through it again) is in around.go, and
+// docs/watermill-middlewares.md. Every path that moves a message publishes with confirms before
 // it acks, or nacks with requeue: nothing is lost. It tells amqpretry.Config.Observe
 // every amqpretry.Event and counts its Stats (observe.go).
 //

@@ -42,6 +42,10 @@ type engine struct {
 	held     heldRetries
 	stats    struct{ retries, poisoned, failures atomic.Int64 }
 
+	// reads records the subscriber marks this engine read a message of, for the
+	// subscribers' marshalers (marshal.Reads); nil in-process.
+	reads *marshal.Reads
+
 	outages *outages // nil when Config.Outage.Off
 	order   *order   // nil without Config.OrderKey
 	// toQueue publishes a message to a work queue, confirmed: a key's head copy on a
@@ -59,8 +63,10 @@ type engine struct {
 	sent        sentRetries
 	arrivals    arrivals
 	droppedSaid atomic.Bool
-	life        lifecycle
-	pending     pendingPoisons // messages whose poison publish failed
+	// around: what this Retry saw of the middlewares around it (around.go).
+	around  around
+	life    lifecycle
+	pending pendingPoisons // messages whose poison publish failed
 	// poisonHint adds the fix to a failed poison publish's error (gone: the poison
 	// queue does not exist). Nil: none.
 	poisonHint func(err error, gone bool) error
@@ -189,6 +195,11 @@ type delivery struct {
 	// behind tells that the message was taken from behind its key (release): it is
 	// no delivery of its work queue, which a holder could settle.
 	behind bool
+	// ackedOnEntry: a middleware outside acked the message before this Retry ran
+	// (Watermill's InstantAck).
+	ackedOnEntry bool
+	// ctx is the message's context when this Retry got it.
+	ctx context.Context
 }
 
 // read reads msg on receipt, and records this Retry among the middlewares msg passes
@@ -203,6 +214,10 @@ func (e *engine) read(msg *message.Message) delivery {
 	if c == nil {
 		c = &chain{Context: ctx}
 		msg.SetContext(c)
+	} else if c.flags.Load()&chainPass != 0 {
+		// Another pass (a middleware outside runs the delivery again): what the
+		// handler did is told anew.
+		c.flags.And(^chainPass)
 	}
 	// The first delivery of a retry this engine scheduled: known when its subscriber
 	// delivered it (Delivered), or here in-process, where no subscriber calls Delivered.
@@ -220,6 +235,7 @@ func (e *engine) read(msg *message.Message) delivery {
 	}
 	d := delivery{
 		chain:    c,
+		ctx:      msg.Context(),
 		msg:      msg,
 		envelope: ReadEnvelope(msg.Metadata),
 		handler:  message.HandlerNameFromCtx(ctx),
@@ -228,7 +244,9 @@ func (e *engine) read(msg *message.Message) delivery {
 		key:      msg.Metadata[keys.DeliveryRoutingKey],
 		at:       time.Now(),
 	}
-	d.owner, d.queue, d.bound = e.wiring.resolve(msg.Metadata[keys.Subscriber], d.topic)
+	mark := msg.Metadata[keys.Subscriber]
+	e.reads.Read(mark)
+	d.owner, d.queue, d.bound = e.wiring.resolve(mark, d.topic)
 	d.owned = e.wiring.ID == "" || d.owner == e.wiring.ID
 	if v, ok := msg.Metadata[keys.ParkUntil]; ok {
 		d.parkedUntil, _ = time.Parse(timeLayout, v) // zero when unreadable
@@ -317,7 +335,7 @@ type chain struct {
 	mu      sync.Mutex
 	ids     []string
 	attempt atomic.Int64
-	// flags: chainRetry, chainExpect, chainRan (one word: the chain stays in its
+	// flags: chainRetry, chainExpect, chainRan, ... (one word: the chain stays in its
 	// allocation size class).
 	flags atomic.Uint32
 }
@@ -330,7 +348,20 @@ const (
 	// chainRan: it ran (ExpectHandler, HandlerRan).
 	chainExpect
 	chainRan
+	// chainFailed: the handler added through AddHandler returned an error;
+	// chainNoRerun: the last one was marked Permanent or RetryAfter; chainRerun: it
+	// ran again after such an error, in this delivery (HandlerFailed, around.go).
+	chainFailed
+	chainNoRerun
+	chainRerun
+	// chainSettled: a Retry handed the delivery off or poisoned it: a second pass
+	// through a Retry (a middleware outside it running the delivery again) does
+	// nothing (around.go).
+	chainSettled
 )
+
+// chainPass is what a pass through the Retry records of the handler's runs.
+const chainPass = chainRan | chainFailed | chainNoRerun | chainRerun
 
 func (c *chain) set(f uint32)     { c.flags.Or(f) }
 func (c *chain) is(f uint32) bool { return c.flags.Load()&f != 0 }
@@ -345,11 +376,18 @@ func (c *chain) Value(key any) any {
 // Attempt is the attempt the handler runs (amqpretry.AttemptFromContext).
 func (c *chain) Attempt() int { return int(c.attempt.Load()) }
 
-// ExpectHandler and HandlerRan are called by the handler a transport's AddHandler
-// adds: the first by a middleware just inside the Retry's, the second by the handler
-// itself, so that the Retry tells a retry acked without its handler running.
+// ExpectHandler, HandlerRan and HandlerFailed are called by the handler a transport's
+// AddHandler adds: the first by a middleware just inside the Retry's, the others by
+// the handler itself, before it runs and when it fails, so that the Retry tells a
+// retry acked without its handler running, and sees what the middlewares between did
+// (around.go).
 func (c *chain) ExpectHandler() { c.set(chainExpect) }
-func (c *chain) HandlerRan()    { c.set(chainRan) }
+func (c *chain) HandlerRan() {
+	if c.is(chainNoRerun) {
+		c.set(chainRerun)
+	}
+	c.set(chainRan)
+}
 
 // inChain tells whether the Retry id is among the middlewares msg passes through.
 func inChain(msg *message.Message, id string) bool {
@@ -366,6 +404,14 @@ func inChain(msg *message.Message, id string) bool {
 func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		d := e.read(msg)
+		if d.chain.is(chainSettled) {
+			// Run through again by a middleware outside (Watermill's Duplicator, or
+			// Retry) after it was handed off or poisoned: once is enough.
+			return nil, nil
+		}
+		if d.ackedOnEntry = acked(msg); d.ackedOnEntry {
+			e.ackedBefore(d)
+		}
 		if d.owned {
 			if d.held && e.holdAgain(msg, d) {
 				return nil, nil
@@ -425,13 +471,20 @@ func (e *engine) handle(h message.HandlerFunc, msg *message.Message, d delivery)
 	}
 	// decided is err's decision, once classified (Classify runs once per failure).
 	produced, decided, err := e.runHandler(handler, msg, d)
+	// A middleware inside (Watermill's Timeout) may have set a context of its own,
+	// done by now: the pauses from here on are the delivery's.
+	msg.SetContext(d.ctx)
+	if !d.ackedOnEntry && acked(msg) {
+		e.ackedInside(d)
+	}
 	run, attempt := msg, d.attempt
 	for err != nil && attempt <= e.cfg.Policy.Immediate {
 		var again bool
 		if again, decided = e.retryNow(d, run, attempt, err, decided); !again {
 			break
 		}
-		pause(msg.Context(), e.cfg.Policy.ImmediateInterval)
+		pause(d.ctx, e.cfg.Policy.ImmediateInterval)
+		d.chain.flags.And(^chainNoRerun) // this rerun is the Retry's own
 		next := run.Copy()
 		next.SetContext(marshal.CopyContext(run)) // typed headers as read
 		attempt++
@@ -463,6 +516,9 @@ func (e *engine) handle(h message.HandlerFunc, msg *message.Message, d delivery)
 		if d.chain.is(chainRetry) && d.chain.is(chainExpect) && !d.chain.is(chainRan) {
 			e.dropped(msg, d.queue, attempt, "inside the Retry (a handler middleware added after it)")
 		}
+		if d.chain.is(chainFailed) {
+			e.swallowed(d)
+		}
 		if d.owned {
 			e.observe(amqpretry.Event{Kind: amqpretry.EventSucceeded, Queue: d.queue, Attempt: attempt})
 		}
@@ -472,11 +528,18 @@ func (e *engine) handle(h message.HandlerFunc, msg *message.Message, d delivery)
 	if errors.Is(err, amqpretry.ErrHandoff) {
 		return nil, err // a Retry nearer the handler has dealt with it
 	}
+	if d.chain.is(chainRerun) {
+		e.rerun(d, err)
+	}
 	if !e.life.begin() {
 		return nil, e.refuseClosed(msg, d, err)
 	}
 	defer e.life.end()
-	return nil, e.fail(msg, run, d, err, decided)
+	if ferr := e.fail(msg, run, d, err, decided); ferr != nil {
+		return nil, ferr
+	}
+	d.chain.set(chainSettled)
+	return nil, nil
 }
 
 // retryNow tells whether run, which failed with err on attempt (within

@@ -29,6 +29,12 @@ func (e *engine) handoffFailed(f failure, cp *message.Message, perr error, cause
 		f.envelope.Error = fmt.Sprintf("%d hand-offs failed in a row, the last: %v; handler error: %v", n, perr, f.err)
 		return e.poison(f, cp, amqpretry.ReasonHandoffFailed)
 	}
+	if mayPoison && acked(f.msg) {
+		// A middleware acked it already (Watermill's InstantAck, around.go): a nack
+		// would not give it back, and it would be lost.
+		f.envelope.Error = fmt.Sprintf("hand-off failed, and the message was acked already, so it could not be given back to the broker: %v; handler error: %v", perr, f.err)
+		return e.poison(f, cp, amqpretry.ReasonHandoffFailed)
+	}
 	e.givenBack.add(cp.UUID)
 	e.pausePaced(f.msg.Context(), backend.HandoffPause(n))
 	return errors.Join(f.err, fmt.Errorf("%w: queue %q: %w", amqpretry.ErrHandoff, f.queue, perr))

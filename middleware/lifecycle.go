@@ -47,7 +47,7 @@ func (r *retry) close() error {
 	if !first {
 		return nil
 	}
-	r.engine.sweep()
+	r.engine.sweep(true)
 	var errs []error
 	if r.engine.backend != nil {
 		errs = append(errs, r.engine.backend.Close())

@@ -12,7 +12,8 @@ type warner interface {
 }
 
 // notice logs msg at WARN, or at INFO where the logger has no WARN level: something
-// was adjusted, and nothing is wrong.
+// was adjusted, or the library is dealing with it (an outage begins), and nothing
+// needs fixing.
 func notice(l watermill.LoggerAdapter, msg string, fields watermill.LogFields) {
 	if w, ok := l.(warner); ok {
 		w.Warn(msg, fields)
@@ -35,4 +36,12 @@ func warn(l watermill.LoggerAdapter, msg string, err error, fields watermill.Log
 		return
 	}
 	l.Error(msg, err, fields)
+}
+
+// withErr adds err to fields, as warn does; nothing for nil, never err=<nil>.
+func withErr(fields watermill.LogFields, err error) watermill.LogFields {
+	if err != nil {
+		fields = fields.Add(watermill.LogFields{"err": err.Error()})
+	}
+	return fields
 }

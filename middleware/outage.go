@@ -2,17 +2,21 @@ package middleware
 
 // Outages (amqpretry.Config.Outage): per work queue, whether the handlers' failures
 // say that something they depend on is down. While a queue is in an outage its
-// messages wait here, before the handler, instead of taking the failure path: they
-// spend no attempt, nothing is copied or held, and the subscriber takes no more from
-// the broker than its prefetch. One at a time runs as a probe; the first success ends
-// the outage. The engine runs every handler through runHandler, here: through its
-// queue's outage, its panic recovered (run) and its error decided (decide).
+// messages wait here, before the handler, instead of running: they spend no attempt,
+// nothing is copied or held for them, and the subscriber takes no more from the broker
+// than its prefetch. One at a time runs as a probe, never the same message twice in a
+// row while another waits; the first success ends the outage. A run is an attempt,
+// probe or not: a failed one takes the failure path like any other, so that no message
+// runs more often than Policy.MaxAttempts. The engine runs every handler through
+// runHandler, here: through its queue's outage, its panic recovered (run) and its error
+// decided (decide).
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -71,6 +75,14 @@ func (o *outages) inOutage() int64 {
 }
 
 // outage is one work queue's: what its latest runs did, and the outage, if any.
+//
+// The rules (amqpretry.Outage) tell "these messages fail" from "their dependency is
+// down" by the new messages: a dependency that is down fails every first delivery,
+// while messages that fail for reasons of their own are some of them, and their
+// retries fail again. So the failures must include Consecutive first deliveries in a
+// row (no run succeeding among them), or a Ratio of the window's first deliveries as
+// well as of its runs; and a retry among them, or a storm of messages that fail once
+// would be one.
 type outage struct {
 	cfg amqpretry.Outage
 	mu  sync.Mutex
@@ -79,17 +91,12 @@ type outage struct {
 	runs                    []outcome
 	next, filled            int
 	failures, retryFailures int
-	firstFailures           int // failed first deliveries (attempt 1)
-	// consecutive has the messages of the failures in a row (up to Consecutive of
-	// them: enough to tell), consecutiveRetry whether a retry is among the failures.
-	// Messages, not runs: one message failing attempt after attempt is a poison, not
-	// an outage.
-	consecutive      map[string]struct{}
-	consecutiveRetry bool
-	// consecutiveFirst tells whether a first delivery is among them: new messages fail
-	// too. Retries alone failing again (a wave of messages that fail twice) are not an
-	// outage.
-	consecutiveFirst bool
+	firsts, firstFailures   int // first deliveries (attempt 1), and those that failed
+	// row has the messages of the first deliveries that failed since the latest
+	// success (up to Consecutive of them: enough to tell), rowRetry whether a retry
+	// failed since then too.
+	row      map[string]struct{}
+	rowRetry bool
 
 	down bool
 	// isDown mirrors down, for runHandler to read without the lock: a message that
@@ -100,17 +107,26 @@ type outage struct {
 	last      error // the latest failure that counted
 	interval  time.Duration
 	nextProbe time.Time // when the next probe may run
-	probe     uint64    // the probe running, 0 for none
+	probe     uint64    // the probe running, or chosen, 0 for none
 	probeSeq  uint64
+	lastProbe string    // the message of the latest probe
+	waiting   []*waiter // the messages waiting, in order of arrival
 	// changed is closed, and replaced, when a waiting message may act: the outage
-	// ended, or a probe finished.
+	// ended, a probe was chosen, or a probe finished.
 	changed chan struct{}
 }
 
-// outcome is a run's: whether it failed (and counted), whether it was a retry, and
-// the message that failed.
+// waiter is a message waiting in its queue's outage.
+type waiter struct {
+	msg     string
+	attempt int
+	probe   uint64 // its probe token, once chosen
+}
+
+// outcome is a run's: whether it failed (and counted), whether it was a first
+// delivery, and the message.
 type outcome struct {
-	failed, retry bool
+	failed, first bool
 	msg           string
 }
 
@@ -123,31 +139,43 @@ func (q *outage) signal() {
 // forget empties the ring of latest runs. q.mu is locked.
 func (q *outage) forget() {
 	clear(q.runs)
-	q.next, q.filled, q.failures, q.retryFailures, q.firstFailures = 0, 0, 0, 0, 0
+	q.next, q.filled, q.failures, q.retryFailures, q.firsts, q.firstFailures = 0, 0, 0, 0, 0, 0
 }
 
 // errClosing is why a waiting message goes back to the broker.
 var errClosing = errors.New("the Retry is closing")
 
-// await waits while q is down. It returns the probe's token when this message is to
-// run as the probe, 0 when the outage is over (or there is none); an error when ctx
-// ends (its subscriber closes) or the engine closes.
-func (q *outage) await(ctx context.Context, closing <-chan struct{}) (uint64, error) {
+// await waits while q is down, as message msg on attempt. It returns
+// the probe's token when msg is to run as the probe, 0 when the outage is over (or
+// there is none); an error when ctx ends (its subscriber closes) or the engine closes.
+func (q *outage) await(ctx context.Context, closing <-chan struct{}, msg string, attempt int) (uint64, error) {
+	q.mu.Lock()
+	if !q.down {
+		q.mu.Unlock()
+		return 0, nil
+	}
+	w := &waiter{msg: msg, attempt: attempt}
+	q.waiting = append(q.waiting, w)
+	q.mu.Unlock()
 	for {
 		q.mu.Lock()
-		if !q.down {
+		if w.probe == 0 && q.down && q.probe == 0 && !time.Now().Before(q.nextProbe) {
+			c := q.choose()
+			q.probeSeq++
+			q.probe, c.probe, q.lastProbe = q.probeSeq, q.probeSeq, c.msg
+			if c != w {
+				q.signal()
+			}
+		}
+		if w.probe != 0 || !q.down {
+			q.leave(w)
 			q.mu.Unlock()
-			return 0, nil
+			return w.probe, nil
 		}
 		changed := q.changed
 		var wait time.Duration
 		if q.probe == 0 {
-			if wait = time.Until(q.nextProbe); wait <= 0 {
-				q.probeSeq++
-				q.probe = q.probeSeq
-				q.mu.Unlock()
-				return q.probe, nil
-			}
+			wait = time.Until(q.nextProbe)
 		}
 		q.mu.Unlock()
 		var tick <-chan time.Time
@@ -169,8 +197,41 @@ func (q *outage) await(ctx context.Context, closing <-chan struct{}) (uint64, er
 			timer.Stop()
 		}
 		if err != nil {
+			q.mu.Lock()
+			q.leave(w)
+			if w.probe != 0 && q.probe == w.probe { // chosen, gone: another one probes
+				q.probe = 0
+				q.signal()
+			}
+			q.mu.Unlock()
 			return 0, err
 		}
+	}
+}
+
+// choose picks the next probe among the waiting messages. A probe asks whether the
+// dependency is back, not whether one message is good, and its failure costs its
+// message an attempt: so not the latest probe's message while another waits, and of
+// the others the one with the most attempts left (a first delivery if one waits), the
+// one that has waited longest among those. q.mu is locked, and q.waiting is not empty.
+func (q *outage) choose() *waiter {
+	best := q.waiting[0]
+	for _, w := range q.waiting[1:] {
+		if (w.msg == q.lastProbe) != (best.msg == q.lastProbe) {
+			if best.msg == q.lastProbe {
+				best = w
+			}
+		} else if w.attempt < best.attempt {
+			best = w
+		}
+	}
+	return best
+}
+
+// leave takes w out of the waiting messages. q.mu is locked.
+func (q *outage) leave(w *waiter) {
+	if i := slices.Index(q.waiting, w); i >= 0 {
+		q.waiting = slices.Delete(q.waiting, i, i+1)
 	}
 }
 
@@ -185,10 +246,10 @@ const (
 
 // record records a run of message msg (its UUID): err and its decision (nil when it
 // is not this Retry's to decide: nil err, or a failure of another Retry), on attempt;
-// probe is the run's probe token (0: not a probe). It returns whether the message waits (the queue
-// is down and the failure counted: no attempt spent), the edge it caused, and, on an
-// edge, the outage's duration and last failure.
-func (q *outage) record(msg string, err error, dec *amqpretry.Decision, attempt, maxAttempts int, probe uint64, now time.Time) (wait bool, e edge, lasted time.Duration, last error) {
+// probe is the run's probe token (0: not a probe). It returns the edge the run caused
+// and, on an edge, the outage's duration and last failure. The run was an attempt
+// either way: a failure takes the failure path.
+func (q *outage) record(msg string, err error, dec *amqpretry.Decision, attempt int, probe uint64, now time.Time) (e edge, lasted time.Duration, last error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if probe != 0 && q.probe == probe {
@@ -197,90 +258,103 @@ func (q *outage) record(msg string, err error, dec *amqpretry.Decision, attempt,
 	}
 	counts := err != nil && dec != nil && !dec.Permanent && dec.Delay <= 0
 	if err != nil && !counts {
-		return false, noEdge, 0, nil
+		return noEdge, 0, nil
 	}
 	// The run goes into the ring of latest runs, and the counts over it.
-	retry := attempt >= 2
-	o := outcome{failed: counts, retry: counts && retry}
-	if counts {
-		o.msg = msg
-	}
+	first := attempt <= 1
+	o := outcome{failed: counts, first: first, msg: msg}
 	if q.filled == len(q.runs) {
-		old := q.runs[q.next]
-		if old.failed {
-			q.failures--
-			if old.retry {
-				q.retryFailures--
-			} else {
-				q.firstFailures--
-			}
-		}
+		q.count(q.runs[q.next], -1)
 	} else {
 		q.filled++
 	}
 	q.runs[q.next] = o
 	q.next = (q.next + 1) % len(q.runs)
-	if o.failed {
-		q.failures++
-		if o.retry {
-			q.retryFailures++
-		} else {
-			q.firstFailures++
-		}
-	}
+	q.count(o, 1)
 	if err == nil {
 		if q.down {
 			// The outage's failures are its own: the next one is judged on the
 			// runs after it.
 			q.forget()
 		}
-		clear(q.consecutive)
-		q.consecutiveRetry, q.consecutiveFirst = false, false
+		clear(q.row)
+		q.rowRetry = false
 		if q.down {
 			q.down = false
 			q.isDown.Store(false)
 			q.signal()
-			return false, ended, now.Sub(q.since), q.last
+			return ended, now.Sub(q.since), q.last
 		}
-		return false, noEdge, 0, nil
+		return noEdge, 0, nil
 	}
-	if q.consecutive == nil {
-		q.consecutive = map[string]struct{}{}
+	if first {
+		if q.row == nil {
+			q.row = map[string]struct{}{}
+		}
+		if len(q.row) < q.cfg.Consecutive {
+			q.row[msg] = struct{}{}
+		}
+	} else {
+		q.rowRetry = true
 	}
-	if len(q.consecutive) < q.cfg.Consecutive {
-		q.consecutive[msg] = struct{}{}
-	}
-	q.consecutiveRetry = q.consecutiveRetry || retry
-	q.consecutiveFirst = q.consecutiveFirst || !retry
 	q.last = err
 	if q.down {
 		if probe != 0 {
 			q.interval = min(2*q.interval, q.cfg.MaxProbeInterval)
 			q.nextProbe = now.Add(q.interval)
 		}
-		return true, noEdge, 0, nil
+		return noEdge, 0, nil
 	}
-	trip := dec.Unavailable ||
-		(len(q.consecutive) >= q.cfg.Consecutive && q.consecutiveRetry && q.consecutiveFirst) ||
-		(q.filled == len(q.runs) && float64(q.failures) >= q.cfg.Ratio*float64(q.filled) && q.retryFailures > 0 && q.firstFailures > 0 &&
-			q.failedMessages(min(q.cfg.Consecutive, int(math.Ceil(q.cfg.Ratio*float64(len(q.runs)))))))
-	if !trip {
-		return false, noEdge, 0, nil
+	if !dec.Unavailable && !q.tripped() {
+		return noEdge, 0, nil
 	}
 	q.down, q.since = true, now
 	q.isDown.Store(true)
 	q.interval = q.cfg.ProbeInterval
 	q.nextProbe = now.Add(q.interval)
 	q.signal()
-	return true, started, 0, err
+	return started, 0, err
 }
 
-// failedMessages tells whether the failures in the ring are of at least n different
-// messages. q.mu is locked.
-func (q *outage) failedMessages(n int) bool {
+// count adds o to the ring's counts (sign 1), or takes it out (-1). q.mu is locked.
+func (q *outage) count(o outcome, sign int) {
+	if o.first {
+		q.firsts += sign
+	}
+	if !o.failed {
+		return
+	}
+	q.failures += sign
+	if o.first {
+		q.firstFailures += sign
+	} else {
+		q.retryFailures += sign
+	}
+}
+
+// tripped tells whether the failures so far say the dependency is down (the rules:
+// amqpretry.Outage, and outage's doc). q.mu is locked.
+func (q *outage) tripped() bool {
+	if len(q.row) >= q.cfg.Consecutive && q.rowRetry {
+		return true
+	}
+	if q.filled < len(q.runs) || q.retryFailures == 0 {
+		return false
+	}
+	r := q.cfg.Ratio
+	need := min(q.cfg.Consecutive, int(math.Ceil(r*float64(len(q.runs)))))
+	return float64(q.failures) >= r*float64(q.filled) &&
+		float64(q.firstFailures) >= r*float64(q.firsts) &&
+		q.firstFailures >= need && q.failedFirsts(need)
+}
+
+// failedFirsts tells whether the failed first deliveries in the ring are of at least
+// n different messages (one given back and delivered again counts once). q.mu is
+// locked.
+func (q *outage) failedFirsts(n int) bool {
 	seen := make(map[string]struct{}, n)
 	for _, o := range q.runs[:q.filled] {
-		if o.failed {
+		if o.failed && o.first {
 			seen[o.msg] = struct{}{}
 			if len(seen) >= n {
 				return true
@@ -303,51 +377,34 @@ func (q *outage) abandon(probe uint64) {
 
 // runHandler runs h on m, on attempt d.attempt (run: its panic recovered, its error
 // decided), through the outage of d's queue: while the queue is down, m waits here and
-// runs only as the probe or once the outage is over, and a failure that counts costs
-// no attempt: m waits and runs again. It returns the handler's result and its error's
-// decision (nil for no error, or a failed hand-off of a Retry nearer the handler).
-// Outside an outage it takes no lock but record's.
+// runs only as the probe or once the outage is over. Every run is an attempt: a
+// failure, a probe's included, returns to the failure path (retried or poisoned as
+// usual), and the next probe is another message. It returns the handler's result and
+// its error's decision (nil for no error, or a failed hand-off of a Retry nearer the
+// handler). Outside an outage it takes no lock but record's.
 func (e *engine) runHandler(h message.HandlerFunc, m *message.Message, d delivery) ([]*message.Message, *amqpretry.Decision, error) {
 	if e.outages == nil || !d.owned || d.queue == "" {
 		return e.run(h, m, d, nil, 0)
 	}
 	q := e.outages.of(d.queue)
-	attempt := d.attempt
-	failedProbes := 0
-	for {
-		var probe uint64
-		if q.isDown.Load() {
-			var werr error
-			if probe, werr = q.await(m.Context(), e.life.closing()); werr != nil {
-				return nil, nil, e.outageGiveBack(m, d, q, werr)
-			}
-		}
-		produced, dec, err := e.run(h, m, d, q, probe)
-		wait, edge, lasted, last := q.record(m.UUID, err, dec, attempt, e.cfg.Policy.MaxAttempts, probe, time.Now())
-		if probe != 0 {
-			e.outages.probes.Add(1)
-			e.observe(amqpretry.Event{Kind: amqpretry.EventProbe, Queue: d.queue, Attempt: attempt, Err: err})
-		}
-		if edge != noEdge {
-			e.outageEdge(d, edge, lasted, last)
-		}
-		if !wait {
-			return produced, dec, err
-		}
-		if probe != 0 {
-			if failedProbes++; failedProbes >= probesPerMessage {
-				// It may fail for reasons of its own: it takes the retry path, spending
-				// an attempt, and the next message probes. A bad message never blocks
-				// the queue.
-				return produced, dec, err
-			}
+	var probe uint64
+	if q.isDown.Load() {
+		var werr error
+		if probe, werr = q.await(m.Context(), e.life.closing(), m.UUID, d.attempt); werr != nil {
+			return nil, nil, e.outageGiveBack(m, d, q, werr)
 		}
 	}
+	produced, dec, err := e.run(h, m, d, q, probe)
+	edge, lasted, last := q.record(m.UUID, err, dec, d.attempt, probe, time.Now())
+	if probe != 0 {
+		e.outages.probes.Add(1)
+		e.observe(amqpretry.Event{Kind: amqpretry.EventProbe, Queue: d.queue, Attempt: d.attempt, Err: err})
+	}
+	if edge != noEdge {
+		e.outageEdge(d, edge, lasted, last)
+	}
+	return produced, dec, err
 }
-
-// probesPerMessage is how many failed probes in a row one message runs before it takes
-// the retry path (amqpretry.Outage's doc).
-const probesPerMessage = 3
 
 // run runs h on msg and decides its error (decide; a failed hand-off of a Retry nearer
 // the handler is not this one's to decide). A panic is recovered as a failure (the
@@ -399,9 +456,9 @@ func (e *engine) outageEdge(d delivery, ed edge, lasted time.Duration, last erro
 	switch ed {
 	case started:
 		e.outages.started.Add(1)
-		warn(e.cfg.Logger, "Work queue in an outage: its handlers fail as if something they depend on is down; its messages wait, spending no attempt, and one at a time is run as a probe", last, watermill.LogFields{
+		notice(e.cfg.Logger, "Work queue in an outage: its handlers fail as if something they depend on is down; its messages wait, spending no attempt, and one at a time is run as a probe", withErr(watermill.LogFields{
 			"queue": d.queue, "handler": d.handler, "probe_interval": e.cfg.Outage.ProbeInterval.String(),
-		})
+		}, last))
 		e.observe(amqpretry.Event{Kind: amqpretry.EventOutageStarted, Queue: d.queue, Err: last})
 	case ended:
 		e.outages.down.Add(int64(lasted))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -69,9 +70,11 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // A dependency down: failures of first deliveries alone begin nothing; once a retry
-// fails too and the failures reach Consecutive, the queue is in an outage. Then the
-// failing message waits instead of being retried, probes run one at a time and cost no
-// attempt, and the first success ends the outage and lets every waiting message run.
+// fails too and Consecutive first deliveries failed, the queue is in an outage. The
+// failure that began it took the retry path (its run was an attempt); the messages that
+// arrive wait, before the handler; probes run one at a time, each failed one taking the
+// retry path in turn; the first success ends the outage and lets every waiting message
+// run. No delivery runs the handler more than once.
 func TestOutageBeginsProbesAndEnds(t *testing.T) {
 	b := &fakeBackend{}
 	rec := &outageRecorder{}
@@ -82,9 +85,12 @@ func TestOutageBeginsProbesAndEnds(t *testing.T) {
 	}, b)
 	var down atomic.Bool
 	down.Store(true)
-	var runs atomic.Int64
-	h := func(*message.Message) ([]*message.Message, error) {
-		runs.Add(1)
+	var mu sync.Mutex
+	runs := map[string]int{} // "uuid attempt": runs
+	h := func(msg *message.Message) ([]*message.Message, error) {
+		mu.Lock()
+		runs[msg.UUID+" "+strconv.Itoa(amqpretry.Attempt(msg))]++
+		mu.Unlock()
 		if down.Load() {
 			return nil, errors.New("connection refused")
 		}
@@ -100,14 +106,15 @@ func TestOutageBeginsProbesAndEnds(t *testing.T) {
 	if got := len(b.msgs()); got != 3 || e.outages.of("work").isDown.Load() {
 		t.Fatalf("after 3 first-attempt failures: %d parked, down %v; want 3 parked and no outage", got, e.outages.of("work").isDown.Load())
 	}
-	// A retry fails: 4 in a row with a retry among them. The message waits.
-	done := make(chan error, 1)
-	go func() {
-		_, err := mw(attemptMsg("retry", 2))
-		done <- err
-	}()
-	waitFor(t, "the outage to begin", func() bool { return e.outages.of("work").isDown.Load() })
-	// More messages arrive while down: they wait too, before the handler.
+	// A retry fails: 3 first deliveries failed in a row, and a retry. It takes the
+	// retry path, as any failure.
+	if _, err := mw(attemptMsg("retry", 2)); err != nil {
+		t.Fatal(err)
+	}
+	if !e.outages.of("work").isDown.Load() || len(b.msgs()) != 4 {
+		t.Fatalf("after the retry failed: down %v, parked %d; want the outage begun and its retry parked", e.outages.of("work").isDown.Load(), len(b.msgs()))
+	}
+	// More messages arrive while down: they wait, before the handler.
 	others := make(chan error, 5)
 	for i := range 5 {
 		go func() {
@@ -115,17 +122,8 @@ func TestOutageBeginsProbesAndEnds(t *testing.T) {
 			others <- err
 		}()
 	}
-	// Let some probes fail.
-	waitFor(t, "three probes", func() bool { return e.outages.probes.Load() >= 3 })
-	// A message that fails three probes in a row takes the retry path: at most one
-	// copy per three probes, never one per waiting message.
-	if got, most := len(b.msgs()), 3+int(e.outages.probes.Load())/probesPerMessage; got > most {
-		t.Errorf("parked %d while down, want at most %d: the 3 before the outage and one per %d failed probes", got, most, probesPerMessage)
-	}
+	waitFor(t, "two probes", func() bool { return e.outages.probes.Load() >= 2 })
 	down.Store(false)
-	if err := <-done; err != nil {
-		t.Fatalf("the message that began the outage: %v, want success once a probe succeeds", err)
-	}
 	for range 5 {
 		if err := <-others; err != nil {
 			t.Fatalf("a waiting message: %v", err)
@@ -141,11 +139,25 @@ func TestOutageBeginsProbesAndEnds(t *testing.T) {
 	if len(kinds) < 3 || kinds[0] != amqpretry.EventOutageStarted || kinds[len(kinds)-1] != amqpretry.EventOutageEnded {
 		t.Errorf("events %v: want OutageStarted, probes, OutageEnded", kinds)
 	}
-	// Runs while down: 3 + the retry + the failed probes + the successful runs of
-	// the 6 waiting messages; never one per message per attempt.
-	probes := e.outages.probes.Load()
-	if got, want := runs.Load(), 3+1+probes+5; got > want {
-		t.Errorf("handler runs %d, want at most %d (threshold + probes + the waiting messages once)", got, want)
+	// Each failed probe took the retry path: parked, the 4 before, and one per
+	// failed probe.
+	failed := 0
+	rec.mu.Lock()
+	for _, ev := range rec.events {
+		if ev.Kind == amqpretry.EventProbe && ev.Err != nil {
+			failed++
+		}
+	}
+	rec.mu.Unlock()
+	if got := len(b.msgs()); got != 4+failed {
+		t.Errorf("parked %d, want %d: the 4 before the outage and one per failed probe", got, 4+failed)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for k, n := range runs {
+		if n != 1 {
+			t.Errorf("%s ran %d times, want once: a run is an attempt", k, n)
+		}
 	}
 }
 
@@ -207,7 +219,8 @@ func TestOutageNotFromAFlakyFifth(t *testing.T) {
 }
 
 // An error marked Unavailable, and an open CircuitBreaker's refusal, begin an outage at
-// once; Permanent never counts.
+// once; the message that failed takes the retry path, the next one waits. Permanent
+// never counts.
 func TestOutageAtOnce(t *testing.T) {
 	breaker := wmiddleware.NewCircuitBreaker(gobreaker.Settings{
 		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 1 },
@@ -227,16 +240,25 @@ func TestOutageAtOnce(t *testing.T) {
 				if _, err := mw(attemptMsg("first", 1)); err != nil {
 					t.Fatal(err)
 				}
+				if e.outages.of("work").isDown.Load() {
+					t.Fatal("a plain error began an outage")
+				}
+			}
+			if _, err := mw(attemptMsg("m", 1)); err != nil {
+				t.Fatal(err)
+			}
+			if !e.outages.of("work").isDown.Load() {
+				t.Fatal("no outage after the first Unavailable failure")
 			}
 			ctx, cancel := context.WithCancel(context.Background())
-			msg := attemptMsg("m", 1)
+			msg := attemptMsg("n", 1)
 			msg.SetContext(ctx)
 			done := make(chan error, 1)
 			go func() {
 				_, err := mw(msg)
 				done <- err
 			}()
-			waitFor(t, "the outage", func() bool { return e.outages.of("work").isDown.Load() })
+			waitFor(t, "the next message to wait", func() bool { return waiting(e.outages.of("work")) == 1 })
 			cancel() // its subscriber closes: the message goes back to the broker
 			err := <-done
 			if !errors.Is(err, amqpretry.ErrHandoff) {
@@ -259,11 +281,26 @@ func TestOutageAtOnce(t *testing.T) {
 	})
 }
 
-// Close during an outage gives every waiting message back for redelivery, promptly.
+// waiting counts the messages waiting in q's outage.
+func waiting(q *outage) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.waiting)
+}
+
+// Close during an outage gives every waiting message back for redelivery, promptly;
+// none of them ran.
 func TestOutageCloseGivesBack(t *testing.T) {
 	b := &fakeBackend{}
 	e, _ := newEngine(t, amqpretry.Config{Outage: amqpretry.Outage{ProbeInterval: time.Hour, MaxProbeInterval: time.Hour}}, b)
-	mw := e.Middleware(failing(amqpretry.Unavailable(errors.New("down"))))
+	var runs atomic.Int64
+	mw := e.Middleware(func(*message.Message) ([]*message.Message, error) {
+		runs.Add(1)
+		return nil, amqpretry.Unavailable(errors.New("down"))
+	})
+	if _, err := mw(hurriedAt("first")); err != nil { // begins the outage, and is retried
+		t.Fatal(err)
+	}
 	done := make(chan error, 3)
 	for i := range 3 {
 		go func() {
@@ -271,15 +308,15 @@ func TestOutageCloseGivesBack(t *testing.T) {
 			done <- err
 		}()
 	}
-	waitFor(t, "the outage", func() bool { return e.outages.of("work").isDown.Load() })
+	waitFor(t, "three waiting", func() bool { return waiting(e.outages.of("work")) == 3 })
 	e.life.close()
 	for range 3 {
 		if err := <-done; !errors.Is(err, amqpretry.ErrHandoff) {
 			t.Errorf("after Close: %v, want ErrHandoff (nacked for redelivery)", err)
 		}
 	}
-	if got := len(b.msgs()); got != 0 {
-		t.Errorf("parked %d, want none", got)
+	if got, n := len(b.msgs()), runs.Load(); got != 1 || n != 1 {
+		t.Errorf("parked %d, handler runs %d; want 1 and 1, the message that began the outage", got, n)
 	}
 }
 
@@ -304,50 +341,94 @@ func TestOutageOff(t *testing.T) {
 	}
 }
 
-// A message that fails for reasons of its own, seen as an outage (its retries fail too,
-// and nothing else runs on one consumer), fails three probes, then takes the retry
-// path: the next message probes, succeeds and ends the outage. It never blocks the queue.
+// A message that fails for reasons of its own, seen as an outage, never holds its
+// queue: it takes the retry path at once (its run was an attempt), and so does its
+// failed probe; the next probe is another message, which succeeds and ends the
+// outage: at the second probe.
 func TestOutageBadMessageNeverHoldsTheQueue(t *testing.T) {
 	b := &fakeBackend{}
+	rec := &outageRecorder{}
 	e, _ := newEngine(t, amqpretry.Config{
-		Policy: amqpretry.Policy{MaxAttempts: 5},
-		Outage: amqpretry.Outage{Consecutive: 2, ProbeInterval: time.Millisecond, MaxProbeInterval: time.Hour}, // a fourth probe would wait 8ms, a twentieth ten minutes
+		Policy:  amqpretry.Policy{MaxAttempts: 5},
+		Outage:  amqpretry.Outage{Consecutive: 2, ProbeInterval: time.Hour, MaxProbeInterval: time.Hour},
+		Observe: rec.observe,
 	}, b)
+	var mu sync.Mutex
+	ran := map[string][]int{}
 	h := func(msg *message.Message) ([]*message.Message, error) {
+		mu.Lock()
+		ran[msg.UUID] = append(ran[msg.UUID], amqpretry.Attempt(msg))
+		mu.Unlock()
 		if msg.UUID != "good" {
 			return nil, errors.New("the order references a deleted customer")
 		}
 		return nil, nil
 	}
 	mw := e.Middleware(h)
-	if _, err := mw(attemptMsg("bad-1", 1)); err != nil { // a retry is parked
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { // another's retry fails: 2 messages in a row with a retry, an outage
-		_, err := mw(attemptMsg("bad-2", 2))
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("the bad message after its failed probes: %v, want its retry handed off", err)
+	for _, m := range []*message.Message{attemptMsg("bad-1", 1), attemptMsg("bad-2", 1), attemptMsg("bad-1", 2)} {
+		if _, err := mw(m); err != nil { // each failure parked, the third begins the outage
+			t.Fatal(err)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the bad message blocked its queue: it probed for ever")
 	}
-	if got := e.outages.probes.Load(); got != probesPerMessage {
-		t.Errorf("probes %d, want %d", got, probesPerMessage)
+	q := e.outages.of("work")
+	if !q.isDown.Load() || len(b.msgs()) != 3 {
+		t.Fatalf("down %v, parked %d; want an outage, and the 3 failures parked", q.isDown.Load(), len(b.msgs()))
 	}
-	if got := len(b.msgs()); got != 2 {
-		t.Errorf("parked %d, want 2: the first retry, and the one after its failed probes", got)
+	// bad-2's retry arrives first, then good's (it failed once, for a reason that
+	// has passed): bad-2 probes, fails and is parked; good probes next and ends the
+	// outage.
+	done := make(chan error, 2)
+	go func() { _, err := mw(attemptMsg("bad-2", 2)); done <- err }()
+	waitFor(t, "bad-2 waiting", func() bool { return waiting(q) == 1 })
+	go func() { _, err := mw(attemptMsg("good", 2)); done <- err }()
+	waitFor(t, "good waiting", func() bool { return waiting(q) == 2 })
+	probeNow(q)
+	if err := <-done; err != nil {
+		t.Fatalf("the bad message after its failed probe: %v, want its retry handed off", err)
 	}
-	if _, err := mw(attemptMsg("good", 1)); err != nil { // the next message probes and succeeds
+	waitFor(t, "the failed probe recorded", func() bool { return e.outages.probes.Load() == 1 })
+	probeNow(q)
+	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if e.outages.of("work").isDown.Load() {
+	if q.isDown.Load() {
 		t.Error("still down after the good message succeeded")
 	}
+	if got := len(b.msgs()); got != 4 {
+		t.Errorf("parked %d, want 4: the 3 failures and the failed probe", got)
+	}
+	if got := probeErrs(rec); len(got) != 2 || got[0] == nil || got[1] != nil {
+		t.Errorf("probes %v, want a failed one, then a success", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := map[string][]int{"bad-1": {1, 2}, "bad-2": {1, 2}, "good": {2}}
+	for id, a := range want {
+		if !slices.Equal(ran[id], a) {
+			t.Errorf("%s ran on attempts %v, want %v: once per attempt", id, ran[id], a)
+		}
+	}
+}
+
+// probeNow makes q's next probe due now, and wakes its waiting messages.
+func probeNow(q *outage) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.nextProbe = time.Now()
+	q.signal()
+}
+
+// probeErrs lists the errors of rec's probes, in order.
+func probeErrs(rec *outageRecorder) []error {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	var out []error
+	for _, ev := range rec.events {
+		if ev.Kind == amqpretry.EventProbe {
+			out = append(out, ev.Err)
+		}
+	}
+	return out
 }
 
 // Issue 41's scenario on the memory backend, in one process on Watermill's GoChannel:
@@ -355,7 +436,9 @@ func TestOutageBadMessageNeverHoldsTheQueue(t *testing.T) {
 // outage), a batch while it is down (first attempts fail and are retried until a retry
 // fails: the outage begins), a batch while in the outage (they wait), then the
 // dependency returns. Only the Permanent messages are poisoned, every other one is
-// handled, and while in the outage the handler runs only as a failed probe.
+// handled, and while in the outage the handler runs only as a failed probe. A message
+// runs once per attempt: those that failed while the dependency was down spent those
+// attempts (MaxAttempts 4 leaves a fail-once message one to spare after two of them).
 func TestOutageOnTheMemoryBackend(t *testing.T) {
 	pubsub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 1000}, watermill.NopLogger{})
 	defer pubsub.Close()
@@ -364,7 +447,7 @@ func TestOutageOnTheMemoryBackend(t *testing.T) {
 	rec := &outageRecorder{}
 	retry, err := New(amqpretry.Config{
 		Backend: delay.Memory{Publisher: pubsub},
-		Policy:  amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{20 * time.Millisecond}},
+		Policy:  amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{20 * time.Millisecond}},
 		Outage:  amqpretry.Outage{ProbeInterval: 5 * time.Millisecond, MaxProbeInterval: 20 * time.Millisecond},
 		Observe: func(ev amqpretry.Event) {
 			if ev.Kind == amqpretry.EventOutageStarted {
@@ -381,10 +464,14 @@ func TestOutageOnTheMemoryBackend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
+	var mu, ranMu sync.Mutex
 	succeeded := map[string]bool{}
 	failedOnce := map[string]bool{}
+	ran := map[string][]int{} // the attempts each message ran on
 	handle := func(msg *message.Message) error {
+		ranMu.Lock()
+		ran[msg.UUID] = append(ran[msg.UUID], amqpretry.Attempt(msg))
+		ranMu.Unlock()
 		i, _ := strconv.Atoi(msg.UUID[1:])
 		if i%25 == 0 {
 			return amqpretry.Permanent(errors.New("malformed"))
@@ -478,22 +565,32 @@ func TestOutageOnTheMemoryBackend(t *testing.T) {
 	if in := runsDown.Load() - runsDownBefore.Load(); in != failedProbes {
 		t.Errorf("handler ran %d times while down in the outage, want the %d failed probes", in, failedProbes)
 	}
+	ranMu.Lock()
+	defer ranMu.Unlock()
+	for id, attempts := range ran {
+		for k, a := range attempts {
+			if a != k+1 || a > 4 {
+				t.Errorf("%s ran on attempts %v: once per attempt, at most MaxAttempts", id, attempts)
+				break
+			}
+		}
+	}
 }
 
 var errDependencyDown = errors.New("dial tcp 10.0.0.5:5432: connection refused")
 
 // A few messages that fail attempt after attempt on an otherwise idle queue are
 // poisons, not an outage, however many failures in a row they make: an outage needs
-// the failures of Consecutive different messages (in a row, or over the Window). Each
-// is poisoned at its last attempt; none waits.
+// Consecutive new messages to fail (in a row, or over the Window). Each is poisoned at
+// its last attempt; none waits. Then new messages fail too: that is an outage.
 func TestOutageNotFromAFewPoisonMessages(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		outage amqpretry.Outage
 		ok     bool // a good message between the rounds: no failures in a row
 	}{
-		{"in a row", amqpretry.Outage{Consecutive: 4, Ratio: 1, Window: 1000}, false},
-		{"over the window", amqpretry.Outage{Consecutive: 4, Ratio: 0.5, Window: 8}, true},
+		{"in a row", amqpretry.Outage{Consecutive: 4, Ratio: 1, Window: 1000, ProbeInterval: time.Millisecond, MaxProbeInterval: time.Millisecond}, false},
+		{"over the window", amqpretry.Outage{Consecutive: 4, Ratio: 0.5, Window: 8, ProbeInterval: time.Millisecond, MaxProbeInterval: time.Millisecond}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := &fakeBackend{}
@@ -530,21 +627,16 @@ func TestOutageNotFromAFewPoisonMessages(t *testing.T) {
 			if got := len(poison.got()); got != 3 {
 				t.Errorf("poisoned %d, want the 3 at their last attempt", got)
 			}
-			// A fourth message failing on its first delivery makes it Consecutive
-			// different ones, new messages failing as well as retries: now it is an
-			// outage.
-			dctx, dcancel := context.WithCancel(context.Background())
-			msg := attemptMsg("d", 1)
-			msg.SetContext(dctx)
-			done := make(chan error, 1)
-			go func() {
-				_, err := mw(msg)
-				done <- err
-			}()
-			waitFor(t, "the outage", func() bool { return e.outages.of("work").isDown.Load() })
-			dcancel()
-			if err := <-done; !errors.Is(err, amqpretry.ErrHandoff) {
-				t.Errorf("the waiting message whose subscriber closed: %v, want ErrHandoff", err)
+			// New messages fail, after those retries: Consecutive new messages
+			// failed (a, b, c's first deliveries among them in a row), or Ratio of
+			// the window's first deliveries: now it is an outage, at the fourth.
+			for i := range 4 {
+				if _, err := mw(attemptMsg("d"+strconv.Itoa(i), 1)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if e.outages.started.Load() != 1 {
+				t.Error("no outage after Consecutive new messages and retries failed")
 			}
 		})
 	}
@@ -559,19 +651,19 @@ func TestOutageEndForgetsItsFailures(t *testing.T) {
 	now := time.Now()
 	down := &amqpretry.Decision{Unavailable: true}
 	plain := &amqpretry.Decision{}
-	if wait, ed, _, _ := q.record("m0", errors.New("connection refused"), down, 2, 3, 0, now); !wait || ed != started {
-		t.Fatalf("Unavailable: wait %v, edge %v; want an outage begun", wait, ed)
+	if ed, _, _ := q.record("m0", errors.New("connection refused"), down, 2, 0, now); ed != started {
+		t.Fatalf("Unavailable: edge %v; want an outage begun", ed)
 	}
 	for i := 1; i < 10; i++ { // the window fills with failures of other messages, first deliveries and retries
-		if wait, _, _, _ := q.record("m"+strconv.Itoa(i), errors.New("connection refused"), plain, 1+i%2, 3, 0, now); !wait {
-			t.Fatalf("failure %d while down: the message does not wait", i)
+		if ed, _, _ := q.record("m"+strconv.Itoa(i), errors.New("connection refused"), plain, 1+i%2, 0, now); ed != noEdge || !q.isDown.Load() {
+			t.Fatalf("failure %d while down: edge %v, down %v", i, ed, q.isDown.Load())
 		}
 	}
-	if _, ed, _, _ := q.record("m1", nil, nil, 2, 3, 0, now); ed != ended {
+	if ed, _, _ := q.record("m1", nil, nil, 2, 0, now); ed != ended {
 		t.Fatalf("a success: edge %v, want the outage ended", ed)
 	}
-	if wait, ed, _, _ := q.record("flaky", errors.New("deadlock detected"), plain, 2, 3, 0, now); wait || ed != noEdge {
-		t.Errorf("one failure after the outage: wait %v, edge %v; want it retried as usual, no second outage on the first one's failures", wait, ed)
+	if ed, _, _ := q.record("flaky", errors.New("deadlock detected"), plain, 2, 0, now); ed != noEdge {
+		t.Errorf("one failure after the outage: edge %v; want it retried as usual, no second outage on the first one's failures", ed)
 	}
 }
 
@@ -592,18 +684,186 @@ func TestOutageRetryableRefusesUnavailable(t *testing.T) {
 	}
 }
 
-// A wave of retries that fail again (messages that fail twice), with no first delivery
-// failing, is not an outage: new messages do not fail.
+// Issue 49: a wave of retries that fail again (messages that fail their first two
+// attempts), with a few first deliveries failing among them, is not an outage: most
+// new messages succeed. It is one once Consecutive new messages fail in a row, and a
+// retry; or, over the window, once Ratio of its first deliveries fail as well as Ratio
+// of its runs.
 func TestOutageNotFromRetriesAlone(t *testing.T) {
 	q := newOutages(amqpretry.Config{}.WithDefaults().Outage).of("work")
 	now := time.Now()
-	for i := range 200 {
-		if wait, ed, _, _ := q.record("m"+strconv.Itoa(i), errors.New("fails twice"), &amqpretry.Decision{}, 2, 3, 0, now); wait || ed != noEdge {
-			t.Fatalf("retry %d failing again began an outage", i)
+	plain := &amqpretry.Decision{}
+	for i := range 600 {
+		// Retries failing again; a new message one run in ten, two in three of
+		// which succeed.
+		attempt, err, dec := 2, errors.New("fails twice"), plain
+		if i%10 == 9 {
+			attempt = 1
+			if i%30 != 29 {
+				err, dec = nil, nil
+			}
+		}
+		if ed, _, _ := q.record("m"+strconv.Itoa(i), err, dec, attempt, 0, now); ed != noEdge {
+			t.Fatalf("retries failing again, and a third of the new messages, began an outage at run %d", i)
 		}
 	}
-	// One first delivery failing among them completes the rule.
-	if wait, ed, _, _ := q.record("new", errors.New("connection refused"), &amqpretry.Decision{}, 1, 3, 0, now); !wait || ed != started {
-		t.Errorf("a first delivery failing too: wait %v, edge %v; want the outage begun", wait, ed)
+	q.record("ok", nil, nil, 1, 0, now) // the row starts again
+	cons := q.cfg.Consecutive
+	for i := range cons - 1 {
+		if ed, _, _ := q.record("new"+strconv.Itoa(i), errors.New("connection refused"), plain, 1, 0, now); ed != noEdge {
+			t.Fatalf("%d new messages failing, and no retry, began an outage", i+1)
+		}
+	}
+	if ed, _, _ := q.record("old", errors.New("connection refused"), plain, 2, 0, now); ed != noEdge {
+		t.Fatalf("%d new messages and a retry failing began an outage, want %d new ones", cons-1, cons)
+	}
+	if ed, _, _ := q.record("new", errors.New("connection refused"), plain, 1, 0, now); ed != started {
+		t.Errorf("the %dth new message failing, after a retry: edge %v, want the outage begun", cons, ed)
+	}
+}
+
+// The ratio rule: a dependency that fails most calls, not all, with successes breaking
+// every row: it trips once Ratio of the window's runs, and of its first deliveries,
+// failed; a window whose failures are mostly retries, with the new messages mostly
+// succeeding, does not.
+func TestOutageRatioNeedsNewMessagesToFail(t *testing.T) {
+	cfg := amqpretry.Outage{Consecutive: 10, Ratio: 0.8, Window: 50}
+	// 9 in 10 runs fail, new messages and retries alike.
+	q := newOutages(cfg).of("work")
+	now := time.Now()
+	plain := &amqpretry.Decision{}
+	tripped := -1
+	for i := range 200 {
+		var err error
+		if i%10 != 9 {
+			err = errors.New("connection refused")
+		}
+		dec := plain
+		if err == nil {
+			dec = nil
+		}
+		if ed, _, _ := q.record("m"+strconv.Itoa(i), err, dec, 1+i%2, 0, now); ed == started {
+			tripped = i
+			break
+		}
+	}
+	if tripped < 0 {
+		t.Error("a dependency failing 9 calls in 10 began no outage")
+	}
+	// 9 in 10 runs fail too, but they are retries of a few; the new messages, one in
+	// ten runs, mostly succeed.
+	q = newOutages(cfg).of("work")
+	for i := range 2000 {
+		attempt, fail := 2, true
+		if i%10 == 9 {
+			attempt, fail = 1, i%30 == 29 // a third of the new ones fail
+		}
+		var err error
+		var dec *amqpretry.Decision
+		if fail {
+			err, dec = errors.New("fails twice"), plain
+		}
+		if ed, _, _ := q.record("r"+strconv.Itoa(i%7), err, dec, attempt, 0, now); ed == started {
+			t.Fatalf("retries failing, new messages mostly succeeding, began an outage at run %d", i)
+		}
+	}
+}
+
+// Probes rotate: the next probe is the message with the most attempts left, of those
+// the one that has waited longest, but never the latest probe's message while another
+// waits.
+func TestOutageProbesRotate(t *testing.T) {
+	q := newOutages(amqpretry.Outage{Consecutive: 10, Ratio: 0.8, Window: 50, ProbeInterval: time.Hour, MaxProbeInterval: time.Hour}).of("work")
+	now := time.Now()
+	if ed, _, _ := q.record("t", errors.New("down"), &amqpretry.Decision{Unavailable: true}, 1, 0, now); ed != started {
+		t.Fatal("no outage")
+	}
+	type probed struct {
+		msg   string
+		token uint64
+	}
+	got := make(chan probed, 8)
+	closing := make(chan struct{})
+	defer close(closing)
+	wait := func(msg string, attempt int) {
+		n := waiting(q)
+		go func() {
+			token, err := q.await(context.Background(), closing, msg, attempt)
+			if err != nil {
+				t.Error(err)
+			}
+			got <- probed{msg, token}
+		}()
+		waitFor(t, msg+" waiting", func() bool { return waiting(q) > n })
+	}
+	probe := func(want string) probed {
+		t.Helper()
+		probeNow(q)
+		p := <-got
+		if p.msg != want || p.token == 0 {
+			t.Fatalf("probe %+v, want %s", p, want)
+		}
+		return p
+	}
+	fail := func(p probed) {
+		q.record(p.msg, errors.New("down"), &amqpretry.Decision{}, 1, p.token, now)
+	}
+	// x and z are first deliveries, x waiting longest; y is a retry.
+	wait("x", 1)
+	wait("y", 2)
+	wait("z", 1)
+	fail(probe("x"))
+	// x comes back (its retry) before the next probe: it was the latest probe.
+	wait("x", 2)
+	fail(probe("z"))
+	// y and x are both on attempt 2: y waited longer.
+	fail(probe("y"))
+	// Only x is left: the latest probe was y's.
+	p := probe("x")
+	if ed, _, _ := q.record("x", nil, nil, 2, p.token, now); ed != ended {
+		t.Errorf("a successful probe: edge %v, want the outage ended", ed)
+	}
+	// A message alone probes again: nothing else asks.
+	if ed, _, _ := q.record("t", errors.New("down"), &amqpretry.Decision{Unavailable: true}, 1, 0, now); ed != started {
+		t.Fatal("no second outage")
+	}
+	wait("x", 3)
+	fail(probe("x"))
+	wait("x", 4)
+	probe("x")
+}
+
+// A message alone on its queue in a long outage: it begins the outage, then probes on
+// each of its deliveries, alone; each run is an attempt, so it runs MaxAttempts times
+// in all and is poisoned after the last, as without outage detection, never more.
+func TestOutageRunsNoMoreThanMaxAttempts(t *testing.T) {
+	b := &fakeBackend{}
+	e, poison := newEngine(t, amqpretry.Config{
+		Policy: amqpretry.Policy{MaxAttempts: 3},
+		Outage: amqpretry.Outage{ProbeInterval: time.Hour, MaxProbeInterval: time.Hour},
+	}, b)
+	var runs atomic.Int64
+	mw := e.Middleware(func(*message.Message) ([]*message.Message, error) {
+		runs.Add(1)
+		return nil, amqpretry.Unavailable(errors.New("connection refused"))
+	})
+	if _, err := mw(attemptMsg("m", 1)); err != nil { // begins the outage, parked
+		t.Fatal(err)
+	}
+	q := e.outages.of("work")
+	for attempt := 2; attempt <= 3; attempt++ { // its retries: each waits, then probes
+		done := make(chan error, 1)
+		go func() { _, err := mw(attemptMsg("m", attempt)); done <- err }()
+		waitFor(t, "the retry waiting", func() bool { return waiting(q) == 1 })
+		probeNow(q)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, parked, poisoned := runs.Load(), len(b.msgs()), len(poison.got()); n != 3 || parked != 2 || poisoned != 1 {
+		t.Errorf("runs %d, parked %d, poisoned %d; want 3 runs (MaxAttempts), 2 retries and the poisoning", n, parked, poisoned)
+	}
+	if !q.isDown.Load() || e.outages.probes.Load() != 2 {
+		t.Errorf("down %v, probes %d; want still down, after 2 failed probes", q.isDown.Load(), e.outages.probes.Load())
 	}
 }

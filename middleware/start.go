@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -63,6 +62,8 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 	}
 	r.id = watermill.NewShortUUID()
 	e.wiring.ID, e.wiring.Bound = r.id, &queueSet{}
+	e.reads = &marshal.Reads{Refuse: r.refuseUnread}
+	r.view.Reads = e.reads
 	h, err := delay.Dial(backend.HandoffConfig{URI: t.URI, AMQP: t.AMQP, ConfirmTimeout: cfg.ConfirmTimeout,
 		Marshal:  marshal.Options{MessageUUIDHeaderKey: t.UUIDHeader, NotPersistentDeliveryMode: t.NotPersistent, PostprocessPublishing: t.Postprocess},
 		Topology: cfg.Topology, Logger: cfg.Logger})
@@ -70,6 +71,7 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 		return nil, err
 	}
 	r.handoff = h
+	r.view.Fix.Conn = h.Connection // a clashing work queue's arguments are read over it
 	if err := r.prepare(); err != nil {
 		return nil, errors.Join(err, r.close())
 	}
@@ -88,6 +90,9 @@ func (r *retry) prepare() error {
 			}
 			return err
 		}
+	}
+	if err := r.checkPoisonQueue(); err != nil {
+		return err
 	}
 	b, err := r.view.Open(backend.Env{Handoff: r.handoff, Redeliver: r.t.Redeliver, Logger: cfg.Logger})
 	if err != nil {
@@ -133,9 +138,7 @@ func (r *retry) prepare() error {
 	// (a quorum queue holding delayed retries).
 	workArgs := r.t.QueueArgs
 	if extra := r.view.WorkQueueArgs; extra != nil {
-		workArgs = amqp.Table{}
-		maps.Copy(workArgs, r.t.QueueArgs)
-		maps.Copy(workArgs, extra)
+		workArgs, _ = backend.MergeWorkQueueArgs(r.t.QueueArgs, extra)
 	}
 	if w := deadLetterWarning(v, workArgs, cfg.PoisonQueue); w != "" {
 		cfg.Logger.Error("Work queues drop what they cannot deliver", errors.New(w), fields)
@@ -144,6 +147,31 @@ func (r *retry) prepare() error {
 		cfg.Logger.Error(risk, errors.New("retries due while the broker stops may be lost"), fields)
 	}
 	return nil
+}
+
+// checkPoisonQueue refuses, in topology mode declare, a poison queue that exists with
+// other arguments than a poison queue's: another queue of that name (a work queue,
+// say), which New would fail to declare it over, refused before anything is declared.
+func (r *retry) checkPoisonQueue() error {
+	if r.cfg.Topology != topology.ModeDeclare {
+		return nil
+	}
+	conn, err := r.handoff.Connection()
+	if err != nil {
+		return nil // the declarations that follow say why
+	}
+	want := declare.ReviewQueue(r.cfg.PoisonQueue, "poison")
+	f, err := topology.Topology{Queues: []topology.Queue{want}}.Check(conn, false)
+	if err != nil || len(f) != 1 || f[0].Status != topology.VerdictMismatch {
+		return nil
+	}
+	has := "other arguments"
+	if args, ok := declare.QueueArgs(conn, want.Name, nil); ok {
+		has = declare.FormatArgs(args)
+	}
+	return fmt.Errorf("PoisonQueue: %q: %w: a queue of that name exists with %s, where a poison queue has %s, and nothing was declared: "+
+		"if it is a work queue, give the poison queue a name of its own (by default %q); if it is a poison queue an earlier version declared, move its messages and delete it",
+		want.Name, topology.ErrMismatch, has, declare.FormatArgs(want.Args), names.Names{Prefix: r.cfg.Prefix}.Poison())
 }
 
 // logReady logs, once at start, the policy in effect (defaults applied): attempts,
@@ -182,7 +210,7 @@ func (r *retry) delivered(msg *message.Message, attempt, fn int) {
 	if attempt > 0 {
 		msg.Metadata[keys.Attempt] = strconv.Itoa(attempt)
 	}
-	r.engine.sweep()
+	r.engine.sweep(false)
 	r.engine.arrive(msg, true)
 }
 

@@ -1,13 +1,19 @@
 package middleware
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
 
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -138,4 +144,31 @@ func (r *retry) isBound(queue string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.m[queue]
+}
+
+// refuseUnread is the subscribers' marshalers' refusal of a message redelivered after
+// its handler failed without this Retry's middleware (marshal.Reads): it is counted
+// as a failed hand-off, the first of its subscriber logged at ERROR with the fix, and
+// paced, so that nothing loops at wire speed. The refusal nacks it, with requeue.
+func (r *retry) refuseUnread(msg *message.Message, refusals int, first, outside bool) error {
+	if outside {
+		// A middleware outside the Retry failed it: paced, then it runs again.
+		if first {
+			warn(r.cfg.Logger, "Message redelivered after a middleware outside the Retry failed it: each redelivery paced,", fmt.Errorf("message %s: a middleware added outside the Retry (router.AddMiddleware before it, an open CircuitBreaker or a RandomFail, say) failed it before the Retry saw it, and the broker redelivers it at once; it waits %s, longer each time, before it runs again: put that middleware inside the Retry (docs/watermill-middlewares.md)", msg.UUID, backend.HandoffPause(refusals)), watermill.LogFields{
+				"message_uuid": msg.UUID, "delivery_routing_key": msg.Metadata[keys.DeliveryRoutingKey], "redeliveries": refusals, "said": "once",
+			})
+		}
+		pauseUntil(context.Background(), backend.HandoffPause(refusals), r.engine.life.closing())
+		return nil
+	}
+	err := fmt.Errorf("%w: message %s came back after its handler failed, and no middleware of this Retry has read a message of its subscriber, built from the Retry's config: the handler has no retry middleware, so the broker would redeliver it at once, again and again; it is refused, and nacked after a pause, until the handler has one: add the handler with Retry.AddHandler, or add Retry.Middleware to the handler (handler.AddMiddleware) or to the router (router.AddMiddleware)",
+		amqpretry.ErrNotWired, msg.UUID)
+	r.engine.stats.failures.Add(1)
+	if first {
+		r.cfg.Logger.Error("Message redelivered after its handler failed without the retry middleware: refused, paced", err, watermill.LogFields{
+			"message_uuid": msg.UUID, "delivery_routing_key": msg.Metadata[keys.DeliveryRoutingKey], "refusals": refusals, "said": "once",
+		})
+	}
+	pauseUntil(context.Background(), backend.HandoffPause(refusals), r.engine.life.closing())
+	return err
 }

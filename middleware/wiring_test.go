@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry"
@@ -60,28 +61,45 @@ func TestEachRetryActsOnlyOnItsOwnSubscribersMessages(t *testing.T) {
 	}
 
 	// A message of a subscriber whose Retry is not on the handler, or of no Retry's
-	// subscriber, is nobody's to route: it fails loudly, once, naming the fix.
+	// subscriber, is nobody's to route: it is poisoned at its first failure, once (by
+	// the Retry nearest the handler), naming the fix.
 	for _, owner := range []string{"elsewhere", ""} {
-		h := engines["billing"].Middleware(engines["shipping"].Middleware(failing(errFlaky)))
-		_, err := h(stamped(owner))
-		if !errors.Is(err, amqpretry.ErrNotWired) || !errors.Is(err, amqpretry.ErrHandoff) || !errors.Is(err, errFlaky) || strings.Count(err.Error(), amqpretry.ErrNotWired.Error()) != 1 {
-			t.Errorf("owner %q: %v, want one ErrNotWired joined with the handler's error", owner, err)
+		poisons := map[string]*poisonQueue{}
+		h := message.HandlerFunc(failing(errFlaky))
+		for _, id := range []string{"shipping", "billing"} { // billing outermost
+			var e *engine
+			e, _, poisons[id] = wired(t, id, amqpretry.Config{})
+			h = e.Middleware(h)
 		}
-		if !strings.Contains(err.Error(), "AddHandler") {
-			t.Errorf("owner %q: %v does not name the fix", owner, err)
+		if _, err := h(stamped(owner)); err != nil {
+			t.Errorf("owner %q: %v, want poisoned", owner, err)
+		}
+		if n := len(poisons["billing"].got()); n != 0 {
+			t.Errorf("owner %q: the outer Retry poisoned %d, want 0", owner, n)
+		}
+		got := poisons["shipping"].got()
+		if len(got) != 1 {
+			t.Fatalf("owner %q: poisoned %d times by the Retry nearest the handler, want once", owner, len(got))
+		}
+		env := ReadEnvelope(got[0].Metadata)
+		if env.Reason != amqpretry.ReasonHandoffFailed || env.Attempt != 1 || strings.Count(env.Error, amqpretry.ErrNotWired.Error()) != 1 ||
+			!strings.Contains(env.Error, errFlaky.Error()) || !strings.Contains(env.Error, "AddHandler") {
+			t.Errorf("owner %q: poisoned with %+v, want handoff-failed at attempt 1, ErrNotWired once, the handler's error and the fix", owner, env)
 		}
 	}
 }
 
-func TestNotWiredIsPoisonedAfterHandoffAttempts(t *testing.T) {
+// TestNotWiredIsPoisonedAtItsFirstFailure: a message the Retry cannot route back is
+// poisoned at its first failure, not nacked again and again (issue 51), counted and
+// observed as a failed hand-off of cause not-wired, and logged once, at ERROR without
+// a Warn level.
+func TestNotWiredIsPoisonedAtItsFirstFailure(t *testing.T) {
 	var events []amqpretry.Event
-	e, b, poison := wired(t, "billing", amqpretry.Config{HandoffAttempts: 2, Observe: func(ev amqpretry.Event) { events = append(events, ev) }})
+	logs := &errLines{}
+	e, b, poison := wired(t, "billing", amqpretry.Config{HandoffAttempts: 2, Logger: logs, Observe: func(ev amqpretry.Event) { events = append(events, ev) }})
 	h := e.Middleware(failing(errFlaky))
-	if _, err := h(stamped("elsewhere")); !errors.Is(err, amqpretry.ErrNotWired) {
-		t.Fatalf("first: %v", err)
-	}
 	if _, err := h(stamped("elsewhere")); err != nil {
-		t.Fatalf("second: %v, want poisoned", err)
+		t.Fatalf("first failure: %v, want poisoned", err)
 	}
 	if len(b.parked) != 0 || len(poison.got()) != 1 || poison.got()[0].Metadata.Get(keys.PoisonReason) != "handoff-failed" {
 		t.Fatalf("parked %d, poisoned %v", len(b.parked), poison.got())
@@ -92,8 +110,14 @@ func TestNotWiredIsPoisonedAfterHandoffAttempts(t *testing.T) {
 			causes = append(causes, ev.Cause)
 		}
 	}
-	if !slices.Equal(causes, []string{"not-wired", "not-wired"}) {
+	if !slices.Equal(causes, []string{"not-wired"}) {
 		t.Errorf("causes %v", causes)
+	}
+	if st := e.Stats(); st.HandoffFailures != 1 || st.Poisoned != 1 {
+		t.Errorf("stats %+v, want 1 failed hand-off, 1 poisoned", st)
+	}
+	if len(logs.errs) != 1 || !errors.Is(logs.errs[0], amqpretry.ErrNotWired) || !errors.Is(logs.errs[0], errFlaky) {
+		t.Errorf("ERROR lines %v, want one with ErrNotWired and the handler's error", logs.errs)
 	}
 	// A delivery that is not this Retry's is not observed as its own.
 	for _, ev := range events {
@@ -103,13 +127,25 @@ func TestNotWiredIsPoisonedAfterHandoffAttempts(t *testing.T) {
 	}
 }
 
+// errLines keeps the errors of the lines logged at ERROR.
+type errLines struct {
+	watermill.NopLogger
+	errs []error
+}
+
+func (l *errLines) Error(_ string, err error, _ watermill.LogFields) { l.errs = append(l.errs, err) }
+
 func TestUnboundQueueIsNotWired(t *testing.T) {
 	e, b, _ := wired(t, "billing", amqpretry.Config{})
 	bound := map[string]bool{}
 	e.wiring.Bound = &queueSet{m: bound}
-	_, err := e.Middleware(failing(errFlaky))(stamped("billing"))
-	if !errors.Is(err, amqpretry.ErrNotWired) || !strings.Contains(err.Error(), `queue "q-billing" was never bound`) {
-		t.Fatalf("unbound queue: %v", err)
+	_, poison := newEngine(t, amqpretry.Config{}, b)
+	e.poisonQ = poison.send
+	if _, err := e.Middleware(failing(errFlaky))(stamped("billing")); err != nil || len(poison.got()) != 1 {
+		t.Fatalf("unbound queue: %v, poisoned %d, want poisoned", err, len(poison.got()))
+	}
+	if env := ReadEnvelope(poison.got()[0].Metadata); !strings.Contains(env.Error, amqpretry.ErrNotWired.Error()) || !strings.Contains(env.Error, `queue "q-billing" was never bound`) {
+		t.Fatalf("unbound queue poisoned with %q", env.Error)
 	}
 	bound["q-billing"] = true
 	if _, err := e.Middleware(failing(errFlaky))(stamped("billing")); err != nil || len(b.parked) != 1 {

@@ -20,7 +20,8 @@
 //     (refused on delayed-exchange: its plugin offers no way; Status counts what it
 //     keeps); Teardown of the storage every backend declared under the prefix once
 //     nothing waits there, removing and counting only what it finds, and naming what
-//     it left and why (TeardownResult.Left; docs/waiting.md).
+//     it left and why (TeardownResult.Left: shared, kept, or, with rabbitmqctl, the
+//     application's work queues and their exchanges; docs/waiting.md).
 //   - List, Redrive, Purge on the poison and parking queues (Source), with a Filter.
 //     Redrive sends each message back to the queue it failed on through the library's
 //     confirmed hand-off and acks it only after the confirm: at-least-once, nothing

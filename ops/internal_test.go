@@ -186,11 +186,41 @@ func TestPluginCountFailsLoudly(t *testing.T) {
 // the plugin's count to reach 0, watched with status (whichever backend is torn down:
 // the plugin's exchange is found under the prefix by any teardown).
 func TestTeardownAdviceOnDelayedExchange(t *testing.T) {
-	if got := waitAdvice("delayed-exchange"); strings.Contains(got, "retry-now") || !strings.Contains(got, "plugin's count reaches 0") || !strings.Contains(got, "`amqpretry status --backend delayed-exchange`") {
+	if got := waitAdvice(waitKinds{inPlugin: "delayed-exchange"}); strings.Contains(got, "retry-now") || !strings.Contains(got, "plugin's count reaches 0") || !strings.Contains(got, "`amqpretry status --backend delayed-exchange`") {
 		t.Errorf("delayed-exchange: %q", got)
 	}
-	if got := waitAdvice(""); !strings.Contains(got, "amqpretry waiting retry-now") {
+	if got := waitAdvice(waitKinds{delay: true}); !strings.Contains(got, "amqpretry waiting retry-now") {
 		t.Errorf("ttl-tiers: %q", got)
+	}
+}
+
+// TestTeardownAdviceByKind (issue 51): a teardown --shared refused for the messages in
+// the poison queue advised waiting for them to come due and retry-now, the fixes of a
+// delay queue. Each kind of queue gets its own fix, and only the kinds where messages
+// wait.
+func TestTeardownAdviceByKind(t *testing.T) {
+	for _, c := range []struct {
+		kinds     waitKinds
+		want, not []string
+	}{
+		{waitKinds{poison: "p.poison"}, []string{"the messages in the poison queue p.poison: redrive them to their work queues (amqpretry poison redrive), or drop them (amqpretry poison purge)"},
+			[]string{"retry-now", "come due", "parking"}},
+		{waitKinds{parking: "p.parking"}, []string{"the retries in the parking queue p.parking:", "(amqpretry parking redrive)", "(amqpretry parking purge)"},
+			[]string{"retry-now", "come due", "poison"}},
+		{waitKinds{delay: true, poison: "p.poison"}, []string{"for the retries in the delay queues: wait until they have come due (amqpretry status), or bring them back now (amqpretry waiting retry-now); for the messages in the poison queue p.poison: redrive"},
+			[]string{"parking", "plugin"}},
+	} {
+		got := waitAdvice(c.kinds)
+		for _, w := range c.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%+v: %q lacks %q", c.kinds, got, w)
+			}
+		}
+		for _, n := range c.not {
+			if strings.Contains(got, n) {
+				t.Errorf("%+v: %q says %q", c.kinds, got, n)
+			}
+		}
 	}
 }
 

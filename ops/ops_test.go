@@ -290,9 +290,10 @@ func TestApplyHeldRetriesWorkQueue(t *testing.T) {
 	if !slices.Equal(created, r.queues[:1]) {
 		t.Errorf("created %v, want %v", created, r.queues[:1])
 	}
-	// The created work queue is a quorum queue with the delayed-retry arguments: the
-	// same declaration is a no-op, a classic one is refused.
-	args := backend.WorkQueueArgs(500 * time.Millisecond)
+	// The created work queue is a quorum queue with the delayed-retry arguments and the
+	// poison queue as its dead-letter target: the same declaration is a no-op, a
+	// classic one is refused.
+	args := backend.WithDeadLetter(backend.WorkQueueArgs(500*time.Millisecond), r.prefix+".poison")
 	if _, err := ch.QueueDeclare(r.queues[0], true, false, false, false, args); err != nil {
 		t.Fatalf("work queue not declared with the plan's arguments: %v", err)
 	}

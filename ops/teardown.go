@@ -46,12 +46,19 @@ type TeardownResult struct {
 	Queues    []string `json:"queues"`
 	Exchanges []string `json:"exchanges"`
 	Bindings  int      `json:"bindings"`
+	// BindingList are those Bindings: with Config.Rabbitmqctl, every binding the
+	// broker lists from or to what goes (rabbitmqctl list_bindings), those to the work
+	// queues from a delivery exchange included; without it, those of the backends'
+	// plans.
+	BindingList []topology.Binding `json:"binding_list"`
 	// Waiting counts the messages each queue (or the delayed-message plugin, by its
 	// exchange) keeps, all of them: ready, unacked, and those kept for dead lettering.
 	Waiting map[string]int `json:"waiting"`
-	// Left names what Teardown found under the prefix and left there, and why: what
+	// Left names what Teardown found and left there, and why: what
 	// TeardownOptions.Keep names, the parking exchange and queue and the poison queue
-	// without TeardownOptions.Shared, and what TeardownOptions.Only leaves out.
+	// without TeardownOptions.Shared, what TeardownOptions.Only leaves out, and, with
+	// Config.Rabbitmqctl, the application's work queues bound from an exchange that
+	// goes, and the exchanges bound to them (its topics).
 	Left []Left `json:"left"`
 	// Unsearched are the names, as patterns, Teardown could not look for: without
 	// Config.Rabbitmqctl, the delay queues of ttl-tiers tiers other than the
@@ -65,7 +72,7 @@ type TeardownResult struct {
 type Left struct {
 	Name string `json:"name"`
 	Kind string `json:"kind"` // "queue" or "exchange"
-	// Why: LeftKept, LeftShared or LeftNotShown.
+	// Why: LeftKept, LeftShared, LeftNotShown or LeftApplication.
 	Why string `json:"why"`
 }
 
@@ -79,6 +86,10 @@ const (
 	// LeftNotShown: TeardownOptions.Only does not name it (not shown at the
 	// confirmation: it appeared since).
 	LeftNotShown = "not shown"
+	// LeftApplication: the application's, never removed: a work queue bound from an
+	// exchange that goes (its binding goes with that exchange), or an exchange bound to
+	// such a work queue (a topic its subscribers declare).
+	LeftApplication = "application"
 )
 
 // Teardown removes the broker side of the backends under the prefix of Config.Retry:
@@ -91,7 +102,9 @@ const (
 // only by a listing, with Config.Rabbitmqctl; without it TeardownResult.Unsearched says
 // so. What opts.Keep names stays; the parking exchange and queue and the poison queue
 // stay unless opts.Shared; TeardownResult.Left names what stayed, and why. Work queues
-// are never removed.
+// and the application's exchanges are never removed: with Config.Rabbitmqctl the
+// bindings are listed, and Left names the work queues bound from an exchange that
+// goes, and the exchanges bound to them.
 //
 // It counts and removes only what it finds on the broker; when it finds nothing under
 // the prefix (a typo in it, storage already removed) it fails, saying so
@@ -106,7 +119,7 @@ const (
 // parked into the old storage between the count and the delete would be lost, so stop
 // every application instance still running the old configuration first.
 func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResult, error) {
-	res := TeardownResult{Queues: []string{}, Exchanges: []string{}, Waiting: map[string]int{}, Left: []Left{}, Unsearched: []string{}, DryRun: opts.DryRun}
+	res := TeardownResult{Queues: []string{}, Exchanges: []string{}, BindingList: []topology.Binding{}, Waiting: map[string]int{}, Left: []Left{}, Unsearched: []string{}, DryRun: opts.DryRun}
 	t, sealed, err := o.everyBackend()
 	if err != nil {
 		return res, err
@@ -203,13 +216,21 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 		if len(res.Left) > 0 {
 			return res, fmt.Errorf("%w under prefix %q: of what any backend declares there, only what stays was found (%d, TeardownResult.Left: shared by every backend, or kept); the shared ones go with Shared (the CLI's --shared)", ErrNothingToTearDown, o.retry.Prefix, len(res.Left))
 		}
-		return res, fmt.Errorf("%w: no queue or exchange of the %s backend, nor of any other, under prefix %q (nothing removed); check the prefix against the configuration that declared them", ErrNothingToTearDown, o.retry.Backend, o.retry.Prefix)
+		return res, fmt.Errorf("%w: no queue or exchange of any backend under prefix %q (nothing removed); check the prefix against the configuration that declared them", ErrNothingToTearDown, o.retry.Prefix)
 	}
-	n, err := o.bindingsFound(t, res)
-	if err != nil {
-		return res, err
+	if o.ctl != nil {
+		listed, err := o.ctlBindings(ctx)
+		if err != nil {
+			return res, err
+		}
+		res.BindingList, res.Left = boundWith(listed, res)
+	} else {
+		res.BindingList, err = o.bindingsFound(t, res)
+		if err != nil {
+			return res, err
+		}
 	}
-	res.Bindings = n
+	res.Bindings = len(res.BindingList)
 
 	// What waits there.
 	var unknown []error
@@ -247,20 +268,33 @@ func (o *Ops) Teardown(ctx context.Context, opts TeardownOptions) (TeardownResul
 	if !opts.Force {
 		if len(res.Waiting) > 0 {
 			var parts []string
-			total, inPlugin := 0, ""
+			var kinds waitKinds
+			total := 0
 			for _, name := range append(slices.Clone(res.Queues), res.Exchanges...) {
-				if n, ok := res.Waiting[name]; ok {
-					parts = append(parts, name+": "+strconv.Itoa(n))
-					total += n
-					if sb, ok := sealed[name]; ok && inPlugin == "" {
-						inPlugin = sb.Name()
+				n, ok := res.Waiting[name]
+				if !ok {
+					continue
+				}
+				parts = append(parts, name+": "+strconv.Itoa(n))
+				total += n
+				sb, inPlugin := sealed[name]
+				switch {
+				case inPlugin && slices.Contains(res.Exchanges, name):
+					if kinds.inPlugin == "" {
+						kinds.inPlugin = sb.Name()
 					}
+				case name == o.retry.PoisonQueue:
+					kinds.poison = name
+				case name == o.names.Parking():
+					kinds.parking = name
+				default:
+					kinds.delay = true
 				}
 			}
 			if len(parts) > shownWaiting {
 				parts = append(parts[:shownWaiting], fmt.Sprintf("and %d more (%d messages in all)", len(parts)-shownWaiting, total))
 			}
-			return res, fmt.Errorf("teardown refused: messages wait in %s; %s, or force it (they are lost)", strings.Join(parts, ", "), waitAdvice(inPlugin))
+			return res, fmt.Errorf("teardown refused: messages wait in %s; %s; or force it (they are lost)", strings.Join(parts, ", "), waitAdvice(kinds))
 		}
 		if len(unknown) > 0 {
 			return res, fmt.Errorf("teardown refused: what waits there is unknown: %w; force it to remove them anyway", errors.Join(unknown...))
@@ -359,20 +393,88 @@ func (o *Ops) unenumerable() ([]string, error) {
 // result's Waiting has them all).
 const shownWaiting = 3
 
-// waitAdvice says what to do about the messages waiting in the storage torn down,
-// short of forcing it: inPlugin, if not "", names the backend whose plugin keeps some
-// (backend.Sealed).
-func waitAdvice(inPlugin string) string {
-	if inPlugin != "" {
-		// The plugin cannot give its messages back early: waiting is all there is.
-		return "wait until the plugin's count reaches 0 as they come due (watch it with `amqpretry status --backend " + inPlugin + "`; the plugin offers no way to bring them back early)"
-	}
-	return "wait until they have come due (amqpretry status), bring them back now (amqpretry waiting retry-now)"
+// waitKinds are the kinds of places where a refused teardown found messages waiting.
+type waitKinds struct {
+	delay    bool   // delay queues
+	inPlugin string // the backend whose plugin keeps some (backend.Sealed), or ""
+	poison   string // the poison queue, or ""
+	parking  string // the parking queue, or ""
 }
 
-// bindingsFound counts the bindings of the backend's plan t that go with what res
+// waitAdvice says what to do about the messages waiting in the storage torn down,
+// short of forcing it, for each kind of place where they wait: each has its own fix.
+func waitAdvice(k waitKinds) string {
+	var advice []string
+	if k.delay {
+		advice = append(advice, "the retries in the delay queues: wait until they have come due (amqpretry status), or bring them back now (amqpretry waiting retry-now)")
+	}
+	if k.inPlugin != "" {
+		// The plugin cannot give its messages back early: waiting is all there is.
+		advice = append(advice, "the retries in the delayed-message plugin: wait until the plugin's count reaches 0 as they come due (watch it with `amqpretry status --backend "+k.inPlugin+"`; the plugin offers no way to bring them back early)")
+	}
+	if k.poison != "" {
+		advice = append(advice, "the messages in the poison queue "+k.poison+": redrive them to their work queues (amqpretry poison redrive), or drop them (amqpretry poison purge)")
+	}
+	if k.parking != "" {
+		advice = append(advice, "the retries in the parking queue "+k.parking+": re-create the work queues `amqpretry parking list` names and redrive them (amqpretry parking redrive), or drop them (amqpretry parking purge)")
+	}
+	return "for " + strings.Join(advice, "; for ")
+}
+
+// ctlBindings lists the bindings of the vhost with rabbitmqctl list_bindings, but those
+// of the default exchange (every queue has one).
+func (o *Ops) ctlBindings(ctx context.Context) ([]topology.Binding, error) {
+	out, err := o.ctl(ctx, "-q", "list_bindings", "-p", o.vhost, "source_name", "destination_name", "destination_kind", "routing_key", "--no-table-headers")
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmqctl list_bindings: %w", o.redact(err))
+	}
+	var bs []topology.Binding
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Split(strings.TrimRight(line, "\r"), "\t")
+		if len(f) != 4 || f[0] == "" {
+			continue
+		}
+		bs = append(bs, topology.Binding{Exchange: f[0], Destination: f[1], ToExchange: f[2] == "exchange", Key: f[3]})
+	}
+	return bs, nil
+}
+
+// boundWith returns, of the bindings listed, those that go with what res removes (from
+// or to it), and res.Left with the application's objects they name: the work queues
+// bound from an exchange that goes, then the exchanges bound to those queues (its
+// topics), each once.
+func boundWith(listed []topology.Binding, res TeardownResult) (gone []topology.Binding, left []Left) {
+	gone, left = []topology.Binding{}, res.Left
+	isLeft := func(name, kind string) bool {
+		return slices.ContainsFunc(left, func(l Left) bool { return l.Name == name && l.Kind == kind })
+	}
+	var work []string
+	for _, b := range listed {
+		fromGone := slices.Contains(res.Exchanges, b.Exchange)
+		toGone := slices.Contains(res.Exchanges, b.Destination)
+		if !b.ToExchange {
+			toGone = slices.Contains(res.Queues, b.Destination)
+		}
+		if !fromGone && !toGone {
+			continue
+		}
+		gone = append(gone, b)
+		if fromGone && !toGone && !b.ToExchange && !isLeft(b.Destination, "queue") {
+			left = append(left, Left{Name: b.Destination, Kind: "queue", Why: LeftApplication})
+			work = append(work, b.Destination)
+		}
+	}
+	for _, b := range listed {
+		if !b.ToExchange && slices.Contains(work, b.Destination) && !slices.Contains(res.Exchanges, b.Exchange) && !isLeft(b.Exchange, "exchange") {
+			left = append(left, Left{Name: b.Exchange, Kind: "exchange", Why: LeftApplication})
+		}
+	}
+	return gone, left
+}
+
+// bindingsFound are the bindings of the backends' plan t that go with what res
 // removes and whose two ends exist: only those can be on the broker.
-func (o *Ops) bindingsFound(t topology.Topology, res TeardownResult) (int, error) {
+func (o *Ops) bindingsFound(t topology.Topology, res TeardownResult) ([]topology.Binding, error) {
 	queues, exchanges := map[string]bool{}, map[string]bool{}
 	for _, q := range res.Queues {
 		queues[q] = true
@@ -409,24 +511,24 @@ func (o *Ops) bindingsFound(t topology.Topology, res TeardownResult) (int, error
 		seen[name] = ok
 		return ok, err
 	}
-	n := 0
+	found := []topology.Binding{}
 	for _, b := range t.Bindings {
 		if !exchanges[b.Exchange] && !(b.ToExchange && exchanges[b.Destination]) && !(!b.ToExchange && queues[b.Destination]) {
 			continue
 		}
 		src, err := exists(b.Exchange, true)
 		if err != nil {
-			return n, err
+			return found, err
 		}
 		dst, err := exists(b.Destination, b.ToExchange)
 		if err != nil {
-			return n, err
+			return found, err
 		}
 		if src && dst {
-			n++
+			found = append(found, b)
 		}
 	}
-	return n, nil
+	return found, nil
 }
 
 // ctlCounts reads every queue's messages with rabbitmqctl list_queues.

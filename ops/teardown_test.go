@@ -13,6 +13,7 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
 	"github.com/amqpretry/amqpretry/ops"
+	"github.com/amqpretry/amqpretry/topology"
 )
 
 // exists tells whether a queue (or, with exchange, an exchange) exists.
@@ -80,8 +81,12 @@ func TestTeardownAfterBackendChange(t *testing.T) {
 		res, err = r.ops.Teardown(ctx, ops.TeardownOptions{Keep: keep, DryRun: true})
 		return err == nil
 	})
+	// The bindings as rabbitmqctl lists them: the tier queue's, and the old delivery
+	// exchange's to the work queue, which stays, named, as the new backend's exchanges.
 	if !res.DryRun || !slices.Equal(res.Queues, []string{tier}) ||
-		!slices.Equal(res.Exchanges, []string{r.prefix + ".deliver", r.prefix + ".delay"}) || res.Bindings != 1 {
+		!slices.Equal(res.Exchanges, []string{r.prefix + ".deliver", r.prefix + ".delay"}) || res.Bindings != 2 || len(res.BindingList) != 2 ||
+		!slices.Contains(res.Left, ops.Left{Name: queue, Kind: "queue", Why: ops.LeftApplication}) ||
+		!slices.Contains(res.Left, ops.Left{Name: r.prefix + ".levels.deliver", Kind: "exchange", Why: ops.LeftKept}) {
 		t.Fatalf("dry run: %v %+v", err, res)
 	}
 	if !exists(t, tier, false) {
@@ -148,7 +153,7 @@ func TestTeardownCountsOnlyWhatItFinds(t *testing.T) {
 	r := newRigWith(t, amqpretry.Config{}) // the default ladder: 34 tiers, nothing declared
 	for _, dry := range []bool{true, false} {
 		res, err := r.ops.Teardown(context.Background(), ops.TeardownOptions{DryRun: dry, Force: true})
-		if err == nil || !strings.Contains(err.Error(), `teardown: nothing to remove: no queue or exchange of the ttl-tiers backend, nor of any other, under prefix "`+r.prefix+`"`) ||
+		if err == nil || !strings.Contains(err.Error(), `teardown: nothing to remove: no queue or exchange of any backend under prefix "`+r.prefix+`"`) ||
 			res.Bindings != 0 || len(res.Queues) != 0 || len(res.Exchanges) != 0 {
 			t.Errorf("teardown (dry run %v) of a prefix with nothing declared: %v %+v", dry, err, res)
 		}
@@ -192,6 +197,57 @@ func TestTeardownCountsOnlyWhatItFinds(t *testing.T) {
 	res, err = r.ops.Teardown(context.Background(), opts)
 	if err != nil || len(res.Queues) != 0 || len(res.Exchanges) != 2 || res.Bindings != 0 {
 		t.Errorf("dry run without the tier queue: %v %+v, want its binding not counted", err, res)
+	}
+}
+
+// TestTeardownNamesTheApplications (issue 51): teardown left the work queues and the
+// application's topic exchanges and said nothing of them, and counted no binding to a
+// work queue, though those went with the delivery exchange. With rabbitmqctl it lists
+// the bindings that go, those to the work queue included, and names, as the
+// application's, the work queue bound from the delivery exchange and the exchange the
+// application bound to it; both stay, and the binding is gone.
+func TestTeardownNamesTheApplications(t *testing.T) {
+	r := waitingRig(t, amqpretry.Config{Backend: delay.TTLTiers{Tiers: []time.Duration{waitDelay}}}, "orders")
+	queue := r.queues[0]
+	topic := r.prefix + ".topic.orders" // as watermill-amqp's pub/sub config declares one
+	brokertest.Cleanup(t, nil, []string{topic})
+	ch, err := brokertest.Dial(t).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.ExchangeDeclare(topic, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(queue, "", topic, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	deliver := func(b topology.Binding) bool {
+		return b.Exchange == r.prefix+".deliver" && b.Destination == queue && b.Key == queue && !b.ToExchange
+	}
+	application := []ops.Left{{Name: queue, Kind: "queue", Why: ops.LeftApplication}, {Name: topic, Kind: "exchange", Why: ops.LeftApplication}}
+	for _, dry := range []bool{true, false} {
+		res, err := r.ops.Teardown(ctx, ops.TeardownOptions{DryRun: dry})
+		if err != nil || !slices.ContainsFunc(res.BindingList, deliver) || res.Bindings != 2 || len(res.BindingList) != 2 || !slices.Equal(res.Left[len(res.Left)-2:], application) {
+			t.Fatalf("teardown (dry run %v): %v %+v", dry, err, res)
+		}
+		if slices.ContainsFunc(res.BindingList, func(b topology.Binding) bool { return b.Exchange == topic }) {
+			t.Errorf("teardown (dry run %v) counts the application's binding %s -> %s: %+v", dry, topic, queue, res.BindingList)
+		}
+		if exists(t, r.prefix+".deliver", true) == !dry {
+			t.Errorf("teardown (dry run %v): the delivery exchange exists: %v", dry, !dry)
+		}
+	}
+	if !exists(t, queue, false) || !exists(t, topic, true) {
+		t.Error("teardown removed the work queue or the application's exchange")
+	}
+	out, err := brokertest.Ctl(ctx, "-q", "list_bindings", "source_name", "destination_name", "--no-table-headers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), r.prefix+".deliver\t") || !strings.Contains(string(out), topic+"\t"+queue) {
+		t.Errorf("after teardown, the bindings to %s:\n%s", queue, out)
 	}
 }
 

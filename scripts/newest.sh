@@ -26,8 +26,10 @@ git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' 
   if [ -f "$f" ]; then printf '%s\0' "$f"; fi
 done | xargs -0 cp --parents -t "$tmp"
 cd "$tmp"
-# The command module requires the library at a version without a replace (go.sh
-# makes a go.work for it); here it gets the replace the other modules have.
+# The command module requires the library at a version without a replace (its
+# go.work builds it from a checkout); here it gets the replace the other modules
+# have, and no go.work, so that go get and go mod tidy edit its go.mod alone.
+rm -f cmd/amqpretry/go.work
 (cd cmd/amqpretry && go mod edit -replace github.com/amqpretry/amqpretry=../..)
 
 modules=(. metrics cmd/amqpretry amqp1 _examples/quickstart amqp1/examples/quickstart)

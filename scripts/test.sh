@@ -12,10 +12,10 @@
 #   3.10        every package's tests with the race detector on the broker at AMQP_URI
 #               (default amqp://guest:guest@127.0.0.1:5672/, the machine's RabbitMQ
 #               3.10.8), the metrics and command modules (with the console's browser
-#               tests in headless Chromium), the quickstarts, the CQRS example, Watermill's
-#               own pub/sub suites; the newest amqp091-go and watermill-amqp the
-#               proxy serves, pinned (scripts/newest.sh); no queue, exchange or user
-#               left behind
+#               tests in headless Chromium), the quickstarts, the CQRS example (a line
+#               either logs at ERROR fails it), Watermill's own pub/sub suites; the
+#               newest amqp091-go and watermill-amqp the proxy serves, pinned
+#               (scripts/newest.sh); no queue, exchange or user left behind
 #   4.0, 4.3    the same on RabbitMQ 4.0.5 and 4.3.6 (scripts/rabbitmq4.sh), with the
 #               4.3-only backends, the AMQP 1.0 module and its quickstart
 #   no-loss     thousands of messages through faults, on each broker
@@ -411,12 +411,27 @@ tests() {
   AMQP_URI=$uri AMQPRETRY_RABBITMQCTL=$ctl go test -race -count=1 -timeout 10m -run "$restarts" ./delay
 }
 
+# no_error CMD...: runs CMD, its output shown, and fails if it fails or logged a line
+# at ERROR (the examples log WARN and ERROR as level=...): the README's first hour
+# logs none (issue 51).
+no_error() {
+  local out rc=0
+  out=$(mktemp)
+  "$@" 2>&1 | tee "$out" || rc=$?
+  if grep -q 'level=ERROR' "$out"; then
+    echo "FAIL: a line logged at ERROR (above)"
+    rc=1
+  fi
+  rm -f "$out"
+  return "$rc"
+}
+
 # quickstart NAME URI ARGS...: the quickstart on URI with the environment ARGS.
 quickstart() {
   local name=$1 uri=$2
   shift 2
   step "quickstart on $name: $*"
-  env AMQP_URI="$uri" "$@" go -C _examples/quickstart run .
+  no_error env AMQP_URI="$uri" "$@" go -C _examples/quickstart run .
 }
 
 # cqrs NAME URI ARGS...: the CQRS example (_examples/cqrs) on URI with the environment ARGS.
@@ -424,11 +439,11 @@ cqrs() {
   local name=$1 uri=$2
   shift 2
   step "CQRS example on $name: $*"
-  env AMQP_URI="$uri" "$@" go -C _examples/cqrs run .
+  no_error env AMQP_URI="$uri" "$@" go -C _examples/cqrs run .
 }
 
 step "quickstart, in-process (no broker)"
-env -u AMQP_URI go -C _examples/quickstart run .
+no_error env -u AMQP_URI go -C _examples/quickstart run .
 
 # The durable dedup store (pgdedup, a module of its own) on PostgreSQL: PGDEDUP_DSN, or
 # the machine's at 127.0.0.1:5432 (trust auth, database test), started with its

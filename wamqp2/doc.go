@@ -16,8 +16,10 @@
 // queue its way back from the delay backend, again after every reconnect. A Retry acts
 // only on messages its own subscriber config delivered, so the middlewares of several
 // subscriber groups on one fanout topic, added in any order, each serve their own
-// group; a message no Retry on its handler can route back fails with
-// amqpretry.ErrNotWired, naming the fix.
+// group; a message no Retry on its handler can route back is poisoned at its first
+// failure with amqpretry.ErrNotWired, naming the fix, and a message of a subscriber
+// built from SubscriberConfig whose handler has no middleware of the Retry is refused
+// when it comes back after a failure, paced, with the same error.
 //
 // One Retry serves subscribers that name their queues in other ways: a queue per
 // handler, as Watermill's CQRS processors build them, takes one SubscriberConfigFor

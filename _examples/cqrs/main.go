@@ -69,7 +69,7 @@ func run() error {
 	if uri == "" {
 		uri = "amqp://guest:guest@localhost:5672/"
 	}
-	logger := watermill.NopLogger{}
+	logger := newLogger()
 	prefix := "amqpretry-cqrs-" + watermill.NewShortUUID()[:8]
 	// The backend named by DELAY_BACKEND ("" for the default), with the ladder it
 	// takes if it is ttl-tiers.
@@ -86,11 +86,10 @@ func run() error {
 	topic := func(name string) string { return prefix + "." + name }
 
 	// A pub/sub config: a fanout exchange per topic; each handler's queue,
-	// "<topic>_<handler>", is bound to it.
+	// "<topic>_<handler>", is bound to it. With delayed-retry (RabbitMQ 4.3) the Retry's
+	// subscriber configs declare the queues as it needs to hold retries: no queue
+	// arguments here.
 	amqpCfg := amqp.NewDurablePubSubConfig(uri, amqp.GenerateQueueNameTopicNameWithSuffix("bookings"))
-	if _, ok := cfg.Backend.(delay.DelayedRetry); ok {
-		amqpCfg.Queue.Arguments = amqp091.Table{"x-queue-type": "quorum"} // RabbitMQ 4.3 holds retries in quorum queues
-	}
 	retry, err := wamqp3.New(amqpCfg, cfg)
 	if err != nil {
 		return err

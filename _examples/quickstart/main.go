@@ -44,7 +44,7 @@ func main() {
 }
 
 func run() error {
-	logger := watermill.NopLogger{}
+	logger := newLogger()
 	if os.Getenv("DELAY_BACKEND") == (delay.DeliveryTime{}).Name() {
 		return runAMQP1()
 	}
@@ -69,13 +69,12 @@ func run() error {
 		s.Publisher, s.Poison = goChannel, goChannel
 		fmt.Println("AMQP_URI is unset: running in-process on GoChannel with the memory delay backend (not durable).")
 	} else {
-		quorum := delayedRetry || cfg.HeldRetries > 0
 		major := "3"
 		if os.Getenv("WATERMILL_AMQP") == "2" {
 			major = "2"
-			s, err = withV2(uri, cfg, quorum)
+			s, err = withV2(uri, cfg)
 		} else {
-			s, err = withV3(uri, cfg, quorum)
+			s, err = withV3(uri, cfg)
 		}
 		if err == nil {
 			fmt.Printf("RabbitMQ at %s, delay backend %s, watermill-amqp v%s.\n", redactURI(uri), cfg.WithDefaults().Backend, major)
@@ -102,22 +101,10 @@ func runAMQP1() error {
 	return cmd.Run()
 }
 
-// quorumArgs are a quorum work queue's arguments: past its delivery limit (RabbitMQ
-// 4's default, 20) the broker sends a message it could not deliver, such as one no
-// client can read, to the poison queue instead of dropping it.
-func quorumArgs(cfg amqpretry.Config) amqp.Table {
-	return amqp.Table{
-		"x-queue-type":              "quorum",
-		"x-dead-letter-exchange":    "",
-		"x-dead-letter-routing-key": cfg.WithDefaults().PoisonQueue,
-	}
-}
-
-func withV3(uri string, cfg amqpretry.Config, quorum bool) (setup, error) {
+func withV3(uri string, cfg amqpretry.Config) (setup, error) {
+	// With retries held in the work queue (delayed-retry, HELD_RETRIES), the Retry's
+	// subscriber config declares it as RabbitMQ 4.3 needs: no queue arguments here.
 	amqpCfg := amqp3.NewDurableQueueConfig(uri)
-	if quorum {
-		amqpCfg.Queue.Arguments = quorumArgs(cfg)
-	}
 	pub, err := amqp3.NewPublisher(amqpCfg, cfg.Logger)
 	if err != nil {
 		return setup{}, err
@@ -137,11 +124,8 @@ func withV3(uri string, cfg amqpretry.Config, quorum bool) (setup, error) {
 	return setup{Retry: retry, Publisher: pub, Poison: sub}, nil
 }
 
-func withV2(uri string, cfg amqpretry.Config, quorum bool) (setup, error) {
+func withV2(uri string, cfg amqpretry.Config) (setup, error) {
 	amqpCfg := amqp2.NewDurableQueueConfig(uri)
-	if quorum {
-		amqpCfg.Queue.Arguments = quorumArgs(cfg)
-	}
 	pub, err := amqp2.NewPublisher(amqpCfg, cfg.Logger)
 	if err != nil {
 		return setup{}, err

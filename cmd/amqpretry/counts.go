@@ -36,43 +36,67 @@ const ctlWaitDelay = 5 * time.Second
 // sockets. Each run is bounded by timeout; on timeout its whole process group is
 // killed (a wrapper such as scripts/rabbitmq4.sh runs rabbitmqctl in a child).
 func rabbitmqctlCounts(words []string, uri string, timeout time.Duration) countsFunc {
-	return ctlCounts(words, uri, timeout, newNodeCheck(words, uri, timeout))
+	return ctlCounts(uri, timeout, newNodeCheck(words, uri, timeout, false))
 }
 
-// nodeCheck tells, once, whether a rabbitmqctl command reaches the broker at a URI: a
-// host may run several brokers, and the rabbitmqctl on PATH serves one of them. It asks
-// the node its name and AMQP ports (one eval that reads nothing else) and refuses one
-// that does not listen on the URI's port, so that nothing is read or run there. Every
-// use of the command within one CLI run shares one check.
+// nodeCheck tells, once, which rabbitmqctl command reaches the broker at a URI: a host
+// may run several brokers, and the rabbitmqctl on PATH serves one of them. It asks the
+// node the command reaches its name and AMQP ports (one eval that reads nothing else)
+// and refuses one that does not listen on the URI's port, so that nothing is read or
+// run there; with find (--rabbitmqctl auto) it then looks for the node of this host
+// that does (findNode), and uses `-n` that node. Every use of the command within one
+// CLI run shares one check.
 type nodeCheck struct {
 	once    sync.Once
-	check   func(ctx context.Context) (string, error)
-	reached string // what the command reached, once checked
+	check   func(ctx context.Context) ([]string, string, error)
+	words   []string // the command that reaches the node at the URI, once checked
+	reached string   // what it reached, once checked
 	err     error
 }
 
-func newNodeCheck(words []string, uri string, timeout time.Duration) *nodeCheck {
+func newNodeCheck(words []string, uri string, timeout time.Duration, find bool) *nodeCheck {
 	u, _ := amqp.ParseURI(uri) // one that does not parse fails to dial first
-	return &nodeCheck{check: func(ctx context.Context) (string, error) {
+	return &nodeCheck{check: func(ctx context.Context) ([]string, string, error) {
 		node, ports, err := ctlNode(ctx, words, timeout)
+		if err == nil && slices.Contains(ports, u.Port) {
+			return words, fmt.Sprintf("%s reaches node %s, which listens for AMQP on %d of AMQP_URI", strings.Join(words, " "), node, u.Port), nil
+		}
+		var tried []string
+		if find && ctx.Err() == nil {
+			var found []string
+			var foundNode string
+			found, foundNode, tried = findNode(ctx, words, uri, node, timeout)
+			if found != nil {
+				alone := "reaches no node"
+				if err == nil {
+					alone = fmt.Sprintf("reaches node %s, on %v", node, ports)
+				}
+				return found, fmt.Sprintf("%s reaches node %s, which listens for AMQP on %d of AMQP_URI (%s alone %s: the node was found by the URI's port)",
+					strings.Join(found, " "), foundNode, u.Port, strings.Join(words, " "), alone), nil
+			}
+		}
+		lookedFor := ""
+		if find {
+			lookedFor = "; no other node of this host was found listening there"
+			if len(tried) > 0 {
+				lookedFor = fmt.Sprintf("; nor do the nodes of this host it asked (%s)", strings.Join(tried, ", "))
+			}
+		}
 		if err != nil {
-			return "", err
+			return nil, "", fmt.Errorf("%w%s", err, lookedFor)
 		}
-		if !slices.Contains(ports, u.Port) {
-			return "", fmt.Errorf("%s reaches node %s, which listens for AMQP on %v, not on %d of AMQP_URI: nothing was read there; give the rabbitmqctl command of the broker at AMQP_URI (--rabbitmqctl CMD), or --rabbitmqctl off", strings.Join(words, " "), node, ports, u.Port)
-		}
-		return fmt.Sprintf("%s reaches node %s, which listens for AMQP on %d of AMQP_URI", strings.Join(words, " "), node, u.Port), nil
+		return nil, "", fmt.Errorf("%s reaches node %s, which listens for AMQP on %v, not on %d of AMQP_URI: nothing was read there%s; give the rabbitmqctl command of the broker at AMQP_URI (--rabbitmqctl 'rabbitmqctl -n NODE'), or --rabbitmqctl off", strings.Join(words, " "), node, ports, u.Port, lookedFor)
 	}}
 }
 
 // do runs the check the first time, and returns its verdict every time.
 func (n *nodeCheck) do(ctx context.Context) error {
-	n.once.Do(func() { n.reached, n.err = n.check(ctx) })
+	n.once.Do(func() { n.words, n.reached, n.err = n.check(ctx) })
 	return n.err
 }
 
-// ctlCounts is rabbitmqctlCounts, once check has passed.
-func ctlCounts(words []string, uri string, timeout time.Duration, check *nodeCheck) countsFunc {
+// ctlCounts is rabbitmqctlCounts, with the command check finds.
+func ctlCounts(uri string, timeout time.Duration, check *nodeCheck) countsFunc {
 	u, _ := amqp.ParseURI(uri)
 	vhost := u.Vhost
 	return func(ctx context.Context) (ops.BrokerCounts, error) {
@@ -80,6 +104,7 @@ func ctlCounts(words []string, uri string, timeout time.Duration, check *nodeChe
 		if err := check.do(ctx); err != nil {
 			return ops.BrokerCounts{}, err
 		}
+		words := check.words
 		out, err := runCtl(ctx, words, timeout, "-q", "status", "--formatter", "json")
 		if err != nil {
 			return c, err

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -73,11 +74,13 @@ func TestRabbitmqctlAutoChecksTheNodeFirst(t *testing.T) {
 	t.Setenv(uriEnv, other)
 	code, stdout, stderr := runArgs("status", "--prefix", prefix, "--tiers", "1s")
 	got := readCalls()
-	if len(got) != 1 || !strings.HasPrefix(got[0], "-q eval ") {
+	// Issue 51: it may then look for the node of this host that listens on the URI's
+	// port (with -n): only the same question runs there.
+	if len(got) == 0 || len(got) > 1+maxNodeTries || slices.ContainsFunc(got, func(c string) bool { return !strings.Contains(c, "-q eval "+nodeQuery) }) {
 		t.Errorf("rabbitmqctl ran %q against another node than the URI's; want only the question of which node it is (eval)", got)
 	}
 	want := fmt.Sprintf("reaches node %s, which listens for AMQP on %v, not on %d of AMQP_URI: nothing was read there", node, ports, u.Port)
-	if code != exitFailed || !strings.Contains(stdout, want) || !strings.Contains(stdout, "--rabbitmqctl CMD") {
+	if code != exitFailed || !strings.Contains(stdout, want) || !strings.Contains(stdout, "--rabbitmqctl 'rabbitmqctl -n NODE'") {
 		t.Errorf("status on the 4.3 node with --rabbitmqctl auto exited %d, want %d and a note %q:\n%s%s", code, exitFailed, want, stdout, stderr)
 	}
 
@@ -90,6 +93,99 @@ func TestRabbitmqctlAutoChecksTheNodeFirst(t *testing.T) {
 	}
 	if want := fmt.Sprintf("broker counts: rabbitmqctl reaches node %s, which listens for AMQP on %d of AMQP_URI", node, ports[0]); !strings.Contains(stdout, want) {
 		t.Errorf("status on the node rabbitmqctl serves does not say %q:\n%s%s", want, stdout, stderr)
+	}
+}
+
+// TestRabbitmqctlAutoFindsTheNodeOfTheURI (issue 51): on a host with two brokers, the
+// CLI pointed at the second one's URI ran its own rabbitmqctl, which reached the first,
+// and refused, naming --rabbitmqctl. It finds the node of this host that listens on the
+// URI's port (the broker names itself, this host's epmd lists its nodes) and runs
+// rabbitmqctl -n that node; the other node is asked only which node it is. Run with
+// AMQP_URI on a second node of this host (a helper's, `rabbitmqctl -n h2@localhost`)
+// while the rabbitmqctl on PATH serves the machine's broker.
+func TestRabbitmqctlAutoFindsTheNodeOfTheURI(t *testing.T) {
+	ctlPath, err := exec.LookPath("rabbitmqctl")
+	if err != nil {
+		skipOrFail(t, "needs rabbitmqctl on PATH")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	uri := brokertest.URI()
+	u, err := amqp.ParseURI(uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, firstPorts, err := ctlNode(ctx, []string{ctlPath}, time.Minute)
+	if err != nil || slices.Contains(firstPorts, u.Port) {
+		t.Skipf("rabbitmqctl on PATH reaches %s (%v, %v): the URI's broker, or none; this test needs it to serve another node than AMQP_URI's", first, firstPorts, err)
+	}
+	// The URI's node, as the tests' own rabbitmqctl (AMQPRETRY_RABBITMQCTL) reaches it.
+	node, ports, err := ctlNode(ctx, brokertest.CtlCommand(), time.Minute)
+	if err != nil || !slices.Contains(ports, u.Port) {
+		t.Skipf("AMQPRETRY_RABBITMQCTL does not reach the node of AMQP_URI: %s %v %v", node, ports, err)
+	}
+	name, _, _ := strings.Cut(node, "@")
+	if names, err := epmdNames(ctx, u.Host); err != nil || !slices.Contains(names, name) {
+		t.Skipf("node %s is not registered with this host's epmd (%v %v): a node with an epmd of its own (a chroot) cannot be found", node, names, err)
+	}
+	brokertest.Dial(t)
+	t.Setenv(uriEnv, uri)
+
+	// A rabbitmqctl on PATH that records how it is called (a call a line), then runs
+	// the real one.
+	dir := t.TempDir()
+	calls := filepath.Join(dir, "calls")
+	shim := fmt.Sprintf("#!/bin/sh\necho \"$*\" | tr '\\n' ' ' >> %[1]q\necho >> %[1]q\nexec %[2]q \"$@\"\n", calls, ctlPath)
+	if err := os.WriteFile(filepath.Join(dir, "rabbitmqctl"), []byte(shim), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	readCalls := func() []string {
+		b, _ := os.ReadFile(calls)
+		_ = os.Remove(calls)
+		got := strings.Split(strings.TrimSpace(string(b)), "\n")
+		for i := range got {
+			got[i] = strings.TrimSpace(got[i])
+		}
+		return got
+	}
+	// Only the first call, which node the bare command reaches, runs without -n node.
+	talksToNodeOnly := func(what string, got []string, want ...string) {
+		t.Helper()
+		if len(got) < 2 || got[0] != "-q eval "+nodeQuery {
+			t.Errorf("%s: rabbitmqctl calls %q, want first the question of which node it reaches", what, got)
+			return
+		}
+		for _, c := range got[1:] {
+			if !strings.HasPrefix(c, "-n "+node+" -q ") {
+				t.Errorf("%s: rabbitmqctl ran %q, not on node %s (-n)", what, c, node)
+			}
+		}
+		for _, w := range want {
+			if !slices.ContainsFunc(got[1:], func(c string) bool { return strings.HasPrefix(c, "-n "+node+" -q "+w) }) {
+				t.Errorf("%s: rabbitmqctl never ran %q on node %s: %q", what, w, node, got)
+			}
+		}
+	}
+	prefix := brokertest.Prefix(t)
+	reached := fmt.Sprintf("rabbitmqctl -n %s reaches node %s, which listens for AMQP on %d of AMQP_URI (rabbitmqctl alone reaches node %s, on %v: the node was found by the URI's port)", node, node, u.Port, first, firstPorts)
+
+	// status, --rabbitmqctl auto (the default): the broker's counts, from that node.
+	_, stdout, stderr := runArgs("status", "--prefix", prefix, "--tiers", "1s")
+	talksToNodeOnly("status", readCalls(), "status", "list_queues")
+	if !strings.Contains(stdout, "broker counts: "+reached) || strings.Contains(stdout, "not on ") {
+		t.Errorf("status does not say it read node %s:\n%s%s", node, stdout, stderr)
+	}
+	// waiting list (rabbitmqctl eval, through ops), the command given as plain
+	// rabbitmqctl, which names no node: the same.
+	if code, stdout, stderr := runArgs("waiting", "list", "--prefix", prefix, "--tiers", "1s", "--rabbitmqctl", "rabbitmqctl"); code != exitOK {
+		t.Errorf("waiting list (%d):\n%s%s", code, stdout, stderr)
+	}
+	talksToNodeOnly("waiting list", readCalls(), "eval")
+	// A command naming its node is taken as given: refused, nothing read there.
+	code, stdout, stderr := runArgs("status", "--prefix", prefix, "--tiers", "1s", "--rabbitmqctl", "rabbitmqctl -n "+first)
+	if got := readCalls(); code != exitFailed || len(got) != 1 || !strings.Contains(stdout, "not on "+fmt.Sprint(u.Port)+" of AMQP_URI: nothing was read there") {
+		t.Errorf("status --rabbitmqctl 'rabbitmqctl -n %s' (%d), calls %q:\n%s%s", first, code, got, stdout, stderr)
 	}
 }
 

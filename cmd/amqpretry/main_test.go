@@ -193,6 +193,38 @@ func TestVerifyUncheckedIsNotOK(t *testing.T) {
 	}
 }
 
+// TestPoisonShowEveryMessageWithTheID (issue 51): poison show of an ID that two
+// messages share (a copy published twice, a message poisoned again after a redrive)
+// showed the first. It shows each, numbered, as --json does, and changes nothing.
+func TestPoisonShowEveryMessageWithTheID(t *testing.T) {
+	e := newEnv(t, "orders")
+	e.apply()
+	e.poison(3) // m0000, m0001, m0002
+	again := message.NewMessage("m0001", []byte("order 1, again"))
+	middleware.Envelope{Queue: e.queues[0], Topic: e.queues[0], Handler: "h", Reason: amqpretry.ReasonPermanent, Error: "poisoned again",
+		Attempt: 1, MaxAttempts: 5, LastFailure: time.Now()}.Write(again.Metadata)
+	if err := e.h.ToQueue(context.Background(), e.prefix+".poison", again); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := e.run("poison", "show", "m0001")
+	first, second := strings.Index(out, "message m0001 (1 of 2 with this id)\n"), strings.Index(out, "message m0001 (2 of 2 with this id)\n")
+	if code != exitOK || first < 0 || second < first || !strings.Contains(out[first:second], "warehouse offline") || !strings.Contains(out[second:], "poisoned again") ||
+		strings.Contains(out, "m0000") || strings.Contains(out, "m0002") {
+		t.Errorf("poison show m0001 (%d):\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = e.run("poison", "show", "m0001", "m0002", "--json")
+	var msgs []struct {
+		UUID  string `json:"uuid"`
+		Error string `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(out), &msgs); err != nil || code != exitOK || len(msgs) != 3 || msgs[0].UUID != "m0001" || msgs[1].UUID != "m0002" || msgs[2].Error != "poisoned again" {
+		t.Errorf("poison show m0001 m0002 --json (%d): %v %+v\n%s%s", code, err, msgs, out, errOut)
+	}
+	if n := brokertest.QueueLength(t, e.prefix+".poison"); n != 4 {
+		t.Errorf("the poison queue holds %d after show, want 4", n)
+	}
+}
+
 func TestPoisonListShowDryRun(t *testing.T) {
 	e := newEnv(t, "orders", "billing")
 	e.apply()

@@ -141,7 +141,10 @@ func (a *app) showCmd() *cobra.Command {
 		Short: "Show poisoned messages in full: envelope, headers, payload",
 		Long: `show prints the messages of the poison queue named by their Watermill UUID or AMQP
 message id, or, without IDs, the first --limit that match the filters, in full: the
-failure envelope, every other header, and the payload.
+failure envelope, every other header, and the payload. With IDs it shows every message
+that has one of them (the whole queue is read, up to --window messages): an ID may name
+several (a message poisoned again after a redrive, a copy published twice), and each is
+shown, numbered ("1 of 2 with this id").
 
 ` + readingHelp + `
 
@@ -152,8 +155,8 @@ failure envelope, every other header, and the payload.
 			}
 			opts.IDs = append(opts.IDs, ids...)
 			opts.Limit, opts.Window, opts.Full = limit, window, true
-			if len(opts.IDs) > 0 && opts.Limit < len(opts.IDs) {
-				opts.Limit = len(opts.IDs)
+			if len(opts.IDs) > 0 {
+				opts.Limit = -1 // every message with the IDs, not the first
 			}
 			o, _, err := a.open()
 			if err != nil {
@@ -170,17 +173,43 @@ failure envelope, every other header, and the payload.
 			if a.json {
 				return a.emit(r.Messages)
 			}
+			// Messages that share an ID are numbered, in queue order.
+			idOf := func(m ops.Message) string {
+				for _, id := range opts.IDs {
+					if id == m.UUID || id == m.MessageID {
+						return id
+					}
+				}
+				return ""
+			}
+			count, seen := map[string]int{}, map[string]int{}
+			for _, m := range r.Messages {
+				count[idOf(m)]++
+			}
 			for i, m := range r.Messages {
 				if i > 0 {
 					a.printf("\n")
 				}
-				a.printEnvelope(m)
+				id := idOf(m)
+				seen[id]++
+				note := ""
+				switch {
+				case id == "" || count[id] < 2:
+				case id == m.UUID:
+					note = fmt.Sprintf(" (%d of %d with this id)", seen[id], count[id])
+				default: // its AMQP message id
+					note = fmt.Sprintf(" (%d of %d with id %s)", seen[id], count[id], id)
+				}
+				a.printEnvelope(m, note)
+			}
+			if len(opts.IDs) > 0 && !r.Complete {
+				a.printf("\nread %d of the %d messages in %s (--window %d): more may have these ids\n", r.Scanned, r.Depth, r.Queue, window)
 			}
 			return nil
 		},
 	}
 	check = filterFlags(c.Flags(), &opts.Filter)
-	c.Flags().Var(boundedInt{&limit, 1}, "limit", "without IDs: show this many matching messages")
+	c.Flags().Var(boundedInt{&limit, 1}, "limit", "without IDs: show this many matching messages (with IDs: every message that has one)")
 	c.Flags().Var(boundedInt{&window, 1}, "window", "at most this many messages read and kept unacked while scanning")
 	return c
 }
@@ -225,10 +254,11 @@ func shownKeys() map[string]bool {
 	return out
 }
 
-func (a *app) printEnvelope(m ops.Message) {
+// printEnvelope prints m in full, note after its first line.
+func (a *app) printEnvelope(m ops.Message, note string) {
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "  %s\t%s\n", k, v) }
-	a.printf("message %s\n", m.UUID)
+	a.printf("message %s%s\n", m.UUID, note)
 	row("queue:", orDash(m.Queue))
 	row("reason:", orDash(string(m.Reason)))
 	row("error:", orDash(m.Error))

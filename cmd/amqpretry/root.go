@@ -34,6 +34,7 @@ type app struct {
 
 	json        bool
 	verbose     bool // --verbose, where a command has it: every name listed
+	unlisted    bool // teardown without rabbitmqctl: no binding listed
 	backend     string
 	prefix      string
 	tiers       durationList

@@ -48,7 +48,10 @@ The broker's counts come from rabbitmqctl (status and list_queues, each bounded 
 the broker on this host; give a command line for another (for a node in a chroot, say),
 or off. Before it reads anything, it asks the node the command reaches for its name and
 AMQP ports (rabbitmqctl eval), and reads nothing from a node that does not listen on the
-URI's port (a host may run several brokers); status prints which node it read. Or from the management API: --management-url http://host:15672, with the
+URI's port (a host may run several brokers). With auto, or a rabbitmqctl that names no
+node (-n), it then looks for the node of this host that listens there (the name the
+broker gives itself, the nodes this host's epmd lists; at most 3 asked, only which node
+they are) and runs rabbitmqctl -n that node; status prints which node it read. Or from the management API: --management-url http://host:15672, with the
 credentials of AMQP_URI. RabbitMQ 4.0+ reports no file descriptors in rabbitmqctl status:
 they are then read from /proc/<pid> of the broker, when this host can see it.
 
@@ -149,10 +152,11 @@ type countsSource struct {
 	check *nodeCheck
 }
 
-// nodeCheck returns the run's one check of the rabbitmqctl command words.
-func (src *countsSource) nodeCheck(words []string, uri string) *nodeCheck {
+// nodeCheck returns the run's one check of the rabbitmqctl command words; find: look
+// for the node of this host at the URI when words reaches another (--rabbitmqctl auto).
+func (src *countsSource) nodeCheck(words []string, uri string, find bool) *nodeCheck {
 	if src.check == nil {
-		src.check = newNodeCheck(words, uri, src.timeout)
+		src.check = newNodeCheck(words, uri, src.timeout, find)
 	}
 	return src.check
 }
@@ -167,7 +171,7 @@ func (src *countsSource) reached() string {
 
 func (src *countsSource) flags(c *cobra.Command) {
 	f := c.Flags()
-	f.StringVar(&src.ctl, "rabbitmqctl", "auto", "rabbitmqctl command for the broker's counts: auto, off, or a command line")
+	f.StringVar(&src.ctl, "rabbitmqctl", "auto", "rabbitmqctl command for the broker's counts: auto (rabbitmqctl on PATH, -n the node of this host on the URI's port), off, or a command line")
 	f.StringVar(&src.mgmt, "management-url", "", "read the broker's counts from the management API at this URL instead (credentials from AMQP_URI)")
 	f.DurationVar(&src.timeout, "ctl-timeout", 30*time.Second, "bound of each rabbitmqctl run")
 	c.MarkFlagsMutuallyExclusive("rabbitmqctl", "management-url")
@@ -192,7 +196,7 @@ func (src *countsSource) counts(uri string) (countsFunc, bool, error) {
 		}
 		return managementCounts(src.mgmt, uri, nil), true, nil
 	case len(words) > 0:
-		return ctlCounts(words, uri, src.timeout, src.nodeCheck(words, uri)), explicit, nil
+		return ctlCounts(uri, src.timeout, src.nodeCheck(words, uri, mayFind(words, explicit))), explicit, nil
 	}
 	return nil, false, nil
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
@@ -54,7 +55,7 @@ func TestTeardownAsks(t *testing.T) {
 	e := newEnv(t, "orders")
 	e.apply()
 	tier := e.prefix + ".delay.1s"
-	teardown := append([]string{"teardown", "--backend", "ttl-tiers"}, ctl...)
+	teardown := append([]string{"teardown"}, ctl...)
 	in := func(terminal bool, input string, args ...string) (int, string, string) {
 		t.Helper()
 		return runInput(terminal, input, append(args, e.flags()...)...)
@@ -68,7 +69,7 @@ func TestTeardownAsks(t *testing.T) {
 	}
 	for _, answer := range []string{"n\n", "\n", "nope\n", ""} {
 		code, out, errOut := in(true, answer, teardown...)
-		if code != exitFailed || out != "" || !strings.Contains(errOut, "dry run: would remove 2 queues, 2 exchanges, 2 bindings under prefix "+e.prefix) ||
+		if code != exitFailed || out != "" || !strings.Contains(errOut, "dry run: would remove 2 queues, 2 exchanges, 3 bindings under prefix "+e.prefix) ||
 			!strings.Contains(errOut, "remove these 2 queues and 2 exchanges for good? [y/N]") || !strings.Contains(errOut, "not confirmed: nothing changed") {
 			t.Errorf("teardown declined with %q (%d):\nstdout %q\nstderr %s", answer, code, out, errOut)
 		}
@@ -77,7 +78,7 @@ func TestTeardownAsks(t *testing.T) {
 		}
 	}
 	code, out, errOut = in(true, "y\n", teardown...)
-	if code != exitOK || !strings.Contains(out, "removed 2 queues, 2 exchanges, 2 bindings under prefix "+e.prefix) || queueExists(t, tier) || exchangeExists(t, e.prefix+".deliver") {
+	if code != exitOK || !strings.Contains(out, "removed 2 queues, 2 exchanges, 3 bindings under prefix "+e.prefix) || queueExists(t, tier) || exchangeExists(t, e.prefix+".deliver") {
 		t.Errorf("teardown confirmed (%d):\n%s%s", code, out, errOut)
 	}
 	if !queueExists(t, e.queues[0]) || !queueExists(t, e.prefix+".poison") {
@@ -92,7 +93,7 @@ func TestTeardownAsksOnATerminal(t *testing.T) {
 	e := newEnv(t, "orders")
 	e.apply()
 	tier := e.prefix + ".delay.1s"
-	args := append(append([]string{"teardown", "--backend", "ttl-tiers"}, ctl...), e.flags()...)
+	args := append(append([]string{"teardown"}, ctl...), e.flags()...)
 	code, out := onTerminal(t, "n", args...)
 	if code != exitFailed || !strings.Contains(out, "dry run: would remove 2 queues, 2 exchanges") || !strings.Contains(out, "remove these 2 queues and 2 exchanges for good? [y/N]") ||
 		!strings.Contains(out, "not confirmed: nothing changed") {
@@ -275,5 +276,107 @@ func TestRedriveDryRunToDeletedQueue(t *testing.T) {
 	}
 	if n := brokertest.QueueLength(t, poison); n != 2 {
 		t.Errorf("the run left %d in the poison queue, want the 2 unroutable", n)
+	}
+}
+
+// TestTeardownWholePrefix (issue 51): teardown needed --backend though it removes every
+// backend's storage under the prefix, and left the work queues and the application's
+// topic exchanges without a word, nor counted the binding from the delivery exchange
+// to the work queue, which went with it. Without --backend, a dry run lists every
+// queue, exchange and binding it would remove, and names the work queue and the
+// exchange the application bound to it as the application's, left; --shared then
+// removes the whole prefix, and only those stay.
+func TestTeardownWholePrefix(t *testing.T) {
+	ctl := ctlFlag(t)
+	e := newEnv(t, "orders")
+	e.apply()
+	queue := e.queues[0]
+	topic := e.prefix + ".topic.orders" // as watermill-amqp's pub/sub config declares one
+	brokertest.Cleanup(t, nil, []string{topic})
+	ch, err := brokertest.Dial(t).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.ExchangeDeclare(topic, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(queue, "", topic, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	run := func(args ...string) (int, string, string) {
+		t.Helper()
+		return e.run(append(append([]string{"teardown"}, args...), ctl...)...)
+	}
+	application := "  left 2, the application's (work queues, and the exchanges bound to them): never removed: " + queue + " (queue), " + topic + " (exchange)\n"
+	code, out, errOut := run("--dry-run")
+	if code != exitOK || !strings.HasPrefix(out, "dry run: would remove 2 queues, 2 exchanges, 3 bindings under prefix "+e.prefix+"\n") ||
+		!strings.Contains(out, "  3 bindings: ") || !strings.Contains(out, e.prefix+".deliver -> "+queue) || !strings.Contains(out, application) {
+		t.Errorf("teardown --dry-run without --backend (%d):\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = run("--dry-run", "--verbose")
+	if code != exitOK || !strings.Contains(out, "  binding "+e.prefix+".deliver -> queue "+queue+` key "`+queue+`"`+"\n") ||
+		!strings.Contains(out, "  binding "+e.prefix+`.delay -> queue `+e.prefix+`.delay.2s key ""`+"\n") || !strings.Contains(out, "  queue "+e.prefix+".delay.1s\n") {
+		t.Errorf("teardown --dry-run --verbose (%d):\n%s%s", code, out, errOut)
+	}
+	// Without rabbitmqctl, no binding is listed: it says what it could not name.
+	code, out, errOut = e.run("teardown", "--dry-run", "--force", "--rabbitmqctl", "off")
+	if code != exitOK || !strings.Contains(out, "  not listed: the bindings to the work queues") || strings.Contains(out, "left 2, the application's") {
+		t.Errorf("teardown --dry-run --rabbitmqctl off (%d):\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = run("--shared", "--yes")
+	if code != exitOK || !strings.HasPrefix(out, "removed 4 queues, 3 exchanges, 4 bindings under prefix "+e.prefix+"\n") || !strings.Contains(out, application) {
+		t.Errorf("teardown --shared --yes (%d):\n%s%s", code, out, errOut)
+	}
+	for _, q := range []string{".delay.1s", ".delay.2s", ".parking", ".poison"} {
+		if queueExists(t, e.prefix+q) {
+			t.Errorf("queue %s%s is still there", e.prefix, q)
+		}
+	}
+	for _, x := range []string{".deliver", ".delay", ".parking"} {
+		if exchangeExists(t, e.prefix+x) {
+			t.Errorf("exchange %s%s is still there", e.prefix, x)
+		}
+	}
+	if !queueExists(t, queue) || !exchangeExists(t, topic) {
+		t.Error("teardown removed the work queue or the application's exchange")
+	}
+	if code, out, errOut := run("--shared", "--yes"); code != exitFailed || !strings.Contains(errOut, "nothing to remove") {
+		t.Errorf("a second teardown (%d):\n%s%s", code, out, errOut)
+	}
+}
+
+// TestTeardownRefusalNamesTheFix (issue 51): teardown --shared, refused because
+// messages sat in the poison queue, advised waiting until they come due and retry-now:
+// the fixes of a delay queue. Each kind of queue gets its own fix: the poison queue's
+// are poison redrive and purge, the parking queue's parking redrive and purge; without
+// --shared those queues stay and do not stop the teardown.
+func TestTeardownRefusalNamesTheFix(t *testing.T) {
+	ctl := ctlFlag(t)
+	e := newEnv(t, "orders")
+	e.apply()
+	e.poison(3)
+	poison, parking := e.prefix+".poison", e.prefix+".parking"
+	teardown := append([]string{"teardown", "--shared", "--yes"}, ctl...)
+	code, out, errOut := e.run(teardown...)
+	if code != exitFailed || !strings.Contains(errOut, "teardown refused: messages wait in "+poison+": 3; for the messages in the poison queue "+poison+": redrive them to their work queues (amqpretry poison redrive), or drop them (amqpretry poison purge); or force it") ||
+		strings.Contains(errOut, "retry-now") || strings.Contains(errOut, "come due") {
+		t.Errorf("teardown --shared with 3 in the poison queue (%d):\n%s%s", code, out, errOut)
+	}
+	msg := message.NewMessage("parked-1", []byte("parked"))
+	if err := e.h.ToQueue(t.Context(), parking, msg); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = e.run(teardown...)
+	if code != exitFailed || !strings.Contains(errOut, "(amqpretry poison purge); for the retries in the parking queue "+parking+": ") ||
+		!strings.Contains(errOut, "(amqpretry parking redrive), or drop them (amqpretry parking purge)") || strings.Contains(errOut, "retry-now") {
+		t.Errorf("teardown --shared with messages in the poison and parking queues (%d):\n%s%s", code, out, errOut)
+	}
+	if !queueExists(t, e.prefix+".delay.1s") || brokertest.QueueLength(t, poison) != 3 {
+		t.Fatal("a refused teardown removed something")
+	}
+	code, out, errOut = e.run(append([]string{"teardown", "--yes"}, ctl...)...)
+	if code != exitOK || !strings.HasPrefix(out, "removed 2 queues, 2 exchanges") || !queueExists(t, poison) || !queueExists(t, parking) {
+		t.Errorf("teardown without --shared (%d):\n%s%s", code, out, errOut)
 	}
 }

@@ -68,7 +68,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"waiting", "purge"}, "no filter given; pass --all to purge every waiting retry"},
 		{[]string{"waiting", "list", "--reason", "permanent"}, "a waiting retry has no poison reason"},
 		{[]string{"waiting", "list", "--rabbitmqctl", "off"}, "waiting list needs rabbitmqctl"},
-		{[]string{"teardown"}, "--backend is required"},
+		// Issue 51: teardown needs no --backend (it asks every backend what it declares).
+		{[]string{"teardown"}, "teardown removes queues and exchanges for good: pass --yes to confirm"},
 		// Issue 33: a destructive move needs --yes when stdin is not a terminal to ask on.
 		{[]string{"poison", "purge", "--all"}, "poison purge deletes messages for good: pass --yes to confirm"},
 		{[]string{"parking", "purge", "--queue", "q"}, "parking purge deletes messages for good: pass --yes to confirm"},

@@ -15,6 +15,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/ops"
+	"github.com/amqpretry/amqpretry/topology"
 )
 
 // ctlRunner runs rabbitmqctl args (ops.Config.Rabbitmqctl).
@@ -22,26 +23,26 @@ type ctlRunner = func(ctx context.Context, args ...string) ([]byte, error)
 
 // ctlRunner returns the rabbitmqctl the flags name, or nil: each run is bounded by the
 // timeout, and none runs before the command is known to reach the node listening on
-// the URI's port (the check shared with the counts), so that an eval meant for the
-// broker at the URI never runs on another one.
+// the URI's port (the check shared with the counts, which may find that node: -n), so
+// that an eval meant for the broker at the URI never runs on another one.
 func (src *countsSource) ctlRunner(uri string) ctlRunner {
-	words, _ := rabbitmqctlWords(src.ctl, uri)
+	words, explicit := rabbitmqctlWords(src.ctl, uri)
 	if len(words) == 0 {
 		return nil
 	}
-	check := src.nodeCheck(words, uri)
+	check := src.nodeCheck(words, uri, mayFind(words, explicit))
 	return func(ctx context.Context, args ...string) ([]byte, error) {
 		if err := check.do(ctx); err != nil {
 			return nil, err
 		}
-		return runCtl(ctx, words, src.timeout, args...)
+		return runCtl(ctx, check.words, src.timeout, args...)
 	}
 }
 
 // ctlFlags adds --rabbitmqctl and --ctl-timeout to a command that needs rabbitmqctl.
 func (src *countsSource) ctlFlags(c *cobra.Command) {
 	f := c.Flags()
-	f.StringVar(&src.ctl, "rabbitmqctl", "auto", "rabbitmqctl command of the broker at AMQP_URI (needs admin rights: rabbitmqctl eval): auto (rabbitmqctl on PATH for a broker on this host), off, or a command line")
+	f.StringVar(&src.ctl, "rabbitmqctl", "auto", "rabbitmqctl command of the broker at AMQP_URI (needs admin rights: rabbitmqctl eval): auto (rabbitmqctl on PATH for a broker on this host, -n the node on the URI's port), off, or a command line")
 	f.DurationVar(&src.timeout, "ctl-timeout", time.Minute, "bound of each rabbitmqctl run")
 }
 
@@ -298,18 +299,26 @@ func (a *app) teardownCmd() *cobra.Command {
 	)
 	c := &cobra.Command{
 		Use:   "teardown",
-		Short: "Remove a backend's queues, exchanges and bindings under the prefix (old storage): refuses while messages wait",
-		Long: `teardown removes what the library declared under --prefix for any backend: the delay
-queues and exchanges, the delivery exchanges and the bindings that go with them, of the
-backend named by --backend (with its --tiers or --levels) and of every other backend
+		Short: "Remove what the library declared under the prefix, for every backend: refuses while messages wait",
+		Long: `teardown removes what the library declared under --prefix, for every backend: the
+delay queues and exchanges, the delivery exchanges and the bindings that go with them
 (binary-levels' levels whatever their number, the delayed-exchange backend's exchange,
 and, with rabbitmqctl, every delay queue found under the prefix, of any tiers): the old
-storage after a change of backend, tiers, levels or prefix, removed in one run.
+storage after a change of backend, tiers, levels or prefix, or the whole prefix, removed
+in one run. --backend is not needed: each backend is asked what it declares (--backend,
+--tiers and --levels, when given, add what that configuration declares).
 Without rabbitmqctl (--rabbitmqctl off) the delay queues of tiers other than --tiers
-and the default ones cannot be listed: the output says so. Work queues are never
-removed. The parking exchange and queue and the poison queue, which every backend under
-the prefix shares, stay unless --shared; the output names what stayed and why.
---backend must be given: teardown never guesses which backend is the old one.
+and the default ones cannot be listed: the output says so. The parking exchange and
+queue and the poison queue, which every backend under the prefix shares, stay unless
+--shared.
+
+Work queues and the exchanges the application binds to them (its topics) are the
+application's: teardown never removes them. The bindings from a delivery exchange to
+the work queues go with that exchange; with rabbitmqctl (list_bindings) teardown lists
+every binding that goes, and names, as left, the work queues bound from an exchange
+that goes and the exchanges bound to them. Its output names everything it left and
+why; a dry run lists everything it would remove (--verbose: each queue, exchange and
+binding).
 
 When the configuration in use now shares the prefix, name it with --keep-backend (and
 --keep-tiers, --keep-levels, --keep-held-retries): what its plan declares stays. Without
@@ -321,9 +330,12 @@ typo in --prefix), or only what stays, it says so and exits 1.
 It refuses, removing nothing (exit status 1), while any message waits there (the
 broker's own counts, rabbitmqctl list_queues, which see the expired messages a quorum
 queue keeps for dead lettering; for a delayed-message exchange, the plugin's own
-count), or while that is unknown, unless --force: those messages are then lost. Bring
-them back first with ` + "`amqpretry waiting retry-now`" + `, or wait for them to come due
-(` + "`amqpretry status`" + `); on delayed-exchange only waiting works: the plugin's count, in
+count), or while that is unknown, unless --force: those messages are then lost. The
+refusal names the fix for each kind of queue where they wait: in a delay queue, wait
+for them to come due (` + "`amqpretry status`" + `) or bring them back with ` + "`amqpretry waiting retry-now`" + `;
+in the poison queue (--shared), ` + "`amqpretry poison redrive`" + ` or ` + "`amqpretry poison purge`" + `; in the
+parking queue (--shared), ` + "`amqpretry parking redrive`" + ` once their work queues exist, or
+` + "`amqpretry parking purge`" + `; on delayed-exchange only waiting works: the plugin's count, in
 ` + "`amqpretry status`" + `, reaches 0 as they come due. Stop every application instance still
 on the old configuration first: a retry parked between the count and the delete would
 be lost (quorum queues cannot be deleted "if empty"). --force only lifts that refusal:
@@ -339,9 +351,6 @@ more; --verbose names them all.
 ` + exitHelp,
 		Args: noArgs,
 		RunE: func(*cobra.Command, []string) error {
-			if !a.flags.Changed("backend") {
-				return usagef("teardown: --backend is required: the backend whose storage to remove (teardown never guesses which is the old one)")
-			}
 			cfg, err := a.retryConfig()
 			if err != nil {
 				return err
@@ -371,7 +380,9 @@ more; --verbose names them all.
 					return err
 				}
 			}
-			o, err := a.openCtl(src.ctlRunner(a.uri))
+			ctl := src.ctlRunner(a.uri)
+			a.unlisted = ctl == nil
+			o, err := a.openCtl(ctl)
 			if err != nil {
 				return err
 			}
@@ -470,6 +481,9 @@ func (a *app) printTeardown(w io.Writer, r ops.TeardownResult, prefix string) {
 		for _, x := range r.Exchanges {
 			fmt.Fprintf(w, "  exchange %s%s\n", x, waitingNote(r, x))
 		}
+		for _, b := range r.BindingList {
+			fmt.Fprintf(w, "  binding %s -> %s %s key %q\n", b.Exchange, destinationKind(b), b.Destination, b.Key)
+		}
 	} else {
 		if len(r.Queues) > 0 {
 			fmt.Fprintf(w, "  %d queues: %s\n", len(r.Queues), a.nameList(r.Queues))
@@ -477,9 +491,24 @@ func (a *app) printTeardown(w io.Writer, r ops.TeardownResult, prefix string) {
 		if len(r.Exchanges) > 0 {
 			fmt.Fprintf(w, "  %d exchanges: %s\n", len(r.Exchanges), a.nameList(r.Exchanges))
 		}
+		if len(r.BindingList) > 0 {
+			var bs []string
+			for _, b := range r.BindingList {
+				bs = append(bs, b.Exchange+" -> "+b.Destination)
+			}
+			fmt.Fprintf(w, "  %d bindings: %s\n", len(bs), a.nameList(bs))
+		}
 		a.printTeardownWaiting(w, r, !r.DryRun)
 	}
 	a.printLeft(w, r)
+}
+
+// destinationKind is "queue" or "exchange", as a binding's destination is.
+func destinationKind(b topology.Binding) string {
+	if b.ToExchange {
+		return "exchange"
+	}
+	return "queue"
 }
 
 // printLeft prints, on w, what a teardown found and left, by reason, and what it could
@@ -499,6 +528,9 @@ func (a *app) printLeft(w io.Writer, r ops.TeardownResult) {
 	if len(r.Unsearched) > 0 {
 		fmt.Fprintf(w, "  not looked for: %s (delay queues of other tiers): only rabbitmqctl lists them (--rabbitmqctl)\n", strings.Join(r.Unsearched, ", "))
 	}
+	if a.unlisted && len(r.Exchanges) > 0 {
+		fmt.Fprintf(w, "  not listed: the bindings to the work queues (they go with their delivery exchange), the work queues and the application's exchanges bound to them (never removed): only rabbitmqctl lists bindings (--rabbitmqctl)\n")
+	}
 }
 
 // leftWhy says in the command's words why a teardown left what it found (Left.Why).
@@ -510,6 +542,8 @@ func leftWhy(why string) string {
 		return "shared by every backend under the prefix (--shared removes them)"
 	case ops.LeftNotShown:
 		return "not shown at the prompt, found since (run teardown again)"
+	case ops.LeftApplication:
+		return "the application's (work queues, and the exchanges bound to them): never removed"
 	}
 	return why
 }

@@ -19,8 +19,8 @@ import (
 // TestWaitingAndTeardown: three retries wait 10 minutes in a ttl-tiers tier queue.
 // waiting list shows them in due order with a histogram, status counts them for their
 // work queue (next and last due); purge --dry-run counts without removing; retry-now
-// brings one back by id; teardown refuses while two wait, then, once they are back,
-// a dry run lists the storage and the teardown removes it.
+// brings one back by id; teardown (no --backend needed) refuses while two wait, then,
+// once they are back, a dry run lists the storage and the teardown removes it.
 func TestWaitingAndTeardown(t *testing.T) {
 	if _, err := brokertest.Ctl(t.Context(), "-q", "list_queues", "name"); err != nil {
 		t.Skipf("needs rabbitmqctl: %v", err)
@@ -102,14 +102,11 @@ func TestWaitingAndTeardown(t *testing.T) {
 	if got := brokertest.Drain(t, queue); len(got) != 1 || got[0].UUID != "w-b" {
 		t.Fatalf("work queue got %v", got)
 	}
-	if code, _, errOut := run("teardown"); code != exitUsage || !strings.Contains(errOut, "--backend is required") {
-		t.Errorf("teardown without --backend (%d): %s", code, errOut)
-	}
 	// Refused every time; the count it names comes from the broker's stats, which lag
 	// (list_queues may still count w-b for a few seconds): it reaches 2.
 	deadline = time.Now().Add(30 * time.Second)
 	for {
-		code, out, errOut = run("teardown", "--backend", "ttl-tiers", "--yes")
+		code, out, errOut = run("teardown", "--yes")
 		if code != exitFailed || !strings.Contains(errOut, "teardown refused") {
 			t.Fatalf("teardown while 2 wait (%d):\n%s%s", code, out, errOut)
 		}

@@ -7,6 +7,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/marshal"
 )
 
 // Derived is what an amqpretry.Config, with its defaults, derives beyond its exported
@@ -49,4 +50,8 @@ type Derived struct {
 	Schedule string
 	// Invalid is every invalid field, as amqpretry.Config.Validate reports them.
 	Invalid error
+	// Reads is not derived: a started Retry's record of the subscriber marks its
+	// middleware has read a message of, which its subscribers' marshalers guard with
+	// (marshal.Reads). Set by the middleware's New; nil elsewhere.
+	Reads *marshal.Reads
 }

@@ -5,7 +5,7 @@ package ctxkey
 
 // Chain is the key of the record the retry middleware keeps in a message's context
 // (middleware/engine.go, chain): the Retry middlewares it passes through and the
-// attempt the handler runs. Its value has the methods Attempt() int, ExpectHandler()
-// and HandlerRan() (the handler added through a transport's AddHandler is below, and
-// ran).
+// attempt the handler runs. Its value has the methods Attempt() int, ExpectHandler(),
+// HandlerRan() and HandlerFailed(error) (the handler added through a transport's
+// AddHandler is below, ran, and failed).
 type Chain struct{}

@@ -16,6 +16,7 @@ const (
 	QueueTypeArg          = "x-queue-type"
 	MessageTTLArg         = "x-message-ttl"
 	DeadLetterExchangeArg = "x-dead-letter-exchange"
+	DeadLetterKeyArg      = "x-dead-letter-routing-key"
 	DeadLetterStrategyArg = "x-dead-letter-strategy"
 	OverflowArg           = "x-overflow"
 	AlternateExchangeArg  = "alternate-exchange"
@@ -48,10 +49,14 @@ const reviewDeliveryLimit = 1_000_000
 // poison and parking queues (role): a quorum queue, replicated like the delay queues,
 // with a delivery limit no reading reaches.
 func ReviewQueue(name, role string) topology.Queue {
-	return topology.Queue{Name: name, Role: role, Args: map[string]interface{}{
+	return topology.Queue{Name: name, Role: role, Args: reviewArgs()}
+}
+
+func reviewArgs() map[string]interface{} {
+	return map[string]interface{}{
 		QueueTypeArg:     QueueTypeQuorum,
 		DeliveryLimitArg: int64(reviewDeliveryLimit),
-	}}
+	}
 }
 
 // The arguments of a queue of messages behind an order key (BehindQueue): RabbitMQ
@@ -70,6 +75,10 @@ func BehindQueue(name, queue, key string) topology.Queue {
 		BehindKeyArg:   key,
 	}}
 }
+
+// IsReviewQueue tells whether args, an existing queue's (QueueArgs), are a review
+// queue's: a queue the library declared as a poison or parking queue.
+func IsReviewQueue(args map[string]interface{}) bool { return SameArgs(args, reviewArgs()) }
 
 // Merge returns the declarations of ts, in order.
 func Merge(ts ...topology.Topology) topology.Topology {

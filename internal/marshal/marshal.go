@@ -45,6 +45,9 @@ type Options struct {
 	// Delivered marks each message as the Retry's (middleware.Retry.Delivered), with
 	// its attempt when the returns counted (0: the one the message carries).
 	Delivered func(msg *message.Message, attempt int)
+	// Guard, if set, refuses the redelivery of a message whose handler failed without
+	// the Retry's middleware (Reads): the subscriber config's.
+	Guard *Guard
 	// ReturnedAttempts counts each return of the delivery (RabbitMQ 4.3's
 	// x-acquired-count) as an attempt: keys.Attempt is then the attempt carried by the
 	// message (1 when absent) plus the returns. For work queues whose failed
@@ -69,6 +72,8 @@ type Marshaler struct{ Options }
 // channel or connection closes and would hand it to the handler as a message with no
 // UUID, no headers and no body. Refused, it reaches no handler and is handed off
 // nowhere: watermill-amqp then fails to nack it (nothing to nack) and reconnects.
+// With a Guard it refuses a message whose handler failed without the Retry's
+// middleware when it comes back (Reads): watermill-amqp nacks it, with requeue.
 func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	if isZero(&d) {
 		return nil, ErrZeroDelivery
@@ -152,6 +157,11 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	switch {
 	case m.Retry && m.Delivered != nil:
 		m.Delivered(msg, attempt)
+		if m.Guard != nil {
+			if err := m.Guard.admit(msg, d.Redelivered); err != nil {
+				return nil, err
+			}
+		}
 	case attempt > 0:
 		md[keys.Attempt] = strconv.Itoa(attempt)
 	}

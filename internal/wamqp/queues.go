@@ -10,6 +10,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/marshal"
+	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -22,6 +23,7 @@ type Queues struct {
 	w         *Wiring
 	name      func(topic string) string
 	delivered func(msg *message.Message, attempt int)
+	guard     *marshal.Guard // nil in-process
 
 	mu    sync.Mutex
 	named map[string]bool // the queues GenerateName named
@@ -31,6 +33,9 @@ type Queues struct {
 // given to New.
 func (w *Wiring) For(name func(topic string) string) *Queues {
 	q := &Queues{w: w, name: w.sub.QueueName, delivered: w.Retry.Delivered, named: map[string]bool{}}
+	if w.view.Reads != nil {
+		q.guard = w.view.Reads.Guard()
+	}
 	if name != nil {
 		q.name, q.delivered = name, w.Retry.DeliveredFor(name)
 	}
@@ -48,10 +53,11 @@ func (q *Queues) GenerateName(topic string) string {
 }
 
 // Marshaler is the subscriber's marshaler (Wiring.Marshaler), marking each delivery as
-// coming from a queue of this way of naming.
+// coming from a queue of this way of naming, and refusing the redelivery of a message
+// whose handler failed without the Retry's middleware (marshal.Reads).
 func (q *Queues) Marshaler() marshal.Marshaler {
 	m := q.w.Marshaler()
-	m.Delivered = q.delivered
+	m.Delivered, m.Guard = q.delivered, q.guard
 	return m
 }
 
@@ -68,7 +74,7 @@ func (q *Queues) BuildTopology(ch *amqp.Channel, s Subscribed, declareInner func
 
 func (q *Queues) check(s Subscribed) error {
 	if s.Queue == q.w.cfg.PoisonQueue {
-		return fmt.Errorf("%w: queue %q is this Retry's poison queue: a subscriber with retries would send its failures back into it; read it with a subscriber built from Retry.PoisonSubscriberConfig()", amqpretry.ErrNotWired, s.Queue)
+		return q.w.poisonAsWorkQueue(s.Queue)
 	}
 	q.mu.Lock()
 	named := q.named[s.Queue]
@@ -82,6 +88,17 @@ func (q *Queues) check(s Subscribed) error {
 	}
 	return fmt.Errorf("%w: the subscriber binds queue %q, which this Retry would not send its retries to%s: its config's Queue.GenerateName is not the one the Retry made the config with (replaced on a copy of SubscriberConfig(), say); make the config with Retry.SubscriberConfigFor(yourGenerateName) instead: the Retry then sends each queue's retries back to it",
 		amqpretry.ErrNotWired, s.Queue, instead)
+}
+
+// poisonAsWorkQueue is the refusal of queue, the poison queue, as a work queue: before
+// the handler is added (AddHandler) and before anything is declared (BuildTopology).
+func (w *Wiring) poisonAsWorkQueue(queue string) error {
+	stray := ""
+	if !w.InProcess() && w.cfg.Topology == topology.ModeDeclare {
+		stray = fmt.Sprintf(" (New declared it as the poison queue: then delete it, `rabbitmqctl delete_queue %s`, once nothing in it is needed, so that the subscriber can declare the work queue)", queue)
+	}
+	return fmt.Errorf("%w: queue %q is this Retry's poison queue (Config.PoisonQueue): a subscriber with retries would send its failures back into it; if it is a work queue, give the poison queue a name of its own (by default %q)%s; to read the poison queue, use a subscriber built from Retry.PoisonSubscriberConfig()",
+		amqpretry.ErrNotWired, queue, names.Names{Prefix: w.cfg.Prefix}.Poison(), stray)
 }
 
 // DeclareExchange is Wiring.DeclareExchange.

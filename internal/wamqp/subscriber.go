@@ -9,7 +9,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"maps"
+	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -18,6 +18,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/marshal"
+	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
@@ -81,18 +82,15 @@ func (w *Wiring) Marshaler() marshal.Marshaler {
 	return marshal.Marshaler{Options: o}
 }
 
-// WorkQueueArgs returns args with what a work queue needs added (a quorum queue that
-// holds returned deliveries, with delayed retries), as a new table; args itself when
-// it needs nothing.
+// WorkQueueArgs returns args with what a work queue needs added (with delayed retries:
+// a quorum queue that holds returned deliveries, dead-lettering to the poison queue
+// unless args name a dead-letter exchange), as a new table; args itself when it needs
+// nothing. New has refused args that give one of these another value.
 func (w *Wiring) WorkQueueArgs(args amqp.Table) amqp.Table {
 	if w.view.WorkQueueArgs == nil && w.cfg.OrderKey == nil {
 		return args
 	}
-	out := maps.Clone(args)
-	if out == nil {
-		out = amqp.Table{}
-	}
-	maps.Copy(out, w.view.WorkQueueArgs)
+	out, _ := backend.MergeWorkQueueArgs(args, w.view.WorkQueueArgs)
 	if w.cfg.OrderKey != nil {
 		// One consumer at a time: competing consumers would break each key's order.
 		out[declare.SingleActiveConsumerArg] = true
@@ -115,6 +113,10 @@ func (sub Sub) validate(cfg amqpretry.Config) error {
 	}
 	if sub.QueueName == nil {
 		errs = append(errs, errors.New("Subscriber: Queue.GenerateName: required"))
+	} else if q := sub.QueueName("amqpretry-topic-1"); q == cfg.PoisonQueue && sub.QueueName("amqpretry-topic-2") == q {
+		// A GenerateName that names one queue whatever the topic: the work queue.
+		errs = append(errs, fmt.Errorf("PoisonQueue: %q is the work queue, the one queue the subscriber config's Queue.GenerateName names for every topic: a subscriber with retries would send its failures back into it; give the poison queue a name of its own (by default %q)",
+			q, names.Names{Prefix: cfg.Prefix}.Poison()))
 	}
 	if sub.NoRequeueOnNack {
 		errs = append(errs, errors.New("Subscriber: Consume.NoRequeueOnNack: must be false, or a failed hand-off would drop the message instead of requeueing it"))
@@ -128,8 +130,15 @@ func (sub Sub) validate(cfg amqpretry.Config) error {
 		}
 	}
 	if v.WorkQueueArgs != nil {
-		if t, ok := sub.QueueArgs[declare.QueueTypeArg]; ok && t != declare.QueueTypeQuorum {
-			errs = append(errs, fmt.Errorf("Subscriber: Queue.Arguments: %s %v: delayed retries need quorum work queues", declare.QueueTypeArg, t))
+		_, conflicts := backend.MergeWorkQueueArgs(sub.QueueArgs, v.WorkQueueArgs)
+		for _, c := range conflicts {
+			name, _, _ := strings.Cut(c, " ")
+			set := ""
+			if name == declare.DelayedRetryMinArg || name == declare.DelayedRetryMaxArg {
+				set = " (Config.DelayedRetryDelay sets it)"
+			}
+			errs = append(errs, fmt.Errorf("Subscriber: Queue.Arguments: %s: a work queue that holds delayed retries needs %s %s, which the subscriber config adds%s: leave it out of Queue.Arguments",
+				c, name, declare.FormatValue(v.WorkQueueArgs[name]), set))
 		}
 	}
 	return errors.Join(errs...)

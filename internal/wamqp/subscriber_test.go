@@ -3,6 +3,7 @@ package wamqp
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -10,6 +11,8 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/marshal"
 )
 
 // TestNewValidatesEveryField: New names every invalid field of the subscriber config
@@ -93,5 +96,62 @@ func TestNewDerivesOnce(t *testing.T) {
 	_ = w.WorkQueueArgs(nil)
 	if opens != 2 {
 		t.Errorf("the backend was opened %d times by New, want 2: once to plan, once to run", opens)
+	}
+}
+
+// TestPoisonQueueNamedLikeTheOneWorkQueue: a subscriber config whose Queue.GenerateName
+// names one queue whatever the topic has that queue as its work queue: New refuses a
+// poison queue of that name before it dials (issue 51), and only that.
+func TestPoisonQueueNamedLikeTheOneWorkQueue(t *testing.T) {
+	sub := Sub{URI: "amqp://guest:guest@127.0.0.1:1/", QueueName: func(string) string { return "orders" }, Marshal: &marshal.Options{}}
+	_, err := New(sub, amqpretry.Config{Prefix: "app", PoisonQueue: "orders"})
+	want := `PoisonQueue: "orders" is the work queue, the one queue the subscriber config's Queue.GenerateName names for every topic: a subscriber with retries would send its failures back into it; give the poison queue a name of its own (by default "app.poison")`
+	if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "dial") {
+		t.Errorf("New = %v, want refused before dialling: %s", err, want)
+	}
+	sub.QueueName = func(topic string) string { return topic } // "orders" only for topic "orders": AddHandler knows
+	if _, err := New(sub, amqpretry.Config{PoisonQueue: "orders"}); err == nil || strings.Contains(err.Error(), "PoisonQueue") {
+		t.Errorf("New with a queue per topic = %v, want only the dial to fail", err)
+	}
+}
+
+// TestWorkQueueArgsOfHeldRetries: with retries held in the work queue, the subscriber
+// config adds every argument the work queue needs, the poison queue as its dead-letter
+// target included, unless the user names a dead-letter exchange of their own; an
+// argument of the user's that gives one of them another value is refused by New,
+// named (issue 51).
+func TestWorkQueueArgsOfHeldRetries(t *testing.T) {
+	cfg := amqpretry.Config{Prefix: "app", Backend: delay.DelayedRetry{}, DelayedRetryDelay: 2 * time.Second}
+	needed := cfg.Derived().WorkQueueArgs
+	want := amqp.Table{"x-queue-type": "quorum", "x-delayed-retry-type": "returned", "x-delayed-retry-min": int64(2000), "x-delayed-retry-max": int64(2000),
+		"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "app.poison"}
+	for _, user := range []amqp.Table{nil, {"x-queue-type": "quorum"}, {"x-delayed-retry-min": int32(2000)}} {
+		got, conflicts := backend.MergeWorkQueueArgs(user, needed)
+		for k, v := range want {
+			if !declare.SameValue(got[k], v) {
+				t.Errorf("user %v: %s = %v, want %v", user, k, got[k], v)
+			}
+		}
+		if len(conflicts) != 0 {
+			t.Errorf("user %v: conflicts %v", user, conflicts)
+		}
+	}
+	got, _ := backend.MergeWorkQueueArgs(amqp.Table{"x-dead-letter-exchange": "app.dlx"}, needed)
+	if got["x-dead-letter-exchange"] != "app.dlx" || got["x-dead-letter-routing-key"] != nil {
+		t.Errorf("the user's own dead-letter exchange: %v", got)
+	}
+	sub := Sub{URI: "amqp://guest:guest@127.0.0.1:1/", QueueName: func(topic string) string { return topic }, Marshal: &marshal.Options{},
+		QueueArgs: amqp.Table{"x-delayed-retry-type": "all", "x-delayed-retry-max": int64(60000), "x-dead-letter-routing-key": "mine"}}
+	_, err := New(sub, cfg)
+	for _, w := range []string{
+		`Subscriber: Queue.Arguments: x-delayed-retry-max 60000: a work queue that holds delayed retries needs x-delayed-retry-max 2000, which the subscriber config adds (Config.DelayedRetryDelay sets it): leave it out of Queue.Arguments`,
+		`Subscriber: Queue.Arguments: x-delayed-retry-type all: a work queue that holds delayed retries needs x-delayed-retry-type "returned", which the subscriber config adds: leave it out of Queue.Arguments`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("New = %v, want %s", err, w)
+		}
+	}
+	if err != nil && strings.Contains(err.Error(), "x-dead-letter-routing-key") {
+		t.Errorf("New refused the user's own dead-letter routing key: %v", err)
 	}
 }

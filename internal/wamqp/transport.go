@@ -78,12 +78,16 @@ func (w *Wiring) DeclareExchange(ch *amqp.Channel, exchange, kind string, args a
 // AddHandler adds to router a handler that consumes topic through the subscriber
 // newSubscriber builds, closed when its subscription ends (in-process: the memory backend's publisher,
 // which must be a message.Subscriber, and is left open), with this Retry's middleware
-// on it. It first refuses a work queue that exists and cannot hold the retries
-// (Retry.CheckWorkQueue): refused here, not when the router runs.
+// on it. It first refuses the poison queue as the handler's queue, and a work queue
+// that exists and cannot hold the retries (Retry.CheckWorkQueue): refused here, not
+// when the router runs.
 func (w *Wiring) AddHandler(router *message.Router, handlerName, topic string, handler message.NoPublishHandlerFunc, newSubscriber func(watermill.LoggerAdapter) (message.Subscriber, error)) (*message.Handler, error) {
 	queue := topic
 	if w.sub.QueueName != nil {
 		queue = w.sub.QueueName(topic)
+	}
+	if queue == w.cfg.PoisonQueue {
+		return nil, fmt.Errorf("handler %q: %w", handlerName, w.poisonAsWorkQueue(queue))
 	}
 	if err := w.Retry.CheckWorkQueue(queue); err != nil {
 		return nil, fmt.Errorf("handler %q: %w", handlerName, err)
@@ -107,17 +111,30 @@ func (w *Wiring) AddHandler(router *message.Router, handlerName, topic string, h
 	return h, nil
 }
 
-// ranHandler is h, telling the Retry that it ran; expectHandler, just inside the
-// Retry's middleware, tells it that h is below: a retry acked without h running was
-// dropped by a middleware in between (one added to the handler after AddHandler),
-// which the Retry logs once. Both go through the message's chain (ctxkey.Chain).
+// ranHandler is h, telling the Retry that it ran, and when it failed; expectHandler,
+// just inside the Retry's middleware, tells it that h is below: a retry acked without
+// h running was dropped by a middleware in between (one added to the handler after
+// AddHandler), and a failure turned into a success or run again was a middleware's
+// doing, which the Retry logs once where it cannot work (middleware/around.go). Both go
+// through the message's chain (ctxkey.Chain).
 func ranHandler(h message.NoPublishHandlerFunc) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
-		if c, ok := msg.Context().Value(ctxkey.Chain{}).(interface{ HandlerRan() }); ok {
+		c, _ := msg.Context().Value(ctxkey.Chain{}).(handlerMarks)
+		if c != nil {
 			c.HandlerRan()
 		}
-		return h(msg)
+		err := h(msg)
+		if err != nil && c != nil {
+			c.HandlerFailed(err)
+		}
+		return err
 	}
+}
+
+// handlerMarks is what ranHandler tells the Retry through the message's chain.
+type handlerMarks interface {
+	HandlerRan()
+	HandlerFailed(err error)
 }
 
 func expectHandler(h message.HandlerFunc) message.HandlerFunc {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -370,4 +371,225 @@ func PoisonQueueReadFromGo(t *testing.T, m Major) {
 		t.Fatalf("nothing read from poison queue %s within 30s", poison)
 	}
 	waitFor(t, 10*time.Second, "the acked message to leave the poison queue", func() bool { return brokertest.QueueLength(t, poison) == 0 })
+}
+
+// CQRSWarmingHandlerNeverStallsItsQueue (issue 49): a room-booking app on Watermill's
+// CQRS processors, four handlers (book and cancel, commands; invoice and notify, on
+// the roomBooked event), each on its own queue, one Retry with outage detection as it
+// comes. 100 bookings; invoice fails the first two attempts of a third of its events,
+// as a dependency that is slow to warm up does. Its queue must not be taken for one
+// whose dependency is down: every message runs once per attempt (the third on 1, 2,
+// 3; the others once), nothing is poisoned, and an outage, if one is judged to begin,
+// ends at its first probe. Asserted through the Observe events and the counts.
+func CQRSWarmingHandlerNeverStallsItsQueue(t *testing.T, m Major) {
+	brokertest.Dial(t)
+	prefix := brokertest.Prefix(t)
+	obs := &events{}
+	cfg := amqpretry.Config{
+		Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second}},
+		Prefix:  prefix,
+		Policy:  amqpretry.Policy{Delays: []time.Duration{time.Second}},
+		Observe: obs.observe,
+		Logger:  Logger(),
+	}
+	r := newRetry(t, m, Sub{URI: brokertest.URI(), Group: "bookings"}, cfg)
+
+	topic := func(name string) string { return prefix + "." + name }
+	queue := func(handler string) func(string) string {
+		return func(topic string) string { return topic + "_" + handler }
+	}
+	marshaler := cqrs.JSONMarshaler{}
+	handlers := map[string]string{ // handler: the topic it consumes
+		"book": topic(marshaler.Name(&bookRoom{})), "cancel": topic(marshaler.Name(&cancelBooking{})),
+		"invoice": topic(marshaler.Name(&roomBooked{})), "notify": topic(marshaler.Name(&roomBooked{})),
+	}
+	var queues, exchanges []string
+	for h, tp := range handlers {
+		queues = append(queues, queue(h)(tp))
+		exchanges = append(exchanges, tp)
+	}
+	brokertest.Cleanup(t, queues, exchanges)
+
+	const bookings, cancellations = 100, 10
+	warming := func(id string) bool { // a third of the bookings
+		i, _ := strconv.Atoi(id)
+		return i%3 == 0
+	}
+	var mu sync.Mutex
+	runs := map[string][]int{} // "handler booking": the attempts it ran on
+	ran := func(ctx context.Context, handler, id string) int {
+		attempt := amqpretry.Attempt(cqrs.OriginalMessageFromCtx(ctx))
+		mu.Lock()
+		runs[handler+" "+id] = append(runs[handler+" "+id], attempt)
+		mu.Unlock()
+		return attempt
+	}
+	settled := make(chan string, 2*bookings)
+	settle := func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			defer func() { settled <- message.HandlerNameFromCtx(msg.Context()) }()
+			return h(msg)
+		}
+	}
+	pub := m.Publisher(t, Sub{URI: brokertest.URI(), Group: "publisher"})
+	generate := func(name string) (string, error) { return topic(name), nil }
+	subscriber := func(handler string) (message.Subscriber, error) {
+		return m.SubscriberFor(t, r, For{GenerateName: queue(handler)})
+	}
+	errWarming := errors.New("invoice service warming up: connection pool not ready")
+	newRouter(t, func(router *message.Router) {
+		eventBus, err := cqrs.NewEventBusWithConfig(pub, cqrs.EventBusConfig{
+			GeneratePublishTopic: func(p cqrs.GenerateEventPublishTopicParams) (string, error) { return generate(p.EventName) },
+			Marshaler:            marshaler,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		commands, err := cqrs.NewCommandProcessorWithConfig(router, cqrs.CommandProcessorConfig{
+			GenerateSubscribeTopic: func(p cqrs.CommandProcessorGenerateSubscribeTopicParams) (string, error) {
+				return generate(p.CommandName)
+			},
+			SubscriberConstructor: func(p cqrs.CommandProcessorSubscriberConstructorParams) (message.Subscriber, error) {
+				return subscriber(p.HandlerName)
+			},
+			Marshaler: marshaler,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		events, err := cqrs.NewEventProcessorWithConfig(router, cqrs.EventProcessorConfig{
+			GenerateSubscribeTopic: func(p cqrs.EventProcessorGenerateSubscribeTopicParams) (string, error) {
+				return generate(p.EventName)
+			},
+			SubscriberConstructor: func(p cqrs.EventProcessorSubscriberConstructorParams) (message.Subscriber, error) {
+				return subscriber(p.HandlerName)
+			},
+			Marshaler: marshaler,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = commands.AddHandlers(
+			cqrs.NewCommandHandler("book", func(ctx context.Context, c *bookRoom) error {
+				ran(ctx, "book", c.BookingID)
+				return eventBus.Publish(ctx, &roomBooked{BookingID: c.BookingID})
+			}),
+			cqrs.NewCommandHandler("cancel", func(ctx context.Context, c *cancelBooking) error {
+				ran(ctx, "cancel", c.BookingID)
+				return nil
+			}),
+		)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = events.AddHandlers(
+			cqrs.NewEventHandler("invoice", func(ctx context.Context, e *roomBooked) error {
+				if ran(ctx, "invoice", e.BookingID) <= 2 && warming(e.BookingID) {
+					return errWarming
+				}
+				return nil
+			}),
+			cqrs.NewEventHandler("notify", func(ctx context.Context, e *roomBooked) error {
+				ran(ctx, "notify", e.BookingID)
+				return nil
+			}),
+		)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}, settle, r.Middleware)
+
+	bus, err := cqrs.NewCommandBusWithConfig(pub, cqrs.CommandBusConfig{
+		GeneratePublishTopic: func(p cqrs.CommandBusGeneratePublishTopicParams) (string, error) { return generate(p.CommandName) },
+		Marshaler:            marshaler,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range bookings {
+		if err := bus.Send(context.Background(), &bookRoom{BookingID: strconv.Itoa(i)}); err != nil {
+			t.Fatal(err)
+		}
+		if i%10 == 5 {
+			if err := bus.Send(context.Background(), &cancelBooking{BookingID: strconv.Itoa(i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	third := 0
+	for i := range bookings {
+		if warming(strconv.Itoa(i)) {
+			third++
+		}
+	}
+	want := map[string]int{"book": bookings, "cancel": cancellations, "notify": bookings, "invoice": bookings + 2*third}
+	got := map[string]int{}
+	deadline := time.After(time.Minute)
+	for n := 0; n < bookings+cancellations+bookings+bookings+2*third; n++ {
+		select {
+		case h := <-settled:
+			got[h]++
+		case <-deadline:
+			t.Fatalf("settled %v within 1 min, want %v; %d outages begun, %d probes (a queue stalled)",
+				got, want, len(obs.of(amqpretry.EventOutageStarted)), len(obs.of(amqpretry.EventProbe)))
+		}
+	}
+	wantStats(t, r, int64(2*third), 0) // so nothing more is on its way
+	if !mapsEqual(got, want) {
+		t.Errorf("settled deliveries per handler %v, want %v", got, want)
+	}
+	mu.Lock()
+	perHandler := map[string]int{}
+	for key, attempts := range runs {
+		h, id, _ := strings.Cut(key, " ")
+		perHandler[h]++
+		wantAttempts := []int{1}
+		if h == "invoice" && warming(id) {
+			wantAttempts = []int{1, 2, 3}
+		}
+		if !slices.Equal(attempts, wantAttempts) {
+			t.Errorf("%s ran on attempts %v, want %v: once per attempt", key, attempts, wantAttempts)
+		}
+	}
+	mu.Unlock()
+	if want := map[string]int{"book": bookings, "cancel": cancellations, "invoice": bookings, "notify": bookings}; !mapsEqual(perHandler, want) {
+		t.Errorf("messages per handler %v, want %v (none lost)", perHandler, want)
+	}
+	// Each outage, per queue: begun, then its first probe succeeds and ends it.
+	trips := 0
+	obs.mu.Lock()
+	next := map[string]string{} // queue: the outage event expected next
+	for _, ev := range obs.all {
+		switch ev.Kind {
+		case amqpretry.EventOutageStarted:
+			trips++
+			if next[ev.Queue] != "" {
+				t.Errorf("queue %s: an outage began while %s", ev.Queue, next[ev.Queue])
+			}
+			next[ev.Queue] = "its first probe"
+		case amqpretry.EventProbe:
+			if next[ev.Queue] != "its first probe" {
+				t.Errorf("queue %s: a probe (attempt %d, %v) while %s was expected", ev.Queue, ev.Attempt, ev.Err, next[ev.Queue])
+			} else if ev.Err != nil {
+				t.Errorf("queue %s: the outage's first probe failed (attempt %d: %v): a false trip must end at its first probe", ev.Queue, ev.Attempt, ev.Err)
+			}
+			next[ev.Queue] = "the outage's end"
+		case amqpretry.EventOutageEnded:
+			if next[ev.Queue] != "the outage's end" {
+				t.Errorf("queue %s: an outage ended while %s was expected", ev.Queue, next[ev.Queue])
+			}
+			delete(next, ev.Queue)
+		}
+	}
+	obs.mu.Unlock()
+	for q, what := range next {
+		t.Errorf("queue %s: still waiting for %s", q, what)
+	}
+	t.Logf("%d bookings, invoice failing the first two attempts of %d: %d outages begun; stats %+v", bookings, third, trips, r.Stats())
+	for _, q := range queues {
+		if n := brokertest.QueueLength(t, q); n != 0 {
+			t.Errorf("%d messages left in %s", n, q)
+		}
+	}
 }

@@ -7,6 +7,7 @@ package gluetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -19,7 +20,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
 	"github.com/amqpretry/amqpretry/internal/version"
 	"github.com/amqpretry/amqpretry/middleware"
@@ -34,6 +35,15 @@ var quorum = amqp.Table{"x-queue-type": "quorum"}
 // message goes there instead of being dropped.
 func quorumToPoison(s setup) amqp.Table {
 	return amqp.Table{"x-queue-type": "quorum", "x-dead-letter-exchange": "", "x-dead-letter-routing-key": s.prefix + ".poison"}
+}
+
+// reconnectBound bounds how long after a broker outage of the given length
+// watermill-amqp's subscriber takes to reconnect, with its default ReconnectConfig (the
+// library's subscriber configs keep it): attempts 500 ms apart, the interval growing
+// 1.5 times per attempt up to 60 s, each randomized by 50%. After an outage of d the
+// next interval is at most 1.5 d + 0.75 s, and never more than 90 s.
+func reconnectBound(d time.Duration) time.Duration {
+	return min(d*3/2+750*time.Millisecond, 90*time.Second)
 }
 
 // need43 skips t on a broker older than RabbitMQ 4.3.
@@ -358,18 +368,23 @@ func DelayedRetryWaitsThroughFaults(t *testing.T, m Major) {
 			}
 			rec.waitSettled(t, n, 30*time.Second) // every first attempt failed: all held
 			ctx := context.Background()
-			if out, err := brokertest.Ctl(ctx, fault...); err != nil {
+			faulted := time.Now()
+			var outage time.Duration // how long the subscriber could not reconnect
+			if fault[0] == "stop_app" {
+				var err error
+				if outage, err = brokertest.RestartApp(ctx); err != nil {
+					t.Fatal(err)
+				}
+			} else if out, err := brokertest.Ctl(ctx, fault...); err != nil {
 				t.Fatalf("%v\n%s", err, out)
 			}
-			if fault[0] == "stop_app" {
-				if out, err := brokertest.Ctl(ctx, "start_app"); err != nil {
-					t.Fatalf("%v\n%s", err, out)
-				}
-				if out, err := brokertest.Ctl(ctx, "await_startup"); err != nil {
-					t.Fatalf("%v\n%s", err, out)
-				}
-			}
-			calls := rec.waitCalls(t, 2*n, 90*time.Second)
+			// The held retries come due DelayedRetryDelay after their failure, and are
+			// delivered once the subscriber is back: bound both, with a margin for a
+			// loaded machine.
+			bound := s.cfg.DelayedRetryDelay + reconnectBound(outage) + 30*time.Second
+			calls := rec.waitCalls(t, 2*n, bound)
+			t.Logf("%s: broker out %s; all %d retries handled %s after the fault (bound %s)", fault[0],
+				outage.Round(time.Millisecond), n, time.Since(faulted).Round(time.Millisecond), bound.Round(time.Millisecond))
 			got := attemptsByUUID(calls)
 			if len(got) != n {
 				t.Errorf("%d distinct messages handled, want %d", len(got), n)
@@ -421,14 +436,35 @@ func CopyingBackendOnADelayedRetryQueueKeepsIt(t *testing.T, m Major) {
 	if err == nil || !strings.Contains(err.Error(), "x-delayed-retry") || !strings.Contains(err.Error(), "Queue.Arguments") || strings.Contains(err.Error(), "delete it and") {
 		t.Fatalf("Subscribe = %v, want the argument clash with the fix: keep the arguments", err)
 	}
+	// The work queue as the delayed-retry config declared it, every argument named
+	// (RabbitMQ's refusal names one): its dead-letter target too.
 	kept := s.sub
-	kept.QueueArgs = amqp.Table{}
-	for k, v := range backend.WorkQueueArgs(s.cfg.DelayedRetryDelay) {
-		kept.QueueArgs[k] = v
+	kept.QueueArgs = workQueueArgs(t, s.cfg, s.topic)
+	for k, v := range kept.QueueArgs {
+		if !strings.Contains(err.Error(), fmt.Sprintf("%s: %s", k, declare.FormatValue(v))) {
+			t.Errorf("Subscribe = %v, does not name %s %v", err, k, v)
+		}
 	}
 	rec := newRecorder(failFirst(0))
 	run(t, m, newRetry(t, m, kept, cfg), s.topic, rec.handle)
 	if calls := rec.waitCalls(t, 1, 30*time.Second); calls[0].msg.UUID != "held" {
 		t.Errorf("got %q, want the held retry", calls[0].msg.UUID)
 	}
+}
+
+// workQueueArgs are the arguments cfg's subscribers declare work queue queue with (no
+// Queue.Arguments of the user's), as its plan has them.
+func workQueueArgs(t *testing.T, cfg amqpretry.Config, queue string) amqp.Table {
+	t.Helper()
+	plan, err := cfg.Plan(queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range plan.Queues {
+		if q.Name == queue {
+			return q.Args
+		}
+	}
+	t.Fatalf("the plan of %s declares no work queue %s", cfg.Backend, queue)
+	return nil
 }

@@ -16,7 +16,6 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
-	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/ops"
@@ -89,7 +88,7 @@ func PoisonQueueGoneNeverRerunsTheHandler(t *testing.T, m Major) {
 				// Nothing declared by the library: the work queue as an administrator
 				// made it, and no poison queue.
 				s.sub.QueueArgs = quorum
-				if _, err := ch.QueueDeclare(s.topic, true, false, false, false, backend.WorkQueueArgs(s.cfg.DelayedRetryDelay)); err != nil {
+				if _, err := ch.QueueDeclare(s.topic, true, false, false, false, workQueueArgs(t, s.cfg, s.topic)); err != nil {
 					t.Fatal(err)
 				}
 			} else {

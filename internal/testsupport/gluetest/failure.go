@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -106,12 +107,14 @@ func RouterWideMiddlewaresOfTwoGroupsEachRetryTheirOwn(t *testing.T, m Major) {
 	}
 }
 
-// SubscriberNotBuiltFromSubscriberConfigFailsLoudly: a subscriber built from the
-// application's own watermill-amqp config, not SubscriberConfig(). The retry cannot be
-// routed back, so it is not parked: each failure is logged at ERROR with ErrNotWired
-// and the fix, the message is nacked with a growing pause, and after HandoffAttempts it
-// is poisoned with that error. A canary behind it is handled meanwhile.
-func SubscriberNotBuiltFromSubscriberConfigFailsLoudly(t *testing.T, m Major) {
+// SubscriberNotBuiltFromSubscriberConfigIsPoisonedAtOnce: a subscriber built from the
+// application's own watermill-amqp config, not SubscriberConfig(), under the Retry's
+// router-level middleware (issue 51). The retry cannot be routed back, at this
+// delivery as at any other, so the message is poisoned at its first failure, reason
+// handoff-failed, its envelope naming ErrNotWired's fix: the handler runs once, and
+// one line is logged at ERROR (the router's logger shares the Retry's: no "Handler
+// returned error" either). A canary behind it is handled.
+func SubscriberNotBuiltFromSubscriberConfigIsPoisonedAtOnce(t *testing.T, m Major) {
 	s := newSetup(t, m, delay.TTLTiers{})
 	logs := &logCapture{}
 	s.cfg.Logger = logs
@@ -123,40 +126,108 @@ func SubscriberNotBuiltFromSubscriberConfigFailsLoudly(t *testing.T, m Major) {
 		}
 		return errFlaky
 	})
-	newRouter(t, func(router *message.Router) {
-		router.AddConsumerHandler("orders", s.topic, sub, rec.handle)
-	}, r.Middleware)
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, logs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	router.AddMiddleware(r.Middleware)
+	router.AddConsumerHandler("orders", s.topic, sub, rec.handle)
+	go func() { _ = router.Run(context.Background()) }()
+	<-router.Running()
+	t.Cleanup(func() { _ = router.Close() })
 	publish(t, m, s.topic, "misrouted")
 	publish(t, m, s.topic, "canary")
 
 	msg := poisoned(t, s.prefix+".poison", 30*time.Second)
 	env := middleware.ReadEnvelope(msg.Metadata)
-	if msg.UUID != "misrouted" || env.Reason != amqpretry.ReasonHandoffFailed {
-		t.Errorf("poisoned %s with reason %q, want misrouted, handoff-failed", msg.UUID, env.Reason)
+	if msg.UUID != "misrouted" || env.Reason != amqpretry.ReasonHandoffFailed || env.Attempt != 1 {
+		t.Errorf("poisoned %s with reason %q at attempt %d, want misrouted, handoff-failed, 1", msg.UUID, env.Reason, env.Attempt)
 	}
-	if !strings.Contains(env.Error, "SubscriberConfig()") || !strings.Contains(env.Error, "AddHandler") {
-		t.Errorf("poisoned error %q does not name the fix", env.Error)
+	for _, want := range []string{amqpretry.ErrNotWired.Error(), "SubscriberConfig()", "AddHandler", errFlaky.Error()} {
+		if !strings.Contains(env.Error, want) {
+			t.Errorf("poisoned error %q does not say %s", env.Error, want)
+		}
 	}
+	rec.waitCalls(t, 2, 10*time.Second)
 	got := attemptsByUUID(rec.snapshot())
-	if n := len(got["misrouted"]); n != handoffAttempts {
-		t.Errorf("handler ran %d times for the misrouted message, want %d", n, handoffAttempts)
+	if n := len(got["misrouted"]); n != 1 {
+		t.Errorf("handler ran %d times for the misrouted message, want once", n)
 	}
 	if n := len(got["canary"]); n != 1 {
 		t.Errorf("canary handled %d times, want 1", n)
 	}
-	notWired := 0
-	for _, l := range logs.at(watermill.ErrorLogLevel) {
-		if errors.Is(l.Err, amqpretry.ErrNotWired) {
-			notWired++
-		}
+	errs := logs.at(watermill.ErrorLogLevel)
+	if len(errs) != 1 || !errors.Is(errs[0].Err, amqpretry.ErrNotWired) || !errors.Is(errs[0].Err, errFlaky) {
+		t.Errorf("%d ERROR lines, want one with ErrNotWired and the handler's error: %+v", len(errs), errs)
 	}
-	if notWired != handoffAttempts {
-		t.Errorf("%d ERROR lines with ErrNotWired, want %d", notWired, handoffAttempts)
+	if st := r.Stats(); st.Poisoned != 1 || st.Retries != 0 {
+		t.Errorf("stats %+v, want 1 poisoned, no retry", st)
 	}
 	for _, q := range []string{s.prefix + ".parking", s.prefix + ".delay.500ms", s.topic} {
 		if n := brokertest.QueueLength(t, q); n != 0 {
 			t.Errorf("%d messages left in %s", n, q)
 		}
+	}
+}
+
+// SubscriberWithoutTheMiddlewareIsRefusedNotLooped: a subscriber built from
+// SubscriberConfig() whose handler has no middleware of the Retry anywhere (issue 51:
+// its failing handler ran 8,189 times in 3 s). Nothing can tell at subscribe: the
+// handler fails once, and its redelivery is refused by the subscriber's marshaler,
+// paced, again and again (each refusal counted as a failed hand-off), never reaching
+// the handler; the first refusal is logged once at ERROR with ErrNotWired and the fix.
+// The refused message stays in its queue, at its head: a canary published behind it
+// is handled because the prefetch lets it through.
+func SubscriberWithoutTheMiddlewareIsRefusedNotLooped(t *testing.T, m Major) {
+	s := newSetup(t, m, delay.TTLTiers{})
+	logs := &logCapture{}
+	s.cfg.Logger = logs
+	s.sub.Prefetch = 10
+	r := newRetry(t, m, s.sub, s.cfg)
+	var badRuns atomic.Int64
+	rec := newRecorder(func(msg *message.Message) error {
+		// Past 10 runs it stops failing, so that code that loops stops loading the
+		// shared broker (the runs are counted below).
+		if msg.UUID == "bad" && badRuns.Add(1) <= 10 {
+			return errFlaky
+		}
+		return nil
+	})
+	sub := m.Subscriber(t, r)
+	newRouter(t, func(router *message.Router) {
+		router.AddConsumerHandler("no-middleware", s.topic, sub, rec.handle) // no r.Middleware
+	})
+	publish(t, m, s.topic, "bad")
+	publish(t, m, s.topic, "canary")
+
+	const refusals = 3
+	waitFor(t, 30*time.Second, "3 refusals of the redelivered message", func() bool { return r.Stats().HandoffFailures >= refusals })
+	got := attemptsByUUID(rec.waitCalls(t, 2, 10*time.Second))
+	if n := len(got["bad"]); n != 1 {
+		t.Errorf("the failing message ran %d times, want once", n)
+	}
+	if n := len(got["canary"]); n != 1 {
+		t.Errorf("canary handled %d times, want once", n)
+	}
+	var refused []watermill.CapturedMessage
+	for _, l := range logs.at(watermill.ErrorLogLevel) {
+		if strings.HasPrefix(l.Msg, "Message redelivered after its handler failed without the retry middleware") {
+			refused = append(refused, l)
+		}
+	}
+	if len(refused) != 1 {
+		t.Fatalf("%d ERROR lines for the refusals, want one: %+v", len(refused), logs.at(watermill.ErrorLogLevel))
+	}
+	if !errors.Is(refused[0].Err, amqpretry.ErrNotWired) {
+		t.Errorf("refusal logged with %v, want ErrNotWired", refused[0].Err)
+	}
+	for _, want := range []string{"Retry.AddHandler", "Retry.Middleware", "router.AddMiddleware"} {
+		if !strings.Contains(refused[0].Err.Error(), want) {
+			t.Errorf("refusal %q does not name %s", refused[0].Err, want)
+		}
+	}
+	if st := r.Stats(); st.Retries != 0 || st.Poisoned != 0 {
+		t.Errorf("stats %+v: something was handed off", st)
 	}
 }
 

@@ -84,7 +84,8 @@ func Run(t *testing.T, m Major) {
 		{"RetryAfterIsHonoured", RetryAfterIsHonoured, false},
 		{"FanoutRetryReachesOnlyTheFailingQueue", FanoutRetryReachesOnlyTheFailingQueue, false},
 		{"RouterWideMiddlewaresOfTwoGroupsEachRetryTheirOwn", RouterWideMiddlewaresOfTwoGroupsEachRetryTheirOwn, false},
-		{"SubscriberNotBuiltFromSubscriberConfigFailsLoudly", SubscriberNotBuiltFromSubscriberConfigFailsLoudly, true},
+		{"SubscriberNotBuiltFromSubscriberConfigIsPoisonedAtOnce", SubscriberNotBuiltFromSubscriberConfigIsPoisonedAtOnce, true},
+		{"SubscriberWithoutTheMiddlewareIsRefusedNotLooped", SubscriberWithoutTheMiddlewareIsRefusedNotLooped, true},
 		{"DeletedDelayExchangeIsDeclaredAgainAtTheFirstHandoff", DeletedDelayExchangeIsDeclaredAgainAtTheFirstHandoff, false},
 		{"DeletedPoisonQueueIsDeclaredAgain", DeletedPoisonQueueIsDeclaredAgain, false},
 		{"HandoffThatKeepsFailingBacksOffThenPoisons", HandoffThatKeepsFailingBacksOffThenPoisons, false},
@@ -119,7 +120,10 @@ func Run(t *testing.T, m Major) {
 		{"PanicUnderRecovererIsRetriedThenPoisonedWithItsStack", PanicUnderRecovererIsRetriedThenPoisonedWithItsStack, true},
 		{"CQRSEventsUndecodableAtOnceAttemptFromContext", CQRSEventsUndecodableAtOnceAttemptFromContext, true},
 		{"CQRSHandlersShareOneRetry", CQRSHandlersShareOneRetry, false},
+		{"CQRSWarmingHandlerNeverStallsItsQueue", CQRSWarmingHandlerNeverStallsItsQueue, false},
 		{"MiswiredSubscriberIsRefusedAtSubscribe", MiswiredSubscriberIsRefusedAtSubscribe, true},
+		{"PoisonQueueNamedLikeTheWorkQueue", PoisonQueueNamedLikeTheWorkQueue, true},
+		{"HeldRetriesStartWithNoError", HeldRetriesStartWithNoError, true},
 		{"PoisonQueueReadFromGo", PoisonQueueReadFromGo, true},
 		{"OutageIsNotAPoison", OutageIsNotAPoison, false},
 		{"OutageBeginsAtOnceOnUnavailableAndAnOpenBreaker", OutageBeginsAtOnceOnUnavailableAndAnOpenBreaker, false},
@@ -129,6 +133,7 @@ func Run(t *testing.T, m Major) {
 		{"OrderPoisonedHead", OrderPoisonedHead, false},
 		{"OrderNeedsOneActiveConsumer", OrderNeedsOneActiveConsumer, true},
 		{"DedupDropsDuplicatesNeverRetries", DedupDropsDuplicatesNeverRetries, false},
+		{"MiddlewareMatrix", MiddlewareMatrix, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if testing.Short() && !tc.quick {

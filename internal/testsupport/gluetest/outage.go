@@ -25,9 +25,10 @@ import (
 // and in the middle the handler's dependency is down for longer than the whole retry
 // schedule. With outage detection (the default), the outage poisons nothing, every
 // Permanent message is poisoned, nothing is lost, the handler runs while down are
-// bounded by the threshold and the probes (not by the traffic), and the fail-once
-// messages begin no outage of their own. On ttl-tiers and binary-levels on any broker,
-// and on delayed-retry and held retries on RabbitMQ 4.3.
+// bounded by the threshold and the probes (not by the traffic), the fail-once
+// messages begin no outage of their own, and every message runs once per attempt. On
+// ttl-tiers and binary-levels on any broker, and on delayed-retry and held retries on
+// RabbitMQ 4.3.
 func OutageIsNotAPoison(t *testing.T, m Major) {
 	for _, tc := range []struct {
 		name    delay.Backend
@@ -50,9 +51,12 @@ func OutageIsNotAPoison(t *testing.T, m Major) {
 				s.sub.QueueArgs = quorum
 			}
 			s.cfg.HeldRetries = tc.held
-			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3, InitialInterval: 500 * time.Millisecond, MaxInterval: time.Second, NoJitter: true}
+			// MaxAttempts 4: a fail-once message may lose two attempts to the outage
+			// (a run as it began, a probe) and still have one to spare. Each run is
+			// an attempt.
+			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 4, InitialInterval: 500 * time.Millisecond, MaxInterval: time.Second, NoJitter: true}
 			if tc.name == (delay.DelayedRetry{}) {
-				s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3}
+				s.cfg.Policy = amqpretry.Policy{MaxAttempts: 4}
 				s.cfg.DelayedRetryDelay = 500 * time.Millisecond
 			} else {
 				//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
@@ -79,7 +83,11 @@ func OutageIsNotAPoison(t *testing.T, m Major) {
 			var mu sync.Mutex
 			succeeded := map[string]bool{}
 			failedOnce := map[string]bool{}
+			ran := map[string][]int{} // the attempts each message ran on
 			handle := func(msg *message.Message) error {
+				mu.Lock()
+				ran[msg.UUID] = append(ran[msg.UUID], amqpretry.Attempt(msg))
+				mu.Unlock()
 				i, _ := strconv.Atoi(msg.UUID[1:])
 				if i%25 == 0 {
 					return amqpretry.Permanent(errors.New("malformed"))
@@ -188,6 +196,16 @@ func OutageIsNotAPoison(t *testing.T, m Major) {
 			if in != failedProbes {
 				t.Errorf("handler ran %d times while down in the outage, want only the %d failed probes", in, failedProbes)
 			}
+			mu.Lock()
+			defer mu.Unlock()
+			for id, attempts := range ran {
+				for k, a := range attempts {
+					if a != k+1 {
+						t.Errorf("%s ran on attempts %v, want once per attempt", id, attempts)
+						break
+					}
+				}
+			}
 		})
 	}
 }
@@ -204,9 +222,11 @@ func durations(evs []amqpretry.Event) []time.Duration {
 
 // OutageBeginsAtOnceOnUnavailableAndAnOpenBreaker: an error marked Unavailable, or
 // the refusal of Watermill's CircuitBreaker middleware (placed inside the retry
-// middleware) while open, begins the work queue's outage on its first occurrence: no
-// copy is made for it, the messages wait, and the outage ends when the dependency
-// returns, every message handled, none poisoned.
+// middleware) while open, begins the work queue's outage on its first occurrence: that
+// run was an attempt and takes the retry path, the other messages wait, and the outage
+// ends when the dependency returns, every message handled, none poisoned. Every run is
+// an attempt: a retry copy for the run that began it and for each failed probe, none
+// for the messages that waited.
 func OutageBeginsAtOnceOnUnavailableAndAnOpenBreaker(t *testing.T, m Major) {
 	for _, breaker := range []bool{false, true} {
 		name := "unavailable"
@@ -237,8 +257,12 @@ func OutageBeginsAtOnceOnUnavailableAndAnOpenBreaker(t *testing.T, m Major) {
 			r = newRetry(t, m, s.sub, s.cfg)
 			var mu sync.Mutex
 			okAttempts := map[string][]int{}
+			ran := map[string][]int{} // the attempts each message ran on
 			handle := func(msg *message.Message) error {
 				runs.Add(1)
+				mu.Lock()
+				ran[msg.UUID] = append(ran[msg.UUID], amqpretry.Attempt(msg))
+				mu.Unlock()
 				if down.Load() {
 					err := errors.New("dial tcp 10.0.0.5:5432: connection refused")
 					if !breaker {
@@ -293,8 +317,8 @@ func OutageBeginsAtOnceOnUnavailableAndAnOpenBreaker(t *testing.T, m Major) {
 			}
 			// Probes fail while the dependency is down; then it returns.
 			waitFor(t, 20*time.Second, "two probes", func() bool { return len(obs.of(amqpretry.EventProbe)) >= 2 })
-			if st := r.Stats(); st.Retries != wantRetries || st.Poisoned != 0 || st.InOutage != 1 {
-				t.Errorf("while down: %+v, want %d retries (none for the outage), none poisoned, one queue in outage", st, wantRetries)
+			if st := r.Stats(); st.Poisoned != 0 || st.InOutage != 1 {
+				t.Errorf("while down: %+v, want none poisoned, one queue in outage", st)
 			}
 			down.Store(false)
 			waitFor(t, 30*time.Second, "every message handled", func() bool {
@@ -303,18 +327,32 @@ func OutageBeginsAtOnceOnUnavailableAndAnOpenBreaker(t *testing.T, m Major) {
 				return len(okAttempts) == total
 			})
 			waitFor(t, 10*time.Second, "the outage to end", func() bool { return len(obs.of(amqpretry.EventOutageEnded)) == 1 })
+			failedProbes := int64(0)
+			for _, p := range obs.of(amqpretry.EventProbe) {
+				if p.Err != nil {
+					failedProbes++
+				}
+			}
 			mu.Lock()
 			for id, attempts := range okAttempts {
 				if len(attempts) != 1 {
 					t.Errorf("%s handled successfully %d times (attempts %v), want once", id, len(attempts), attempts)
 				}
-				if attempts[0] > 2 {
-					t.Errorf("%s succeeded on attempt %d: the outage spent its attempts", id, attempts[0])
+			}
+			for id, attempts := range ran {
+				// Once per attempt (the breaker's refusals are attempts the handler
+				// does not see).
+				for k, a := range attempts {
+					if a < k+1 || (k > 0 && a <= attempts[k-1]) || (!breaker && a != k+1) {
+						t.Errorf("%s ran on attempts %v, want once per attempt: a run is an attempt, and waiting spends none", id, attempts)
+						break
+					}
 				}
 			}
 			mu.Unlock()
-			if st := r.Stats(); st.Retries != wantRetries || st.Poisoned != 0 || st.InOutage != 0 || st.Outages != 1 {
-				t.Errorf("after: %+v, want %d retries, none poisoned, one outage, over", st, wantRetries)
+			if st := r.Stats(); st.Retries != wantRetries+1+failedProbes || st.Poisoned != 0 || st.InOutage != 0 || st.Outages != 1 {
+				t.Errorf("after: %+v, want %d retries (%d before the outage, the run that began it, %d failed probes), none poisoned, one outage, over",
+					st, wantRetries+1+failedProbes, wantRetries, failedProbes)
 			}
 			if n := len(obs.of(amqpretry.EventOutageStarted)); n != 1 {
 				t.Errorf("%d outages began, want 1", n)
@@ -366,8 +404,12 @@ func CloseDuringAnOutageLosesNothing(t *testing.T, m Major) {
 			var mu sync.Mutex
 			handled := map[string]int{}
 			attempts := map[string][]int{}
+			ranDown := map[string]int{} // runs while down
 			handle := func(msg *message.Message) error {
 				if down.Load() {
+					mu.Lock()
+					ranDown[msg.UUID]++
+					mu.Unlock()
 					return amqpretry.Unavailable(errors.New("dial tcp 10.0.0.5:5432: connection refused"))
 				}
 				mu.Lock()
@@ -414,9 +456,20 @@ func CloseDuringAnOutageLosesNothing(t *testing.T, m Major) {
 					t.Fatal(err)
 				}
 			}
-			waitFor(t, 20*time.Second, "a message waiting in each consumer", func() bool { return waiting.Load() == consumers })
-			if st := r1.Stats(); st.InOutage != 1 || st.Retries != 0 || st.Poisoned != 0 {
-				t.Fatalf("while down: %+v, want the queue in an outage, nothing retried or poisoned", st)
+			ranWhileDown := func() int {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(ranDown)
+			}
+			waitFor(t, 20*time.Second, "a message waiting in each consumer, the runs before the outage handed off", func() bool {
+				return waiting.Load() == consumers && r1.Stats().Retries == int64(ranWhileDown())
+			})
+			runsDown := ranWhileDown()
+			// The runs before the outage began (the first, and any that read it not
+			// begun yet, one per consumer at most) were attempts: each took the
+			// retry path. The waiting ones spent nothing.
+			if st := r1.Stats(); st.InOutage != 1 || st.Retries != int64(runsDown) || runsDown > consumers || st.Poisoned != 0 {
+				t.Fatalf("while down: %+v, %d messages ran; want the queue in an outage, one retry per run, at most %d, nothing poisoned", st, runsDown, consumers)
 			}
 			closed := make(chan error, 1)
 			go func() { closed <- router1.Close() }()
@@ -449,15 +502,15 @@ func CloseDuringAnOutageLosesNothing(t *testing.T, m Major) {
 				dups += n - 1
 				a := attempts[id]
 				byAttempt[a[0]]++
-				if a[0] != 1 && !counted {
-					t.Errorf("%s ran on attempt %v after the restart: waiting in the outage, or going back to the queue, spent an attempt", id, a)
+				if want := 1 + ranDown[id]; a[0] != want && !counted {
+					t.Errorf("%s ran on attempt %v after the restart, want %d (it ran %d times while down): waiting in the outage, or going back to the queue, spent an attempt", id, a, want, ranDown[id])
 				}
 			}
 			mu.Unlock()
 			st2 := r2.Stats()
-			t.Logf("%s%s: %d messages, %d handled more than once, first runs by attempt %v; first Retry %+v", tc.name.Name(), tc.variant, total, dups, byAttempt, st1)
-			if st1.Retries != 0 || st1.Poisoned != 0 || st2.Retries != 0 || st2.Poisoned != 0 {
-				t.Errorf("retried or poisoned for the outage: before Close %+v, after %+v", st1, st2)
+			t.Logf("%s%s: %d messages, %d ran while down, %d handled more than once, first runs by attempt %v; first Retry %+v", tc.name.Name(), tc.variant, total, runsDown, dups, byAttempt, st1)
+			if st1.Retries != int64(runsDown) || st1.Poisoned != 0 || st2.Retries != 0 || st2.Poisoned != 0 {
+				t.Errorf("retried or poisoned for the outage: before Close %+v (%d ran while down), after %+v", st1, runsDown, st2)
 			}
 		})
 	}
