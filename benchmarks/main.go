@@ -47,6 +47,8 @@ type Results struct {
 	LatenessMS              map[string]any `json:"lateness_ms"`
 	HeadOfLineMS            map[string]any `json:"head_of_line_ms"`
 	RSSGrowthMB             *float64       `json:"rss_growth_mb"`
+	// Order: issue 48's projection, ordered, unordered and in-process (order.go).
+	Order *orderFigures `json:"order,omitempty"`
 	// Brokers: with -also, every broker's figures under its version (the top level
 	// is AMQP_URI's).
 	Brokers map[string]*Results `json:"brokers,omitempty"`
@@ -77,6 +79,10 @@ type sizes struct {
 	baselineDelay      time.Duration // their delay, per-message-TTL baseline
 	rssN               int           // messages waiting in delay for the RSS figure
 	publishWorkers     int           // goroutines scheduling retries through a backend
+	// order: accounts and events per account of the projection, and the accounts of
+	// its in-process run
+	orderAccounts, orderEvents, orderInprocAccounts int
+	orderFailEvery                                  int // one event in this many fails once
 }
 
 func modeSizes(quick bool) sizes {
@@ -94,8 +100,14 @@ func modeSizes(quick bool) sizes {
 		baselineDelay:      10 * time.Minute,
 		rssN:               100_000,
 		publishWorkers:     16,
+		// 10,000 events; in-process 800 (about 40 s: it sleeps 500 ms per failure).
+		orderAccounts:       500,
+		orderEvents:         20,
+		orderInprocAccounts: 40,
+		orderFailEvery:      10,
 	}
 	if quick {
+		s.orderAccounts, s.orderEvents, s.orderInprocAccounts = 200, 15, 20
 		// In-process retry sleeps 300 ms per failing message inside the one handler:
 		// 5,000 messages would take 150 s per round. 500 keep the 10% mix and take 15 s;
 		// its steady-state window has 400 of them, 40 failing.
@@ -112,7 +124,7 @@ func main() {
 	jsonPath := flag.String("json", "", "write the figures as JSON to this file")
 	pngPath := flag.String("png", "", "write the plot here (default: beside -json, else results/quick.png or results/full.png)")
 	textPath := flag.String("text", "", "also write the results table to this file (default: beside -json, with .txt)")
-	only := flag.String("only", "", "comma-separated scenarios to run (throughput,ceiling,retrypath,lateness,headofline,rss), with -scale backends; default all")
+	only := flag.String("only", "", "comma-separated scenarios to run (throughput,ceiling,retrypath,lateness,headofline,rss,order), with -scale backends; default all")
 	concurrency := flag.Int("concurrency", 16, "handlers (broker retry) and consumer goroutines (raw loop) on the retry path")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process to this file")
 	mutexProfile := flag.String("mutexprofile", "", "write a mutex contention profile of this process to this file at the end")
@@ -134,6 +146,10 @@ func main() {
 	falseTrips := flag.Int("false-trips", 0, "run only the false-trip scenario (issue 49; outage.go) against AMQP_URI, this many rounds: failure patterns that are not an outage, and a real one, with outage detection; JSON to -json (default results/falsetrips.json), its table beside it")
 	tablePath := flag.String("false-trips-table", "", "print the table of this -false-trips JSON and exit")
 	falseTripRules := flag.String("false-trips-rules", "this branch's", "-false-trips: what the results table calls the outage rules measured (a version, a commit)")
+	orderB := flag.String("order-backends", strings.Join(orderBackends, ","), "order: the backends of the ordered and unordered runs (those this broker cannot run are skipped)")
+	orderAcc := flag.Int("order-accounts", 0, "order: accounts of the projection (default 500, quick 200)")
+	orderEv := flag.Int("order-events", 0, "order: events per account (default 20, quick 15)")
+	orderFail := flag.Int("order-fail-every", 10, "order: one event in this many fails once")
 	also := flag.String("also", "", "comma-separated AMQP URIs of more brokers to run the same suite against after AMQP_URI (JSON: one section per broker version under \"brokers\")")
 	flag.Parse()
 
@@ -184,6 +200,14 @@ func main() {
 		}
 		sz.throughputHandlers = append(sz.throughputHandlers, k)
 	}
+	if *orderAcc > 0 {
+		sz.orderAccounts = *orderAcc
+	}
+	if *orderEv > 0 {
+		sz.orderEvents = *orderEv
+	}
+	sz.orderFailEvery = max(*orderFail, 1)
+	orderBackends = strings.Split(*orderB, ",")
 	e := &env{
 		uri:    uri,
 		prefix: fmt.Sprintf("amqpretry-bench.%s.%d", time.Now().UTC().Format("150405"), os.Getpid()),
@@ -466,6 +490,9 @@ func main() {
 		if i > 0 {
 			path = strings.TrimSuffix(path, ".png") + "-rabbitmq-" + rep.broker + ".png"
 		}
+		if !rep.plotted() { // the order scenario alone: its figures are in the table
+			continue
+		}
 		if err := plotReport(path, rep); err != nil {
 			errs = append(errs, fmt.Errorf("plot: %w", err))
 		} else {
@@ -503,6 +530,7 @@ func run(ctx context.Context, e *env, only string) (*report, error) {
 		{"lateness", runLateness},
 		{"headofline", runHeadOfLine},
 		{"rss", runRSS},
+		{"order", runOrder},
 	}
 	var errs []error
 	for _, s := range scenarios {

@@ -28,7 +28,13 @@ type report struct {
 	latenessSkipped []string
 	headOfLine      []namedValue
 	rss             *rssDetail
+	order           *orderFigures
 	failures        []error
+}
+
+// plotted tells whether a scenario of the plot ran.
+func (r *report) plotted() bool {
+	return r.tp != nil || r.ceil != nil || r.rp != nil || len(r.lateness)+len(r.latenessSkipped) > 0 || len(r.headOfLine) > 0
 }
 
 type namedLateness struct {
@@ -138,6 +144,9 @@ func (r *report) table() string {
 	if v := r.results.RSSGrowthMB; v != nil && r.rss != nil {
 		fmt.Fprintf(w, "rss_growth_mb\t%.1f\t< 20\t%s\tVmRSS %.1f -> %.1f MiB after GC, %d retries waiting in ttl-tiers\n",
 			*v, met(*v < 20), r.rss.before, r.rss.after, r.rss.n)
+	}
+	if r.order != nil {
+		orderTable(func(format string, a ...any) { fmt.Fprintf(w, format, a...) }, r.order)
 	}
 	_ = w.Flush()
 	fmt.Fprintf(&b, "\n%s mode, RabbitMQ %s, %d CPUs, run time %s\n", r.mode, r.broker, numCPU(), r.elapsed.Round(time.Second))

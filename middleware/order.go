@@ -56,6 +56,7 @@ type keyState struct {
 	blocked   bool
 	since     time.Time // blocked since, as this process knows
 	behind    int64     // messages this process put behind it
+	own       bool      // blocked by this process: nothing is behind it but what it put there
 	releasing chan struct{}
 }
 
@@ -112,8 +113,27 @@ func (o *order) setBlocked(k orderKey) bool {
 		s = &keyState{}
 		o.known[k] = s
 	}
-	s.blocked, s.since = true, time.Now()
+	s.blocked, s.since, s.own = true, time.Now(), true
 	return true
+}
+
+// nothingBehind tells whether this process knows that nothing is behind k: it blocked
+// k itself and took all it put behind it.
+func (o *order) nothingBehind(k orderKey) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	s, ok := o.known[k]
+	return ok && s.blocked && s.own && s.behind == 0
+}
+
+// disown records that k may have messages behind it that this process did not put
+// there: its next release reads them.
+func (o *order) disown(k orderKey) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if s, ok := o.known[k]; ok {
+		s.own = false
+	}
 }
 
 // setBehind records that a message was put behind k, blocked.
@@ -305,10 +325,15 @@ func (e *engine) release(h message.HandlerFunc, trig *message.Message, d deliver
 	if !e.life.begin() {
 		return nil, e.refuseClosed(trig, d, nil)
 	}
-	c, err := o.lines.open(k)
-	if err != nil {
-		e.life.end()
-		return nil, e.releaseFailed(trig, d, err)
+	// Nothing behind the key that this process does not know of: no need to read its
+	// queue (unblock deletes it only if it is empty).
+	var c cursor = noneBehind{}
+	if !o.nothingBehind(k) {
+		var err error
+		if c, err = o.lines.open(k); err != nil {
+			e.life.end()
+			return nil, e.releaseFailed(trig, d, err)
+		}
 	}
 	var produced []*message.Message
 	var ran []func(ack bool) error // settled with trig
@@ -383,6 +408,7 @@ func (e *engine) release(h message.HandlerFunc, trig *message.Message, d deliver
 		case err != nil || !ok:
 			if err == nil {
 				err = errors.New("messages are behind it again")
+				o.disown(k)
 			}
 			e.cfg.Logger.Error("Could not unblock a key; a release is sent to run what is behind it", err, watermill.LogFields{"queue": d.queue, "order_key": d.orderKey})
 			e.releaseAgain(d)
@@ -393,6 +419,12 @@ func (e *engine) release(h message.HandlerFunc, trig *message.Message, d deliver
 	}()
 	return produced, nil
 }
+
+// noneBehind is the cursor of a key known to have nothing behind it.
+type noneBehind struct{}
+
+func (noneBehind) next() (*message.Message, func(ack bool) error, error) { return nil, nil, nil }
+func (noneBehind) close()                                                {}
 
 // giveBack puts the messages that ran back in front of their key's queue, in order.
 func giveBack(ran []func(ack bool) error) {
