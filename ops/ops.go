@@ -142,6 +142,13 @@ func HasParking(retry amqpretry.Config) bool {
 	return hasParking(v.Backend, names.Names{Prefix: retry.Prefix})
 }
 
+// BehindQueues is the name pattern of the queues where the later messages of a blocked
+// order key wait (amqpretry.Config.OrderKey), "<prefix>.behind.*", for a caller that
+// looks for them among queue names before it asks for Blocked. It touches no broker.
+func BehindQueues(retry amqpretry.Config) string {
+	return names.Names{Prefix: retry.WithDefaults().Prefix}.BehindQueues()
+}
+
 // hasParking tells whether b declares the parking queue under n: ops's one answer to
 // HasParking.
 func hasParking(b backend.Backend, n names.Names) bool {

@@ -14,7 +14,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/console"
-	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/ops"
 )
 
@@ -129,7 +128,7 @@ The waiting retries are read, and the blocked keys listed, with rabbitmqctl
 				},
 				Token: token, ReadOnly: readOnly, Hosts: allowed, Scheme: scheme,
 				Status:  ops.StatusOptions{WorkQueues: queues, Counts: counts},
-				Parking: ops.HasParking(cfg), Waiting: ctl != nil, Blocked: ctl != nil, BehindQueues: names.Names{Prefix: cfg.WithDefaults().Prefix}.BehindQueues(),
+				Parking: ops.HasParking(cfg), Waiting: ctl != nil, Blocked: ctl != nil, BehindQueues: ops.BehindQueues(cfg),
 				Limit: limit, Window: window,
 				Title:    fmt.Sprintf("%s, backend %s, prefix %s", redactURI(a.uri), cfg.Backend, cfg.Prefix),
 				Describe: func(f ops.Flag, s ops.Status) string { return a.describe(f, s, cfg, queues) },
