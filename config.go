@@ -29,7 +29,9 @@ type Config struct {
 	// ("delayed-retry"), delay.DeliveryTime{} ("delivery-time", over AMQP 1.0: the
 	// transport of package github.com/amqpretry/amqpretry/amqp1) or
 	// delay.Memory{Publisher: ...} ("memory"). A name read from configuration gives
-	// its value with delay.Parse: switching backends is a change of that string only.
+	// its value with delay.Parse. Switching backends is a change of that string, and of
+	// what the new one needs: memory a Publisher, delivery-time the amqp1 transport;
+	// delayed-retry refuses a Policy it cannot hold (Validate names the field).
 	// Default (nil): delay.TTLTiers{}.
 	Backend delay.Backend
 	// Prefix starts the name of every queue and exchange the library declares, so
@@ -363,8 +365,9 @@ func (c Config) setup() backend.Setup {
 // the backend c's value opens and what it can do, the one held in front of it, how to
 // fix a topology error, what its work queues need, the schedule, and every invalid
 // field (Validate). It is for this module's middleware, transports and ops (its type is
-// internal). Defaults are applied first; the policy is checked as c gives it. On the
-// Config a started Retry gives (middleware.Retry.Config) it returns what New derived.
+// internal). Defaults are applied first; the policy is checked as c gives it. It derives
+// afresh, also on the Config a started Retry gives (middleware.Retry.Config, which
+// carries none); what New derived is middleware.Retry.Derived.
 func (c Config) Derived() backend.Derived {
 	if c.derived != nil {
 		return *c.derived

@@ -141,8 +141,8 @@ func deliveryLimitFits(args map[string]any, maxAttempts int) error {
 }
 
 // Queue arguments RabbitMQ gives meaning to: copies of the library's internal
-// declare.DeliveryLimitArg and declare.QueueTypeArg, which this module cannot import
-// (a test pins the copies).
+// declare.DeliveryLimitArg and declare.QueueTypeArg: this module's code builds on the
+// root's public API only, not its internal/ (CI checks it; a test pins the copies).
 const (
 	deliveryLimitArg        = "x-delivery-limit"
 	queueTypeArg            = "x-queue-type"
@@ -222,8 +222,8 @@ func retryView(msg *message.Message, m *amqp.Message, r *middleware.Retry) {
 }
 
 // integer reads an AMQP integer of any width, as RabbitMQ takes x-delivery-limit: a
-// copy of the library's internal wire.Integer, which this module cannot import (a test
-// pins the copy).
+// copy of the library's internal wire.Integer: this module's code does not import the
+// root's internal/ (CI checks it; a test pins the copy).
 func integer(v any) (int64, bool) {
 	switch n := v.(type) {
 	case int8, int16, int32, int64, int:

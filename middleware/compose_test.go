@@ -135,6 +135,26 @@ func TestImmediateRetriesShareTheAttemptCount(t *testing.T) {
 		t.Errorf("after a delayed retry: attempts %v, next %+v; want [4], attempt 5 after 4s", c.attempts, env)
 	}
 
+	// Only a first delivery gets them: a message delayed by a RetryAfter on its first
+	// delivery that fails again on its second gets its next retry delayed, not run at
+	// once in the process (issue 50: attempt 3 ran at once).
+	b = &fakeBackend{}
+	e, _ = newEngine(t, amqpretry.Config{Policy: policy}, b)
+	c = &counting{do: func(int) error { return amqpretry.RetryAfter(errFlaky, time.Minute) }}
+	if _, err := e.Middleware(c.handle)(message.NewMessage("later", nil)); err != nil {
+		t.Fatal(err)
+	}
+	c = &counting{do: func(int) error { return errFlaky }}
+	if _, err := e.Middleware(c.handle)(b.msgs()[0]); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(c.attempts, []int{2}) || len(b.msgs()) != 2 {
+		t.Fatalf("second delivery after a RetryAfter: attempts %v, %d parked; want [2], 2", c.attempts, len(b.msgs()))
+	}
+	if env := ReadEnvelope(b.msgs()[1].Metadata); env.Attempt != 3 || env.RequestedDelay <= 0 {
+		t.Errorf("after a second delivery: next %+v; want attempt 3, delayed", env)
+	}
+
 	// A Permanent error skips them, and so does a RetryAfter.
 	for _, err := range []error{amqpretry.Permanent(errFlaky), amqpretry.RetryAfter(errFlaky, time.Minute)} {
 		b = &fakeBackend{}

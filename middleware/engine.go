@@ -478,7 +478,9 @@ func (e *engine) handle(h message.HandlerFunc, msg *message.Message, d delivery)
 		e.ackedInside(d)
 	}
 	run, attempt := msg, d.attempt
-	for err != nil && attempt <= e.cfg.Policy.Immediate {
+	// Immediate retries follow a failure of the message's first delivery only.
+	first := d.attempt <= 1
+	for err != nil && first && attempt <= e.cfg.Policy.Immediate {
 		var again bool
 		if again, decided = e.retryNow(d, run, attempt, err, decided); !again {
 			break

@@ -5,8 +5,9 @@ import "github.com/ThreeDotsLabs/watermill"
 // Log helpers: WARN where the logger has it.
 
 // warner is a logger with a WARN level. watermill.LoggerAdapter has none: where the
-// logger given has a Warn method it is used, else the line goes out at ERROR, so that
-// alerting on errors sees it.
+// logger given has a Warn method it is used; else a notice goes out at INFO, and a
+// warning at ERROR when it carries an error (so that alerting on errors sees it), at
+// INFO when it does not.
 type warner interface {
 	Warn(msg string, fields watermill.LogFields)
 }
