@@ -195,6 +195,12 @@ type delivery struct {
 	// behind tells that the message was taken from behind its key (release): it is
 	// no delivery of its work queue, which a holder could settle.
 	behind bool
+	// hold is this delivery's hold on its order key (order.hold), nil for none.
+	hold *keyHold
+	// headID is the key's head (its message's UUID) that a release runs for: a
+	// head's own, the head a release names, "" for an operator's release. A message
+	// behind the key that fails replaces it as the head.
+	headID string
 	// ackedOnEntry: a middleware outside acked the message before this Retry ran
 	// (Watermill's InstantAck).
 	ackedOnEntry bool
@@ -438,7 +444,9 @@ func (e *engine) Middleware(h message.HandlerFunc) message.HandlerFunc {
 				}
 			}
 			if e.order != nil {
-				if produced, done, err := e.orderRoute(h, msg, &d); done {
+				produced, done, err := e.orderRoute(h, msg, &d)
+				defer d.hold.end() // unless a release frees it
+				if done {
 					return produced, err
 				}
 			}

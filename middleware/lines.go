@@ -25,13 +25,17 @@ import (
 type lines interface {
 	// put puts msg behind k, confirmed, if k is blocked; false, nothing done, if not.
 	put(ctx context.Context, k orderKey, msg *message.Message) (bool, error)
-	// block blocks k: the place behind it exists, empty or not, once it returns nil.
-	block(k orderKey) error
+	// block blocks k behind head (a message's UUID): the place behind it exists,
+	// empty or not, and head is marked as k's head, once it returns nil. prev, if
+	// not "" nor head, is k's head it replaces: no longer marked.
+	block(k orderKey, head, prev string) error
+	// isHead tells whether head is marked as k's head (false when k is not blocked).
+	isHead(k orderKey, head string) (bool, error)
 	// open opens the messages behind k, to take them in order.
 	open(k orderKey) (cursor, error)
-	// unblock removes the place behind k if nothing is behind it (false if something
-	// is); a k not blocked is unblocked already.
-	unblock(k orderKey) (bool, error)
+	// unblock removes the place behind k, and its head's mark (head), if nothing is
+	// behind it (false if something is); a k not blocked is unblocked already.
+	unblock(k orderKey, head string) (bool, error)
 }
 
 // cursor takes the messages behind a key, in order.
@@ -45,7 +49,10 @@ type cursor interface {
 // brokerLines keeps the messages behind each blocked key in a durable queue of its own
 // on the broker (names.Names.Behind, declare.BehindQueue): a message is put behind a
 // key with a mandatory publish to its queue, which the broker returns when the key
-// has none, and taken with basic.get, on a channel of each release's own.
+// has none, and taken with basic.get, on a channel of each release's own. The key's
+// head is marked by a durable auto-delete exchange named for it
+// (names.Names.BehindHead), bound to the queue: deleted with the queue, or when
+// another head replaces it.
 type brokerLines struct {
 	handoff   backend.Handoff
 	names     names.Names
@@ -62,33 +69,84 @@ func (b brokerLines) put(ctx context.Context, k orderKey, msg *message.Message) 
 	return err == nil, err
 }
 
-func (b brokerLines) block(k orderKey) error {
+func (b brokerLines) mark(k orderKey, head string) string {
+	return b.names.BehindHead(k.queue, k.key, head)
+}
+
+func (b brokerLines) block(k orderKey, head, prev string) error {
 	q := b.queue(k)
 	t := topology.Topology{Queues: []topology.Queue{declare.BehindQueue(q, k.queue, k.key)}}
 	if err := b.handoff.Ensure(topology.ModeDeclare, t); err != nil {
 		return fmt.Errorf("declare queue %q: %w", q, err)
 	}
+	ch, err := b.channel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close() //nolint:errcheck // a refused declare has closed it already
+	// Marked before the old mark goes: a process that dies in between leaves both,
+	// and the messages it gives back (the head that ran, the one that became the
+	// head) make the old one run again and replace itself.
+	mark := b.mark(k, head)
+	if err := ch.ExchangeDeclare(mark, amqp.ExchangeDirect, true, true, false, false, nil); err != nil {
+		return fmt.Errorf("declare exchange %q: %w", mark, err)
+	}
+	if err := ch.QueueBind(q, headBinding, mark, false, nil); err != nil {
+		return fmt.Errorf("bind queue %q to exchange %q: %w", q, mark, err)
+	}
+	if prev != "" && prev != head {
+		old := b.mark(k, prev)
+		if err := ch.ExchangeDelete(old, false, false); err != nil && !amqperr.IsCode(err, amqp.NotFound) {
+			return fmt.Errorf("delete exchange %q: %w", old, err)
+		}
+	}
 	return nil
 }
 
-func (b brokerLines) open(k orderKey) (cursor, error) {
+// headBinding is the routing key of a head's mark's binding: nothing is published to
+// the mark.
+const headBinding = "head"
+
+func (b brokerLines) isHead(k orderKey, head string) (bool, error) {
+	ch, err := b.channel()
+	if err != nil {
+		return false, err
+	}
+	defer ch.Close() //nolint:errcheck // closed by the broker on 404
+	mark := b.mark(k, head)
+	err = ch.ExchangeDeclarePassive(mark, amqp.ExchangeDirect, true, true, false, false, nil)
+	switch {
+	case err == nil:
+		return true, nil
+	case amqperr.IsCode(err, amqp.NotFound):
+		return false, nil
+	}
+	return false, fmt.Errorf("check exchange %q: %w", mark, err)
+}
+
+// channel opens a channel of its own on the hand-off connection.
+func (b brokerLines) channel() (*amqp.Channel, error) {
 	conn, err := b.handoff.Connection()
 	if err != nil {
 		return nil, err
 	}
 	ch, err := conn.Channel()
 	if err != nil {
-		return nil, fmt.Errorf("open a channel to read queue %q: %w", b.queue(k), err)
+		return nil, fmt.Errorf("open a channel: %w", err)
+	}
+	return ch, nil
+}
+
+func (b brokerLines) open(k orderKey) (cursor, error) {
+	ch, err := b.channel()
+	if err != nil {
+		return nil, fmt.Errorf("read queue %q: %w", b.queue(k), err)
 	}
 	return &brokerCursor{ch: ch, queue: b.queue(k), unmarshal: b.unmarshal}, nil
 }
 
-func (b brokerLines) unblock(k orderKey) (bool, error) {
-	conn, err := b.handoff.Connection()
-	if err != nil {
-		return false, err
-	}
-	ch, err := conn.Channel()
+func (b brokerLines) unblock(k orderKey, head string) (bool, error) {
+	ch, err := b.channel()
 	if err != nil {
 		return false, err
 	}
@@ -97,12 +155,20 @@ func (b brokerLines) unblock(k orderKey) (bool, error) {
 	// messages taken are all acked before (basic.get's unacked ones are not counted).
 	_, err = ch.QueueDelete(b.queue(k), false, true, false)
 	switch {
-	case err == nil, amqperr.IsCode(err, amqp.NotFound):
-		return true, nil
 	case amqperr.IsCode(err, amqp.PreconditionFailed):
 		return false, nil
+	case err != nil && !amqperr.IsCode(err, amqp.NotFound):
+		return false, fmt.Errorf("delete queue %q: %w", b.queue(k), err)
 	}
-	return false, fmt.Errorf("delete queue %q: %w", b.queue(k), err)
+	if head != "" {
+		// Deleted with its queue, unless it was never bound: a process died
+		// between declaring and binding it.
+		if ch, err = b.channel(); err == nil {
+			_ = ch.ExchangeDelete(b.mark(k, head), false, false)
+			_ = ch.Close()
+		}
+	}
+	return true, nil
 }
 
 // brokerCursor reads one key's behind queue with basic.get.
@@ -148,6 +214,7 @@ type memoryLines struct {
 	mu   sync.Mutex
 	seq  uint64
 	line map[orderKey][]behindMsg
+	head map[orderKey]string
 }
 
 // behindMsg is a message behind a key, numbered in the order it was put there.
@@ -168,27 +235,36 @@ func (m *memoryLines) put(_ context.Context, k orderKey, msg *message.Message) (
 	return true, nil
 }
 
-func (m *memoryLines) block(k orderKey) error {
+func (m *memoryLines) block(k orderKey, head, _ string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.line == nil {
-		m.line = map[orderKey][]behindMsg{}
+		m.line, m.head = map[orderKey][]behindMsg{}, map[orderKey]string{}
 	}
 	if _, ok := m.line[k]; !ok {
 		m.line[k] = []behindMsg{}
 	}
+	m.head[k] = head
 	return nil
+}
+
+func (m *memoryLines) isHead(k orderKey, head string) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, blocked := m.line[k]
+	return blocked && m.head[k] == head, nil
 }
 
 func (m *memoryLines) open(k orderKey) (cursor, error) { return memoryCursor{m: m, k: k}, nil }
 
-func (m *memoryLines) unblock(k orderKey) (bool, error) {
+func (m *memoryLines) unblock(k orderKey, _ string) (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if len(m.line[k]) > 0 {
 		return false, nil
 	}
 	delete(m.line, k)
+	delete(m.head, k)
 	return true, nil
 }
 

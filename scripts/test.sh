@@ -22,7 +22,8 @@
 #               (internal/testsupport/noloss, amqp1), and on a three-node 4.3 cluster
 #               (scripts/cluster.sh); through changes of backend while retries wait
 #               (TestNoLossSwitch, 1-3 min each); the partition test on three 4.3 nodes
-#               in network namespaces (scripts/netcluster.sh)
+#               in network namespaces (scripts/netcluster.sh); order keys shared among
+#               partition queues by three consumer processes (TestOrderPartitions, 3.10)
 #
 # Where no broker answers at AMQP_URI it starts one: a local rabbitmq-server if
 # installed, else `docker compose up`. Under CI=true a broker that cannot be had fails
@@ -496,6 +497,11 @@ noloss() {
 }
 if [ "$NOLOSS" = 1 ] && [ "$broker" = ok ]; then
   noloss "the broker at AMQP_URI" "$AMQP_URI" "${AMQPRETRY_RABBITMQCTL:-rabbitmqctl}"
+  # Order keys shared among partitions (docs/ordering.md): 6 work queues, 3 consumer
+  # processes, one killed while its keys are blocked. It disturbs no broker.
+  step "order partitions on the broker at AMQP_URI: 6 work queues with one active consumer each, 3 consumer processes, one SIGKILLed while keys are blocked"
+  env AMQPRETRY_RABBITMQCTL="${AMQPRETRY_RABBITMQCTL:-rabbitmqctl}" AMQPRETRY_NOLOSS=1 \
+    go test -count=1 -timeout 15m -run '^TestOrderPartitions$' -v ./internal/testsupport/noloss
 fi
 
 if [ "$RABBITMQ4" = 1 ]; then

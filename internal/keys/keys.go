@@ -66,6 +66,10 @@ const (
 	// command publishes it (`amqpretry blocked release`), and so does a release that
 	// could not finish.
 	OrderRelease = "amqpretry-order-release"
+	// OrderReleaseHead, on a release that could not finish, names the head (its
+	// message's UUID) the release runs for: when it comes, it releases the key only
+	// if that message is still the key's head.
+	OrderReleaseHead = "amqpretry-order-release-head"
 )
 
 // Keys the marshaler writes on a received message and never publishes.

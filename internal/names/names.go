@@ -77,3 +77,11 @@ func (n Names) Behind(queue, key string) string {
 
 // BehindQueues is every queue of Behind, as a pattern.
 func (n Names) BehindQueues() string { return n.Prefix + ".behind.*" }
+
+// BehindHead is the exchange that marks head, a message's UUID, as the head of key in
+// work queue queue: "<prefix>.behind-head.<hash of queue, key and head>". It is bound to
+// the key's behind queue, and deleted with it (auto-delete).
+func (n Names) BehindHead(queue, key, head string) string {
+	sum := sha256.Sum256([]byte(queue + "\x00" + key + "\x00" + head))
+	return n.Prefix + ".behind-head." + hex.EncodeToString(sum[:20])
+}

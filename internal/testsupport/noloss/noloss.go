@@ -20,6 +20,16 @@
 //
 //	AMQPRETRY_NOLOSS=1 go test -count=1 -timeout 20m -run '^TestNoLossSwitch$' -v ./internal/testsupport/noloss
 //
+// The ordered variants (ttl-tiers+ordered, and delayed-retry+ordered on RabbitMQ 4.3)
+// keep each key's order (Config.OrderKey, docs/ordering.md): each message carries one
+// of OrderKeys keys, and the test also checks that no message of a key was handled for
+// the first time after a later one of its key was (out_of_order on the NOLOSS line).
+// TestOrderPartitions (orderpartitions_test.go) shares 40 keys among 6 partition work
+// queues consumed by 3 processes, one of them killed while its keys are blocked; it
+// disturbs no broker:
+//
+//	AMQPRETRY_NOLOSS=1 go test -count=1 -timeout 15m -run '^TestOrderPartitions$' -v ./internal/testsupport/noloss
+//
 // Against the three-node RabbitMQ 4.3 cluster of scripts/cluster.sh, which the test
 // starts (building it the first time; root) and stops (see cluster_test.go):
 //
@@ -30,7 +40,8 @@
 //	AMQPRETRY_NOLOSS=1               run the test (it skips otherwise)
 //	AMQPRETRY_BROKER_RESTART=1       one broker: allow its disturbance (brokertest)
 //	AMQP_URI, AMQPRETRY_RABBITMQCTL  one broker: where, and its rabbitmqctl (brokertest)
-//	AMQPRETRY_NOLOSS_N               messages per variant (5000; 2000 in the cluster)
+//	AMQPRETRY_NOLOSS_N               messages per variant (5000, or the variant's N; 2000
+//	                                 in the cluster)
 //	AMQPRETRY_NOLOSS_MAJOR           watermill-amqp major of the consumer: 3 (default) or 2
 //	AMQPRETRY_NOLOSS_BACKENDS        variants to run, comma-separated (Variants' names;
 //	                                 default all, in the cluster ttl-tiers,binary-levels)
@@ -74,6 +85,13 @@ type Variant struct {
 	// the variant's stages is used (the two-stage form needs one more failure than
 	// the retries it holds in the work queue to reach its copying backend).
 	Failures int
+	// Ordered keeps each key's order (amqpretry.Config.OrderKey: OrderKeyOf): the
+	// messages carry one of OrderKeys keys, each key's published in the order of
+	// their index, and the work queue has a single active consumer.
+	Ordered bool
+	// N is the variant's number of messages when the test is not told one (0: the
+	// test's default).
+	N int
 }
 
 // Variants lists every variant, in the order the test runs them.
@@ -84,8 +102,27 @@ func Variants() []Variant {
 		{Name: delay.DelayedExchange{}.Name(), Backend: delay.DelayedExchange{}, Failures: 2},
 		{Name: delay.DelayedRetry{}.Name(), Backend: delay.DelayedRetry{}, Failures: 2},
 		{Name: delay.TTLTiers{}.Name() + "+held-retries", Backend: delay.TTLTiers{}, HeldRetries: 2, Failures: 3},
+		{Name: delay.TTLTiers{}.Name() + "+ordered", Backend: delay.TTLTiers{}, Failures: 2, Ordered: true},
+		// A key's transient message holds the key back for two held delays (16 s), and
+		// about one message in five of each key is transient: 1,000 messages, about 21
+		// per key, keep each key's chain of retries near a minute and a half.
+		{Name: delay.DelayedRetry{}.Name() + "+ordered", Backend: delay.DelayedRetry{}, Failures: 2, Ordered: true, N: 1000},
 	}
 }
+
+// OrderKeys is how many order keys the messages of an ordered variant carry: message i
+// has key OrderKeyName(i % OrderKeys). A prime, so that every key gets the fates of
+// fates.For in the same proportions (1% permanent, 20% transient).
+const OrderKeys = 47
+
+// KeyMetadata is the metadata that carries a message's order key.
+const KeyMetadata = "noloss-key"
+
+// OrderKeyName is the name of order key k.
+func OrderKeyName(k int) string { return fmt.Sprintf("k%02d", k) }
+
+// OrderKeyOf is the Config.OrderKey of an ordered run: the message's KeyMetadata.
+func OrderKeyOf(msg *message.Message) string { return msg.Metadata.Get(KeyMetadata) }
 
 // VariantNamed returns the variant called name.
 func VariantNamed(name string) (Variant, bool) {
@@ -258,6 +295,9 @@ func (s Setup) Config() amqpretry.Config {
 		cfg.Levels = s.LevelsOf
 	}
 	cfg.Topology = s.Topology
+	if v.Ordered {
+		cfg.OrderKey = OrderKeyOf
+	}
 	if v.HoldsRetries() {
 		cfg.DelayedRetryDelay = s.HeldDelay()
 	}
@@ -324,6 +364,14 @@ const (
 	// HopsHeader lists the message's earlier retries that failed, as the consumer
 	// process that handled it saw them: "arrived ms:late ms", comma-separated.
 	HopsHeader = "noloss-hops"
+	// HandledHeader carries when the handler began the run that succeeded (Unix ns):
+	// the order in which the messages were handled, across the consumer processes of
+	// a run (one machine, one clock).
+	HandledHeader = "noloss-handled-ns"
+	// QueueHeader names the work queue the message was handled from, and PIDHeader
+	// the consumer process that handled it.
+	QueueHeader = "noloss-queue"
+	PIDHeader   = "noloss-pid"
 )
 
 // Ready is the line the consumer prints on stdout once its handlers are subscribed.

@@ -59,7 +59,10 @@ const (
 // the accounting. A variant the broker cannot run is skipped, saying why:
 // delayed-exchange without its plugin (or on 4.3, which cannot run it), delayed-retry
 // and the two-stage form before RabbitMQ 4.3 (the library refuses them,
-// delay.ErrUnsupported).
+// delay.ErrUnsupported). The ordered variants (noloss.Variant.Ordered) also count the
+// keys blocked at each fault, check that no message was handled for the first time
+// after a later message of its key (out_of_order on the NOLOSS line; a duplicate
+// counts at its first run only) and that every key was released at the end.
 //
 // Against one broker (AMQP_URI, rabbitmqctl from AMQPRETRY_RABBITMQCTL) the faults are:
 // its connections closed three times, the consumer killed with SIGKILL and restarted
@@ -98,6 +101,7 @@ func TestNoLoss(t *testing.T) {
 // options are the test's settings, from the environment.
 type options struct {
 	n, sabotage, major int
+	nSet               bool     // NEnv set: n for every variant, whatever its own N
 	only               []string // BackendsEnv
 	cluster            bool
 	// handoffPoisonOK accounts a transient message poisoned with reason handoff-failed
@@ -118,7 +122,7 @@ func readOptions(t *testing.T) options {
 		if err != nil || v < 1 {
 			t.Fatalf("%s=%q: want a positive number of messages", NEnv, s)
 		}
-		o.n = v
+		o.n, o.nSet = v, true
 	}
 	if s := os.Getenv(SabotageEnv); s != "" {
 		v, err := strconv.Atoi(s)
@@ -339,7 +343,8 @@ func (g *group) faultList() string {
 func (g *group) inject(f fault, waiting []int) {
 	g.t.Helper()
 	rec := faultRecord{name: f.name, start: time.Now(), waiting: waiting}
-	g.t.Logf("fault %d %s at %.1f s with %v retries waiting", len(g.faults)+1, f.name, g.elapsed(), waiting)
+	rec.blocked = g.blockedKeys()
+	g.t.Logf("fault %d %s at %.1f s with %v retries waiting%s", len(g.faults)+1, f.name, g.elapsed(), waiting, rec.blockedNote())
 	rec.note = f.inject(g)
 	rec.end = time.Now()
 	for _, r := range g.runs {
@@ -368,6 +373,17 @@ type run struct {
 	parking               string   // "" for delayed-exchange and delayed-retry, which have none
 	delayQueues           []string // where copies wait: none for delayed-exchange (inside the plugin) and delayed-retry
 	allQueues, exchanges  []string // everything the run declared, deleted at its end
+	// keys is how many order keys the messages carry (0: none): message i has key
+	// noloss.OrderKeyName(i % keys) in noloss.KeyMetadata. behind names the behind
+	// queues the keys may have (deleted at the end). queueOf, if set, names the work
+	// queue message i is published to, and works then lists them (the order
+	// partitions); r.work is the first.
+	keys    int
+	behind  []string
+	queueOf func(i int) string
+	works   []string
+	// acc, if set, has the records drained before the end (the order partitions).
+	acc *account
 
 	uuids     []string
 	fates     map[string]fates.Fate
@@ -398,6 +414,10 @@ type faultRecord struct {
 	note       string
 	start, end time.Time // from the first command to the broker being back
 	waiting    []int     // retries waiting in each run of the group when it started
+	// blocked is, for each ordered run of the group (none: no run is), how many of
+	// its keys were blocked when it started, and how many messages waited behind
+	// them.
+	blocked []blockedCount
 }
 
 func (f faultRecord) String(start time.Time) string {
@@ -406,6 +426,9 @@ func (f faultRecord) String(start time.Time) string {
 		w = append(w, strconv.Itoa(n))
 	}
 	s := fmt.Sprintf("%s@%.1fs+%.1fs(waiting=%s", f.name, f.start.Sub(start).Seconds(), f.end.Sub(f.start).Seconds(), strings.Join(w, "+"))
+	if len(f.blocked) > 0 {
+		s += "," + f.blockedFields(",")
+	}
 	if f.note != "" {
 		s += "," + f.note
 	}
@@ -418,7 +441,13 @@ func newRun(g *group, v noloss.Variant) *run {
 	s := g.b.setup()
 	s.Variant, s.Major, s.Prefix = v, g.o.major, brokertest.Prefix(t)
 	r := &run{g: g, t: t, ctx: g.ctx, b: g.b, s: s, v: v, idx: len(g.runs), n: g.o.n, sabotage: g.o.sabotage, published: map[int]bool{}}
+	if v.N > 0 && !g.o.nSet {
+		r.n = v.N
+	}
 	r.work, r.results = noloss.WorkQueue(s.Prefix), noloss.ResultsQueue(s.Prefix)
+	if v.Ordered {
+		r.orderKeys(noloss.OrderKeys)
+	}
 	r.logPath = filepath.Join(t.TempDir(), "consumer.log")
 	if dir := os.Getenv(LogsEnv); dir != "" {
 		t.Cleanup(func() {
@@ -547,7 +576,7 @@ func (r *run) deleteAll() {
 		return
 	}
 	defer noloss.CloseConn(conn)
-	for _, q := range r.allQueues {
+	for _, q := range append(slices.Clone(r.allQueues), r.behind...) {
 		if ch, err := conn.Channel(); err == nil {
 			_, _ = ch.QueueDelete(q, false, false, false)
 			_ = ch.Close()
@@ -565,6 +594,9 @@ func (r *run) deleteAll() {
 // parking queue and the delay queues.
 func (r *run) waitingQueues() []string {
 	qs := []string{r.work}
+	if len(r.works) > 0 {
+		qs = slices.Clone(r.works)
+	}
 	if r.parking != "" {
 		qs = append(qs, r.parking)
 	}
@@ -581,7 +613,10 @@ func (r *run) faults() []faultRecord { return r.g.faults }
 // loss or a wrong outcome.
 func (r *run) finish() *account {
 	t := r.t
-	acc := newAccount()
+	acc := r.acc
+	if acc == nil {
+		acc = newAccount()
+	}
 	missing := r.collectUntilAccounted(acc)
 	if len(missing) == 0 {
 		// Everything is accounted for; let duplicates in flight finish before the
@@ -605,8 +640,14 @@ func (r *run) finish() *account {
 	if r.scenario != "" {
 		cluster += " scenario=" + r.scenario
 	}
-	fmt.Printf("NOLOSS backend=%s rabbitmq=%s%s watermill-amqp=v%d n=%d faults=%d lost=%d duplicates=%d seconds=%.1f\n",
-		r.v.Name, r.version, cluster, r.s.Major, r.n, len(r.faults()), lost, dupUUIDs, seconds)
+	order := ""
+	var outOfOrder []string
+	if r.keys > 0 {
+		outOfOrder = r.outOfOrder(acc)
+		order = fmt.Sprintf(" out_of_order=%d", len(outOfOrder))
+	}
+	fmt.Printf("NOLOSS backend=%s rabbitmq=%s%s watermill-amqp=v%d n=%d faults=%d lost=%d duplicates=%d%s seconds=%.1f\n",
+		r.v.Name, r.version, cluster, r.s.Major, r.n, len(r.faults()), lost, dupUUIDs, order, seconds)
 	late := acc.lateness()
 	fmt.Printf("NOLOSS-DETAIL backend=%s handled=%d poisoned=%d extra_runs=%d sabotage=%d retries_timed=%d late_p50_ms=%d late_p99_ms=%d late_max_ms=%d faults=%q\n",
 		r.v.Name, len(acc.handled), len(acc.poisoned), extra, r.sabotage, len(late), pct(late, 50), pct(late, 99), pct(late, 100), r.g.faultList())
@@ -645,6 +686,13 @@ func (r *run) finish() *account {
 	}
 	for _, p := range acc.problems(r.fates, r.v.Failures, r.g.o.handoffPoisonOK) {
 		t.Errorf("%s: %s", r.v.Name, p)
+	}
+	if len(outOfOrder) > 0 {
+		t.Errorf("%s: %d messages handled for the first time after a later message of their key, the first %d: %s",
+			r.v.Name, len(outOfOrder), min(20, len(outOfOrder)), strings.Join(outOfOrder[:min(20, len(outOfOrder))], "; "))
+	}
+	if r.keys > 0 {
+		r.checkReleased()
 	}
 	// Nothing may be left where retries wait. rabbitmqctl's counts of quorum queues
 	// lag by seconds: a count above 0 is asked again for up to 20 s.
@@ -711,13 +759,20 @@ func (r *run) publishOnce(ctx context.Context, idx []int) (notConfirmed []int, e
 	returns := ch.NotifyReturn(make(chan amqp.Return, len(idx)))
 	confirms := make([]*amqp.DeferredConfirmation, len(idx))
 	for k, i := range idx {
-		msg := message.NewMessage(r.uuids[i], fates.Payload(i))
+		msg := message.NewMessage(r.uuids[i], fates.PayloadOf(r.fates[r.uuids[i]], i))
+		if r.keys > 0 {
+			msg.Metadata.Set(noloss.KeyMetadata, r.keyOf(i))
+		}
 		p, err := wamqp.DefaultMarshaler{}.Marshal(msg)
 		if err != nil {
 			return idx, err
 		}
 		p.MessageId = r.uuids[i]
-		if confirms[k], err = ch.PublishWithDeferredConfirmWithContext(ctx, "", r.work, true, false, p); err != nil {
+		queue := r.work
+		if r.queueOf != nil {
+			queue = r.queueOf(i)
+		}
+		if confirms[k], err = ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, p); err != nil {
 			return idx[k:], err
 		}
 	}
@@ -753,6 +808,10 @@ func (r *run) awaitWaitingRetries(lo, hi int) int {
 		}
 	}
 	want = max(min(want, 20), 1)
+	if r.keys > 0 {
+		// A blocked key has one retry waiting, its head, whatever waits behind it.
+		want = min(want, 10)
+	}
 	deadline := time.Now().Add(time.Minute)
 	for {
 		waiting := -1
@@ -878,6 +937,11 @@ type record struct {
 	late    time.Duration
 	timed   bool  // late is known: a retry
 	hops    []hop // the message's earlier retries, as far as the consumer process knew
+	// handled is when the run that succeeded began (to the nanosecond), queue the
+	// work queue it came from, pid the consumer process that ran it.
+	handled time.Time
+	queue   string
+	pid     int
 }
 
 // hop is one retry's delivery: when it arrived, and how late against its due time.
@@ -927,8 +991,14 @@ func (a *account) lateness() []time.Duration {
 	return out
 }
 
+// earliest is the first of a message's records: the first run that succeeded.
 func earliest(recs []record) record {
-	return slices.MinFunc(recs, func(a, b record) int { return a.arrived.Compare(b.arrived) })
+	return slices.MinFunc(recs, func(a, b record) int {
+		if c := a.handled.Compare(b.handled); c != 0 {
+			return c
+		}
+		return a.arrived.Compare(b.arrived)
+	})
 }
 
 // pct returns the p-th percentile of sorted durations, in ms (0 for none).
@@ -983,6 +1053,8 @@ func (a *account) problems(fateOf map[string]fates.Fate, failures int, handoffPo
 			out = append(out, fmt.Sprintf("message %s (fate permanent) was handled", id))
 		case fate == fates.Transient && first.attempt <= failures:
 			out = append(out, fmt.Sprintf("message %s (fate transient) succeeded on attempt %d", id, first.attempt))
+		case fate == fates.Once && first.attempt <= 1:
+			out = append(out, fmt.Sprintf("message %s (fate once) succeeded on attempt %d", id, first.attempt))
 		}
 	}
 	for id, reasons := range a.poisoned {
@@ -1090,6 +1162,9 @@ func (r *run) brokerCountsEach() map[string]int {
 	for _, q := range r.waitingQueues() {
 		out[q] = max(listed[q].Messages, r.count(q))
 	}
+	if r.keys > 0 {
+		_, out["behind queues"] = r.blockedIn(listed)
+	}
 	return out
 }
 
@@ -1143,6 +1218,13 @@ func (r *run) drain(a *account) {
 		if ms, ok := asInt(d.Headers[noloss.LateHeader]); ok {
 			rec.late, rec.timed = time.Duration(ms)*time.Millisecond, true
 		}
+		if ns, ok := d.Headers[noloss.HandledHeader].(int64); ok {
+			rec.handled = time.Unix(0, ns)
+		} else if r.keys > 0 {
+			a.unknown = append(a.unknown, fmt.Sprintf("result %q without %s: its order is unknown", d.Body, noloss.HandledHeader))
+		}
+		rec.queue, _ = d.Headers[noloss.QueueHeader].(string)
+		rec.pid, _ = asInt(d.Headers[noloss.PIDHeader])
 		if hops, ok := d.Headers[noloss.HopsHeader].(string); ok {
 			for _, h := range strings.Split(hops, ",") {
 				at, late, _ := strings.Cut(h, ":")
@@ -1238,6 +1320,7 @@ func sum(m map[string]int) int {
 // consumerProc is one run of the consumer program.
 type consumerProc struct {
 	cmd    *exec.Cmd
+	ready  chan struct{} // closed when it says it is ready
 	exited chan struct{}
 	err    error // after exited
 	killed bool
@@ -1248,17 +1331,26 @@ func (r *run) startConsumer() *consumerProc { return r.startConsumerWith(r.g.cli
 // startConsumerWith starts a consumer process under the command prefix client.
 func (r *run) startConsumerWith(client []string) *consumerProc {
 	r.t.Helper()
+	p := r.spawnConsumer(client, r.consumerArgs)
+	r.awaitReady(p)
+	return p
+}
+
+// spawnConsumer starts a consumer process under the command prefix client, with more
+// flags args, without waiting for it to be ready (awaitReady).
+func (r *run) spawnConsumer(client, args []string) *consumerProc {
+	r.t.Helper()
 	logf, err := os.OpenFile(r.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	args := []string{"-variant", r.v.Name, "-prefix", r.s.Prefix, "-sabotage", strconv.Itoa(r.sabotage)}
+	flags := []string{"-variant", r.v.Name, "-prefix", r.s.Prefix, "-sabotage", strconv.Itoa(r.sabotage)}
 	if len(r.s.Nodes) > 0 {
-		args = append(args, "-nodes", strings.Join(r.s.Nodes, ","))
+		flags = append(flags, "-nodes", strings.Join(r.s.Nodes, ","))
 	}
-	args = append(args, r.consumerArgs...)
+	flags = append(flags, args...)
 	argv := append(slices.Clone(client), r.g.bin)
-	cmd := exec.Command(argv[0], append(argv[1:], args...)...)
+	cmd := exec.Command(argv[0], append(argv[1:], flags...)...)
 	cmd.Env = append(os.Environ(), "AMQP_URI="+r.s.URI, fmt.Sprintf("%s=%d", noloss.MajorEnv, r.s.Major))
 	cmd.Stderr = logf
 	stdout, err := cmd.StdoutPipe()
@@ -1268,14 +1360,13 @@ func (r *run) startConsumerWith(client []string) *consumerProc {
 	if err := cmd.Start(); err != nil {
 		r.t.Fatal(err)
 	}
-	p := &consumerProc{cmd: cmd, exited: make(chan struct{})}
-	ready := make(chan struct{})
+	p := &consumerProc{cmd: cmd, exited: make(chan struct{}), ready: make(chan struct{})}
 	go func() {
 		s := bufio.NewScanner(stdout)
 		signalled := false
 		for s.Scan() {
 			if strings.HasPrefix(s.Text(), noloss.Ready) && !signalled {
-				close(ready)
+				close(p.ready)
 				signalled = true
 			}
 			fmt.Fprintln(logf, "stdout:", s.Text())
@@ -1284,16 +1375,20 @@ func (r *run) startConsumerWith(client []string) *consumerProc {
 		_ = logf.Close()
 		close(p.exited)
 	}()
+	return p
+}
+
+// awaitReady waits for p to say that its handlers are subscribed.
+func (r *run) awaitReady(p *consumerProc) {
+	r.t.Helper()
 	select {
-	case <-ready:
-		return p
+	case <-p.ready:
 	case <-p.exited:
 		r.fatal("consumer exited before it was ready: %v", p.err)
 	case <-time.After(time.Minute):
 		p.kill()
 		r.fatal("consumer not ready within a minute")
 	}
-	return nil
 }
 
 // checkAlive fails the run if the consumer died by itself.

@@ -7,8 +7,10 @@
 // persistent message with its UUID published with a publisher confirm to the run's
 // results queue. A record whose delivery's ack is then lost (SIGKILL, a closed
 // connection, a node gone) shows up twice: a duplicate, never a loss. Each record also
-// carries when the delivery arrived and, for a retry, how late it was against its due
-// time.
+// carries when the delivery arrived (to the nanosecond: the order of handling, which
+// the ordered runs check) and, for a retry, how late it was against its due time, the
+// work queue it came from and the process that handled it. -queues consumes several
+// work queues (the order partitions).
 //
 // The broker URI is read from AMQP_URI (never from the command line, never printed); in
 // a cluster, -nodes lists the nodes' host:port and every connection (subscribers,
@@ -47,7 +49,8 @@ func main() {
 	variant := flag.String("variant", "", "the run's variant (noloss.Variants)")
 	prefix := flag.String("prefix", "", "the run's prefix (queue and exchange names)")
 	nodes := flag.String("nodes", "", "a cluster's nodes, host:port, comma-separated (none: the broker at AMQP_URI)")
-	handlers := flag.Int("handlers", 4, "handlers (consumers) on the work queue")
+	handlers := flag.Int("handlers", 4, "handlers (consumers) on each work queue")
+	queues := flag.String("queues", "", "the work queues to consume, comma-separated (default: the run's one, noloss.WorkQueue of -prefix)")
 	sabotage := flag.Int("sabotage", 0, "FOR PROVING THE TEST ONLY: ack this many transient messages on their first attempt without handing them off or recording them, i.e. lose them")
 	// A run that changes backends while retries wait (TestNoLossSwitch) starts one
 	// consumer per configuration.
@@ -59,7 +62,7 @@ func main() {
 	flag.StringVar(&st.topology, "topology", "", "Config.Topology (default: declare)")
 	flag.StringVar(&st.heldLog, "held-log", "", "a file where the due time of each retry held in the work queue, and each retry that failed, is appended, and read at start: the consumers of one run share it")
 	flag.Parse()
-	if err := run(*variant, *prefix, *nodes, *handlers, *sabotage, st); err != nil {
+	if err := run(*variant, *prefix, *nodes, *queues, *handlers, *sabotage, st); err != nil {
 		fmt.Fprintln(os.Stderr, "noloss-consumer:", err)
 		os.Exit(1)
 	}
@@ -72,7 +75,7 @@ type stage struct {
 	quorum                           bool
 }
 
-func run(variant, prefix, nodes string, handlers, sabotage int, st stage) error {
+func run(variant, prefix, nodes, queues string, handlers, sabotage int, st stage) error {
 	uri := os.Getenv("AMQP_URI")
 	v, ok := noloss.VariantNamed(variant)
 	if uri == "" || prefix == "" || handlers < 1 || !ok {
@@ -117,13 +120,24 @@ func run(variant, prefix, nodes string, handlers, sabotage int, st stage) error 
 	if err != nil {
 		return err
 	}
-	topic := noloss.WorkQueue(prefix)
-	for i := range handlers {
-		// The README's one-call wiring: a subscriber from retry.SubscriberConfig() and
-		// retry.Middleware on the handler. Several handlers on the topic overlap the
-		// confirm waits (one consumer each).
-		if _, err := retry.AddHandler(router, fmt.Sprintf("noloss-%d", i), topic, c.handle); err != nil {
-			return err
+	topics := []string{noloss.WorkQueue(prefix)}
+	if queues != "" {
+		topics = strings.Split(queues, ",")
+	}
+	for qi, topic := range topics {
+		for i := range handlers {
+			// The README's one-call wiring: a subscriber from retry.SubscriberConfig()
+			// and retry.Middleware on the handler. Several handlers on the topic
+			// overlap the confirm waits (one consumer each; with an order key, one of
+			// them is the queue's single active consumer, the others wait their turn).
+			name := fmt.Sprintf("noloss-%d", i)
+			if len(topics) > 1 {
+				name = fmt.Sprintf("noloss-%d-%d", qi, i)
+			}
+			handle := func(msg *message.Message) error { return c.handle(topic, msg) }
+			if _, err := retry.AddHandler(router, name, topic, handle); err != nil {
+				return err
+			}
 		}
 	}
 
@@ -185,7 +199,7 @@ func (c *consumer) openHeldLog(path string) error {
 
 var errTransient = errors.New("noloss: transient failure (by the message's fate)")
 
-func (c *consumer) handle(msg *message.Message) error {
+func (c *consumer) handle(queue string, msg *message.Message) error {
 	arrived := time.Now()
 	fate, err := fates.Of(msg.Payload)
 	if err != nil {
@@ -206,6 +220,8 @@ func (c *consumer) handle(msg *message.Message) error {
 	switch {
 	case fate == fates.Permanent:
 		return amqpretry.Permanent(errors.New("noloss: permanent failure (by the message's fate)"))
+	case fate == fates.Once && attempt == 1:
+		return fmt.Errorf("attempt %d: %w", attempt, errTransient)
 	case fate == fates.Transient && attempt <= c.variant.Failures:
 		if attempt == 1 && c.sabotage > 0 && c.dropped.Add(1) <= c.sabotage {
 			c.logger.Error("SABOTAGE: acking a message without handing it off or recording it", errSabotage, watermill.LogFields{"message_uuid": msg.UUID})
@@ -228,7 +244,7 @@ func (c *consumer) handle(msg *message.Message) error {
 		c.mu.Unlock()
 		return fmt.Errorf("attempt %d: %w", attempt, errTransient)
 	}
-	return c.rec.record(msg.Context(), msg.UUID, attempt, arrived, due, hops)
+	return c.rec.record(msg.Context(), msg.UUID, queue, attempt, arrived, due, hops)
 }
 
 // recorder publishes one persistent record per handled message to the results queue,
@@ -249,8 +265,9 @@ type recorder struct {
 // the handler then fails and the message is retried, never dropped. due is when the
 // delivery was due, zero if unknown (a first delivery); hops are the message's earlier
 // retries, for noloss.HopsHeader.
-func (r *recorder) record(ctx context.Context, uuid string, attempt int, arrived, due time.Time, hops []string) error {
-	headers := amqp.Table{noloss.AttemptHeader: int32(attempt), noloss.ArrivedHeader: arrived.UnixMilli()}
+func (r *recorder) record(ctx context.Context, uuid, queue string, attempt int, arrived, due time.Time, hops []string) error {
+	headers := amqp.Table{noloss.AttemptHeader: int32(attempt), noloss.ArrivedHeader: arrived.UnixMilli(),
+		noloss.HandledHeader: arrived.UnixNano(), noloss.QueueHeader: queue, noloss.PIDHeader: int32(os.Getpid())}
 	if !due.IsZero() {
 		headers[noloss.LateHeader] = arrived.Sub(due).Milliseconds()
 	}

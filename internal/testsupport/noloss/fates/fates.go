@@ -19,6 +19,9 @@ const (
 	Transient Fate = "transient"
 	// Permanent: the handler returns amqpretry.Permanent; the message is poisoned.
 	Permanent Fate = "permanent"
+	// Once: the handler fails on the first attempt, then succeeds (the order
+	// partitions' projection, TestOrderPartitions).
+	Once Fate = "once"
 )
 
 // For spreads the fates over message indexes: 1% permanent, 20% transient, the rest ok.
@@ -33,14 +36,17 @@ func For(i int) Fate {
 	}
 }
 
-// Payload is the body of message i: its fate, then its index.
-func Payload(i int) []byte { return []byte(string(For(i)) + " " + strconv.Itoa(i)) }
+// Payload is the body of message i: its fate (For), then its index.
+func Payload(i int) []byte { return PayloadOf(For(i), i) }
+
+// PayloadOf is the body of message i with fate f: f, then i.
+func PayloadOf(f Fate, i int) []byte { return []byte(string(f) + " " + strconv.Itoa(i)) }
 
 // Of reads the fate from a payload made by Payload.
 func Of(payload []byte) (Fate, error) {
 	word, _, _ := strings.Cut(string(payload), " ")
 	switch f := Fate(word); f {
-	case OK, Transient, Permanent:
+	case OK, Transient, Permanent, Once:
 		return f, nil
 	}
 	return "", fmt.Errorf("payload %q carries no fate", payload)
