@@ -390,8 +390,9 @@ tests() {
   logs=$(mktemp -d)
   timed() { # timed PART CMD...: CMD's output and exit code, and its seconds, under $logs/PART
     local t0=$SECONDS
-    "${@:2}" >"$logs/$1.out" 2>&1
-    echo $? >"$logs/$1.rc"
+    local rc=0
+    "${@:2}" >"$logs/$1.out" 2>&1 || rc=$? # (set -e would end the part before its rc is written)
+    echo "$rc" >"$logs/$1.rc"
     echo $((SECONDS - t0)) >"$logs/$1.s"
   }
   (

@@ -51,6 +51,19 @@ func (t Topology) Check(conn *amqp.Connection, bind bool) ([]Finding, error) {
 				return err
 			},
 			func(ch *amqp.Channel) error {
+				// The queue's type first: the broker names the first argument that
+				// differs, and a queue of the wrong type differs in more than its type.
+				if t, ok := q.Args[queueTypeArg]; ok && len(q.Args) > 1 {
+					err := withChannel(conn, func(ch *amqp.Channel) error {
+						_, err := ch.QueueDeclare(q.Name, true, false, false, false, amqp.Table{queueTypeArg: t})
+						return err
+					})
+					if err != nil {
+						if m := amqperr.InequivalentArg.FindStringSubmatch(amqperr.Reason(err)); m != nil && m[1] == queueTypeArg {
+							return err
+						}
+					}
+				}
 				_, err := ch.QueueDeclare(q.Name, true, false, false, false, q.Args)
 				return err
 			})
@@ -74,6 +87,10 @@ func (t Topology) Check(conn *amqp.Connection, bind bool) ([]Finding, error) {
 	}
 	return out, nil
 }
+
+// queueTypeArg is the queue argument naming its type (internal/declare's QueueTypeArg,
+// which imports this package).
+const queueTypeArg = "x-queue-type"
 
 // checkOne checks one exchange or queue: exists (passive), then the same arguments
 // (active, when compare is true and the broker allows it). For a binding, passive is

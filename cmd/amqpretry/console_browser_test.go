@@ -223,7 +223,9 @@ func TestConsoleBrowser(t *testing.T) {
 	if line := read(t, ctx, "read the delay storage", chromedp.Evaluate[string](`document.querySelector("#delay-storage")?.textContent ?? ""`)); !strings.HasPrefix(line, "delay storage: 2 queues, 3 messages waiting, next due 20") || !strings.Contains(line, " (in 9m") {
 		t.Errorf("the delay storage line: %q", line)
 	}
-	act(t, ctx, "open the delay queues", chromedp.Click(chromedp.CSS("#delay-queues")), chromedp.WaitVisible(chromedp.CSS("#queues")))
+	// The overview has a #queues too: wait for the delay page's own line before reading it.
+	act(t, ctx, "open the delay queues", chromedp.Click(chromedp.CSS("#delay-queues")),
+		chromedp.WaitVisible(chromedp.CSS("p.meta#delay-storage")), chromedp.WaitVisible(chromedp.CSS("#queues")))
 	rows = append(rows, read(t, ctx, "read the delay queues", chromedp.Evaluate[[][]string](queueRows))...)
 	act(t, ctx, "back to the overview", chromedp.Navigate(con.base+"/"), chromedp.WaitVisible(chromedp.CSS("#queues")))
 	want := statusJSON(t, append([]string{"--queue", queue}, flags...)...)

@@ -219,8 +219,10 @@ func TestNameListsShortened(t *testing.T) {
 	short := fmt.Sprintf("%s, %s, %s, … and 3 more", q(1), q(2), q(3))
 	all := fmt.Sprintf("%s, %s, %s, %s, %s, %s", q(1), q(2), q(3), q(4), q(5), q(6))
 
+	// The queues' line is shortened (the bindings' line may name q(6) among its first
+	// three: their order is the broker's).
 	code, out, errOut := run("teardown", "--backend", "ttl-tiers", "--dry-run")
-	if code != exitOK || !strings.Contains(out, "dry run: would remove 6 queues, 2 exchanges") || !strings.Contains(out, "  6 queues: "+short+"\n") || strings.Contains(out, q(6)) {
+	if code != exitOK || !strings.Contains(out, "dry run: would remove 6 queues, 2 exchanges") || !strings.Contains(out, "  6 queues: "+short+"\n") {
 		t.Errorf("teardown --dry-run (%d):\n%s%s", code, out, errOut)
 	}
 	code, out, errOut = run("teardown", "--backend", "ttl-tiers", "--dry-run", "--verbose")
