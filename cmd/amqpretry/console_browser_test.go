@@ -68,14 +68,37 @@ func browser(t *testing.T) context.Context {
 // browserStep bounds each browser call.
 const browserStep = time.Minute
 
-// act runs the browser steps, failing the test on an error.
+// act runs the browser steps, one after the other, failing the test on an error. A step
+// that failed because the page changed under it (a node or an execution context of a
+// document that was replaced, which chromedp hears of late on a loaded machine) runs
+// again once the page is ready: such an error comes before a click dispatches any
+// mouse event (it fails while resolving the node), so nothing happened twice.
 func act(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(ctx, browserStep)
 	defer cancel()
-	if err := chromedp.Do(ctx, steps...); err != nil {
-		t.Fatalf("browser: %s: %v\n%s", what, err, page(ctx))
+	for _, step := range steps {
+		err := chromedp.Do(ctx, step)
+		for try := 1; err != nil && stale(err) && try < 5; try++ {
+			if err = chromedp.Do(ctx, chromedp.WaitReady(chromedp.CSS("body"))); err == nil {
+				err = chromedp.Do(ctx, step)
+			}
+		}
+		if err != nil {
+			t.Fatalf("browser: %s: %v\n%s", what, err, page(ctx))
+		}
 	}
+}
+
+// stale tells whether err is the browser's for a node or an execution context that is
+// gone with the document it belonged to.
+func stale(err error) bool {
+	for _, s := range []string{"Could not find node with given id", "No node with given id found", "Cannot find context with specified id", "Node is detached from document", "Execution context was destroyed"} {
+		if strings.Contains(err.Error(), s) {
+			return true
+		}
+	}
+	return false
 }
 
 // page returns the text of the page the browser shows, for a failure's message.
@@ -95,6 +118,11 @@ func read[T any](t *testing.T, ctx context.Context, what string, a chromedp.Acti
 	ctx, cancel := context.WithTimeout(ctx, browserStep)
 	defer cancel()
 	v, err := chromedp.Run(ctx, a)
+	for try := 1; err != nil && stale(err) && try < 5; try++ { // as act: a read changes nothing
+		if err = chromedp.Do(ctx, chromedp.WaitReady(chromedp.CSS("body"))); err == nil {
+			v, err = chromedp.Run(ctx, a)
+		}
+	}
 	if err != nil {
 		t.Fatalf("browser: %s: %v", what, err)
 	}
