@@ -51,18 +51,8 @@ func (t Topology) Check(conn *amqp.Connection, bind bool) ([]Finding, error) {
 				return err
 			},
 			func(ch *amqp.Channel) error {
-				// The queue's type first: the broker names the first argument that
-				// differs, and a queue of the wrong type differs in more than its type.
-				if t, ok := q.Args[queueTypeArg]; ok && len(q.Args) > 1 {
-					err := withChannel(conn, func(ch *amqp.Channel) error {
-						_, err := ch.QueueDeclare(q.Name, true, false, false, false, amqp.Table{queueTypeArg: t})
-						return err
-					})
-					if err != nil {
-						if m := amqperr.InequivalentArg.FindStringSubmatch(amqperr.Reason(err)); m != nil && m[1] == queueTypeArg {
-							return err
-						}
-					}
+				if err := typeDiffers(conn, q); err != nil {
+					return err
 				}
 				_, err := ch.QueueDeclare(q.Name, true, false, false, false, q.Args)
 				return err
@@ -91,6 +81,28 @@ func (t Topology) Check(conn *amqp.Connection, bind bool) ([]Finding, error) {
 // queueTypeArg is the queue argument naming its type (internal/declare's QueueTypeArg,
 // which imports this package).
 const queueTypeArg = "x-queue-type"
+
+// typeDiffers returns the broker's refusal when the existing queue q is of another type
+// than q gives, nil otherwise. The broker names only the first argument that differs,
+// and a queue of the wrong type differs in more than its type: the type is asked alone
+// first, on a channel of its own (a refusal closes it).
+func typeDiffers(conn *amqp.Connection, q Queue) error {
+	t, ok := q.Args[queueTypeArg]
+	if !ok || len(q.Args) == 1 {
+		return nil
+	}
+	err := withChannel(conn, func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclare(q.Name, true, false, false, false, amqp.Table{queueTypeArg: t})
+		return err
+	})
+	if err == nil {
+		return nil
+	}
+	if m := amqperr.InequivalentArg.FindStringSubmatch(amqperr.Reason(err)); m != nil && m[1] == queueTypeArg {
+		return err
+	}
+	return nil
+}
 
 // checkOne checks one exchange or queue: exists (passive), then the same arguments
 // (active, when compare is true and the broker allows it). For a binding, passive is
