@@ -505,21 +505,7 @@ func newRun(g *group, v noloss.Variant) *run {
 		t.Fatal(err)
 	}
 
-	conn := r.dial()
-	r.version, _ = conn.Properties["version"].(string)
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueueDeclare(r.results, true, false, false, false, s.QueueArgs()); err != nil {
-		t.Fatal(err)
-	}
-	noloss.CloseConn(conn)
-	// The faults go through rabbitmqctl: make sure it drives this broker, not another
-	// one on the machine, before disturbing anything.
-	if _, ok := r.listQueues()[r.results]; !ok {
-		t.Fatalf("rabbitmqctl does not see queue %s, just declared on the broker under test: it drives another broker", r.results)
-	}
+	r.declareResults()
 
 	r.fates = make(map[string]fates.Fate, r.n)
 	for i := range r.n {
@@ -531,6 +517,27 @@ func newRun(g *group, v noloss.Variant) *run {
 }
 
 // batch returns the messages of batch b of batches: lo..hi-1.
+// declareResults reads the broker's version and declares the queue of the consumers'
+// records. The faults go through rabbitmqctl: it makes sure rabbitmqctl drives this
+// broker, not another one on the machine, before anything is disturbed.
+func (r *run) declareResults() {
+	t := r.t
+	t.Helper()
+	conn := r.dial()
+	r.version, _ = conn.Properties["version"].(string)
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(r.results, true, false, false, false, r.s.QueueArgs()); err != nil {
+		t.Fatal(err)
+	}
+	noloss.CloseConn(conn)
+	if _, ok := r.listQueues()[r.results]; !ok {
+		t.Fatalf("rabbitmqctl does not see queue %s, just declared on the broker under test: it drives another broker (%s)", r.results, brokertest.CtlEnv)
+	}
+}
+
 func (r *run) batch(b, batches int) (lo, hi int) { return b * r.n / batches, (b + 1) * r.n / batches }
 
 // dial connects as the run's connections do (through every node of a cluster),

@@ -201,19 +201,7 @@ func newPartitionRun(g *group, v noloss.Variant) *run {
 	if err := retry.Close(); err != nil {
 		t.Fatal(err)
 	}
-	conn := r.dial()
-	r.version, _ = conn.Properties["version"].(string)
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueueDeclare(r.results, true, false, false, false, s.QueueArgs()); err != nil {
-		t.Fatal(err)
-	}
-	noloss.CloseConn(conn)
-	if _, ok := r.listQueues()[r.results]; !ok {
-		t.Fatalf("rabbitmqctl does not see queue %s, just declared on the broker under test: it drives another broker (%s)", r.results, brokertest.CtlEnv)
-	}
+	r.declareResults()
 
 	r.fates = make(map[string]fates.Fate, r.n)
 	for i := range r.n {
