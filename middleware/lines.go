@@ -36,6 +36,10 @@ type lines interface {
 	// unblock removes the place behind k, and its head's mark (head), if nothing is
 	// behind it (false if something is); a k not blocked is unblocked already.
 	unblock(k orderKey, head string) (bool, error)
+	// guard makes sure that k is released behind head if this process dies before
+	// it unblocks k: a release of k (releaseOf), sent to k's work queue, confirmed.
+	// Nothing for lines that die with the process.
+	guard(ctx context.Context, k orderKey, head string) error
 }
 
 // cursor takes the messages behind a key, in order.
@@ -74,23 +78,27 @@ func (b brokerLines) mark(k orderKey, head string) string {
 }
 
 func (b brokerLines) block(k orderKey, head, prev string) error {
-	q := b.queue(k)
-	t := topology.Topology{Queues: []topology.Queue{declare.BehindQueue(q, k.queue, k.key)}}
-	if err := b.handoff.Ensure(topology.ModeDeclare, t); err != nil {
-		return fmt.Errorf("declare queue %q: %w", q, err)
-	}
 	ch, err := b.channel()
 	if err != nil {
 		return err
 	}
 	defer ch.Close() //nolint:errcheck // a refused declare has closed it already
-	// Marked before the old mark goes: a process that dies in between leaves both,
-	// and the messages it gives back (the head that ran, the one that became the
-	// head) make the old one run again and replace itself.
+	// The head is marked before its key's queue is declared: a process that dies in
+	// between leaves a mark and no queue, a key not blocked, whose head releases
+	// nothing and removes the mark when it runs again. A queue without a mark would
+	// have no head to release it: the key's messages would wait behind it for good.
 	mark := b.mark(k, head)
 	if err := ch.ExchangeDeclare(mark, amqp.ExchangeDirect, true, true, false, false, nil); err != nil {
 		return fmt.Errorf("declare exchange %q: %w", mark, err)
 	}
+	q := b.queue(k)
+	t := topology.Topology{Queues: []topology.Queue{declare.BehindQueue(q, k.queue, k.key)}}
+	if err := b.handoff.Ensure(topology.ModeDeclare, t); err != nil {
+		return fmt.Errorf("declare queue %q: %w", q, err)
+	}
+	// Marked before the old mark goes: a process that dies in between leaves both,
+	// and the messages it gives back (the head that ran, the one that became the
+	// head) make the old one run again and replace itself.
 	if err := ch.QueueBind(q, headBinding, mark, false, nil); err != nil {
 		return fmt.Errorf("bind queue %q to exchange %q: %w", q, mark, err)
 	}
@@ -169,6 +177,10 @@ func (b brokerLines) unblock(k orderKey, head string) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+func (b brokerLines) guard(ctx context.Context, k orderKey, head string) error {
+	return b.handoff.Publish(ctx, "", k.queue, releaseOf(k, head), nil, true, nil)
 }
 
 // brokerCursor reads one key's behind queue with basic.get.
@@ -267,6 +279,8 @@ func (m *memoryLines) unblock(k orderKey, _ string) (bool, error) {
 	delete(m.head, k)
 	return true, nil
 }
+
+func (m *memoryLines) guard(context.Context, orderKey, string) error { return nil }
 
 type memoryCursor struct {
 	m *memoryLines

@@ -15,7 +15,9 @@ import (
 // TestBrokerLinesMarkTheHead: on the broker a key's head is an exchange named for its
 // message, bound to the key's behind queue: marked when the key is blocked, moved
 // when another message replaces it (the old mark deleted), and deleted with the queue
-// when the key is unblocked; a key not blocked has no head.
+// when the key is unblocked; a key not blocked has no head. A block that cannot mark
+// its head blocks nothing: a behind queue with no head would keep its key blocked for
+// good (the head is marked first, its queue declared after).
 func TestBrokerLinesMarkTheHead(t *testing.T) {
 	conn := brokertest.Dial(t)
 	prefix := brokertest.Prefix(t)
@@ -29,7 +31,7 @@ func TestBrokerLinesMarkTheHead(t *testing.T) {
 	nm := names.Names{Prefix: prefix}
 	work := prefix + ".orders"
 	k := orderKey{work, "acc-1"}
-	brokertest.Cleanup(t, []string{nm.Behind(work, k.key)}, []string{nm.BehindHead(work, k.key, "m1"), nm.BehindHead(work, k.key, "m2")})
+	brokertest.Cleanup(t, []string{nm.Behind(work, k.key)}, []string{nm.BehindHead(work, k.key, "m1"), nm.BehindHead(work, k.key, "m2"), nm.BehindHead(work, k.key, "m4")})
 	r, err := start(cfg.WithDefaults(), Transport{URI: brokertest.URI()})
 	if err != nil {
 		t.Fatal(err)
@@ -96,5 +98,21 @@ func TestBrokerLinesMarkTheHead(t *testing.T) {
 	heads(false, false)
 	if exists(nm.BehindHead(work, k.key, "m2")) {
 		t.Error("the head's mark outlived its key's behind queue")
+	}
+
+	// m4's mark cannot be declared: an exchange of another type has its name.
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDeclare(nm.BehindHead(work, k.key, "m4"), "fanout", true, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	_ = ch.Close()
+	if err := l.block(k, "m4", ""); err == nil {
+		t.Fatal("block with a head that cannot be marked: no error")
+	}
+	if put, err := l.put(t.Context(), k, message.NewMessage("m5", []byte("x"))); err != nil || put {
+		t.Errorf("put behind a key whose block failed = %v, %v; want false (not blocked: no behind queue)", put, err)
 	}
 }

@@ -12,8 +12,10 @@ package middleware
 //     publish, and acked: it never reaches the handler (orderRoute).
 //   - When the head succeeds (or is poisoned, unless Config.BlockOnPoison), the
 //     messages behind K run in order, in the head's handler call, and K is unblocked
-//     once none is left: its behind queue is deleted, after the messages that ran are
-//     acked (release). One that fails becomes K's head, and the rest wait on.
+//     once none is left: its behind queue is deleted, at once if none ran, else after
+//     the messages that ran are acked, and a release of K, sent to the work queue
+//     before the head is acked, finishes it if this process dies first (release,
+//     lines.guard). One that fails becomes K's head, and the rest wait on.
 //   - Only K's head releases K: a copy of a message that is no longer K's head (a
 //     duplicate of a head whose release ran: its ack lost with its connection, a
 //     dead-letter delivered twice) is handled as any message of K, put behind K if
@@ -520,6 +522,29 @@ func (e *engine) release(h message.HandlerFunc, trig *message.Message, d deliver
 			break // the key stays blocked behind it
 		}
 	}
+	if newHead == "" && emptied && len(ran) == 0 {
+		// Nothing ran behind the key: it is unblocked now, before trig is settled. If
+		// trig is nacked, it runs again as a message of a key not blocked.
+		if ok, err := o.lines.unblock(k, d.headID); err == nil && ok {
+			c.close()
+			e.life.end()
+			e.unblocked(k, d)
+			return nil, nil
+		}
+	}
+	if newHead == "" && d.headID != "" {
+		// The key is unblocked once trig is acked. A process that dies in between
+		// (trig acked, not yet what ran, nor the key's queue deleted) leaves the key
+		// blocked behind a head that is gone: a release of the key, sent now, runs
+		// what is left behind it then (dropped when it comes once the key is
+		// released).
+		if err := o.lines.guard(trig.Context(), k, d.headID); err != nil {
+			o.giveBack(k, ran)
+			c.close()
+			e.life.end()
+			return nil, e.releaseFailed(trig, d, fmt.Errorf("send a release of key %q: %w", d.orderKey, err))
+		}
+	}
 	hold := d.hold
 	hold.pass()
 	go func() {
@@ -529,7 +554,7 @@ func (e *engine) release(h message.HandlerFunc, trig *message.Message, d deliver
 		// the subscriber's ack) the release runs before the publish returns.
 		hold.free()
 		if again {
-			e.releaseAgain(d)
+			e.releaseAgain(k, d)
 		}
 	}()
 	return produced, nil
@@ -576,9 +601,14 @@ func (e *engine) settleRelease(k orderKey, trig *message.Message, d delivery, c 
 		e.cfg.Logger.Error("Could not unblock a key; a release is sent to run what is behind it", err, watermill.LogFields{"queue": d.queue, "order_key": d.orderKey})
 		return true
 	}
-	lasted := o.setClear(k)
-	e.observe(amqpretry.Event{Kind: amqpretry.EventKeyReleased, Queue: d.queue, Key: d.orderKey, Duration: lasted})
+	e.unblocked(k, d)
 	return false
+}
+
+// unblocked records d's key unblocked.
+func (e *engine) unblocked(k orderKey, d delivery) {
+	lasted := e.order.setClear(k)
+	e.observe(amqpretry.Event{Kind: amqpretry.EventKeyReleased, Queue: d.queue, Key: d.orderKey, Duration: lasted})
 }
 
 // unrelease undoes a release whose trig was nacked (or which the Retry's Close
@@ -627,20 +657,24 @@ func (e *engine) releaseFailed(trig *message.Message, d delivery, err error) err
 	return fmt.Errorf("%w: queue %q: release key %q: %w", amqpretry.ErrHandoff, d.queue, d.orderKey, err)
 }
 
-// releaseAgain sends a release of d's key to its work queue, for a release that could
-// not finish: the messages left behind the key run when it comes.
-func (e *engine) releaseAgain(d delivery) {
+// releaseOf is a release of k behind head, for k's work queue: an empty message that
+// runs what is behind k when it comes, if head is still k's head.
+func releaseOf(k orderKey, head string) *message.Message {
+	rel := message.NewMessage(watermill.NewUUID(), nil)
+	rel.Metadata[keys.OrderRelease] = k.key
+	rel.Metadata[keys.OrderReleaseHead] = head
+	return rel
+}
+
+// releaseAgain sends a release of k to its work queue, for a release that could not
+// finish: the messages left behind k run when it comes.
+func (e *engine) releaseAgain(k orderKey, d delivery) {
 	if e.toQueue == nil {
 		return
 	}
-	rel := message.NewMessage(watermill.NewUUID(), nil)
-	rel.Metadata[keys.OrderRelease] = d.orderKey
-	if d.headID != "" {
-		rel.Metadata[keys.OrderReleaseHead] = d.headID
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.ConfirmTimeout)
 	defer cancel()
-	if err := e.toQueue(ctx, d.queue, rel); err != nil {
+	if err := e.toQueue(ctx, k.queue, releaseOf(k, d.headID)); err != nil {
 		e.cfg.Logger.Error("Could not send a release of a key: it stays blocked until `amqpretry blocked release` releases it", err, watermill.LogFields{"queue": d.queue, "order_key": d.orderKey})
 	}
 }
