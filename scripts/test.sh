@@ -75,7 +75,7 @@ summary() {
   if [ "$rc" != 0 ]; then end_step "  (FAILED)"; else end_step; fi
   printf '\n==> step timings\n'
   if [ "${#timings[@]}" -gt 0 ]; then printf '%s\n' "${timings[@]}"; fi
-  printf '%5d s  total\n' $((SECONDS - t_all))
+  printf '%5d s  total (CI lands a run under 5400 s; the goal is 1800 s)\n' $((SECONDS - t_all))
   if [ "$rc" = 0 ]; then echo "all checks passed"; else echo "FAILED (exit $rc)"; fi
 }
 trap summary EXIT
@@ -151,8 +151,10 @@ go run "$staticcheck" ./...
 for m in metrics pgdedup amqp1 internal/testsupport/watermillsuite internal/testsupport/netdelay _examples/quickstart _examples/cqrs amqp1/examples/quickstart; do (cd "$m" && go run "$staticcheck" ./...); done
 cmd/amqpretry/go.sh run "$staticcheck" ./...
 
-step "API size: exported identifiers per public package (internal/cmd/apicount; printed, no limit)"
-go run ./internal/cmd/apicount
+# A ratchet: the count may fall, never rise (lower -max with it). The first release's
+# goal is 100 in the library's packages (ops aside).
+step "API size: exported identifiers per public package, at most 207 (internal/cmd/apicount -max)"
+go run ./internal/cmd/apicount -max 207
 
 step "backends by what they can do: no name compared outside delay/; config.go compares none; no type switch on a backend outside its own file; ops spells no backend's names; no init-time registration"
 # Production code, the sibling modules' included (the root module without its test
