@@ -216,6 +216,12 @@ func (o *Ops) Release(ctx context.Context, opts ReleaseOptions) (ReleaseResult, 
 	}
 	rel := message.NewMessage(watermill.NewUUID(), nil)
 	rel.Metadata[keys.OrderRelease] = opts.Key
+	if head != nil {
+		// Released behind its poisoned head: a message behind the key that fails
+		// replaces the head's mark, which would otherwise stay, and a later redrive
+		// of the head would release the key behind the new head's back.
+		rel.Metadata[keys.OrderReleaseHead] = head.UUID
+	}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.retry.ConfirmTimeout+5*time.Second)
 	defer cancel()
 	if err := o.handoff.Publish(pctx, "", opts.Queue, rel, nil, true, nil); err != nil {

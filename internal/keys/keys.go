@@ -64,11 +64,11 @@ const (
 	// OrderRelease makes a message with no payload a release of the key it names: the
 	// messages behind the key run, in order, and the key is unblocked. The amqpretry
 	// command publishes it (`amqpretry blocked release`), and so does a release that
-	// could not finish.
+	// could not finish, or that the process might die before finishing.
 	OrderRelease = "amqpretry-order-release"
-	// OrderReleaseHead, on a release that could not finish, names the head (its
-	// message's UUID) the release runs for: when it comes, it releases the key only
-	// if that message is still the key's head.
+	// OrderReleaseHead names the head (its message's UUID) a release runs for (the
+	// middleware's, or the command's for a poisoned head): when it comes, it releases
+	// the key only if that message is still the key's head.
 	OrderReleaseHead = "amqpretry-order-release-head"
 )
 
