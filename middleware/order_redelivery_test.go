@@ -295,3 +295,69 @@ func TestOrderKeyRunsOneDeliveryAtATime(t *testing.T) {
 		t.Errorf("entered %s, want second", got)
 	}
 }
+
+// guardedLines are in-process lines that record the releases guard would send.
+type guardedLines struct {
+	*memoryLines
+	mu     sync.Mutex
+	guards []string // the heads, in order
+}
+
+func (g *guardedLines) guard(_ context.Context, _ orderKey, head string) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.guards = append(g.guards, head)
+	return nil
+}
+
+func (g *guardedLines) sent() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.guards)
+}
+
+// TestOrderReleaseGuardsItsUnblock: a head with nothing behind its key unblocks it in
+// its own handler call, before it is acked, and sends no release; a head with messages
+// behind its key, which unblocks it only once it is acked, sends a release of the key
+// behind itself first, in its handler call: a process that dies after the head's ack,
+// before the key's unblock, leaves a release that runs what is left.
+func TestOrderReleaseGuardsItsUnblock(t *testing.T) {
+	r := newOrderRig(t)
+	g := &guardedLines{memoryLines: r.lines}
+	r.e.order.lines = g
+	k := orderKey{"work", "k"}
+	r.fail[1], r.fail[2] = true, true
+
+	r.deliver(event(1)) // fails: the key's head, nothing behind it
+	head1 := r.copyOfRetry(1)
+	if _, err := r.mw(head1); err != nil {
+		t.Fatal(err)
+	}
+	if blocked, _ := r.e.order.state(k); blocked {
+		t.Error("a head with nothing behind its key: the key is still blocked when its handler call returns")
+	}
+	if sent := g.sent(); len(sent) != 0 {
+		t.Errorf("a head with nothing behind its key sent releases %v, want none", sent)
+	}
+	head1.Ack()
+	r.settled()
+
+	r.deliver(event(2)) // fails: the key's head
+	r.deliver(event(3)) // behind it
+	head2 := r.copyOfRetry(2)
+	if _, err := r.mw(head2); err != nil {
+		t.Fatal(err)
+	}
+	if sent := g.sent(); !slices.Equal(sent, []string{"k-2"}) {
+		t.Errorf("a head with a message behind its key sent releases %v when its handler call returned, want one behind k-2", sent)
+	}
+	head2.Ack()
+	r.settled()
+	if blocked, _ := r.e.order.state(k); blocked {
+		t.Error("the key is still blocked once its head was acked")
+	}
+	if got := r.applied(); got != 3 {
+		t.Errorf("applied up to %d, want 3", got)
+	}
+	r.checkInOrder()
+}
