@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"time"
 
@@ -17,15 +18,15 @@ import (
 	"github.com/amqpretry/amqpretry/internal/marshal"
 )
 
-// The failure path, in the order it runs: decide what becomes of the message, size
-// the delay with the backend, stamp the failure envelope on a copy, park the copy,
-// confirmed, and report the retry (scheduled). A retry the broker holds takes the
-// same path to the size, then is held (hold.go) instead of copied.
+// The failure path (fail), in the order it runs: decide what becomes of the message
+// (plan), size the delay with the backend (size), stamp the failure envelope on a
+// copy (stamp), park the copy, confirmed, and report the retry (publish, scheduled).
+// A retry the broker holds takes the same path to the size, then is held (hold,
+// hold.go) instead of copied.
 
 // fail deals with msg after run (msg, or an immediate retry's copy of it) failed with
 // err: decided is err's decision when the immediate retries already classified it.
 func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided *amqpretry.Decision) error {
-	// Decide.
 	var werr error
 	if e.wiring.ID != "" && (d.owner != e.wiring.ID || !d.bound) { // else this Retry's, on a bound queue
 		werr = e.checkWiring(d)
@@ -38,161 +39,209 @@ func (e *engine) fail(msg, run *message.Message, d delivery, err error, decided 
 		decided = &dec
 	}
 	f := failure{delivery: d, err: err, maxAttempts: e.cfg.Policy.MaxAttempts, envelope: e.envelope(d, err)}
-	// The copy (copyOf) is made where a way out publishes one: never for a held retry.
+	r, reason, rerr := e.plan(&f, werr, *decided)
+	if reason == "" && rerr == nil {
+		reason = e.size(&f, &r)
+	}
+	switch {
+	case rerr != nil:
+		return rerr
+	case reason != "":
+		// The copy (copyOf) is made where a way out publishes one: never for a held retry.
+		return e.poison(f, copyOf(run), reason)
+	case r.held:
+		return e.hold(msg, &f, r)
+	}
+	start := time.Now()
+	cp := stamp(run, &f, r, start)
+	return e.publish(cp, f, r, start)
+}
+
+// retryPlan is a failed attempt's retry, as the failure path plans (plan) and sizes
+// (size) it.
+type retryPlan struct {
+	dec    amqpretry.Decision
+	target *kept // the backend that keeps it
+	// held: the broker holds the failed delivery itself (settle), no copy. selfPark:
+	// a key's head copy on a holder alone, sent to its work queue and held there
+	// until due (holdUntil).
+	held, selfPark bool
+	// next is the attempt the retry runs, nth its place in the policy's delay
+	// schedule (delayOf).
+	next, nth            int
+	requested, effective time.Duration
+	// parkUntil is when a copy re-parked until due (backend.Repark) is due, zero for
+	// none; a self-parked copy's is its due time (stamp).
+	parkUntil time.Time
+}
+
+// plan decides what becomes of f's message: poisoned (the reason, its envelope's
+// error set), an error to return, or a retry, its backend chosen.
+func (e *engine) plan(f *failure, werr error, dec amqpretry.Decision) (retryPlan, amqpretry.Reason, error) {
+	// The one home of the retry's attempt numbers. The schedule starts after the
+	// retries before the copying backend's: the immediate ones, or those held in the
+	// work queue.
+	r := retryPlan{dec: dec, next: f.attempt + 1, nth: f.attempt - min(e.cfg.Policy.Immediate+e.cfg.HeldRetries, f.attempt-1)}
 	switch {
 	case werr != nil:
 		// Where its retry must go is unknown, now as at every redelivery: poisoned at
 		// once, the fix in its envelope and its one log line, never run again.
-		f.err = fmt.Errorf("%w; handler error: %w", werr, err)
+		f.err = fmt.Errorf("%w; handler error: %w", werr, f.err)
 		f.envelope.Error = f.err.Error()
 		e.stats.failures.Add(1)
 		e.observe(amqpretry.Event{Kind: amqpretry.EventHandoffFailed, Queue: f.queue, Attempt: f.attempt, Err: werr, Cause: "not-wired"})
-		return e.poison(f, copyOf(run), amqpretry.ReasonHandoffFailed)
-	case decided.Permanent:
-		if decided.Undecodable {
+		return r, amqpretry.ReasonHandoffFailed, nil
+	case dec.Permanent:
+		if dec.Undecodable {
 			// Say why the error is permanent when no mark of the handler's says it.
 			f.envelope.Error = "undecodable payload, not retried: " + f.envelope.Error
 			f.log()["undecodable"] = true
 		}
-		return e.poison(f, copyOf(run), amqpretry.ReasonPermanent)
-	case d.attempt >= e.cfg.Policy.MaxAttempts:
-		return e.poison(f, copyOf(run), amqpretry.ReasonMaxAttempts)
-	case d.queue == "":
-		return errors.Join(err, fmt.Errorf("%w: no subscribed topic in the message context (is the middleware on a router handler?)", amqpretry.ErrHandoff))
+		return r, amqpretry.ReasonPermanent, nil
+	case f.attempt >= e.cfg.Policy.MaxAttempts:
+		return r, amqpretry.ReasonMaxAttempts, nil
+	case f.queue == "":
+		return r, "", errors.Join(f.err, fmt.Errorf("%w: no subscribed topic in the message context (is the middleware on a router handler?)", amqpretry.ErrHandoff))
 	}
-	target, held := e.backend, e.holder != nil && e.holdsRetry(d, *decided)
+	r.target, r.held = e.backend, e.holder != nil && e.holdsRetry(f.delivery, dec)
 	switch {
-	case held:
-		target = e.holder
-	case e.backend == nil && e.held.isBroken(d.queue):
-		f.envelope.Error = fmt.Sprintf("work queue %q does not hold delayed retries (a nacked message came back at once), and no copying backend is configured; handler error: %v", d.queue, err)
-		return e.poison(f, copyOf(run), amqpretry.ReasonHandoffFailed)
+	case r.held:
+		r.target = e.holder
+	case e.backend == nil && e.held.isBroken(f.queue):
+		f.envelope.Error = fmt.Sprintf("work queue %q does not hold delayed retries (a nacked message came back at once), and no copying backend is configured; handler error: %v", f.queue, f.err)
+		return r, amqpretry.ReasonHandoffFailed, nil
 	case e.backend == nil: // a holder alone, asked for a delay of its own
-		target, held = e.holder, true
+		r.target, r.held = e.holder, true
 	}
 	// A key's head must carry its key (keys.OrderHead), and a message taken from behind
 	// its key is no delivery a holder could settle: a holder that carries nothing,
 	// or such a message, takes it as a copy, to the copying backend, or, alone, to the
 	// work queue itself, where it is held until due (selfPark).
-	selfPark := false
-	if held && (d.behind || d.orderKey != "" && !e.holder.caps.CarriesEnvelope) {
+	if r.held && (f.behind || f.orderKey != "" && !e.holder.caps.CarriesEnvelope) {
 		if e.backend != nil {
-			target, held = e.backend, false
+			r.target, r.held = e.backend, false
 		} else {
-			held, selfPark = false, true
+			r.held, r.selfPark = false, true
 		}
 	}
+	return r, "", nil
+}
 
-	// Size.
-	caps := target.caps
-	requested := decided.Delay
+// size sets r's delays: the one asked for (the error's own, a constant backend's one,
+// or the policy's), and the one its backend keeps, held again or parked again until
+// due when that is shorter. A delay the backend refuses poisons the message, saying why.
+func (e *engine) size(f *failure, r *retryPlan) amqpretry.Reason {
+	caps := r.target.caps
+	r.requested = r.dec.Delay
 	switch {
-	case requested > 0:
-	case target.constant:
-		requested = caps.Longest // its one delay is the one asked for: no schedule to follow
+	case r.requested > 0:
+	case r.target.constant:
+		r.requested = caps.Longest // its one delay is the one asked for: no schedule to follow
 	default:
-		// The schedule starts after the retries before the copying backend's: the
-		// immediate ones, or those held in the work queue.
-		requested = delayOf(e.cfg.Policy, d.attempt-min(e.cfg.Policy.Immediate+e.cfg.HeldRetries, d.attempt-1))
+		r.requested = delayOf(e.cfg.Policy, r.nth)
 	}
-	effective, serr := target.Effective(requested)
-	if serr != nil {
-		// Handing it off would be refused: poison it, saying why.
-		f.envelope.Error = serr.Error() + "; handler error: " + err.Error()
-		return e.poison(f, copyOf(run), amqpretry.ReasonDelayTooLong)
+	effective, err := r.target.Effective(r.requested)
+	if err != nil {
+		f.envelope.Error = err.Error() + "; handler error: " + f.err.Error()
+		return amqpretry.ReasonDelayTooLong
 	}
-	var parkUntil time.Time
+	r.effective = effective
 	switch {
-	case caps.PastLongest == backend.Repark && (decided.Delay > 0 && requested > effective || requested > caps.Longest):
+	case caps.PastLongest == backend.Repark && (r.dec.Delay > 0 && r.requested > effective || r.requested > caps.Longest):
 		// A delay of the error's own (a server's Retry-After) is never cut short, nor
 		// is the policy's past the longest tier (within the ladder it takes the
 		// nearest tier): the copy is re-parked when it comes back, until it is due.
 		// The policy's was logged once at start.
-		parkUntil = time.Now().Add(requested)
-		if decided.Delay > 0 {
+		r.parkUntil = time.Now().Add(r.requested)
+		if r.dec.Delay > 0 {
 			notice(e.cfg.Logger, "Delay asked for is longer than the longest tier: the retry is parked again until it is due",
-				f.log().Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()}))
+				f.log().Add(watermill.LogFields{"requested_delay": r.requested.String(), "effective_delay": effective.String()}))
 		}
-	case held && caps.PastLongest == backend.HoldAgain && decided.Delay > effective:
+	case r.held && caps.PastLongest == backend.HoldAgain && r.dec.Delay > effective:
 		// The queue holds a retry for one delay: held again until it is due, never
 		// back before the delay asked for (a server's Retry-After).
-		holds := (requested + effective - 1) / effective
+		holds := (r.requested + effective - 1) / effective
+		r.effective = holds * effective
 		notice(e.cfg.Logger, "Delay asked for is longer than the work queue's delayed-retry delay: the retry is held again until it is due", f.log().Add(watermill.LogFields{
-			"requested_delay": requested.String(), "effective_delay": (holds * effective).String(), "holds": int64(holds)}))
-		effective = holds * effective
+			"requested_delay": r.requested.String(), "effective_delay": r.effective.String(), "holds": int64(holds)}))
 	}
-	if held {
-		if herr := e.settle(msg, f, requested, effective); herr != nil {
-			return e.handoffFailed(f, copyOf(msg), herr, "other", true)
-		}
-		if berr := e.orderBlock(&f); berr != nil {
-			// The retry is held already: the key is blocked at its next failure.
-			e.cfg.Logger.Error("Could not block a key: its later messages may overtake this retry", berr, f.log())
-		}
-		e.scheduled(&f, e.holder, requested, effective, 0)
-		return nil
+	if r.selfPark && r.requested > r.effective {
+		r.effective = r.requested // held again until due: never back before the delay asked for
 	}
+	return ""
+}
 
-	// Stamp.
+// hold has the broker hold msg, the failed delivery, as the retry r (settle), blocks
+// its key, and reports the retry.
+func (e *engine) hold(msg *message.Message, f *failure, r retryPlan) error {
+	if err := e.settle(msg, *f, r); err != nil {
+		return e.handoffFailed(*f, copyOf(msg), err, "other", true)
+	}
+	if err := e.orderBlock(f); err != nil {
+		// The retry is held already: the key is blocked at its next failure.
+		e.cfg.Logger.Error("Could not block a key: its later messages may overtake this retry", err, f.log())
+	}
+	e.scheduled(f, r, 0)
+	return nil
+}
+
+// stamp returns the copy of run that is the retry r, its envelope f's with r's
+// attempt, delays and due time (start on), when it is due if it comes back before
+// (keys.ParkUntil), and a key's head's key (keys.OrderHead).
+func stamp(run *message.Message, f *failure, r retryPlan, start time.Time) *message.Message {
 	cp := copyOf(run)
-	start := time.Now()
-	f.envelope.Attempt = d.attempt + 1
-	f.envelope.RequestedDelay, f.envelope.EffectiveDelay, f.envelope.Due = requested, effective, start.Add(effective)
+	f.envelope.Attempt = r.next
+	f.envelope.RequestedDelay, f.envelope.EffectiveDelay, f.envelope.Due = r.requested, r.effective, start.Add(r.effective)
 	f.envelope.Write(cp.Metadata)
 	delete(cp.Metadata, keys.ParkUntil)
-	if selfPark {
-		if requested > effective {
-			// Held again until due: never back before the delay asked for.
-			effective = requested
-			f.envelope.EffectiveDelay, f.envelope.Due = effective, start.Add(effective)
-			f.envelope.Write(cp.Metadata)
-		}
+	parkUntil := r.parkUntil
+	if r.selfPark {
 		parkUntil = f.envelope.Due
 	}
 	if !parkUntil.IsZero() {
 		cp.Metadata[keys.ParkUntil] = parkUntil.UTC().Format(timeLayout)
 	}
-	if d.orderKey != "" {
-		cp.Metadata[keys.OrderHead] = d.orderKey
+	if f.orderKey != "" {
+		cp.Metadata[keys.OrderHead] = f.orderKey
 	}
+	return cp
+}
 
-	// Park.
-	park := e.park
-	if selfPark {
-		park, target = e.selfPark, e.holder
-	}
-	perr := park(cp.Context(), d.queue, cp, effective)
-	if errors.Is(perr, backend.ErrTooLarge) {
+// publish parks cp, the copy that is the retry r (a trimmed envelope if it is too
+// large for the broker), blocks its key, and reports the retry: confirmed since
+// start. A copy too large even then is poisoned; another failed park is a failed
+// hand-off.
+func (e *engine) publish(cp *message.Message, f failure, r retryPlan, start time.Time) error {
+	err := e.park(cp, f.queue, r)
+	if errors.Is(err, backend.ErrTooLarge) {
 		trim(&f.envelope)
 		f.envelope.Write(cp.Metadata)
-		perr = park(cp.Context(), d.queue, cp, effective)
+		err = e.park(cp, f.queue, r)
 	}
-	if perr == nil {
-		perr = e.orderBlock(&f)
+	if err == nil {
+		err = e.orderBlock(&f)
 	}
 	switch {
-	case perr == nil:
-		e.scheduled(&f, target, requested, effective, time.Since(start))
+	case err == nil:
+		e.scheduled(&f, r, time.Since(start))
 		return nil
-	case errors.Is(perr, backend.ErrTooLarge):
+	case errors.Is(err, backend.ErrTooLarge):
 		// Handing it off again would be refused again: poison it, saying why.
-		f.log()["handoff_err"] = perr.Error()
-		f.envelope.Error = "retry copy larger than the broker's frame_max even with a trimmed envelope; handler error: " + err.Error()
+		f.log()["handoff_err"] = err.Error()
+		f.envelope.Error = "retry copy larger than the broker's frame_max even with a trimmed envelope; handler error: " + f.err.Error()
 		return e.poison(f, cp, amqpretry.ReasonTooLarge)
 	}
-	return e.handoffFailed(f, cp, perr, backend.Cause(perr), true)
+	return e.handoffFailed(f, cp, err, backend.Cause(err), true)
 }
 
-// park parks cp with the copying backend, for queue.
-func (e *engine) park(ctx context.Context, queue string, cp *message.Message, effective time.Duration) error {
-	return e.backend.Park(ctx, queue, cp, effective)
-}
-
-// selfPark sends cp, the head copy of an order key, to queue, its work queue, on a
-// holder that carries nothing on the failed delivery (delayed-retry): it is held there
-// when it arrives, until it is due (holdUntil).
-func (e *engine) selfPark(ctx context.Context, queue string, cp *message.Message, _ time.Duration) error {
-	return e.toQueue(ctx, queue, cp)
+// park parks cp, the copy that is the retry r, for queue: with the copying backend,
+// or a key's head copy on a holder alone to queue, its work queue, where it is held
+// until it is due (selfPark, holdUntil).
+func (e *engine) park(cp *message.Message, queue string, r retryPlan) error {
+	if r.selfPark {
+		return e.toQueue(cp.Context(), queue, cp)
+	}
+	return e.backend.Park(cp.Context(), queue, cp, r.effective)
 }
 
 // errOtherRetry: the message is another Retry's, and that Retry is on the handler too.
@@ -236,10 +285,10 @@ func (e *engine) holdsRetry(d delivery, dec amqpretry.Decision) bool {
 	return dec.Delay <= 0 && (e.backend == nil || d.attempt <= e.cfg.HeldRetries)
 }
 
-// scheduled reports a retry that by keeps now, a confirmed copy (handoff is the time
-// its park took) or a held delivery: it forgets the message's failed hand-offs, counts
-// the retry, tells Observe and logs it, one in Config.RetryLogEvery.
-func (e *engine) scheduled(f *failure, by *kept, requested, effective, handoff time.Duration) {
+// scheduled reports r, a retry its backend keeps now, a confirmed copy (handoff is
+// the time its park took) or a held delivery: it forgets the message's failed
+// hand-offs, counts the retry, tells Observe and logs it, one in Config.RetryLogEvery.
+func (e *engine) scheduled(f *failure, r retryPlan, handoff time.Duration) {
 	if f.out != nil {
 		f.out.scheduled = true
 	}
@@ -249,18 +298,18 @@ func (e *engine) scheduled(f *failure, by *kept, requested, effective, handoff t
 	if e.givenBack.size.Load() > 0 {
 		e.givenBack.forget(f.msg.UUID)
 	}
-	e.sent.add(f.msg.UUID, f.attempt+1)
+	e.sent.add(f.msg.UUID, r.next)
 	n := e.stats.retries.Add(1)
 	if e.cfg.Observe != nil { // observe, on the way of every retry
-		e.cfg.Observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: f.queue, Backend: by.name, Attempt: f.attempt, Err: f.err,
-			Requested: requested, Effective: effective, Handoff: handoff})
+		e.cfg.Observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: f.queue, Backend: r.target.name, Attempt: f.attempt, Err: f.err,
+			Requested: r.requested, Effective: r.effective, Handoff: handoff})
 	}
 	if every := int64(e.cfg.RetryLogEvery); every < 0 || (every > 1 && n%every != 1) {
 		return
 	}
-	fields := f.log().Add(watermill.LogFields{"requested_delay": requested.String(), "effective_delay": effective.String()})
-	if by.caps.Keeps == backend.KeepsDelivery {
-		fields["delay_backend"] = by.name
+	fields := f.log().Add(watermill.LogFields{"requested_delay": r.requested.String(), "effective_delay": r.effective.String()})
+	if r.target.caps.Keeps == backend.KeepsDelivery {
+		fields["delay_backend"] = r.target.name
 		e.cfg.Logger.Info("Retry held in the work queue", fields)
 		return
 	}
@@ -317,7 +366,7 @@ func (e *engine) envelope(d delivery, err error) Envelope {
 			continue
 		}
 		if len(env.ErrorTypes) < keys.MaxErrorTypes {
-			env.ErrorTypes = append(env.ErrorTypes, fmt.Sprintf("%T", e))
+			env.ErrorTypes = append(env.ErrorTypes, reflect.TypeOf(e).String()) // %T, not allocated
 		}
 		if p, ok := e.(*panicked); ok && env.Stack == "" {
 			env.Stack = p.stack

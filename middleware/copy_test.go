@@ -2,14 +2,18 @@ package middleware
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"maps"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 )
@@ -65,5 +69,26 @@ func TestCopyOfKeepsTypedHeaders(t *testing.T) {
 		if change && p.Headers["tenant"] != int64(99) {
 			t.Errorf("tenant = %#v, want int64(99)", p.Headers["tenant"])
 		}
+	}
+}
+
+// genericErr is an error of a generic type, named with its type argument by %T.
+type genericErr[T any] struct{ v T }
+
+func (genericErr[T]) Error() string { return "generic" }
+
+// TestEnvelopeErrorTypes: the envelope names the Go types of the error's chain as
+// %T does, depth first, outermost first, with the stack of the first panic in it.
+func TestEnvelopeErrorTypes(t *testing.T) {
+	p := &panicked{value: "boom", stack: "goroutine 1"}
+	err := fmt.Errorf("wrapped: %w", errors.Join(genericErr[int]{1}, p, struct{ error }{errors.New("anon")}))
+	e, _ := newEngine(t, amqpretry.Config{}, &fakeBackend{})
+	env := e.envelope(delivery{msg: message.NewMessage("u", nil)}, err)
+	var want []string
+	for _, x := range []any{err, errors.Unwrap(err), genericErr[int]{}, p, amqpretry.ErrPanicked, struct{ error }{}} {
+		want = append(want, fmt.Sprintf("%T", x))
+	}
+	if !slices.Equal(env.ErrorTypes, want) || env.Stack != p.stack {
+		t.Errorf("envelope: types %q, stack %q; want %q, %q", env.ErrorTypes, env.Stack, want, p.stack)
 	}
 }

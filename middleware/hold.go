@@ -18,13 +18,14 @@ import (
 // (settle, holdDelivery), held again until it is due (holdAgain), and what this
 // process remembers of it until it comes back (heldRetries).
 
-// settle leaves msg in its work queue for the broker to hold and redeliver after
-// effective: no copy. The envelope goes with it where the transport can carry it, and
-// is remembered here for when it comes back without it. It returns the holder's error;
-// the failure path reports the held retry (scheduled).
-func (e *engine) settle(msg *message.Message, f failure, requested, effective time.Duration) error {
+// settle leaves msg in its work queue for the broker to hold and redeliver as the
+// retry r, after r.effective: no copy. The envelope goes with it where the transport
+// can carry it, and is remembered here for when it comes back without it. It returns
+// the holder's error; the failure path reports the held retry (scheduled).
+func (e *engine) settle(msg *message.Message, f failure, r retryPlan) error {
+	requested, effective := r.requested, r.effective
 	due := time.Now().Add(effective)
-	f.envelope.Attempt = f.attempt + 1
+	f.envelope.Attempt = r.next
 	f.envelope.RequestedDelay, f.envelope.EffectiveDelay, f.envelope.Due = requested, effective, due
 	var md message.Metadata
 	if e.holder.caps.CarriesEnvelope {
