@@ -29,3 +29,5 @@
 // subscribes, with amqpretry.ErrNotWired. PoisonSubscriberConfig reads the poison
 // queue.
 package wamqp2
+
+//go:generate go run ../internal/cmd/majorgen ../wamqp3/retry.go retry.go

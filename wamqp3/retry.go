@@ -1,8 +1,6 @@
 package wamqp3
 
 import (
-	"fmt"
-
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
@@ -10,7 +8,6 @@ import (
 	amqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 
 	"github.com/amqpretry/amqpretry"
-	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/internal/wamqp"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/xdeath"
@@ -34,20 +31,13 @@ type Retry struct {
 // With the memory backend and no URI in sub, everything stays in this process:
 // delay.Memory{Publisher: ...} (a GoChannel, say) receives the retries and the poisoned messages.
 func New(sub amqp.Config, cfg amqpretry.Config) (*Retry, error) {
-	s := wamqp.Sub{
-		URI: sub.Connection.AmqpURI, AMQP: sub.Connection.AmqpConfig, TLS: sub.Connection.TLSConfig,
-		QueueName: sub.Queue.GenerateName, NoRequeueOnNack: sub.Consume.NoRequeueOnNack, QueueArgs: sub.Queue.Arguments,
-		MarshalerType: fmt.Sprintf("%T", sub.Marshaler),
+	m := sub.Marshaler
+	if d, ok := m.(amqp.DefaultMarshaler); ok {
+		m = xdeath.Marshaler(d) // the same fields
 	}
-	switch m := sub.Marshaler.(type) {
-	case nil:
-		s.Marshal = &marshal.Options{}
-	case amqp.DefaultMarshaler:
-		s.Marshal = &marshal.Options{PostprocessPublishing: m.PostprocessPublishing, NotPersistentDeliveryMode: m.NotPersistentDeliveryMode, MessageUUIDHeaderKey: m.MessageUUIDHeaderKey}
-	case xdeath.Marshaler:
-		s.Marshal = &marshal.Options{PostprocessPublishing: m.PostprocessPublishing, NotPersistentDeliveryMode: m.NotPersistentDeliveryMode, MessageUUIDHeaderKey: m.MessageUUIDHeaderKey}
-	}
-	w, err := wamqp.New(s, cfg)
+	c := sub.Connection
+	w, err := wamqp.New(wamqp.Sub{URI: c.AmqpURI, AMQP: c.AmqpConfig, TLS: c.TLSConfig, QueueName: sub.Queue.GenerateName,
+		NoRequeueOnNack: sub.Consume.NoRequeueOnNack, QueueArgs: sub.Queue.Arguments, Marshaler: m}, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -138,35 +128,26 @@ func (r *Retry) AddHandler(router *message.Router, handlerName, topic string, ha
 	})
 }
 
-// builder is the subscriber's topology builder (wamqp.Wiring.BuildTopology) over the
-// major's own, inner.
+// builder is the subscriber's topology builder (wamqp.Queues.BuildTopology) over the
+// major's own, inner; poisonBuilder that of a subscriber of the poison queue
+// (wamqp.Wiring.BuildPoisonTopology). Their BuildTopology, whose signature is the
+// major's own, is in topology.go.
 type builder struct {
 	inner amqp.TopologyBuilder
 	q     *wamqp.Queues
 }
 
-func (b builder) BuildTopology(ch *amqp091.Channel, params amqp.BuildTopologyParams, config amqp.Config, logger watermill.LoggerAdapter) error {
-	s := subscribed(params.QueueName, params.ExchangeName, params.RoutingKey, config)
-	s.Topic = params.Topic
-	return b.q.BuildTopology(ch, s, func() error { return b.inner.BuildTopology(ch, params, config, logger) })
-}
+type poisonBuilder struct{ w *wamqp.Wiring }
 
 func (b builder) ExchangeDeclare(ch *amqp091.Channel, exchange string, config amqp.Config) error {
 	e := config.Exchange
 	return b.q.DeclareExchange(ch, exchange, e.Type, e.Arguments, func() error { return b.inner.ExchangeDeclare(ch, exchange, config) })
 }
 
-func subscribed(queue, exchange, key string, c amqp.Config) wamqp.Subscribed {
-	return wamqp.Subscribed{Queue: queue, QueueArgs: c.Queue.Arguments, Exchange: exchange, ExchangeType: c.Exchange.Type,
+func (poisonBuilder) ExchangeDeclare(*amqp091.Channel, string, amqp.Config) error { return nil }
+
+// subscribed is what one subscribe of a subscriber built from c declares.
+func subscribed(c amqp.Config, queue, exchange, key, topic string) wamqp.Subscribed {
+	return wamqp.Subscribed{Queue: queue, Topic: topic, QueueArgs: c.Queue.Arguments, Exchange: exchange, ExchangeType: c.Exchange.Type,
 		ExchangeArgs: c.Exchange.Arguments, Key: key, BindArgs: c.QueueBind.Arguments}
 }
-
-// poisonBuilder is the topology builder of a subscriber of the poison queue
-// (wamqp.Wiring.BuildPoisonTopology).
-type poisonBuilder struct{ w *wamqp.Wiring }
-
-func (b poisonBuilder) BuildTopology(ch *amqp091.Channel, params amqp.BuildTopologyParams, _ amqp.Config, _ watermill.LoggerAdapter) error {
-	return b.w.BuildPoisonTopology(ch, params.QueueName)
-}
-
-func (poisonBuilder) ExchangeDeclare(*amqp091.Channel, string, amqp.Config) error { return nil }

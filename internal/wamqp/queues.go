@@ -130,9 +130,5 @@ func (w *Wiring) BuildPoisonTopology(ch *amqp.Channel, queue string) error {
 // PoisonMarshaler is the marshaler of a subscriber of the poison queue: the user's
 // options, reading every header (dead-lettered or not), marking nothing as the Retry's.
 func (w *Wiring) PoisonMarshaler() marshal.Marshaler {
-	o := marshal.Options{}
-	if w.sub.Marshal != nil {
-		o = *w.sub.Marshal
-	}
-	return marshal.Marshaler{Options: o}
+	return marshal.Marshaler{Options: w.marshal}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/xdeath"
 )
 
 // Sub is what a transport package reads from its watermill-amqp subscriber config.
@@ -30,10 +31,23 @@ type Sub struct {
 	QueueName       func(topic string) string
 	NoRequeueOnNack bool
 	QueueArgs       amqp.Table
-	// Marshal has the options of the subscriber's marshaler, nil when it is of a
-	// type the retry cannot use (MarshalerType names it).
-	Marshal       *marshal.Options
-	MarshalerType string
+	// Marshaler is the subscriber config's marshaler, which the Retry can use when it
+	// is nil (the major's DefaultMarshaler with its defaults) or an xdeath.Marshaler:
+	// the transport package converts its major's DefaultMarshaler to one, their fields
+	// being the same.
+	Marshaler any
+}
+
+// marshalOptions returns the options of the subscriber config's marshaler, nil when the
+// Retry cannot use it.
+func (sub Sub) marshalOptions() *marshal.Options {
+	switch m := sub.Marshaler.(type) {
+	case nil:
+		return &marshal.Options{}
+	case xdeath.Marshaler:
+		return &marshal.Options{PostprocessPublishing: m.PostprocessPublishing, NotPersistentDeliveryMode: m.NotPersistentDeliveryMode, MessageUUIDHeaderKey: m.MessageUUIDHeaderKey}
+	}
+	return nil
 }
 
 // Wiring is a Retry and what a subscriber config needs to be wired to it.
@@ -42,13 +56,17 @@ type Wiring struct {
 	cfg   amqpretry.Config // with defaults
 	sub   Sub
 	view  backend.Derived // what cfg derives
+	// marshal has the options of the subscriber config's marshaler; none where the Retry
+	// cannot use it (in-process, where it is not validated).
+	marshal marshal.Options
 }
 
 // New validates sub and cfg, every invalid field named, and only then builds the
 // Retry (middleware.New) with the subscriber config's connection and marshaling.
 func New(sub Sub, cfg amqpretry.Config) (*Wiring, error) {
 	t := middleware.Transport{URI: sub.URI, Queue: sub.QueueName, QueueArgs: sub.QueueArgs, Validate: sub.validate}
-	if m := sub.Marshal; m != nil {
+	m := sub.marshalOptions()
+	if m != nil {
 		t.UUIDHeader, t.NotPersistent, t.Postprocess = m.MessageUUIDHeaderKey, m.NotPersistentDeliveryMode, m.PostprocessPublishing
 	}
 	switch {
@@ -62,7 +80,11 @@ func New(sub Sub, cfg amqpretry.Config) (*Wiring, error) {
 		return nil, err
 	}
 	// With its defaults, and what New derived, once.
-	return &Wiring{Retry: r, cfg: r.Config(), sub: sub, view: r.Derived()}, nil
+	w := &Wiring{Retry: r, cfg: r.Config(), sub: sub, view: r.Derived()}
+	if m != nil {
+		w.marshal = *m
+	}
+	return w, nil
 }
 
 // InProcess tells whether the Retry runs without a broker (the memory backend, no
@@ -73,10 +95,7 @@ func (w *Wiring) InProcess() bool { return w.sub.URI == "" }
 // reads on each delivery (where it was published, the returns RabbitMQ 4.3 counts
 // when work queues hold retries), each delivery marked as the Retry's.
 func (w *Wiring) Marshaler() marshal.Marshaler {
-	o := marshal.Options{}
-	if w.sub.Marshal != nil {
-		o = *w.sub.Marshal
-	}
+	o := w.marshal
 	o.Retry, o.Delivered = true, w.Retry.Delivered
 	o.ReturnedAttempts = w.view.WorkQueueArgs != nil
 	return marshal.Marshaler{Options: o}
@@ -121,8 +140,8 @@ func (sub Sub) validate(cfg amqpretry.Config) error {
 	if sub.NoRequeueOnNack {
 		errs = append(errs, errors.New("Subscriber: Consume.NoRequeueOnNack: must be false, or a failed hand-off would drop the message instead of requeueing it"))
 	}
-	if sub.Marshal == nil {
-		errs = append(errs, fmt.Errorf("Subscriber: Marshaler: %s cannot read dead-lettered messages; use the DefaultMarshaler or xdeath.Marshaler", sub.MarshalerType))
+	if sub.marshalOptions() == nil {
+		errs = append(errs, fmt.Errorf("Subscriber: Marshaler: %T cannot read dead-lettered messages; use the DefaultMarshaler or xdeath.Marshaler", sub.Marshaler))
 	}
 	if cfg.OrderKey != nil {
 		if sac, ok := sub.QueueArgs[declare.SingleActiveConsumerArg]; ok && sac != true {

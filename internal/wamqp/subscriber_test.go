@@ -12,7 +12,6 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
-	"github.com/amqpretry/amqpretry/internal/marshal"
 )
 
 // TestNewValidatesEveryField: New names every invalid field of the subscriber config
@@ -21,12 +20,12 @@ func TestNewValidatesEveryField(t *testing.T) {
 	sub := Sub{
 		URI:             "amqp://guest:secret@127.0.0.1:1/", // nothing listens: never dialled
 		NoRequeueOnNack: true,
-		MarshalerType:   "mypkg.Marshaler",
+		Marshaler:       otherMarshaler{},
 		QueueArgs:       amqp.Table{"x-queue-type": "classic"},
 	}
 	_, err := New(sub, amqpretry.Config{HeldRetries: 2, Policy: amqpretry.Policy{MaxAttempts: -2}, HandoffAttempts: -1})
 	for _, want := range []string{
-		"invalid config", "Subscriber: Queue.GenerateName: required", "Subscriber: Consume.NoRequeueOnNack", "Subscriber: Marshaler: mypkg.Marshaler",
+		"invalid config", "Subscriber: Queue.GenerateName: required", "Subscriber: Consume.NoRequeueOnNack", "Subscriber: Marshaler: wamqp.otherMarshaler",
 		"Subscriber: Queue.Arguments: x-queue-type classic", "Policy.MaxAttempts: -2", "HandoffAttempts",
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
@@ -66,6 +65,9 @@ func TestInProcessLeavesTheSubscriberAlone(t *testing.T) {
 	}
 }
 
+// otherMarshaler is a marshaler of a type the Retry cannot use.
+type otherMarshaler struct{}
+
 type discard struct{}
 
 func (discard) Publish(string, ...*message.Message) error { return nil }
@@ -103,7 +105,7 @@ func TestNewDerivesOnce(t *testing.T) {
 // names one queue whatever the topic has that queue as its work queue: New refuses a
 // poison queue of that name before it dials (issue 51), and only that.
 func TestPoisonQueueNamedLikeTheOneWorkQueue(t *testing.T) {
-	sub := Sub{URI: "amqp://guest:guest@127.0.0.1:1/", QueueName: func(string) string { return "orders" }, Marshal: &marshal.Options{}}
+	sub := Sub{URI: "amqp://guest:guest@127.0.0.1:1/", QueueName: func(string) string { return "orders" }}
 	_, err := New(sub, amqpretry.Config{Prefix: "app", PoisonQueue: "orders"})
 	want := `PoisonQueue: "orders" is the work queue, the one queue the subscriber config's Queue.GenerateName names for every topic: a subscriber with retries would send its failures back into it; give the poison queue a name of its own (by default "app.poison")`
 	if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "dial") {
@@ -140,7 +142,7 @@ func TestWorkQueueArgsOfHeldRetries(t *testing.T) {
 	if got["x-dead-letter-exchange"] != "app.dlx" || got["x-dead-letter-routing-key"] != nil {
 		t.Errorf("the user's own dead-letter exchange: %v", got)
 	}
-	sub := Sub{URI: "amqp://guest:guest@127.0.0.1:1/", QueueName: func(topic string) string { return topic }, Marshal: &marshal.Options{},
+	sub := Sub{URI: "amqp://guest:guest@127.0.0.1:1/", QueueName: func(topic string) string { return topic },
 		QueueArgs: amqp.Table{"x-delayed-retry-type": "all", "x-delayed-retry-max": int64(60000), "x-dead-letter-routing-key": "mine"}}
 	_, err := New(sub, cfg)
 	for _, w := range []string{
