@@ -39,6 +39,12 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "build amqpretry: %v\n%s", err, out)
 		os.Exit(1)
 	}
+	// The command reads the broker's URI from the environment: set once, for the tests
+	// that run in parallel (t.Setenv cannot be used there); a test that sets another
+	// one runs alone.
+	if os.Getenv(uriEnv) == "" {
+		_ = os.Setenv(uriEnv, brokertest.URI())
+	}
 	code := m.Run()
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
@@ -57,7 +63,6 @@ var testTiers = []time.Duration{time.Second, 2 * time.Second}
 func newEnv(t *testing.T, queues ...string) *env {
 	t.Helper()
 	brokertest.Dial(t)
-	t.Setenv(uriEnv, brokertest.URI())
 	e := &env{t: t, prefix: brokertest.Prefix(t)}
 	for _, q := range queues {
 		e.queues = append(e.queues, e.prefix+"."+q)
@@ -130,6 +135,7 @@ func (e *env) poison(n int) {
 }
 
 func TestTopologyVerifyFailsThenPassesAfterApply(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, "orders", "billing")
 	args := append([]string{"topology", "verify"}, e.queueFlags()...)
 	code, out, _ := e.run(args...)
@@ -360,6 +366,7 @@ func TestStatus(t *testing.T) {
 // TestStatusCounts: the broker's own counts through rabbitmqctl: the file descriptors
 // and sockets (rabbitmqctl status on 3.x, /proc of the broker on 4.x), and each queue.
 func TestStatusCounts(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, "orders")
 	e.apply()
 	ctl := strings.Join(brokertest.CtlCommand(), " ")

@@ -43,6 +43,7 @@ func exchangeExists(t *testing.T, exchange string) bool {
 // shows the dry run and asks: any answer but yes removes nothing (exit 1); yes removes
 // what was shown.
 func TestTeardownAsks(t *testing.T) {
+	t.Parallel()
 	// The help says what happens, and that --force does not skip the question.
 	_, help, _ := runArgs("teardown", "--help")
 	for _, want := range []string{"Every teardown that removes something asks, --force or not, as a purge does", "any other answer\nchanges nothing (exit status 1)",
@@ -89,6 +90,7 @@ func TestTeardownAsks(t *testing.T) {
 // TestTeardownAsksOnATerminal (issue 43): the command itself, on a pseudo-terminal,
 // without --force: "n" leaves the storage (exit 1), "y" removes it.
 func TestTeardownAsksOnATerminal(t *testing.T) {
+	t.Parallel()
 	ctl := ctlFlag(t)
 	e := newEnv(t, "orders")
 	e.apply()
@@ -115,6 +117,7 @@ func TestTeardownAsksOnATerminal(t *testing.T) {
 // parking exchange and queue and the poison queue, shared, stay without --shared), and
 // a second one finds nothing left.
 func TestTeardownEveryBackend(t *testing.T) {
+	t.Parallel()
 	ctl := ctlFlag(t)
 	e := newEnv(t, "orders")
 	e.apply() // ttl-tiers, tiers 1s and 2s
@@ -196,6 +199,7 @@ func TestTeardownEveryBackend(t *testing.T) {
 // one line (62 of them). They give the count and the first few names; --verbose names
 // them all.
 func TestNameListsShortened(t *testing.T) {
+	t.Parallel()
 	ctl := ctlFlag(t)
 	e := newEnv(t, "orders")
 	flags := []string{"--prefix", e.prefix, "--tiers", "1s,2s,3s,4s,5s,6s"}
@@ -289,6 +293,7 @@ func TestRedriveDryRunToDeletedQueue(t *testing.T) {
 // exchange the application bound to it as the application's, left; --shared then
 // removes the whole prefix, and only those stay.
 func TestTeardownWholePrefix(t *testing.T) {
+	t.Parallel()
 	ctl := ctlFlag(t)
 	e := newEnv(t, "orders")
 	e.apply()
@@ -354,6 +359,7 @@ func TestTeardownWholePrefix(t *testing.T) {
 // are poison redrive and purge, the parking queue's parking redrive and purge; without
 // --shared those queues stay and do not stop the teardown.
 func TestTeardownRefusalNamesTheFix(t *testing.T) {
+	t.Parallel()
 	ctl := ctlFlag(t)
 	e := newEnv(t, "orders")
 	e.apply()

@@ -22,6 +22,7 @@ import (
 // brings one back by id; teardown (no --backend needed) refuses while two wait, then,
 // once they are back, a dry run lists the storage and the teardown removes it.
 func TestWaitingAndTeardown(t *testing.T) {
+	t.Parallel()
 	if _, err := brokertest.Ctl(t.Context(), "-q", "list_queues", "name"); err != nil {
 		t.Skipf("needs rabbitmqctl: %v", err)
 	}
