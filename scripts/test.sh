@@ -42,6 +42,8 @@
 #                               (scripts/cluster.sh; root, with RABBITMQ4's chroot),
 #                               then the partition test on one in network namespaces
 #                               (scripts/netcluster.sh)
+#   AMQPRETRY_NEWEST=1          the newest dependencies' step (scripts/newest.sh):
+#                               every module built, and the suites run, on them
 #   AMQPRETRY_TLS=1             the TLS steps on each broker run (and, with
 #                               AMQPRETRY_CLUSTER=1, the cluster): certificates from
 #                               scripts/tls.sh, a TLS listener on each broker (the
@@ -57,12 +59,31 @@ rabbitmq4="$root/scripts/rabbitmq4.sh"
 uri40=$("$rabbitmq4" 4.0 uri)
 uri43=$("$rabbitmq4" 4.3 uri)
 
-# Step timings, printed at the end whether the run passes or not.
+# Step timings, printed at the end whether the run passes or not, each against its
+# budget: what the step may take for a run under CI=true to fit the goal of 1800 s on
+# two cores (issue 50; the budgets add up to about that). A step over it is marked, not
+# failed: timings are noisy.
+budget_of() {
+  case "$1" in
+    "go test -race on "*) echo 240 ;;
+    "no-loss test on a three-node"* | "partition test"*) echo 120 ;;
+    "the newest dependencies"*) echo 120 ;;
+    "no-loss test"*) echo 80 ;;
+    "Watermill's pub/sub suites"* | "amqp1 module"* | "retries held in the work queue"*) echo 60 ;;
+    "go vet"* | "staticcheck"* | "order partitions"* | "RabbitMQ "*": scripts/rabbitmq4.sh"* | "TLS on "*) echo 30 ;;
+    *) echo 10 ;;
+  esac
+}
 t_all=$SECONDS
 cur="" cur_t0=0
 timings=()
 end_step() {
-  if [ -n "$cur" ]; then timings+=("$(printf '%5d s  %s%s' $((SECONDS - cur_t0)) "$cur" "${1:-}")"); fi
+  if [ -n "$cur" ]; then
+    local took=$((SECONDS - cur_t0)) budget over=""
+    budget=$(budget_of "$cur")
+    if [ "$took" -gt "$budget" ]; then over="  (over its budget)"; fi
+    timings+=("$(printf '%5d s of %4d s  %s%s%s' "$took" "$budget" "$cur" "${1:-}" "$over")")
+  fi
   cur=""
 }
 step() {
@@ -75,7 +96,7 @@ summary() {
   if [ "$rc" != 0 ]; then end_step "  (FAILED)"; else end_step; fi
   printf '\n==> step timings\n'
   if [ "${#timings[@]}" -gt 0 ]; then printf '%s\n' "${timings[@]}"; fi
-  printf '%5d s  total (CI lands a run under 5400 s; the goal is 1800 s)\n' $((SECONDS - t_all))
+  printf '%5d s of 1800 s  total (CI lands a run under 5400 s)\n' $((SECONDS - t_all))
   if [ "$rc" = 0 ]; then echo "all checks passed"; else echo "FAILED (exit $rc)"; fi
 }
 trap summary EXIT
@@ -83,9 +104,9 @@ trap summary EXIT
 # The opt-ins. Under CI=true all of them; elsewhere only what the caller set.
 if [ "$CI" = "true" ]; then
   export AMQPRETRY_BROKER_RESTART="${AMQPRETRY_BROKER_RESTART:-1}"
-  RABBITMQ4=1 NOLOSS=1 CLUSTER=1 TLS=1
+  RABBITMQ4=1 NOLOSS=1 CLUSTER=1 TLS=1 NEWEST=1
 else
-  RABBITMQ4="${RABBITMQ4:-}" NOLOSS="${AMQPRETRY_NOLOSS:-}" CLUSTER="${AMQPRETRY_CLUSTER:-}" TLS="${AMQPRETRY_TLS:-}"
+  RABBITMQ4="${RABBITMQ4:-}" NOLOSS="${AMQPRETRY_NOLOSS:-}" CLUSTER="${AMQPRETRY_CLUSTER:-}" TLS="${AMQPRETRY_TLS:-}" NEWEST="${AMQPRETRY_NEWEST:-}"
 fi
 # The no-loss tests run in steps of their own, never inside the race-detector runs.
 unset AMQPRETRY_NOLOSS
@@ -109,6 +130,9 @@ if [ "$NOLOSS" != 1 ]; then
 fi
 if [ "$CLUSTER" != 1 ]; then
   notes+=("SKIPPED: the cluster no-loss test and the partition test. Opt in with AMQPRETRY_CLUSTER=1 RABBITMQ4=1 ./scripts/test.sh (root; three RabbitMQ 4.3 nodes of scripts/cluster.sh); CI=true does.")
+fi
+if [ "$NEWEST" != 1 ]; then
+  notes+=("SKIPPED: the newest dependencies' step (every module and the suites on the newest amqp091-go and watermill-amqp, about 6 minutes). Opt in with AMQPRETRY_NEWEST=1 ./scripts/test.sh; CI=true does.")
 fi
 if [ "$TLS" != 1 ]; then
   notes+=("SKIPPED: the TLS steps. Opt in with AMQPRETRY_TLS=1 ./scripts/test.sh (root; scripts/tls.sh makes the certificates and may restart the machine's RabbitMQ 3.10 once to open its TLS listener); CI=true does.")
@@ -483,8 +507,10 @@ if [ "$broker" = ok ]; then
   # builds users' programs with the newest any module requires. Pinned, bumped like any
   # other pin: the newest the module proxy serves.
   newest=(github.com/rabbitmq/amqp091-go@v1.16.0 github.com/ThreeDotsLabs/watermill-amqp/v3@v3.0.2 github.com/ThreeDotsLabs/watermill-amqp/v2@v2.1.3)
-  step "the newest dependencies: ${newest[*]#github.com/}: every module and example builds and vets, the suites of both majors and the middleware's broker tests with -race (scripts/newest.sh)"
-  ./scripts/newest.sh "${newest[@]}"
+  if [ "$NEWEST" = 1 ]; then
+    step "the newest dependencies: ${newest[*]#github.com/}: every module and example builds and vets, the suites of both majors and the middleware's broker tests with -race (scripts/newest.sh)"
+    ./scripts/newest.sh "${newest[@]}"
+  fi
   if [ -n "$amqps310" ]; then tls_tests "the broker at AMQP_URI" "$AMQP_URI" "$amqps310" "${AMQPRETRY_RABBITMQCTL:-rabbitmqctl}"; fi
   after 3.10 "${ctl310[@]}"
 fi
