@@ -52,6 +52,7 @@ func (b ladderBackend) Unenumerable() string      { return b.Backend.(backend.St
 // wamqp3's middleware, and ops counts it in its status, lists it waiting, brings it
 // back now, and tears its storage down, all under the names it chose.
 func TestBackendDefinedOutsideDelay(t *testing.T) {
+	t.Parallel()
 	skipShort(t)
 	if err := (amqpretry.Config{Backend: ladder{Tiers: []time.Duration{}}}).Validate(); err == nil || !strings.Contains(err.Error(), "Tiers: empty") {
 		t.Errorf("Validate of a ladder without tiers: %v, want its own refusal", err)

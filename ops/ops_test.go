@@ -774,6 +774,7 @@ func ctlCounts(t *testing.T) func(ctx context.Context) (ops.BrokerCounts, error)
 // lettering) keeps them past their due time: stuck. Those expired messages leave the
 // ready list (AMQP sees an empty queue), so the check needs the broker's own counts.
 func TestStatusStuck(t *testing.T) {
+	t.Parallel()
 	skipShort(t)
 	counts := ctlCounts(t)
 	r := newRig(t, "full")

@@ -134,6 +134,7 @@ func (h *keeper) next(t *testing.T) {
 // takes the next: the counts moved), it is not Stalled. Without the broker's counts,
 // Status says nothing of it.
 func TestStatusPossibleOutage(t *testing.T) {
+	t.Parallel()
 	skipShort(t)
 	counts := ctlCounts(t)
 	r := newRig(t, "idle", "orders")

@@ -41,6 +41,7 @@ func exists(t *testing.T, name string, exchange bool) bool {
 // nothing, and the teardown removes the tier queue, the delay and delivery exchanges,
 // and leaves the new backend, the parking and poison queues and the work queue.
 func TestTeardownAfterBackendChange(t *testing.T) {
+	t.Parallel()
 	old := amqpretry.Config{Backend: delay.TTLTiers{Tiers: []time.Duration{waitDelay}}}
 	r := waitingRig(t, old, "orders")
 	queue := r.queues[0]
@@ -124,6 +125,7 @@ func TestTeardownAfterBackendChange(t *testing.T) {
 // refuses, saying so (and names the queue once a retry shows there); forced, it
 // removes the queue with what waits in it.
 func TestTeardownForceAndUnknown(t *testing.T) {
+	t.Parallel()
 	r := waitingRig(t, amqpretry.Config{Backend: delay.TTLTiers{Tiers: []time.Duration{waitDelay}}}, "orders")
 	blind, err := ops.New(ops.Config{URI: brokertest.URI(), Retry: r.cfg.Retry})
 	if err != nil {
@@ -209,6 +211,7 @@ func TestTeardownCountsOnlyWhatItFinds(t *testing.T) {
 // application's, the work queue bound from the delivery exchange and the exchange the
 // application bound to it; both stay, and the binding is gone.
 func TestTeardownNamesTheApplications(t *testing.T) {
+	t.Parallel()
 	r := waitingRig(t, amqpretry.Config{Backend: delay.TTLTiers{Tiers: []time.Duration{waitDelay}}}, "orders")
 	queue := r.queues[0]
 	topic := r.prefix + ".topic.orders" // as watermill-amqp's pub/sub config declares one
@@ -288,6 +291,7 @@ func TestWaitingOnDelayedExchangeRefuses(t *testing.T) {
 // behind a key, naming the fix (release the keys), and once none waits it removes
 // them with the rest. Without rabbitmqctl, Shared says they could not be looked for.
 func TestTeardownBehindQueues(t *testing.T) {
+	t.Parallel()
 	r := waitingRig(t, amqpretry.Config{Backend: delay.TTLTiers{Tiers: []time.Duration{waitDelay}}}, "orders")
 	queue := r.queues[0]
 	full := names.Names{Prefix: r.prefix}.Behind(queue, "acc-1")

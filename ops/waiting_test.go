@@ -94,6 +94,7 @@ func seenOf(res ops.ListResult) []seen {
 // basic.get and nack of each, what AMQP 0-9-1 offers instead, changes the counters,
 // and the same listing sees it: the counters it reads are the live ones.
 func TestPeekChangesNothing(t *testing.T) {
+	t.Parallel()
 	for _, cfg := range waitingBackends {
 		t.Run(cfg.WithDefaults().Backend.Name(), func(t *testing.T) {
 			r := waitingRig(t, cfg, "orders", "invoices")
