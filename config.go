@@ -37,15 +37,6 @@ type Config struct {
 	// Prefix starts the name of every queue and exchange the library declares, so
 	// that several applications can share a vhost. Default: "amqpretry".
 	Prefix string
-	// Tiers is the ladder of ttl-tiers when its value leaves its own nil.
-	//
-	// Deprecated: set delay.TTLTiers{Tiers: ...} as Backend (docs/migration.md).
-	Tiers []time.Duration
-	// Levels is the number of levels of binary-levels when its value leaves its own
-	// 0.
-	//
-	// Deprecated: set delay.BinaryLevels{Levels: ...} as Backend (docs/migration.md).
-	Levels int
 	// HeldRetries is how many retries, from the first, RabbitMQ 4.3+ holds in the
 	// work queue itself (held retries), DelayedRetryDelay apart, before Backend takes the next ones:
 	// no copy, no publish (its delayed retry of quorum queues). The work queues must be
@@ -63,8 +54,8 @@ type Config struct {
 	HeldRetries int
 	// DelayedRetryDelay is the constant delay of the HeldRetries RabbitMQ holds in
 	// the work queue (its x-delayed-retry-min and -max), a whole number of
-	// milliseconds; also the delay of a delay.DelayedRetry{} backend that leaves its own
-	// Delay 0 (set it there instead). Default: 1s.
+	// milliseconds. Not the delay of a delay.DelayedRetry backend: that is its Delay.
+	// Default: 1s.
 	DelayedRetryDelay time.Duration
 
 	// Policy says how many attempts and how long apart. See Policy for its defaults.
@@ -134,10 +125,6 @@ type Config struct {
 	// every one, N one in N, a negative value none. Poisonings and failed hand-offs
 	// are always logged. Default: 0.
 	RetryLogEvery int
-	// Memory is the memory backend's publisher when its value leaves its own nil.
-	//
-	// Deprecated: set delay.Memory{Publisher: ...} as Backend (docs/migration.md).
-	Memory message.Publisher
 	// Logger receives snake_case fields; poisonings and failed hand-offs are logged at
 	// ERROR (poisonings at WARN where the logger has a Warn method). Default:
 	// watermill.NopLogger.
@@ -156,12 +143,6 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Prefix == "" {
 		c.Prefix = names.DefaultPrefix
-	}
-	if c.Tiers == nil {
-		c.Tiers = backend.DefaultTiers()
-	}
-	if c.Levels == 0 {
-		c.Levels = backend.DefaultLevels
 	}
 	if c.DelayedRetryDelay == 0 {
 		c.DelayedRetryDelay = backend.DefaultRetryDelay
@@ -202,8 +183,8 @@ const defaultHandoffAttempts = 5
 func (c Config) Validate() error { return c.Derived().Invalid }
 
 // invalid is every invalid field of c, with its defaults, v what it derives; user is
-// the policy as given, before defaults.
-func (c Config) invalid(v backend.Derived, user Policy) error {
+// c as given, before defaults.
+func (c Config) invalid(v backend.Derived, user Config) error {
 	errs := c.topologyErrors(v)
 	if val, ok := v.Backend.(backend.Validator); ok {
 		if err := val.Validate(); err != nil {
@@ -213,7 +194,7 @@ func (c Config) invalid(v backend.Derived, user Policy) error {
 	if err := c.Policy.validate(); err != nil {
 		errs = append(errs, err)
 	} else if v.Backend != nil {
-		errs = append(errs, c.fits(v, user)...)
+		errs = append(errs, c.fits(v, user.Policy)...)
 	}
 	if err := c.Outage.validate(); err != nil {
 		errs = append(errs, err)
@@ -240,7 +221,7 @@ func (c Config) invalid(v backend.Derived, user Policy) error {
 		errs = append(errs, errors.New("BlockOnPoison: set without OrderKey, which names the keys it blocks: set OrderKey, or leave BlockOnPoison false"))
 	}
 	if v.Err == nil {
-		errs = append(errs, c.unusedNegatives(v)...)
+		errs = append(errs, c.unusedRetryDelay(v, user)...)
 	}
 	if !slices.Contains([]topology.Mode{topology.ModeDeclare, topology.ModeVerify, topology.ModeNone}, c.Topology) {
 		errs = append(errs, fmt.Errorf("Topology: unknown mode %q (known: %s, %s, %s)", c.Topology, topology.ModeDeclare, topology.ModeVerify, topology.ModeNone))
@@ -355,10 +336,10 @@ func (c Config) fitsConstant(name string, d time.Duration, user Policy) []error 
 	return errs
 }
 
-// setup is what c's backend value is opened with, for planning: the prefix and the
-// deprecated flat settings. c has its defaults.
+// setup is what c's backend value is opened with, for planning: the prefix. c has its
+// defaults.
 func (c Config) setup() backend.Setup {
-	return backend.Setup{Prefix: c.Prefix, Legacy: backend.Legacy{Tiers: c.Tiers, Levels: c.Levels, RetryDelay: c.DelayedRetryDelay, Memory: c.Memory}}
+	return backend.Setup{Prefix: c.Prefix}
 }
 
 // Derived returns what c derives beyond its fields, each fact computed here only, once:
@@ -372,7 +353,7 @@ func (c Config) Derived() backend.Derived {
 	if c.derived != nil {
 		return *c.derived
 	}
-	user := c.Policy
+	user := c
 	c = c.WithDefaults()
 	s := c.setup()
 	value := c.Backend
@@ -482,22 +463,16 @@ func (c Config) ApplyCommand(workQueues ...string) string {
 	return strings.Join(args, " ")
 }
 
-// unusedNegatives refuses a negative value in a deprecated flat backend setting that
-// c's backend, opened without error, did not take (a backend refuses the settings it
-// uses itself, when it opens): it is ignored, but it is a mistake all the same. c has
-// its defaults, v is what it derives.
-func (c Config) unusedNegatives(v backend.Derived) []error {
-	var errs []error
-	for i, t := range c.Tiers {
-		if t < 0 {
-			errs = append(errs, fmt.Errorf("Tiers[%d]: %s, must not be negative (the %s backend does not use Tiers: leave it nil)", i, t, v.Name))
-		}
-	}
-	if c.Levels < 0 {
-		errs = append(errs, fmt.Errorf("Levels: %d, must not be negative (the %s backend does not use Levels: leave it 0)", c.Levels, v.Name))
+// unusedRetryDelay refuses a DelayedRetryDelay that nothing uses: a negative one
+// without HeldRetries, and, with a backend of one constant delay (delayed-retry), whose
+// delay is its own Delay, one set to another delay. c has its defaults, user is c as
+// given, v is what c derives.
+func (c Config) unusedRetryDelay(v backend.Derived, user Config) []error {
+	if k, ok := v.Backend.(backend.Constant); ok && user.DelayedRetryDelay != 0 && user.DelayedRetryDelay != k.OneDelay() {
+		return []error{fmt.Errorf("DelayedRetryDelay: %s, unused: the %s backend holds every retry for its own Delay, %s: set delay.DelayedRetry{Delay: %s} and leave DelayedRetryDelay 0", user.DelayedRetryDelay, v.Name, k.OneDelay(), user.DelayedRetryDelay)}
 	}
 	if c.HeldRetries == 0 && c.DelayedRetryDelay < 0 {
-		errs = append(errs, fmt.Errorf("DelayedRetryDelay: %s, must not be negative (the %s backend without HeldRetries does not use it: leave it 0)", c.DelayedRetryDelay, v.Name))
+		return []error{fmt.Errorf("DelayedRetryDelay: %s, must not be negative (the %s backend without HeldRetries does not use it: leave it 0)", c.DelayedRetryDelay, v.Name)}
 	}
-	return errs
+	return nil
 }

@@ -29,8 +29,6 @@ func TestConfigDefaults(t *testing.T) {
 	want := amqpretry.Config{
 		Backend:           delay.TTLTiers{},
 		Prefix:            "amqpretry",
-		Tiers:             wantTiers,
-		Levels:            28,
 		DelayedRetryDelay: time.Second,
 		Policy: amqpretry.Policy{
 			MaxAttempts: 5, InitialInterval: time.Second, Multiplier: 2, MaxInterval: 10 * time.Minute, Jitter: 0.2,
@@ -56,7 +54,7 @@ func TestConfigDefaults(t *testing.T) {
 		}
 	}
 	if !slices.Equal(backend.DefaultTiers(), wantTiers) {
-		t.Error("backend.DefaultTiers differs from Config's default")
+		t.Error("backend.DefaultTiers differs from the default ladder")
 	}
 }
 
@@ -67,7 +65,7 @@ func TestConfigDefaultsFollowAndKeep(t *testing.T) {
 	}
 	// Set fields are kept.
 	set := amqpretry.Config{
-		Backend: delay.BinaryLevels{}, Prefix: "p", Tiers: []time.Duration{time.Second}, Levels: 7,
+		Backend: delay.BinaryLevels{Levels: 7}, Prefix: "p",
 		HeldRetries: 2, DelayedRetryDelay: 3 * time.Second, PoisonQueue: "dead", ConfirmTimeout: time.Second,
 		Topology: topology.ModeVerify, HandoffAttempts: 9, RetryLogEvery: 4,
 		Policy: amqpretry.Policy{MaxAttempts: 2, InitialInterval: time.Minute, Multiplier: 3, MaxInterval: time.Hour, Jitter: 0.5, Immediate: 1, ImmediateInterval: time.Millisecond},
@@ -86,10 +84,7 @@ func TestConfigDefaultsFollowAndKeep(t *testing.T) {
 		t.Errorf("delayed-retry backend: HeldRetries %d, want 0", n)
 	}
 	// An empty, non-nil ladder is not the default: it is refused.
-	c := amqpretry.Config{Tiers: []time.Duration{}}
-	if got := c.WithDefaults().Tiers; got == nil || len(got) != 0 {
-		t.Errorf("empty tiers became %v", got)
-	}
+	c := amqpretry.Config{Backend: delay.TTLTiers{Tiers: []time.Duration{}}}
 	if err := c.Validate(); err == nil {
 		t.Error("an empty ladder was accepted")
 	}

@@ -87,13 +87,13 @@ func expectedFigures(t *testing.T) map[string]string {
 		}
 	}
 	want["bindings-per-work-queue"] = strconv.Itoa(perWorkQueue)
-	want["ttl-tiers.tiers"] = strconv.Itoa(len(def.Tiers))
-	want["binary-levels.levels"] = strconv.Itoa(def.Levels)
+	want["ttl-tiers.tiers"] = strconv.Itoa(len(delay.DefaultTiers()))
+	want["binary-levels.levels"] = strconv.Itoa(delay.DefaultLevels)
 	// A 1,024-fd RabbitMQ 3.x broker's file handle budget (ulimit -n - 97, measured).
 	q, _, _ := plan(delay.TTLTiers{})
 	want["ttl-tiers.ladders-per-broker"] = strconv.Itoa(927 / (3 * q))
 
-	want["ttl-tiers.longest"] = figureDuration(slices.Max(def.Tiers))
+	want["ttl-tiers.longest"] = figureDuration(slices.Max(delay.DefaultTiers()))
 	want["binary-levels.longest"] = fmt.Sprintf("%.1f years", longest(t, def, delay.BinaryLevels{}, time.Second).Hours()/24/365.25)
 	want["delayed-exchange.longest"] = fmt.Sprintf("%.1f days", longest(t, def, delay.DelayedExchange{}, time.Millisecond).Hours()/24)
 
@@ -110,7 +110,7 @@ func expectedFigures(t *testing.T) map[string]string {
 // backend's Effective accepts it and refuses one step more.
 func longest(t *testing.T, c amqpretry.Config, name delay.Backend, step time.Duration) time.Duration {
 	t.Helper()
-	b, err := delay.Open(name, backend.Setup{Prefix: c.Prefix, Legacy: backend.Legacy{Tiers: c.Tiers, Levels: c.Levels, RetryDelay: c.DelayedRetryDelay}})
+	b, err := delay.Open(name, backend.Setup{Prefix: c.Prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -381,8 +381,8 @@ func TestGoDocDefaults(t *testing.T) {
 		"Config": reflect.ValueOf(def),
 		"Policy": reflect.ValueOf(def.Policy),
 		// The backend settings' docs, on their values.
-		"TTLTiers":     reflect.ValueOf(delay.TTLTiers{Tiers: def.Tiers}),
-		"BinaryLevels": reflect.ValueOf(delay.BinaryLevels{Levels: def.Levels}),
+		"TTLTiers":     reflect.ValueOf(delay.TTLTiers{Tiers: delay.DefaultTiers()}),
+		"BinaryLevels": reflect.ValueOf(delay.BinaryLevels{Levels: delay.DefaultLevels}),
 	}
 	defaultRe := regexp.MustCompile(`Default: ("[^"]*"|[0-9][0-9.]*[a-z]*)`)
 	fset := token.NewFileSet()
@@ -406,15 +406,12 @@ func TestGoDocDefaults(t *testing.T) {
 				doc := strings.Join(strings.Fields(field.Doc.Text()), " ")
 				v := values[ts.Name.Name].FieldByName(name)
 				where := ts.Name.Name + "." + name
-				if strings.Contains(doc, "Deprecated:") {
-					continue // documented on the backend's value
-				}
 				switch name {
 				case "Tiers":
-					if m := regexp.MustCompile(`(\d+) tiers`).FindStringSubmatch(doc); m == nil || m[1] != strconv.Itoa(len(def.Tiers)) {
-						t.Errorf("%s's doc gives %v tiers by default, WithDefaults %d", where, m, len(def.Tiers))
+					if m := regexp.MustCompile(`(\d+) tiers`).FindStringSubmatch(doc); m == nil || m[1] != strconv.Itoa(len(delay.DefaultTiers())) {
+						t.Errorf("%s's doc gives %v tiers by default, the default ladder %d", where, m, len(delay.DefaultTiers()))
 					}
-					if last := figureDuration(slices.Max(def.Tiers)); !strings.Contains(doc, strings.ReplaceAll(last, " ", "")) {
+					if last := figureDuration(slices.Max(delay.DefaultTiers())); !strings.Contains(doc, strings.ReplaceAll(last, " ", "")) {
 						t.Errorf("%s's doc does not end the default ladder at %s", where, last)
 					}
 				case "Levels":

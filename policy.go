@@ -21,15 +21,15 @@ type Policy struct {
 	// below; no jitter is applied. On ttl-tiers, a delay longer than the longest tier
 	// is parked again when it comes back, until it is due: never early.
 	//
-	// On Backend delayed-retry, which holds every retry for one constant delay
-	// (Config.DelayedRetryDelay), the zero value of each schedule field below means
+	// On Backend delayed-retry, which holds every retry for one constant delay (its
+	// Delay), the zero value of each schedule field below means
 	// that delay; a value that would ask for another delay, a growth or a jitter is
 	// refused by Config.Validate, naming the fix, rather than ignored. With
 	// Config.HeldRetries the held retries are DelayedRetryDelay apart, and the whole
 	// schedule applies to Backend's retries after them.
 	Delays []time.Duration
 	// InitialInterval is the delay before the first delayed retry. Default: 1s; on
-	// delayed-retry, DelayedRetryDelay (another value is refused).
+	// delayed-retry, its Delay (another value is refused).
 	InitialInterval time.Duration
 	// Multiplier grows the delay after each attempt; fractions are kept (1.5 gives 1s,
 	// 1.5s, 2.25s). At least 1. Default: 2; on delayed-retry, 1 (its one delay), and
@@ -39,7 +39,7 @@ type Policy struct {
 	// Delays, nor a RetryAfter). A policy delay longer than the backend keeps is
 	// refused by Config.Validate on binary-levels and delayed-exchange; on ttl-tiers
 	// it is parked again when it comes back, until it is due. Default: 10m; on
-	// delayed-retry, unused (a value shorter than DelayedRetryDelay is refused).
+	// delayed-retry, unused (a value shorter than its Delay is refused).
 	MaxInterval time.Duration
 	// Jitter randomises each delay by up to this fraction either way, so that messages
 	// that failed together do not come back together; in [0, 1). Default: 0.2; on

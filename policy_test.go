@@ -35,7 +35,7 @@ func schedule(t testing.TB, policy amqpretry.Policy, attempt, n int) []time.Dura
 	)
 	// Every message fails: outage detection off, or the failures of retries would begin
 	// an outage and keep the messages instead of scheduling them.
-	cfg := amqpretry.Config{Backend: delay.Memory{}, Memory: discard{}, Policy: policy, Outage: amqpretry.Outage{Off: true},
+	cfg := amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Policy: policy, Outage: amqpretry.Outage{Off: true},
 		Observe: func(ev amqpretry.Event) {
 			if ev.Kind == amqpretry.EventRetryScheduled {
 				mu.Lock()
@@ -148,21 +148,21 @@ func TestPolicyValidateNamesTheField(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.field, func(t *testing.T) {
-			err := amqpretry.Config{Backend: delay.Memory{}, Memory: discard{}, Policy: tt.policy}.Validate()
+			err := amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Policy: tt.policy}.Validate()
 			if err == nil || !strings.Contains(err.Error(), "Policy."+tt.field+": ") {
 				t.Fatalf("Validate() = %v, want an error naming Policy.%s", err, tt.field)
 			}
 		})
 	}
 	// Several invalid fields: each is named.
-	err := amqpretry.Config{Backend: delay.Memory{}, Memory: discard{}, Policy: amqpretry.Policy{MaxAttempts: -1, Jitter: 2}}.Validate()
+	err := amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Policy: amqpretry.Policy{MaxAttempts: -1, Jitter: 2}}.Validate()
 	for _, field := range []string{"MaxAttempts", "Jitter"} {
 		if err == nil || !strings.Contains(err.Error(), field) {
 			t.Errorf("Validate() = %v, does not name %s", err, field)
 		}
 	}
 	// NoJitter turns an invalid Jitter off.
-	if err := (amqpretry.Config{Backend: delay.Memory{}, Memory: discard{}, Policy: amqpretry.Policy{Jitter: 5, NoJitter: true}}).Validate(); err != nil {
+	if err := (amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Policy: amqpretry.Policy{Jitter: 5, NoJitter: true}}).Validate(); err != nil {
 		t.Errorf("NoJitter with Jitter 5: %v", err)
 	}
 }
@@ -170,7 +170,7 @@ func TestPolicyValidateNamesTheField(t *testing.T) {
 // TestPolicyMustFitTheBackend: a policy whose longest delay the backend refuses is
 // refused up front, naming the delay; one the backend keeps shorter is accepted.
 func TestPolicyMustFitTheBackend(t *testing.T) {
-	err := amqpretry.Config{Backend: delay.BinaryLevels{}, Levels: 4, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second, 20 * time.Second}}}.Validate()
+	err := amqpretry.Config{Backend: delay.BinaryLevels{Levels: 4}, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second, 20 * time.Second}}}.Validate()
 	if !errors.Is(err, delay.ErrDelayTooLong) || !strings.Contains(err.Error(), "Policy.Delays[1]: delay too long: with 5 attempts the policy asks for up to 20s") {
 		t.Errorf("binary-levels with 4 levels and a 20s delay: %v", err)
 	}

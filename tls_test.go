@@ -22,6 +22,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
 	"github.com/amqpretry/amqpretry/internal/testsupport/tlstest"
 	"github.com/amqpretry/amqpretry/ops"
@@ -39,8 +40,7 @@ func TestTLSRetry(t *testing.T) {
 	amqpCfg := amqp3.NewDurableQueueConfig(env.URI)
 	amqpCfg.Connection.TLSConfig = tlsCfg
 	cfg := amqpretry.Config{
-		Prefix: prefix,
-		Tiers:  []time.Duration{time.Second},
+		Prefix: prefix, Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second}},
 		Policy: amqpretry.Policy{MaxAttempts: 3, InitialInterval: time.Second, NoJitter: true},
 	}
 	plan, err := cfg.Plan(topic)

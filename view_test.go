@@ -25,9 +25,9 @@ func TestConfiguredView(t *testing.T) {
 		{"default", amqpretry.Config{}, false, 9600 * time.Millisecond, "1s, ×2 per retry up to 10m0s, jitter ±20%"},
 		{"held retries", amqpretry.Config{HeldRetries: 2, DelayedRetryDelay: 3 * time.Second}, true, 2400 * time.Millisecond,
 			"2 retries held in the work queue 3s apart, then 1s, ×2 per retry"},
-		{"delayed-retry", amqpretry.Config{Backend: delay.DelayedRetry{}, DelayedRetryDelay: 2 * time.Second}, false, 2 * time.Second,
+		{"delayed-retry", amqpretry.Config{Backend: delay.DelayedRetry{Delay: 2 * time.Second}}, false, 2 * time.Second,
 			"every retry held in the work queue 2s (its Delay)"},
-		{"binary-levels", amqpretry.Config{Backend: delay.BinaryLevels{}, Levels: 12, Prefix: "p", Policy: amqpretry.Policy{Delays: []time.Duration{time.Minute}}},
+		{"binary-levels", amqpretry.Config{Backend: delay.BinaryLevels{Levels: 12}, Prefix: "p", Policy: amqpretry.Policy{Delays: []time.Duration{time.Minute}}},
 			false, time.Minute, "delays [1m0s], the last repeating"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

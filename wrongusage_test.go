@@ -304,7 +304,7 @@ func classicFix(queue string) []string {
 func TestWrongUsage(t *testing.T) {
 	memory := func(p amqpretry.Policy) func(*wuEnv) amqpretry.Config {
 		return func(*wuEnv) amqpretry.Config {
-			return amqpretry.Config{Backend: delay.Memory{}, Memory: discard{}, Policy: p}
+			return amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Policy: p}
 		}
 	}
 	cases := []wrongUsage{
@@ -326,13 +326,13 @@ func TestWrongUsage(t *testing.T) {
 		{
 			name: "binary-levels limit checked against the schedule, not MaxInterval's default",
 			cfg: func(*wuEnv) amqpretry.Config {
-				return amqpretry.Config{Backend: delay.BinaryLevels{}, Levels: 5, Policy: amqpretry.Policy{MaxAttempts: 3, InitialInterval: time.Second}}
+				return amqpretry.Config{Backend: delay.BinaryLevels{Levels: 5}, Policy: amqpretry.Policy{MaxAttempts: 3, InitialInterval: time.Second}}
 			},
 		},
 		{
 			name: "binary-levels schedule past its limit",
 			cfg: func(*wuEnv) amqpretry.Config {
-				return amqpretry.Config{Backend: delay.BinaryLevels{}, Levels: 5, Policy: amqpretry.Policy{MaxAttempts: 10}}
+				return amqpretry.Config{Backend: delay.BinaryLevels{Levels: 5}, Policy: amqpretry.Policy{MaxAttempts: 10}}
 			},
 			want: []string{"Policy.MaxInterval: delay too long", "set Policy.MaxInterval to at most 31s, or raise Levels"},
 			is:   delay.ErrDelayTooLong,
@@ -360,7 +360,7 @@ func TestWrongUsage(t *testing.T) {
 		{
 			name: "MaxAttempts 0 is logged as what it means",
 			cfg: func(e *wuEnv) amqpretry.Config {
-				return amqpretry.Config{Backend: delay.Memory{}, Memory: discard{}, Logger: logger{e.Logs}}
+				return amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Logger: logger{e.Logs}}
 			},
 			do: func(e *wuEnv, cfg amqpretry.Config) string {
 				r, err := wamqp3.New(wamqpv3.Config{}, cfg)
@@ -381,9 +381,12 @@ func TestWrongUsage(t *testing.T) {
 			is: delay.ErrUnsupported,
 		},
 		{
-			name: "negative Levels, unused by ttl-tiers",
-			cfg:  func(*wuEnv) amqpretry.Config { return amqpretry.Config{Levels: -3} },
-			want: []string{"Levels: -3, must not be negative (the ttl-tiers backend does not use Levels: leave it 0)"},
+			// Only the held retries' delay: delayed-retry's is its own Delay.
+			name: "DelayedRetryDelay on delayed-retry",
+			cfg: func(*wuEnv) amqpretry.Config {
+				return amqpretry.Config{Backend: delay.DelayedRetry{}, DelayedRetryDelay: 3 * time.Second}
+			},
+			want: []string{"DelayedRetryDelay: 3s, unused: the delayed-retry backend holds every retry for its own Delay, 1s: set delay.DelayedRetry{Delay: 3s} and leave DelayedRetryDelay 0"},
 		},
 		{
 			name: "negative DelayedRetryDelay, unused by ttl-tiers",
@@ -391,18 +394,11 @@ func TestWrongUsage(t *testing.T) {
 			want: []string{"DelayedRetryDelay: -1s, must not be negative (the ttl-tiers backend without HeldRetries does not use it: leave it 0)"},
 		},
 		{
-			name: "negative tier, unused by binary-levels",
-			cfg: func(*wuEnv) amqpretry.Config {
-				return amqpretry.Config{Backend: delay.BinaryLevels{}, Tiers: []time.Duration{time.Second, -time.Second}}
-			},
-			want: []string{"Tiers[1]: -1s, must not be negative (the binary-levels backend does not use Tiers: leave it nil)"},
-		},
-		{
 			// The user is on ttl-tiers already: the field that asked for 4.3 is HeldRetries.
 			name:   "HeldRetries before RabbitMQ 4.3",
 			broker: brokerBefore43,
 			cfg: func(e *wuEnv) amqpretry.Config {
-				return amqpretry.Config{Prefix: e.Prefix, HeldRetries: 2, Tiers: []time.Duration{time.Second}}
+				return amqpretry.Config{Prefix: e.Prefix, HeldRetries: 2, Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second}}}
 			},
 			do:   newRetry,
 			want: []string{"HeldRetries: 2: delayed-retry is not supported by this broker", "retries held in the work queue need RabbitMQ 4.3 or later", "on this broker set HeldRetries to 0 (Backend ttl-tiers then takes every retry), or move to RabbitMQ 4.3 or later"},
@@ -611,7 +607,7 @@ func classicAtRuntime(e *wuEnv, cfg amqpretry.Config) string {
 // poisonGoneConfig is a ttl-tiers config for e in topology mode m, with a short tier.
 func poisonGoneConfig(m topology.Mode) func(e *wuEnv) amqpretry.Config {
 	return func(e *wuEnv) amqpretry.Config {
-		return amqpretry.Config{Prefix: e.Prefix, Topology: m, Tiers: []time.Duration{200 * time.Millisecond}, Logger: logger{e.Logs}}
+		return amqpretry.Config{Prefix: e.Prefix, Topology: m, Backend: delay.TTLTiers{Tiers: []time.Duration{200 * time.Millisecond}}, Logger: logger{e.Logs}}
 	}
 }
 

@@ -48,8 +48,8 @@ import (
 //     native-always: nack every delivery; the rate is nacks per second (the retry
 //     path without any success).
 //   - library: one Watermill router, wamqp3 (watermill-amqp v3, Consume.Qos.PrefetchCount
-//     1 or 50), the same messages. delayed-retry: Config{Backend: "delayed-retry",
-//     DelayedRetryDelay: 1ms}; two-stage: Config{HeldRetries: 1, ttl-tiers with one
+//     1 or 50), the same messages. delayed-retry: Config{Backend:
+//     delay.DelayedRetry{Delay: 1ms}}; two-stage: Config{HeldRetries: 1, ttl-tiers with one
 //     1 ms tier behind}; ttl-tiers: the copying backend, one 1 ms tier; ceiling-copy:
 //     the ceiling middleware of ceiling.go (a confirmed copy to the same tier, nothing
 //     else) with the ttl-tiers subscriber; ceiling-envelope: the same carrying the

@@ -52,10 +52,10 @@ func (e *env) newRig(name, scope string, tiers []time.Duration) (r *rig, skip st
 		return nil, "", err
 	}
 	prefix := e.name(scope, name)
-	value, err := delay.Parse(name)
+	value, err := delay.Parse(name, delay.Settings{Tiers: tiers, Publisher: queuePublisher{h}})
 	var b backend.Backend
 	if err == nil {
-		b, err = delay.Open(value, backend.Setup{Prefix: prefix, Env: backend.Env{Handoff: h}, Legacy: backend.Legacy{Tiers: tiers, Memory: queuePublisher{h}}})
+		b, err = delay.Open(value, backend.Setup{Prefix: prefix, Env: backend.Env{Handoff: h}})
 	}
 	if err == nil {
 		e.reg.topology(b.Topology())

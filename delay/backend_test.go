@@ -427,8 +427,8 @@ func TestValidationNamesTheField(t *testing.T) {
 		{Spec{Name: TTLTiers{}.Name(), Prefix: "p", Tiers: []time.Duration{time.Second, 2 * time.Second, time.Second}}, "Tiers[2]: 1s appears twice"},
 		{Spec{Name: BinaryLevels{}.Name(), Prefix: "p", Levels: -1}, "Levels: -1 is outside 1 to 29"},
 		{Spec{Name: BinaryLevels{}.Name(), Prefix: "p", Levels: 30}, "Levels: 30"},
-		{Spec{Name: DelayedRetry{}.Name(), RetryDelay: -time.Second}, "DelayedRetryDelay: -1s must be a whole number of milliseconds, at least 1ms"},
-		{Spec{Name: DelayedRetry{}.Name(), RetryDelay: 1500 * time.Microsecond}, "DelayedRetryDelay:"},
+		{Spec{Name: DelayedRetry{}.Name(), RetryDelay: -time.Second}, "Backend.Delay: -1s must be a whole number of milliseconds, at least 1ms"},
+		{Spec{Name: DelayedRetry{}.Name(), RetryDelay: 1500 * time.Microsecond}, "Backend.Delay:"},
 		{Spec{Name: string("rabbit")}, `Backend: unknown backend "rabbit" (known: ttl-tiers, binary-levels, delayed-exchange, delayed-retry, delivery-time, memory)`},
 		// Names longer than AMQP carries.
 		{Spec{Name: TTLTiers{}.Name(), Prefix: strings.Repeat("p", 247), Tiers: []time.Duration{time.Second}}, "Prefix: makes the name"},
@@ -484,13 +484,6 @@ func TestParse(t *testing.T) {
 	_, err := Parse("ttl-tier")
 	if want := `Backend: unknown backend "ttl-tier" (known: ttl-tiers, binary-levels, delayed-exchange, delayed-retry, delivery-time, memory)`; err == nil || err.Error() != want {
 		t.Errorf(`Parse("ttl-tier") = %v, want %q`, err, want)
-	}
-	var v Backend = BinaryLevels{Levels: 3}
-	if b, err := Open(v, backend.Setup{Prefix: "p", Legacy: backend.Legacy{Levels: 9}}); err != nil || len(b.DelayQueues()) != 3 {
-		t.Errorf("BinaryLevels{Levels: 3} opened with the deprecated Levels 9: %v, %v, want its own 3 levels", b, err)
-	}
-	if b, err := Open(BinaryLevels{}, backend.Setup{Prefix: "p", Legacy: backend.Legacy{Levels: 9}}); err != nil || len(b.DelayQueues()) != 9 {
-		t.Errorf("BinaryLevels{} opened with the deprecated Levels 9: %v, %v, want 9 levels", b, err)
 	}
 	// A value's own setting is named as its own.
 	if _, err := Open(DelayedRetry{Delay: 1500 * time.Microsecond}, backend.Setup{}); err == nil || !strings.HasPrefix(err.Error(), "Backend.Delay: 1.5ms must be a whole number of milliseconds") {

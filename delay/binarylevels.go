@@ -49,8 +49,7 @@ type binaryLevels struct {
 type BinaryLevels struct {
 	// Levels is the number of levels, which keep delays up to 2^Levels - 1 s: 1 to 29.
 	// Change the Config's Prefix with it: New refuses a prefix that has a ladder of
-	// other Levels (docs/switching-backends.md). Default (0): the Config's deprecated
-	// Levels, else 28 (about 8.5 years).
+	// other Levels (docs/switching-backends.md). Default (0): 28 (about 8.5 years).
 	Levels int
 }
 
@@ -66,9 +65,6 @@ func (b BinaryLevels) String() string { return b.Name() }
 // Open validates Levels and opens the backend.
 func (b BinaryLevels) Open(s backend.Setup) (backend.Backend, error) {
 	levels := b.Levels
-	if levels == 0 {
-		levels = s.Legacy.Levels
-	}
 	if levels == 0 {
 		levels = backend.DefaultLevels
 	}

@@ -35,7 +35,7 @@ type DelayedRetry struct {
 	// whole number of milliseconds. A longer delay of the error's own (a RetryAfter)
 	// is never cut short: the retry is held again, as many times as it takes, so it
 	// comes back at the first multiple of Delay past the one asked for. Default (0):
-	// the Config's DelayedRetryDelay (1s).
+	// 1s.
 	Delay time.Duration
 }
 
@@ -45,15 +45,12 @@ func (DelayedRetry) Name() string { return "delayed-retry" }
 func (b DelayedRetry) String() string { return b.Name() }
 
 // Open validates Delay and opens the backend.
-func (b DelayedRetry) Open(s backend.Setup) (backend.Backend, error) {
-	d, field := b.Delay, "Backend.Delay"
-	if d == 0 {
-		d, field = s.Legacy.RetryDelay, "DelayedRetryDelay"
-	}
+func (b DelayedRetry) Open(backend.Setup) (backend.Backend, error) {
+	d := b.Delay
 	if d == 0 {
 		d = backend.DefaultRetryDelay
 	}
-	if err := backend.CheckRetryDelay(field, d); err != nil {
+	if err := backend.CheckRetryDelay("Backend.Delay", d); err != nil {
 		return nil, err
 	}
 	return delayedRetry{delay: d}, nil
@@ -82,7 +79,7 @@ func (b delayedRetry) Flags() []string {
 // longer delay is held again.
 func (b delayedRetry) Caps() backend.Caps {
 	return backend.Caps{Keeps: backend.KeepsDelivery, Longest: b.delay, PastLongest: backend.HoldAgain,
-		Text: fmt.Sprintf("one constant delay, %s (DelayedRetryDelay), whatever is asked", b.delay)}
+		Text: fmt.Sprintf("one constant delay, %s (its Delay), whatever is asked", b.delay)}
 }
 
 // Effective is the queue's delay, whatever was asked: the broker knows no other.

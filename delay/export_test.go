@@ -9,7 +9,7 @@ import (
 )
 
 // Spec is a backend by name with flat settings, for the tests' tables: the value Parse
-// gives for Name, opened with the settings as the Config's deprecated fields.
+// gives for Name with the settings it has among these.
 type Spec struct {
 	Name       string
 	Prefix     string
@@ -20,11 +20,11 @@ type Spec struct {
 }
 
 func (s Spec) open(env backend.Env) (backend.Backend, error) {
-	v, err := Parse(s.Name)
+	v, err := Parse(s.Name, Settings{Tiers: s.Tiers, Levels: s.Levels, Delay: s.RetryDelay, Publisher: s.Memory})
 	if err != nil {
 		return nil, err
 	}
-	return Open(v, backend.Setup{Prefix: s.Prefix, Env: env, Legacy: backend.Legacy{Tiers: s.Tiers, Levels: s.Levels, RetryDelay: s.RetryDelay, Memory: s.Memory}})
+	return Open(v, backend.Setup{Prefix: s.Prefix, Env: env})
 }
 
 // New opens the backend s names, parking through env.

@@ -32,7 +32,7 @@ type Memory struct {
 	// Publisher is where a retry is published when its delay is over, with the queue
 	// as topic; in-process (no broker URI), also where poisoned messages go, and, if
 	// it is a message.Subscriber (a GoChannel), what AddHandler subscribes to.
-	// Required (nil takes the Config's deprecated Memory).
+	// Required.
 	Publisher message.Publisher
 }
 
@@ -43,11 +43,7 @@ func (b Memory) String() string { return b.Name() }
 
 // Open opens the backend; without a Publisher it only plans (Validate refuses it).
 func (b Memory) Open(s backend.Setup) (backend.Backend, error) {
-	pub := b.Publisher
-	if pub == nil {
-		pub = s.Legacy.Memory
-	}
-	return newMemory(pub, s.Env.Logger), nil
+	return newMemory(b.Publisher, s.Env.Logger), nil
 }
 
 func newMemory(pub message.Publisher, logger watermill.LoggerAdapter) *memory {
@@ -68,7 +64,7 @@ func (m *memory) Caps() backend.Caps {
 // Validate refuses a memory backend without a publisher.
 func (m *memory) Validate() error {
 	if m.pub == nil {
-		return errors.New("Memory: required for the memory backend: set delay.Memory{Publisher: ...}")
+		return errors.New("Backend.Publisher: required for the memory backend: set delay.Memory{Publisher: ...}")
 	}
 	return nil
 }

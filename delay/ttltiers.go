@@ -56,13 +56,9 @@ func (TTLTiers) Name() string { return "ttl-tiers" }
 
 func (b TTLTiers) String() string { return b.Name() }
 
-// Open validates the tiers (nil takes the Config's deprecated Tiers, then the
-// default ladder) and opens the backend.
+// Open validates the tiers (nil takes the default ladder) and opens the backend.
 func (b TTLTiers) Open(s backend.Setup) (backend.Backend, error) {
 	tiers := b.Tiers
-	if tiers == nil {
-		tiers = s.Legacy.Tiers
-	}
 	if tiers == nil {
 		tiers = backend.DefaultTiers()
 	}

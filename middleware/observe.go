@@ -55,7 +55,7 @@ func (e *engine) observeDelivery(d delivery) {
 	// not give.
 	if d.backEarly && d.early > 0 && e.held.markBroken(d.queue) {
 		e.cfg.Logger.Error("Work queue does not hold delayed retries: a nacked message came back at once; its retries now go to the copying backend, or are poisoned without one",
-			fmt.Errorf("queue %q: back %s after the nack, expected %s: a quorum queue needs x-delayed-retry-type=returned and x-delayed-retry-min/-max (declare it with them, or apply a delayed-retry policy to it, RabbitMQ 4.3+); a classic queue cannot hold delayed retries (`amqpretry topology verify` tells its type): move to a new quorum queue, or use a copying Backend", d.queue, (e.cfg.DelayedRetryDelay+ev.Lateness).Round(time.Millisecond), e.cfg.DelayedRetryDelay),
+			fmt.Errorf("queue %q: back %s after the nack, expected %s: a quorum queue needs x-delayed-retry-type=returned and x-delayed-retry-min/-max (declare it with them, or apply a delayed-retry policy to it, RabbitMQ 4.3+); a classic queue cannot hold delayed retries (`amqpretry topology verify` tells its type): move to a new quorum queue, or use a copying Backend", d.queue, (e.holder.caps.Longest+ev.Lateness).Round(time.Millisecond), e.holder.caps.Longest),
 			watermill.LogFields{"queue": d.queue, "message_uuid": d.msg.UUID})
 	}
 	e.observe(ev)

@@ -219,7 +219,7 @@ func TestHeldRetryBackEarlyOnceIsNotJudged(t *testing.T) {
 	logs := &countingLogger{}
 	// Every run fails, retries included: outage detection would stop the queue at the
 	// tenth failure; this test is about held retries' early returns.
-	e, _ := newEngine(t, amqpretry.Config{Backend: delay.DelayedRetry{}, DelayedRetryDelay: time.Second, Logger: logs,
+	e, _ := newEngine(t, amqpretry.Config{Backend: delay.DelayedRetry{Delay: time.Second}, Logger: logs,
 		Policy: amqpretry.Policy{MaxAttempts: 10}, Outage: amqpretry.Outage{Off: true}}, nil)
 	e.backend = nil
 	e.holder = keep(newFakeHolder(time.Second))
@@ -263,7 +263,7 @@ func TestHeldRetryBackEarlyOnceIsNotJudged(t *testing.T) {
 // middleware's nack; the handler chain then returns nil, and the router's Ack that
 // follows does nothing: the delivery stays nacked, for the broker to hold.
 func TestHeldSettlesOnce(t *testing.T) {
-	e, _ := newEngine(t, amqpretry.Config{Backend: delay.DelayedRetry{}, DelayedRetryDelay: time.Second,
+	e, _ := newEngine(t, amqpretry.Config{Backend: delay.DelayedRetry{Delay: time.Second},
 		Policy: amqpretry.Policy{MaxAttempts: 3}}, nil)
 	e.backend = nil
 	holder := newFakeHolder(time.Second)

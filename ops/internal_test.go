@@ -69,11 +69,11 @@ func TestParkedQueueFromRoutingKey(t *testing.T) {
 		want    string
 	}{
 		{delay.TTLTiers{}, 0, "shop.orders", "shop.orders"},
-		{delay.BinaryLevels{}, 3, "0.1.1.shop.orders", "shop.orders"},
-		{delay.BinaryLevels{}, 3, "1.0.0.1.0.queue", "1.0.queue"}, // a queue named like levels
-		{delay.BinaryLevels{}, 3, "0.1.", ""},                     // too short: unknown
+		{delay.BinaryLevels{Levels: 3}, 3, "0.1.1.shop.orders", "shop.orders"},
+		{delay.BinaryLevels{Levels: 3}, 3, "1.0.0.1.0.queue", "1.0.queue"}, // a queue named like levels
+		{delay.BinaryLevels{Levels: 3}, 3, "0.1.", ""},                     // too short: unknown
 	} {
-		b, err := delay.Open(tt.backend, backend.Setup{Prefix: "x", Legacy: backend.Legacy{Levels: tt.levels}})
+		b, err := delay.Open(tt.backend, backend.Setup{Prefix: "x"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,9 +109,8 @@ func TestTopologyConfig(t *testing.T) {
 	}
 	for cfg, want := range map[*amqpretry.Config]string{
 		{Backend: delay.Memory{}}:                             "memory backend has nothing on the broker",
-		{Backend: delay.BinaryLevels{}, Levels: 40}:           "Levels: 40",
+		{Backend: delay.BinaryLevels{Levels: 40}}:             "Levels: 40",
 		{Backend: delay.TTLTiers{Tiers: []time.Duration{}}}:   "Tiers: empty",
-		{Tiers: []time.Duration{}}:                            "Tiers: empty",
 		{DelayedRetryDelay: time.Microsecond, HeldRetries: 1}: "DelayedRetryDelay",
 	} {
 		_, err := topologyConfig(*cfg)

@@ -27,8 +27,8 @@ type Config struct {
 	// amqp091-go's.
 	AMQP amqp.Config
 	// Retry is the application's retry configuration, its defaults from
-	// Retry.WithDefaults(). Only what names and shapes the broker side counts: Backend,
-	// Prefix, Tiers, Levels, HeldRetries, DelayedRetryDelay, PoisonQueue, and
+	// Retry.WithDefaults(). Only what names and shapes the broker side counts: Backend
+	// (with its settings), Prefix, HeldRetries, DelayedRetryDelay, PoisonQueue, and
 	// ConfirmTimeout (each confirm of a redrive). Policy, Classify, Topology and the
 	// rest are not used (a policy the backend cannot keep is the application's error,
 	// not the topology's). The memory backend has nothing on the broker and is

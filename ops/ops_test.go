@@ -663,8 +663,8 @@ func (r *rig) schedule(cfg amqpretry.Config, queue string, msg *message.Message,
 // key before the queue.
 func TestParkingRedrive(t *testing.T) {
 	for _, cfg := range []amqpretry.Config{
-		{Tiers: testTiers},
-		{Backend: delay.BinaryLevels{}, Levels: 2, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}}},
+		{Backend: delay.TTLTiers{Tiers: testTiers}},
+		{Backend: delay.BinaryLevels{Levels: 2}, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}}},
 	} {
 		t.Run(cfg.WithDefaults().Backend.Name(), func(t *testing.T) {
 			r := newRigWith(t, cfg, "orders")
@@ -979,7 +979,7 @@ func TestStatusDelayedExchange(t *testing.T) {
 // count in the broker's messages but in neither ready nor unacked (a passive declare
 // shows 0): status reports them held, and does not call the queue stuck.
 func TestStatusHeldRetries(t *testing.T) {
-	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedRetry{}, DelayedRetryDelay: 20 * time.Second}, "orders")
+	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedRetry{Delay: 20 * time.Second}}, "orders")
 	s, err := r.ops.Status(context.Background(), ops.StatusOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -54,7 +54,7 @@ func run() error {
 	cfg.HeldRetries, _ = strconv.Atoi(os.Getenv("HELD_RETRIES"))
 	_, delayedRetry := cfg.Backend.(delay.DelayedRetry)
 	if delayedRetry {
-		cfg.Policy = amqpretry.Policy{MaxAttempts: 4} // one delay per work queue: DelayedRetryDelay
+		cfg.Policy = amqpretry.Policy{MaxAttempts: 4} // one delay per work queue: the backend's Delay
 	}
 	topic := scenarioTopic(cfg)
 

@@ -375,7 +375,7 @@ func TestConsoleBrowserDelayedRetry(t *testing.T) {
 	}
 	e := newEnv(t, "orders")
 	queue := e.queues[0]
-	cfg := amqpretry.Config{Prefix: e.prefix, Backend: delay.DelayedRetry{}, DelayedRetryDelay: 10 * time.Minute}
+	cfg := amqpretry.Config{Prefix: e.prefix, Backend: delay.DelayedRetry{Delay: 10 * time.Minute}}
 	p, err := cfg.Plan(queue)
 	if err != nil {
 		t.Fatal(err)

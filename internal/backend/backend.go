@@ -45,23 +45,11 @@ func DefaultTiers() []time.Duration {
 	return append(tiers, 10*time.Minute, 15*time.Minute, 20*time.Minute, 30*time.Minute, 45*time.Minute, time.Hour)
 }
 
-// Setup is what a backend value (a delay.Backend) is opened with: the names' prefix,
-// how to reach the broker, and the Config's deprecated flat settings, which a value
-// takes for a setting of its own left zero.
+// Setup is what a backend value (a delay.Backend) is opened with: the names' prefix
+// and how to reach the broker.
 type Setup struct {
 	Prefix string
 	Env    Env
-	Legacy Legacy
-}
-
-// Legacy are the deprecated flat backend settings of amqpretry.Config (Tiers, Levels,
-// DelayedRetryDelay, Memory), with their defaults: each backend value takes the ones
-// of its own settings it leaves zero.
-type Legacy struct {
-	Tiers      []time.Duration
-	Levels     int
-	RetryDelay time.Duration
-	Memory     message.Publisher
 }
 
 // DelayQueue is one queue in which a backend keeps messages for a fixed TTL.

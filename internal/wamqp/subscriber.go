@@ -155,6 +155,9 @@ func (sub Sub) validate(cfg amqpretry.Config) error {
 			set := ""
 			if name == declare.DelayedRetryMinArg || name == declare.DelayedRetryMaxArg {
 				set = " (Config.DelayedRetryDelay sets it)"
+				if _, ok := v.Backend.(backend.Constant); ok {
+					set = " (delay.DelayedRetry's Delay sets it)"
+				}
 			}
 			errs = append(errs, fmt.Errorf("Subscriber: Queue.Arguments: %s: a work queue that holds delayed retries needs %s %s, which the subscriber config adds%s: leave it out of Queue.Arguments",
 				c, name, declare.FormatValue(v.WorkQueueArgs[name]), set))

@@ -40,7 +40,7 @@ func TestNewValidatesEveryField(t *testing.T) {
 		t.Errorf("no URI: %v", err)
 	}
 	_, err = New(Sub{}, amqpretry.Config{Backend: delay.Memory{}})
-	if err == nil || !strings.Contains(err.Error(), "Memory: required for the memory backend") {
+	if err == nil || !strings.Contains(err.Error(), "Backend.Publisher: required for the memory backend") {
 		t.Errorf("memory backend without Memory: %v", err)
 	}
 }
@@ -123,7 +123,7 @@ func TestPoisonQueueNamedLikeTheOneWorkQueue(t *testing.T) {
 // argument of the user's that gives one of them another value is refused by New,
 // named (issue 51).
 func TestWorkQueueArgsOfHeldRetries(t *testing.T) {
-	cfg := amqpretry.Config{Prefix: "app", Backend: delay.DelayedRetry{}, DelayedRetryDelay: 2 * time.Second}
+	cfg := amqpretry.Config{Prefix: "app", Backend: delay.DelayedRetry{Delay: 2 * time.Second}}
 	needed := cfg.Derived().WorkQueueArgs
 	want := amqp.Table{"x-queue-type": "quorum", "x-delayed-retry-type": "returned", "x-delayed-retry-min": int64(2000), "x-delayed-retry-max": int64(2000),
 		"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "app.poison"}
@@ -146,7 +146,7 @@ func TestWorkQueueArgsOfHeldRetries(t *testing.T) {
 		QueueArgs: amqp.Table{"x-delayed-retry-type": "all", "x-delayed-retry-max": int64(60000), "x-dead-letter-routing-key": "mine"}}
 	_, err := New(sub, cfg)
 	for _, w := range []string{
-		`Subscriber: Queue.Arguments: x-delayed-retry-max 60000: a work queue that holds delayed retries needs x-delayed-retry-max 2000, which the subscriber config adds (Config.DelayedRetryDelay sets it): leave it out of Queue.Arguments`,
+		`Subscriber: Queue.Arguments: x-delayed-retry-max 60000: a work queue that holds delayed retries needs x-delayed-retry-max 2000, which the subscriber config adds (delay.DelayedRetry's Delay sets it): leave it out of Queue.Arguments`,
 		`Subscriber: Queue.Arguments: x-delayed-retry-type all: a work queue that holds delayed retries needs x-delayed-retry-type "returned", which the subscriber config adds: leave it out of Queue.Arguments`,
 	} {
 		if err == nil || !strings.Contains(err.Error(), w) {

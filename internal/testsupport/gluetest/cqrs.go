@@ -59,11 +59,10 @@ func cqrsHandlersShareOneRetry(t *testing.T, m Major, backend delay.Backend) {
 	prefix := brokertest.Prefix(t)
 	handoffName, subName := prefix+".handoff", prefix+".sub"
 	s := Sub{URI: brokertest.URI(), Group: "bookings", Connection: &amqp.Config{Properties: amqp.Table{"connection_name": handoffName}}}
-	//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
-	cfg := amqpretry.Config{Backend: backend, Prefix: prefix, Tiers: []time.Duration{500 * time.Millisecond}, Policy: amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}}, Logger: Logger()}
+	cfg := amqpretry.Config{Backend: withTiers(backend, 500*time.Millisecond), Prefix: prefix, Policy: amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}}, Logger: Logger()}
 	if backend == (delay.DelayedRetry{}) {
 		need43(t)
-		s.QueueArgs, cfg.DelayedRetryDelay = quorum, 400*time.Millisecond
+		s.QueueArgs, cfg.Backend = quorum, delay.DelayedRetry{Delay: 400 * time.Millisecond}
 		cfg.Policy = amqpretry.Policy{} // the queue's one delay
 	}
 	r := newRetry(t, m, s, cfg)

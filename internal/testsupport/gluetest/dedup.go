@@ -118,11 +118,10 @@ func dedupScenario(t *testing.T, m Major, backend delay.Backend, mode dedupMode)
 	s := newSetup(t, m, backend)
 	if backend == (delay.DelayedRetry{}) {
 		s.sub.QueueArgs = quorum
-		s.cfg.DelayedRetryDelay = 500 * time.Millisecond
+		s.cfg.Backend = delay.DelayedRetry{Delay: 500 * time.Millisecond}
 		s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3}
 	} else {
-		//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
-		s.cfg.Tiers = []time.Duration{500 * time.Millisecond, time.Second}
+		s.cfg.Backend = withTiers(s.cfg.Backend, 500*time.Millisecond, time.Second)
 		s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3, InitialInterval: 500 * time.Millisecond, MaxInterval: time.Second, NoJitter: true}
 	}
 	if mode.library {

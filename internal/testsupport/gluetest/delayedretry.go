@@ -87,7 +87,7 @@ func DelayedRetry(t *testing.T, m Major) {
 	s := newSetup(t, m, delay.DelayedRetry{})
 	const held = 400 * time.Millisecond
 	s.sub.QueueArgs = quorum
-	s.cfg.DelayedRetryDelay = held
+	s.cfg.Backend = delay.DelayedRetry{Delay: held}
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3}
 	obs := &events{}
 	s.cfg.Observe = obs.observe
@@ -318,7 +318,7 @@ func DelayedRetryRefusedBefore43(t *testing.T, m Major) {
 	if !version.DelayedRetry(v) {
 		for _, cfg := range []amqpretry.Config{
 			{Prefix: prefix, Backend: delay.DelayedRetry{}},
-			{Prefix: prefix, HeldRetries: 2, Tiers: []time.Duration{time.Second}},
+			{Prefix: prefix, HeldRetries: 2, Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second}}},
 		} {
 			_, err := m.New(sub, cfg)
 			if !errors.Is(err, delay.ErrUnsupported) || !strings.Contains(err.Error(), "4.3") || !strings.Contains(err.Error(), v) {
@@ -357,7 +357,7 @@ func DelayedRetryWaitsThroughFaults(t *testing.T, m Major) {
 		t.Run(fault[0], func(t *testing.T) {
 			s := newSetup(t, m, delay.DelayedRetry{})
 			s.sub.QueueArgs = quorum
-			s.cfg.DelayedRetryDelay = 5 * time.Second
+			s.cfg.Backend = delay.DelayedRetry{Delay: 5 * time.Second}
 			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3}
 			r := newRetry(t, m, s.sub, s.cfg)
 			rec := newRecorder(failFirst(1))
@@ -411,7 +411,7 @@ func CopyingBackendOnADelayedRetryQueueKeepsIt(t *testing.T, m Major) {
 	need43(t)
 	s := newSetup(t, m, delay.DelayedRetry{})
 	s.sub.QueueArgs = quorum
-	s.cfg.DelayedRetryDelay = 2 * time.Second
+	s.cfg.Backend = delay.DelayedRetry{Delay: 2 * time.Second}
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 4}
 	old := newRetry(t, m, s.sub, s.cfg)
 	oldRec := newRecorder(failFirst(1))
@@ -429,9 +429,7 @@ func CopyingBackendOnADelayedRetryQueueKeepsIt(t *testing.T, m Major) {
 	}
 
 	cfg := s.cfg
-	cfg.Backend, cfg.Policy = delay.TTLTiers{}, amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{500 * time.Millisecond}}
-	//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
-	cfg.Tiers = []time.Duration{500 * time.Millisecond}
+	cfg.Backend, cfg.Policy = delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}}, amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{500 * time.Millisecond}}
 	_, err = m.Subscriber(t, newRetry(t, m, s.sub, cfg)).Subscribe(context.Background(), s.topic)
 	if err == nil || !strings.Contains(err.Error(), "x-delayed-retry") || !strings.Contains(err.Error(), "Queue.Arguments") || strings.Contains(err.Error(), "delete it and") {
 		t.Fatalf("Subscribe = %v, want the argument clash with the fix: keep the arguments", err)

@@ -78,7 +78,7 @@ func PoisonQueueGoneNeverRerunsTheHandler(t *testing.T, m Major) {
 				t.Fatal(err)
 			}
 			if mode == topology.ModeNone {
-				s.cfg.DelayedRetryDelay = 300 * time.Millisecond
+				s.cfg.Backend = delay.DelayedRetry{Delay: 300 * time.Millisecond}
 			}
 			plan, err := s.cfg.Plan(s.topic)
 			if err != nil {
@@ -198,8 +198,7 @@ func CloseBeforeTheRouterHandsNothingOff(t *testing.T, m Major) {
 	s := newSetup(t, m, delay.TTLTiers{})
 	logs := &logCapture{}
 	s.cfg.Logger = logs
-	//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
-	s.cfg.Tiers = []time.Duration{500 * time.Millisecond}
+	s.cfg.Backend = delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}}
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{500 * time.Millisecond}}
 	r := newRetry(t, m, s.sub, s.cfg)
 	rec := newRecorder(func(*message.Message) error { return errFlaky })
@@ -313,7 +312,7 @@ func RetryAfterIsNeverUndercutOnDelayedRetry(t *testing.T, m Major) {
 	s := newSetup(t, m, delay.DelayedRetry{})
 	const held, after = 400 * time.Millisecond, 700 * time.Millisecond
 	s.sub.QueueArgs = quorumToPoison(s) // no ERROR about a quorum queue that drops
-	s.cfg.DelayedRetryDelay = held
+	s.cfg.Backend = delay.DelayedRetry{Delay: held}
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3}
 	logs := &logCapture{}
 	s.cfg.Logger = logs
@@ -345,8 +344,7 @@ func RetryAfterIsNeverUndercutOnDelayedRetry(t *testing.T, m Major) {
 func RetryAfterIsNeverUndercutOnTTLTiers(t *testing.T, m Major) {
 	s := newSetup(t, m, delay.TTLTiers{})
 	const after = 1200 * time.Millisecond
-	//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
-	s.cfg.Tiers = []time.Duration{500 * time.Millisecond}
+	s.cfg.Backend = delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}}
 	logs := &logCapture{}
 	s.cfg.Logger = logs
 	r := newRetry(t, m, s.sub, s.cfg)
@@ -382,8 +380,7 @@ func RetryAfterIsNeverUndercutOnTTLTiers(t *testing.T, m Major) {
 func PolicyDelayPastTheLongestTierIsNeverEarly(t *testing.T, m Major) {
 	s := newSetup(t, m, delay.TTLTiers{})
 	const tier, asked = time.Second, 3 * time.Second
-	//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
-	s.cfg.Tiers = []time.Duration{tier}
+	s.cfg.Backend = delay.TTLTiers{Tiers: []time.Duration{tier}}
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{asked}}
 	if err := s.cfg.Validate(); err != nil {
 		t.Fatalf("Validate() = %v, want accepted (parked again until due)", err)

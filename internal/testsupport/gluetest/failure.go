@@ -271,8 +271,7 @@ func DeletedPoisonQueueIsDeclaredAgain(t *testing.T, m Major) {
 // lands in the poison queue, once, while a canary is handled.
 func HandoffThatKeepsFailingBacksOffThenPoisons(t *testing.T, m Major) {
 	s := newSetup(t, m, delay.TTLTiers{})
-	//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
-	s.cfg.Tiers = []time.Duration{10 * time.Second}
+	s.cfg.Backend = delay.TTLTiers{Tiers: []time.Duration{10 * time.Second}}
 	s.cfg.Policy = amqpretry.Policy{Delays: []time.Duration{10 * time.Second}}
 	r := newRetry(t, m, s.sub, s.cfg)
 	ctx := context.Background()

@@ -299,17 +299,25 @@ func newSetup(t *testing.T, m Major, backend delay.Backend) setup {
 	brokertest.Dial(t)
 	prefix := brokertest.Prefix(t)
 	s := setup{prefix: prefix, topic: prefix + ".work", sub: Sub{URI: brokertest.URI()}}
+	if b, ok := backend.(delay.Memory); ok && b.Publisher == nil {
+		backend = delay.Memory{Publisher: m.Publisher(t, s.sub)}
+	}
 	s.cfg = amqpretry.Config{
-		Backend: backend,
+		Backend: withTiers(backend, 500*time.Millisecond, 2*time.Second, 4*time.Second),
 		Prefix:  prefix,
-		//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
-		Tiers: []time.Duration{500 * time.Millisecond, 2 * time.Second, 4 * time.Second},
-		//lint:ignore SA1019 as Tiers
-		Memory: m.Publisher(t, s.sub),
-		Logger: Logger(),
+		Logger:  Logger(),
 	}
 	brokertest.Cleanup(t, []string{s.topic, prefix + ".poison"}, nil)
 	return s
+}
+
+// withTiers returns b with the given tiers if it is ttl-tiers, else b: the other
+// backends have no tiers.
+func withTiers(b delay.Backend, tiers ...time.Duration) delay.Backend {
+	if _, ok := b.(delay.TTLTiers); ok {
+		return delay.TTLTiers{Tiers: tiers}
+	}
+	return b
 }
 
 // newRetry builds the Retry, skipping a backend this broker cannot run, and removes

@@ -57,10 +57,9 @@ func OutageIsNotAPoison(t *testing.T, m Major) {
 			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 4, InitialInterval: 500 * time.Millisecond, MaxInterval: time.Second, NoJitter: true}
 			if tc.name == (delay.DelayedRetry{}) {
 				s.cfg.Policy = amqpretry.Policy{MaxAttempts: 4}
-				s.cfg.DelayedRetryDelay = 500 * time.Millisecond
+				s.cfg.Backend = delay.DelayedRetry{Delay: 500 * time.Millisecond}
 			} else {
-				//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
-				s.cfg.Tiers = []time.Duration{500 * time.Millisecond, time.Second}
+				s.cfg.Backend = withTiers(s.cfg.Backend, 500*time.Millisecond, time.Second)
 			}
 			s.cfg.Outage = amqpretry.Outage{ProbeInterval: 200 * time.Millisecond, MaxProbeInterval: time.Second}
 			obs := &events{}
@@ -392,7 +391,7 @@ func CloseDuringAnOutageLosesNothing(t *testing.T, m Major) {
 			}
 			if tc.name == (delay.DelayedRetry{}) {
 				s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3}
-				s.cfg.DelayedRetryDelay = 300 * time.Millisecond
+				s.cfg.Backend = delay.DelayedRetry{Delay: 300 * time.Millisecond}
 			} else {
 				s.cfg.Backend = delay.TTLTiers{Tiers: []time.Duration{300 * time.Millisecond}}
 			}

@@ -36,8 +36,7 @@ func ScenarioFailThreeTimesThenSucceed(t *testing.T, m Major) {
 			s := newSetup(t, m, name)
 			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: policyDelays}
 			r := newRetry(t, m, s.sub, s.cfg)
-			//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
-			sized, err := delay.Open(name, backend.Setup{Prefix: s.prefix, Legacy: backend.Legacy{Tiers: s.cfg.Tiers, Levels: 28}})
+			sized, err := delay.Open(s.cfg.Backend, backend.Setup{Prefix: s.prefix})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -365,13 +364,13 @@ func InvalidConfigNamesTheField(t *testing.T, m Major) {
 		{"prefix too long", queue, amqpretry.Config{Prefix: strings.Repeat("p", 250)}, "Prefix"},
 		{"poison queue too long", queue, amqpretry.Config{PoisonQueue: strings.Repeat("q", 256)}, "PoisonQueue"},
 		{"policy past the backend", queue, amqpretry.Config{Backend: delay.BinaryLevels{Levels: 3}}, "Policy.MaxInterval: delay too long"},
-		{"memory without publisher", Sub{}, amqpretry.Config{Backend: delay.Memory{}}, "Memory"},
+		{"memory without publisher", Sub{}, amqpretry.Config{Backend: delay.Memory{}}, "Backend.Publisher"},
 		{"negative confirm timeout", queue, amqpretry.Config{ConfirmTimeout: -time.Second}, "ConfirmTimeout"},
 		{"unknown topology mode", queue, amqpretry.Config{Topology: "passive"}, "Topology"},
 		{"schedule on delayed-retry", queue, amqpretry.Config{Backend: delay.DelayedRetry{}, Policy: amqpretry.Policy{InitialInterval: 2 * time.Second}}, "Policy.InitialInterval"},
 		{"held retries with immediate", queue, amqpretry.Config{HeldRetries: 2, Policy: amqpretry.Policy{Immediate: 1}}, "HeldRetries"},
 		{"held retries on a classic work queue", Sub{URI: uri, QueueArgs: amqp.Table{"x-queue-type": "classic"}}, amqpretry.Config{HeldRetries: 1}, "Queue.Arguments"},
-		{"delayed retry delay below 1ms", queue, amqpretry.Config{Backend: delay.DelayedRetry{}, DelayedRetryDelay: time.Microsecond}, "DelayedRetryDelay"},
+		{"delayed retry delay below 1ms", queue, amqpretry.Config{Backend: delay.DelayedRetry{Delay: time.Microsecond}}, "Backend.Delay"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -386,9 +385,7 @@ func InvalidConfigNamesTheField(t *testing.T, m Major) {
 // InvalidConfigTouchesNothingOnTheBroker: a policy the backend cannot serve is refused
 // before New connects, so no queue or exchange is declared.
 func InvalidConfigTouchesNothingOnTheBroker(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.BinaryLevels{})
-	//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
-	s.cfg.Levels = 4 // up to 15 s
+	s := newSetup(t, m, delay.BinaryLevels{Levels: 4}) // up to 15 s
 	s.cfg.Policy = amqpretry.Policy{Delays: []time.Duration{time.Second, 20 * time.Second}}
 	_, err := m.New(s.sub, s.cfg)
 	if !errors.Is(err, delay.ErrDelayTooLong) || !strings.Contains(err.Error(), "invalid config") || !strings.Contains(err.Error(), "Policy") || !strings.Contains(err.Error(), "20s") {

@@ -190,9 +190,9 @@ type Setup struct {
 	// StoragePrefix is Config.Prefix (default Prefix, which also names the run's work,
 	// results and poison queues: the poison queue stays "<Prefix>.poison").
 	StoragePrefix string
-	// Tiers is Config.Tiers of ttl-tiers (default: one tier per delay of the policy).
+	// Tiers are the tiers of ttl-tiers (default: one tier per delay of the policy).
 	Tiers []time.Duration
-	// LevelsOf is Config.Levels of binary-levels (default Levels()).
+	// LevelsOf are the levels of binary-levels (default Levels()).
 	LevelsOf int
 	// QuorumWork makes the work and results queues quorum queues whatever the variant.
 	QuorumWork bool
@@ -210,7 +210,7 @@ type Setup struct {
 func (s Setup) Quorum() bool { return len(s.Nodes) > 0 || s.Variant.HoldsRetries() || s.QuorumWork }
 
 // HeldDelay is how long RabbitMQ 4.3 holds a retry in the work queue
-// (Config.DelayedRetryDelay): long enough for the test to see retries waiting there
+// (Config.DelayedRetryDelay, or delay.DelayedRetry's Delay): long enough for the test to see retries waiting there
 // through rabbitmqctl, whose every run takes seconds, before and while a fault is
 // injected (each retry of a transient message is held twice in a row). 8 s against
 // one broker; 15 s in a cluster, where rabbitmqctl answers slower while a node
@@ -265,10 +265,8 @@ func (s Setup) QueueArgs() amqp.Table {
 func (s Setup) Config() amqpretry.Config {
 	v := s.Variant
 	cfg := amqpretry.Config{
-		Backend: v.Backend,
-		Prefix:  s.Prefix,
-		//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
-		Levels:      s.Levels(),
+		Backend:     v.Backend,
+		Prefix:      s.Prefix,
 		HeldRetries: v.HeldRetries,
 		Policy:      s.Policy(),
 		// The fates fail messages by attempt, in waves (a transient message fails its
@@ -279,26 +277,30 @@ func (s Setup) Config() amqpretry.Config {
 		Outage: amqpretry.Outage{Off: true},
 		Logger: s.Logger,
 	}
-	if v.Backend.Name() == (delay.TTLTiers{}).Name() {
-		//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
-		cfg.Tiers = cfg.Policy.Delays // one tier per delay of the policy
+	switch v.Backend.(type) {
+	case delay.TTLTiers:
+		tiers := cfg.Policy.Delays // one tier per delay of the policy
+		if s.Tiers != nil {
+			tiers = s.Tiers
+		}
+		cfg.Backend = delay.TTLTiers{Tiers: tiers}
+	case delay.BinaryLevels:
+		levels := s.Levels()
+		if s.LevelsOf != 0 {
+			levels = s.LevelsOf
+		}
+		cfg.Backend = delay.BinaryLevels{Levels: levels}
+	case delay.DelayedRetry:
+		cfg.Backend = delay.DelayedRetry{Delay: s.HeldDelay()}
 	}
 	if s.StoragePrefix != "" {
 		cfg.Prefix, cfg.PoisonQueue = s.StoragePrefix, s.Prefix+".poison"
-	}
-	if s.Tiers != nil {
-		//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
-		cfg.Tiers = s.Tiers
-	}
-	if s.LevelsOf != 0 {
-		//lint:ignore SA1019 the flat setting, which the configured backend takes when it leaves its own zero
-		cfg.Levels = s.LevelsOf
 	}
 	cfg.Topology = s.Topology
 	if v.Ordered {
 		cfg.OrderKey = OrderKeyOf
 	}
-	if v.HoldsRetries() {
+	if v.HeldRetries > 0 {
 		cfg.DelayedRetryDelay = s.HeldDelay()
 	}
 	return cfg

@@ -56,8 +56,8 @@ func main() {
 	// consumer per configuration.
 	var st stage
 	flag.StringVar(&st.prefix, "storage-prefix", "", "Config.Prefix, if not -prefix (the run's queues keep -prefix)")
-	flag.StringVar(&st.tiers, "tiers", "", "Config.Tiers of ttl-tiers, comma-separated durations (default: the policy's delays)")
-	flag.IntVar(&st.levels, "levels", 0, "Config.Levels of binary-levels (default: noloss.Setup.Levels)")
+	flag.StringVar(&st.tiers, "tiers", "", "the tiers of ttl-tiers, comma-separated durations (default: the policy's delays)")
+	flag.IntVar(&st.levels, "levels", 0, "the levels of binary-levels (default: noloss.Setup.Levels)")
 	flag.BoolVar(&st.quorum, "quorum", false, "the work and results queues are quorum queues, whatever the variant")
 	flag.StringVar(&st.topology, "topology", "", "Config.Topology (default: declare)")
 	flag.StringVar(&st.heldLog, "held-log", "", "a file where the due time of each retry held in the work queue, and each retry that failed, is appended, and read at start: the consumers of one run share it")
