@@ -326,8 +326,8 @@ func (c Config) fitsConstant(name string, d time.Duration, user Policy) []error 
 		if user.MaxInterval != 0 && user.MaxInterval < d {
 			errs = append(errs, fmt.Errorf("Policy.MaxInterval: %s, shorter than the one constant delay the %s backend holds every retry for, %s (its Delay): set its Delay to at most %s (or leave Policy.MaxInterval 0)", user.MaxInterval, name, d, user.MaxInterval))
 		}
-		if user.Jitter != 0 && !user.NoJitter {
-			errs = append(errs, fmt.Errorf("Policy.Jitter: %g, %s, and cannot randomise it: set Policy.Jitter to 0 or Policy.NoJitter, %s", user.Jitter, what, copying))
+		if user.Jitter > 0 {
+			errs = append(errs, fmt.Errorf("Policy.Jitter: %g, %s, and cannot randomise it: set Policy.Jitter to 0 (or -1), %s", user.Jitter, what, copying))
 		}
 	}
 	if p.Immediate > 0 {

@@ -76,9 +76,10 @@ func TestConfigDefaultsFollowAndKeep(t *testing.T) {
 	if !reflect.DeepEqual(got, set) {
 		t.Errorf("WithDefaults changed set fields:\n%+v\nwas\n%+v", got, set)
 	}
-	// NoJitter means no jitter; the delayed-retry backend holds every retry itself.
-	if j := (amqpretry.Config{Policy: amqpretry.Policy{NoJitter: true, Jitter: 0.3}}).WithDefaults().Policy.Jitter; j != 0 {
-		t.Errorf("NoJitter: jitter %g", j)
+	// A negative Jitter means none, and stays so through defaults applied again; the
+	// delayed-retry backend holds every retry itself.
+	if j := (amqpretry.Config{Policy: amqpretry.Policy{Jitter: -1}}).WithDefaults().WithDefaults().Policy.Jitter; j != -1 {
+		t.Errorf("Jitter -1 (none) became %g", j)
 	}
 	if n := (amqpretry.Config{Backend: delay.DelayedRetry{}, HeldRetries: 3}).WithDefaults().HeldRetries; n != 0 {
 		t.Errorf("delayed-retry backend: HeldRetries %d, want 0", n)

@@ -41,12 +41,10 @@ type Policy struct {
 	// it is parked again when it comes back, until it is due. Default: 10m; on
 	// delayed-retry, unused (a value shorter than its Delay is refused).
 	MaxInterval time.Duration
-	// Jitter randomises each delay by up to this fraction either way, so that messages
-	// that failed together do not come back together; in [0, 1). Default: 0.2; on
-	// delayed-retry, none (a value set is refused).
+	// Jitter randomises each delay by up to this fraction either way, below 1, so that
+	// messages that failed together do not come back together; a negative Jitter (-1)
+	// means none. Default: 0.2; on delayed-retry, none (a value above 0 is refused).
 	Jitter float64
-	// NoJitter turns jitter off (Jitter is then ignored).
-	NoJitter bool
 	// Immediate is how many retries run at once, in this process, when a message fails
 	// on its first delivery, before the delayed ones: for blips such as a deadlock
 	// victim. They count towards MaxAttempts; the first delayed retry after them gets
@@ -78,17 +76,21 @@ func (p Policy) withDefaults() Policy {
 	if p.MaxInterval == 0 {
 		p.MaxInterval = 10 * time.Minute
 	}
-	if p.Jitter == 0 && !p.NoJitter {
-		p.Jitter = 0.2
-	}
-	if p.NoJitter {
-		p.Jitter = 0
+	if p.Jitter == 0 {
+		p.Jitter = defaultJitter
 	}
 	return p
 }
 
+// defaultJitter is Jitter's default.
+const defaultJitter = 0.2
+
+// jitter is the fraction p randomises each delay by: Jitter, or 0 for a negative one
+// (none). p has its defaults.
+func (p Policy) jitter() float64 { return max(p.Jitter, 0) }
+
 // validate reports every invalid field of p, which has its defaults, each line
-// naming its field as "Policy.Jitter: 1.5, must be in [0, 1)".
+// naming its field as "Policy.MaxAttempts: -1, must be at least 1".
 func (p Policy) validate() error {
 	var errs []error
 	if p.MaxAttempts < 1 {
@@ -108,8 +110,8 @@ func (p Policy) validate() error {
 	if p.MaxInterval < p.InitialInterval && p.InitialInterval >= 0 {
 		errs = append(errs, fmt.Errorf("Policy.MaxInterval: %s, must not be shorter than Policy.InitialInterval (%s)", p.MaxInterval, p.InitialInterval))
 	}
-	if p.Jitter < 0 || p.Jitter >= 1 {
-		errs = append(errs, fmt.Errorf("Policy.Jitter: %g, must be in [0, 1)", p.Jitter))
+	if p.Jitter >= 1 {
+		errs = append(errs, fmt.Errorf("Policy.Jitter: %g, must be below 1 (a fraction of the delay, either way): set it below 1, 0 for the default %g, or -1 for no jitter", p.Jitter, defaultJitter))
 	}
 	if p.Immediate < 0 {
 		errs = append(errs, fmt.Errorf("Policy.Immediate: %d, must not be negative", p.Immediate))
@@ -161,10 +163,7 @@ func (p Policy) longest(stages int) (time.Duration, string) {
 	// backoff draws from [interval - delta, interval + delta + 1ns) with delta =
 	// Jitter * interval, truncated to whole nanoseconds; the engine caps the draw at
 	// MaxInterval.
-	jitter := p.Jitter
-	if p.NoJitter {
-		jitter = 0
-	}
+	jitter := p.jitter()
 	if float64(interval)*(1+jitter) >= float64(p.MaxInterval) {
 		return p.MaxInterval, "MaxInterval"
 	}
@@ -185,7 +184,7 @@ func (p Policy) describe() string {
 	default:
 		s = fmt.Sprintf("%s, ×%g per retry up to %s", p.InitialInterval, p.Multiplier, p.MaxInterval)
 	}
-	if len(p.Delays) == 0 && !p.NoJitter && p.Jitter > 0 {
+	if len(p.Delays) == 0 && p.Jitter > 0 {
 		s += fmt.Sprintf(", jitter ±%g%%", p.Jitter*100)
 	}
 	if p.Immediate > 0 {

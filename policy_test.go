@@ -75,17 +75,17 @@ func TestPolicyDelay(t *testing.T) {
 	}{
 		{
 			name:   "defaults without jitter double from 1s",
-			policy: amqpretry.Policy{NoJitter: true},
+			policy: amqpretry.Policy{Jitter: -1},
 			want:   []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second},
 		},
 		{
 			name:   "multiplier 1.5 keeps its fraction",
-			policy: amqpretry.Policy{InitialInterval: time.Second, Multiplier: 1.5, NoJitter: true},
+			policy: amqpretry.Policy{InitialInterval: time.Second, Multiplier: 1.5, Jitter: -1},
 			want:   []time.Duration{time.Second, 1500 * time.Millisecond, 2250 * time.Millisecond, 3375 * time.Millisecond},
 		},
 		{
 			name:   "capped by MaxInterval",
-			policy: amqpretry.Policy{InitialInterval: 100 * time.Millisecond, Multiplier: 10, MaxInterval: 5 * time.Second, NoJitter: true},
+			policy: amqpretry.Policy{InitialInterval: 100 * time.Millisecond, Multiplier: 10, MaxInterval: 5 * time.Second, Jitter: -1},
 			want:   []time.Duration{100 * time.Millisecond, time.Second, 5 * time.Second, 5 * time.Second},
 		},
 		{
@@ -95,7 +95,7 @@ func TestPolicyDelay(t *testing.T) {
 		},
 		{
 			name:   "multiplier 1 is constant",
-			policy: amqpretry.Policy{InitialInterval: 3 * time.Second, Multiplier: 1, NoJitter: true},
+			policy: amqpretry.Policy{InitialInterval: 3 * time.Second, Multiplier: 1, Jitter: -1},
 			want:   []time.Duration{3 * time.Second, 3 * time.Second, 3 * time.Second},
 		},
 	}
@@ -142,7 +142,7 @@ func TestPolicyValidateNamesTheField(t *testing.T) {
 		{amqpretry.Policy{Multiplier: 0.5}, "Multiplier"},
 		{amqpretry.Policy{InitialInterval: time.Minute, MaxInterval: time.Second}, "MaxInterval"},
 		{amqpretry.Policy{Jitter: 1.5}, "Jitter"},
-		{amqpretry.Policy{Jitter: -0.1}, "Jitter"},
+		{amqpretry.Policy{Jitter: 1}, "Jitter"},
 		{amqpretry.Policy{Immediate: -1}, "Immediate"},
 		{amqpretry.Policy{ImmediateInterval: -time.Second}, "ImmediateInterval"},
 	}
@@ -161,9 +161,13 @@ func TestPolicyValidateNamesTheField(t *testing.T) {
 			t.Errorf("Validate() = %v, does not name %s", err, field)
 		}
 	}
-	// NoJitter turns an invalid Jitter off.
-	if err := (amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Policy: amqpretry.Policy{Jitter: 5, NoJitter: true}}).Validate(); err != nil {
-		t.Errorf("NoJitter with Jitter 5: %v", err)
+	// Jitter 1 or more is refused with the fix; a negative one means none.
+	err = amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Policy: amqpretry.Policy{Jitter: 1.5}}.Validate()
+	if want := "Policy.Jitter: 1.5, must be below 1 (a fraction of the delay, either way): set it below 1, 0 for the default 0.2, or -1 for no jitter"; err == nil || err.Error() != want {
+		t.Errorf("Jitter 1.5: %v, want %q", err, want)
+	}
+	if err := (amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Policy: amqpretry.Policy{Jitter: -1}}).Validate(); err != nil {
+		t.Errorf("Jitter -1 (none): %v", err)
 	}
 }
 

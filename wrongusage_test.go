@@ -321,7 +321,7 @@ func TestWrongUsage(t *testing.T) {
 		{
 			name: "every line names its field",
 			cfg:  memory(amqpretry.Policy{Jitter: 1.5, Multiplier: 0.5}),
-			want: []string{"Policy.Multiplier: 0.5, must be at least 1\nPolicy.Jitter: 1.5, must be in [0, 1)"},
+			want: []string{"Policy.Multiplier: 0.5, must be at least 1\nPolicy.Jitter: 1.5, must be below 1 (a fraction of the delay, either way): set it below 1, 0 for the default 0.2, or -1 for no jitter"},
 		},
 		{
 			name: "binary-levels limit checked against the schedule, not MaxInterval's default",

@@ -450,7 +450,7 @@ func delayOf(p amqpretry.Policy, n int) time.Duration {
 	}
 	b := &backoff.ExponentialBackOff{
 		InitialInterval:     p.InitialInterval,
-		RandomizationFactor: p.Jitter,
+		RandomizationFactor: max(p.Jitter, 0), // a negative Jitter means none
 		Multiplier:          p.Multiplier,
 		MaxInterval:         p.MaxInterval,
 		Stop:                backoff.Stop,

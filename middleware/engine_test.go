@@ -560,7 +560,7 @@ func TestRetryLogSampling(t *testing.T) {
 }
 
 func TestDelayOf(t *testing.T) {
-	p := amqpretry.Config{Policy: amqpretry.Policy{NoJitter: true}}.WithDefaults().Policy
+	p := amqpretry.Config{Policy: amqpretry.Policy{Jitter: -1}}.WithDefaults().Policy
 	for n, want := range map[int]time.Duration{-1: time.Second, 0: time.Second, 1: time.Second, 2: 2 * time.Second, 10: 512 * time.Second, 11: 10 * time.Minute, 100: 10 * time.Minute} {
 		if got := delayOf(p, n); got != want {
 			t.Errorf("delayOf(%d) = %s, want %s", n, got, want)

@@ -18,7 +18,7 @@ func TestLongestBoundsEveryDelay(t *testing.T) {
 		{MaxAttempts: 6, InitialInterval: 300 * time.Millisecond, Multiplier: 1.7, MaxInterval: 7 * time.Second, Jitter: 0.5},
 		{MaxAttempts: 6, Multiplier: 1, InitialInterval: 3 * time.Second},
 		{MaxAttempts: 4, Delays: []time.Duration{time.Second, 9 * time.Second, 2 * time.Second, time.Hour}},
-		{MaxAttempts: 6, NoJitter: true, Multiplier: 3},
+		{MaxAttempts: 6, Jitter: -1, Multiplier: 3},
 	} {
 		cfg := amqpretry.Config{Policy: p}.WithDefaults()
 		p, longest := cfg.Policy, cfg.Derived().Longest

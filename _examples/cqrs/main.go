@@ -80,7 +80,7 @@ func run() error {
 	cfg := amqpretry.Config{
 		Backend: backend,
 		Prefix:  prefix,
-		Policy:  amqpretry.Policy{MaxAttempts: 4, InitialInterval: time.Second, NoJitter: true},
+		Policy:  amqpretry.Policy{MaxAttempts: 4, InitialInterval: time.Second, Jitter: -1},
 		Logger:  logger,
 	}
 	topic := func(name string) string { return prefix + "." + name }
