@@ -19,6 +19,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/wamqp3"
 )
 
@@ -49,9 +50,9 @@ func amqpretryRetry(cfg amqp.Config, logger watermill.LoggerAdapter) (*wamqp3.Re
 		return nil, fmt.Errorf("AMQPRETRY_SUITE_PREFIX is not set: run scripts/watermill-suite.sh")
 	}
 	return wamqp3.New(cfg, amqpretry.Config{
-		Prefix: prefix,
-		Tiers:  []time.Duration{time.Second},
-		Logger: logger,
+		Prefix:  prefix,
+		Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second}},
+		Logger:  logger,
 	})
 }
 
