@@ -156,7 +156,7 @@ func (sub Sub) validate(cfg amqpretry.Config) error {
 			if name == declare.DelayedRetryMinArg || name == declare.DelayedRetryMaxArg {
 				set = " (Config.DelayedRetryDelay sets it)"
 				if _, ok := v.Backend.(backend.Constant); ok {
-					set = " (delay.DelayedRetry's Delay sets it)"
+					set = " (the delayed-retry backend's Delay sets it)"
 				}
 			}
 			errs = append(errs, fmt.Errorf("Subscriber: Queue.Arguments: %s: a work queue that holds delayed retries needs %s %s, which the subscriber config adds%s: leave it out of Queue.Arguments",

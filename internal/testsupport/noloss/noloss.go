@@ -277,20 +277,20 @@ func (s Setup) Config() amqpretry.Config {
 		Outage: amqpretry.Outage{Off: true},
 		Logger: s.Logger,
 	}
-	switch v.Backend.(type) {
-	case delay.TTLTiers:
+	switch v.Backend.Name() {
+	case delay.TTLTiers{}.Name():
 		tiers := cfg.Policy.Delays // one tier per delay of the policy
 		if s.Tiers != nil {
 			tiers = s.Tiers
 		}
 		cfg.Backend = delay.TTLTiers{Tiers: tiers}
-	case delay.BinaryLevels:
+	case delay.BinaryLevels{}.Name():
 		levels := s.Levels()
 		if s.LevelsOf != 0 {
 			levels = s.LevelsOf
 		}
 		cfg.Backend = delay.BinaryLevels{Levels: levels}
-	case delay.DelayedRetry:
+	case delay.DelayedRetry{}.Name():
 		cfg.Backend = delay.DelayedRetry{Delay: s.HeldDelay()}
 	}
 	if s.StoragePrefix != "" {
