@@ -689,7 +689,7 @@ func TestParkingRedrive(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !slices.Contains(s.Flags, ops.Flag{Kind: ops.FlagParked, Name: parking, Role: "parking", Count: 2}) {
+			if !slices.Contains(s.Flags, ops.Flag{Kind: ops.FlagParkingQueue, Name: parking, Role: "parking", Count: 2}) {
 				t.Errorf("status does not flag the parked retries: %+v", s.Flags)
 			}
 			parked, err := r.ops.List(context.Background(), ops.Parking, ops.ListOptions{})

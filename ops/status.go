@@ -51,8 +51,6 @@ type StatusOptions struct {
 	Counts func(ctx context.Context) (BrokerCounts, error)
 	// SampleInterval is the time between the two samples of Counts. Default (0): 2s.
 	SampleInterval time.Duration
-	// Deprecated: use SampleInterval (read when SampleInterval is 0).
-	BacklogInterval time.Duration
 }
 
 // BrokerCounts are what the broker's management side reports (rabbitmqctl status and
@@ -96,9 +94,7 @@ type QueueStatus struct {
 	Messages int  `json:"messages"`
 	Unacked  int  `json:"unacked"`
 	Expired  int  `json:"expired"`
-	// Deprecated: use Expired (the same count; JSON "backlog" stays for one release).
-	Backlog int `json:"backlog"`
-	Held    int `json:"held"`
+	Held     int  `json:"held"`
 	// Members and Online, for a quorum queue the counts include: its members and those
 	// online (FlagUnderReplicated when fewer).
 	Members int `json:"members,omitempty"`
@@ -217,11 +213,6 @@ const (
 	// was gone when they came due. Re-create it, then redrive them. Its value stays
 	// "parked" (the JSON of Status).
 	FlagParkingQueue FlagKind = "parked"
-	// FlagParked is FlagParkingQueue: "park" is to copy a retry into delay storage
-	// (package amqpretry, # Words), not the parking queue.
-	//
-	// Deprecated: use FlagParkingQueue.
-	FlagParked = FlagParkingQueue
 	// FlagConsumed: a delay queue has Flag.Count consumers: a delivered message never
 	// expires.
 	FlagConsumed FlagKind = "consumed"
@@ -274,9 +265,6 @@ type Flag struct {
 func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 	if opts.StuckMargin <= 0 {
 		opts.StuckMargin = defaultStuckMargin
-	}
-	if opts.SampleInterval <= 0 {
-		opts.SampleInterval = opts.BacklogInterval
 	}
 	if opts.SampleInterval <= 0 {
 		opts.SampleInterval = defaultSampleInterval
@@ -352,7 +340,6 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 		if b, ok := samples[dq.Name]; ok {
 			count(&qs, b.now)
 			qs.Expired = b.now.aside()
-			qs.Backlog = qs.Expired
 			qs.Stuck = qs.Stuck || b.stuck
 		}
 		switch {
@@ -378,7 +365,6 @@ func (o *Ops) Status(ctx context.Context, opts StatusOptions) (Status, error) {
 		if b, ok := samples[name]; ok {
 			count(&qs, b.now)
 			qs.Expired = b.now.aside()
-			qs.Backlog = qs.Expired
 		}
 		s.Queues = append(s.Queues, qs)
 	}

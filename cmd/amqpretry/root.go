@@ -157,8 +157,6 @@ their defaults are the library's. --json gives machine-readable output everywher
 	pf.IntVar(&a.levels, "levels", delay.DefaultLevels, "binary-levels: number of levels (delays up to 2^levels - 1 s)")
 	pf.IntVar(&a.heldRetries, "held-retries", defaults.HeldRetries, "retries RabbitMQ 4.3+ holds in the work queue itself before the backend takes the next")
 	// The flag's old name: a hidden, deprecated alias, so that scripts keep working.
-	pf.IntVar(&a.heldRetries, "delayed-retries", defaults.HeldRetries, "retries held in the work queue (old name of --held-retries)")
-	_ = pf.MarkDeprecated("delayed-retries", "use --held-retries")
 	pf.DurationVar(&a.retryDelay, "retry-delay", defaults.DelayedRetryDelay, "delay of the retries held in the work queue (held-retries, delayed-retry backend)")
 	pf.StringVar(&a.poisonQueue, "poison-queue", "", "poison queue (default <prefix>.poison: "+defaults.PoisonQueue+")")
 

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"go/ast"
 	"go/parser"
@@ -96,31 +95,6 @@ func TestUsageErrors(t *testing.T) {
 		if n := strings.Count(errOut, "amqpretry: "); n != 1 || strings.Count(errOut, "Usage:") > 0 || out != "" {
 			t.Errorf("%q: want one error line and no usage block, got stdout %q, stderr:\n%s", tt.args, out, errOut)
 		}
-	}
-}
-
-// TestDeprecatedFlagNames: --delayed-retries and --keep-delayed-retries, the old names
-// of --held-retries and --keep-held-retries, still work, and are not in the help.
-func TestDeprecatedFlagNames(t *testing.T) {
-	code, out, errOut := runArgs("--delayed-retries", "2", "topology", "plan", "--queue", "q")
-	if code != exitOK || !strings.Contains(out, "--held-retries 2") || !strings.Contains(errOut, "use --held-retries") || strings.Contains(out, "deprecated") {
-		t.Errorf("--delayed-retries 2 (%d): stdout lacks --held-retries 2, or the deprecation is not on stderr alone:\n%s%s", code, out, errOut)
-	}
-	code, out, errOut = runArgs("--json", "--delayed-retries", "1", "topology", "plan")
-	var v map[string]any
-	if code != exitOK || json.Unmarshal([]byte(out), &v) != nil {
-		t.Errorf("--json --delayed-retries 1 (%d): stdout is not JSON alone:\n%s%s", code, out, errOut)
-	}
-	if code, out, errOut := runArgs("--delayed-retries", "-1", "topology", "plan"); code != exitUsage || !strings.Contains(errOut, "--held-retries: -1 is negative") {
-		t.Errorf("--delayed-retries -1 (%d), want the error of --held-retries:\n%s%s", code, out, errOut)
-	}
-	for _, args := range [][]string{{"--help"}, {"teardown", "--help"}} {
-		if code, out, _ := runArgs(args...); code != exitOK || strings.Contains(out, "delayed-retries") || !strings.Contains(out, "held-retries") {
-			t.Errorf("%q (%d) shows the old flag name, or not the new one:\n%s", args, code, out)
-		}
-	}
-	if code, out, errOut := runArgs("--backend", "ttl-tiers", "teardown", "--keep-backend", "binary-levels", "--keep-delayed-retries", "-1"); code != exitUsage || !strings.Contains(errOut, "invalid --keep-* configuration") {
-		t.Errorf("--keep-delayed-retries -1 (%d), want the error of --keep-held-retries:\n%s%s", code, out, errOut)
 	}
 }
 

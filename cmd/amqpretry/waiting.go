@@ -418,9 +418,6 @@ more; --verbose names them all.
 	f.Var(&keepTiers, "keep-tiers", "ttl-tiers in use now: its tier ladder")
 	f.IntVar(&keepLevels, "keep-levels", delay.DefaultLevels, "binary-levels in use now: its levels")
 	f.IntVar(&keepRetry, "keep-held-retries", 0, "the held retries in use now (--held-retries)")
-	// The flag's old name: a hidden, deprecated alias, so that scripts keep working.
-	f.IntVar(&keepRetry, "keep-delayed-retries", 0, "the held retries in use now (old name of --keep-held-retries)")
-	_ = f.MarkDeprecated("keep-delayed-retries", "use --keep-held-retries")
 	src.ctlFlags(c)
 	return c
 }
