@@ -267,13 +267,15 @@ func DelayedRetryOnAQueueWithoutItFallsBackLoudly(t *testing.T, m Major) {
 			t.Fatalf("Subscribe = %v, want the argument clash with the policy fix", err)
 		}
 	})
-	for _, name := range []delay.Backend{delay.TTLTiers{}, delay.DelayedRetry{}} {
+	// ttl-tiers with newSetup's tiers; delayed-retry holding for DelayedRetryDelay.
+	held := delay.DelayedRetry{Delay: s.cfg.DelayedRetryDelay}
+	for _, name := range []delay.Backend{s.cfg.Backend, held} {
 		t.Run("none/"+name.Name(), func(t *testing.T) {
 			cfg := s.cfg
 			cfg.Backend, cfg.Topology = name, topology.ModeNone
 			logs := &logCapture{}
 			cfg.Logger = logs
-			if name == (delay.DelayedRetry{}) {
+			if name == held {
 				cfg.Policy = amqpretry.Policy{MaxAttempts: 4}
 			}
 			// The administrator's topology, but the work queue as it is.
@@ -287,7 +289,7 @@ func DelayedRetryOnAQueueWithoutItFallsBackLoudly(t *testing.T, m Major) {
 			rec := newRecorder(failFirst(3))
 			run(t, m, r, s.topic, rec.handle)
 			publish(t, m, s.topic, "m-"+name.Name())
-			if name == (delay.DelayedRetry{}) {
+			if name == held {
 				msg := poisoned(t, s.prefix+".poison", 30*time.Second)
 				if env := middleware.ReadEnvelope(msg.Metadata); env.Reason != amqpretry.ReasonHandoffFailed || !strings.Contains(env.Error, "does not hold delayed retries") {
 					t.Errorf("poisoned with %+v, want handoff-failed saying the queue does not hold delayed retries", env)
