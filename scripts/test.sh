@@ -70,6 +70,7 @@ budget_of() {
     "the newest dependencies"*) echo 120 ;;
     "no-loss test"*) echo 80 ;;
     "Watermill's pub/sub suites"* | "amqp1 module"* | "retries held in the work queue"*) echo 60 ;;
+    "the tests' race-detector builds"*) echo 120 ;;
     "go vet"* | "staticcheck"* | "order partitions"* | "RabbitMQ "*": scripts/rabbitmq4.sh"* | "TLS on "*) echo 30 ;;
     *) echo 10 ;;
   esac
@@ -82,7 +83,7 @@ end_step() {
     local took=$((SECONDS - cur_t0)) budget over=""
     budget=$(budget_of "$cur")
     if [ "$took" -gt "$budget" ]; then over="  (over its budget)"; fi
-    timings+=("$(printf '%5d s of %4d s  %s%s%s' "$took" "$budget" "$cur" "${1:-}" "$over")")
+    timings+=("$(printf '%5d s of %4d s  %s%s%s%s' "$took" "$budget" "${lane_now:+[$lane_now] }" "$cur" "${1:-}" "$over")")
   fi
   cur=""
 }
@@ -90,6 +91,8 @@ step() {
   end_step
   cur="$*" cur_t0=$SECONDS
   printf '\n==> %s\n' "$*"
+  # In a lane (below), whose output is printed at the end, the step's start now too.
+  if [ -n "${lane_now:-}" ]; then printf '==> [%s, %d s] %s\n' "$lane_now" $((SECONDS - t_all)) "$*" >&3; fi
 }
 summary() {
   local rc=$?
@@ -492,29 +495,6 @@ if [ -z "${PGDEDUP_DSN:-}" ] && command -v pg_isready >/dev/null 2>&1 && ! pg_is
 fi
 (cd pgdedup && go test -race -count=1 -v ./... 2>&1) | grep -E '^(--- |ok|FAIL|panic)|pgdedup_test'
 
-if [ "$broker" = ok ]; then
-  fd_budget "the broker at AMQP_URI" "${ctl310[@]}"
-  before 3.10 "${ctl310[@]}"
-  tests "the broker at AMQP_URI" "$AMQP_URI" "${AMQPRETRY_RABBITMQCTL:-rabbitmqctl}" 2
-  for backend in ttl-tiers binary-levels memory; do
-    quickstart "the broker at AMQP_URI" "$AMQP_URI" DELAY_BACKEND=$backend
-  done
-  quickstart "the broker at AMQP_URI" "$AMQP_URI" DELAY_BACKEND=ttl-tiers WATERMILL_AMQP=2
-  cqrs "the broker at AMQP_URI" "$AMQP_URI" DELAY_BACKEND=ttl-tiers
-  step "Watermill's pub/sub suites, watermill-amqp v3 and v2, with and without our subscriber config"
-  ./scripts/watermill-suite.sh
-  # Tomorrow's dependencies (issue 43): go.mod keeps the oldest versions supported, Go
-  # builds users' programs with the newest any module requires. Pinned, bumped like any
-  # other pin: the newest the module proxy serves.
-  newest=(github.com/rabbitmq/amqp091-go@v1.16.0 github.com/ThreeDotsLabs/watermill-amqp/v3@v3.0.2 github.com/ThreeDotsLabs/watermill-amqp/v2@v2.1.3)
-  if [ "$NEWEST" = 1 ]; then
-    step "the newest dependencies: ${newest[*]#github.com/}: every module and example builds and vets, the suites of both majors and the middleware's broker tests with -race (scripts/newest.sh)"
-    ./scripts/newest.sh "${newest[@]}"
-  fi
-  if [ -n "$amqps310" ]; then tls_tests "the broker at AMQP_URI" "$AMQP_URI" "$amqps310" "${AMQPRETRY_RABBITMQCTL:-rabbitmqctl}"; fi
-  after 3.10 "${ctl310[@]}"
-fi
-
 # noloss NAME URI CTL [ENV...]: the no-loss tests on the broker at URI (TestNoLoss, and
 # TestNoLossSwitch, which changes backends while retries wait).
 noloss() {
@@ -524,83 +504,107 @@ noloss() {
   env AMQP_URI="$uri" AMQPRETRY_RABBITMQCTL="$ctl" AMQPRETRY_NOLOSS=1 "$@" \
     go test -count=1 -timeout 40m -run TestNoLoss -v ./internal/testsupport/noloss
 }
-if [ "$NOLOSS" = 1 ] && [ "$broker" = ok ]; then
-  noloss "the broker at AMQP_URI" "$AMQP_URI" "${AMQPRETRY_RABBITMQCTL:-rabbitmqctl}"
-  # Order keys shared among partitions (docs/ordering.md): 6 work queues, 3 consumer
-  # processes, one killed while its keys are blocked. It disturbs no broker.
-  step "order partitions on the broker at AMQP_URI: 6 work queues with one active consumer each, 3 consumer processes, one SIGKILLed while keys are blocked"
-  env AMQPRETRY_RABBITMQCTL="${AMQPRETRY_RABBITMQCTL:-rabbitmqctl}" AMQPRETRY_NOLOSS=1 \
-    go test -count=1 -timeout 15m -run '^TestOrderPartitions$' -v ./internal/testsupport/noloss
-fi
 
-if [ "$RABBITMQ4" = 1 ]; then
-  for series in 4.0 4.3; do
-    step "RabbitMQ $series: scripts/rabbitmq4.sh $series start"
-    if ! uri=$("$rabbitmq4" "$series" start); then
-      echo "FAIL: could not start RabbitMQ $series (scripts/rabbitmq4.sh $series start)"; exit 1
-    fi
-    ctl="$rabbitmq4 $series ctl"
-    tlsport=5676
-    if [ "$series" = 4.3 ]; then tlsport=5677; fi
-    if [ "$TLS" = 1 ]; then
-      step "RabbitMQ $series: TLS listener on 127.0.0.1:$tlsport"
-      tls_listener "RabbitMQ $series" "$tlsport" sh -c "'$rabbitmq4' $series stop && '$rabbitmq4' $series start"
-    fi
-    read -r -a ctlwords <<<"$ctl"
-    before "$series" "${ctlwords[@]}"
-    if [ "$series" = 4.3 ]; then export AMQP_URI_43=$uri; fi # the 4.3 tests of the metrics and cmd modules
-    # The console's browser tests run on 3.10 and 4.3 (the oldest and the newest); 4.0
-    # runs every other test of the command module.
-    if [ "$series" = 4.0 ]; then
-      tests "RabbitMQ $series ($uri)" "$uri" "$ctl" 3 -skip '^TestConsoleBrowser'
-    else
-      tests "RabbitMQ $series ($uri)" "$uri" "$ctl" 3
-    fi
-    for backend in ttl-tiers binary-levels; do
-      quickstart "RabbitMQ $series" "$uri" DELAY_BACKEND=$backend
-    done
-    if [ "$series" = 4.3 ]; then
-      quickstart "RabbitMQ 4.3" "$uri" DELAY_BACKEND=delayed-retry
-      cqrs "RabbitMQ 4.3" "$uri" DELAY_BACKEND=delayed-retry
-      quickstart "RabbitMQ 4.3" "$uri" DELAY_BACKEND=ttl-tiers HELD_RETRIES=2 WATERMILL_AMQP=2
-      quickstart "RabbitMQ 4.3" "$uri" DELAY_BACKEND=delivery-time
-      # Faults that make watermill-amqp reconnect: its ConnectionWrapper races with
-      # itself, so the race detector stays off for these
-      # (internal/testsupport/gluetest/race.go).
-      step "retries held in the work queue through connection loss and a broker restart, both majors (without -race)"
-      AMQP_URI=$uri AMQPRETRY_RABBITMQCTL=$ctl go test -count=1 -timeout 10m -run '^TestSuite$/^DelayedRetryWaitsThroughFaults$' ./wamqp3 ./wamqp2
-      step "amqp1 module (AMQP 1.0): go test -race on RabbitMQ 4.3"
-      (cd amqp1 && AMQP1_URI=$uri AMQP1_URI_40=$uri40 AMQP1_RABBITMQCTL="$ctl" AMQPRETRY_RABBITMQCTL="$ctl" go test -race -count=1 -timeout 20m ./...)
-    fi
-    if [ "$TLS" = 1 ]; then
-      amqps="amqps://guest:guest@localhost:$tlsport/"
-      tls_tests "RabbitMQ $series" "$uri" "$amqps" "$ctl"
-      if [ "$series" = 4.3 ]; then
-        step "TLS on RabbitMQ 4.3: amqp1 (AMQP 1.0) over amqps; wrong CA, wrong name, no password, SASL EXTERNAL"
-        (cd amqp1 && AMQP1_URI=$uri AMQP_URI=$uri AMQPS_URI=$amqps AMQPRETRY_TLS_DIR=$tlsdir AMQPRETRY_RABBITMQCTL="$ctl" \
-          go test -race -count=1 -run '^TestTLS' -v . | grep -v '\[watermill\]')
-        quickstart "RabbitMQ 4.3 over amqps" "$amqps?cacertfile=$tlsdir/ca.pem" DELAY_BACKEND=delivery-time
-        quickstart "RabbitMQ 4.3 over amqps" "$amqps?cacertfile=$tlsdir/ca.pem" DELAY_BACKEND=delayed-retry
-      fi
-    fi
-    after "$series" "${ctlwords[@]}"
-    if [ "$NOLOSS" = 1 ]; then
-      noloss "RabbitMQ $series" "$uri" "$ctl"
-      if [ "$series" = 4.0 ]; then # watermill-amqp v2 too, on one broker (issue 17)
-        noloss "RabbitMQ 4.0" "$uri" "$ctl" AMQPRETRY_NOLOSS_MAJOR=2
-      fi
-      if [ "$series" = 4.3 ]; then
-        step "no-loss test of the AMQP 1.0 retry (delivery-time) on RabbitMQ 4.3"
-        (cd amqp1 && AMQP1_URI=$uri AMQP1_RABBITMQCTL="$ctl" AMQPRETRY_RABBITMQCTL="$ctl" AMQPRETRY_BROKER_RESTART=1 AMQPRETRY_NOLOSS=1 \
-          go test -count=1 -timeout 20m -run TestNoLoss -v .)
-      fi
-    fi
+# The lanes. Each broker's steps run in a lane of their own, and the lanes run side by
+# side: the machine's 3.10 (lane_310); RabbitMQ 4.0, then the three-node 4.3 cluster
+# (lane_40); RabbitMQ 4.3 (lane_43). Their tests wait on a broker far more than they
+# compute, so on two cores the run takes about as long as its longest lane rather than
+# the sum of all three (issue 50). No lane touches another's broker: each stops and
+# restarts only its own. A lane's output goes to a file, printed whole when every lane
+# is done; meanwhile each step's start is printed as it comes, with its lane and the
+# run's time. A lane that fails fails the run once the others are done.
+
+# Tomorrow's dependencies (issue 43): go.mod keeps the oldest versions supported, Go
+# builds users' programs with the newest any module requires. Pinned, bumped like any
+# other pin: the newest the module proxy serves.
+newest=(github.com/rabbitmq/amqp091-go@v1.16.0 github.com/ThreeDotsLabs/watermill-amqp/v3@v3.0.2 github.com/ThreeDotsLabs/watermill-amqp/v2@v2.1.3)
+
+lane_310() {
+  local ctl=${AMQPRETRY_RABBITMQCTL:-rabbitmqctl}
+  fd_budget "the broker at AMQP_URI" "${ctl310[@]}"
+  before 3.10 "${ctl310[@]}"
+  tests "the broker at AMQP_URI" "$AMQP_URI" "$ctl" 2
+  for backend in ttl-tiers binary-levels memory; do
+    quickstart "the broker at AMQP_URI" "$AMQP_URI" DELAY_BACKEND=$backend
   done
-fi
+  quickstart "the broker at AMQP_URI" "$AMQP_URI" DELAY_BACKEND=ttl-tiers WATERMILL_AMQP=2
+  cqrs "the broker at AMQP_URI" "$AMQP_URI" DELAY_BACKEND=ttl-tiers
+  step "Watermill's pub/sub suites, watermill-amqp v3 and v2, with and without our subscriber config"
+  ./scripts/watermill-suite.sh
+  if [ -n "$amqps310" ]; then tls_tests "the broker at AMQP_URI" "$AMQP_URI" "$amqps310" "$ctl"; fi
+  after 3.10 "${ctl310[@]}"
+  if [ "$NOLOSS" = 1 ]; then
+    noloss "the broker at AMQP_URI" "$AMQP_URI" "$ctl"
+    # Order keys shared among partitions (docs/ordering.md): 6 work queues, 3 consumer
+    # processes, one killed while its keys are blocked. It disturbs no broker.
+    step "order partitions on the broker at AMQP_URI: 6 work queues with one active consumer each, 3 consumer processes, one SIGKILLed while keys are blocked"
+    env AMQPRETRY_RABBITMQCTL="$ctl" AMQPRETRY_NOLOSS=1 \
+      go test -count=1 -timeout 15m -run '^TestOrderPartitions$' -v ./internal/testsupport/noloss
+  fi
+}
 
-if [ "$CLUSTER" = 1 ]; then
-  # The test starts the cluster (building the chroot the first time), kills and
-  # restarts its nodes, and stops it at the end.
+# lane_4x SERIES URI: the steps on RabbitMQ SERIES (4.0 or 4.3), its node started.
+lane_4x() {
+  local series=$1 uri=$2
+  local ctl="$rabbitmq4 $series ctl" ctlwords
+  read -r -a ctlwords <<<"$ctl"
+  before "$series" "${ctlwords[@]}"
+  # The console's browser tests run on 3.10 and 4.3 (the oldest and the newest); 4.0
+  # runs every other test of the command module. The 4.3 tests of the metrics and
+  # command modules run in the 4.3 lane (AMQP_URI_43).
+  if [ "$series" = 4.0 ]; then
+    tests "RabbitMQ $series ($uri)" "$uri" "$ctl" 3 -skip '^TestConsoleBrowser'
+  else
+    export AMQP_URI_43=$uri
+    tests "RabbitMQ $series ($uri)" "$uri" "$ctl" 3
+  fi
+  for backend in ttl-tiers binary-levels; do
+    quickstart "RabbitMQ $series" "$uri" DELAY_BACKEND=$backend
+  done
+  if [ "$series" = 4.3 ]; then
+    quickstart "RabbitMQ 4.3" "$uri" DELAY_BACKEND=delayed-retry
+    cqrs "RabbitMQ 4.3" "$uri" DELAY_BACKEND=delayed-retry
+    quickstart "RabbitMQ 4.3" "$uri" DELAY_BACKEND=ttl-tiers HELD_RETRIES=2 WATERMILL_AMQP=2
+    quickstart "RabbitMQ 4.3" "$uri" DELAY_BACKEND=delivery-time
+    # Faults that make watermill-amqp reconnect: its ConnectionWrapper races with
+    # itself, so the race detector stays off for these
+    # (internal/testsupport/gluetest/race.go).
+    step "retries held in the work queue through connection loss and a broker restart, both majors (without -race)"
+    AMQP_URI=$uri AMQPRETRY_RABBITMQCTL=$ctl go test -count=1 -timeout 10m -run '^TestSuite$/^DelayedRetryWaitsThroughFaults$' ./wamqp3 ./wamqp2
+    step "amqp1 module (AMQP 1.0): go test -race on RabbitMQ 4.3"
+    (cd amqp1 && AMQP1_URI=$uri AMQP1_URI_40=$uri40 AMQP1_RABBITMQCTL="$ctl" AMQPRETRY_RABBITMQCTL="$ctl" go test -race -count=1 -timeout 20m ./...)
+  fi
+  if [ "$TLS" = 1 ]; then
+    local tlsport=5676
+    if [ "$series" = 4.3 ]; then tlsport=5677; fi
+    local amqps="amqps://guest:guest@localhost:$tlsport/"
+    tls_tests "RabbitMQ $series" "$uri" "$amqps" "$ctl"
+    if [ "$series" = 4.3 ]; then
+      step "TLS on RabbitMQ 4.3: amqp1 (AMQP 1.0) over amqps; wrong CA, wrong name, no password, SASL EXTERNAL"
+      (cd amqp1 && AMQP1_URI=$uri AMQP_URI=$uri AMQPS_URI=$amqps AMQPRETRY_TLS_DIR=$tlsdir AMQPRETRY_RABBITMQCTL="$ctl" \
+        go test -race -count=1 -run '^TestTLS' -v . | grep -v '\[watermill\]')
+      quickstart "RabbitMQ 4.3 over amqps" "$amqps?cacertfile=$tlsdir/ca.pem" DELAY_BACKEND=delivery-time
+      quickstart "RabbitMQ 4.3 over amqps" "$amqps?cacertfile=$tlsdir/ca.pem" DELAY_BACKEND=delayed-retry
+    fi
+  fi
+  after "$series" "${ctlwords[@]}"
+  if [ "$NOLOSS" = 1 ]; then
+    noloss "RabbitMQ $series" "$uri" "$ctl"
+    if [ "$series" = 4.0 ]; then # watermill-amqp v2 too, on one broker (issue 17)
+      noloss "RabbitMQ 4.0" "$uri" "$ctl" AMQPRETRY_NOLOSS_MAJOR=2
+    fi
+    if [ "$series" = 4.3 ]; then
+      step "no-loss test of the AMQP 1.0 retry (delivery-time) on RabbitMQ 4.3"
+      (cd amqp1 && AMQP1_URI=$uri AMQP1_RABBITMQCTL="$ctl" AMQPRETRY_RABBITMQCTL="$ctl" AMQPRETRY_BROKER_RESTART=1 AMQPRETRY_NOLOSS=1 \
+        go test -count=1 -timeout 20m -run TestNoLoss -v .)
+    fi
+  fi
+}
+
+# lane_cluster: the three-node RabbitMQ 4.3 cluster (scripts/cluster.sh), after the 4.0
+# steps in their lane; the 4.3 chroot it shares was built before the lanes started.
+lane_cluster() {
+  # The test starts the cluster, kills and restarts its nodes, and stops it at the end.
   step "no-loss test on a three-node RabbitMQ 4.3 cluster (scripts/cluster.sh)"
   AMQPRETRY_NOLOSS=1 AMQPRETRY_NOLOSS_CLUSTER=1 go test -count=1 -timeout 40m -run '^TestNoLoss$' -v ./internal/testsupport/noloss
   # The test starts the cluster in network namespaces and removes them at the end;
@@ -611,20 +615,94 @@ if [ "$CLUSTER" = 1 ]; then
     exit 1
   fi
   scripts/netcluster.sh stop
-fi
-
-if [ "$CLUSTER" = 1 ] && [ "$TLS" = 1 ]; then
-  step "TLS on the three-node RabbitMQ 4.3 cluster: Cluster() over amqps reaches every node (scripts/cluster.sh)"
-  scripts/cluster.sh start >/dev/null
-  for n in 1 2 3; do tls_listener "cluster node $n" $((5690 + n)) sh -c "scripts/cluster.sh stop && scripts/cluster.sh start"; done
-  if ! AMQP_URI=amqp://guest:guest@127.0.0.1:5681/ AMQPS_URI=amqps://guest:guest@localhost:5691/ AMQPRETRY_TLS_DIR=$tlsdir \
-    AMQPRETRY_TLS_CLUSTER=127.0.0.1:5691,127.0.0.1:5692,127.0.0.1:5693 go test -race -count=1 -run '^TestTLSCluster$' -v .; then
-    scripts/cluster.sh stop || true
-    exit 1
+  if [ "$TLS" = 1 ]; then
+    step "TLS on the three-node RabbitMQ 4.3 cluster: Cluster() over amqps reaches every node (scripts/cluster.sh)"
+    scripts/cluster.sh start >/dev/null
+    for n in 1 2 3; do tls_listener "cluster node $n" $((5690 + n)) sh -c "scripts/cluster.sh stop && scripts/cluster.sh start"; done
+    if ! AMQP_URI=amqp://guest:guest@127.0.0.1:5681/ AMQPS_URI=amqps://guest:guest@localhost:5691/ AMQPRETRY_TLS_DIR=$tlsdir \
+      AMQPRETRY_TLS_CLUSTER=127.0.0.1:5691,127.0.0.1:5692,127.0.0.1:5693 go test -race -count=1 -run '^TestTLSCluster$' -v .; then
+      scripts/cluster.sh stop || true
+      exit 1
+    fi
+    scripts/cluster.sh stop
   fi
-  scripts/cluster.sh stop
+}
+
+# The 4.x nodes start before the lanes, one after the other: the first start builds a
+# node's chroot (minutes), which the cluster shares with the 4.3 node.
+if [ "$RABBITMQ4" = 1 ]; then
+  for series in 4.0 4.3; do
+    step "RabbitMQ $series: scripts/rabbitmq4.sh $series start"
+    if ! "$rabbitmq4" "$series" start; then
+      echo "FAIL: could not start RabbitMQ $series (scripts/rabbitmq4.sh $series start)"; exit 1
+    fi
+    if [ "$TLS" = 1 ]; then
+      tlsport=5676
+      if [ "$series" = 4.3 ]; then tlsport=5677; fi
+      step "RabbitMQ $series: TLS listener on 127.0.0.1:$tlsport"
+      tls_listener "RabbitMQ $series" "$tlsport" sh -c "'$rabbitmq4' $series stop && '$rabbitmq4' $series start"
+    fi
+  done
 fi
 
+# The race detector's builds of every module's tests, once, so that the lanes find them
+# in the build cache instead of compiling the same packages three times at once.
+if [ "$broker" = ok ]; then
+  step "the tests' race-detector builds, once, for the lanes to share (go test -race -run '^\$')"
+  for m in . metrics cmd/amqpretry amqp1; do
+    gocmd "$m" test -race -count=1 -run '^$' ./... >/dev/null
+  done
+fi
+
+# lane NAME FUNC ARGS...: FUNC ARGS in the background, in a subshell whose output goes
+# to $lanes/NAME.out, its step timings to NAME.timings and its exit code to NAME.rc.
+lanes=$(mktemp -d)
+lane_names=()
+exec 3>&1
+lane() {
+  local name=$1
+  shift
+  lane_names+=("$name")
+  (
+    timings=() cur="" lane_now=$name
+    lane_end() {
+      local rc=$?
+      if [ "$rc" != 0 ]; then end_step "  (FAILED)"; else end_step; fi
+      if [ "${#timings[@]}" -gt 0 ]; then printf '%s\n' "${timings[@]}" >"$lanes/$name.timings"; fi
+      echo "$rc" >"$lanes/$name.rc"
+      printf '==> [%s, %d s] lane done, exit %s\n' "$name" $((SECONDS - t_all)) "$rc" >&3
+    }
+    trap lane_end EXIT
+    "$@"
+  ) >"$lanes/$name.out" 2>&1 &
+}
+lane_newest() {
+  step "the newest dependencies: ${newest[*]#github.com/}: every module and example builds and vets, the suites of both majors and the middleware's broker tests with -race (scripts/newest.sh)"
+  ./scripts/newest.sh "${newest[@]}"
+}
+lane_40_cluster() {
+  if [ "$RABBITMQ4" = 1 ]; then lane_4x 4.0 "$uri40"; fi
+  if [ "$CLUSTER" = 1 ]; then lane_cluster; fi
+}
+if [ "$broker" = ok ]; then lane 3.10 lane_310; fi
+if [ "$RABBITMQ4" = 1 ] || [ "$CLUSTER" = 1 ]; then lane 4.0+cluster lane_40_cluster; fi
+if [ "$RABBITMQ4" = 1 ]; then lane 4.3 lane_4x 4.3 "$uri43"; fi
+# The newest dependencies' builds and tests, on the 3.10 broker, in a lane of their own.
+if [ "$NEWEST" = 1 ] && [ "$broker" = ok ]; then lane newest lane_newest; fi
 end_step
+wait
+failed=()
+for name in "${lane_names[@]}"; do
+  rc=$(cat "$lanes/$name.rc" 2>/dev/null || echo "?")
+  printf '\n######## lane %s: exit %s ########\n' "$name" "$rc"
+  cat "$lanes/$name.out"
+  if [ -s "$lanes/$name.timings" ]; then mapfile -t -O "${#timings[@]}" timings <"$lanes/$name.timings"; fi
+  if [ "$rc" != 0 ]; then failed+=("$name"); fi
+done
+rm -rf "$lanes"
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "FAIL: the lanes ${failed[*]} failed (their output above)"
+  exit 1
+fi
 echo
 print_notes
