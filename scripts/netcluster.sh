@@ -311,6 +311,10 @@ start() {
   # Built here only when missing, under the lock that scripts/rabbitmq4.sh and
   # scripts/cluster.sh take while they build it: never two builds at once.
   [ -f "$ROOT/$READY" ] || build
+  # The userspace delayer of degrade (for kernels without netem) made ready now, outside
+  # the faults' deadlines: iptables installed and netdelay built. A failure here is
+  # degrade's to report, if it needs them.
+  delayer_ready || true
   local t0=$SECONDS n
   make_net
   select_node 1
@@ -476,10 +480,17 @@ delayer_start() {
   setsid ip netns exec "$(ns_of "$e")" "$DELAY_BIN" -queue "$DELAY_QUEUE" -delay "${delay}ms" -loss "$loss" \
     </dev/null >"$DELAY_RUN/$e.log" 2>&1 9>&- &
   echo $! >"$DELAY_RUN/$e.pid"
-  for i in $(seq 100); do
+  # Its "ready" comes within a second on an idle machine; the deadline is for a loaded
+  # one (CI runs its lanes side by side on two cores).
+  for i in $(seq 600); do
     if grep -qx ready "$DELAY_RUN/$e.log" 2>/dev/null; then break; fi
-    if [ -z "$(delayer_pid "$e")" ] || [ "$i" = 100 ]; then
-      log "the delayer of $e did not start within 10 s: $(cat "$DELAY_RUN/$e.log" 2>/dev/null)"
+    if [ -z "$(delayer_pid "$e")" ]; then
+      log "the delayer of $e exited before it was ready: $(cat "$DELAY_RUN/$e.log" 2>/dev/null)"
+      delayer_stop "$e"
+      return 1
+    fi
+    if [ "$i" = 600 ]; then
+      log "the delayer of $e did not start within 60 s: $(cat "$DELAY_RUN/$e.log" 2>/dev/null)"
       delayer_stop "$e"
       return 1
     fi

@@ -230,7 +230,7 @@ func (c *netCluster) heal(ctx context.Context) error {
 }
 
 func (c *netCluster) do(g *group, args ...string) string {
-	out, err := c.exec(g.ctx, time.Minute, args...)
+	out, err := c.exec(g.ctx, 3*time.Minute, args...) // (a fault is applied in seconds, on a loaded machine in a minute)
 	if err != nil {
 		g.fatal("scripts/netcluster.sh %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
