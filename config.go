@@ -275,20 +275,31 @@ func (c Config) fits(v backend.Derived, user Policy) []error {
 		return c.fitsConstant(v.Name, k.OneDelay(), user)
 	}
 	// A delay the backend refuses could never be handed off.
-	longest, field := c.Policy.longest(c.HeldRetries)
+	longest, at := c.Policy.longest(c.HeldRetries)
 	if longest <= 0 {
 		return nil
 	}
 	if _, err := v.Backend.Effective(longest); err != nil {
-		fix := fmt.Sprintf("set Policy.MaxInterval to at most %s", lim.Longest)
-		if field != "MaxInterval" {
-			fix = fmt.Sprintf("shorten Policy.%s to at most %s, or lower Policy.MaxAttempts", field, lim.Longest)
+		// The longest the entry may be: the backend's longest, less the jitter when
+		// a longer entry (out of reach) leaves room for it.
+		j, most := c.Policy.jitter(), lim.Longest
+		if longest > c.Policy.Delays[at] {
+			most = time.Duration(float64(lim.Longest) / (1 + j))
+			for most > 0 && jittered(most, j) > lim.Longest {
+				most--
+			}
+		}
+		field := fmt.Sprintf("Delays[%d]", at)
+		fix := fmt.Sprintf("shorten Policy.%s to at most %s, or lower Policy.MaxAttempts", field, most)
+		if len(user.Delays) == 0 {
+			field = "Delays"
+			fix = fmt.Sprintf("set Policy.Delays to a schedule of at most %s (Exponential(time.Second, 2, %s)), or lower Policy.MaxAttempts", lim.Longest, lim.Longest)
 		}
 		if lim.Fix != "" {
 			fix += ", or " + lim.Fix
 		}
 		jitter := ""
-		if field == "MaxInterval" && c.Policy.Jitter > 0 {
+		if longest > c.Policy.Delays[at] {
 			jitter = ", jitter included"
 		}
 		return []error{fmt.Errorf("Policy.%s: %w: with %d attempts the policy asks for up to %s%s, longer than the %s the %s backend keeps; %s",
@@ -299,10 +310,9 @@ func (c Config) fits(v backend.Derived, user Policy) []error {
 
 // fitsConstant refuses, on a backend (name) that holds every retry of a work queue for
 // one constant delay d (delayed-retry, no jitter), a policy value that d would ignore:
-// a value set (not zero) that asks for another delay, a growth or a jitter, even one
-// equal to its default elsewhere (Multiplier 2 grows the delay on a copying backend;
-// here it would be dropped). A zero field, its default, means the queue's delay:
-// never refused. user is the policy as given, before defaults.
+// Delays that ask for another delay or a growth, or a positive Jitter. Delays nil, its
+// default, and Jitter 0 or negative mean the queue's delay: never refused. user is the
+// policy as given, before defaults.
 func (c Config) fitsConstant(name string, d time.Duration, user Policy) []error {
 	var errs []error
 	p := c.Policy
@@ -316,19 +326,9 @@ func (c Config) fitsConstant(name string, d time.Duration, user Policy) []error 
 		default:
 			errs = append(errs, fmt.Errorf("Policy.Delays: %v, %s, and cannot grow it: leave Policy.Delays empty and set its Delay, %s", user.Delays, what, copying))
 		}
-	} else {
-		if user.InitialInterval != 0 && user.InitialInterval != d {
-			errs = append(errs, fmt.Errorf("Policy.InitialInterval: %s, %s: set its Delay to %s instead (or leave Policy.InitialInterval 0)", user.InitialInterval, what, user.InitialInterval))
-		}
-		if user.Multiplier != 0 && user.Multiplier != 1 {
-			errs = append(errs, fmt.Errorf("Policy.Multiplier: %g, %s, and cannot grow it: set Policy.Multiplier to 1 (or 0 for the default), %s", user.Multiplier, what, copying))
-		}
-		if user.MaxInterval != 0 && user.MaxInterval < d {
-			errs = append(errs, fmt.Errorf("Policy.MaxInterval: %s, shorter than the one constant delay the %s backend holds every retry for, %s (its Delay): set its Delay to at most %s (or leave Policy.MaxInterval 0)", user.MaxInterval, name, d, user.MaxInterval))
-		}
-		if user.Jitter > 0 {
-			errs = append(errs, fmt.Errorf("Policy.Jitter: %g, %s, and cannot randomise it: set Policy.Jitter to 0 (or -1), %s", user.Jitter, what, copying))
-		}
+	}
+	if user.Jitter > 0 {
+		errs = append(errs, fmt.Errorf("Policy.Jitter: %g, %s, and cannot randomise it: set Policy.Jitter to 0 (or -1), %s", user.Jitter, what, copying))
 	}
 	if p.Immediate > 0 {
 		errs = append(errs, fmt.Errorf("Policy.Immediate: %d, the %s backend counts attempts from the broker's deliveries and cannot count retries run in this process: set Policy.Immediate to 0, or use a copying Backend", p.Immediate, name))

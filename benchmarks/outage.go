@@ -295,9 +295,9 @@ func (e *env) outageRun(ctx context.Context, length time.Duration, detect bool, 
 		amqpCfg.Queue.Arguments = backend.WorkQueueArgs(500 * time.Millisecond)
 	case delay.TTLTiers{}.Name():
 		rcfg.Backend = delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond, time.Second}}
-		rcfg.Policy = amqpretry.Policy{MaxAttempts: 3, InitialInterval: 500 * time.Millisecond, Multiplier: 2, MaxInterval: time.Second, Jitter: -1}
+		rcfg.Policy = amqpretry.Policy{MaxAttempts: 3, Delays: amqpretry.Exponential(500*time.Millisecond, 2, time.Second), Jitter: -1}
 	default:
-		rcfg.Policy = amqpretry.Policy{MaxAttempts: 3, InitialInterval: 500 * time.Millisecond, Multiplier: 2, MaxInterval: time.Second, Jitter: -1}
+		rcfg.Policy = amqpretry.Policy{MaxAttempts: 3, Delays: amqpretry.Exponential(500*time.Millisecond, 2, time.Second), Jitter: -1}
 	}
 	st := &outageState{seen: map[int]int{}, handledAt: map[int]time.Time{}, flakyDone: map[int]bool{}}
 	rcfg.Observe = func(ev amqpretry.Event) {
@@ -856,7 +856,7 @@ func (e *env) falseTripRun(ctx context.Context, shape, pattern string, rnd int) 
 	st := &tripState{rng: rand.New(rand.NewPCG(49, uint64(rnd))), runs: map[int][]int{}, succeeded: map[int]bool{}}
 	rcfg := amqpretry.Config{
 		Backend:       delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond, time.Second}},
-		Policy:        amqpretry.Policy{MaxAttempts: tripMaxAttempt, InitialInterval: 500 * time.Millisecond, Multiplier: 2, MaxInterval: time.Second, Jitter: -1},
+		Policy:        amqpretry.Policy{MaxAttempts: tripMaxAttempt, Delays: amqpretry.Exponential(500*time.Millisecond, 2, time.Second), Jitter: -1},
 		Prefix:        prefix,
 		PoisonQueue:   prefix + ".poison",
 		RetryLogEvery: -1,

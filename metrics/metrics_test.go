@@ -364,7 +364,7 @@ func TestQueuesOf(t *testing.T) {
 	}{
 		{"ttl-tiers", amqpretry.Config{Prefix: "p", Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second, time.Minute}}},
 			metrics.Queues{Delay: []string{"p.delay.1s", "p.delay.1m"}, Parking: "p.parking", Poison: "p.poison"}, ""},
-		{"binary-levels", amqpretry.Config{Backend: delay.BinaryLevels{Levels: 2}, Prefix: "p", PoisonQueue: "dead", Policy: amqpretry.Policy{MaxInterval: 3 * time.Second}},
+		{"binary-levels", amqpretry.Config{Backend: delay.BinaryLevels{Levels: 2}, Prefix: "p", PoisonQueue: "dead", Policy: amqpretry.Policy{Delays: amqpretry.Exponential(time.Second, 2, 2*time.Second)}},
 			metrics.Queues{Delay: []string{"p.level.0", "p.level.1"}, Parking: "p.parking", Poison: "dead"}, ""},
 		{"delayed-retry", amqpretry.Config{Backend: delay.DelayedRetry{}},
 			metrics.Queues{Poison: "amqpretry.poison"}, ""},

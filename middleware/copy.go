@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"reflect"
 	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/cenkalti/backoff/v4"
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/backend"
@@ -441,25 +442,17 @@ func trim(env *Envelope) {
 	env.ErrorTypes, env.Stack = nil, ""
 }
 
-// delayOf returns the delay of the n-th delayed retry of p (from 1: the first is
-// InitialInterval for the exponential schedule), jitter included. p has its defaults.
+// delayOf returns the delay of the n-th delayed retry of p (from 1: Delays[0]), the
+// last entry repeating, jitter included: drawn from [d - j·d, d + j·d], never past the
+// longest entry. p has its defaults.
 func delayOf(p amqpretry.Policy, n int) time.Duration {
-	n = max(n, 1)
-	if len(p.Delays) > 0 {
-		return p.Delays[min(n, len(p.Delays))-1]
+	if len(p.Delays) == 0 {
+		return 0
 	}
-	b := &backoff.ExponentialBackOff{
-		InitialInterval:     p.InitialInterval,
-		RandomizationFactor: max(p.Jitter, 0), // a negative Jitter means none
-		Multiplier:          p.Multiplier,
-		MaxInterval:         p.MaxInterval,
-		Stop:                backoff.Stop,
-		Clock:               backoff.SystemClock,
+	d := p.Delays[min(max(n, 1), len(p.Delays))-1]
+	j := max(p.Jitter, 0) // a negative Jitter means none
+	if j == 0 || d <= 0 {
+		return d
 	}
-	b.Reset()
-	var d time.Duration
-	for range n {
-		d = b.NextBackOff()
-	}
-	return min(d, p.MaxInterval)
+	return min(time.Duration(math.Floor(float64(d)*(1-j+2*j*rand.Float64()))), slices.Max(p.Delays))
 }

@@ -493,7 +493,6 @@ func (e *engine) handle(h message.HandlerFunc, msg *message.Message, d delivery)
 		if again, decided = e.retryNow(d, run, attempt, err, decided); !again {
 			break
 		}
-		pause(d.ctx, e.cfg.Policy.ImmediateInterval)
 		d.chain.flags.And(^chainNoRerun) // this rerun is the Retry's own
 		next := run.Copy()
 		next.SetContext(marshal.CopyContext(run)) // typed headers as read
