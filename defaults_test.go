@@ -36,7 +36,7 @@ func TestConfigDefaults(t *testing.T) {
 				64 * time.Second, 128 * time.Second, 256 * time.Second, 512 * time.Second, 10 * time.Minute,
 			},
 		},
-		Outage:          amqpretry.Outage{Consecutive: 10, Ratio: 0.8, Window: 50, ProbeInterval: time.Second, MaxProbeInterval: 30 * time.Second},
+		Outage:          amqpretry.Outage{Consecutive: 10, Ratio: 0.8, ProbeInterval: time.Second},
 		PoisonQueue:     "amqpretry.poison",
 		ConfirmTimeout:  10 * time.Second,
 		Topology:        topology.ModeDeclare,
@@ -72,7 +72,7 @@ func TestConfigDefaultsFollowAndKeep(t *testing.T) {
 		HeldRetries: 2, DelayedRetryDelay: 3 * time.Second, PoisonQueue: "dead", ConfirmTimeout: time.Second,
 		Topology: topology.ModeVerify, HandoffAttempts: 9, RetryLogEvery: 4,
 		Policy: amqpretry.Policy{MaxAttempts: 2, Delays: amqpretry.Exponential(time.Minute, 3, time.Hour), Jitter: 0.5, Immediate: 1},
-		Outage: amqpretry.Outage{Consecutive: 3, Ratio: 0.5, Window: 7, ProbeInterval: time.Minute, MaxProbeInterval: time.Hour},
+		Outage: amqpretry.Outage{Consecutive: 3, Ratio: 0.5, ProbeInterval: time.Minute},
 	}
 	got := set.WithDefaults()
 	got.Logger = nil

@@ -536,7 +536,7 @@ func outageBeginsAtWarnOrInfo(t *testing.T) {
 		"INFO": func(l *logged) watermill.LoggerAdapter { return logger{l} },
 	} {
 		l := &logged{}
-		cfg := amqpretry.Config{Logger: log(l), Outage: amqpretry.Outage{ProbeInterval: time.Hour, MaxProbeInterval: time.Hour}}
+		cfg := amqpretry.Config{Logger: log(l), Outage: amqpretry.Outage{ProbeInterval: time.Hour}}
 		stop := inProcess(t, cfg, func(*message.Message) error { return amqpretry.Unavailable(errors.New("database down")) })
 		deadline := time.Now().Add(10 * time.Second)
 		for len(l.matching(begins)) == 0 && time.Now().Before(deadline) {

@@ -35,7 +35,7 @@ func schedule(t testing.TB, policy amqpretry.Policy, attempt, n int) []time.Dura
 	)
 	// Every message fails: outage detection off, or the failures of retries would begin
 	// an outage and keep the messages instead of scheduling them.
-	cfg := amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Policy: policy, Outage: amqpretry.Outage{Off: true},
+	cfg := amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Policy: policy, Outage: amqpretry.Outage{Consecutive: -1},
 		Observe: func(ev amqpretry.Event) {
 			if ev.Kind == amqpretry.EventRetryScheduled {
 				mu.Lock()

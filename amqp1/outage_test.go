@@ -78,7 +78,7 @@ func TestOutageIsNotAPoison(t *testing.T) {
 		// MaxAttempts 4: a fail-once message may lose two attempts to the outage
 		// (a run as it began, a probe) and still have one to spare.
 		Policy: amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{500 * time.Millisecond, time.Second}},
-		Outage: amqpretry.Outage{ProbeInterval: 200 * time.Millisecond, MaxProbeInterval: time.Second},
+		Outage: amqpretry.Outage{ProbeInterval: 200 * time.Millisecond},
 		Observe: func(ev amqpretry.Event) {
 			if ev.Kind == amqpretry.EventOutageStarted {
 				publishedAtStart.Store(published.Load())
@@ -252,7 +252,7 @@ func TestOutageCloseGivesBack(t *testing.T) {
 			Prefix: queue,
 			Policy: amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{300 * time.Millisecond}},
 			// No probe comes while the test looks: the messages only wait.
-			Outage: amqpretry.Outage{ProbeInterval: time.Hour, MaxProbeInterval: time.Hour},
+			Outage: amqpretry.Outage{ProbeInterval: time.Hour},
 			Logger: testLogger(),
 		}
 		r, err := NewRetry(SubscriberConfig{URI: uri, Credit: 4, ContainerID: fmt.Sprintf("amqp1-test-%s-%s-%d", runID, name, run)}, cfg)

@@ -286,7 +286,9 @@ func (e *env) outageRun(ctx context.Context, length time.Duration, detect bool, 
 		Prefix:        prefix,
 		PoisonQueue:   prefix + ".poison",
 		RetryLogEvery: -1,
-		Outage:        amqpretry.Outage{Off: !detect},
+	}
+	if !detect {
+		rcfg.Outage.Consecutive = -1 // detection off
 	}
 	switch b.Name() {
 	case delay.DelayedRetry{}.Name():

@@ -255,7 +255,7 @@ func TestDelayedRetryMetrics(t *testing.T) {
 		// Every message fails its first two attempts, all published together: new
 		// messages and retries failing, which is what an outage looks like
 		// (docs/outage.md). This test counts the retries' metrics.
-		Outage: amqpretry.Outage{Off: true},
+		Outage: amqpretry.Outage{Consecutive: -1},
 	}, func(msg *message.Message) error {
 		switch {
 		case strings.HasPrefix(msg.UUID, "bad"):

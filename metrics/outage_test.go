@@ -98,7 +98,7 @@ func TestOutageMetricsOnTheBroker(t *testing.T) {
 		Prefix:  brokertest.Prefix(t),
 		Backend: delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}},
 		Policy:  amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}},
-		Outage:  amqpretry.Outage{ProbeInterval: 50 * time.Millisecond, MaxProbeInterval: 100 * time.Millisecond},
+		Outage:  amqpretry.Outage{ProbeInterval: 50 * time.Millisecond},
 	}, func(*message.Message) error {
 		if !up.Load() {
 			return amqpretry.Unavailable(errors.New("database down"))

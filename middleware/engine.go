@@ -46,7 +46,7 @@ type engine struct {
 	// subscribers' marshalers (marshal.Reads); nil in-process.
 	reads *marshal.Reads
 
-	outages *outages // nil when Config.Outage.Off
+	outages *outages // nil when detection is off (Config.Outage.Consecutive < 0)
 	order   *order   // nil without Config.OrderKey
 	// toQueue publishes a message to a work queue, confirmed: a key's head copy on a
 	// holder that carries nothing (selfPark), and a release that could not finish.

@@ -26,7 +26,7 @@ func TestRetrySchedulesNextAttemptWithoutTouchingTheOriginal(t *testing.T) {
 	b := &fakeBackend{effective: func(d time.Duration) (time.Duration, error) { return 2 * d, nil }}
 	var events []amqpretry.Event
 	e, poison := newEngine(t, amqpretry.Config{
-		Policy:  amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{time.Second, 5 * time.Second}},
+		Policy:  amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{time.Second, 5 * time.Second}, Jitter: -1},
 		Observe: func(ev amqpretry.Event) { events = append(events, ev) },
 	}, b)
 	msg := message.NewMessage("uuid-1", []byte("payload"))
@@ -90,7 +90,7 @@ func TestRetrySchedulesNextAttemptWithoutTouchingTheOriginal(t *testing.T) {
 // first failed, and records the latest failure.
 func TestEnvelopeKeepsTheFirstFailure(t *testing.T) {
 	b := &fakeBackend{}
-	e, _ := newEngine(t, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{time.Second}}}, b)
+	e, _ := newEngine(t, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{time.Second}, Jitter: -1}}, b)
 	first := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	msg := message.NewMessage("m", nil)
 	Envelope{Attempt: 2, FirstFailure: first, LastFailure: first, Error: "a", ErrorTypes: []string{"x"},
@@ -118,7 +118,7 @@ func TestEnvelopeKeepsTheFirstFailure(t *testing.T) {
 // its earlier delays: the envelope is built from those parts, not copied and cleared.
 func TestEnvelopeOfARedrivenPoisonedMessage(t *testing.T) {
 	b := &fakeBackend{}
-	e, _ := newEngine(t, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{time.Second}}}, b)
+	e, _ := newEngine(t, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{time.Second}, Jitter: -1}}, b)
 	first := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	msg := message.NewMessage("m", nil)
 	Envelope{Attempt: 1, MaxAttempts: 5, Reason: amqpretry.ReasonPermanent, Error: "a", ErrorTypes: []string{"x"},

@@ -60,7 +60,7 @@ func run(prefix string, handlers, sabotage int) error {
 		Policy:  amqpretry.Policy{MaxAttempts: noloss1.MaxAttempts, Delays: []time.Duration{noloss1.RetryDelay}},
 		// Its fates fail messages by attempt, in waves, which can look like an outage
 		// (docs/outage.md): this test counts retries under faults.
-		Outage: amqpretry.Outage{Off: true},
+		Outage: amqpretry.Outage{Consecutive: -1},
 		Logger: logger,
 	})
 	if err != nil {

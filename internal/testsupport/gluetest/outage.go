@@ -61,7 +61,7 @@ func OutageIsNotAPoison(t *testing.T, m Major) {
 			} else {
 				s.cfg.Backend = withTiers(s.cfg.Backend, 500*time.Millisecond, time.Second)
 			}
-			s.cfg.Outage = amqpretry.Outage{ProbeInterval: 200 * time.Millisecond, MaxProbeInterval: time.Second}
+			s.cfg.Outage = amqpretry.Outage{ProbeInterval: 200 * time.Millisecond}
 			obs := &events{}
 			const total = 120
 			var down, started atomic.Bool
@@ -238,7 +238,7 @@ func OutageBeginsAtOnceOnUnavailableAndAnOpenBreaker(t *testing.T, m Major) {
 			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: amqpretry.Exponential(300*time.Millisecond, 2, 10*time.Minute), Jitter: -1}
 			// Consecutive is far above what the test fails: only the one error (or
 			// refusal) can begin the outage.
-			s.cfg.Outage = amqpretry.Outage{Consecutive: 1000, ProbeInterval: 100 * time.Millisecond, MaxProbeInterval: 400 * time.Millisecond}
+			s.cfg.Outage = amqpretry.Outage{Consecutive: 1000, ProbeInterval: 100 * time.Millisecond}
 			var down atomic.Bool
 			down.Store(true)
 			var runs, runsAtStart atomic.Int64
@@ -396,7 +396,7 @@ func CloseDuringAnOutageLosesNothing(t *testing.T, m Major) {
 				s.cfg.Backend = delay.TTLTiers{Tiers: []time.Duration{300 * time.Millisecond}}
 			}
 			// No probe comes while the test looks: the messages only wait.
-			s.cfg.Outage = amqpretry.Outage{ProbeInterval: time.Hour, MaxProbeInterval: time.Hour}
+			s.cfg.Outage = amqpretry.Outage{ProbeInterval: time.Hour}
 			const consumers, total = 3, 20
 			var down atomic.Bool
 			down.Store(true)

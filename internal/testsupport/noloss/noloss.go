@@ -274,7 +274,7 @@ func (s Setup) Config() amqpretry.Config {
 		// it failing again is what an outage looks like (docs/outage.md), and the
 		// queue would then go at the probes' pace. This test counts retries under
 		// faults; the outage has tests of its own, its Close included.
-		Outage: amqpretry.Outage{Off: true},
+		Outage: amqpretry.Outage{Consecutive: -1},
 		Logger: s.Logger,
 	}
 	switch v.Backend.Name() {
