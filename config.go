@@ -100,12 +100,6 @@ type Config struct {
 	// configure permission (topology.ModeVerify), or nothing (topology.ModeNone).
 	// Default: topology.ModeDeclare.
 	Topology topology.Mode
-	// HandoffAttempts is how many hand-offs of one message may fail in a row (broker
-	// trouble, a message the broker refuses, a mis-wired subscriber) before it is
-	// poisoned instead (ReasonHandoffFailed). Between failures the
-	// middleware pauses, 100ms doubling to 5s, so nothing is redelivered at wire
-	// speed. Default: 5.
-	HandoffAttempts int
 
 	// OrderKey, if set, names the key whose messages are handled in order (an account,
 	// an order, an aggregate): while a message of key K waits for its retry, K's later
@@ -121,13 +115,9 @@ type Config struct {
 	// hand-off (Event), on the handler's goroutine: the metrics module's
 	// Metrics.Observe, for example. Default: nil.
 	Observe func(Event)
-	// RetryLogEvery samples the INFO line logged per scheduled retry: 0 or 1 logs
-	// every one, N one in N, a negative value none. Poisonings and failed hand-offs
-	// are always logged. Default: 0.
-	RetryLogEvery int
-	// Logger receives snake_case fields; poisonings and failed hand-offs are logged at
-	// ERROR (poisonings at WARN where the logger has a Warn method). Default:
-	// watermill.NopLogger.
+	// Logger receives snake_case fields: each scheduled retry at DEBUG, poisonings and
+	// failed hand-offs at ERROR (poisonings at WARN where the logger has a Warn
+	// method). Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 
 	// derived is what New derived from this Config, once (WithDerived); nil for a
@@ -161,16 +151,11 @@ func (c Config) WithDefaults() Config {
 	if c.Topology == "" {
 		c.Topology = topology.ModeDeclare
 	}
-	if c.HandoffAttempts == 0 {
-		c.HandoffAttempts = defaultHandoffAttempts
-	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}
 	return c
 }
-
-const defaultHandoffAttempts = 5
 
 // Validate reports every invalid field, each named; zero fields are checked as their
 // defaults. It touches nothing on the broker: an invalid config has no side effects.
@@ -210,9 +195,6 @@ func (c Config) invalid(v backend.Derived, user Config) error {
 	}
 	if c.Dedup == 0 && c.DedupStore != nil {
 		errs = append(errs, errors.New("DedupStore: set, but Dedup is 0 (off): set Dedup to how long a handled message is remembered (7 days, say), or leave DedupStore nil"))
-	}
-	if c.HandoffAttempts < 0 {
-		errs = append(errs, fmt.Errorf("HandoffAttempts: %d is negative", c.HandoffAttempts))
 	}
 	if c.OrderKey != nil && c.Topology != topology.ModeDeclare {
 		errs = append(errs, fmt.Errorf("OrderKey: not with topology mode %s: a blocked key's messages wait in a queue declared when it is blocked (%s); use topology mode declare, with configure permission on those names", c.Topology, names.Names{Prefix: c.Prefix}.BehindQueues()))

@@ -97,7 +97,7 @@ func expectedFigures(t *testing.T) map[string]string {
 	want["binary-levels.longest"] = fmt.Sprintf("%.1f years", longest(t, def, delay.BinaryLevels{}, time.Second).Hours()/24/365.25)
 	want["delayed-exchange.longest"] = fmt.Sprintf("%.1f days", longest(t, def, delay.DelayedExchange{}, time.Millisecond).Hours()/24)
 
-	want["handoff-attempts"] = strconv.Itoa(def.HandoffAttempts)
+	want["handoff-attempts"] = strconv.Itoa(backend.HandoffAttempts)
 	want["handoff-pause-first"] = figureDuration(backend.HandoffPause(1))
 	want["handoff-pause-most"] = figureDuration(backend.HandoffPause(1000))
 	want["confirm-timeout"] = figureDuration(def.ConfirmTimeout)

@@ -731,7 +731,7 @@ func (e *env) setup43(ctx context.Context, o run43opts, msgs []*message.Message)
 	switch o.kind {
 	case "delayed-retry", "two-stage", "ttl-tiers", "ceiling-copy", "ceiling-envelope", "ceiling-packed", "ceiling-lean", "ceiling-native":
 		prefix := e.name("r43", fmt.Sprintf("d%d", seq))
-		rcfg := amqpretry.Config{Prefix: prefix, PoisonQueue: prefix + ".poison", RetryLogEvery: -1, Observe: o.observe}
+		rcfg := amqpretry.Config{Prefix: prefix, PoisonQueue: prefix + ".poison", Observe: o.observe}
 		switch o.kind {
 		case "delayed-retry", "ceiling-native":
 			rcfg.Backend = delay.DelayedRetry{Delay: o.delay}

@@ -282,10 +282,9 @@ func (e *env) outageRun(ctx context.Context, length time.Duration, detect bool, 
 		return nil, err
 	}
 	rcfg := amqpretry.Config{
-		Backend:       b,
-		Prefix:        prefix,
-		PoisonQueue:   prefix + ".poison",
-		RetryLogEvery: -1,
+		Backend:     b,
+		Prefix:      prefix,
+		PoisonQueue: prefix + ".poison",
 	}
 	if !detect {
 		rcfg.Outage.Consecutive = -1 // detection off
@@ -857,11 +856,10 @@ func (e *env) falseTripRun(ctx context.Context, shape, pattern string, rnd int) 
 	}
 	st := &tripState{rng: rand.New(rand.NewPCG(49, uint64(rnd))), runs: map[int][]int{}, succeeded: map[int]bool{}}
 	rcfg := amqpretry.Config{
-		Backend:       delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond, time.Second}},
-		Policy:        amqpretry.Policy{MaxAttempts: tripMaxAttempt, Delays: amqpretry.Exponential(500*time.Millisecond, 2, time.Second), Jitter: -1},
-		Prefix:        prefix,
-		PoisonQueue:   prefix + ".poison",
-		RetryLogEvery: -1,
+		Backend:     delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond, time.Second}},
+		Policy:      amqpretry.Policy{MaxAttempts: tripMaxAttempt, Delays: amqpretry.Exponential(500*time.Millisecond, 2, time.Second), Jitter: -1},
+		Prefix:      prefix,
+		PoisonQueue: prefix + ".poison",
 		Observe: func(ev amqpretry.Event) {
 			now := time.Now()
 			st.mu.Lock()

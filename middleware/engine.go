@@ -39,8 +39,11 @@ type engine struct {
 	wiring  wiring
 
 	failures failureCounts
-	held     heldRetries
-	stats    struct{ retries, poisoned, failures atomic.Int64 }
+	// handoffLimit is how many hand-offs of a message may fail in a row before it is
+	// poisoned (handoffAttempts): 0 for backend.HandoffAttempts.
+	handoffLimit int
+	held         heldRetries
+	stats        struct{ retries, poisoned, failures atomic.Int64 }
 
 	// reads records the subscriber marks this engine read a message of, for the
 	// subscribers' marshalers (marshal.Reads); nil in-process.

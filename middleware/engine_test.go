@@ -396,7 +396,8 @@ func TestCopyTooLargeIsTrimmedThenPoisonedWithTheHeadersThatFit(t *testing.T) {
 
 	// Nothing left to drop: the hand-off error stands.
 	b = &fakeBackend{park: tooLarge(10)}
-	e, poison = newEngine(t, amqpretry.Config{HandoffAttempts: 100}, b)
+	e, poison = newEngine(t, amqpretry.Config{}, b)
+	e.handoffLimit = 100
 	poison.publish = tooLarge(10)
 	_, err := e.Middleware(failing(errFlaky))(hurried("tiny-limit"))
 	if !errors.Is(err, amqpretry.ErrHandoff) || len(poison.got()) != 0 {
@@ -416,7 +417,8 @@ func TestHandoffBackoff(t *testing.T) {
 func TestHandoffFailingForOneMessagePausesThenPoisons(t *testing.T) {
 	b := &fakeBackend{park: func(*message.Message) error { return errors.New("nacked") }}
 	var events []amqpretry.Event
-	e, poison := newEngine(t, amqpretry.Config{HandoffAttempts: 3, Observe: func(ev amqpretry.Event) { events = append(events, ev) }}, b)
+	e, poison := newEngine(t, amqpretry.Config{Observe: func(ev amqpretry.Event) { events = append(events, ev) }}, b)
+	e.handoffLimit = 3 // shorter than backend.HandoffAttempts
 	h := e.Middleware(failing(errFlaky))
 
 	// The first failure pauses backend.HandoffPause(1) before the router nacks: a timer never
@@ -529,28 +531,26 @@ func TestEnvelopeIsBounded(t *testing.T) {
 	}
 }
 
-func TestRetryLogSampling(t *testing.T) {
-	for _, tt := range []struct {
-		every  int
-		logged int // of 10 retries
-	}{{0, 10}, {1, 10}, {3, 4}, {10, 1}, {-1, 0}} {
-		logs := watermill.NewCaptureLogger()
-		e, _ := newEngine(t, amqpretry.Config{RetryLogEvery: tt.every, Logger: logs, Policy: amqpretry.Policy{MaxAttempts: 100}}, &fakeBackend{})
-		for i := range 10 {
-			if _, err := e.Middleware(failing(errFlaky))(message.NewMessage(fmt.Sprint(i), nil)); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if n := len(logs.Captured()[watermill.InfoLogLevel]); n != tt.logged {
-			t.Errorf("RetryLogEvery %d: %d lines for 10 retries, want %d", tt.every, n, tt.logged)
-		}
-		if st := e.Stats(); st.Retries != 10 {
-			t.Errorf("Stats().Retries = %d, want 10", st.Retries)
+// TestRetriesLoggedAtDebug: a scheduled retry is logged at DEBUG, never above, so that
+// a storm of retries stays out of an INFO log; a poisoning is logged at ERROR where the
+// logger has no WARN.
+func TestRetriesLoggedAtDebug(t *testing.T) {
+	logs := watermill.NewCaptureLogger()
+	e, _ := newEngine(t, amqpretry.Config{Logger: logs, Policy: amqpretry.Policy{MaxAttempts: 100}}, &fakeBackend{})
+	for i := range 10 {
+		if _, err := e.Middleware(failing(errFlaky))(message.NewMessage(fmt.Sprint(i), nil)); err != nil {
+			t.Fatal(err)
 		}
 	}
-	// Poisonings are always logged, at ERROR where the logger has no WARN.
-	logs := watermill.NewCaptureLogger()
-	e, _ := newEngine(t, amqpretry.Config{RetryLogEvery: -1, Logger: logs}, &fakeBackend{})
+	c := logs.Captured()
+	if n, info := len(c[watermill.DebugLogLevel]), len(c[watermill.InfoLogLevel]); n != 10 || info != 0 {
+		t.Errorf("10 retries: %d DEBUG lines, %d INFO lines; want 10 and 0", n, info)
+	}
+	if st := e.Stats(); st.Retries != 10 {
+		t.Errorf("Stats().Retries = %d, want 10", st.Retries)
+	}
+	logs = watermill.NewCaptureLogger()
+	e, _ = newEngine(t, amqpretry.Config{Logger: logs}, &fakeBackend{})
 	if _, err := e.Middleware(failing(amqpretry.Permanent(errFlaky)))(message.NewMessage("p", nil)); err != nil {
 		t.Fatal(err)
 	}

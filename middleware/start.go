@@ -44,7 +44,7 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 	}
 	v := cfg.Derived()
 	r := &retry{cfg: cfg, view: v, t: t}
-	e := &engine{cfg: cfg, wiring: wiring{Queue: t.Queue}, outages: newOutages(cfg.Outage), dedup: newDedup(cfg)}
+	e := &engine{cfg: cfg, wiring: wiring{Queue: t.Queue}, outages: newOutages(cfg.Outage), dedup: newDedup(cfg), handoffLimit: backend.HandoffLimit()}
 	r.engine = e
 	if t.URI == "" {
 		b, err := v.Open(backend.Env{Logger: cfg.Logger})

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -69,6 +70,32 @@ const Heartbeat = 10 * time.Second
 
 // DefaultConfirmTimeout bounds the wait for a publisher confirm.
 const DefaultConfirmTimeout = 10 * time.Second
+
+// HandoffAttempts is how many hand-offs of one message may fail in a row before it is
+// poisoned instead (amqpretry.ReasonHandoffFailed); between them the middleware pauses
+// (HandoffPause). docs/reliability.md and docs/troubleshooting.md give the figure.
+const HandoffAttempts = 5
+
+// handoffAttemptsForTest, above 0, replaces HandoffAttempts for the Retrys built while
+// it is set (SetHandoffAttemptsForTest).
+var handoffAttemptsForTest atomic.Int64
+
+// SetHandoffAttemptsForTest makes the Retrys built from now on poison a message after
+// n failed hand-offs in a row instead of HandoffAttempts, until restore is called: a
+// hook for the test harness (a matrix that shortens itself), never for production.
+func SetHandoffAttemptsForTest(n int) (restore func()) {
+	old := handoffAttemptsForTest.Swap(int64(n))
+	return func() { handoffAttemptsForTest.Store(old) }
+}
+
+// HandoffLimit is how many hand-offs of one message may fail in a row in a Retry
+// built now: HandoffAttempts, or what SetHandoffAttemptsForTest set.
+func HandoffLimit() int {
+	if n := handoffAttemptsForTest.Load(); n > 0 {
+		return int(n)
+	}
+	return HandoffAttempts
+}
 
 // HandoffConfig configures Dial.
 type HandoffConfig struct {

@@ -443,7 +443,7 @@ type oursRig struct {
 
 func startOurs(queue string, credit int, policy amqpretry.Policy, handler message.NoPublishHandlerFunc) (*oursRig, error) {
 	prefix := queue
-	retry, err := amqp1.NewRetry(amqp1.SubscriberConfig{URI: uri, Credit: credit, ContainerID: "amqp1-bench-" + runID}, amqpretry.Config{Prefix: prefix, Policy: policy, Logger: logger, RetryLogEvery: -1})
+	retry, err := amqp1.NewRetry(amqp1.SubscriberConfig{URI: uri, Credit: credit, ContainerID: "amqp1-bench-" + runID}, amqpretry.Config{Prefix: prefix, Policy: policy, Logger: logger})
 	if err != nil {
 		return nil, err
 	}

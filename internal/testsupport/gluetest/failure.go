@@ -23,6 +23,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
@@ -30,8 +31,8 @@ import (
 	"github.com/amqpretry/amqpretry/xdeath"
 )
 
-// handoffAttempts is Config.HandoffAttempts's default.
-const handoffAttempts = 5
+// handoffAttempts is how many hand-offs may fail in a row before a message is poisoned.
+const handoffAttempts = backend.HandoffAttempts
 
 // RouterWideMiddlewaresOfTwoGroupsEachRetryTheirOwn: two subscriber groups on one
 // fanout topic, each with its own Retry (sharing a prefix), both middlewares added
@@ -267,7 +268,7 @@ func DeletedPoisonQueueIsDeclaredAgain(t *testing.T, m Major) {
 // HandoffThatKeepsFailingBacksOffThenPoisons: a broker policy makes the tier queue
 // reject publishes while it has a message (max-length 0, reject-publish), and a
 // message waits there, so each hand-off is nacked. The failing message is not
-// redelivered at wire speed: it runs HandoffAttempts times with growing pauses, then
+// redelivered at wire speed: it runs backend.HandoffAttempts times with growing pauses, then
 // lands in the poison queue, once, while a canary is handled.
 func HandoffThatKeepsFailingBacksOffThenPoisons(t *testing.T, m Major) {
 	s := newSetup(t, m, delay.TTLTiers{})
