@@ -16,8 +16,8 @@ type Policy struct {
 	// poisoned. Default: 5.
 	MaxAttempts int
 	// Delays is the schedule: the delay before attempt n+1 is Delays[n-1], the last
-	// repeating (docs/waiting.md). Default: Exponential(time.Second, 2, 10*time.Minute);
-	// on delayed-retry, its Delay (another is refused).
+	// repeating (the package doc, The schedule). Default: Exponential(time.Second, 2,
+	// 10*time.Minute); on delayed-retry, its Delay (another is refused).
 	Delays []time.Duration
 	// Jitter randomises each delay by up to this fraction either way (below 1), never
 	// past the longest of Delays; a negative Jitter (-1) means none. Default: 0.2.
