@@ -380,6 +380,7 @@ func TestGoDocDefaults(t *testing.T) {
 	values := map[string]reflect.Value{
 		"Config": reflect.ValueOf(def),
 		"Policy": reflect.ValueOf(def.Policy),
+		"Outage": reflect.ValueOf(def.Outage),
 		// The backend settings' docs, on their values.
 		"TTLTiers":     reflect.ValueOf(delay.TTLTiers{Tiers: delay.DefaultTiers()}),
 		"BinaryLevels": reflect.ValueOf(delay.BinaryLevels{Levels: delay.DefaultLevels}),
@@ -387,7 +388,7 @@ func TestGoDocDefaults(t *testing.T) {
 	defaultRe := regexp.MustCompile(`Default: ("[^"]*"|[0-9][0-9.]*[a-z]*)`)
 	fset := token.NewFileSet()
 	checked := 0
-	for _, file := range []string{"config.go", "policy.go", "delay/ttltiers.go", "delay/binarylevels.go"} {
+	for _, file := range []string{"config.go", "policy.go", "outage.go", "delay/ttltiers.go", "delay/binarylevels.go"} {
 		f, err := parser.ParseFile(fset, file, nil, parser.ParseComments)
 		if err != nil {
 			t.Fatal(err)
