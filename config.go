@@ -23,16 +23,9 @@ import (
 // once, in the field's comment. The transport package of your watermill-amqp major
 // (wamqp3.New or wamqp2.New) takes it, with the subscriber config.
 type Config struct {
-	// Backend is the delay backend (package delay), a value with its own settings:
-	// delay.TTLTiers{} ("ttl-tiers"), delay.BinaryLevels{} ("binary-levels"),
-	// delay.DelayedExchange{} ("delayed-exchange"), delay.DelayedRetry{}
-	// ("delayed-retry"), delay.DeliveryTime{} ("delivery-time", over AMQP 1.0: the
-	// transport of package github.com/amqpretry/amqpretry/amqp1) or
-	// delay.Memory{Publisher: ...} ("memory"). A name read from configuration gives
-	// its value with delay.Parse. Switching backends is a change of that string, and of
-	// what the new one needs: memory a Publisher, delivery-time the amqp1 transport;
-	// delayed-retry refuses a Policy it cannot hold (Validate names the field).
-	// Default (nil): delay.TTLTiers{}.
+	// Backend keeps the retries: a value of package delay, with its own settings, named
+	// "ttl-tiers", "binary-levels", "delayed-exchange", "delayed-retry", "delivery-time"
+	// (amqp1) or "memory"; delay.Parse gives one by name. Default: delay.TTLTiers{}.
 	Backend delay.Backend
 	// Prefix starts the name of every queue and exchange the library declares, so
 	// that several applications can share a vhost. Default: "amqpretry".
@@ -60,34 +53,21 @@ type Config struct {
 
 	// Policy says how many attempts and how long apart. See Policy for its defaults.
 	Policy Policy
-	// Outage says when a work queue's handlers are judged to fail because something
-	// they depend on is down (consecutive failures, a failure ratio, or an error marked
-	// Unavailable), so that its messages wait, spending no attempt, until a probe
-	// succeeds, instead of being retried to the poison queue. On by default; see
-	// Outage for its defaults, and Outage.Off.
+	// Outage says when a work queue's handlers are judged to fail because something they
+	// depend on is down, so that its messages wait, spending no attempt, until a probe
+	// succeeds (docs/outage.md). On by default; see Outage.
 	Outage Outage
-	// Dedup is how long a message handled (or poisoned) is remembered, so that a
-	// duplicate of it, which at-least-once delivery brings, is acked without running the
-	// handler again. A message is remembered by its work queue and UUID (and its
-	// redrives) once its handler has succeeded, never when it fails: its retries, which
-	// carry the same UUID, always run. A duplicate that arrives while the first copy is
-	// still running runs too. A DedupStore that fails is a dependency down: the message
-	// waits (Outage), or is retried. docs/dedup.md tells where duplicates come from and
-	// how long to keep. Default: 0, off.
+	// Dedup is how long a message handled (or poisoned) is remembered, by its work queue
+	// and UUID, so that a duplicate is acked without running the handler; a failure is
+	// never remembered (package doc, Duplicates; docs/dedup.md). Default: 0, off.
 	Dedup time.Duration
-	// DedupStore is where Dedup remembers the messages handled. Default: nil, this
-	// process's memory, up to 100,000 messages (the oldest forgotten first), lost on a
-	// restart; a store of your own (the pgdedup module's table in PostgreSQL) survives
-	// restarts and serves every instance of the application.
+	// DedupStore is where Dedup remembers; one of your own (the pgdedup module's table)
+	// survives restarts and serves every instance. Default: nil, this process's memory,
+	// up to 100,000 messages, the oldest forgotten first.
 	DedupStore DedupStore
-	// Classify decides, for any error, whether to poison the message now and whether
-	// to replace the policy's delay. It receives DecisionOf the error in
-	// ClassifyParams.Default: its marks (Permanent, RetryAfter), and Permanent for an
-	// error of a payload that can never decode (encoding/json's *json.SyntaxError and
-	// *json.UnmarshalTypeError, any error of google.golang.org/protobuf; see
-	// DecisionOf). Default: that decision. To retry decode errors too, return
-	// Default with Permanent false for them (ExampleConfig_retryDecodeErrors). A
-	// handler's panic comes as an error wrapping ErrPanicked.
+	// Classify decides, for any error (a panic wraps ErrPanicked), whether to poison the
+	// message now and whether to replace the policy's delay, given DecisionOf the error
+	// as ClassifyParams.Default (ExampleConfig_retryDecodeErrors). Default: that decision.
 	Classify func(ClassifyParams) Decision
 	// PoisonQueue receives the messages that failed for good, with their failure
 	// envelope (middleware.Envelope). Declared as a quorum queue, replicated like the
@@ -96,16 +76,13 @@ type Config struct {
 	// ConfirmTimeout bounds the wait for each publisher confirm. Default: 10s.
 	ConfirmTimeout time.Duration
 	// Topology says what the library does with the queues, exchanges and bindings it
-	// needs: declare them (topology.ModeDeclare), only check them, for a user without
-	// configure permission (topology.ModeVerify), or nothing (topology.ModeNone).
-	// Default: topology.ModeDeclare.
+	// needs: declare them (ModeDeclare), only check them, for a user without configure
+	// permission (ModeVerify), or nothing (ModeNone). Default: topology.ModeDeclare.
 	Topology topology.Mode
 
-	// OrderKey, if set, names the key whose messages are handled in order (an account,
-	// an order, an aggregate): while a message of key K waits for its retry, K's later
-	// messages wait on the broker behind it, and the other keys flow (docs/ordering.md).
-	// "" means no order to keep. Needs a single active consumer per work queue (the
-	// subscriber config declares it) and topology mode declare. Default: nil, no order.
+	// OrderKey, if set, names the key ("" for none) whose messages are handled in order:
+	// while one of key K waits for its retry, K's later ones wait behind it. Needs one
+	// active consumer per work queue and ModeDeclare (docs/ordering.md). Default: nil.
 	OrderKey func(*message.Message) string
 	// BlockOnPoison keeps a key blocked when its message is poisoned, until an operator
 	// releases it (`amqpretry blocked release`); by default the messages behind it run.

@@ -71,7 +71,10 @@
 // retry, which carries the same UUID and payload, always runs; in memory, or in a
 // DedupStore (the pgdedup module's PostgreSQL table). Watermill's Deduplicator records
 // a key before the handler runs and drops every retry: give it DedupKey as its
-// KeyFactory. docs/dedup.md tells more.
+// KeyFactory. A message is remembered by its work queue and UUID (and its redrives); a
+// duplicate that arrives while the first copy still runs runs too; a DedupStore that
+// fails is a dependency down: the message waits (Outage), or is retried. docs/dedup.md
+// tells where duplicates come from and how long to keep.
 //
 // # Words
 //
