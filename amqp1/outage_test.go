@@ -77,7 +77,7 @@ func TestOutageIsNotAPoison(t *testing.T) {
 	cfg := amqpretry.Config{
 		// MaxAttempts 4: a fail-once message may lose two attempts to the outage
 		// (a run as it began, a probe) and still have one to spare.
-		Policy: amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{500 * time.Millisecond, time.Second}},
+		Policy: amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{500 * time.Millisecond, time.Second}, Jitter: -1},
 		Outage: amqpretry.Outage{ProbeInterval: 200 * time.Millisecond},
 		Observe: func(ev amqpretry.Event) {
 			if ev.Kind == amqpretry.EventOutageStarted {
@@ -250,7 +250,7 @@ func TestOutageCloseGivesBack(t *testing.T) {
 	start := func(run int) (*Retry, *message.Router) {
 		cfg := amqpretry.Config{
 			Prefix: queue,
-			Policy: amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{300 * time.Millisecond}},
+			Policy: amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{300 * time.Millisecond}, Jitter: -1},
 			// No probe comes while the test looks: the messages only wait.
 			Outage: amqpretry.Outage{ProbeInterval: time.Hour},
 			Logger: testLogger(),

@@ -118,7 +118,7 @@ func failingRetry(tb testing.TB, pub capture, d time.Duration) message.HandlerFu
 	tb.Helper()
 	cfg := amqpretry.Config{
 		Backend: delay.Memory{Publisher: pub},
-		Policy:  amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{d}},
+		Policy:  amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{d}, Jitter: -1},
 	}.WithDefaults()
 	r, err := middleware.New(cfg, middleware.Transport{Queue: func(string) string { return benchQueue }})
 	if err != nil {

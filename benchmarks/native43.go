@@ -738,7 +738,7 @@ func (e *env) setup43(ctx context.Context, o run43opts, msgs []*message.Message)
 			rcfg.Policy = amqpretry.Policy{MaxAttempts: 100}
 		default:
 			rcfg.Backend = delay.TTLTiers{Tiers: []time.Duration{o.delay}}
-			rcfg.Policy = amqpretry.Policy{MaxAttempts: 100, Delays: []time.Duration{o.delay}}
+			rcfg.Policy = amqpretry.Policy{MaxAttempts: 100, Delays: []time.Duration{o.delay}, Jitter: -1}
 			if o.kind == "two-stage" {
 				rcfg.HeldRetries, rcfg.DelayedRetryDelay = 1, o.delay
 			}

@@ -444,7 +444,7 @@ func (e *env) orderRun(ctx context.Context, backendName, mode string, accounts, 
 			rcfg.Policy = amqpretry.Policy{MaxAttempts: 5}
 		case delay.TTLTiers{}.Name():
 			rcfg.Backend = delay.TTLTiers{Tiers: []time.Duration{orderDelay}}
-			rcfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{orderDelay}}
+			rcfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{orderDelay}, Jitter: -1}
 		default:
 			return nil, fmt.Errorf("backend %q: the order scenario runs %s", backendName, strings.Join(orderBackends, ", "))
 		}

@@ -97,7 +97,7 @@ func run() error {
 	cfg := amqpretry.Config{
 		Backend: backend,
 		Prefix:  prefix,
-		Policy:  amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{time.Second, 2 * time.Second}},
+		Policy:  amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{time.Second, 2 * time.Second}, Jitter: -1},
 		Logger:  logger,
 	}
 	if v := os.Getenv("HELD_RETRIES"); v != "" {

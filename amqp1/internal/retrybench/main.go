@@ -722,7 +722,7 @@ func throughput(sc, variant string, credit, n int) (float64, error) {
 	errFail := errors.New("fails")
 	switch variant {
 	case "ours":
-		policy := amqpretry.Policy{MaxAttempts: 20, Delays: []time.Duration{delay}}
+		policy := amqpretry.Policy{MaxAttempts: 20, Delays: []time.Duration{delay}, Jitter: -1}
 		rig, err := startOurs(queue, credit, policy, func(msg *message.Message) error {
 			tick()
 			if storm {
@@ -879,7 +879,7 @@ func steady(variant string, credit, msgs int) (float64, error) {
 	var err error
 	switch variant {
 	case "ours", "healthy":
-		rig, err = startOurs(queue, credit, amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}},
+		rig, err = startOurs(queue, credit, amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}, Jitter: -1},
 			func(msg *message.Message) error {
 				if variant == "ours" && string(msg.Payload) == "fail" && amqpretry.Attempt(msg) <= 2 {
 					return errFail

@@ -328,7 +328,7 @@ func newMatrixSetup(t *testing.T, rows []matrixMiddleware) matrixSetup {
 	s.cfg = amqpretry.Config{
 		Backend:  delay.TTLTiers{Tiers: []time.Duration{200 * time.Millisecond, 3 * time.Second}},
 		Prefix:   prefix,
-		Policy:   amqpretry.Policy{MaxAttempts: matrixAttempts, Delays: []time.Duration{200 * time.Millisecond}},
+		Policy:   amqpretry.Policy{MaxAttempts: matrixAttempts, Delays: []time.Duration{200 * time.Millisecond}, Jitter: -1},
 		Topology: topology.ModeNone,
 		Logger:   Logger(),
 	}

@@ -159,6 +159,9 @@ func (s Setup) Policy() amqpretry.Policy {
 	default:
 		p.Delays = []time.Duration{time.Second, 2 * time.Second}
 	}
+	if len(p.Delays) > 0 {
+		p.Jitter = -1 // one tier per delay (Setup.Config): none jittered off it
+	}
 	return p
 }
 
