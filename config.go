@@ -73,8 +73,6 @@ type Config struct {
 	// envelope (middleware.Envelope). Declared as a quorum queue, replicated like the
 	// delay queues. Default: "<Prefix>.poison".
 	PoisonQueue string
-	// ConfirmTimeout bounds the wait for each publisher confirm. Default: 10s.
-	ConfirmTimeout time.Duration
 	// Topology says what the library does with the queues, exchanges and bindings it
 	// needs: declare them (ModeDeclare), only check them, for a user without configure
 	// permission (ModeVerify), or nothing (ModeNone). Default: topology.ModeDeclare.
@@ -122,9 +120,6 @@ func (c Config) WithDefaults() Config {
 	if c.PoisonQueue == "" {
 		c.PoisonQueue = names.Names{Prefix: c.Prefix}.Poison()
 	}
-	if c.ConfirmTimeout == 0 {
-		c.ConfirmTimeout = backend.DefaultConfirmTimeout
-	}
 	if c.Topology == "" {
 		c.Topology = topology.ModeDeclare
 	}
@@ -163,9 +158,6 @@ func (c Config) invalid(v backend.Derived, user Config) error {
 	}
 	if c.HeldRetries > 0 && c.Policy.Immediate > 0 {
 		errs = append(errs, errors.New("HeldRetries: not with Policy.Immediate: retry either in this process or in the broker"))
-	}
-	if c.ConfirmTimeout < 0 {
-		errs = append(errs, fmt.Errorf("ConfirmTimeout: %s is negative", c.ConfirmTimeout))
 	}
 	if c.Dedup < 0 {
 		errs = append(errs, fmt.Errorf("Dedup: %s is negative", c.Dedup))

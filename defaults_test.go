@@ -36,11 +36,10 @@ func TestConfigDefaults(t *testing.T) {
 				64 * time.Second, 128 * time.Second, 256 * time.Second, 512 * time.Second, 10 * time.Minute,
 			},
 		},
-		Outage:         amqpretry.Outage{Consecutive: 10, Ratio: 0.8, ProbeInterval: time.Second},
-		PoisonQueue:    "amqpretry.poison",
-		ConfirmTimeout: 10 * time.Second,
-		Topology:       topology.ModeDeclare,
-		Logger:         watermill.NopLogger{},
+		Outage:      amqpretry.Outage{Consecutive: 10, Ratio: 0.8, ProbeInterval: time.Second},
+		PoisonQueue: "amqpretry.poison",
+		Topology:    topology.ModeDeclare,
+		Logger:      watermill.NopLogger{},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Config{}.WithDefaults() =\n%+v\nwant\n%+v", got, want)
@@ -68,7 +67,7 @@ func TestConfigDefaultsFollowAndKeep(t *testing.T) {
 	// Set fields are kept.
 	set := amqpretry.Config{
 		Backend: delay.BinaryLevels{Levels: 7}, Prefix: "p",
-		HeldRetries: 2, DelayedRetryDelay: 3 * time.Second, PoisonQueue: "dead", ConfirmTimeout: time.Second,
+		HeldRetries: 2, DelayedRetryDelay: 3 * time.Second, PoisonQueue: "dead",
 		Topology: topology.ModeVerify,
 		Policy:   amqpretry.Policy{MaxAttempts: 2, Delays: amqpretry.Exponential(time.Minute, 3, time.Hour), Jitter: 0.5, Immediate: 1},
 		Outage:   amqpretry.Outage{Consecutive: 3, Ratio: 0.5, ProbeInterval: time.Minute},

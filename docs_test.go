@@ -100,7 +100,7 @@ func expectedFigures(t *testing.T) map[string]string {
 	want["handoff-attempts"] = strconv.Itoa(backend.HandoffAttempts)
 	want["handoff-pause-first"] = figureDuration(backend.HandoffPause(1))
 	want["handoff-pause-most"] = figureDuration(backend.HandoffPause(1000))
-	want["confirm-timeout"] = figureDuration(def.ConfirmTimeout)
+	want["confirm-timeout"] = figureDuration(backend.DefaultConfirmTimeout)
 
 	want["go"] = goLine(t, "go.mod")
 	return want

@@ -401,7 +401,7 @@ const envelopeRoom = 13
 // subscriber may still deliver; a hand-off canceled then would count as failed, again
 // at each redelivery to the closing process, and poison the message after
 // backend.HandoffAttempts of them (seen stopping a consumer in the no-loss test that
-// changes backends). Bounded by ConfirmTimeout, the hand-off is confirmed, and the original
+// changes backends). Bounded by the confirm timeout (10s), the hand-off is confirmed, and the original
 // acked, or fails, and the original is nacked.
 func copyOf(msg *message.Message) *message.Message {
 	ctx := msg.Context()

@@ -273,7 +273,7 @@ func TestRetryHandoffFailureFailsTheHandler(t *testing.T) {
 
 // TestHandoffOutlivesTheDeliveryContext: the router cancels the deliveries' context
 // when it closes, while handlers still run; a hand-off then under way is not canceled
-// with it (the hand-off bounds it with ConfirmTimeout): the retry is parked, or the
+// with it (the hand-off bounds it with its confirm timeout): the retry is parked, or the
 // message poisoned, and the router acks, instead of failed hand-offs that would poison
 // a message the closing subscriber keeps redelivering.
 func TestHandoffOutlivesTheDeliveryContext(t *testing.T) {

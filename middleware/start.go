@@ -64,7 +64,7 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 	e.wiring.ID, e.wiring.Bound = r.id, &queueSet{}
 	e.reads = &marshal.Reads{Refuse: r.refuseUnread}
 	r.view.Reads = e.reads
-	h, err := delay.Dial(backend.HandoffConfig{URI: t.URI, AMQP: t.AMQP, ConfirmTimeout: cfg.ConfirmTimeout,
+	h, err := delay.Dial(backend.HandoffConfig{URI: t.URI, AMQP: t.AMQP, ConfirmTimeout: backend.DefaultConfirmTimeout,
 		Marshal:  marshal.Options{MessageUUIDHeaderKey: t.UUIDHeader, NotPersistentDeliveryMode: t.NotPersistent, PostprocessPublishing: t.Postprocess},
 		Topology: cfg.Topology, Logger: cfg.Logger})
 	if err != nil {

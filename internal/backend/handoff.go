@@ -68,7 +68,8 @@ const Locale = "en_US"
 // subscriber's, when its config gives no amqp.Config, and Cluster's).
 const Heartbeat = 10 * time.Second
 
-// DefaultConfirmTimeout bounds the wait for a publisher confirm.
+// DefaultConfirmTimeout bounds the wait for each publisher confirm of the library's
+// hand-offs, poisonings, redrives and releases (a constant: docs/reliability.md).
 const DefaultConfirmTimeout = 10 * time.Second
 
 // HandoffAttempts is how many hand-offs of one message may fail in a row before it is
@@ -104,7 +105,7 @@ type HandoffConfig struct {
 	// AMQP is passed to amqp091-go's DialConfig (TLS, heartbeat, properties).
 	AMQP amqp.Config
 	// ConfirmTimeout bounds the wait for each publisher confirm. Default (0):
-	// DefaultConfirmTimeout, which amqpretry.Config.WithDefaults gives too.
+	// DefaultConfirmTimeout, what the library always gives.
 	ConfirmTimeout time.Duration
 	// Marshal turns a Watermill message into a publishing: the subscriber's options,
 	// so that the UUID travels in the header the subscriber reads it from.

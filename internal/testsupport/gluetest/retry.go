@@ -365,7 +365,6 @@ func InvalidConfigNamesTheField(t *testing.T, m Major) {
 		{"poison queue too long", queue, amqpretry.Config{PoisonQueue: strings.Repeat("q", 256)}, "PoisonQueue"},
 		{"policy past the backend", queue, amqpretry.Config{Backend: delay.BinaryLevels{Levels: 3}}, "Policy.Delays: delay too long"},
 		{"memory without publisher", Sub{}, amqpretry.Config{Backend: delay.Memory{}}, "Backend.Publisher"},
-		{"negative confirm timeout", queue, amqpretry.Config{ConfirmTimeout: -time.Second}, "ConfirmTimeout"},
 		{"unknown topology mode", queue, amqpretry.Config{Topology: "passive"}, "Topology"},
 		{"schedule on delayed-retry", queue, amqpretry.Config{Backend: delay.DelayedRetry{}, Policy: amqpretry.Policy{Delays: amqpretry.Exponential(2*time.Second, 2, 10*time.Minute), Jitter: -1}}, "Policy.Delays"},
 		{"held retries with immediate", queue, amqpretry.Config{HeldRetries: 2, Policy: amqpretry.Policy{Immediate: 1}}, "HeldRetries"},
