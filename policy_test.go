@@ -3,6 +3,7 @@ package amqpretry_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -252,5 +253,31 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		if err := (amqpretry.Config{Topology: topology.Mode(mode)}).Validate(); err != nil {
 			t.Errorf("mode %q: %v", mode, err)
 		}
+	}
+}
+
+// TestExponential: the schedule Exponential builds grows by its multiplier, fractions
+// kept, each delay capped at max, and ends with max; a multiplier of 1 or less, or an
+// initial of max or more, gives one delay; it never grows past 64 steps.
+func TestExponential(t *testing.T) {
+	ms := time.Millisecond
+	for _, tt := range []struct {
+		initial    time.Duration
+		multiplier float64
+		max        time.Duration
+		want       []time.Duration
+	}{
+		{time.Second, 2, 10 * time.Second, []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 10 * time.Second}},
+		{time.Second, 1.5, 4 * time.Second, []time.Duration{time.Second, 1500 * ms, 2250 * ms, 3375 * ms, 4 * time.Second}},
+		{time.Second, 2, 8 * time.Second, []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second}},
+		{3 * time.Second, 1, time.Minute, []time.Duration{3 * time.Second}},
+		{time.Minute, 2, time.Second, []time.Duration{time.Second}},
+	} {
+		if got := amqpretry.Exponential(tt.initial, tt.multiplier, tt.max); !slices.Equal(got, tt.want) {
+			t.Errorf("Exponential(%s, %g, %s) = %v, want %v", tt.initial, tt.multiplier, tt.max, got, tt.want)
+		}
+	}
+	if got := amqpretry.Exponential(time.Nanosecond, 1.0001, time.Hour); len(got) != 65 || got[64] != time.Hour {
+		t.Errorf("a slow growth: %d delays ending %s, want 64 steps and the max", len(got), got[len(got)-1])
 	}
 }
