@@ -326,7 +326,7 @@ func hurriedAt(uuid string) *message.Message {
 	return attemptMsg(uuid, 1)
 }
 
-// Outage.Off: every failure takes the retry path.
+// Detection off (a negative Outage.Consecutive): every failure takes the retry path.
 func TestOutageOff(t *testing.T) {
 	b := &fakeBackend{}
 	e, _ := newEngine(t, amqpretry.Config{Outage: amqpretry.Outage{Consecutive: -1}}, b)
@@ -581,7 +581,7 @@ var errDependencyDown = errors.New("dial tcp 10.0.0.5:5432: connection refused")
 
 // A few messages that fail attempt after attempt on an otherwise idle queue are
 // poisons, not an outage, however many failures in a row they make: an outage needs
-// Consecutive new messages to fail (in a row, or over the Window). Each is poisoned at
+// Consecutive new messages to fail (in a row, or over the window). Each is poisoned at
 // its last attempt; none waits. Then new messages fail too: that is an outage.
 func TestOutageNotFromAFewPoisonMessages(t *testing.T) {
 	for _, tc := range []struct {
