@@ -217,7 +217,8 @@ func TestEffectivePolicyLoggedAtStart(t *testing.T) {
 
 // TestTTLTiersLogsOnlyWhatThePolicyAsks (issue 25 §2): on ttl-tiers, the start-up
 // line "longer than the longest tier" appears only when the policy's schedule can
-// actually ask for more than the longest tier, not for a longest entry of Delays it never reaches.
+// actually ask for more than the longest tier, not for an entry of Delays it never
+// reaches.
 func TestTTLTiersLogsOnlyWhatThePolicyAsks(t *testing.T) {
 	brokertest.Dial(t)
 	prefix := brokertest.Prefix(t)

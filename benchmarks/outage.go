@@ -40,8 +40,8 @@ import (
 // fails with a plain error (not marked Unavailable: the outage is found by the
 // failure rules). After its return the traffic goes on until every message published
 // before the return is settled, and outageTail more. Each length runs twice, with
-// outage detection (the default Config.Outage) and without (Outage.Consecutive -1), on fresh
-// queues: 4 handlers on the queue (one subscription each), prefetch 10, 1 ms of
+// outage detection (the default Config.Outage) and without (Outage.Consecutive -1), on
+// fresh queues: 4 handlers on the queue (one subscription each), prefetch 10, 1 ms of
 // handler work.
 //
 // Figures, per run: messages poisoned (by the outage, besides the Permanent ones),
