@@ -58,7 +58,7 @@ func (e *unavailableError) Unwrap() error { return e.err }
 type Outage struct {
 	// Consecutive is how many first deliveries (of different messages) must fail in a
 	// row, a retry failing too, to begin an outage; the window is 5 × Consecutive runs.
-	// A negative Consecutive (-1) turns detection off. Default: 10.
+	// A negative Consecutive (-1) turns detection off. At most 100,000. Default: 10.
 	Consecutive int
 	// Ratio of failed runs, and of failed first deliveries, over the window that begins
 	// an outage (with a retry among the failures), in (0, 1]. Default: 0.8.
@@ -81,6 +81,9 @@ func (o Outage) withDefaults() Outage {
 	return o
 }
 
+// maxConsecutive bounds Outage.Consecutive, so that its window fits in memory.
+const maxConsecutive = 100_000
+
 // validate reports every invalid field of o, which has its defaults; none when
 // detection is off (a negative Consecutive).
 func (o Outage) validate() error {
@@ -88,6 +91,9 @@ func (o Outage) validate() error {
 		return nil
 	}
 	var errs []error
+	if o.Consecutive > maxConsecutive {
+		errs = append(errs, fmt.Errorf("Outage.Consecutive: %d, must be at most %d (its window, 5 × Consecutive runs, is kept per work queue): lower it, or set -1 to turn detection off", o.Consecutive, maxConsecutive))
+	}
 	if o.Ratio <= 0 || o.Ratio > 1 {
 		errs = append(errs, fmt.Errorf("Outage.Ratio: %g, must be in (0, 1]: set it to a fraction such as 0.8 (0 means the default, 0.8), or turn detection off with Outage.Consecutive -1", o.Ratio))
 	}

@@ -30,8 +30,8 @@ type Policy struct {
 // Exponential returns the schedule that starts at initial and grows by multiplier at
 // each step (fractions kept), each delay capped at max, ending with max, which then
 // repeats: Exponential(time.Second, 2, 10*time.Minute), the default, is 1s, 2s, 4s, …,
-// 8m32s, 10m. A multiplier of 1 or less, or an initial of max or more, gives the one
-// delay min(initial, max); past 64 growing steps the schedule ends at max.
+// 8m32s, 10m. A multiplier of 1 or less, an initial of 0 or less, or one of max or
+// more, gives the one delay min(initial, max); past 64 growing steps it ends at max.
 func Exponential(initial time.Duration, multiplier float64, max time.Duration) []time.Duration {
 	if multiplier <= 1 || initial >= max || initial <= 0 {
 		return []time.Duration{min(initial, max)}

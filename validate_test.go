@@ -287,6 +287,7 @@ func TestOutageSettingsValidated(t *testing.T) {
 		{"defaults", amqpretry.Outage{}, nil},
 		{"off ignores the rest", amqpretry.Outage{Consecutive: -1, Ratio: 7}, nil},
 		{"negative consecutive is off", amqpretry.Outage{Consecutive: -1}, nil},
+		{"a window too large", amqpretry.Outage{Consecutive: 1 << 40}, []string{"Outage.Consecutive: 1099511627776, must be at most 100000", "set -1 to turn detection off"}},
 		{"ratio past 1", amqpretry.Outage{Ratio: 1.5}, []string{"Outage.Ratio: 1.5, must be in (0, 1]", "Outage.Consecutive -1"}},
 		{"negative probe interval", amqpretry.Outage{ProbeInterval: -time.Second}, []string{"Outage.ProbeInterval: -1s", "0 means the default, 1s"}},
 	} {

@@ -45,7 +45,11 @@ func newOutages(cfg amqpretry.Outage) *outages {
 	if cfg.Consecutive < 0 {
 		return nil
 	}
-	return &outages{cfg: cfg, window: windowPerConsecutive * cfg.Consecutive, maxProbe: maxProbeFactor * cfg.ProbeInterval}
+	maxProbe := time.Duration(math.MaxInt64) // a ProbeInterval of years: no overflow
+	if cfg.ProbeInterval <= maxProbe/maxProbeFactor {
+		maxProbe = maxProbeFactor * cfg.ProbeInterval
+	}
+	return &outages{cfg: cfg, window: windowPerConsecutive * cfg.Consecutive, maxProbe: maxProbe}
 }
 
 // What amqpretry.Outage derives from its fields (its doc and docs/outage.md say so):
