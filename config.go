@@ -23,16 +23,9 @@ import (
 // once, in the field's comment. The transport package of your watermill-amqp major
 // (wamqp3.New or wamqp2.New) takes it, with the subscriber config.
 type Config struct {
-	// Backend is the delay backend (package delay), a value with its own settings:
-	// delay.TTLTiers{} ("ttl-tiers"), delay.BinaryLevels{} ("binary-levels"),
-	// delay.DelayedExchange{} ("delayed-exchange"), delay.DelayedRetry{}
-	// ("delayed-retry"), delay.DeliveryTime{} ("delivery-time", over AMQP 1.0: the
-	// transport of package github.com/amqpretry/amqpretry/amqp1) or
-	// delay.Memory{Publisher: ...} ("memory"). A name read from configuration gives
-	// its value with delay.Parse. Switching backends is a change of that string, and of
-	// what the new one needs: memory a Publisher, delivery-time the amqp1 transport;
-	// delayed-retry refuses a Policy it cannot hold (Validate names the field).
-	// Default (nil): delay.TTLTiers{}.
+	// Backend keeps the retries: a value of package delay, with its own settings, named
+	// "ttl-tiers", "binary-levels", "delayed-exchange", "delayed-retry", "delivery-time"
+	// (amqp1) or "memory"; delay.Parse gives one by name. Default: delay.TTLTiers{}.
 	Backend delay.Backend
 	// Prefix starts the name of every queue and exchange the library declares, so
 	// that several applications can share a vhost. Default: "amqpretry".
@@ -60,58 +53,34 @@ type Config struct {
 
 	// Policy says how many attempts and how long apart. See Policy for its defaults.
 	Policy Policy
-	// Outage says when a work queue's handlers are judged to fail because something
-	// they depend on is down (consecutive failures, a failure ratio, or an error marked
-	// Unavailable), so that its messages wait, spending no attempt, until a probe
-	// succeeds, instead of being retried to the poison queue. On by default; see
-	// Outage for its defaults, and Outage.Off.
+	// Outage says when a work queue's handlers are judged to fail because something they
+	// depend on is down, so that its messages wait, spending no attempt, until a probe
+	// succeeds (docs/outage.md). On by default; see Outage.
 	Outage Outage
-	// Dedup is how long a message handled (or poisoned) is remembered, so that a
-	// duplicate of it, which at-least-once delivery brings, is acked without running the
-	// handler again. A message is remembered by its work queue and UUID (and its
-	// redrives) once its handler has succeeded, never when it fails: its retries, which
-	// carry the same UUID, always run. A duplicate that arrives while the first copy is
-	// still running runs too. A DedupStore that fails is a dependency down: the message
-	// waits (Outage), or is retried. docs/dedup.md tells where duplicates come from and
-	// how long to keep. Default: 0, off.
+	// Dedup is how long a message handled (or poisoned) is remembered, by its work queue
+	// and UUID, so that a duplicate is acked without running the handler; a failure is
+	// never remembered (package doc, Duplicates; docs/dedup.md). Default: 0, off.
 	Dedup time.Duration
-	// DedupStore is where Dedup remembers the messages handled. Default: nil, this
-	// process's memory, up to 100,000 messages (the oldest forgotten first), lost on a
-	// restart; a store of your own (the pgdedup module's table in PostgreSQL) survives
-	// restarts and serves every instance of the application.
+	// DedupStore is where Dedup remembers; one of your own (the pgdedup module's table)
+	// survives restarts and serves every instance. Default: nil, this process's memory,
+	// up to 100,000 messages, the oldest forgotten first.
 	DedupStore DedupStore
-	// Classify decides, for any error, whether to poison the message now and whether
-	// to replace the policy's delay. It receives DecisionOf the error in
-	// ClassifyParams.Default: its marks (Permanent, RetryAfter), and Permanent for an
-	// error of a payload that can never decode (encoding/json's *json.SyntaxError and
-	// *json.UnmarshalTypeError, any error of google.golang.org/protobuf; see
-	// DecisionOf). Default: that decision. To retry decode errors too, return
-	// Default with Permanent false for them (ExampleConfig_retryDecodeErrors). A
-	// handler's panic comes as an error wrapping ErrPanicked.
+	// Classify decides, for any error (a panic wraps ErrPanicked), whether to poison the
+	// message now and whether to replace the policy's delay, given DecisionOf the error
+	// as ClassifyParams.Default (ExampleConfig_retryDecodeErrors). Default: that decision.
 	Classify func(ClassifyParams) Decision
 	// PoisonQueue receives the messages that failed for good, with their failure
 	// envelope (middleware.Envelope). Declared as a quorum queue, replicated like the
 	// delay queues. Default: "<Prefix>.poison".
 	PoisonQueue string
-	// ConfirmTimeout bounds the wait for each publisher confirm. Default: 10s.
-	ConfirmTimeout time.Duration
 	// Topology says what the library does with the queues, exchanges and bindings it
-	// needs: declare them (topology.ModeDeclare), only check them, for a user without
-	// configure permission (topology.ModeVerify), or nothing (topology.ModeNone).
-	// Default: topology.ModeDeclare.
+	// needs: declare them (ModeDeclare), only check them, for a user without configure
+	// permission (ModeVerify), or nothing (ModeNone). Default: topology.ModeDeclare.
 	Topology topology.Mode
-	// HandoffAttempts is how many hand-offs of one message may fail in a row (broker
-	// trouble, a message the broker refuses, a mis-wired subscriber) before it is
-	// poisoned instead (ReasonHandoffFailed). Between failures the
-	// middleware pauses, 100ms doubling to 5s, so nothing is redelivered at wire
-	// speed. Default: 5.
-	HandoffAttempts int
 
-	// OrderKey, if set, names the key whose messages are handled in order (an account,
-	// an order, an aggregate): while a message of key K waits for its retry, K's later
-	// messages wait on the broker behind it, and the other keys flow (docs/ordering.md).
-	// "" means no order to keep. Needs a single active consumer per work queue (the
-	// subscriber config declares it) and topology mode declare. Default: nil, no order.
+	// OrderKey, if set, names the key ("" for none) whose messages are handled in order:
+	// while one of key K waits for its retry, K's later ones wait behind it. Needs one
+	// active consumer per work queue and ModeDeclare (docs/ordering.md). Default: nil.
 	OrderKey func(*message.Message) string
 	// BlockOnPoison keeps a key blocked when its message is poisoned, until an operator
 	// releases it (`amqpretry blocked release`); by default the messages behind it run.
@@ -121,13 +90,9 @@ type Config struct {
 	// hand-off (Event), on the handler's goroutine: the metrics module's
 	// Metrics.Observe, for example. Default: nil.
 	Observe func(Event)
-	// RetryLogEvery samples the INFO line logged per scheduled retry: 0 or 1 logs
-	// every one, N one in N, a negative value none. Poisonings and failed hand-offs
-	// are always logged. Default: 0.
-	RetryLogEvery int
-	// Logger receives snake_case fields; poisonings and failed hand-offs are logged at
-	// ERROR (poisonings at WARN where the logger has a Warn method). Default:
-	// watermill.NopLogger.
+	// Logger receives snake_case fields: each scheduled retry at DEBUG, poisonings and
+	// failed hand-offs at ERROR (poisonings at WARN where the logger has a Warn
+	// method). Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 
 	// derived is what New derived from this Config, once (WithDerived); nil for a
@@ -155,22 +120,14 @@ func (c Config) WithDefaults() Config {
 	if c.PoisonQueue == "" {
 		c.PoisonQueue = names.Names{Prefix: c.Prefix}.Poison()
 	}
-	if c.ConfirmTimeout == 0 {
-		c.ConfirmTimeout = backend.DefaultConfirmTimeout
-	}
 	if c.Topology == "" {
 		c.Topology = topology.ModeDeclare
-	}
-	if c.HandoffAttempts == 0 {
-		c.HandoffAttempts = defaultHandoffAttempts
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}
 	return c
 }
-
-const defaultHandoffAttempts = 5
 
 // Validate reports every invalid field, each named; zero fields are checked as their
 // defaults. It touches nothing on the broker: an invalid config has no side effects.
@@ -202,17 +159,11 @@ func (c Config) invalid(v backend.Derived, user Config) error {
 	if c.HeldRetries > 0 && c.Policy.Immediate > 0 {
 		errs = append(errs, errors.New("HeldRetries: not with Policy.Immediate: retry either in this process or in the broker"))
 	}
-	if c.ConfirmTimeout < 0 {
-		errs = append(errs, fmt.Errorf("ConfirmTimeout: %s is negative", c.ConfirmTimeout))
-	}
 	if c.Dedup < 0 {
 		errs = append(errs, fmt.Errorf("Dedup: %s is negative", c.Dedup))
 	}
 	if c.Dedup == 0 && c.DedupStore != nil {
 		errs = append(errs, errors.New("DedupStore: set, but Dedup is 0 (off): set Dedup to how long a handled message is remembered (7 days, say), or leave DedupStore nil"))
-	}
-	if c.HandoffAttempts < 0 {
-		errs = append(errs, fmt.Errorf("HandoffAttempts: %d is negative", c.HandoffAttempts))
 	}
 	if c.OrderKey != nil && c.Topology != topology.ModeDeclare {
 		errs = append(errs, fmt.Errorf("OrderKey: not with topology mode %s: a blocked key's messages wait in a queue declared when it is blocked (%s); use topology mode declare, with configure permission on those names", c.Topology, names.Names{Prefix: c.Prefix}.BehindQueues()))
@@ -275,20 +226,31 @@ func (c Config) fits(v backend.Derived, user Policy) []error {
 		return c.fitsConstant(v.Name, k.OneDelay(), user)
 	}
 	// A delay the backend refuses could never be handed off.
-	longest, field := c.Policy.longest(c.HeldRetries)
+	longest, at := c.Policy.longest(c.HeldRetries)
 	if longest <= 0 {
 		return nil
 	}
 	if _, err := v.Backend.Effective(longest); err != nil {
-		fix := fmt.Sprintf("set Policy.MaxInterval to at most %s", lim.Longest)
-		if field != "MaxInterval" {
-			fix = fmt.Sprintf("shorten Policy.%s to at most %s, or lower Policy.MaxAttempts", field, lim.Longest)
+		// The longest the entry may be: the backend's longest, less the jitter when
+		// a longer entry (out of reach) leaves room for it.
+		j, most := c.Policy.jitter(), lim.Longest
+		if longest > c.Policy.Delays[at] {
+			most = time.Duration(float64(lim.Longest) / (1 + j))
+			for most > 0 && jittered(most, j) > lim.Longest {
+				most--
+			}
+		}
+		field := fmt.Sprintf("Delays[%d]", at)
+		fix := fmt.Sprintf("shorten Policy.%s to at most %s, or lower Policy.MaxAttempts", field, most)
+		if len(user.Delays) == 0 {
+			field = "Delays"
+			fix = fmt.Sprintf("set Policy.Delays to a schedule of at most %s (Exponential(time.Second, 2, %s)), or lower Policy.MaxAttempts", lim.Longest, lim.Longest)
 		}
 		if lim.Fix != "" {
 			fix += ", or " + lim.Fix
 		}
 		jitter := ""
-		if field == "MaxInterval" && c.Policy.Jitter > 0 {
+		if longest > c.Policy.Delays[at] {
 			jitter = ", jitter included"
 		}
 		return []error{fmt.Errorf("Policy.%s: %w: with %d attempts the policy asks for up to %s%s, longer than the %s the %s backend keeps; %s",
@@ -299,10 +261,9 @@ func (c Config) fits(v backend.Derived, user Policy) []error {
 
 // fitsConstant refuses, on a backend (name) that holds every retry of a work queue for
 // one constant delay d (delayed-retry, no jitter), a policy value that d would ignore:
-// a value set (not zero) that asks for another delay, a growth or a jitter, even one
-// equal to its default elsewhere (Multiplier 2 grows the delay on a copying backend;
-// here it would be dropped). A zero field, its default, means the queue's delay:
-// never refused. user is the policy as given, before defaults.
+// Delays that ask for another delay or a growth, or a positive Jitter. Delays nil, its
+// default, and Jitter 0 or negative mean the queue's delay: never refused. user is the
+// policy as given, before defaults.
 func (c Config) fitsConstant(name string, d time.Duration, user Policy) []error {
 	var errs []error
 	p := c.Policy
@@ -316,19 +277,9 @@ func (c Config) fitsConstant(name string, d time.Duration, user Policy) []error 
 		default:
 			errs = append(errs, fmt.Errorf("Policy.Delays: %v, %s, and cannot grow it: leave Policy.Delays empty and set its Delay, %s", user.Delays, what, copying))
 		}
-	} else {
-		if user.InitialInterval != 0 && user.InitialInterval != d {
-			errs = append(errs, fmt.Errorf("Policy.InitialInterval: %s, %s: set its Delay to %s instead (or leave Policy.InitialInterval 0)", user.InitialInterval, what, user.InitialInterval))
-		}
-		if user.Multiplier != 0 && user.Multiplier != 1 {
-			errs = append(errs, fmt.Errorf("Policy.Multiplier: %g, %s, and cannot grow it: set Policy.Multiplier to 1 (or 0 for the default), %s", user.Multiplier, what, copying))
-		}
-		if user.MaxInterval != 0 && user.MaxInterval < d {
-			errs = append(errs, fmt.Errorf("Policy.MaxInterval: %s, shorter than the one constant delay the %s backend holds every retry for, %s (its Delay): set its Delay to at most %s (or leave Policy.MaxInterval 0)", user.MaxInterval, name, d, user.MaxInterval))
-		}
-		if user.Jitter > 0 {
-			errs = append(errs, fmt.Errorf("Policy.Jitter: %g, %s, and cannot randomise it: set Policy.Jitter to 0 (or -1), %s", user.Jitter, what, copying))
-		}
+	}
+	if user.Jitter > 0 {
+		errs = append(errs, fmt.Errorf("Policy.Jitter: %g, %s, and cannot randomise it: set Policy.Jitter to 0 (or -1), %s", user.Jitter, what, copying))
 	}
 	if p.Immediate > 0 {
 		errs = append(errs, fmt.Errorf("Policy.Immediate: %d, the %s backend counts attempts from the broker's deliveries and cannot count retries run in this process: set Policy.Immediate to 0, or use a copying Backend", p.Immediate, name))

@@ -31,14 +31,15 @@ func TestConfigDefaults(t *testing.T) {
 		Prefix:            "amqpretry",
 		DelayedRetryDelay: time.Second,
 		Policy: amqpretry.Policy{
-			MaxAttempts: 5, InitialInterval: time.Second, Multiplier: 2, MaxInterval: 10 * time.Minute, Jitter: 0.2,
+			MaxAttempts: 5, Jitter: 0.2, Delays: []time.Duration{
+				time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 32 * time.Second,
+				64 * time.Second, 128 * time.Second, 256 * time.Second, 512 * time.Second, 10 * time.Minute,
+			},
 		},
-		Outage:          amqpretry.Outage{Consecutive: 10, Ratio: 0.8, Window: 50, ProbeInterval: time.Second, MaxProbeInterval: 30 * time.Second},
-		PoisonQueue:     "amqpretry.poison",
-		ConfirmTimeout:  10 * time.Second,
-		Topology:        topology.ModeDeclare,
-		HandoffAttempts: 5,
-		Logger:          watermill.NopLogger{},
+		Outage:      amqpretry.Outage{Consecutive: 10, Ratio: 0.8, ProbeInterval: time.Second},
+		PoisonQueue: "amqpretry.poison",
+		Topology:    topology.ModeDeclare,
+		Logger:      watermill.NopLogger{},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Config{}.WithDefaults() =\n%+v\nwant\n%+v", got, want)
@@ -66,10 +67,10 @@ func TestConfigDefaultsFollowAndKeep(t *testing.T) {
 	// Set fields are kept.
 	set := amqpretry.Config{
 		Backend: delay.BinaryLevels{Levels: 7}, Prefix: "p",
-		HeldRetries: 2, DelayedRetryDelay: 3 * time.Second, PoisonQueue: "dead", ConfirmTimeout: time.Second,
-		Topology: topology.ModeVerify, HandoffAttempts: 9, RetryLogEvery: 4,
-		Policy: amqpretry.Policy{MaxAttempts: 2, InitialInterval: time.Minute, Multiplier: 3, MaxInterval: time.Hour, Jitter: 0.5, Immediate: 1, ImmediateInterval: time.Millisecond},
-		Outage: amqpretry.Outage{Consecutive: 3, Ratio: 0.5, Window: 7, ProbeInterval: time.Minute, MaxProbeInterval: time.Hour},
+		HeldRetries: 2, DelayedRetryDelay: 3 * time.Second, PoisonQueue: "dead",
+		Topology: topology.ModeVerify,
+		Policy:   amqpretry.Policy{MaxAttempts: 2, Delays: amqpretry.Exponential(time.Minute, 3, time.Hour), Jitter: 0.5, Immediate: 1},
+		Outage:   amqpretry.Outage{Consecutive: 3, Ratio: 0.5, ProbeInterval: time.Minute},
 	}
 	got := set.WithDefaults()
 	got.Logger = nil

@@ -45,6 +45,24 @@
 // x-delivery-limit and the poison queue as its dead-letter target
 // (docs/troubleshooting.md); New warns about a quorum work queue that would drop it.
 //
+// # The schedule
+//
+// Policy.Delays is the one way to set how long a retry waits: the delay before attempt
+// n+1 is Delays[n-1], and the last entry repeats. Exponential builds a growing one; the
+// default is Exponential(time.Second, 2, 10*time.Minute): 1s, 2s, 4s … 8m32s, 10m. Jitter
+// (±20% by default, -1 for none) randomises every delay, never past the longest entry,
+// so that messages that failed together do not come back together. The schedule is the
+// delayed stage's: after Policy.Immediate retries (run at once, in this process) or
+// Config.HeldRetries, it starts again at Delays[0]. A delay of the error's own
+// (RetryAfter, Classify's) replaces the schedule's for that retry.
+//
+// Config.Validate refuses a schedule the backend cannot keep, naming the entry and the
+// fix: on binary-levels and delayed-exchange a delay, jitter included, longer than they
+// keep; on delayed-retry, which holds every retry for its one Delay, a Delays that asks
+// for another delay or a growth, or a positive Jitter (Delays nil means its Delay). On
+// ttl-tiers a delay longer than the longest tier is parked again when it comes back,
+// until it is due: never early.
+//
 // # Duplicates
 //
 // At-least-once delivery brings duplicates: a message whose ack was lost runs again.
@@ -53,7 +71,10 @@
 // retry, which carries the same UUID and payload, always runs; in memory, or in a
 // DedupStore (the pgdedup module's PostgreSQL table). Watermill's Deduplicator records
 // a key before the handler runs and drops every retry: give it DedupKey as its
-// KeyFactory. docs/dedup.md tells more.
+// KeyFactory. A message is remembered by its work queue and UUID (and its redrives); a
+// duplicate that arrives while the first copy still runs runs too; a DedupStore that
+// fails is a dependency down: the message waits (Outage), or is retried. docs/dedup.md
+// tells where duplicates come from and how long to keep.
 //
 // # Words
 //

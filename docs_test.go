@@ -97,10 +97,10 @@ func expectedFigures(t *testing.T) map[string]string {
 	want["binary-levels.longest"] = fmt.Sprintf("%.1f years", longest(t, def, delay.BinaryLevels{}, time.Second).Hours()/24/365.25)
 	want["delayed-exchange.longest"] = fmt.Sprintf("%.1f days", longest(t, def, delay.DelayedExchange{}, time.Millisecond).Hours()/24)
 
-	want["handoff-attempts"] = strconv.Itoa(def.HandoffAttempts)
+	want["handoff-attempts"] = strconv.Itoa(backend.HandoffAttempts)
 	want["handoff-pause-first"] = figureDuration(backend.HandoffPause(1))
 	want["handoff-pause-most"] = figureDuration(backend.HandoffPause(1000))
-	want["confirm-timeout"] = figureDuration(def.ConfirmTimeout)
+	want["confirm-timeout"] = figureDuration(backend.DefaultConfirmTimeout)
 
 	want["go"] = goLine(t, "go.mod")
 	return want
@@ -380,6 +380,7 @@ func TestGoDocDefaults(t *testing.T) {
 	values := map[string]reflect.Value{
 		"Config": reflect.ValueOf(def),
 		"Policy": reflect.ValueOf(def.Policy),
+		"Outage": reflect.ValueOf(def.Outage),
 		// The backend settings' docs, on their values.
 		"TTLTiers":     reflect.ValueOf(delay.TTLTiers{Tiers: delay.DefaultTiers()}),
 		"BinaryLevels": reflect.ValueOf(delay.BinaryLevels{Levels: delay.DefaultLevels}),
@@ -387,7 +388,7 @@ func TestGoDocDefaults(t *testing.T) {
 	defaultRe := regexp.MustCompile(`Default: ("[^"]*"|[0-9][0-9.]*[a-z]*)`)
 	fset := token.NewFileSet()
 	checked := 0
-	for _, file := range []string{"config.go", "policy.go", "delay/ttltiers.go", "delay/binarylevels.go"} {
+	for _, file := range []string{"config.go", "policy.go", "outage.go", "delay/ttltiers.go", "delay/binarylevels.go"} {
 		f, err := parser.ParseFile(fset, file, nil, parser.ParseComments)
 		if err != nil {
 			t.Fatal(err)
@@ -536,7 +537,7 @@ func outageBeginsAtWarnOrInfo(t *testing.T) {
 		"INFO": func(l *logged) watermill.LoggerAdapter { return logger{l} },
 	} {
 		l := &logged{}
-		cfg := amqpretry.Config{Logger: log(l), Outage: amqpretry.Outage{ProbeInterval: time.Hour, MaxProbeInterval: time.Hour}}
+		cfg := amqpretry.Config{Logger: log(l), Outage: amqpretry.Outage{ProbeInterval: time.Hour}}
 		stop := inProcess(t, cfg, func(*message.Message) error { return amqpretry.Unavailable(errors.New("database down")) })
 		deadline := time.Now().Add(10 * time.Second)
 		for len(l.matching(begins)) == 0 && time.Now().Before(deadline) {

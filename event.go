@@ -23,7 +23,7 @@ const (
 	EventPoisoned
 	// EventHandoffFailed: a hand-off (of a retry, or to the poison queue) failed with
 	// Err, for Cause; the message is nacked for redelivery, or poisoned if
-	// Config.HandoffAttempts were reached (an EventPoisoned follows).
+	// the hand-off limit (5 failures in a row) was reached (an EventPoisoned follows).
 	EventHandoffFailed
 	// EventOutageStarted: the handlers of Queue are judged to fail because something
 	// they depend on is down (Config.Outage); Err is the failure that began it. Its
@@ -97,7 +97,7 @@ const (
 	// ReasonDelayTooLong: the backend cannot keep the delay asked for (a RetryAfter
 	// longer than its longest delay).
 	ReasonDelayTooLong Reason = "delay-too-long"
-	// ReasonHandoffFailed: Config.HandoffAttempts hand-offs of the message failed in a
+	// ReasonHandoffFailed: 5 hand-offs of the message failed in a
 	// row (Error has the last hand-off error and the handler's), or the message could
 	// not be handed off at all, Error saying why (ErrNotWired; a work queue that does
 	// not hold delayed retries).

@@ -214,3 +214,12 @@ func ExampleDedupKey() {
 	}
 	_ = router.Run(context.Background())
 }
+
+// Exponential builds a growing schedule for Policy.Delays: 500ms doubling, each delay
+// at most 30s, which then repeats. Jitter (±20% by default) randomises every delay,
+// never past the longest; -1 keeps them exact.
+func ExampleExponential() {
+	policy := amqpretry.Policy{MaxAttempts: 8, Delays: amqpretry.Exponential(500*time.Millisecond, 2, 30*time.Second), Jitter: -1}
+	fmt.Println(policy.Delays)
+	// Output: [500ms 1s 2s 4s 8s 16s 30s]
+}

@@ -6,7 +6,6 @@ require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
 	github.com/ThreeDotsLabs/watermill-amqp/v2 v2.1.3
 	github.com/ThreeDotsLabs/watermill-amqp/v3 v3.0.1
-	github.com/cenkalti/backoff/v4 v4.3.0
 	github.com/rabbitmq/amqp091-go v1.10.0
 	github.com/sony/gobreaker v1.0.0
 	google.golang.org/protobuf v1.36.8

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -11,54 +12,47 @@ import (
 // defaults, is safe: 5 attempts, 1s doubling to at most 10m, ±20% jitter.
 type Policy struct {
 	// MaxAttempts is how many times the handler may run for one message, the first
-	// delivery included; after the last the message is poisoned. Watermill's
-	// middleware.Retry counts retries instead: MaxAttempts = MaxRetries + 1, and 1
-	// means no retry. 0 means the default, 5 (not Watermill's "no retries"); the
-	// effective value is logged at start. Default: 5.
+	// delivery included (Watermill's MaxRetries + 1); after the last the message is
+	// poisoned. Default: 5.
 	MaxAttempts int
-	// Delays, if set, is the explicit schedule: the delay before attempt n+1 is
-	// Delays[n-1], and the last entry repeats. It replaces the exponential settings
-	// below; no jitter is applied. On ttl-tiers, a delay longer than the longest tier
-	// is parked again when it comes back, until it is due: never early.
-	//
-	// On Backend delayed-retry, which holds every retry for one constant delay (its
-	// Delay), the zero value of each schedule field below means
-	// that delay; a value that would ask for another delay, a growth or a jitter is
-	// refused by Config.Validate, naming the fix, rather than ignored. With
-	// Config.HeldRetries the held retries are DelayedRetryDelay apart, and the whole
-	// schedule applies to Backend's retries after them.
+	// Delays is the schedule: the delay before attempt n+1 is Delays[n-1], the last
+	// repeating (the package doc, The schedule). Default: Exponential(time.Second, 2,
+	// 10*time.Minute); on delayed-retry, its Delay (another is refused).
 	Delays []time.Duration
-	// InitialInterval is the delay before the first delayed retry. Default: 1s; on
-	// delayed-retry, its Delay (another value is refused).
-	InitialInterval time.Duration
-	// Multiplier grows the delay after each attempt; fractions are kept (1.5 gives 1s,
-	// 1.5s, 2.25s). At least 1. Default: 2; on delayed-retry, 1 (its one delay), and
-	// any other value, 2 included, is refused.
-	Multiplier float64
-	// MaxInterval caps each delay of the exponential schedule, jitter included (not
-	// Delays, nor a RetryAfter). A policy delay longer than the backend keeps is
-	// refused by Config.Validate on binary-levels and delayed-exchange; on ttl-tiers
-	// it is parked again when it comes back, until it is due. Default: 10m; on
-	// delayed-retry, unused (a value shorter than its Delay is refused).
-	MaxInterval time.Duration
-	// Jitter randomises each delay by up to this fraction either way, below 1, so that
-	// messages that failed together do not come back together; a negative Jitter (-1)
-	// means none. Default: 0.2; on delayed-retry, none (a value above 0 is refused).
+	// Jitter randomises each delay by up to this fraction either way (below 1), never
+	// past the longest of Delays; a negative Jitter (-1) means none. Default: 0.2.
 	Jitter float64
-	// Immediate is how many retries run at once, in this process, when a message fails
-	// on its first delivery, before the delayed ones: for blips such as a deadlock
-	// victim. They count towards MaxAttempts; the first delayed retry after them gets
-	// the schedule's first delay. An error marked Permanent or RetryAfter, or so decided
-	// by Classify, skips them. Default: 0.
-	//
-	// The schedule (Delays, or InitialInterval onwards) is the delayed stage's: it
-	// starts after the retries of a first stage, Immediate or Config.HeldRetries,
-	// at its first delay. With HeldRetries 2 and the defaults, attempts 2 and 3 come
-	// DelayedRetryDelay after the failure, attempt 4 about 1s after, attempt 5 about 2s.
+	// Immediate is how many retries run at once, in this process, after a failed first
+	// delivery, before the delayed ones (which start at Delays[0]). Default: 0.
 	Immediate int
-	// ImmediateInterval is the pause before each immediate retry. Default: 0.
-	ImmediateInterval time.Duration
 }
+
+// Exponential returns the schedule that starts at initial and grows by multiplier at
+// each step (fractions kept), each delay capped at max, ending with max, which then
+// repeats: Exponential(time.Second, 2, 10*time.Minute), the default, is 1s, 2s, 4s, …,
+// 8m32s, 10m. A multiplier of 1 or less, an initial of 0 or less, or one of max or
+// more, gives the one delay min(initial, max); past 64 growing steps it ends at max.
+func Exponential(initial time.Duration, multiplier float64, max time.Duration) []time.Duration {
+	if multiplier <= 1 || initial >= max || initial <= 0 {
+		return []time.Duration{min(initial, max)}
+	}
+	var ds []time.Duration
+	for d := initial; d < max && len(ds) < maxExponentialSteps; {
+		ds = append(ds, d)
+		next := float64(d) * multiplier
+		if next >= float64(max) {
+			break
+		}
+		d = time.Duration(next)
+	}
+	return append(ds, max)
+}
+
+// maxExponentialSteps bounds the schedule Exponential returns.
+const maxExponentialSteps = 64
+
+// defaultDelays is Delays' default.
+func defaultDelays() []time.Duration { return Exponential(time.Second, 2, 10*time.Minute) }
 
 // defaultMaxAttempts is MaxAttempts' default.
 const defaultMaxAttempts = 5
@@ -67,14 +61,8 @@ func (p Policy) withDefaults() Policy {
 	if p.MaxAttempts == 0 {
 		p.MaxAttempts = defaultMaxAttempts
 	}
-	if p.InitialInterval == 0 {
-		p.InitialInterval = time.Second
-	}
-	if p.Multiplier == 0 {
-		p.Multiplier = 2
-	}
-	if p.MaxInterval == 0 {
-		p.MaxInterval = 10 * time.Minute
+	if len(p.Delays) == 0 {
+		p.Delays = defaultDelays()
 	}
 	if p.Jitter == 0 {
 		p.Jitter = defaultJitter
@@ -98,97 +86,64 @@ func (p Policy) validate() error {
 	}
 	for i, d := range p.Delays {
 		if d < 0 {
-			errs = append(errs, fmt.Errorf("Policy.Delays[%d]: %s, must not be negative", i, d))
+			errs = append(errs, fmt.Errorf("Policy.Delays[%d]: %s, must not be negative: set it to 0 or more (Exponential builds a growing schedule)", i, d))
 		}
-	}
-	if p.InitialInterval < 0 {
-		errs = append(errs, fmt.Errorf("Policy.InitialInterval: %s, must not be negative", p.InitialInterval))
-	}
-	if p.Multiplier < 1 {
-		errs = append(errs, fmt.Errorf("Policy.Multiplier: %g, must be at least 1", p.Multiplier))
-	}
-	if p.MaxInterval < p.InitialInterval && p.InitialInterval >= 0 {
-		errs = append(errs, fmt.Errorf("Policy.MaxInterval: %s, must not be shorter than Policy.InitialInterval (%s)", p.MaxInterval, p.InitialInterval))
 	}
 	if p.Jitter >= 1 {
 		errs = append(errs, fmt.Errorf("Policy.Jitter: %g, must be below 1 (a fraction of the delay, either way): set it below 1, 0 for the default %g, or -1 for no jitter", p.Jitter, defaultJitter))
 	}
 	if p.Immediate < 0 {
-		errs = append(errs, fmt.Errorf("Policy.Immediate: %d, must not be negative", p.Immediate))
-	}
-	if p.ImmediateInterval < 0 {
-		errs = append(errs, fmt.Errorf("Policy.ImmediateInterval: %s, must not be negative", p.ImmediateInterval))
+		errs = append(errs, fmt.Errorf("Policy.Immediate: %d, must not be negative: set it to 0 (none) or more", p.Immediate))
 	}
 	return errors.Join(errs...)
 }
 
 // longest is the longest delay p can ask of the copying backend, after stages retries
-// held in the work queue (Config.HeldRetries), jitter's upper bound included, and the
-// field that decides it: "Delays[i]", the longest entry within reach, or
-// "MaxInterval", which caps the exponential schedule. 0 and "" when it asks for none.
-// Config.Validate checks it against the backend's limits, and the middleware logs it
-// at start. p has its defaults.
-func (p Policy) longest(stages int) (time.Duration, string) {
+// held in the work queue (Config.HeldRetries), jitter's upper bound included (never
+// past the longest entry), and the entry of Delays that decides it, i ("Delays[i]"),
+// the longest within reach. 0 and -1 when it asks for none. Config.Validate checks it against the backend's limits, and
+// the middleware logs it at start. p has its defaults.
+func (p Policy) longest(stages int) (time.Duration, int) {
 	// The copying backend's retries: every retry but those run in this process
 	// (Immediate) or held in the work queue. The engine sizes the retry after attempt
 	// a with the schedule's delay a - min(stages, a-1), so the last, attempt
 	// MaxAttempts - 1, gets delay MaxAttempts - 1 - stages.
 	n := max(p.MaxAttempts-1-max(p.Immediate+stages, 0), 0)
-	if n < 1 {
-		return 0, ""
+	if n < 1 || len(p.Delays) == 0 {
+		return 0, -1
 	}
-	if len(p.Delays) > 0 {
-		var longest time.Duration
-		field := ""
-		for i, d := range p.Delays[:min(n, len(p.Delays))] {
-			if field == "" || d > longest {
-				longest, field = d, fmt.Sprintf("Delays[%d]", i)
-			}
+	var longest time.Duration
+	at := -1
+	for i, d := range p.Delays[:min(n, len(p.Delays))] {
+		if at < 0 || d > longest {
+			longest, at = d, i
 		}
-		return longest, field
 	}
-	// The interval of the n-th delay, grown as github.com/cenkalti/backoff grows it
-	// (the engine's delayOf): set to MaxInterval once it would pass it.
-	interval := p.InitialInterval
-	for i := 1; i < n && interval < p.MaxInterval; i++ {
-		next := p.MaxInterval
-		if float64(interval) < float64(p.MaxInterval)/p.Multiplier {
-			next = time.Duration(float64(interval) * p.Multiplier)
-		}
-		if next == interval {
-			break // Multiplier 1: constant
-		}
-		interval = next
-	}
-	// backoff draws from [interval - delta, interval + delta + 1ns) with delta =
-	// Jitter * interval, truncated to whole nanoseconds; the engine caps the draw at
-	// MaxInterval.
-	jitter := p.jitter()
-	if float64(interval)*(1+jitter) >= float64(p.MaxInterval) {
-		return p.MaxInterval, "MaxInterval"
-	}
-	upper := time.Duration(math.Floor(float64(interval) + jitter*float64(interval)))
-	return min(upper, p.MaxInterval), "MaxInterval"
+	return min(jittered(longest, p.jitter()), slices.Max(p.Delays)), at
+}
+
+// jittered is the longest delay d gives with jitter j before the cap: the engine draws
+// from [d - j·d, d + j·d], in whole nanoseconds, then caps it at the longest entry.
+func jittered(d time.Duration, j float64) time.Duration {
+	return time.Duration(math.Floor(float64(d) + j*float64(d)))
 }
 
 // describe describes p's schedule, for the log at start: "1s, ×2 per retry up to
-// 10m0s, jitter ±20%", or "delays [1s 5s], the last repeating", after "2 immediate
-// retries, then " when it has them. p has its defaults.
+// 10m0s, jitter ±20%" (the default), or "delays [1s 5s], the last repeating", after
+// "2 immediate retries, then " when it has them. p has its defaults.
 func (p Policy) describe() string {
 	var s string
 	switch {
-	case len(p.Delays) > 0:
-		s = fmt.Sprintf("delays %v, the last repeating", p.Delays)
-	case p.Multiplier == 1:
-		s = fmt.Sprintf("%s per retry", p.InitialInterval)
+	case slices.Equal(p.Delays, defaultDelays()):
+		s = "1s, ×2 per retry up to 10m0s"
 	default:
-		s = fmt.Sprintf("%s, ×%g per retry up to %s", p.InitialInterval, p.Multiplier, p.MaxInterval)
+		s = fmt.Sprintf("delays %v, the last repeating", p.Delays)
 	}
-	if len(p.Delays) == 0 && p.Jitter > 0 {
+	if p.Jitter > 0 {
 		s += fmt.Sprintf(", jitter ±%g%%", p.Jitter*100)
 	}
 	if p.Immediate > 0 {
-		s = fmt.Sprintf("%d immediate retries %s apart, then %s", p.Immediate, p.ImmediateInterval, s)
+		s = fmt.Sprintf("%d immediate retries, then %s", p.Immediate, s)
 	}
 	return s
 }

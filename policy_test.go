@@ -3,6 +3,7 @@ package amqpretry_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,7 +36,7 @@ func schedule(t testing.TB, policy amqpretry.Policy, attempt, n int) []time.Dura
 	)
 	// Every message fails: outage detection off, or the failures of retries would begin
 	// an outage and keep the messages instead of scheduling them.
-	cfg := amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Policy: policy, Outage: amqpretry.Outage{Off: true},
+	cfg := amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Policy: policy, Outage: amqpretry.Outage{Consecutive: -1},
 		Observe: func(ev amqpretry.Event) {
 			if ev.Kind == amqpretry.EventRetryScheduled {
 				mu.Lock()
@@ -80,22 +81,22 @@ func TestPolicyDelay(t *testing.T) {
 		},
 		{
 			name:   "multiplier 1.5 keeps its fraction",
-			policy: amqpretry.Policy{InitialInterval: time.Second, Multiplier: 1.5, Jitter: -1},
+			policy: amqpretry.Policy{Delays: amqpretry.Exponential(time.Second, 1.5, 10*time.Minute), Jitter: -1},
 			want:   []time.Duration{time.Second, 1500 * time.Millisecond, 2250 * time.Millisecond, 3375 * time.Millisecond},
 		},
 		{
-			name:   "capped by MaxInterval",
-			policy: amqpretry.Policy{InitialInterval: 100 * time.Millisecond, Multiplier: 10, MaxInterval: 5 * time.Second, Jitter: -1},
+			name:   "capped at its max, which repeats",
+			policy: amqpretry.Policy{Delays: amqpretry.Exponential(100*time.Millisecond, 10, 5*time.Second), Jitter: -1},
 			want:   []time.Duration{100 * time.Millisecond, time.Second, 5 * time.Second, 5 * time.Second},
 		},
 		{
 			name:   "explicit delays, last repeats",
-			policy: amqpretry.Policy{Delays: []time.Duration{time.Second, time.Minute}},
+			policy: amqpretry.Policy{Delays: []time.Duration{time.Second, time.Minute}, Jitter: -1},
 			want:   []time.Duration{time.Second, time.Minute, time.Minute},
 		},
 		{
 			name:   "multiplier 1 is constant",
-			policy: amqpretry.Policy{InitialInterval: 3 * time.Second, Multiplier: 1, Jitter: -1},
+			policy: amqpretry.Policy{Delays: amqpretry.Exponential(3*time.Second, 1, time.Minute), Jitter: -1},
 			want:   []time.Duration{3 * time.Second, 3 * time.Second, 3 * time.Second},
 		},
 	}
@@ -113,7 +114,7 @@ func TestPolicyDelay(t *testing.T) {
 }
 
 func TestPolicyJitterStaysInBounds(t *testing.T) {
-	p := amqpretry.Policy{MaxAttempts: 6, InitialInterval: time.Second, Multiplier: 2, MaxInterval: 3 * time.Second, Jitter: 0.5}
+	p := amqpretry.Policy{MaxAttempts: 6, Delays: amqpretry.Exponential(time.Second, 2, 3*time.Second), Jitter: 0.5}
 	seen := map[time.Duration]bool{}
 	for _, d := range schedule(t, p, 1, 200) {
 		if d < 500*time.Millisecond || d > 1500*time.Millisecond {
@@ -126,7 +127,7 @@ func TestPolicyJitterStaysInBounds(t *testing.T) {
 	}
 	for _, d := range schedule(t, p, 5, 200) {
 		if d > 3*time.Second || d < 1500*time.Millisecond {
-			t.Fatalf("delay after attempt 5 = %s, want within MaxInterval 3s and no lower than 3s - 50%%", d)
+			t.Fatalf("delay after attempt 5 = %s, want within the longest entry, 3s, and no lower than 3s - 50%%", d)
 		}
 	}
 }
@@ -138,13 +139,10 @@ func TestPolicyValidateNamesTheField(t *testing.T) {
 	}{
 		{amqpretry.Policy{MaxAttempts: -1}, "MaxAttempts"},
 		{amqpretry.Policy{Delays: []time.Duration{time.Second, -time.Second}}, "Delays[1]"},
-		{amqpretry.Policy{InitialInterval: -time.Second}, "InitialInterval"},
-		{amqpretry.Policy{Multiplier: 0.5}, "Multiplier"},
-		{amqpretry.Policy{InitialInterval: time.Minute, MaxInterval: time.Second}, "MaxInterval"},
+		{amqpretry.Policy{Delays: amqpretry.Exponential(-time.Second, 2, time.Minute)}, "Delays[0]"},
 		{amqpretry.Policy{Jitter: 1.5}, "Jitter"},
 		{amqpretry.Policy{Jitter: 1}, "Jitter"},
 		{amqpretry.Policy{Immediate: -1}, "Immediate"},
-		{amqpretry.Policy{ImmediateInterval: -time.Second}, "ImmediateInterval"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.field, func(t *testing.T) {
@@ -174,11 +172,11 @@ func TestPolicyValidateNamesTheField(t *testing.T) {
 // TestPolicyMustFitTheBackend: a policy whose longest delay the backend refuses is
 // refused up front, naming the delay; one the backend keeps shorter is accepted.
 func TestPolicyMustFitTheBackend(t *testing.T) {
-	err := amqpretry.Config{Backend: delay.BinaryLevels{Levels: 4}, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second, 20 * time.Second}}}.Validate()
+	err := amqpretry.Config{Backend: delay.BinaryLevels{Levels: 4}, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second, 20 * time.Second}, Jitter: -1}}.Validate()
 	if !errors.Is(err, delay.ErrDelayTooLong) || !strings.Contains(err.Error(), "Policy.Delays[1]: delay too long: with 5 attempts the policy asks for up to 20s") {
 		t.Errorf("binary-levels with 4 levels and a 20s delay: %v", err)
 	}
-	if err := (amqpretry.Config{Policy: amqpretry.Policy{MaxInterval: 3 * time.Hour}}).Validate(); err != nil {
+	if err := (amqpretry.Config{Policy: amqpretry.Policy{Delays: amqpretry.Exponential(time.Second, 2, 3*time.Hour)}}).Validate(); err != nil {
 		t.Errorf("ttl-tiers with delays past its longest tier: %v, want accepted (they are parked again until due)", err)
 	}
 	err = errors.Join(amqpretry.Config{Backend: delay.DelayedRetry{}, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second, 2 * time.Second}}}.Validate(),
@@ -242,11 +240,10 @@ func TestDecisionOf(t *testing.T) {
 func TestConfigValidateNamesTheField(t *testing.T) {
 	err := amqpretry.Config{
 		Topology: "passive", Backend: delay.BinaryLevels{Levels: 30}, PoisonQueue: strings.Repeat("p", 256), HeldRetries: -1,
-		ConfirmTimeout: -time.Second, HandoffAttempts: -1,
 	}.Validate()
 	for _, want := range []string{
 		`Topology: unknown mode "passive" (known: declare, verify, none)`, "Levels: 30 is outside 1 to 29",
-		"PoisonQueue:", "HeldRetries: -1 is negative", "ConfirmTimeout:", "HandoffAttempts:",
+		"PoisonQueue:", "HeldRetries: -1 is negative",
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v, does not say %q", err, want)
@@ -256,5 +253,31 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		if err := (amqpretry.Config{Topology: topology.Mode(mode)}).Validate(); err != nil {
 			t.Errorf("mode %q: %v", mode, err)
 		}
+	}
+}
+
+// TestExponential: the schedule Exponential builds grows by its multiplier, fractions
+// kept, each delay capped at max, and ends with max; a multiplier of 1 or less, or an
+// initial of max or more, gives one delay; it never grows past 64 steps.
+func TestExponential(t *testing.T) {
+	ms := time.Millisecond
+	for _, tt := range []struct {
+		initial    time.Duration
+		multiplier float64
+		max        time.Duration
+		want       []time.Duration
+	}{
+		{time.Second, 2, 10 * time.Second, []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 10 * time.Second}},
+		{time.Second, 1.5, 4 * time.Second, []time.Duration{time.Second, 1500 * ms, 2250 * ms, 3375 * ms, 4 * time.Second}},
+		{time.Second, 2, 8 * time.Second, []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second}},
+		{3 * time.Second, 1, time.Minute, []time.Duration{3 * time.Second}},
+		{time.Minute, 2, time.Second, []time.Duration{time.Second}},
+	} {
+		if got := amqpretry.Exponential(tt.initial, tt.multiplier, tt.max); !slices.Equal(got, tt.want) {
+			t.Errorf("Exponential(%s, %g, %s) = %v, want %v", tt.initial, tt.multiplier, tt.max, got, tt.want)
+		}
+	}
+	if got := amqpretry.Exponential(time.Nanosecond, 1.0001, time.Hour); len(got) != 65 || got[64] != time.Hour {
+		t.Errorf("a slow growth: %d delays ending %s, want 64 steps and the max", len(got), got[len(got)-1])
 	}
 }

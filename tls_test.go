@@ -41,7 +41,7 @@ func TestTLSRetry(t *testing.T) {
 	amqpCfg.Connection.TLSConfig = tlsCfg
 	cfg := amqpretry.Config{
 		Prefix: prefix, Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second}},
-		Policy: amqpretry.Policy{MaxAttempts: 3, InitialInterval: time.Second, Jitter: -1},
+		Policy: amqpretry.Policy{MaxAttempts: 3, Delays: amqpretry.Exponential(time.Second, 2, 10*time.Minute), Jitter: -1},
 	}
 	plan, err := cfg.Plan(topic)
 	if err != nil {

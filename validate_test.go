@@ -32,15 +32,17 @@ func TestLimitCheckedAgainstTheSchedule(t *testing.T) {
 		want []string // nil: accepted
 	}{
 		// 3 attempts: 2 retries, 1s and 2s (+20% jitter), far below 31s.
-		{"two retries fit 31s", levels(5, amqpretry.Policy{MaxAttempts: 3, InitialInterval: time.Second}), nil},
+		{"two retries fit 31s", levels(5, amqpretry.Policy{MaxAttempts: 3, Delays: amqpretry.Exponential(time.Second, 2, time.Minute)}), nil},
 		// The default policy: 4 retries, the last 8s + 20%.
 		{"default policy fits 31s", levels(5, amqpretry.Policy{}), nil},
 		{"schedule past 31s", levels(5, amqpretry.Policy{MaxAttempts: 10}),
-			[]string{"Policy.MaxInterval: ", "delay too long", "with 10 attempts the policy asks for up to 5m7.2s, jitter included, longer than the 31s", "set Policy.MaxInterval to at most 31s", "raise Levels"}},
+			[]string{"Policy.Delays: ", "delay too long", "with 10 attempts the policy asks for up to 5m7.2s, jitter included, longer than the 31s", "set Policy.Delays to a schedule of at most 31s (Exponential(time.Second, 2, 31s))", "raise Levels"}},
 		{"jitter's upper bound counts", levels(4, amqpretry.Policy{MaxAttempts: 5, Jitter: 0.9}),
-			[]string{"Policy.MaxInterval: ", "15s", "set Policy.MaxInterval to at most 15s"}},
+			[]string{"Policy.Delays: ", "up to 15.2s, jitter included", "set Policy.Delays to a schedule of at most 15s"}},
 		{"without jitter 8s fits 15s", levels(4, amqpretry.Policy{MaxAttempts: 5, Jitter: -1}), nil},
-		{"MaxInterval caps it", levels(5, amqpretry.Policy{MaxAttempts: 50, MaxInterval: 31 * time.Second}), nil},
+		{"its longest entry caps it", levels(5, amqpretry.Policy{MaxAttempts: 50, Delays: amqpretry.Exponential(time.Second, 2, 31*time.Second)}), nil},
+		{"jitter counts below the longest entry", levels(5, amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{30 * time.Second, time.Minute}}),
+			[]string{"Policy.Delays[0]: ", "up to 36s, jitter included", "shorten Policy.Delays[0] to at most 25.833333333s"}},
 		// Delays past what MaxAttempts reaches are never asked for.
 		{"unreached delay", levels(4, amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{time.Second, 20 * time.Second}}), nil},
 		{"reached delay", levels(4, amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{time.Second, 20 * time.Second}}),
@@ -77,8 +79,8 @@ func TestLimitCheckedAgainstTheSchedule(t *testing.T) {
 // delayed-retry backend refuses a schedule it cannot keep, and says what it cannot
 // keep and the fix; a zero field (its default) and a value its one delay honours are
 // accepted. A value set that it would ignore is refused even when it is a copying
-// backend's default: Multiplier 2 was dropped with an INFO line (50 of 50 second
-// retries came back after 1s on 4.3, not 2s).
+// backend's default: a growth was dropped with an INFO line (50 of 50 second retries
+// came back after 1s on 4.3, not 2s).
 func TestDelayedRetryRefusesOnlyWhatChangesBehaviour(t *testing.T) {
 	dr := func(p amqpretry.Policy) amqpretry.Config {
 		return amqpretry.Config{Backend: delay.DelayedRetry{}, Policy: p}
@@ -89,24 +91,20 @@ func TestDelayedRetryRefusesOnlyWhatChangesBehaviour(t *testing.T) {
 		want []string
 	}{
 		{"zero defaults", dr(amqpretry.Policy{}), nil},
-		{"values its one delay honours", dr(amqpretry.Policy{InitialInterval: time.Second, Multiplier: 1, MaxInterval: 10 * time.Minute}), nil},
-		{"a delay past MaxInterval's default", amqpretry.Config{Backend: delay.DelayedRetry{Delay: 20 * time.Minute}}, nil},
-		{"Multiplier 2", dr(amqpretry.Policy{InitialInterval: time.Second, Multiplier: 2}),
-			[]string{"Policy.Multiplier: 2, ", "one constant delay, every 1s (its Delay)", "set Policy.Multiplier to 1 (or 0 for the default), or use a copying Backend", "HeldRetries"}},
-		{"Multiplier 1.5 with constant delays", dr(amqpretry.Policy{Multiplier: 1.5, Jitter: -1}), []string{"Policy.Multiplier: 1.5, "}},
-		{"MaxInterval shorter than the delay", amqpretry.Config{Backend: delay.DelayedRetry{Delay: 2 * time.Second}, Policy: amqpretry.Policy{MaxInterval: time.Second, InitialInterval: time.Second}},
-			[]string{"Policy.MaxInterval: 1s, shorter than the one constant delay", "2s (its Delay): set its Delay to at most 1s"}},
+		{"values its one delay honours", dr(amqpretry.Policy{Delays: amqpretry.Exponential(time.Second, 1, 10*time.Minute)}), nil},
+		{"a delay past the default schedule's longest", amqpretry.Config{Backend: delay.DelayedRetry{Delay: 20 * time.Minute}}, nil},
+		{"the default schedule, set", dr(amqpretry.Policy{Delays: amqpretry.Exponential(time.Second, 2, 10*time.Minute)}),
+			[]string{"Policy.Delays: ", "one constant delay, every 1s (its Delay)", "cannot grow it: leave Policy.Delays empty and set its Delay, or use a copying Backend", "HeldRetries"}},
 		{"Jitter 0.2", dr(amqpretry.Policy{Jitter: 0.2}), []string{"Policy.Jitter: 0.2, ", "set Policy.Jitter to 0 (or -1)"}},
-		{"InitialInterval 1s with another delay", amqpretry.Config{Backend: delay.DelayedRetry{Delay: 3 * time.Second}, Policy: amqpretry.Policy{InitialInterval: time.Second}},
-			[]string{"Policy.InitialInterval: 1s, ", "every 3s (its Delay): set its Delay to 1s instead"}},
+		{"Jitter with constant delays", dr(amqpretry.Policy{Delays: []time.Duration{time.Second}, Jitter: 0.1}), []string{"Policy.Jitter: 0.1, "}},
+		{"a first delay of another length", amqpretry.Config{Backend: delay.DelayedRetry{Delay: 3 * time.Second}, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}}},
+			[]string{"Policy.Delays: [1s], ", "every 3s (its Delay): set its Delay to 1s instead"}},
 		{"no jitter", dr(amqpretry.Policy{Jitter: -1}), nil},
 		{"constant delays", dr(amqpretry.Policy{Delays: []time.Duration{time.Second, time.Second}}), nil},
 		{"delays of another constant", dr(amqpretry.Policy{Delays: []time.Duration{3 * time.Second}}),
 			[]string{"Policy.Delays: ", "3s", "every 1s (its Delay)", "set its Delay to 3s"}},
 		{"a growing schedule", dr(amqpretry.Policy{Delays: []time.Duration{time.Second, 5 * time.Second}}),
 			[]string{"Policy.Delays: ", "cannot grow", "HeldRetries"}},
-		{"another first interval", dr(amqpretry.Policy{InitialInterval: 2 * time.Second}),
-			[]string{"Policy.InitialInterval: 2s", "set its Delay to 2s"}},
 		{"immediate retries", dr(amqpretry.Policy{Immediate: 1}), []string{"Policy.Immediate: 1", "set Policy.Immediate to 0, or use a copying Backend"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -131,8 +129,7 @@ func TestDelayedRetryRefusesOnlyWhatChangesBehaviour(t *testing.T) {
 // [0, 1)".
 func TestValidationLinesNameTheirField(t *testing.T) {
 	err := amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Policy: amqpretry.Policy{
-		MaxAttempts: -1, Delays: []time.Duration{-time.Second}, InitialInterval: -time.Second, Multiplier: 0.5, Jitter: 1.5,
-		Immediate: -1, ImmediateInterval: -time.Second,
+		MaxAttempts: -1, Delays: []time.Duration{-time.Second}, Jitter: 1.5, Immediate: -1,
 	}}.Validate()
 	if err == nil {
 		t.Fatal("Validate() = nil")
@@ -140,19 +137,12 @@ func TestValidationLinesNameTheirField(t *testing.T) {
 	lines := strings.Split(err.Error(), "\n")
 	want := []string{
 		"Policy.MaxAttempts: -1, must be at least 1 (0 means the default, 5)",
-		"Policy.Delays[0]: -1s, must not be negative",
-		"Policy.InitialInterval: -1s, must not be negative",
-		"Policy.Multiplier: 0.5, must be at least 1",
+		"Policy.Delays[0]: -1s, must not be negative: set it to 0 or more (Exponential builds a growing schedule)",
 		"Policy.Jitter: 1.5, must be below 1 (a fraction of the delay, either way): set it below 1, 0 for the default 0.2, or -1 for no jitter",
-		"Policy.Immediate: -1, must not be negative",
-		"Policy.ImmediateInterval: -1s, must not be negative",
+		"Policy.Immediate: -1, must not be negative: set it to 0 (none) or more",
 	}
 	if fmt.Sprint(lines) != fmt.Sprint(want) {
 		t.Errorf("Validate() lines:\n%s\nwant:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
-	}
-	err = amqpretry.Config{Policy: amqpretry.Policy{InitialInterval: time.Minute, MaxInterval: time.Second}}.Validate()
-	if err == nil || err.Error() != "Policy.MaxInterval: 1s, must not be shorter than Policy.InitialInterval (1m0s)" {
-		t.Errorf("MaxInterval below InitialInterval: %v", err)
 	}
 }
 
@@ -227,7 +217,8 @@ func TestEffectivePolicyLoggedAtStart(t *testing.T) {
 
 // TestTTLTiersLogsOnlyWhatThePolicyAsks (issue 25 §2): on ttl-tiers, the start-up
 // line "longer than the longest tier" appears only when the policy's schedule can
-// actually ask for more than the longest tier, not for a MaxInterval it never reaches.
+// actually ask for more than the longest tier, not for an entry of Delays it never
+// reaches.
 func TestTTLTiersLogsOnlyWhatThePolicyAsks(t *testing.T) {
 	brokertest.Dial(t)
 	prefix := brokertest.Prefix(t)
@@ -235,7 +226,7 @@ func TestTTLTiersLogsOnlyWhatThePolicyAsks(t *testing.T) {
 		policy amqpretry.Policy
 		want   string // "" for no line
 	}{
-		{amqpretry.Policy{MaxAttempts: 3, InitialInterval: time.Second}, ""},
+		{amqpretry.Policy{MaxAttempts: 3, Delays: amqpretry.Exponential(time.Second, 2, time.Minute)}, ""},
 		{amqpretry.Policy{MaxAttempts: 5}, "policy_longest_delay=9.6s"},
 	} {
 		l := &logged{}
@@ -285,8 +276,8 @@ func TestDeliveryTimeNamesTheTransport(t *testing.T) {
 }
 
 // TestOutageSettingsValidated (issue 41): nonsense Outage settings are refused, each
-// naming its field; zero means the default, and Off turns detection off whatever the
-// rest says.
+// naming its field; zero means the default, and a negative Consecutive turns detection
+// off whatever the rest says.
 func TestOutageSettingsValidated(t *testing.T) {
 	for _, tt := range []struct {
 		name   string
@@ -294,13 +285,11 @@ func TestOutageSettingsValidated(t *testing.T) {
 		want   []string // nil: accepted
 	}{
 		{"defaults", amqpretry.Outage{}, nil},
-		{"off ignores the rest", amqpretry.Outage{Off: true, Ratio: 7}, nil},
-		{"negative consecutive", amqpretry.Outage{Consecutive: -1}, []string{"Outage.Consecutive: -1", "Outage.Off turns detection off"}},
-		{"ratio past 1", amqpretry.Outage{Ratio: 1.5}, []string{"Outage.Ratio: 1.5, must be in (0, 1]"}},
-		{"negative window", amqpretry.Outage{Window: -3}, []string{"Outage.Window: -3"}},
-		{"negative probe interval", amqpretry.Outage{ProbeInterval: -time.Second}, []string{"Outage.ProbeInterval: -1s"}},
-		{"probes shorter at most than at first", amqpretry.Outage{ProbeInterval: time.Minute, MaxProbeInterval: time.Second},
-			[]string{"Outage.MaxProbeInterval: 1s, must not be shorter than Outage.ProbeInterval (1m0s)"}},
+		{"off ignores the rest", amqpretry.Outage{Consecutive: -1, Ratio: 7}, nil},
+		{"negative consecutive is off", amqpretry.Outage{Consecutive: -1}, nil},
+		{"a window too large", amqpretry.Outage{Consecutive: 1 << 40}, []string{"Outage.Consecutive: 1099511627776, must be at most 100000", "set -1 to turn detection off"}},
+		{"ratio past 1", amqpretry.Outage{Ratio: 1.5}, []string{"Outage.Ratio: 1.5, must be in (0, 1]", "Outage.Consecutive -1"}},
+		{"negative probe interval", amqpretry.Outage{ProbeInterval: -time.Second}, []string{"Outage.ProbeInterval: -1s", "0 means the default, 1s"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			err := amqpretry.Config{Outage: tt.outage}.Validate()

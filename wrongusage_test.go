@@ -320,13 +320,13 @@ func TestWrongUsage(t *testing.T) {
 		},
 		{
 			name: "every line names its field",
-			cfg:  memory(amqpretry.Policy{Jitter: 1.5, Multiplier: 0.5}),
-			want: []string{"Policy.Multiplier: 0.5, must be at least 1\nPolicy.Jitter: 1.5, must be below 1 (a fraction of the delay, either way): set it below 1, 0 for the default 0.2, or -1 for no jitter"},
+			cfg:  memory(amqpretry.Policy{Jitter: 1.5, Immediate: -1}),
+			want: []string{"Policy.Jitter: 1.5, must be below 1 (a fraction of the delay, either way): set it below 1, 0 for the default 0.2, or -1 for no jitter\nPolicy.Immediate: -1, must not be negative: set it to 0 (none) or more"},
 		},
 		{
-			name: "binary-levels limit checked against the schedule, not MaxInterval's default",
+			name: "binary-levels limit checked against the schedule, not its longest entry",
 			cfg: func(*wuEnv) amqpretry.Config {
-				return amqpretry.Config{Backend: delay.BinaryLevels{Levels: 5}, Policy: amqpretry.Policy{MaxAttempts: 3, InitialInterval: time.Second}}
+				return amqpretry.Config{Backend: delay.BinaryLevels{Levels: 5}, Policy: amqpretry.Policy{MaxAttempts: 3}}
 			},
 		},
 		{
@@ -334,7 +334,7 @@ func TestWrongUsage(t *testing.T) {
 			cfg: func(*wuEnv) amqpretry.Config {
 				return amqpretry.Config{Backend: delay.BinaryLevels{Levels: 5}, Policy: amqpretry.Policy{MaxAttempts: 10}}
 			},
-			want: []string{"Policy.MaxInterval: delay too long", "set Policy.MaxInterval to at most 31s, or raise Levels"},
+			want: []string{"Policy.Delays: delay too long", "set Policy.Delays to a schedule of at most 31s (Exponential(time.Second, 2, 31s)), or lower Policy.MaxAttempts, or raise Levels"},
 			is:   delay.ErrDelayTooLong,
 		},
 		{
@@ -344,18 +344,18 @@ func TestWrongUsage(t *testing.T) {
 			},
 		},
 		{
-			name: "delayed-retry with a copying backend's default multiplier",
+			name: "delayed-retry with a copying backend's default schedule",
 			cfg: func(*wuEnv) amqpretry.Config {
-				return amqpretry.Config{Backend: delay.DelayedRetry{}, Policy: amqpretry.Policy{InitialInterval: time.Second, Multiplier: 2}}
+				return amqpretry.Config{Backend: delay.DelayedRetry{}, Policy: amqpretry.Policy{Delays: amqpretry.Exponential(time.Second, 2, 4*time.Second)}}
 			},
-			want: []string{"Policy.Multiplier: 2, the delayed-retry backend holds every retry of a work queue for one constant delay, every 1s (its Delay), and cannot grow it: set Policy.Multiplier to 1 (or 0 for the default), or use a copying Backend"},
+			want: []string{"Policy.Delays: [1s 2s 4s], the delayed-retry backend holds every retry of a work queue for one constant delay, every 1s (its Delay), and cannot grow it: leave Policy.Delays empty and set its Delay, or use a copying Backend"},
 		},
 		{
 			name: "delayed-retry with a schedule it cannot keep",
 			cfg: func(*wuEnv) amqpretry.Config {
-				return amqpretry.Config{Backend: delay.DelayedRetry{}, Policy: amqpretry.Policy{InitialInterval: 5 * time.Second}}
+				return amqpretry.Config{Backend: delay.DelayedRetry{}, Policy: amqpretry.Policy{Delays: []time.Duration{5 * time.Second}}}
 			},
-			want: []string{"Policy.InitialInterval: 5s, the delayed-retry backend holds every retry of a work queue for one constant delay, every 1s (its Delay): set its Delay to 5s instead"},
+			want: []string{"Policy.Delays: [5s], the delayed-retry backend holds every retry of a work queue for one constant delay, every 1s (its Delay): set its Delay to 5s instead"},
 		},
 		{
 			name: "MaxAttempts 0 is logged as what it means",

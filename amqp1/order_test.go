@@ -30,7 +30,7 @@ func TestRetryKeepsOrder(t *testing.T) {
 	done := make(chan struct{})
 	var blocked, released int
 	cfg := amqpretry.Config{
-		Policy:   amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{300 * time.Millisecond}},
+		Policy:   amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{300 * time.Millisecond}, Jitter: -1},
 		OrderKey: func(msg *message.Message) string { return msg.Metadata.Get("account") },
 		Observe: func(ev amqpretry.Event) {
 			mu.Lock()

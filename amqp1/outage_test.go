@@ -77,8 +77,8 @@ func TestOutageIsNotAPoison(t *testing.T) {
 	cfg := amqpretry.Config{
 		// MaxAttempts 4: a fail-once message may lose two attempts to the outage
 		// (a run as it began, a probe) and still have one to spare.
-		Policy: amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{500 * time.Millisecond, time.Second}},
-		Outage: amqpretry.Outage{ProbeInterval: 200 * time.Millisecond, MaxProbeInterval: time.Second},
+		Policy: amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{500 * time.Millisecond, time.Second}, Jitter: -1},
+		Outage: amqpretry.Outage{ProbeInterval: 200 * time.Millisecond},
 		Observe: func(ev amqpretry.Event) {
 			if ev.Kind == amqpretry.EventOutageStarted {
 				publishedAtStart.Store(published.Load())
@@ -250,9 +250,9 @@ func TestOutageCloseGivesBack(t *testing.T) {
 	start := func(run int) (*Retry, *message.Router) {
 		cfg := amqpretry.Config{
 			Prefix: queue,
-			Policy: amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{300 * time.Millisecond}},
+			Policy: amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{300 * time.Millisecond}, Jitter: -1},
 			// No probe comes while the test looks: the messages only wait.
-			Outage: amqpretry.Outage{ProbeInterval: time.Hour, MaxProbeInterval: time.Hour},
+			Outage: amqpretry.Outage{ProbeInterval: time.Hour},
 			Logger: testLogger(),
 		}
 		r, err := NewRetry(SubscriberConfig{URI: uri, Credit: 4, ContainerID: fmt.Sprintf("amqp1-test-%s-%s-%d", runID, name, run)}, cfg)

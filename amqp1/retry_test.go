@@ -224,7 +224,7 @@ var (
 func TestRetryDelays(t *testing.T) {
 	schedule := []time.Duration{300 * time.Millisecond, 700 * time.Millisecond, 1200 * time.Millisecond}
 	const retryAfter = time.Second
-	cfg := amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 4, Delays: schedule}}
+	cfg := amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 4, Delays: schedule, Jitter: -1}}
 	r := newRetryRig(t, "retry-delays", cfg, func(msg *message.Message, attempt int) error {
 		switch string(msg.Payload) {
 		case "always":
@@ -573,7 +573,7 @@ func TestNewRetryInvalidConfig(t *testing.T) {
 // UUID intact on every delivery, the attempt and the envelope as for a message
 // published over 1.0, and the poisoned one readable by watermill-amqp.
 func TestRetryInterop(t *testing.T) {
-	cfg := amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{200 * time.Millisecond, 400 * time.Millisecond}}}
+	cfg := amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{200 * time.Millisecond, 400 * time.Millisecond}, Jitter: -1}}
 	r := newRetryRig(t, "retry-interop", cfg, func(msg *message.Message, attempt int) error {
 		switch string(msg.Payload) {
 		case "twice":
@@ -712,7 +712,7 @@ func TestRedeliverDeliveryLimit(t *testing.T) {
 // arguments, a policy of 25 attempts runs to its end: 24 retries held by the broker,
 // then the poison queue with reason max-attempts.
 func TestRetryDeliveryLimitRaised(t *testing.T) {
-	cfg := amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 25, Delays: []time.Duration{time.Millisecond}}}
+	cfg := amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 25, Delays: []time.Duration{time.Millisecond}, Jitter: -1}}
 	uri := requireBroker43(t)
 	prefix := queueName(t, "retry-limit")
 	t.Cleanup(func() { deleteQueues(t, prefix+".poison") })

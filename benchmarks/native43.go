@@ -731,14 +731,14 @@ func (e *env) setup43(ctx context.Context, o run43opts, msgs []*message.Message)
 	switch o.kind {
 	case "delayed-retry", "two-stage", "ttl-tiers", "ceiling-copy", "ceiling-envelope", "ceiling-packed", "ceiling-lean", "ceiling-native":
 		prefix := e.name("r43", fmt.Sprintf("d%d", seq))
-		rcfg := amqpretry.Config{Prefix: prefix, PoisonQueue: prefix + ".poison", RetryLogEvery: -1, Observe: o.observe}
+		rcfg := amqpretry.Config{Prefix: prefix, PoisonQueue: prefix + ".poison", Observe: o.observe}
 		switch o.kind {
 		case "delayed-retry", "ceiling-native":
 			rcfg.Backend = delay.DelayedRetry{Delay: o.delay}
 			rcfg.Policy = amqpretry.Policy{MaxAttempts: 100}
 		default:
 			rcfg.Backend = delay.TTLTiers{Tiers: []time.Duration{o.delay}}
-			rcfg.Policy = amqpretry.Policy{MaxAttempts: 100, Delays: []time.Duration{o.delay}}
+			rcfg.Policy = amqpretry.Policy{MaxAttempts: 100, Delays: []time.Duration{o.delay}, Jitter: -1}
 			if o.kind == "two-stage" {
 				rcfg.HeldRetries, rcfg.DelayedRetryDelay = 1, o.delay
 			}

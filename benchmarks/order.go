@@ -437,14 +437,14 @@ func (e *env) orderRun(ctx context.Context, backendName, mode string, accounts, 
 		router.AddMiddleware(wmiddleware.Retry{MaxRetries: 4, InitialInterval: orderDelay, Multiplier: 1, MaxInterval: orderDelay}.Middleware)
 	case "ordered", "unordered":
 		prefix := e.name("order-delay", strconv.Itoa(runSeq))
-		rcfg := amqpretry.Config{Prefix: prefix, PoisonQueue: prefix + ".poison", RetryLogEvery: -1, Observe: ev.observe}
+		rcfg := amqpretry.Config{Prefix: prefix, PoisonQueue: prefix + ".poison", Observe: ev.observe}
 		switch backendName {
 		case delay.DelayedRetry{}.Name():
 			rcfg.Backend = delay.DelayedRetry{Delay: orderDelay}
 			rcfg.Policy = amqpretry.Policy{MaxAttempts: 5}
 		case delay.TTLTiers{}.Name():
 			rcfg.Backend = delay.TTLTiers{Tiers: []time.Duration{orderDelay}}
-			rcfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{orderDelay}}
+			rcfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{orderDelay}, Jitter: -1}
 		default:
 			return nil, fmt.Errorf("backend %q: the order scenario runs %s", backendName, strings.Join(orderBackends, ", "))
 		}

@@ -40,8 +40,8 @@ import (
 // fails with a plain error (not marked Unavailable: the outage is found by the
 // failure rules). After its return the traffic goes on until every message published
 // before the return is settled, and outageTail more. Each length runs twice, with
-// outage detection (the default Config.Outage) and without (Outage.Off), on fresh
-// queues: 4 handlers on the queue (one subscription each), prefetch 10, 1 ms of
+// outage detection (the default Config.Outage) and without (Outage.Consecutive -1), on
+// fresh queues: 4 handlers on the queue (one subscription each), prefetch 10, 1 ms of
 // handler work.
 //
 // Figures, per run: messages poisoned (by the outage, besides the Permanent ones),
@@ -282,11 +282,12 @@ func (e *env) outageRun(ctx context.Context, length time.Duration, detect bool, 
 		return nil, err
 	}
 	rcfg := amqpretry.Config{
-		Backend:       b,
-		Prefix:        prefix,
-		PoisonQueue:   prefix + ".poison",
-		RetryLogEvery: -1,
-		Outage:        amqpretry.Outage{Off: !detect},
+		Backend:     b,
+		Prefix:      prefix,
+		PoisonQueue: prefix + ".poison",
+	}
+	if !detect {
+		rcfg.Outage.Consecutive = -1 // detection off
 	}
 	switch b.Name() {
 	case delay.DelayedRetry{}.Name():
@@ -295,9 +296,9 @@ func (e *env) outageRun(ctx context.Context, length time.Duration, detect bool, 
 		amqpCfg.Queue.Arguments = backend.WorkQueueArgs(500 * time.Millisecond)
 	case delay.TTLTiers{}.Name():
 		rcfg.Backend = delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond, time.Second}}
-		rcfg.Policy = amqpretry.Policy{MaxAttempts: 3, InitialInterval: 500 * time.Millisecond, Multiplier: 2, MaxInterval: time.Second, Jitter: -1}
+		rcfg.Policy = amqpretry.Policy{MaxAttempts: 3, Delays: amqpretry.Exponential(500*time.Millisecond, 2, time.Second), Jitter: -1}
 	default:
-		rcfg.Policy = amqpretry.Policy{MaxAttempts: 3, InitialInterval: 500 * time.Millisecond, Multiplier: 2, MaxInterval: time.Second, Jitter: -1}
+		rcfg.Policy = amqpretry.Policy{MaxAttempts: 3, Delays: amqpretry.Exponential(500*time.Millisecond, 2, time.Second), Jitter: -1}
 	}
 	st := &outageState{seen: map[int]int{}, handledAt: map[int]time.Time{}, flakyDone: map[int]bool{}}
 	rcfg.Observe = func(ev amqpretry.Event) {
@@ -855,11 +856,10 @@ func (e *env) falseTripRun(ctx context.Context, shape, pattern string, rnd int) 
 	}
 	st := &tripState{rng: rand.New(rand.NewPCG(49, uint64(rnd))), runs: map[int][]int{}, succeeded: map[int]bool{}}
 	rcfg := amqpretry.Config{
-		Backend:       delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond, time.Second}},
-		Policy:        amqpretry.Policy{MaxAttempts: tripMaxAttempt, InitialInterval: 500 * time.Millisecond, Multiplier: 2, MaxInterval: time.Second, Jitter: -1},
-		Prefix:        prefix,
-		PoisonQueue:   prefix + ".poison",
-		RetryLogEvery: -1,
+		Backend:     delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond, time.Second}},
+		Policy:      amqpretry.Policy{MaxAttempts: tripMaxAttempt, Delays: amqpretry.Exponential(500*time.Millisecond, 2, time.Second), Jitter: -1},
+		Prefix:      prefix,
+		PoisonQueue: prefix + ".poison",
 		Observe: func(ev amqpretry.Event) {
 			now := time.Now()
 			st.mu.Lock()

@@ -155,7 +155,7 @@ func (e *env) oursRetryPath(ctx context.Context, round, n, handlers int, ceil bo
 	rcfg := amqpretry.Config{
 		Backend:     delay.TTLTiers{Tiers: []time.Duration{retryPathDelay}},
 		Prefix:      prefix,
-		Policy:      amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{retryPathDelay}},
+		Policy:      amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{retryPathDelay}, Jitter: -1},
 		PoisonQueue: poison,
 	}
 	if plan, err := rcfg.Plan(topic); err == nil {

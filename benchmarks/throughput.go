@@ -200,7 +200,7 @@ func (s *runStats) gaps() (g [2]time.Duration) {
 // policy is the retry schedule both retry variants follow: 100 ms, then 200 ms.
 var (
 	throughputTiers  = []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond}
-	throughputPolicy = amqpretry.Policy{MaxAttempts: 3, InitialInterval: 100 * time.Millisecond, Multiplier: 2, Jitter: -1}
+	throughputPolicy = amqpretry.Policy{MaxAttempts: 3, Delays: amqpretry.Exponential(100*time.Millisecond, 2, 10*time.Minute), Jitter: -1}
 	inprocessPolicy  = wmiddleware.Retry{MaxRetries: 2, InitialInterval: 100 * time.Millisecond, Multiplier: 2, MaxInterval: time.Second}
 )
 

@@ -23,11 +23,10 @@ type delayedRetry struct{ delay time.Duration }
 
 // DelayedRetry ("delayed-retry") has RabbitMQ 4.3+ hold the failed delivery in the
 // work queue itself (its delayed retry of quorum queues): no copy, no publish, one
-// constant delay per work queue, without jitter. The Policy's schedule fields left
-// zero mean that delay; a value set that it would ignore (Delays other than Delay,
-// another InitialInterval, a Multiplier other than 1, a MaxInterval shorter than the
-// delay, a Jitter, Immediate) is refused, even one that is the default on a copying
-// backend (Multiplier 2, Jitter 0.2). The work queue must be a quorum queue: an
+// constant delay per work queue, without jitter. Policy.Delays and Policy.Jitter left
+// zero mean that delay; a value set that it would ignore (Delays other than Delay, a
+// positive Jitter, Immediate) is refused, even one that is the default on a copying
+// backend (Exponential(time.Second, 2, 10*time.Minute), Jitter 0.2). The work queue must be a quorum queue: an
 // existing queue of another type is refused by the transport's AddHandler, or else at
 // the first subscribe. Every retry is held, so the Config's HeldRetries is unused.
 type DelayedRetry struct {

@@ -60,7 +60,7 @@ func (b stepBackend) Park(_ context.Context, queue string, msg *message.Message,
 func TestBackendDefinedInATest(t *testing.T) {
 	pubsub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 16}, watermill.NopLogger{})
 	defer pubsub.Close()
-	cfg := amqpretry.Config{Backend: stepValue{pubsub}, Policy: amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{10 * time.Millisecond}}}
+	cfg := amqpretry.Config{Backend: stepValue{pubsub}, Policy: amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{10 * time.Millisecond}, Jitter: -1}}
 	r, err := middleware.New(cfg, middleware.Transport{})
 	if err != nil {
 		t.Fatal(err)

@@ -141,7 +141,7 @@ func TestMetricsCountWhatHappened(t *testing.T) {
 	r := start(t, brokertest.URI(), amqpretry.Config{
 		Prefix:  brokertest.Prefix(t),
 		Backend: delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}},
-		Policy:  amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}},
+		Policy:  amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1},
 	}, func(msg *message.Message) error {
 		if amqpretry.Attempt(msg) > 1 {
 			retriesReceived.Add(1)
@@ -251,11 +251,11 @@ func TestDelayedRetryMetrics(t *testing.T) {
 		HeldRetries:       1,
 		DelayedRetryDelay: 200 * time.Millisecond,
 		Backend:           delay.TTLTiers{Tiers: []time.Duration{300 * time.Millisecond}},
-		Policy:            amqpretry.Policy{Delays: []time.Duration{300 * time.Millisecond}},
+		Policy:            amqpretry.Policy{Delays: []time.Duration{300 * time.Millisecond}, Jitter: -1},
 		// Every message fails its first two attempts, all published together: new
 		// messages and retries failing, which is what an outage looks like
 		// (docs/outage.md). This test counts the retries' metrics.
-		Outage: amqpretry.Outage{Off: true},
+		Outage: amqpretry.Outage{Consecutive: -1},
 	}, func(msg *message.Message) error {
 		switch {
 		case strings.HasPrefix(msg.UUID, "bad"):
@@ -364,7 +364,7 @@ func TestQueuesOf(t *testing.T) {
 	}{
 		{"ttl-tiers", amqpretry.Config{Prefix: "p", Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second, time.Minute}}},
 			metrics.Queues{Delay: []string{"p.delay.1s", "p.delay.1m"}, Parking: "p.parking", Poison: "p.poison"}, ""},
-		{"binary-levels", amqpretry.Config{Backend: delay.BinaryLevels{Levels: 2}, Prefix: "p", PoisonQueue: "dead", Policy: amqpretry.Policy{MaxInterval: 3 * time.Second}},
+		{"binary-levels", amqpretry.Config{Backend: delay.BinaryLevels{Levels: 2}, Prefix: "p", PoisonQueue: "dead", Policy: amqpretry.Policy{Delays: amqpretry.Exponential(time.Second, 2, 2*time.Second), Jitter: -1}},
 			metrics.Queues{Delay: []string{"p.level.0", "p.level.1"}, Parking: "p.parking", Poison: "dead"}, ""},
 		{"delayed-retry", amqpretry.Config{Backend: delay.DelayedRetry{}},
 			metrics.Queues{Poison: "amqpretry.poison"}, ""},

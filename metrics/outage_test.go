@@ -97,8 +97,8 @@ func TestOutageMetricsOnTheBroker(t *testing.T) {
 	r := start(t, brokertest.URI(), amqpretry.Config{
 		Prefix:  brokertest.Prefix(t),
 		Backend: delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}},
-		Policy:  amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}},
-		Outage:  amqpretry.Outage{ProbeInterval: 50 * time.Millisecond, MaxProbeInterval: 100 * time.Millisecond},
+		Policy:  amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1},
+		Outage:  amqpretry.Outage{ProbeInterval: 50 * time.Millisecond},
 	}, func(*message.Message) error {
 		if !up.Load() {
 			return amqpretry.Unavailable(errors.New("database down"))

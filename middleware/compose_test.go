@@ -84,7 +84,7 @@ func TestRetryable(t *testing.T) {
 }
 
 func TestImmediateRetriesShareTheAttemptCount(t *testing.T) {
-	policy := amqpretry.Policy{MaxAttempts: 5, Immediate: 2, Delays: []time.Duration{time.Second, 4 * time.Second}}
+	policy := amqpretry.Policy{MaxAttempts: 5, Immediate: 2, Delays: []time.Duration{time.Second, 4 * time.Second}, Jitter: -1}
 
 	// A blip: handled on the third attempt, in-process, nothing handed off.
 	b := &fakeBackend{}

@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"reflect"
 	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/cenkalti/backoff/v4"
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/backend"
@@ -287,7 +288,7 @@ func (e *engine) holdsRetry(d delivery, dec amqpretry.Decision) bool {
 
 // scheduled reports r, a retry its backend keeps now, a confirmed copy (handoff is
 // the time its park took) or a held delivery: it forgets the message's failed
-// hand-offs, counts the retry, tells Observe and logs it, one in Config.RetryLogEvery.
+// hand-offs, counts the retry, tells Observe and logs it at DEBUG.
 func (e *engine) scheduled(f *failure, r retryPlan, handoff time.Duration) {
 	if f.out != nil {
 		f.out.scheduled = true
@@ -299,21 +300,18 @@ func (e *engine) scheduled(f *failure, r retryPlan, handoff time.Duration) {
 		e.givenBack.forget(f.msg.UUID)
 	}
 	e.sent.add(f.msg.UUID, r.next)
-	n := e.stats.retries.Add(1)
+	e.stats.retries.Add(1)
 	if e.cfg.Observe != nil { // observe, on the way of every retry
 		e.cfg.Observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: f.queue, Backend: r.target.name, Attempt: f.attempt, Err: f.err,
 			Requested: r.requested, Effective: r.effective, Handoff: handoff})
 	}
-	if every := int64(e.cfg.RetryLogEvery); every < 0 || (every > 1 && n%every != 1) {
-		return
-	}
 	fields := f.log().Add(watermill.LogFields{"requested_delay": r.requested.String(), "effective_delay": r.effective.String()})
 	if r.target.caps.Keeps == backend.KeepsDelivery {
 		fields["delay_backend"] = r.target.name
-		e.cfg.Logger.Info("Retry held in the work queue", fields)
+		e.cfg.Logger.Debug("Retry held in the work queue", fields)
 		return
 	}
-	e.cfg.Logger.Info("Retry scheduled", fields)
+	e.cfg.Logger.Debug("Retry scheduled", fields)
 }
 
 // observe sends ev to Config.Observe, if set.
@@ -402,8 +400,8 @@ const envelopeRoom = 13
 // with it. The router cancels it when it closes, while the handlers still run and the
 // subscriber may still deliver; a hand-off canceled then would count as failed, again
 // at each redelivery to the closing process, and poison the message after
-// HandoffAttempts of them (seen stopping a consumer in the no-loss test that changes
-// backends). Bounded by ConfirmTimeout, the hand-off is confirmed, and the original
+// backend.HandoffAttempts of them (seen stopping a consumer in the no-loss test that
+// changes backends). Bounded by the confirm timeout (10s), the hand-off is confirmed, and the original
 // acked, or fails, and the original is nacked.
 func copyOf(msg *message.Message) *message.Message {
 	ctx := msg.Context()
@@ -441,25 +439,17 @@ func trim(env *Envelope) {
 	env.ErrorTypes, env.Stack = nil, ""
 }
 
-// delayOf returns the delay of the n-th delayed retry of p (from 1: the first is
-// InitialInterval for the exponential schedule), jitter included. p has its defaults.
+// delayOf returns the delay of the n-th delayed retry of p (from 1: Delays[0]), the
+// last entry repeating, jitter included: drawn from [d - j·d, d + j·d], never past the
+// longest entry. p has its defaults.
 func delayOf(p amqpretry.Policy, n int) time.Duration {
-	n = max(n, 1)
-	if len(p.Delays) > 0 {
-		return p.Delays[min(n, len(p.Delays))-1]
+	if len(p.Delays) == 0 {
+		return 0
 	}
-	b := &backoff.ExponentialBackOff{
-		InitialInterval:     p.InitialInterval,
-		RandomizationFactor: max(p.Jitter, 0), // a negative Jitter means none
-		Multiplier:          p.Multiplier,
-		MaxInterval:         p.MaxInterval,
-		Stop:                backoff.Stop,
-		Clock:               backoff.SystemClock,
+	d := p.Delays[min(max(n, 1), len(p.Delays))-1]
+	j := max(p.Jitter, 0) // a negative Jitter means none
+	if j == 0 || d <= 0 {
+		return d
 	}
-	b.Reset()
-	var d time.Duration
-	for range n {
-		d = b.NextBackOff()
-	}
-	return min(d, p.MaxInterval)
+	return min(time.Duration(math.Floor(float64(d)*(1-j+2*j*rand.Float64()))), slices.Max(p.Delays))
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/keys"
 )
 
@@ -44,7 +45,7 @@ func newDedup(cfg amqpretry.Config) *dedup {
 	if cfg.Dedup <= 0 {
 		return nil
 	}
-	d := &dedup{store: cfg.DedupStore, keep: cfg.Dedup, timeout: cfg.ConfirmTimeout}
+	d := &dedup{store: cfg.DedupStore, keep: cfg.Dedup, timeout: backend.DefaultConfirmTimeout}
 	if d.store == nil {
 		d.store, d.inMemory = newMemoryDedup(maxRemembered), true
 	}

@@ -114,7 +114,7 @@ func (s failingStore) Record(context.Context, string, time.Time) error {
 
 func TestDedupStoreThatFailsRunsNothingAndRetries(t *testing.T) {
 	b := &fakeBackend{}
-	e, _ := newEngine(t, amqpretry.Config{Dedup: time.Hour, DedupStore: failingStore{seen: errors.New("connection refused")}, Outage: amqpretry.Outage{Off: true}}, b)
+	e, _ := newEngine(t, amqpretry.Config{Dedup: time.Hour, DedupStore: failingStore{seen: errors.New("connection refused")}, Outage: amqpretry.Outage{Consecutive: -1}}, b)
 	h := &runCounter{}
 	if _, err := e.Middleware(h.handle)(message.NewMessage("u", nil)); err != nil {
 		t.Fatal(err)

@@ -39,14 +39,17 @@ type engine struct {
 	wiring  wiring
 
 	failures failureCounts
-	held     heldRetries
-	stats    struct{ retries, poisoned, failures atomic.Int64 }
+	// handoffLimit is how many hand-offs of a message may fail in a row before it is
+	// poisoned (handoffAttempts): 0 for backend.HandoffAttempts.
+	handoffLimit int
+	held         heldRetries
+	stats        struct{ retries, poisoned, failures atomic.Int64 }
 
 	// reads records the subscriber marks this engine read a message of, for the
 	// subscribers' marshalers (marshal.Reads); nil in-process.
 	reads *marshal.Reads
 
-	outages *outages // nil when Config.Outage.Off
+	outages *outages // nil when detection is off (Config.Outage.Consecutive < 0)
 	order   *order   // nil without Config.OrderKey
 	// toQueue publishes a message to a work queue, confirmed: a key's head copy on a
 	// holder that carries nothing (selfPark), and a release that could not finish.
@@ -493,7 +496,6 @@ func (e *engine) handle(h message.HandlerFunc, msg *message.Message, d delivery)
 		if again, decided = e.retryNow(d, run, attempt, err, decided); !again {
 			break
 		}
-		pause(d.ctx, e.cfg.Policy.ImmediateInterval)
 		d.chain.flags.And(^chainNoRerun) // this rerun is the Retry's own
 		next := run.Copy()
 		next.SetContext(marshal.CopyContext(run)) // typed headers as read

@@ -26,7 +26,7 @@ func TestRetrySchedulesNextAttemptWithoutTouchingTheOriginal(t *testing.T) {
 	b := &fakeBackend{effective: func(d time.Duration) (time.Duration, error) { return 2 * d, nil }}
 	var events []amqpretry.Event
 	e, poison := newEngine(t, amqpretry.Config{
-		Policy:  amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{time.Second, 5 * time.Second}},
+		Policy:  amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{time.Second, 5 * time.Second}, Jitter: -1},
 		Observe: func(ev amqpretry.Event) { events = append(events, ev) },
 	}, b)
 	msg := message.NewMessage("uuid-1", []byte("payload"))
@@ -90,7 +90,7 @@ func TestRetrySchedulesNextAttemptWithoutTouchingTheOriginal(t *testing.T) {
 // first failed, and records the latest failure.
 func TestEnvelopeKeepsTheFirstFailure(t *testing.T) {
 	b := &fakeBackend{}
-	e, _ := newEngine(t, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{time.Second}}}, b)
+	e, _ := newEngine(t, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{time.Second}, Jitter: -1}}, b)
 	first := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	msg := message.NewMessage("m", nil)
 	Envelope{Attempt: 2, FirstFailure: first, LastFailure: first, Error: "a", ErrorTypes: []string{"x"},
@@ -118,7 +118,7 @@ func TestEnvelopeKeepsTheFirstFailure(t *testing.T) {
 // its earlier delays: the envelope is built from those parts, not copied and cleared.
 func TestEnvelopeOfARedrivenPoisonedMessage(t *testing.T) {
 	b := &fakeBackend{}
-	e, _ := newEngine(t, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{time.Second}}}, b)
+	e, _ := newEngine(t, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{time.Second}, Jitter: -1}}, b)
 	first := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	msg := message.NewMessage("m", nil)
 	Envelope{Attempt: 1, MaxAttempts: 5, Reason: amqpretry.ReasonPermanent, Error: "a", ErrorTypes: []string{"x"},
@@ -273,7 +273,7 @@ func TestRetryHandoffFailureFailsTheHandler(t *testing.T) {
 
 // TestHandoffOutlivesTheDeliveryContext: the router cancels the deliveries' context
 // when it closes, while handlers still run; a hand-off then under way is not canceled
-// with it (the hand-off bounds it with ConfirmTimeout): the retry is parked, or the
+// with it (the hand-off bounds it with its confirm timeout): the retry is parked, or the
 // message poisoned, and the router acks, instead of failed hand-offs that would poison
 // a message the closing subscriber keeps redelivering.
 func TestHandoffOutlivesTheDeliveryContext(t *testing.T) {
@@ -396,7 +396,8 @@ func TestCopyTooLargeIsTrimmedThenPoisonedWithTheHeadersThatFit(t *testing.T) {
 
 	// Nothing left to drop: the hand-off error stands.
 	b = &fakeBackend{park: tooLarge(10)}
-	e, poison = newEngine(t, amqpretry.Config{HandoffAttempts: 100}, b)
+	e, poison = newEngine(t, amqpretry.Config{}, b)
+	e.handoffLimit = 100
 	poison.publish = tooLarge(10)
 	_, err := e.Middleware(failing(errFlaky))(hurried("tiny-limit"))
 	if !errors.Is(err, amqpretry.ErrHandoff) || len(poison.got()) != 0 {
@@ -416,7 +417,8 @@ func TestHandoffBackoff(t *testing.T) {
 func TestHandoffFailingForOneMessagePausesThenPoisons(t *testing.T) {
 	b := &fakeBackend{park: func(*message.Message) error { return errors.New("nacked") }}
 	var events []amqpretry.Event
-	e, poison := newEngine(t, amqpretry.Config{HandoffAttempts: 3, Observe: func(ev amqpretry.Event) { events = append(events, ev) }}, b)
+	e, poison := newEngine(t, amqpretry.Config{Observe: func(ev amqpretry.Event) { events = append(events, ev) }}, b)
+	e.handoffLimit = 3 // shorter than backend.HandoffAttempts
 	h := e.Middleware(failing(errFlaky))
 
 	// The first failure pauses backend.HandoffPause(1) before the router nacks: a timer never
@@ -529,28 +531,26 @@ func TestEnvelopeIsBounded(t *testing.T) {
 	}
 }
 
-func TestRetryLogSampling(t *testing.T) {
-	for _, tt := range []struct {
-		every  int
-		logged int // of 10 retries
-	}{{0, 10}, {1, 10}, {3, 4}, {10, 1}, {-1, 0}} {
-		logs := watermill.NewCaptureLogger()
-		e, _ := newEngine(t, amqpretry.Config{RetryLogEvery: tt.every, Logger: logs, Policy: amqpretry.Policy{MaxAttempts: 100}}, &fakeBackend{})
-		for i := range 10 {
-			if _, err := e.Middleware(failing(errFlaky))(message.NewMessage(fmt.Sprint(i), nil)); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if n := len(logs.Captured()[watermill.InfoLogLevel]); n != tt.logged {
-			t.Errorf("RetryLogEvery %d: %d lines for 10 retries, want %d", tt.every, n, tt.logged)
-		}
-		if st := e.Stats(); st.Retries != 10 {
-			t.Errorf("Stats().Retries = %d, want 10", st.Retries)
+// TestRetriesLoggedAtDebug: a scheduled retry is logged at DEBUG, never above, so that
+// a storm of retries stays out of an INFO log; a poisoning is logged at ERROR where the
+// logger has no WARN.
+func TestRetriesLoggedAtDebug(t *testing.T) {
+	logs := watermill.NewCaptureLogger()
+	e, _ := newEngine(t, amqpretry.Config{Logger: logs, Policy: amqpretry.Policy{MaxAttempts: 100}}, &fakeBackend{})
+	for i := range 10 {
+		if _, err := e.Middleware(failing(errFlaky))(message.NewMessage(fmt.Sprint(i), nil)); err != nil {
+			t.Fatal(err)
 		}
 	}
-	// Poisonings are always logged, at ERROR where the logger has no WARN.
-	logs := watermill.NewCaptureLogger()
-	e, _ := newEngine(t, amqpretry.Config{RetryLogEvery: -1, Logger: logs}, &fakeBackend{})
+	c := logs.Captured()
+	if n, info := len(c[watermill.DebugLogLevel]), len(c[watermill.InfoLogLevel]); n != 10 || info != 0 {
+		t.Errorf("10 retries: %d DEBUG lines, %d INFO lines; want 10 and 0", n, info)
+	}
+	if st := e.Stats(); st.Retries != 10 {
+		t.Errorf("Stats().Retries = %d, want 10", st.Retries)
+	}
+	logs = watermill.NewCaptureLogger()
+	e, _ = newEngine(t, amqpretry.Config{Logger: logs}, &fakeBackend{})
 	if _, err := e.Middleware(failing(amqpretry.Permanent(errFlaky)))(message.NewMessage("p", nil)); err != nil {
 		t.Fatal(err)
 	}

@@ -14,10 +14,11 @@ import (
 	"github.com/amqpretry/amqpretry/internal/backend"
 )
 
-// A failed hand-off: counted per message, paced, and poisoned after HandoffAttempts.
+// A failed hand-off: counted per message, paced, and poisoned after
+// backend.HandoffAttempts.
 
 // handoffFailed handles a hand-off that failed with perr: it poisons the message once
-// HandoffAttempts hand-offs of it have failed in a row (if mayPoison), and otherwise
+// backend.HandoffAttempts hand-offs of it have failed in a row (if mayPoison), and otherwise
 // waits a while, then returns the error that makes the router nack it for redelivery.
 func (e *engine) handoffFailed(f failure, cp *message.Message, perr error, cause string, mayPoison bool) error {
 	n := e.failures.add(cp.UUID)
@@ -25,7 +26,7 @@ func (e *engine) handoffFailed(f failure, cp *message.Message, perr error, cause
 	e.observe(amqpretry.Event{Kind: amqpretry.EventHandoffFailed, Queue: f.queue, Attempt: f.attempt, Err: perr, Cause: cause})
 	f.log()["handoff_failures"] = n
 	e.cfg.Logger.Error("Could not hand off message, nacking it for redelivery", perr, f.log())
-	if mayPoison && n >= e.cfg.HandoffAttempts {
+	if mayPoison && n >= e.handoffAttempts() {
 		f.envelope.Error = fmt.Sprintf("%d hand-offs failed in a row, the last: %v; handler error: %v", n, perr, f.err)
 		return e.poison(f, cp, amqpretry.ReasonHandoffFailed)
 	}
@@ -38,6 +39,15 @@ func (e *engine) handoffFailed(f failure, cp *message.Message, perr error, cause
 	e.givenBack.add(cp.UUID)
 	e.pausePaced(f.msg.Context(), backend.HandoffPause(n))
 	return errors.Join(f.err, fmt.Errorf("%w: queue %q: %w", amqpretry.ErrHandoff, f.queue, perr))
+}
+
+// handoffAttempts is how many hand-offs of one message may fail in a row before it is
+// poisoned: backend.HandoffAttempts, or what the test hook set when e was built.
+func (e *engine) handoffAttempts() int {
+	if e.handoffLimit > 0 {
+		return e.handoffLimit
+	}
+	return backend.HandoffAttempts
 }
 
 // failureCounts counts the failed hand-offs of each message in a row, by UUID. It

@@ -15,10 +15,11 @@ func TestLongestBoundsEveryDelay(t *testing.T) {
 		{MaxAttempts: 3},
 		{MaxAttempts: 10},
 		{MaxAttempts: 30, Jitter: 0.9},
-		{MaxAttempts: 6, InitialInterval: 300 * time.Millisecond, Multiplier: 1.7, MaxInterval: 7 * time.Second, Jitter: 0.5},
-		{MaxAttempts: 6, Multiplier: 1, InitialInterval: 3 * time.Second},
+		{MaxAttempts: 6, Delays: amqpretry.Exponential(300*time.Millisecond, 1.7, 7*time.Second), Jitter: 0.5},
+		{MaxAttempts: 6, Delays: []time.Duration{3 * time.Second}},
 		{MaxAttempts: 4, Delays: []time.Duration{time.Second, 9 * time.Second, 2 * time.Second, time.Hour}},
-		{MaxAttempts: 6, Jitter: -1, Multiplier: 3},
+		{MaxAttempts: 6, Jitter: -1, Delays: amqpretry.Exponential(time.Second, 3, time.Minute)},
+		{MaxAttempts: 6, Jitter: -1},
 	} {
 		cfg := amqpretry.Config{Policy: p}.WithDefaults()
 		p, longest := cfg.Policy, cfg.Derived().Longest
@@ -33,7 +34,7 @@ func TestLongestBoundsEveryDelay(t *testing.T) {
 				seen = max(seen, d)
 			}
 		}
-		if p.Jitter == 0 && seen != longest {
+		if p.Jitter < 0 && seen != longest {
 			t.Errorf("%+v without jitter: longest delay seen %s, Longest %s", p, seen, longest)
 		}
 	}

@@ -672,7 +672,7 @@ func (e *engine) releaseAgain(k orderKey, d delivery) {
 	if e.toQueue == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.ConfirmTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), backend.DefaultConfirmTimeout)
 	defer cancel()
 	if err := e.toQueue(ctx, k.queue, releaseOf(k, d.headID)); err != nil {
 		e.cfg.Logger.Error("Could not send a release of a key: it stays blocked until `amqpretry blocked release` releases it", err, watermill.LogFields{"queue": d.queue, "order_key": d.orderKey})

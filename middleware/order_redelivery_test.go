@@ -42,7 +42,7 @@ func newOrderRig(t *testing.T) *orderRig {
 	e, _ := newEngine(t, amqpretry.Config{
 		Policy:   amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{time.Second}},
 		OrderKey: func(msg *message.Message) string { return msg.Metadata.Get("key") },
-		Outage:   amqpretry.Outage{Off: true},
+		Outage:   amqpretry.Outage{Consecutive: -1},
 	}, b)
 	l := &memoryLines{}
 	e.order = newOrder(e.cfg, l)

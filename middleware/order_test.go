@@ -59,7 +59,7 @@ func TestOrderInProcess(t *testing.T) {
 	retry, err := New(amqpretry.Config{
 		Backend:  delay.Memory{Publisher: pubsub},
 		Policy:   amqpretry.Policy{MaxAttempts: 30, Delays: []time.Duration{20 * time.Millisecond}},
-		Outage:   amqpretry.Outage{Consecutive: 3, ProbeInterval: 5 * time.Millisecond, MaxProbeInterval: 20 * time.Millisecond},
+		Outage:   amqpretry.Outage{Consecutive: 3, ProbeInterval: 5 * time.Millisecond},
 		OrderKey: func(msg *message.Message) string { return msg.Metadata.Get("key") },
 		Observe: func(ev amqpretry.Event) {
 			mu.Lock()

@@ -29,22 +29,36 @@ import (
 
 // outages keeps the outage state of each work queue the engine has seen fail.
 type outages struct {
-	cfg    amqpretry.Outage // with defaults
-	mu     sync.Mutex
-	queues map[string]*outage
+	cfg      amqpretry.Outage // with defaults
+	window   int              // runs the ratio is measured over
+	maxProbe time.Duration    // the longest wait between probes
+	mu       sync.Mutex
+	queues   map[string]*outage
 	// started, probes and down count outages begun, probes run, and the time spent
 	// in outage by the ended ones, for Stats.
 	started, probes, down atomic.Int64
 }
 
 // newOutages returns the outage state of an engine configured with cfg (with its
-// defaults): nil when outage detection is off.
+// defaults): nil when outage detection is off (a negative Consecutive).
 func newOutages(cfg amqpretry.Outage) *outages {
-	if cfg.Off {
+	if cfg.Consecutive < 0 {
 		return nil
 	}
-	return &outages{cfg: cfg}
+	maxProbe := time.Duration(math.MaxInt64) // a ProbeInterval of years: no overflow
+	if cfg.ProbeInterval <= maxProbe/maxProbeFactor {
+		maxProbe = maxProbeFactor * cfg.ProbeInterval
+	}
+	return &outages{cfg: cfg, window: windowPerConsecutive * cfg.Consecutive, maxProbe: maxProbe}
 }
+
+// What amqpretry.Outage derives from its fields (its doc and docs/outage.md say so):
+// the ratio's window, windowPerConsecutive × Consecutive runs, and the longest wait
+// between probes, maxProbeFactor × ProbeInterval.
+const (
+	windowPerConsecutive = 5
+	maxProbeFactor       = 30
+)
 
 // of returns queue's outage state.
 func (o *outages) of(queue string) *outage {
@@ -55,7 +69,7 @@ func (o *outages) of(queue string) *outage {
 		if o.queues == nil {
 			o.queues = map[string]*outage{}
 		}
-		q = &outage{cfg: o.cfg, runs: make([]outcome, o.cfg.Window), changed: make(chan struct{})}
+		q = &outage{cfg: o.cfg, maxProbe: o.maxProbe, runs: make([]outcome, o.window), changed: make(chan struct{})}
 		o.queues[queue] = q
 	}
 	return q
@@ -84,10 +98,11 @@ func (o *outages) inOutage() int64 {
 // well as of its runs; and a retry among them, or a storm of messages that fail once
 // would be one.
 type outage struct {
-	cfg amqpretry.Outage
-	mu  sync.Mutex
+	cfg      amqpretry.Outage
+	maxProbe time.Duration // the longest wait between probes
+	mu       sync.Mutex
 
-	// The latest runs: a ring of Window outcomes, and counts over it.
+	// The latest runs: a ring of window outcomes, and counts over it.
 	runs                    []outcome
 	next, filled            int
 	failures, retryFailures int
@@ -300,7 +315,7 @@ func (q *outage) record(msg string, err error, dec *amqpretry.Decision, attempt 
 	q.last = err
 	if q.down {
 		if probe != 0 {
-			q.interval = min(2*q.interval, q.cfg.MaxProbeInterval)
+			q.interval = min(2*q.interval, q.maxProbe)
 			q.nextProbe = now.Add(q.interval)
 		}
 		return noEdge, 0, nil

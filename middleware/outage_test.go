@@ -80,7 +80,7 @@ func TestOutageBeginsProbesAndEnds(t *testing.T) {
 	rec := &outageRecorder{}
 	e, poison := newEngine(t, amqpretry.Config{
 		Policy:  amqpretry.Policy{MaxAttempts: 3},
-		Outage:  amqpretry.Outage{Consecutive: 3, ProbeInterval: 5 * time.Millisecond, MaxProbeInterval: 20 * time.Millisecond},
+		Outage:  amqpretry.Outage{Consecutive: 3, ProbeInterval: 5 * time.Millisecond},
 		Observe: rec.observe,
 	}, b)
 	var down atomic.Bool
@@ -234,7 +234,7 @@ func TestOutageAtOnce(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			b := &fakeBackend{}
-			e, _ := newEngine(t, amqpretry.Config{Outage: amqpretry.Outage{ProbeInterval: time.Hour, MaxProbeInterval: time.Hour}}, b)
+			e, _ := newEngine(t, amqpretry.Config{Outage: amqpretry.Outage{ProbeInterval: time.Hour}}, b)
 			mw := e.Middleware(h)
 			if name == "CircuitBreaker" { // its first failure is a plain error
 				if _, err := mw(attemptMsg("first", 1)); err != nil {
@@ -292,7 +292,7 @@ func waiting(q *outage) int {
 // none of them ran.
 func TestOutageCloseGivesBack(t *testing.T) {
 	b := &fakeBackend{}
-	e, _ := newEngine(t, amqpretry.Config{Outage: amqpretry.Outage{ProbeInterval: time.Hour, MaxProbeInterval: time.Hour}}, b)
+	e, _ := newEngine(t, amqpretry.Config{Outage: amqpretry.Outage{ProbeInterval: time.Hour}}, b)
 	var runs atomic.Int64
 	mw := e.Middleware(func(*message.Message) ([]*message.Message, error) {
 		runs.Add(1)
@@ -326,10 +326,10 @@ func hurriedAt(uuid string) *message.Message {
 	return attemptMsg(uuid, 1)
 }
 
-// Outage.Off: every failure takes the retry path.
+// Detection off (a negative Outage.Consecutive): every failure takes the retry path.
 func TestOutageOff(t *testing.T) {
 	b := &fakeBackend{}
-	e, _ := newEngine(t, amqpretry.Config{Outage: amqpretry.Outage{Off: true}}, b)
+	e, _ := newEngine(t, amqpretry.Config{Outage: amqpretry.Outage{Consecutive: -1}}, b)
 	mw := e.Middleware(failing(amqpretry.Unavailable(errors.New("down"))))
 	for i := range 10 {
 		if _, err := mw(attemptMsg("m"+strconv.Itoa(i), 2)); err != nil {
@@ -350,7 +350,7 @@ func TestOutageBadMessageNeverHoldsTheQueue(t *testing.T) {
 	rec := &outageRecorder{}
 	e, _ := newEngine(t, amqpretry.Config{
 		Policy:  amqpretry.Policy{MaxAttempts: 5},
-		Outage:  amqpretry.Outage{Consecutive: 2, ProbeInterval: time.Hour, MaxProbeInterval: time.Hour},
+		Outage:  amqpretry.Outage{Consecutive: 2, ProbeInterval: time.Hour},
 		Observe: rec.observe,
 	}, b)
 	var mu sync.Mutex
@@ -448,7 +448,7 @@ func TestOutageOnTheMemoryBackend(t *testing.T) {
 	retry, err := New(amqpretry.Config{
 		Backend: delay.Memory{Publisher: pubsub},
 		Policy:  amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{20 * time.Millisecond}},
-		Outage:  amqpretry.Outage{ProbeInterval: 5 * time.Millisecond, MaxProbeInterval: 20 * time.Millisecond},
+		Outage:  amqpretry.Outage{ProbeInterval: 5 * time.Millisecond},
 		Observe: func(ev amqpretry.Event) {
 			if ev.Kind == amqpretry.EventOutageStarted {
 				started.Store(true)
@@ -581,7 +581,7 @@ var errDependencyDown = errors.New("dial tcp 10.0.0.5:5432: connection refused")
 
 // A few messages that fail attempt after attempt on an otherwise idle queue are
 // poisons, not an outage, however many failures in a row they make: an outage needs
-// Consecutive new messages to fail (in a row, or over the Window). Each is poisoned at
+// Consecutive new messages to fail (in a row, or over the window). Each is poisoned at
 // its last attempt; none waits. Then new messages fail too: that is an outage.
 func TestOutageNotFromAFewPoisonMessages(t *testing.T) {
 	for _, tc := range []struct {
@@ -589,8 +589,8 @@ func TestOutageNotFromAFewPoisonMessages(t *testing.T) {
 		outage amqpretry.Outage
 		ok     bool // a good message between the rounds: no failures in a row
 	}{
-		{"in a row", amqpretry.Outage{Consecutive: 4, Ratio: 1, Window: 1000, ProbeInterval: time.Millisecond, MaxProbeInterval: time.Millisecond}, false},
-		{"over the window", amqpretry.Outage{Consecutive: 4, Ratio: 0.5, Window: 8, ProbeInterval: time.Millisecond, MaxProbeInterval: time.Millisecond}, true},
+		{"in a row", amqpretry.Outage{Consecutive: 4, Ratio: 1, ProbeInterval: time.Millisecond}, false},
+		{"over the window", amqpretry.Outage{Consecutive: 4, Ratio: 0.5, ProbeInterval: time.Millisecond}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := &fakeBackend{}
@@ -647,7 +647,9 @@ func TestOutageNotFromAFewPoisonMessages(t *testing.T) {
 // queue is down; after the first success, one message failing once must be retried as
 // usual, not begin a second outage on the first one's failures.
 func TestOutageEndForgetsItsFailures(t *testing.T) {
-	q := newOutages(amqpretry.Outage{Consecutive: 1000, Ratio: 0.8, Window: 10, ProbeInterval: time.Hour, MaxProbeInterval: time.Hour}).of("work")
+	o := newOutages(amqpretry.Outage{Consecutive: 1000, Ratio: 0.8, ProbeInterval: time.Hour})
+	o.window = 10 // a window the failures below fill, whatever Consecutive derives
+	q := o.of("work")
 	now := time.Now()
 	down := &amqpretry.Decision{Unavailable: true}
 	plain := &amqpretry.Decision{}
@@ -678,7 +680,7 @@ func TestOutageRetryableRefusesUnavailable(t *testing.T) {
 	if !on.Retryable(errors.New("deadlock")) {
 		t.Error("Retryable(a plain error): false, want true")
 	}
-	off, _ := newEngine(t, amqpretry.Config{Outage: amqpretry.Outage{Off: true}}, &fakeBackend{})
+	off, _ := newEngine(t, amqpretry.Config{Outage: amqpretry.Outage{Consecutive: -1}}, &fakeBackend{})
 	if !off.Retryable(down) {
 		t.Error("Retryable(Unavailable) with outage detection off: false, want true (a plain failure then)")
 	}
@@ -727,7 +729,7 @@ func TestOutageNotFromRetriesAlone(t *testing.T) {
 // failed; a window whose failures are mostly retries, with the new messages mostly
 // succeeding, does not.
 func TestOutageRatioNeedsNewMessagesToFail(t *testing.T) {
-	cfg := amqpretry.Outage{Consecutive: 10, Ratio: 0.8, Window: 50}
+	cfg := amqpretry.Outage{Consecutive: 10, Ratio: 0.8}
 	// 9 in 10 runs fail, new messages and retries alike.
 	q := newOutages(cfg).of("work")
 	now := time.Now()
@@ -773,7 +775,7 @@ func TestOutageRatioNeedsNewMessagesToFail(t *testing.T) {
 // the one that has waited longest, but never the latest probe's message while another
 // waits.
 func TestOutageProbesRotate(t *testing.T) {
-	q := newOutages(amqpretry.Outage{Consecutive: 10, Ratio: 0.8, Window: 50, ProbeInterval: time.Hour, MaxProbeInterval: time.Hour}).of("work")
+	q := newOutages(amqpretry.Outage{Consecutive: 10, Ratio: 0.8, ProbeInterval: time.Hour}).of("work")
 	now := time.Now()
 	if ed, _, _ := q.record("t", errors.New("down"), &amqpretry.Decision{Unavailable: true}, 1, 0, now); ed != started {
 		t.Fatal("no outage")
@@ -840,7 +842,7 @@ func TestOutageRunsNoMoreThanMaxAttempts(t *testing.T) {
 	b := &fakeBackend{}
 	e, poison := newEngine(t, amqpretry.Config{
 		Policy: amqpretry.Policy{MaxAttempts: 3},
-		Outage: amqpretry.Outage{ProbeInterval: time.Hour, MaxProbeInterval: time.Hour},
+		Outage: amqpretry.Outage{ProbeInterval: time.Hour},
 	}, b)
 	var runs atomic.Int64
 	mw := e.Middleware(func(*message.Message) ([]*message.Message, error) {

@@ -44,7 +44,7 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 	}
 	v := cfg.Derived()
 	r := &retry{cfg: cfg, view: v, t: t}
-	e := &engine{cfg: cfg, wiring: wiring{Queue: t.Queue}, outages: newOutages(cfg.Outage), dedup: newDedup(cfg)}
+	e := &engine{cfg: cfg, wiring: wiring{Queue: t.Queue}, outages: newOutages(cfg.Outage), dedup: newDedup(cfg), handoffLimit: backend.HandoffLimit()}
 	r.engine = e
 	if t.URI == "" {
 		b, err := v.Open(backend.Env{Logger: cfg.Logger})
@@ -64,7 +64,7 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 	e.wiring.ID, e.wiring.Bound = r.id, &queueSet{}
 	e.reads = &marshal.Reads{Refuse: r.refuseUnread}
 	r.view.Reads = e.reads
-	h, err := delay.Dial(backend.HandoffConfig{URI: t.URI, AMQP: t.AMQP, ConfirmTimeout: cfg.ConfirmTimeout,
+	h, err := delay.Dial(backend.HandoffConfig{URI: t.URI, AMQP: t.AMQP, ConfirmTimeout: backend.DefaultConfirmTimeout,
 		Marshal:  marshal.Options{MessageUUIDHeaderKey: t.UUIDHeader, NotPersistentDeliveryMode: t.NotPersistent, PostprocessPublishing: t.Postprocess},
 		Topology: cfg.Topology, Logger: cfg.Logger})
 	if err != nil {

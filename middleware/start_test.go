@@ -163,7 +163,7 @@ func TestHeldRetries(t *testing.T) {
 	var events []amqpretry.Event
 	logs := &countingLogger{}
 	e, _ := newEngine(t, amqpretry.Config{HeldRetries: 3, DelayedRetryDelay: time.Minute, Logger: logs,
-		Policy:  amqpretry.Policy{MaxAttempts: 6, Delays: []time.Duration{7 * time.Second}},
+		Policy:  amqpretry.Policy{MaxAttempts: 6, Delays: []time.Duration{7 * time.Second}, Jitter: -1},
 		Observe: func(ev amqpretry.Event) { events = append(events, ev) }}, b)
 	holder := newFakeHolder(time.Minute)
 	e.holder = keep(holder)
@@ -220,7 +220,7 @@ func TestHeldRetryBackEarlyOnceIsNotJudged(t *testing.T) {
 	// Every run fails, retries included: outage detection would stop the queue at the
 	// tenth failure; this test is about held retries' early returns.
 	e, _ := newEngine(t, amqpretry.Config{Backend: delay.DelayedRetry{Delay: time.Second}, Logger: logs,
-		Policy: amqpretry.Policy{MaxAttempts: 10}, Outage: amqpretry.Outage{Off: true}}, nil)
+		Policy: amqpretry.Policy{MaxAttempts: 10}, Outage: amqpretry.Outage{Consecutive: -1}}, nil)
 	e.backend = nil
 	e.holder = keep(newFakeHolder(time.Second))
 	h := e.Middleware(failing(errFlaky))

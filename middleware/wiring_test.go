@@ -96,7 +96,7 @@ func TestEachRetryActsOnlyOnItsOwnSubscribersMessages(t *testing.T) {
 func TestNotWiredIsPoisonedAtItsFirstFailure(t *testing.T) {
 	var events []amqpretry.Event
 	logs := &errLines{}
-	e, b, poison := wired(t, "billing", amqpretry.Config{HandoffAttempts: 2, Logger: logs, Observe: func(ev amqpretry.Event) { events = append(events, ev) }})
+	e, b, poison := wired(t, "billing", amqpretry.Config{Logger: logs, Observe: func(ev amqpretry.Event) { events = append(events, ev) }})
 	h := e.Middleware(failing(errFlaky))
 	if _, err := h(stamped("elsewhere")); err != nil {
 		t.Fatalf("first failure: %v, want poisoned", err)

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/keys"
 )
@@ -222,7 +223,7 @@ func (o *Ops) Release(ctx context.Context, opts ReleaseOptions) (ReleaseResult, 
 		// of the head would release the key behind the new head's back.
 		rel.Metadata[keys.OrderReleaseHead] = head.UUID
 	}
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.retry.ConfirmTimeout+5*time.Second)
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backend.DefaultConfirmTimeout+5*time.Second)
 	defer cancel()
 	if err := o.handoff.Publish(pctx, "", opts.Queue, rel, nil, true, nil); err != nil {
 		return res, fmt.Errorf("release key %q: send a release to queue %q: %w", opts.Key, opts.Queue, o.redact(err))

@@ -58,7 +58,7 @@ func TestBackendDefinedOutsideDelay(t *testing.T) {
 		t.Errorf("Validate of a ladder without tiers: %v, want its own refusal", err)
 	}
 	cfg := amqpretry.Config{Backend: ladder{Tiers: []time.Duration{time.Second, waitDelay}},
-		Policy: amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{time.Second}}}
+		Policy: amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{time.Second}, Jitter: -1}}
 	r := waitingRig(t, cfg, "orders")
 	queue := r.queues[0]
 	tier := r.prefix + ".ladder.delay.10m"

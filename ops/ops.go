@@ -29,7 +29,7 @@ type Config struct {
 	// Retry is the application's retry configuration, its defaults from
 	// Retry.WithDefaults(). Only what names and shapes the broker side counts: Backend
 	// (with its settings), Prefix, HeldRetries, DelayedRetryDelay, PoisonQueue, and
-	// ConfirmTimeout (each confirm of a redrive). Policy, Classify, Topology and the
+	// nothing else. Policy, Classify, Topology and the
 	// rest are not used (a policy the backend cannot keep is the application's error,
 	// not the topology's). The memory backend has nothing on the broker and is
 	// refused.
@@ -98,7 +98,7 @@ func New(cfg Config) (*Ops, error) {
 	o.holds = v.WorkQueueArgs != nil
 	o.parking = hasParking(b, o.names)
 	h, err := delay.Dial(backend.HandoffConfig{
-		URI: cfg.URI, AMQP: cfg.AMQP, ConfirmTimeout: retry.ConfirmTimeout,
+		URI: cfg.URI, AMQP: cfg.AMQP, ConfirmTimeout: backend.DefaultConfirmTimeout,
 		// A redrive never declares: a message whose queue is gone stays where it is.
 		Topology: topology.ModeNone, Logger: cfg.Logger,
 	})

@@ -60,7 +60,7 @@ func newRigWith(t *testing.T, retry amqpretry.Config, workQueues ...string) *rig
 	}
 	planned := retry
 	if planned.WithDefaults().Backend != (delay.DelayedRetry{}) {
-		planned.Policy = amqpretry.Policy{Delays: []time.Duration{time.Second}}
+		planned.Policy = amqpretry.Policy{Delays: []time.Duration{time.Second}, Jitter: -1}
 	}
 	p, err := planned.Plan(r.queues...)
 	if err != nil {
@@ -664,7 +664,7 @@ func (r *rig) schedule(cfg amqpretry.Config, queue string, msg *message.Message,
 func TestParkingRedrive(t *testing.T) {
 	for _, cfg := range []amqpretry.Config{
 		{Backend: delay.TTLTiers{Tiers: testTiers}},
-		{Backend: delay.BinaryLevels{Levels: 2}, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}}},
+		{Backend: delay.BinaryLevels{Levels: 2}, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}, Jitter: -1}},
 	} {
 		t.Run(cfg.WithDefaults().Backend.Name(), func(t *testing.T) {
 			r := newRigWith(t, cfg, "orders")

@@ -45,7 +45,7 @@ func TestTeardownAfterBackendChange(t *testing.T) {
 	old := amqpretry.Config{Backend: delay.TTLTiers{Tiers: []time.Duration{waitDelay}}}
 	r := waitingRig(t, old, "orders")
 	queue := r.queues[0]
-	now := amqpretry.Config{Backend: delay.BinaryLevels{Levels: 3}, Prefix: r.prefix, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}}}
+	now := amqpretry.Config{Backend: delay.BinaryLevels{Levels: 3}, Prefix: r.prefix, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}, Jitter: -1}}
 	keep, err := now.Plan(queue)
 	if err != nil {
 		t.Fatal(err)

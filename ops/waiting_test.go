@@ -24,7 +24,7 @@ import (
 // with a delay that keeps them waiting through a test (10 minutes).
 var waitingBackends = []amqpretry.Config{
 	{Backend: delay.TTLTiers{Tiers: []time.Duration{10 * time.Minute}}},
-	{Backend: delay.BinaryLevels{Levels: 12}, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}}},
+	{Backend: delay.BinaryLevels{Levels: 12}, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}, Jitter: -1}},
 }
 
 const waitDelay = 10 * time.Minute

@@ -181,8 +181,9 @@ cmd/amqpretry/go.sh run "$staticcheck" ./...
 
 # A ratchet: the count may fall, never rise (lower -max with it). The first release's
 # goal is 100 in the library's packages (ops aside).
-step "API size: exported identifiers per public package, at most 206 (internal/cmd/apicount -max)"
-go run ./internal/cmd/apicount -max 206
+# 207: amqpretry.Exponential, the one way to build a growing Policy.Delays (issue 50).
+step "API size: exported identifiers per public package, at most 207 (internal/cmd/apicount -max)"
+go run ./internal/cmd/apicount -max 207
 
 step "backends by what they can do: no name compared outside delay/; config.go compares none; no type switch on a backend outside its own file; ops spells no backend's names; no init-time registration"
 # Production code, the sibling modules' included (the root module without its test

@@ -71,7 +71,7 @@ func scenarioConfig(runID string, logger watermill.LoggerAdapter) amqpretry.Conf
 	return amqpretry.Config{
 		Backend:  must(delay.Parse(os.Getenv("DELAY_BACKEND"), delay.Settings{Tiers: []time.Duration{time.Second, 2 * time.Second, 4 * time.Second}})),
 		Prefix:   prefix,
-		Policy:   amqpretry.Policy{MaxAttempts: 4, InitialInterval: time.Second, Multiplier: 2, Jitter: -1},
+		Policy:   amqpretry.Policy{MaxAttempts: 4, Delays: amqpretry.Exponential(time.Second, 2, 10*time.Minute), Jitter: -1},
 		Topology: topology.Mode(os.Getenv("TOPOLOGY")),
 		Logger:   logger,
 	}

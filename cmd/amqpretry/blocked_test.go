@@ -55,7 +55,7 @@ func newBlockedRig(t *testing.T) *blockedRig {
 	cfg := amqpretry.Config{
 		Prefix:        prefix,
 		Backend:       delay.TTLTiers{Tiers: []time.Duration{time.Second, 10 * time.Minute}},
-		Policy:        amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{time.Second}},
+		Policy:        amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{time.Second}, Jitter: -1},
 		OrderKey:      func(msg *message.Message) string { return msg.Metadata.Get(account) },
 		BlockOnPoison: true,
 		Logger:        watermill.NopLogger{},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -67,8 +68,35 @@ const Locale = "en_US"
 // subscriber's, when its config gives no amqp.Config, and Cluster's).
 const Heartbeat = 10 * time.Second
 
-// DefaultConfirmTimeout bounds the wait for a publisher confirm.
+// DefaultConfirmTimeout bounds the wait for each publisher confirm of the library's
+// hand-offs, poisonings, redrives and releases (a constant: docs/reliability.md).
 const DefaultConfirmTimeout = 10 * time.Second
+
+// HandoffAttempts is how many hand-offs of one message may fail in a row before it is
+// poisoned instead (amqpretry.ReasonHandoffFailed); between them the middleware pauses
+// (HandoffPause). docs/reliability.md and docs/troubleshooting.md give the figure.
+const HandoffAttempts = 5
+
+// handoffAttemptsForTest, above 0, replaces HandoffAttempts for the Retrys built while
+// it is set (SetHandoffAttemptsForTest).
+var handoffAttemptsForTest atomic.Int64
+
+// SetHandoffAttemptsForTest makes the Retrys built from now on poison a message after
+// n failed hand-offs in a row instead of HandoffAttempts, until restore is called: a
+// hook for the test harness (a matrix that shortens itself), never for production.
+func SetHandoffAttemptsForTest(n int) (restore func()) {
+	old := handoffAttemptsForTest.Swap(int64(n))
+	return func() { handoffAttemptsForTest.Store(old) }
+}
+
+// HandoffLimit is how many hand-offs of one message may fail in a row in a Retry
+// built now: HandoffAttempts, or what SetHandoffAttemptsForTest set.
+func HandoffLimit() int {
+	if n := handoffAttemptsForTest.Load(); n > 0 {
+		return int(n)
+	}
+	return HandoffAttempts
+}
 
 // HandoffConfig configures Dial.
 type HandoffConfig struct {
@@ -77,7 +105,7 @@ type HandoffConfig struct {
 	// AMQP is passed to amqp091-go's DialConfig (TLS, heartbeat, properties).
 	AMQP amqp.Config
 	// ConfirmTimeout bounds the wait for each publisher confirm. Default (0):
-	// DefaultConfirmTimeout, which amqpretry.Config.WithDefaults gives too.
+	// DefaultConfirmTimeout, what the library always gives.
 	ConfirmTimeout time.Duration
 	// Marshal turns a Watermill message into a publishing: the subscriber's options,
 	// so that the UUID travels in the header the subscriber reads it from.

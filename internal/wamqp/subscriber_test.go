@@ -23,10 +23,10 @@ func TestNewValidatesEveryField(t *testing.T) {
 		Marshaler:       otherMarshaler{},
 		QueueArgs:       amqp.Table{"x-queue-type": "classic"},
 	}
-	_, err := New(sub, amqpretry.Config{HeldRetries: 2, Policy: amqpretry.Policy{MaxAttempts: -2}, HandoffAttempts: -1})
+	_, err := New(sub, amqpretry.Config{HeldRetries: 2, Policy: amqpretry.Policy{MaxAttempts: -2}})
 	for _, want := range []string{
 		"invalid config", "Subscriber: Queue.GenerateName: required", "Subscriber: Consume.NoRequeueOnNack", "Subscriber: Marshaler: wamqp.otherMarshaler",
-		"Subscriber: Queue.Arguments: x-queue-type classic", "Policy.MaxAttempts: -2", "HandoffAttempts",
+		"Subscriber: Queue.Arguments: x-queue-type classic", "Policy.MaxAttempts: -2",
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("New error %v does not say %q", err, want)

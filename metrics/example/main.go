@@ -95,11 +95,10 @@ func run() error {
 		return err
 	}
 	cfg := amqpretry.Config{
-		Backend:       backend,
-		Prefix:        prefix,
-		Policy:        amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{time.Second, 2 * time.Second}},
-		RetryLogEvery: -1,
-		Logger:        logger,
+		Backend: backend,
+		Prefix:  prefix,
+		Policy:  amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{time.Second, 2 * time.Second}, Jitter: -1},
+		Logger:  logger,
 	}
 	if v := os.Getenv("HELD_RETRIES"); v != "" {
 		var err error

@@ -57,10 +57,10 @@ func run(prefix string, handlers, sabotage int) error {
 	retry, err := amqp1.NewRetry(amqp1.SubscriberConfig{URI: uri, ContainerID: noloss1.ContainerID(prefix)}, amqpretry.Config{
 		Backend: delay.DeliveryTime{},
 		Prefix:  prefix,
-		Policy:  amqpretry.Policy{MaxAttempts: noloss1.MaxAttempts, Delays: []time.Duration{noloss1.RetryDelay}},
+		Policy:  amqpretry.Policy{MaxAttempts: noloss1.MaxAttempts, Delays: []time.Duration{noloss1.RetryDelay}, Jitter: -1},
 		// Its fates fail messages by attempt, in waves, which can look like an outage
 		// (docs/outage.md): this test counts retries under faults.
-		Outage: amqpretry.Outage{Off: true},
+		Outage: amqpretry.Outage{Consecutive: -1},
 		Logger: logger,
 	})
 	if err != nil {

@@ -443,7 +443,7 @@ type oursRig struct {
 
 func startOurs(queue string, credit int, policy amqpretry.Policy, handler message.NoPublishHandlerFunc) (*oursRig, error) {
 	prefix := queue
-	retry, err := amqp1.NewRetry(amqp1.SubscriberConfig{URI: uri, Credit: credit, ContainerID: "amqp1-bench-" + runID}, amqpretry.Config{Prefix: prefix, Policy: policy, Logger: logger, RetryLogEvery: -1})
+	retry, err := amqp1.NewRetry(amqp1.SubscriberConfig{URI: uri, Credit: credit, ContainerID: "amqp1-bench-" + runID}, amqpretry.Config{Prefix: prefix, Policy: policy, Logger: logger})
 	if err != nil {
 		return nil, err
 	}
@@ -722,7 +722,7 @@ func throughput(sc, variant string, credit, n int) (float64, error) {
 	errFail := errors.New("fails")
 	switch variant {
 	case "ours":
-		policy := amqpretry.Policy{MaxAttempts: 20, Delays: []time.Duration{delay}}
+		policy := amqpretry.Policy{MaxAttempts: 20, Delays: []time.Duration{delay}, Jitter: -1}
 		rig, err := startOurs(queue, credit, policy, func(msg *message.Message) error {
 			tick()
 			if storm {
@@ -879,7 +879,7 @@ func steady(variant string, credit, msgs int) (float64, error) {
 	var err error
 	switch variant {
 	case "ours", "healthy":
-		rig, err = startOurs(queue, credit, amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}},
+		rig, err = startOurs(queue, credit, amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}, Jitter: -1},
 			func(msg *message.Message) error {
 				if variant == "ours" && string(msg.Payload) == "fail" && amqpretry.Attempt(msg) <= 2 {
 					return errFail

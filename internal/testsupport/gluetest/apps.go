@@ -31,7 +31,7 @@ import (
 // the router nacked with requeue: redelivered at wire speed, the queue blocked.)
 func PanicUnderRecovererIsRetriedThenPoisonedWithItsStack(t *testing.T, m Major) {
 	s := newSetup(t, m, delay.TTLTiers{})
-	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{time.Millisecond}}
+	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{time.Millisecond}, Jitter: -1}
 	logs := &logCapture{}
 	s.cfg.Logger = logs
 	r := newRetry(t, m, s.sub, s.cfg)
@@ -98,7 +98,7 @@ type orderPlaced struct {
 // the message, reads each attempt from it (amqpretry.AttemptFromContext).
 func CQRSEventsUndecodableAtOnceAttemptFromContext(t *testing.T, m Major) {
 	s := newSetup(t, m, delay.TTLTiers{})
-	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{time.Millisecond}}
+	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{time.Millisecond}, Jitter: -1}
 	r := newRetry(t, m, s.sub, s.cfg)
 	var mu sync.Mutex
 	attempts := map[string][]int{}

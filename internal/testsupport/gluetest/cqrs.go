@@ -59,7 +59,7 @@ func cqrsHandlersShareOneRetry(t *testing.T, m Major, backend delay.Backend) {
 	prefix := brokertest.Prefix(t)
 	handoffName, subName := prefix+".handoff", prefix+".sub"
 	s := Sub{URI: brokertest.URI(), Group: "bookings", Connection: &amqp.Config{Properties: amqp.Table{"connection_name": handoffName}}}
-	cfg := amqpretry.Config{Backend: withTiers(backend, 500*time.Millisecond), Prefix: prefix, Policy: amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}}, Logger: Logger()}
+	cfg := amqpretry.Config{Backend: withTiers(backend, 500*time.Millisecond), Prefix: prefix, Policy: amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}, Logger: Logger()}
 	if backend == (delay.DelayedRetry{}) {
 		need43(t)
 		s.QueueArgs, cfg.Backend = quorum, delay.DelayedRetry{Delay: 400 * time.Millisecond}
@@ -387,7 +387,7 @@ func CQRSWarmingHandlerNeverStallsItsQueue(t *testing.T, m Major) {
 	cfg := amqpretry.Config{
 		Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second}},
 		Prefix:  prefix,
-		Policy:  amqpretry.Policy{Delays: []time.Duration{time.Second}},
+		Policy:  amqpretry.Policy{Delays: []time.Duration{time.Second}, Jitter: -1},
 		Observe: obs.observe,
 		Logger:  Logger(),
 	}

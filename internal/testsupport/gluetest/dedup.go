@@ -122,7 +122,7 @@ func dedupScenario(t *testing.T, m Major, backend delay.Backend, mode dedupMode)
 		s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3}
 	} else {
 		s.cfg.Backend = withTiers(s.cfg.Backend, 500*time.Millisecond, time.Second)
-		s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3, InitialInterval: 500 * time.Millisecond, MaxInterval: time.Second, Jitter: -1}
+		s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3, Delays: amqpretry.Exponential(500*time.Millisecond, 2, time.Second), Jitter: -1}
 	}
 	if mode.library {
 		s.cfg.Dedup = time.Hour

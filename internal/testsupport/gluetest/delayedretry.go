@@ -181,7 +181,7 @@ func HeldRetriesThenCopies(t *testing.T, m Major) {
 	const held = 300 * time.Millisecond
 	s.sub.QueueArgs = quorum
 	s.cfg.HeldRetries, s.cfg.DelayedRetryDelay = 2, held
-	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{500 * time.Millisecond, 2 * time.Second}}
+	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{500 * time.Millisecond, 2 * time.Second}, Jitter: -1}
 	r := newRetry(t, m, s.sub, s.cfg)
 	rec := newRecorder(func(msg *message.Message) error {
 		if msg.UUID == "throttled" {
@@ -258,7 +258,7 @@ func DelayedRetryOnAQueueWithoutItFallsBackLoudly(t *testing.T, m Major) {
 		t.Fatal(err)
 	}
 	s.cfg.HeldRetries, s.cfg.DelayedRetryDelay = 2, 2*time.Second
-	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{500 * time.Millisecond}}
+	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 
 	t.Run("declare", func(t *testing.T) {
 		r := newRetry(t, m, s.sub, s.cfg)
@@ -431,7 +431,7 @@ func CopyingBackendOnADelayedRetryQueueKeepsIt(t *testing.T, m Major) {
 	}
 
 	cfg := s.cfg
-	cfg.Backend, cfg.Policy = delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}}, amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{500 * time.Millisecond}}
+	cfg.Backend, cfg.Policy = delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}}, amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 	_, err = m.Subscriber(t, newRetry(t, m, s.sub, cfg)).Subscribe(context.Background(), s.topic)
 	if err == nil || !strings.Contains(err.Error(), "x-delayed-retry") || !strings.Contains(err.Error(), "Queue.Arguments") || strings.Contains(err.Error(), "delete it and") {
 		t.Fatalf("Subscribe = %v, want the argument clash with the fix: keep the arguments", err)

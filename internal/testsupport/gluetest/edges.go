@@ -199,7 +199,7 @@ func CloseBeforeTheRouterHandsNothingOff(t *testing.T, m Major) {
 	logs := &logCapture{}
 	s.cfg.Logger = logs
 	s.cfg.Backend = delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}}
-	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{500 * time.Millisecond}}
+	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 	r := newRetry(t, m, s.sub, s.cfg)
 	rec := newRecorder(func(*message.Message) error { return errFlaky })
 	sub := m.Subscriber(t, r)
@@ -381,7 +381,7 @@ func PolicyDelayPastTheLongestTierIsNeverEarly(t *testing.T, m Major) {
 	s := newSetup(t, m, delay.TTLTiers{})
 	const tier, asked = time.Second, 3 * time.Second
 	s.cfg.Backend = delay.TTLTiers{Tiers: []time.Duration{tier}}
-	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{asked}}
+	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{asked}, Jitter: -1}
 	if err := s.cfg.Validate(); err != nil {
 		t.Fatalf("Validate() = %v, want accepted (parked again until due)", err)
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
@@ -30,8 +31,8 @@ import (
 	"github.com/amqpretry/amqpretry/xdeath"
 )
 
-// handoffAttempts is Config.HandoffAttempts's default.
-const handoffAttempts = 5
+// handoffAttempts is how many hand-offs may fail in a row before a message is poisoned.
+const handoffAttempts = backend.HandoffAttempts
 
 // RouterWideMiddlewaresOfTwoGroupsEachRetryTheirOwn: two subscriber groups on one
 // fanout topic, each with its own Retry (sharing a prefix), both middlewares added
@@ -51,7 +52,7 @@ func RouterWideMiddlewaresOfTwoGroupsEachRetryTheirOwn(t *testing.T, m Major) {
 			recs := map[string]*recorder{}
 			for _, group := range groups {
 				retries[group] = newRetry(t, m, Sub{URI: brokertest.URI(), Group: group},
-					amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}}, Policy: amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}}, Logger: Logger()})
+					amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}}, Policy: amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}, Logger: Logger()})
 				recs[group] = newRecorder(failFirst(1))
 				brokertest.Cleanup(t, []string{topic + "_" + group}, nil)
 			}
@@ -267,12 +268,12 @@ func DeletedPoisonQueueIsDeclaredAgain(t *testing.T, m Major) {
 // HandoffThatKeepsFailingBacksOffThenPoisons: a broker policy makes the tier queue
 // reject publishes while it has a message (max-length 0, reject-publish), and a
 // message waits there, so each hand-off is nacked. The failing message is not
-// redelivered at wire speed: it runs HandoffAttempts times with growing pauses, then
+// redelivered at wire speed: it runs backend.HandoffAttempts times with growing pauses, then
 // lands in the poison queue, once, while a canary is handled.
 func HandoffThatKeepsFailingBacksOffThenPoisons(t *testing.T, m Major) {
 	s := newSetup(t, m, delay.TTLTiers{})
 	s.cfg.Backend = delay.TTLTiers{Tiers: []time.Duration{10 * time.Second}}
-	s.cfg.Policy = amqpretry.Policy{Delays: []time.Duration{10 * time.Second}}
+	s.cfg.Policy = amqpretry.Policy{Delays: []time.Duration{10 * time.Second}, Jitter: -1}
 	r := newRetry(t, m, s.sub, s.cfg)
 	ctx := context.Background()
 	if out, err := brokertest.Ctl(ctx, "-q", "status"); err != nil {
@@ -393,7 +394,7 @@ func UndecodableHeadersReachTheHandlerAndSurviveEveryHop(t *testing.T, m Major) 
 		t.Log("this amqp091-go cannot read a header nested 70 deep: tested without it")
 	}
 	s := newSetup(t, m, delay.TTLTiers{})
-	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{500 * time.Millisecond}}
+	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 	r := newRetry(t, m, s.sub, s.cfg)
 	rec := newRecorder(func(msg *message.Message) error {
 		if msg.UUID == "canary" {
@@ -503,7 +504,7 @@ func poisonedMetadata(t *testing.T, d amqp.Delivery) message.Metadata {
 // Other hand-offs keep working: a canary fails once and is retried.
 func HeadersNearFrameMaxArePoisonedWithTheHeadersThatFit(t *testing.T, m Major) {
 	s := newSetup(t, m, delay.TTLTiers{})
-	s.cfg.Policy = amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}}
+	s.cfg.Policy = amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 	r := newRetry(t, m, s.sub, s.cfg)
 	rec := newRecorder(func(msg *message.Message) error {
 		if msg.UUID == "canary" && amqpretry.Attempt(msg) > 1 {
@@ -576,7 +577,7 @@ func PoisoningIsLoggedAtError(t *testing.T, m Major) {
 // every retry and with the poisoned copy, so a trace spans the whole story.
 func TraceContextSurvivesRetryAndPoison(t *testing.T, m Major) {
 	s := newSetup(t, m, delay.TTLTiers{})
-	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{500 * time.Millisecond}}
+	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 	r := newRetry(t, m, s.sub, s.cfg)
 	rec := newRecorder(func(*message.Message) error { return errFlaky })
 	run(t, m, r, s.topic, rec.handle)
@@ -605,7 +606,7 @@ func TraceContextSurvivesRetryAndPoison(t *testing.T, m Major) {
 // leaves it out). The headers reach the second attempt as they reached the first.
 func WorkPerCopyIsEncodeOnReceipt(t *testing.T, m Major) {
 	s := newSetup(t, m, delay.TTLTiers{})
-	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{500 * time.Millisecond}}
+	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 	r := newRetry(t, m, s.sub, s.cfg)
 	rec := newRecorder(failFirst(1))
 	run(t, m, r, s.topic, rec.handle, rec.settle)

@@ -156,7 +156,7 @@ func HeldRetriesStartWithNoError(t *testing.T, m Major) {
 	}{
 		{"delayed-retry, durable queue config", delay.DelayedRetry{}, 0, nil, amqpretry.Policy{MaxAttempts: 3}},
 		{"delayed-retry, x-queue-type quorum", delay.DelayedRetry{}, 0, quorum, amqpretry.Policy{MaxAttempts: 3}},
-		{"ttl-tiers with HeldRetries", delay.TTLTiers{}, 1, nil, amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{500 * time.Millisecond}}},
+		{"ttl-tiers with HeldRetries", delay.TTLTiers{}, 1, nil, amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			need43(t)

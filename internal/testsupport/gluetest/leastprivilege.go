@@ -52,7 +52,7 @@ func LeastPrivilegeAfterTopologyApply(t *testing.T, m Major) {
 	cfg := amqpretry.Config{
 		Prefix:   prefix,
 		Backend:  delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}},
-		Policy:   amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{500 * time.Millisecond}},
+		Policy:   amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1},
 		Topology: topology.ModeVerify,
 		Logger:   Logger(),
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/topology"
@@ -321,13 +322,15 @@ func newMatrixSetup(t *testing.T, rows []matrixMiddleware) matrixSetup {
 	defer ch.Close()
 	prefix := brokertest.Prefix(t)
 	s := matrixSetup{prefix: prefix, wpoison: prefix + ".wpoison"}
+	// A message is poisoned after matrixAttempts failed hand-offs, as after its
+	// attempts: the Retrys of this matrix are built while the hook is set.
+	t.Cleanup(backend.SetHandoffAttemptsForTest(matrixAttempts))
 	s.cfg = amqpretry.Config{
-		Backend:         delay.TTLTiers{Tiers: []time.Duration{200 * time.Millisecond, 3 * time.Second}},
-		Prefix:          prefix,
-		Policy:          amqpretry.Policy{MaxAttempts: matrixAttempts, Delays: []time.Duration{200 * time.Millisecond}},
-		HandoffAttempts: matrixAttempts,
-		Topology:        topology.ModeNone,
-		Logger:          Logger(),
+		Backend:  delay.TTLTiers{Tiers: []time.Duration{200 * time.Millisecond, 3 * time.Second}},
+		Prefix:   prefix,
+		Policy:   amqpretry.Policy{MaxAttempts: matrixAttempts, Delays: []time.Duration{200 * time.Millisecond}, Jitter: -1},
+		Topology: topology.ModeNone,
+		Logger:   Logger(),
 	}
 	queues := []string{s.wpoison}
 	for _, mw := range rows {

@@ -199,7 +199,7 @@ func OrderKeepsEachKeysOrder(t *testing.T, m Major) {
 				t.Skip("one backend in the quick loop (go test -short)")
 			}
 			s := newSetup(t, m, v.backend)
-			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{500 * time.Millisecond}}
+			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 			if v.name == "delayed-retry" {
 				s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5}
 			}
@@ -270,7 +270,7 @@ func assertNoBehindQueues(t *testing.T, prefix, queue string, accounts int) {
 func OrderOtherKeysFlow(t *testing.T, m Major) {
 	const others, seqs = 4, 5
 	s := newSetup(t, m, delay.TTLTiers{})
-	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{500 * time.Millisecond}}
+	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 	s.cfg.OrderKey = accountOf
 	cleanupBehind(t, s.prefix, s.topic, others+1)
 	r := newRetry(t, m, s.sub, s.cfg)
@@ -329,7 +329,7 @@ func OrderPoisonedHead(t *testing.T, m Major) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSetup(t, m, delay.TTLTiers{})
-			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{500 * time.Millisecond}}
+			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 			s.cfg.OrderKey = accountOf
 			s.cfg.BlockOnPoison = tc.blockOnPoison
 			ev := newOrderEvents()

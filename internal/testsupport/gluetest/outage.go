@@ -54,14 +54,14 @@ func OutageIsNotAPoison(t *testing.T, m Major) {
 			// MaxAttempts 4: a fail-once message may lose two attempts to the outage
 			// (a run as it began, a probe) and still have one to spare. Each run is
 			// an attempt.
-			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 4, InitialInterval: 500 * time.Millisecond, MaxInterval: time.Second, Jitter: -1}
+			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 4, Delays: amqpretry.Exponential(500*time.Millisecond, 2, time.Second), Jitter: -1}
 			if tc.name == (delay.DelayedRetry{}) {
 				s.cfg.Policy = amqpretry.Policy{MaxAttempts: 4}
 				s.cfg.Backend = delay.DelayedRetry{Delay: 500 * time.Millisecond}
 			} else {
 				s.cfg.Backend = withTiers(s.cfg.Backend, 500*time.Millisecond, time.Second)
 			}
-			s.cfg.Outage = amqpretry.Outage{ProbeInterval: 200 * time.Millisecond, MaxProbeInterval: time.Second}
+			s.cfg.Outage = amqpretry.Outage{ProbeInterval: 200 * time.Millisecond}
 			obs := &events{}
 			const total = 120
 			var down, started atomic.Bool
@@ -235,10 +235,10 @@ func OutageBeginsAtOnceOnUnavailableAndAnOpenBreaker(t *testing.T, m Major) {
 		t.Run(name, func(t *testing.T) {
 			s := newSetup(t, m, delay.TTLTiers{})
 			s.cfg.Backend = delay.TTLTiers{Tiers: []time.Duration{300 * time.Millisecond}}
-			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, InitialInterval: 300 * time.Millisecond, Jitter: -1}
+			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: amqpretry.Exponential(300*time.Millisecond, 2, 10*time.Minute), Jitter: -1}
 			// Consecutive is far above what the test fails: only the one error (or
 			// refusal) can begin the outage.
-			s.cfg.Outage = amqpretry.Outage{Consecutive: 1000, ProbeInterval: 100 * time.Millisecond, MaxProbeInterval: 400 * time.Millisecond}
+			s.cfg.Outage = amqpretry.Outage{Consecutive: 1000, ProbeInterval: 100 * time.Millisecond}
 			var down atomic.Bool
 			down.Store(true)
 			var runs, runsAtStart atomic.Int64
@@ -385,7 +385,7 @@ func CloseDuringAnOutageLosesNothing(t *testing.T, m Major) {
 			s := newSetup(t, m, tc.name)
 			s.sub.Prefetch = 4
 			s.cfg.HeldRetries = tc.held
-			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3, InitialInterval: 300 * time.Millisecond, Jitter: -1}
+			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3, Delays: amqpretry.Exponential(300*time.Millisecond, 2, 10*time.Minute), Jitter: -1}
 			if counted {
 				s.sub.QueueArgs = quorum
 			}
@@ -396,7 +396,7 @@ func CloseDuringAnOutageLosesNothing(t *testing.T, m Major) {
 				s.cfg.Backend = delay.TTLTiers{Tiers: []time.Duration{300 * time.Millisecond}}
 			}
 			// No probe comes while the test looks: the messages only wait.
-			s.cfg.Outage = amqpretry.Outage{ProbeInterval: time.Hour, MaxProbeInterval: time.Hour}
+			s.cfg.Outage = amqpretry.Outage{ProbeInterval: time.Hour}
 			const consumers, total = 3, 20
 			var down atomic.Bool
 			down.Store(true)

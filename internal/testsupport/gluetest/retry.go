@@ -34,7 +34,7 @@ func ScenarioFailThreeTimesThenSucceed(t *testing.T, m Major) {
 				t.Skip("one backend in the quick loop (go test -short)")
 			}
 			s := newSetup(t, m, name)
-			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: policyDelays}
+			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: policyDelays, Jitter: -1}
 			r := newRetry(t, m, s.sub, s.cfg)
 			sized, err := delay.Open(s.cfg.Backend, backend.Setup{Prefix: s.prefix})
 			if err != nil {
@@ -92,7 +92,7 @@ func ScenarioFailThreeTimesThenSucceed(t *testing.T, m Major) {
 
 func PoisonAfterMaxAttemptsWithEnvelope(t *testing.T, m Major) {
 	s := newSetup(t, m, delay.TTLTiers{})
-	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{500 * time.Millisecond}}
+	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 	r := newRetry(t, m, s.sub, s.cfg)
 	rec := newRecorder(func(*message.Message) error { return fmt.Errorf("charge card: %w", errFlaky) })
 	run(t, m, r, s.topic, rec.handle)
@@ -147,7 +147,7 @@ func PermanentErrorPoisonsOnFirstFailure(t *testing.T, m Major) {
 
 func RetryAfterIsHonoured(t *testing.T, m Major) {
 	s := newSetup(t, m, delay.TTLTiers{})
-	s.cfg.Policy = amqpretry.Policy{Delays: []time.Duration{time.Millisecond}}
+	s.cfg.Policy = amqpretry.Policy{Delays: []time.Duration{time.Millisecond}, Jitter: -1}
 	r := newRetry(t, m, s.sub, s.cfg)
 	rec := newRecorder(func(msg *message.Message) error {
 		if amqpretry.Attempt(msg) == 1 {
@@ -177,7 +177,7 @@ func FanoutRetryReachesOnlyTheFailingQueue(t *testing.T, m Major) {
 	recs := map[string]*recorder{}
 	retries := map[string]Retry{}
 	for _, group := range []string{"billing", "shipping"} {
-		cfg := amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}}, Policy: amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}}, Logger: Logger()}
+		cfg := amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}}, Policy: amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}, Logger: Logger()}
 		r := newRetry(t, m, Sub{URI: brokertest.URI(), Group: group}, cfg)
 		recs[group] = newRecorder(failFirst(0))
 		if group == "billing" {
@@ -214,7 +214,7 @@ func FanoutRetryReachesOnlyTheFailingQueue(t *testing.T, m Major) {
 // nothing had happened, and nothing is parked.
 func DeletedDelayExchangeIsDeclaredAgainAtTheFirstHandoff(t *testing.T, m Major) {
 	s := newSetup(t, m, delay.TTLTiers{})
-	s.cfg.Policy = amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}}
+	s.cfg.Policy = amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 	r := newRetry(t, m, s.sub, s.cfg)
 
 	ch, err := brokertest.Dial(t).Channel()
@@ -363,11 +363,10 @@ func InvalidConfigNamesTheField(t *testing.T, m Major) {
 		{"empty tiers", queue, amqpretry.Config{Backend: delay.TTLTiers{Tiers: []time.Duration{}}}, "Tiers: empty"},
 		{"prefix too long", queue, amqpretry.Config{Prefix: strings.Repeat("p", 250)}, "Prefix"},
 		{"poison queue too long", queue, amqpretry.Config{PoisonQueue: strings.Repeat("q", 256)}, "PoisonQueue"},
-		{"policy past the backend", queue, amqpretry.Config{Backend: delay.BinaryLevels{Levels: 3}}, "Policy.MaxInterval: delay too long"},
+		{"policy past the backend", queue, amqpretry.Config{Backend: delay.BinaryLevels{Levels: 3}}, "Policy.Delays: delay too long"},
 		{"memory without publisher", Sub{}, amqpretry.Config{Backend: delay.Memory{}}, "Backend.Publisher"},
-		{"negative confirm timeout", queue, amqpretry.Config{ConfirmTimeout: -time.Second}, "ConfirmTimeout"},
 		{"unknown topology mode", queue, amqpretry.Config{Topology: "passive"}, "Topology"},
-		{"schedule on delayed-retry", queue, amqpretry.Config{Backend: delay.DelayedRetry{}, Policy: amqpretry.Policy{InitialInterval: 2 * time.Second}}, "Policy.InitialInterval"},
+		{"schedule on delayed-retry", queue, amqpretry.Config{Backend: delay.DelayedRetry{}, Policy: amqpretry.Policy{Delays: amqpretry.Exponential(2*time.Second, 2, 10*time.Minute), Jitter: -1}}, "Policy.Delays"},
 		{"held retries with immediate", queue, amqpretry.Config{HeldRetries: 2, Policy: amqpretry.Policy{Immediate: 1}}, "HeldRetries"},
 		{"held retries on a classic work queue", Sub{URI: uri, QueueArgs: amqp.Table{"x-queue-type": "classic"}}, amqpretry.Config{HeldRetries: 1}, "Queue.Arguments"},
 		{"delayed retry delay below 1ms", queue, amqpretry.Config{Backend: delay.DelayedRetry{Delay: time.Microsecond}}, "Backend.Delay"},
@@ -386,7 +385,7 @@ func InvalidConfigNamesTheField(t *testing.T, m Major) {
 // before New connects, so no queue or exchange is declared.
 func InvalidConfigTouchesNothingOnTheBroker(t *testing.T, m Major) {
 	s := newSetup(t, m, delay.BinaryLevels{Levels: 4}) // up to 15 s
-	s.cfg.Policy = amqpretry.Policy{Delays: []time.Duration{time.Second, 20 * time.Second}}
+	s.cfg.Policy = amqpretry.Policy{Delays: []time.Duration{time.Second, 20 * time.Second}, Jitter: -1}
 	_, err := m.New(s.sub, s.cfg)
 	if !errors.Is(err, delay.ErrDelayTooLong) || !strings.Contains(err.Error(), "invalid config") || !strings.Contains(err.Error(), "Policy") || !strings.Contains(err.Error(), "20s") {
 		t.Fatalf("New = %v, want an invalid config error naming Policy and the 20s delay", err)

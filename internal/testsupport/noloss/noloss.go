@@ -159,6 +159,9 @@ func (s Setup) Policy() amqpretry.Policy {
 	default:
 		p.Delays = []time.Duration{time.Second, 2 * time.Second}
 	}
+	if len(p.Delays) > 0 {
+		p.Jitter = -1 // one tier per delay (Setup.Config): none jittered off it
+	}
 	return p
 }
 
@@ -274,7 +277,7 @@ func (s Setup) Config() amqpretry.Config {
 		// it failing again is what an outage looks like (docs/outage.md), and the
 		// queue would then go at the probes' pace. This test counts retries under
 		// faults; the outage has tests of its own, its Close included.
-		Outage: amqpretry.Outage{Off: true},
+		Outage: amqpretry.Outage{Consecutive: -1},
 		Logger: s.Logger,
 	}
 	switch v.Backend.Name() {

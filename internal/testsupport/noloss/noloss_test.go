@@ -105,7 +105,7 @@ type options struct {
 	only               []string // BackendsEnv
 	cluster            bool
 	// handoffPoisonOK accounts a transient message poisoned with reason handoff-failed
-	// (Config.HandoffAttempts hand-offs failed in a row: the partition test) as an
+	// (5 hand-offs failed in a row: the partition test) as an
 	// outcome to count and print, not a wrong one: it is in the poison queue with
 	// its envelope, not lost.
 	handoffPoisonOK bool

@@ -41,7 +41,7 @@ import (
 //     netem, as on the CI machines, the userspace delayer internal/testsupport/netdelay
 //     behind an iptables NFQUEUE rule: the same delay and loss, no reordering).
 //
-// A transient message whose hand-offs failed Config.HandoffAttempts (5) times in a row
+// A transient message whose hand-offs failed 5 times in a row (backend.HandoffAttempts)
 // while its consumer's node was cut off is poisoned with reason handoff-failed, as
 // the library documents: the test counts those (NOLOSS-HANDOFF-POISONED) as accounted
 // for, in the poison queue with their envelope, never as lost.
