@@ -659,3 +659,23 @@ func waitProgress(t *testing.T, cmd *exec.Cmd, stderr *lockedBuffer) {
 		}
 	}
 }
+
+// TestVersionIsTheChangelogsNewestRelease: `amqpretry version` built from a checkout
+// prints the release CHANGELOG.md names first, so that one cannot be bumped without
+// the other.
+func TestVersionIsTheChangelogsNewestRelease(t *testing.T) {
+	text, err := os.ReadFile("../../CHANGELOG.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^## \[(\d+\.\d+\.\d+)\]`).FindSubmatch(text)
+	if m == nil {
+		t.Fatal("CHANGELOG.md has no release heading (## [X.Y.Z] - date)")
+	}
+	if want := "v" + string(m[1]); release != want {
+		t.Errorf("the command's release is %s, CHANGELOG.md's newest %s: change both", release, want)
+	}
+	if v := buildVersion(); !strings.HasPrefix(v, release+" ") {
+		t.Errorf("a build from a checkout prints %q, not the release %s", v, release)
+	}
+}

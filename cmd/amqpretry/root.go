@@ -233,12 +233,20 @@ func (a *app) versionCmd() *cobra.Command {
 	}
 }
 
+// release is the release this source is, CHANGELOG.md's newest (a test checks it): the
+// version printed when the build has no module version of its own (go build or go run
+// in a checkout, which Go calls "(devel)").
+const release = "v0.1.0"
+
 // buildVersion is the module version of the command and of the library it was built
 // with.
 func buildVersion() string {
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
-		return "(unknown)"
+		return release
+	}
+	if info.Main.Version == "" || info.Main.Version == "(devel)" {
+		info.Main.Version = release
 	}
 	lib := "(devel)"
 	for _, d := range info.Deps {
