@@ -18,6 +18,10 @@
 #               (scripts/newest.sh); no queue, exchange or user left behind
 #   4.0, 4.3    the same on RabbitMQ 4.0.5 and 4.3.6 (scripts/rabbitmq4.sh), with the
 #               4.3-only backends, the AMQP 1.0 module and its quickstart
+#   lanes       after the checks, each broker's steps (3.10; 4.0; 4.3; the newest
+#               dependencies, then the cluster) run in a lane of their own, side by
+#               side, each lane's output printed whole when all are done, then the
+#               console's browser tests alone
 #   no-loss     thousands of messages through faults, on each broker
 #               (internal/testsupport/noloss, amqp1), and on a three-node 4.3 cluster
 #               (scripts/cluster.sh); through changes of backend while retries wait
