@@ -3,6 +3,7 @@ package amqpretry_test
 import (
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,9 +28,8 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatalf("the test lists %d tiers", len(wantTiers))
 	}
 	want := amqpretry.Config{
-		Backend:           delay.TTLTiers{},
-		Prefix:            "amqpretry",
-		DelayedRetryDelay: time.Second,
+		Backend: delay.TTLTiers(),
+		Prefix:  "amqpretry",
 		Policy: amqpretry.Policy{
 			MaxAttempts: 5, InitialInterval: time.Second, Multiplier: 2, MaxInterval: 10 * time.Minute, Jitter: 0.2,
 		},
@@ -65,8 +65,7 @@ func TestConfigDefaultsFollowAndKeep(t *testing.T) {
 	}
 	// Set fields are kept.
 	set := amqpretry.Config{
-		Backend: delay.BinaryLevels{Levels: 7}, Prefix: "p",
-		HeldRetries: 2, DelayedRetryDelay: 3 * time.Second, PoisonQueue: "dead", ConfirmTimeout: time.Second,
+		Backend: delay.HeldRetries(2, 3*time.Second, delay.BinaryLevels(7)), Prefix: "p", PoisonQueue: "dead", ConfirmTimeout: time.Second,
 		Topology: topology.ModeVerify, HandoffAttempts: 9, RetryLogEvery: 4,
 		Policy: amqpretry.Policy{MaxAttempts: 2, InitialInterval: time.Minute, Multiplier: 3, MaxInterval: time.Hour, Jitter: 0.5, Immediate: 1, ImmediateInterval: time.Millisecond},
 		Outage: amqpretry.Outage{Consecutive: 3, Ratio: 0.5, Window: 7, ProbeInterval: time.Minute, MaxProbeInterval: time.Hour},
@@ -81,13 +80,10 @@ func TestConfigDefaultsFollowAndKeep(t *testing.T) {
 	if j := (amqpretry.Config{Policy: amqpretry.Policy{Jitter: -1}}).WithDefaults().WithDefaults().Policy.Jitter; j != -1 {
 		t.Errorf("Jitter -1 (none) became %g", j)
 	}
-	if n := (amqpretry.Config{Backend: delay.DelayedRetry{}, HeldRetries: 3}).WithDefaults().HeldRetries; n != 0 {
-		t.Errorf("delayed-retry backend: HeldRetries %d, want 0", n)
-	}
-	// An empty, non-nil ladder is not the default: it is refused.
-	c := amqpretry.Config{Backend: delay.TTLTiers{Tiers: []time.Duration{}}}
-	if err := c.Validate(); err == nil {
-		t.Error("an empty ladder was accepted")
+	// Held retries cannot stand in front of a backend that holds every retry already.
+	c := amqpretry.Config{Backend: delay.HeldRetries(3, 0, delay.DelayedRetry(0))}
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "delay.HeldRetries(then)") {
+		t.Errorf("held retries in front of delayed-retry: %v, want the error naming delay.HeldRetries's then", err)
 	}
 }
 
@@ -98,7 +94,7 @@ func TestConfigDefaultsFollowAndKeep(t *testing.T) {
 // (On the old ladder, 1s 5s 30s 2m 10m 1h, delays asked for 1, 2, 4 and 8 s came back
 // as 9% at 1 s, 72% at 5 s and 19% at 30 s.)
 func TestDefaultPolicyJitterSurvivesDefaultTiers(t *testing.T) {
-	tiers, err := delay.Open(delay.TTLTiers{}, backend.Setup{Prefix: "amqpretry"})
+	tiers, err := backend.Open(delay.TTLTiers(), backend.Setup{Prefix: "amqpretry"})
 	if err != nil {
 		t.Fatal(err)
 	}

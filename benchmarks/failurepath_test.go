@@ -117,7 +117,7 @@ func delivered(tb testing.TB, extra amqp.Table) *message.Message {
 func failingRetry(tb testing.TB, pub capture, d time.Duration) message.HandlerFunc {
 	tb.Helper()
 	cfg := amqpretry.Config{
-		Backend: delay.Memory{Publisher: pub}, RetryLogEvery: -1,
+		Backend: delay.Memory(pub), RetryLogEvery: -1,
 		Policy: amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{d}},
 	}.WithDefaults()
 	r, err := middleware.New(cfg, middleware.Transport{Queue: func(string) string { return benchQueue }})

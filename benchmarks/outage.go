@@ -289,12 +289,12 @@ func (e *env) outageRun(ctx context.Context, length time.Duration, detect bool, 
 		Outage:        amqpretry.Outage{Off: !detect},
 	}
 	switch b.Name() {
-	case delay.DelayedRetry{}.Name():
+	case delay.DelayedRetry(0).Name():
 		rcfg.Policy = amqpretry.Policy{MaxAttempts: 3}
-		rcfg.Backend = delay.DelayedRetry{Delay: 500 * time.Millisecond}
+		rcfg.Backend = delay.DelayedRetry(500 * time.Millisecond)
 		amqpCfg.Queue.Arguments = backend.WorkQueueArgs(500 * time.Millisecond)
-	case delay.TTLTiers{}.Name():
-		rcfg.Backend = delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond, time.Second}}
+	case delay.TTLTiers().Name():
+		rcfg.Backend = delay.TTLTiers(500*time.Millisecond, time.Second)
 		rcfg.Policy = amqpretry.Policy{MaxAttempts: 3, InitialInterval: 500 * time.Millisecond, Multiplier: 2, MaxInterval: time.Second, Jitter: -1}
 	default:
 		rcfg.Policy = amqpretry.Policy{MaxAttempts: 3, InitialInterval: 500 * time.Millisecond, Multiplier: 2, MaxInterval: time.Second, Jitter: -1}
@@ -855,7 +855,7 @@ func (e *env) falseTripRun(ctx context.Context, shape, pattern string, rnd int) 
 	}
 	st := &tripState{rng: rand.New(rand.NewPCG(49, uint64(rnd))), runs: map[int][]int{}, succeeded: map[int]bool{}}
 	rcfg := amqpretry.Config{
-		Backend:       delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond, time.Second}},
+		Backend:       delay.TTLTiers(500*time.Millisecond, time.Second),
 		Policy:        amqpretry.Policy{MaxAttempts: tripMaxAttempt, InitialInterval: 500 * time.Millisecond, Multiplier: 2, MaxInterval: time.Second, Jitter: -1},
 		Prefix:        prefix,
 		PoisonQueue:   prefix + ".poison",

@@ -23,40 +23,44 @@ type delayedRetry struct{ delay time.Duration }
 
 // DelayedRetry ("delayed-retry") has RabbitMQ 4.3+ hold the failed delivery in the
 // work queue itself (its delayed retry of quorum queues): no copy, no publish, one
-// constant delay per work queue, without jitter. The Policy's schedule fields left
-// zero mean that delay; a value set that it would ignore (Delays other than Delay,
-// another InitialInterval, a Multiplier other than 1, a MaxInterval shorter than the
-// delay, a Jitter, Immediate) is refused, even one that is the default on a copying
-// backend (Multiplier 2, Jitter 0.2). The work queue must be a quorum queue: an
-// existing queue of another type is refused by the transport's AddHandler, or else at
-// the first subscribe. Every retry is held, so the Config's HeldRetries is unused.
-type DelayedRetry struct {
-	// Delay is the constant delay (the work queue's x-delayed-retry-min and -max), a
-	// whole number of milliseconds. A longer delay of the error's own (a RetryAfter)
-	// is never cut short: the retry is held again, as many times as it takes, so it
-	// comes back at the first multiple of Delay past the one asked for. Default (0):
-	// 1s.
-	Delay time.Duration
+// constant delay per work queue, without jitter. delay is that delay (the work queue's
+// x-delayed-retry-min and -max), a whole number of milliseconds; 0 is the default, 1s.
+// A longer delay of the error's own (a RetryAfter) is never cut short: the retry is
+// held again, as many times as it takes, so it comes back at the first multiple of
+// delay past the one asked for. The Policy's schedule fields left zero mean that
+// delay; a value set that it would ignore (Delays other than delay, another
+// InitialInterval, a Multiplier other than 1, a MaxInterval shorter than the delay, a
+// Jitter, Immediate) is refused, even one that is the default on a copying backend
+// (Multiplier 2, Jitter 0.2). The work queue must be a quorum queue: an existing queue
+// of another type is refused by the transport's AddHandler, or else at the first
+// subscribe. To hold only the first retries, in front of a copying backend, see
+// HeldRetries.
+func DelayedRetry(delay time.Duration) Backend { return delayedRetryValue{delay: delay} }
+
+// delayedRetryValue is DelayedRetry as configured.
+type delayedRetryValue struct {
+	lib
+	delay time.Duration // 0: the default
 }
 
 // Name is "delayed-retry".
-func (DelayedRetry) Name() string { return "delayed-retry" }
+func (delayedRetryValue) Name() string { return "delayed-retry" }
 
-func (b DelayedRetry) String() string { return b.Name() }
+func (b delayedRetryValue) String() string { return b.Name() }
 
-// Open validates Delay and opens the backend.
-func (b DelayedRetry) Open(backend.Setup) (backend.Backend, error) {
-	d := b.Delay
+// Open validates the delay and opens the backend.
+func (b delayedRetryValue) Open(backend.Setup) (backend.Backend, error) {
+	d := b.delay
 	if d == 0 {
 		d = backend.DefaultRetryDelay
 	}
-	if err := backend.CheckRetryDelay("Backend.Delay", d); err != nil {
+	if err := backend.CheckRetryDelay("delay.DelayedRetry(delay)", d); err != nil {
 		return nil, err
 	}
 	return delayedRetry{delay: d}, nil
 }
 
-func (b delayedRetry) Name() string { return DelayedRetry{}.Name() }
+func (b delayedRetry) Name() string { return delayedRetryValue{}.Name() }
 
 // OneDelay is the queue's delay, whatever is asked.
 func (b delayedRetry) OneDelay() time.Duration { return b.delay }
@@ -101,13 +105,9 @@ func (b delayedRetry) Settle(*message.Message, time.Duration, message.Metadata) 
 
 func (b delayedRetry) Close() error { return nil }
 
-// HoldsEveryRetry tells that the work queue holds every retry: the Config's
-// HeldRetries are this backend's own.
-func (DelayedRetry) HoldsEveryRetry() bool { return true }
-
-func (b DelayedRetry) with(s Settings) Backend {
+func (b delayedRetryValue) with(s Settings) Backend {
 	if s.Delay != 0 {
-		b.Delay = s.Delay
+		b.delay = s.Delay
 	}
 	return b
 }

@@ -16,7 +16,7 @@
 //
 // Import it to configure a backend in code,
 //
-//	Backend: delay.BinaryLevels{Levels: 20},
+//	Backend: delay.BinaryLevels(20),
 //
 // to read one from configuration (a deployment switches backends by configuration
 // alone),

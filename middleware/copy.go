@@ -81,7 +81,7 @@ func (e *engine) plan(f *failure, werr error, dec amqpretry.Decision) (retryPlan
 	// The one home of the retry's attempt numbers. The schedule starts after the
 	// retries before the copying backend's: the immediate ones, or those held in the
 	// work queue.
-	r := retryPlan{dec: dec, next: f.attempt + 1, nth: f.attempt - min(e.cfg.Policy.Immediate+e.cfg.HeldRetries, f.attempt-1)}
+	r := retryPlan{dec: dec, next: f.attempt + 1, nth: f.attempt - min(e.cfg.Policy.Immediate+e.heldRetries, f.attempt-1)}
 	switch {
 	case werr != nil:
 		// Where its retry must go is unknown, now as at every redelivery: poisoned at
@@ -282,7 +282,7 @@ func (e *engine) holdsRetry(d delivery, dec amqpretry.Decision) bool {
 	case e.held.anyBroken.Load() && e.held.isBroken(d.queue):
 		return false
 	}
-	return dec.Delay <= 0 && (e.backend == nil || d.attempt <= e.cfg.HeldRetries)
+	return dec.Delay <= 0 && (e.backend == nil || d.attempt <= e.heldRetries)
 }
 
 // scheduled reports r, a retry its backend keeps now, a confirmed copy (handoff is

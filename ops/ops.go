@@ -10,9 +10,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/amqperr"
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/internal/redact"
 	"github.com/amqpretry/amqpretry/topology"
@@ -97,7 +97,7 @@ func New(cfg Config) (*Ops, error) {
 	}
 	o.holds = v.WorkQueueArgs != nil
 	o.parking = hasParking(b, o.names)
-	h, err := delay.Dial(backend.HandoffConfig{
+	h, err := handoff.Dial(backend.HandoffConfig{
 		URI: cfg.URI, AMQP: cfg.AMQP, ConfirmTimeout: retry.ConfirmTimeout,
 		// A redrive never declares: a message whose queue is gone stays where it is.
 		Topology: topology.ModeNone, Logger: cfg.Logger,

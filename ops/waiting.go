@@ -11,7 +11,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 )
@@ -83,8 +82,8 @@ func (o *Ops) storagePattern() (string, error) {
 	}
 	add(o.backend)
 	setup := o.retry.Derived().Setup
-	for _, value := range delay.Backends() {
-		b, err := delay.Open(value, setup)
+	for _, value := range backend.All(o.retry.Backend) {
+		b, err := backend.Open(value, setup)
 		if err != nil {
 			return "", fmt.Errorf("the queues the %s backend declares under prefix %q: %w", value.Name(), o.retry.Prefix, err)
 		}

@@ -286,7 +286,7 @@ func (a *app) retryConfig() (amqpretry.Config, error) {
 		return amqpretry.Config{}, usagef("%s", flagNames(err.Error()))
 	}
 	cfg := amqpretry.Config{
-		Backend: b, Prefix: a.prefix, HeldRetries: a.heldRetries, DelayedRetryDelay: a.retryDelay, PoisonQueue: a.poisonQueue,
+		Backend: delay.HeldRetries(a.heldRetries, a.retryDelay, b), Prefix: a.prefix, PoisonQueue: a.poisonQueue,
 	}
 	if inProcess(cfg) {
 		return cfg, usagef("--backend: the %s backend has nothing on the broker (known: %s)", cfg.Backend, strings.Join(brokerBackends(), ", "))

@@ -368,7 +368,7 @@ more; --verbose names them all.
 				if err != nil {
 					return usagef("invalid --keep-backend: %s", err)
 				}
-				keep := amqpretry.Config{Backend: kb, Prefix: cfg.Prefix, HeldRetries: keepRetry, PoisonQueue: cfg.PoisonQueue}
+				keep := amqpretry.Config{Backend: delay.HeldRetries(keepRetry, 0, kb), Prefix: cfg.Prefix, PoisonQueue: cfg.PoisonQueue}
 				plan, err := keep.Plan()
 				if err != nil {
 					return usagef("invalid --keep-* configuration: %s", strings.TrimPrefix(err.Error(), "invalid config: "))

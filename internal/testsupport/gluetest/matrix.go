@@ -322,7 +322,7 @@ func newMatrixSetup(t *testing.T, rows []matrixMiddleware) matrixSetup {
 	prefix := brokertest.Prefix(t)
 	s := matrixSetup{prefix: prefix, wpoison: prefix + ".wpoison"}
 	s.cfg = amqpretry.Config{
-		Backend:         delay.TTLTiers{Tiers: []time.Duration{200 * time.Millisecond, 3 * time.Second}},
+		Backend:         delay.TTLTiers(200*time.Millisecond, 3*time.Second),
 		Prefix:          prefix,
 		Policy:          amqpretry.Policy{MaxAttempts: matrixAttempts, Delays: []time.Duration{200 * time.Millisecond}},
 		HandoffAttempts: matrixAttempts,
