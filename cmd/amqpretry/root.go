@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -119,7 +120,8 @@ func runWith(ctx context.Context, args []string, stdin io.Reader, terminal bool,
 // root builds the command tree.
 func (a *app) root() *cobra.Command {
 	defaults := amqpretry.Config{}.WithDefaults()
-	a.tiers = durationList(delay.DefaultTiers())
+	lib := libraryDefaults()
+	a.tiers = lib.tiers
 	root := &cobra.Command{
 		Use:   "amqpretry",
 		Short: "Operate the broker side of amqpretry: status, topology, poison and parking queues",
@@ -151,13 +153,13 @@ their defaults are the library's. --json gives machine-readable output everywher
 	pf := root.PersistentFlags()
 	a.flags = pf
 	pf.BoolVar(&a.json, "json", false, "machine-readable output (JSON, snake_case keys)")
-	pf.StringVar(&a.backend, "backend", defaults.Backend.Name(), "delay backend: "+strings.Join(brokerBackends(), ", "))
+	pf.StringVar(&a.backend, "backend", defaults.Backend.Name(), "delay backend, by the name delay.Parse takes (one with something on the broker)")
 	pf.StringVar(&a.prefix, "prefix", defaults.Prefix, "prefix of every queue and exchange the library declares")
 	pf.Var(&a.tiers, "tiers", "ttl-tiers: the ladder of delays, comma-separated")
-	pf.IntVar(&a.levels, "levels", delay.DefaultLevels, "binary-levels: number of levels (delays up to 2^levels - 1 s)")
-	pf.IntVar(&a.heldRetries, "held-retries", defaults.HeldRetries, "retries RabbitMQ 4.3+ holds in the work queue itself before the backend takes the next")
+	pf.IntVar(&a.levels, "levels", lib.levels, "binary-levels: number of levels (delays up to 2^levels - 1 s)")
+	pf.IntVar(&a.heldRetries, "held-retries", 0, "retries RabbitMQ 4.3+ holds in the work queue itself before the backend takes the next")
 	// The flag's old name: a hidden, deprecated alias, so that scripts keep working.
-	pf.DurationVar(&a.retryDelay, "retry-delay", defaults.DelayedRetryDelay, "delay of the retries held in the work queue (held-retries, delayed-retry backend)")
+	pf.DurationVar(&a.retryDelay, "retry-delay", lib.retryDelay, "delay of the retries held in the work queue (held-retries, delayed-retry backend)")
 	pf.StringVar(&a.poisonQueue, "poison-queue", "", "poison queue (default <prefix>.poison: "+defaults.PoisonQueue+")")
 
 	root.AddCommand(a.statusCmd(), a.topologyCmd(), a.poisonCmd(), a.parkingCmd(), a.waitingCmd(), a.blockedCmd(), a.teardownCmd(), a.versionCmd(), a.consoleCmd())
@@ -255,16 +257,41 @@ func buildVersion() string {
 	return fmt.Sprintf("%s (library %s, %s)", info.Main.Version, lib, info.GoVersion)
 }
 
-// brokerBackends are the backends with something on the broker: all but those that
-// keep their retries in the application's process.
-func brokerBackends() []string {
-	var out []string
-	for _, b := range delay.Backends() {
-		if !inProcess(amqpretry.Config{Backend: b}) {
-			out = append(out, b.Name())
+// defaults are the library's default backend settings, for the flags' defaults, as
+// its plans declare them (the public API names them nowhere else): the default
+// ladder of ttl-tiers, the levels of binary-levels, the delay of retries held in the
+// work queue.
+type defaults struct {
+	tiers      durationList
+	levels     int
+	retryDelay time.Duration
+}
+
+func libraryDefaults() defaults {
+	var d defaults
+	if plan, err := (amqpretry.Config{Backend: delay.TTLTiers()}).Plan(); err == nil {
+		for _, q := range plan.Queues {
+			if ms, ok := q.Args["x-message-ttl"].(int64); ok && q.Role == "delay" {
+				d.tiers = append(d.tiers, time.Duration(ms)*time.Millisecond)
+			}
+		}
+		slices.Sort(d.tiers)
+	}
+	if plan, err := (amqpretry.Config{Backend: delay.BinaryLevels(0)}).Plan(); err == nil {
+		for _, q := range plan.Queues {
+			if q.Role == "delay" {
+				d.levels++
+			}
 		}
 	}
-	return out
+	if plan, err := (amqpretry.Config{Backend: delay.DelayedRetry(0)}).Plan("q"); err == nil {
+		for _, q := range plan.Queues {
+			if ms, ok := q.Args["x-delayed-retry-min"].(int64); ok && q.Role == "work" {
+				d.retryDelay = time.Duration(ms) * time.Millisecond
+			}
+		}
+	}
+	return d
 }
 
 // inProcess tells whether cfg's backend keeps its retries in the application's
@@ -289,7 +316,7 @@ func (a *app) retryConfig() (amqpretry.Config, error) {
 		Backend: delay.HeldRetries(a.heldRetries, a.retryDelay, b), Prefix: a.prefix, PoisonQueue: a.poisonQueue,
 	}
 	if inProcess(cfg) {
-		return cfg, usagef("--backend: the %s backend has nothing on the broker (known: %s)", cfg.Backend, strings.Join(brokerBackends(), ", "))
+		return cfg, usagef("--backend: the %s backend has nothing on the broker: name one that has (--help)", cfg.Backend)
 	}
 	if _, err := cfg.Plan(); err != nil { // checks what decides the topology
 		return cfg, usagef("invalid retry configuration: %s", flagNames(strings.TrimPrefix(err.Error(), "invalid config: ")))
@@ -299,7 +326,8 @@ func (a *app) retryConfig() (amqpretry.Config, error) {
 
 // flagNames names the flags behind the amqpretry.Config fields in a validation error.
 func flagNames(s string) string {
-	return strings.NewReplacer("Backend.Delay:", "--retry-delay:", "Backend:", "--backend:", "Prefix:", "--prefix:", "Tiers:", "--tiers:", "Tiers[", "--tiers[",
+	return strings.NewReplacer("delay.DelayedRetry(delay):", "--retry-delay:", "delay.HeldRetries(n):", "--held-retries:",
+		"delay.HeldRetries(delay):", "--retry-delay:", "delay.HeldRetries(then):", "--backend:", "Backend.Delay:", "--retry-delay:", "Backend:", "--backend:", "Prefix:", "--prefix:", "Tiers:", "--tiers:", "Tiers[", "--tiers[",
 		"Levels:", "--levels:", "HeldRetries:", "--held-retries:", "DelayedRetryDelay:", "--retry-delay:",
 		"PoisonQueue:", "--poison-queue:").Replace(s)
 }
