@@ -246,7 +246,7 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 	}.Validate()
 	for _, want := range []string{
 		`Topology: unknown mode "passive" (known: declare, verify, none)`, "Levels: 30 is outside 1 to 29",
-		"PoisonQueue:", "HeldRetries: -1 is negative", "ConfirmTimeout:", "HandoffAttempts:",
+		"PoisonQueue:", "delay.HeldRetries(n): -1 is negative", "ConfirmTimeout:", "HandoffAttempts:",
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v, does not say %q", err, want)

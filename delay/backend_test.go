@@ -420,7 +420,6 @@ func TestValidationNamesTheField(t *testing.T) {
 	}{
 		{Spec{Name: TTLTiers().Name(), Prefix: "a*b", Tiers: backend.DefaultTiers()}, `Prefix: "a*b" must not contain`},
 		{Spec{Name: TTLTiers().Name(), Prefix: "a b", Tiers: backend.DefaultTiers()}, "Prefix:"},
-		{Spec{Name: TTLTiers().Name(), Prefix: "p", Tiers: []time.Duration{}}, "Tiers: empty"},
 		{Spec{Name: TTLTiers().Name(), Prefix: "p", Tiers: []time.Duration{time.Second, 0}}, "Tiers[1]: 0s is outside 1ms to"},
 		{Spec{Name: TTLTiers().Name(), Prefix: "p", Tiers: []time.Duration{11 * 365 * 24 * time.Hour}}, "Tiers[0]:"},
 		{Spec{Name: TTLTiers().Name(), Prefix: "p", Tiers: []time.Duration{time.Second, 1500 * time.Microsecond}}, "Tiers[1]: 1.5ms is not a whole number of milliseconds"},

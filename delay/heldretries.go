@@ -76,12 +76,12 @@ func (b heldRetriesValue) Open(s backend.Setup) (backend.Backend, error) {
 	if _, ok := b.then.(backend.Fronted); ok {
 		errs = append(errs, errors.New("delay.HeldRetries(then): held retries again: give HeldRetries once"))
 	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
-	}
 	opened, err := b.then.(backend.Opener).Open(s)
 	if err != nil {
-		return nil, err
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
 	}
 	if !followsHeld(opened) {
 		return nil, fmt.Errorf("delay.HeldRetries(then): retries held in the work queue (RabbitMQ 4.3) cannot stand in front of the %s backend: give a copying backend, delay.TTLTiers() or delay.BinaryLevels(0)", opened.Name())

@@ -148,7 +148,7 @@ func TestWorkQueueArgsOfHeldRetries(t *testing.T) {
 		QueueArgs: amqp.Table{"x-delayed-retry-type": "all", "x-delayed-retry-max": int64(60000), "x-dead-letter-routing-key": "mine"}}
 	_, err := New(sub, cfg)
 	for _, w := range []string{
-		`Subscriber: Queue.Arguments: x-delayed-retry-max 60000: a work queue that holds delayed retries needs x-delayed-retry-max 2000, which the subscriber config adds (the delayed-retry backend's Delay sets it): leave it out of Queue.Arguments`,
+		`Subscriber: Queue.Arguments: x-delayed-retry-max 60000: a work queue that holds delayed retries needs x-delayed-retry-max 2000, which the subscriber config adds (the delayed-retry backend's delay sets it): leave it out of Queue.Arguments`,
 		`Subscriber: Queue.Arguments: x-delayed-retry-type all: a work queue that holds delayed retries needs x-delayed-retry-type "returned", which the subscriber config adds: leave it out of Queue.Arguments`,
 	} {
 		if err == nil || !strings.Contains(err.Error(), w) {

@@ -193,7 +193,7 @@ func HeldRetriesStartWithNoError(t *testing.T, m Major) {
 		s := newSetup(t, m, delay.DelayedRetry(0))
 		s.sub.QueueArgs = amqp.Table{"x-queue-type": "quorum", "x-delayed-retry-min": int64(5000), "x-dead-letter-exchange": "app.dlx"}
 		_, err := m.New(s.sub, s.cfg)
-		want := `Subscriber: Queue.Arguments: x-delayed-retry-min 5000: a work queue that holds delayed retries needs x-delayed-retry-min 1000, which the subscriber config adds (the delayed-retry backend's Delay sets it): leave it out of Queue.Arguments`
+		want := `Subscriber: Queue.Arguments: x-delayed-retry-min 5000: a work queue that holds delayed retries needs x-delayed-retry-min 1000, which the subscriber config adds (the delayed-retry backend's delay sets it): leave it out of Queue.Arguments`
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Fatalf("New = %v, want %s", err, want)
 		}

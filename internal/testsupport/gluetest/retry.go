@@ -360,7 +360,6 @@ func InvalidConfigNamesTheField(t *testing.T, m Major) {
 		{"bad policy", queue, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: -1}}, "MaxAttempts"},
 		{"backend setting", queue, amqpretry.Config{Backend: delay.BinaryLevels(30)}, "Levels: 30"},
 		{"duplicate tier", queue, amqpretry.Config{Backend: delay.TTLTiers(time.Second, time.Second)}, "Tiers[1]"},
-		{"empty tiers", queue, amqpretry.Config{Backend: delay.TTLTiers()}, "Tiers: empty"},
 		{"prefix too long", queue, amqpretry.Config{Prefix: strings.Repeat("p", 250)}, "Prefix"},
 		{"poison queue too long", queue, amqpretry.Config{PoisonQueue: strings.Repeat("q", 256)}, "PoisonQueue"},
 		{"policy past the backend", queue, amqpretry.Config{Backend: delay.BinaryLevels(3)}, "Policy.MaxInterval: delay too long"},
@@ -370,7 +369,7 @@ func InvalidConfigNamesTheField(t *testing.T, m Major) {
 		{"schedule on delayed-retry", queue, amqpretry.Config{Backend: delay.DelayedRetry(0), Policy: amqpretry.Policy{InitialInterval: 2 * time.Second}}, "Policy.InitialInterval"},
 		{"held retries with immediate", queue, amqpretry.Config{Backend: delay.HeldRetries(2, 0, nil), Policy: amqpretry.Policy{Immediate: 1}}, "HeldRetries"},
 		{"held retries on a classic work queue", Sub{URI: uri, QueueArgs: amqp.Table{"x-queue-type": "classic"}}, amqpretry.Config{Backend: delay.HeldRetries(1, 0, nil)}, "Queue.Arguments"},
-		{"delayed retry delay below 1ms", queue, amqpretry.Config{Backend: delay.DelayedRetry(time.Microsecond)}, "Backend.Delay"},
+		{"delayed retry delay below 1ms", queue, amqpretry.Config{Backend: delay.DelayedRetry(time.Microsecond)}, "delay.DelayedRetry(delay)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
