@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"runtime/debug"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -120,8 +120,6 @@ func runWith(ctx context.Context, args []string, stdin io.Reader, terminal bool,
 // root builds the command tree.
 func (a *app) root() *cobra.Command {
 	defaults := amqpretry.Config{}.WithDefaults()
-	lib := libraryDefaults()
-	a.tiers = lib.tiers
 	root := &cobra.Command{
 		Use:   "amqpretry",
 		Short: "Operate the broker side of amqpretry: status, topology, poison and parking queues",
@@ -155,11 +153,11 @@ their defaults are the library's. --json gives machine-readable output everywher
 	pf.BoolVar(&a.json, "json", false, "machine-readable output (JSON, snake_case keys)")
 	pf.StringVar(&a.backend, "backend", defaults.Backend.Name(), "delay backend, by the name delay.Parse takes (one with something on the broker)")
 	pf.StringVar(&a.prefix, "prefix", defaults.Prefix, "prefix of every queue and exchange the library declares")
-	pf.Var(&a.tiers, "tiers", "ttl-tiers: the ladder of delays, comma-separated")
-	pf.IntVar(&a.levels, "levels", lib.levels, "binary-levels: number of levels (delays up to 2^levels - 1 s)")
+	pf.Var(&a.tiers, "tiers", "ttl-tiers: the ladder of delays, comma-separated (default: the library's ladder)")
+	pf.IntVar(&a.levels, "levels", 0, "binary-levels: number of levels, delays up to 2^levels - 1 s (0: the library's default)")
 	pf.IntVar(&a.heldRetries, "held-retries", 0, "retries RabbitMQ 4.3+ holds in the work queue itself before the backend takes the next")
 	// The flag's old name: a hidden, deprecated alias, so that scripts keep working.
-	pf.DurationVar(&a.retryDelay, "retry-delay", lib.retryDelay, "delay of the retries held in the work queue (held-retries, delayed-retry backend)")
+	pf.DurationVar(&a.retryDelay, "retry-delay", 0, "delay of the retries held in the work queue (held-retries, delayed-retry backend; 0: the library's default)")
 	pf.StringVar(&a.poisonQueue, "poison-queue", "", "poison queue (default <prefix>.poison: "+defaults.PoisonQueue+")")
 
 	root.AddCommand(a.statusCmd(), a.topologyCmd(), a.poisonCmd(), a.parkingCmd(), a.waitingCmd(), a.blockedCmd(), a.teardownCmd(), a.versionCmd(), a.consoleCmd())
@@ -257,43 +255,6 @@ func buildVersion() string {
 	return fmt.Sprintf("%s (library %s, %s)", info.Main.Version, lib, info.GoVersion)
 }
 
-// defaults are the library's default backend settings, for the flags' defaults, as
-// its plans declare them (the public API names them nowhere else): the default
-// ladder of ttl-tiers, the levels of binary-levels, the delay of retries held in the
-// work queue.
-type defaults struct {
-	tiers      durationList
-	levels     int
-	retryDelay time.Duration
-}
-
-func libraryDefaults() defaults {
-	var d defaults
-	if plan, err := (amqpretry.Config{Backend: delay.TTLTiers()}).Plan(); err == nil {
-		for _, q := range plan.Queues {
-			if ms, ok := q.Args["x-message-ttl"].(int64); ok && q.Role == "delay" {
-				d.tiers = append(d.tiers, time.Duration(ms)*time.Millisecond)
-			}
-		}
-		slices.Sort(d.tiers)
-	}
-	if plan, err := (amqpretry.Config{Backend: delay.BinaryLevels(0)}).Plan(); err == nil {
-		for _, q := range plan.Queues {
-			if q.Role == "delay" {
-				d.levels++
-			}
-		}
-	}
-	if plan, err := (amqpretry.Config{Backend: delay.DelayedRetry(0)}).Plan("q"); err == nil {
-		for _, q := range plan.Queues {
-			if ms, ok := q.Args["x-delayed-retry-min"].(int64); ok && q.Role == "work" {
-				d.retryDelay = time.Duration(ms) * time.Millisecond
-			}
-		}
-	}
-	return d
-}
-
 // inProcess tells whether cfg's backend keeps its retries in the application's
 // process, with nothing on the broker for the command to see.
 func inProcess(cfg amqpretry.Config) bool {
@@ -324,10 +285,17 @@ func (a *app) retryConfig() (amqpretry.Config, error) {
 	return cfg, nil
 }
 
-// flagNames names the flags behind the amqpretry.Config fields in a validation error.
+// backendArg is a backend constructor's argument named in a validation error, as
+// "delay.<Constructor>(<argument>):".
+var backendArg = regexp.MustCompile(`delay\.[A-Za-z]+\((n|delay|then)\):`)
+
+// flagNames names the flags behind the amqpretry.Config fields (and the backend
+// constructors' arguments) in a validation error.
 func flagNames(s string) string {
-	return strings.NewReplacer("delay.DelayedRetry(delay):", "--retry-delay:", "delay.HeldRetries(n):", "--held-retries:",
-		"delay.HeldRetries(delay):", "--retry-delay:", "delay.HeldRetries(then):", "--backend:", "Backend.Delay:", "--retry-delay:", "Backend:", "--backend:", "Prefix:", "--prefix:", "Tiers:", "--tiers:", "Tiers[", "--tiers[",
+	s = backendArg.ReplaceAllStringFunc(s, func(m string) string {
+		return map[string]string{"n": "--held-retries:", "delay": "--retry-delay:", "then": "--backend:"}[backendArg.FindStringSubmatch(m)[1]]
+	})
+	return strings.NewReplacer("Backend:", "--backend:", "Prefix:", "--prefix:", "Tiers:", "--tiers:", "Tiers[", "--tiers[",
 		"Levels:", "--levels:", "HeldRetries:", "--held-retries:", "DelayedRetryDelay:", "--retry-delay:",
 		"PoisonQueue:", "--poison-queue:").Replace(s)
 }
