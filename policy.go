@@ -25,7 +25,7 @@ type Policy struct {
 	// Delay), the zero value of each schedule field below means
 	// that delay; a value that would ask for another delay, a growth or a jitter is
 	// refused by Config.Validate, naming the fix, rather than ignored. With
-	// Config.HeldRetries the held retries are DelayedRetryDelay apart, and the whole
+	// delay.HeldRetries the held retries are its delay apart, and the whole
 	// schedule applies to Backend's retries after them.
 	Delays []time.Duration
 	// InitialInterval is the delay before the first delayed retry. Default: 1s; on
@@ -52,9 +52,9 @@ type Policy struct {
 	// by Classify, skips them. Default: 0.
 	//
 	// The schedule (Delays, or InitialInterval onwards) is the delayed stage's: it
-	// starts after the retries of a first stage, Immediate or Config.HeldRetries,
-	// at its first delay. With HeldRetries 2 and the defaults, attempts 2 and 3 come
-	// DelayedRetryDelay after the failure, attempt 4 about 1s after, attempt 5 about 2s.
+	// starts after the retries of a first stage, Immediate or delay.HeldRetries,
+	// at its first delay. With delay.HeldRetries(2, 0, nil) and the defaults, attempts 2 and 3 come
+	// the held retries' delay after the failure, attempt 4 about 1s after, attempt 5 about 2s.
 	Immediate int
 	// ImmediateInterval is the pause before each immediate retry. Default: 0.
 	ImmediateInterval time.Duration
@@ -123,7 +123,7 @@ func (p Policy) validate() error {
 }
 
 // longest is the longest delay p can ask of the copying backend, after stages retries
-// held in the work queue (Config.HeldRetries), jitter's upper bound included, and the
+// held in the work queue (delay.HeldRetries), jitter's upper bound included, and the
 // field that decides it: "Delays[i]", the longest entry within reach, or
 // "MaxInterval", which caps the exponential schedule. 0 and "" when it asks for none.
 // Config.Validate checks it against the backend's limits, and the middleware logs it

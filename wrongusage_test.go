@@ -294,10 +294,10 @@ var quorumBackFix = []string{
 // names.
 func classicFix(queue string) []string {
 	return []string{
-		fmt.Sprintf("work queue %q is a classic queue, and delayed retries (Backend delayed-retry or HeldRetries) need a quorum queue", queue),
+		fmt.Sprintf("work queue %q is a classic queue, and delayed retries (Backend delayed-retry or delay.HeldRetries) need a quorum queue", queue),
 		"a queue's type cannot change, not even by a policy",
 		"move to a new quorum queue", "move the messages to it",
-		"or keep it as it is and use a copying Backend (ttl-tiers or binary-levels) without HeldRetries",
+		"or keep it as it is and use a copying Backend (ttl-tiers or binary-levels) without delay.HeldRetries",
 	}
 }
 

@@ -49,8 +49,8 @@ import (
 //     path without any success).
 //   - library: one Watermill router, wamqp3 (watermill-amqp v3, Consume.Qos.PrefetchCount
 //     1 or 50), the same messages. delayed-retry: Config{Backend:
-//     delay.DelayedRetry(1ms)}; two-stage: Config{HeldRetries: 1, ttl-tiers with one
-//     1 ms tier behind}; ttl-tiers: the copying backend, one 1 ms tier; ceiling-copy:
+//     delay.DelayedRetry(1ms)}; two-stage: Config{Backend: delay.HeldRetries(1, 1ms, ttl-tiers with one
+//     1 ms tier)}; ttl-tiers: the copying backend, one 1 ms tier; ceiling-copy:
 //     the ceiling middleware of ceiling.go (a confirmed copy to the same tier, nothing
 //     else) with the ttl-tiers subscriber; ceiling-envelope: the same carrying the
 //     envelope of one of our copies, mandatory and with a MessageId as ours are

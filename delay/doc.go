@@ -43,7 +43,7 @@
 // delayed-retry copies nothing: the middleware settles the failed delivery with a
 // requeue and RabbitMQ 4.3 holds it aside in the work queue for the queue's delay. It
 // can also take the first retries only, in front of a copying backend (see
-// amqpretry.Config.HeldRetries).
+// HeldRetries).
 //
 // delivery-time copies nothing either: over AMQP 1.0 (the transport of package
 // github.com/amqpretry/amqpretry/amqp1) the middleware settles the failed delivery with

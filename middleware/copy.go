@@ -271,7 +271,7 @@ func (e *engine) checkWiring(d delivery) error {
 // holdsRetry tells whether the retry after d's failed attempt is held in the work
 // queue. A holder of any delay (delivery-time) holds every retry; one with a constant
 // delay, the queue's (delayed-retry), holds every retry when it is alone, else the
-// first HeldRetries, and neither when the queue was found not to hold them or the
+// first delay.HeldRetries, and neither when the queue was found not to hold them or the
 // error asks for a delay of its own (the copying backend can keep it).
 func (e *engine) holdsRetry(d delivery, dec amqpretry.Decision) bool {
 	switch {

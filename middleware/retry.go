@@ -192,7 +192,7 @@ func (r *Retry) Bind(ch *amqp.Channel, queue string) error { return r.r.bind(ch,
 
 // CheckWorkQueue refuses queue as a work queue of this Retry when it already exists
 // and cannot hold its retries: with delayed retries (Backend delayed-retry or
-// HeldRetries), a queue of another type than quorum. The error names the queue and
+// delay.HeldRetries), a queue of another type than quorum. The error names the queue and
 // the fix, and wraps topology.ErrMismatch. It checks passively, over the hand-off's
 // connection, in topology modes declare and verify (mode none checks nothing); a
 // queue that does not exist yet passes. A transport's AddHandler calls it when the

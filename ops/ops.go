@@ -28,7 +28,7 @@ type Config struct {
 	AMQP amqp.Config
 	// Retry is the application's retry configuration, its defaults from
 	// Retry.WithDefaults(). Only what names and shapes the broker side counts: Backend
-	// (with its settings), Prefix, HeldRetries, DelayedRetryDelay, PoisonQueue, and
+	// (with its settings), Prefix, delay.HeldRetries, DelayedRetryDelay, PoisonQueue, and
 	// ConfirmTimeout (each confirm of a redrive). Policy, Classify, Topology and the
 	// rest are not used (a policy the backend cannot keep is the application's error,
 	// not the topology's). The memory backend has nothing on the broker and is
@@ -156,7 +156,7 @@ func hasParking(b backend.Backend, n names.Names) bool {
 }
 
 // holdsRetries tells whether the work queues hold retries (RabbitMQ 4.3's delayed
-// retry: the delayed-retry backend, or HeldRetries), and so must be quorum queues, and
+// retry: the delayed-retry backend, or delay.HeldRetries), and so must be quorum queues, and
 // retries may wait in them: ops's one answer to that.
 func (o *Ops) holdsRetries() bool { return o.holds }
 

@@ -19,7 +19,7 @@ import (
 // queue: in the delay queues of ttl-tiers and binary-levels under Config.Retry.Prefix
 // (those of the configured backend and any other such queue found under the prefix,
 // left by a change of Backend, Tiers or Levels), and, on RabbitMQ 4.3, in the delayed
-// retry of the work queue named by Filter.Queue (delayed-retry, or HeldRetries).
+// retry of the work queue named by Filter.Queue (delayed-retry, or delay.HeldRetries).
 // Filter.Queue selects the retries of one work queue.
 //
 //   - List reads them without changing anything a later delivery sees (see

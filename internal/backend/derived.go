@@ -35,7 +35,7 @@ type Derived struct {
 	// its waiting retries can only be counted. What the sibling modules ask.
 	InProcess, AMQP1, Sealed bool
 	Local                    message.Publisher
-	// Held is the backend that holds the first HeldRetries retries in the work queue,
+	// Held is the backend that holds the first delay.HeldRetries retries in the work queue,
 	// in front of Backend (delay.HeldRetries); nil and 0 without held retries.
 	Held        Backend
 	HeldRetries int

@@ -2,7 +2,7 @@ package gluetest
 
 // Tests of retries RabbitMQ 4.3 holds in the work queue itself (delayed retry of
 // quorum queues): the delayed-retry backend, and its first stage in front of a copying
-// backend (Config.HeldRetries).
+// backend (delay.HeldRetries).
 
 import (
 	"context"
@@ -170,7 +170,7 @@ func DelayedRetry(t *testing.T, m Major) {
 	}
 }
 
-// HeldRetriesThenCopies: the first HeldRetries retries wait in the work queue
+// HeldRetriesThenCopies: the first delay.HeldRetries retries wait in the work queue
 // (no copy; the envelope the process kept is in the metadata when they come back, as
 // on a copy), the later ones go through ttl-tiers with the policy's schedule started
 // again from its first delay; a RetryAfter skips the first stage, to the copying

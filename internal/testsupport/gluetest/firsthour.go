@@ -141,7 +141,7 @@ func exchangeExists(t *testing.T, exchange string) bool {
 
 // HeldRetriesStartWithNoError: on RabbitMQ 4.3, delayed retries on the setups the docs
 // give: the README's durable queue config (no queue arguments), docs/cqrs.md's
-// x-queue-type quorum, and ttl-tiers with HeldRetries. The subscriber config gives the
+// x-queue-type quorum, and ttl-tiers with delay.HeldRetries. The subscriber config gives the
 // work queue every argument it needs, the poison queue as its dead-letter target
 // included, so that nothing is logged at ERROR from New to Close, a failed message
 // retried included (before: "Work queues drop what they cannot deliver" at start).

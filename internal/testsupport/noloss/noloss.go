@@ -79,7 +79,7 @@ type Variant struct {
 	// "ttl-tiers+held-retries" for the two-stage form.
 	Name    string
 	Backend delay.Backend
-	// HeldRetries is amqpretry.Config.HeldRetries.
+	// delay.HeldRetries is amqpretry.delay.HeldRetries.
 	HeldRetries int
 	// Failures is how many attempts of a fates.Transient message fail: every retry of
 	// the variant's stages is used (the two-stage form needs one more failure than
@@ -210,7 +210,7 @@ type Setup struct {
 func (s Setup) Quorum() bool { return len(s.Nodes) > 0 || s.Variant.HoldsRetries() || s.QuorumWork }
 
 // HeldDelay is how long RabbitMQ 4.3 holds a retry in the work queue
-// (Config.DelayedRetryDelay, or delay.DelayedRetry's Delay): long enough for the test to see retries waiting there
+// (delay.HeldRetries's delay, or delay.DelayedRetry's): long enough for the test to see retries waiting there
 // through rabbitmqctl, whose every run takes seconds, before and while a fault is
 // injected (each retry of a transient message is held twice in a row). 8 s against
 // one broker; 15 s in a cluster, where rabbitmqctl answers slower while a node
