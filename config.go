@@ -388,7 +388,7 @@ func (c Config) Plan(workQueues ...string) (topology.Topology, error) {
 // ApplyCommand returns the command line of the amqpretry command (module
 // github.com/amqpretry/amqpretry/cmd/amqpretry) that declares what Plan(workQueues...)
 // returns: `amqpretry topology apply`, with a flag for each setting that differs from
-// its default (the backend's own flags, backend.Flagger) and a --queue for each work
+// its default (the backend's own flags) and a --queue for each work
 // queue. It does not check c: see Plan.
 func (c Config) ApplyCommand(workQueues ...string) string {
 	c = c.WithDefaults()
