@@ -516,7 +516,7 @@ func TestNewRetryInvalidConfig(t *testing.T) {
 		{"another backend", SubscriberConfig{URI: uri}, amqpretry.Config{Backend: delay.TTLTiers()}, []string{"Backend", delay.TTLTiers().Name(), delay.DeliveryTime().Name()}},
 		{"memory backend", SubscriberConfig{URI: uri}, amqpretry.Config{Backend: delay.Memory(nil)}, []string{"Backend", delay.Memory(nil).Name()}},
 		{"classic queue", SubscriberConfig{URI: uri, Queue: QueueConfig{Type: "classic"}}, amqpretry.Config{}, []string{"Queue.Type", "classic", "quorum"}},
-		{"held retries", SubscriberConfig{URI: uri}, amqpretry.Config{Backend: delay.HeldRetries(2, 0, nil)}, []string{"HeldRetries"}},
+		{"held retries", SubscriberConfig{URI: uri}, amqpretry.Config{Backend: delay.HeldRetries(2, 0, delay.DeliveryTime())}, []string{"delay.HeldRetries(then)", "delivery-time"}},
 		{"policy", SubscriberConfig{URI: uri}, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: -1}}, []string{"MaxAttempts"}},
 		{"no URI", SubscriberConfig{}, amqpretry.Config{}, []string{"URI"}},
 		{"above the default delivery limit", SubscriberConfig{URI: uri}, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 21}},
@@ -526,7 +526,7 @@ func TestNewRetryInvalidConfig(t *testing.T) {
 		{"delivery limit not an integer", SubscriberConfig{URI: uri, Queue: QueueConfig{Arguments: map[string]any{"x-delivery-limit": "30"}}},
 			amqpretry.Config{}, []string{"x-delivery-limit", "integer"}},
 		{"all at once", SubscriberConfig{URI: uri, Queue: QueueConfig{Type: "classic"}}, amqpretry.Config{Backend: delay.HeldRetries(1, 0, delay.TTLTiers())},
-			[]string{"Backend", "Queue.Type", "HeldRetries"}},
+			[]string{"Backend", "Queue.Type"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, err := NewRetry(tc.sub, tc.cfg)
