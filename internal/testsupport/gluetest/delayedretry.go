@@ -257,8 +257,7 @@ func DelayedRetryOnAQueueWithoutItFallsBackLoudly(t *testing.T, m Major) {
 	if _, err := ch.QueueDeclare(s.topic, true, false, false, false, quorum); err != nil {
 		t.Fatal(err)
 	}
-	copies := s.cfg.Backend
-	s.cfg.Backend = delay.HeldRetries(2, 2*time.Second, copies)
+	s.cfg.Backend = delay.HeldRetries(2, 2*time.Second, s.cfg.Backend)
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{500 * time.Millisecond}}
 
 	t.Run("declare", func(t *testing.T) {
@@ -268,9 +267,10 @@ func DelayedRetryOnAQueueWithoutItFallsBackLoudly(t *testing.T, m Major) {
 			t.Fatalf("Subscribe = %v, want the argument clash with the policy fix", err)
 		}
 	})
-	// ttl-tiers with newSetup's tiers; delayed-retry holding for the held retries' delay.
+	// ttl-tiers with newSetup's tiers behind the held retries; delayed-retry holding
+	// for the held retries' delay.
 	held := delay.DelayedRetry(2 * time.Second)
-	for _, name := range []delay.Backend{copies, held} {
+	for _, name := range []delay.Backend{s.cfg.Backend, held} {
 		t.Run("none/"+name.Name(), func(t *testing.T) {
 			cfg := s.cfg
 			cfg.Backend, cfg.Topology = name, topology.ModeNone
