@@ -255,12 +255,6 @@ func buildVersion() string {
 	return fmt.Sprintf("%s (library %s, %s)", info.Main.Version, lib, info.GoVersion)
 }
 
-// inProcess tells whether cfg's backend keeps its retries in the application's
-// process, with nothing on the broker for the command to see.
-func inProcess(cfg amqpretry.Config) bool {
-	return cfg.Derived().InProcess
-}
-
 // retryConfig is the application's retry configuration from the common flags: the
 // command knows the broker side only.
 func (a *app) retryConfig() (amqpretry.Config, error) {
@@ -276,10 +270,9 @@ func (a *app) retryConfig() (amqpretry.Config, error) {
 	cfg := amqpretry.Config{
 		Backend: delay.HeldRetries(a.heldRetries, a.retryDelay, b), Prefix: a.prefix, PoisonQueue: a.poisonQueue,
 	}
-	if inProcess(cfg) {
-		return cfg, usagef("--backend: the %s backend has nothing on the broker: name one that has (--help)", cfg.Backend)
-	}
-	if _, err := cfg.Plan(); err != nil { // checks what decides the topology
+	// Plan checks what decides the topology, and refuses a backend with nothing on the
+	// broker (memory).
+	if _, err := cfg.Plan(); err != nil {
 		return cfg, usagef("invalid retry configuration: %s", flagNames(strings.TrimPrefix(err.Error(), "invalid config: ")))
 	}
 	return cfg, nil
