@@ -254,25 +254,25 @@ func (c Config) fits(v backend.Derived, user Policy) []error {
 func (c Config) fitsConstant(name string, d time.Duration, user Policy) []error {
 	var errs []error
 	p := c.Policy
-	what := fmt.Sprintf("the %s backend holds every retry of a work queue for one constant delay, every %s (its Delay)", name, d)
+	what := fmt.Sprintf("the %s backend holds every retry of a work queue for one constant delay, every %s (its delay)", name, d)
 	copying := "or use a copying Backend (ttl-tiers or binary-levels), behind delay.HeldRetries for the first retries if you want them held"
 	if len(user.Delays) > 0 {
 		switch {
 		case slices.Max(user.Delays) == d && slices.Min(user.Delays) == d:
 		case slices.Max(user.Delays) == slices.Min(user.Delays):
-			errs = append(errs, fmt.Errorf("Policy.Delays: %v, %s: set its Delay to %s instead", user.Delays, what, user.Delays[0]))
+			errs = append(errs, fmt.Errorf("Policy.Delays: %v, %s: set its delay to %s instead", user.Delays, what, user.Delays[0]))
 		default:
-			errs = append(errs, fmt.Errorf("Policy.Delays: %v, %s, and cannot grow it: leave Policy.Delays empty and set its Delay, %s", user.Delays, what, copying))
+			errs = append(errs, fmt.Errorf("Policy.Delays: %v, %s, and cannot grow it: leave Policy.Delays empty and set its delay, %s", user.Delays, what, copying))
 		}
 	} else {
 		if user.InitialInterval != 0 && user.InitialInterval != d {
-			errs = append(errs, fmt.Errorf("Policy.InitialInterval: %s, %s: set its Delay to %s instead (or leave Policy.InitialInterval 0)", user.InitialInterval, what, user.InitialInterval))
+			errs = append(errs, fmt.Errorf("Policy.InitialInterval: %s, %s: set its delay to %s instead (or leave Policy.InitialInterval 0)", user.InitialInterval, what, user.InitialInterval))
 		}
 		if user.Multiplier != 0 && user.Multiplier != 1 {
 			errs = append(errs, fmt.Errorf("Policy.Multiplier: %g, %s, and cannot grow it: set Policy.Multiplier to 1 (or 0 for the default), %s", user.Multiplier, what, copying))
 		}
 		if user.MaxInterval != 0 && user.MaxInterval < d {
-			errs = append(errs, fmt.Errorf("Policy.MaxInterval: %s, shorter than the one constant delay the %s backend holds every retry for, %s (its Delay): set its Delay to at most %s (or leave Policy.MaxInterval 0)", user.MaxInterval, name, d, user.MaxInterval))
+			errs = append(errs, fmt.Errorf("Policy.MaxInterval: %s, shorter than the one constant delay the %s backend holds every retry for, %s (its delay): set its delay to at most %s (or leave Policy.MaxInterval 0)", user.MaxInterval, name, d, user.MaxInterval))
 		}
 		if user.Jitter > 0 {
 			errs = append(errs, fmt.Errorf("Policy.Jitter: %g, %s, and cannot randomise it: set Policy.Jitter to 0 (or -1), %s", user.Jitter, what, copying))
@@ -344,7 +344,7 @@ func (c Config) Derived() backend.Derived {
 	}
 	if k, ok := v.Backend.(backend.Constant); ok {
 		retryDelay = k.OneDelay()
-		v.Schedule = fmt.Sprintf("every retry held in the work queue %s (its Delay)", retryDelay)
+		v.Schedule = fmt.Sprintf("every retry held in the work queue %s (its delay)", retryDelay)
 		v.Longest = retryDelay
 	}
 	v.Fix = declare.Fix{Mode: c.Topology, HoldsRetries: v.WorkQueueArgs != nil, RetryDelay: retryDelay, Backend: v.Name, PoisonQueue: c.PoisonQueue, Apply: c.ApplyCommand, Ordered: c.OrderKey != nil}

@@ -29,7 +29,7 @@ type Policy struct {
 	// schedule applies to Backend's retries after them.
 	Delays []time.Duration
 	// InitialInterval is the delay before the first delayed retry. Default: 1s; on
-	// delayed-retry, its Delay (another value is refused).
+	// delayed-retry, its delay (another value is refused).
 	InitialInterval time.Duration
 	// Multiplier grows the delay after each attempt; fractions are kept (1.5 gives 1s,
 	// 1.5s, 2.25s). At least 1. Default: 2; on delayed-retry, 1 (its one delay), and
@@ -39,7 +39,7 @@ type Policy struct {
 	// Delays, nor a RetryAfter). A policy delay longer than the backend keeps is
 	// refused by Config.Validate on binary-levels and delayed-exchange; on ttl-tiers
 	// it is parked again when it comes back, until it is due. Default: 10m; on
-	// delayed-retry, unused (a value shorter than its Delay is refused).
+	// delayed-retry, unused (a value shorter than its delay is refused).
 	MaxInterval time.Duration
 	// Jitter randomises each delay by up to this fraction either way, below 1, so that
 	// messages that failed together do not come back together; a negative Jitter (-1)

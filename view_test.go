@@ -26,7 +26,7 @@ func TestConfiguredView(t *testing.T) {
 		{"held retries", amqpretry.Config{Backend: delay.HeldRetries(2, 3*time.Second, nil)}, true, 2400 * time.Millisecond,
 			"2 retries held in the work queue 3s apart, then 1s, ×2 per retry"},
 		{"delayed-retry", amqpretry.Config{Backend: delay.DelayedRetry(2 * time.Second)}, false, 2 * time.Second,
-			"every retry held in the work queue 2s (its Delay)"},
+			"every retry held in the work queue 2s (its delay)"},
 		{"binary-levels", amqpretry.Config{Backend: delay.BinaryLevels(12), Prefix: "p", Policy: amqpretry.Policy{Delays: []time.Duration{time.Minute}}},
 			false, time.Minute, "delays [1m0s], the last repeating"},
 	} {

@@ -348,14 +348,14 @@ func TestWrongUsage(t *testing.T) {
 			cfg: func(*wuEnv) amqpretry.Config {
 				return amqpretry.Config{Backend: delay.DelayedRetry(0), Policy: amqpretry.Policy{InitialInterval: time.Second, Multiplier: 2}}
 			},
-			want: []string{"Policy.Multiplier: 2, the delayed-retry backend holds every retry of a work queue for one constant delay, every 1s (its Delay), and cannot grow it: set Policy.Multiplier to 1 (or 0 for the default), or use a copying Backend"},
+			want: []string{"Policy.Multiplier: 2, the delayed-retry backend holds every retry of a work queue for one constant delay, every 1s (its delay), and cannot grow it: set Policy.Multiplier to 1 (or 0 for the default), or use a copying Backend"},
 		},
 		{
 			name: "delayed-retry with a schedule it cannot keep",
 			cfg: func(*wuEnv) amqpretry.Config {
 				return amqpretry.Config{Backend: delay.DelayedRetry(0), Policy: amqpretry.Policy{InitialInterval: 5 * time.Second}}
 			},
-			want: []string{"Policy.InitialInterval: 5s, the delayed-retry backend holds every retry of a work queue for one constant delay, every 1s (its Delay): set its Delay to 5s instead"},
+			want: []string{"Policy.InitialInterval: 5s, the delayed-retry backend holds every retry of a work queue for one constant delay, every 1s (its delay): set its delay to 5s instead"},
 		},
 		{
 			name: "MaxAttempts 0 is logged as what it means",

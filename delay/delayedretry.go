@@ -83,7 +83,7 @@ func (b delayedRetry) Flags() []string {
 // longer delay is held again.
 func (b delayedRetry) Caps() backend.Caps {
 	return backend.Caps{Keeps: backend.KeepsDelivery, Longest: b.delay, PastLongest: backend.HoldAgain,
-		Text: fmt.Sprintf("one constant delay, %s (its Delay), whatever is asked", b.delay)}
+		Text: fmt.Sprintf("one constant delay, %s (its delay), whatever is asked", b.delay)}
 }
 
 // Effective is the queue's delay, whatever was asked: the broker knows no other.

@@ -58,7 +58,7 @@ type Flagger interface {
 }
 
 // Storage is implemented by a backend whose retries wait on the broker in queues of
-// its own (its DelayQueues), for ops to count, list, bring back and tear down.
+// its own (its delayQueues), for ops to count, list, bring back and tear down.
 type Storage interface {
 	// StoragePattern is a regular expression matching the names of every delay queue
 	// it may have declared under its prefix, whatever its settings were: ops finds
