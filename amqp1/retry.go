@@ -173,8 +173,9 @@ func (r *Retry) AddHandler(router *message.Router, handlerName, topic string, ha
 }
 
 // annotationPrefix starts AMQP 1.0's non-standard message annotations, the ones the
-// delivery-time backend carries the failure envelope in (the library's copy is
-// delay's; a test pins the two).
+// delivery-time backend carries the failure envelope in (package delay writes them
+// with the same prefix; the retry tests on the broker read the envelope back through
+// it).
 const annotationPrefix = "x-opt-"
 
 // envelopeAnnotation starts the message annotations the failure envelope travels in:
