@@ -25,32 +25,11 @@ import (
 type Config struct {
 	// Backend keeps the retries: a value of package delay, with its own settings, named
 	// "ttl-tiers", "binary-levels", "delayed-exchange", "delayed-retry", "delivery-time"
-	// (amqp1) or "memory"; delay.Parse gives one by name. Default: delay.TTLTiers{}.
+	// (amqp1) or "memory"; delay.Parse gives one by name. Default: delay.TTLTiers().
 	Backend delay.Backend
 	// Prefix starts the name of every queue and exchange the library declares, so
 	// that several applications can share a vhost. Default: "amqpretry".
 	Prefix string
-	// HeldRetries is how many retries, from the first, RabbitMQ 4.3+ holds in the
-	// work queue itself (held retries), DelayedRetryDelay apart, before Backend takes the next ones:
-	// no copy, no publish (its delayed retry of quorum queues). The work queues must be
-	// quorum queues; the subscriber config gets the queue arguments it needs. With
-	// Backend delay.DelayedRetry{} every retry is held this way and this field is unused.
-	// Not with Policy.Immediate. Default: 0.
-	//
-	// After them Backend's retries follow the policy's schedule started again from its
-	// first delay (InitialInterval, or Delays[0]), as after Policy.Immediate. A delay
-	// of the error's own (RetryAfter, or Classify's) skips them: that retry goes to
-	// Backend at once, which keeps its delay. A held retry carries nothing new on the
-	// wire: when it comes back, this process writes the envelope it kept into the
-	// message's metadata (middleware.ReadEnvelope gives its attempt, error and Due, so
-	// lateness is time.Since(env.Due) as on a copy); after a restart it has none.
-	HeldRetries int
-	// DelayedRetryDelay is the constant delay of the HeldRetries RabbitMQ holds in
-	// the work queue (its x-delayed-retry-min and -max), a whole number of
-	// milliseconds. Not the delay of a delay.DelayedRetry backend: that is its Delay.
-	// Default: 1s.
-	DelayedRetryDelay time.Duration
-
 	// Policy says how many attempts and how long apart. See Policy for its defaults.
 	Policy Policy
 	// Outage says when a work queue's handlers are judged to fail because something they
@@ -104,16 +83,10 @@ type Config struct {
 func (c Config) WithDefaults() Config {
 	c.derived = nil
 	if c.Backend == nil {
-		c.Backend = delay.TTLTiers{}
+		c.Backend = delay.TTLTiers()
 	}
 	if c.Prefix == "" {
 		c.Prefix = names.DefaultPrefix
-	}
-	if c.DelayedRetryDelay == 0 {
-		c.DelayedRetryDelay = backend.DefaultRetryDelay
-	}
-	if _, ok := c.Backend.(interface{ HoldsEveryRetry() bool }); ok {
-		c.HeldRetries = 0 // the backend holds every retry itself
 	}
 	c.Policy = c.Policy.withDefaults()
 	c.Outage = c.Outage.withDefaults()
@@ -156,8 +129,8 @@ func (c Config) invalid(v backend.Derived, user Config) error {
 	if err := c.Outage.validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if c.HeldRetries > 0 && c.Policy.Immediate > 0 {
-		errs = append(errs, errors.New("HeldRetries: not with Policy.Immediate: retry either in this process or in the broker"))
+	if v.HeldRetries > 0 && c.Policy.Immediate > 0 {
+		errs = append(errs, errors.New("Policy.Immediate: not with delay.HeldRetries: retry either in this process or in the broker"))
 	}
 	if c.Dedup < 0 {
 		errs = append(errs, fmt.Errorf("Dedup: %s is negative", c.Dedup))
@@ -170,9 +143,6 @@ func (c Config) invalid(v backend.Derived, user Config) error {
 	}
 	if c.OrderKey == nil && c.BlockOnPoison {
 		errs = append(errs, errors.New("BlockOnPoison: set without OrderKey, which names the keys it blocks: set OrderKey, or leave BlockOnPoison false"))
-	}
-	if v.Err == nil {
-		errs = append(errs, c.unusedRetryDelay(v, user)...)
 	}
 	if !slices.Contains([]topology.Mode{topology.ModeDeclare, topology.ModeVerify, topology.ModeNone}, c.Topology) {
 		errs = append(errs, fmt.Errorf("Topology: unknown mode %q (known: %s, %s, %s)", c.Topology, topology.ModeDeclare, topology.ModeVerify, topology.ModeNone))
@@ -191,31 +161,8 @@ func (c Config) topologyErrors(v backend.Derived) []error {
 	if len(c.PoisonQueue) > names.MaxBytes {
 		errs = append(errs, fmt.Errorf("PoisonQueue: %q is %d bytes long, over AMQP's %d", c.PoisonQueue, len(c.PoisonQueue), names.MaxBytes))
 	}
-	if c.HeldRetries < 0 {
-		errs = append(errs, fmt.Errorf("HeldRetries: %d is negative", c.HeldRetries))
-	}
-	if c.HeldRetries > 0 {
-		if v.Backend != nil && !followsHeld(v.Backend) {
-			errs = append(errs, fmt.Errorf("HeldRetries: retries held in the work queue (RabbitMQ 4.3) cannot stand in front of the %s backend", v.Name))
-		}
-		if err := backend.CheckRetryDelay("DelayedRetryDelay", c.DelayedRetryDelay); err != nil {
-			errs = append(errs, err)
-		}
-	}
 	return errs
 }
-
-// followsHeld tells whether b can take the retries after those held in the work queue:
-// a backend on the broker, over AMQP 0-9-1, that runs on RabbitMQ 4.3.
-func followsHeld(b backend.Backend) bool {
-	_, inProcess := b.(backend.InProcess)
-	_, amqp1 := b.(backend.AMQP1)
-	g, gated := b.(backend.VersionGate)
-	return !inProcess && !amqp1 && (!gated || g.CheckVersion(heldVersion) == nil)
-}
-
-// heldVersion is the first RabbitMQ version that holds retries in the work queue.
-const heldVersion = "4.3.0"
 
 // fits refuses a policy the backend cannot keep: a delay it can ask for that the
 // backend refuses, or, on a backend of one constant delay, a schedule value set that
@@ -226,7 +173,7 @@ func (c Config) fits(v backend.Derived, user Policy) []error {
 		return c.fitsConstant(v.Name, k.OneDelay(), user)
 	}
 	// A delay the backend refuses could never be handed off.
-	longest, at := c.Policy.longest(c.HeldRetries)
+	longest, at := c.Policy.longest(v.HeldRetries)
 	if longest <= 0 {
 		return nil
 	}
@@ -267,15 +214,15 @@ func (c Config) fits(v backend.Derived, user Policy) []error {
 func (c Config) fitsConstant(name string, d time.Duration, user Policy) []error {
 	var errs []error
 	p := c.Policy
-	what := fmt.Sprintf("the %s backend holds every retry of a work queue for one constant delay, every %s (its Delay)", name, d)
-	copying := "or use a copying Backend (ttl-tiers or binary-levels), with HeldRetries for the first retries if you want them held"
+	what := fmt.Sprintf("the %s backend holds every retry of a work queue for one constant delay, every %s (its delay)", name, d)
+	copying := "or use a copying Backend (ttl-tiers or binary-levels), behind delay.HeldRetries for the first retries if you want them held"
 	if len(user.Delays) > 0 {
 		switch {
 		case slices.Max(user.Delays) == d && slices.Min(user.Delays) == d:
 		case slices.Max(user.Delays) == slices.Min(user.Delays):
-			errs = append(errs, fmt.Errorf("Policy.Delays: %v, %s: set its Delay to %s instead", user.Delays, what, user.Delays[0]))
+			errs = append(errs, fmt.Errorf("Policy.Delays: %v, %s: set its delay to %s instead", user.Delays, what, user.Delays[0]))
 		default:
-			errs = append(errs, fmt.Errorf("Policy.Delays: %v, %s, and cannot grow it: leave Policy.Delays empty and set its Delay, %s", user.Delays, what, copying))
+			errs = append(errs, fmt.Errorf("Policy.Delays: %v, %s, and cannot grow it: leave Policy.Delays empty and set its delay, %s", user.Delays, what, copying))
 		}
 	}
 	if user.Jitter > 0 {
@@ -307,14 +254,18 @@ func (c Config) Derived() backend.Derived {
 	user := c
 	c = c.WithDefaults()
 	s := c.setup()
-	value := c.Backend
-	v := backend.Derived{Name: value.Name(), Schedule: c.Policy.describe(), Setup: s}
+	var value any = c.Backend
+	v := backend.Derived{Name: c.Backend.Name(), Schedule: c.Policy.describe(), Setup: s}
+	v.Backend, v.Err = backend.Open(value, s)
+	var held backend.Opener
+	if f, ok := value.(backend.Fronted); ok && v.Err == nil {
+		v.HeldRetries, held, value = f.Front()
+	}
 	v.Open = func(env backend.Env) (backend.Backend, error) {
 		s := s
 		s.Env = env
-		return delay.Open(value, s)
+		return backend.Open(value, s)
 	}
-	v.Backend, v.Err = delay.Open(value, s)
 	if b := v.Backend; b != nil {
 		v.Caps = b.Caps()
 		_, v.AMQP1 = b.(backend.AMQP1)
@@ -326,14 +277,15 @@ func (c Config) Derived() backend.Derived {
 			v.WorkQueueArgs = w.WorkQueueArgs()
 		}
 	}
-	v.Longest, _ = c.Policy.longest(c.HeldRetries)
-	retryDelay := c.DelayedRetryDelay
-	if c.HeldRetries > 0 {
-		if held, err := delay.Open(delay.DelayedRetry{Delay: c.DelayedRetryDelay}, backend.Setup{}); err == nil {
-			v.Held = held
-			v.WorkQueueArgs = held.(backend.WorkQueueArgser).WorkQueueArgs()
+	v.Longest, _ = c.Policy.longest(v.HeldRetries)
+	var retryDelay time.Duration
+	if held != nil {
+		if h, err := backend.Open(held, backend.Setup{}); err == nil {
+			v.Held = h
+			v.WorkQueueArgs = h.(backend.WorkQueueArgser).WorkQueueArgs()
+			retryDelay = h.(backend.Constant).OneDelay()
 		}
-		v.Schedule = fmt.Sprintf("%d retries held in the work queue %s apart, then %s", c.HeldRetries, c.DelayedRetryDelay, v.Schedule)
+		v.Schedule = fmt.Sprintf("%d retries held in the work queue %s apart, then %s", v.HeldRetries, retryDelay, v.Schedule)
 	}
 	if v.WorkQueueArgs != nil {
 		// Past its delivery limit a quorum queue drops a message it cannot deliver,
@@ -342,7 +294,7 @@ func (c Config) Derived() backend.Derived {
 	}
 	if k, ok := v.Backend.(backend.Constant); ok {
 		retryDelay = k.OneDelay()
-		v.Schedule = fmt.Sprintf("every retry held in the work queue %s (its Delay)", retryDelay)
+		v.Schedule = fmt.Sprintf("every retry held in the work queue %s (its delay)", retryDelay)
 		v.Longest = retryDelay
 	}
 	v.Fix = declare.Fix{Mode: c.Topology, HoldsRetries: v.WorkQueueArgs != nil, RetryDelay: retryDelay, Backend: v.Name, PoisonQueue: c.PoisonQueue, Apply: c.ApplyCommand, Ordered: c.OrderKey != nil}
@@ -386,7 +338,7 @@ func (c Config) Plan(workQueues ...string) (topology.Topology, error) {
 // ApplyCommand returns the command line of the amqpretry command (module
 // github.com/amqpretry/amqpretry/cmd/amqpretry) that declares what Plan(workQueues...)
 // returns: `amqpretry topology apply`, with a flag for each setting that differs from
-// its default (the backend's own flags, backend.Flagger) and a --queue for each work
+// its default (the backend's own flags) and a --queue for each work
 // queue. It does not check c: see Plan.
 func (c Config) ApplyCommand(workQueues ...string) string {
 	c = c.WithDefaults()
@@ -394,15 +346,16 @@ func (c Config) ApplyCommand(workQueues ...string) string {
 	if c.Prefix != names.DefaultPrefix {
 		args = append(args, "--prefix", c.Prefix)
 	}
-	if b, err := delay.Open(c.Backend, c.setup()); err == nil {
+	v := c.Derived()
+	if b := v.Backend; b != nil {
 		if f, ok := b.(backend.Flagger); ok {
 			args = append(args, f.Flags()...)
 		}
 	}
-	if c.HeldRetries > 0 {
-		args = append(args, "--held-retries", strconv.Itoa(c.HeldRetries))
-		if c.DelayedRetryDelay != backend.DefaultRetryDelay {
-			args = append(args, "--retry-delay", c.DelayedRetryDelay.String())
+	if v.HeldRetries > 0 {
+		args = append(args, "--held-retries", strconv.Itoa(v.HeldRetries))
+		if f, ok := v.Held.(backend.Flagger); ok {
+			args = append(args, f.Flags()...)
 		}
 	}
 	if c.PoisonQueue != (names.Names{Prefix: c.Prefix}).Poison() {
@@ -412,18 +365,4 @@ func (c Config) ApplyCommand(workQueues ...string) string {
 		args = append(args, "--queue", q)
 	}
 	return strings.Join(args, " ")
-}
-
-// unusedRetryDelay refuses a DelayedRetryDelay that nothing uses: a negative one
-// without HeldRetries, and, with a backend of one constant delay (delayed-retry), whose
-// delay is its own Delay, one set to another delay. c has its defaults, user is c as
-// given, v is what c derives.
-func (c Config) unusedRetryDelay(v backend.Derived, user Config) []error {
-	if k, ok := v.Backend.(backend.Constant); ok && user.DelayedRetryDelay != 0 && user.DelayedRetryDelay != k.OneDelay() {
-		return []error{fmt.Errorf("DelayedRetryDelay: %s, unused: the %s backend holds every retry for its own Delay, %s: set delay.DelayedRetry{Delay: %s} and leave DelayedRetryDelay 0", user.DelayedRetryDelay, v.Name, k.OneDelay(), user.DelayedRetryDelay)}
-	}
-	if c.HeldRetries == 0 && c.DelayedRetryDelay < 0 {
-		return []error{fmt.Errorf("DelayedRetryDelay: %s, must not be negative (the %s backend without HeldRetries does not use it: leave it 0)", c.DelayedRetryDelay, v.Name)}
-	}
-	return nil
 }

@@ -3,6 +3,7 @@ package amqpretry_test
 import (
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,9 +28,8 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatalf("the test lists %d tiers", len(wantTiers))
 	}
 	want := amqpretry.Config{
-		Backend:           delay.TTLTiers{},
-		Prefix:            "amqpretry",
-		DelayedRetryDelay: time.Second,
+		Backend: delay.TTLTiers(),
+		Prefix:  "amqpretry",
 		Policy: amqpretry.Policy{
 			MaxAttempts: 5, Jitter: 0.2, Delays: []time.Duration{
 				time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 32 * time.Second,
@@ -66,8 +66,7 @@ func TestConfigDefaultsFollowAndKeep(t *testing.T) {
 	}
 	// Set fields are kept.
 	set := amqpretry.Config{
-		Backend: delay.BinaryLevels{Levels: 7}, Prefix: "p",
-		HeldRetries: 2, DelayedRetryDelay: 3 * time.Second, PoisonQueue: "dead",
+		Backend: delay.HeldRetries(2, 3*time.Second, delay.BinaryLevels(7)), Prefix: "p", PoisonQueue: "dead",
 		Topology: topology.ModeVerify,
 		Policy:   amqpretry.Policy{MaxAttempts: 2, Delays: amqpretry.Exponential(time.Minute, 3, time.Hour), Jitter: 0.5, Immediate: 1},
 		Outage:   amqpretry.Outage{Consecutive: 3, Ratio: 0.5, ProbeInterval: time.Minute},
@@ -82,13 +81,10 @@ func TestConfigDefaultsFollowAndKeep(t *testing.T) {
 	if j := (amqpretry.Config{Policy: amqpretry.Policy{Jitter: -1}}).WithDefaults().WithDefaults().Policy.Jitter; j != -1 {
 		t.Errorf("Jitter -1 (none) became %g", j)
 	}
-	if n := (amqpretry.Config{Backend: delay.DelayedRetry{}, HeldRetries: 3}).WithDefaults().HeldRetries; n != 0 {
-		t.Errorf("delayed-retry backend: HeldRetries %d, want 0", n)
-	}
-	// An empty, non-nil ladder is not the default: it is refused.
-	c := amqpretry.Config{Backend: delay.TTLTiers{Tiers: []time.Duration{}}}
-	if err := c.Validate(); err == nil {
-		t.Error("an empty ladder was accepted")
+	// Held retries cannot stand in front of a backend that holds every retry already.
+	c := amqpretry.Config{Backend: delay.HeldRetries(3, 0, delay.DelayedRetry(0))}
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "delay.HeldRetries(then)") {
+		t.Errorf("held retries in front of delayed-retry: %v, want the error naming delay.HeldRetries's then", err)
 	}
 }
 
@@ -99,7 +95,7 @@ func TestConfigDefaultsFollowAndKeep(t *testing.T) {
 // (On the old ladder, 1s 5s 30s 2m 10m 1h, delays asked for 1, 2, 4 and 8 s came back
 // as 9% at 1 s, 72% at 5 s and 19% at 30 s.)
 func TestDefaultPolicyJitterSurvivesDefaultTiers(t *testing.T) {
-	tiers, err := delay.Open(delay.TTLTiers{}, backend.Setup{Prefix: "amqpretry"})
+	tiers, err := backend.Open(delay.TTLTiers(), backend.Setup{Prefix: "amqpretry"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,7 @@
 // confirmed the copy, and nacked for redelivery when it cannot be (at-least-once:
 // nothing lost, a duplicate possible). The broker brings the copy back to the queue that
 // failed, and only to it, after the delay. On RabbitMQ 4.3 the delayed-retry backend (or
-// Config.HeldRetries, for the first retries) copies nothing: the failed delivery
+// delay.HeldRetries, for the first retries) copies nothing: the failed delivery
 // stays in the work queue and the broker holds it for the queue's delay. After the last
 // attempt, or on a permanent error, the message goes to the poison queue with its
 // envelope. A message whose headers amqp091-go cannot read (v1.16.0 and later: nested
@@ -84,7 +84,7 @@
 //     acked (ttl-tiers, binary-levels, delayed-exchange, memory: a backend that keeps a
 //     copy).
 //   - hold: have the broker keep the failed delivery itself in its work queue, no copy
-//     (delayed-retry and Config.HeldRetries, delivery-time: a backend that keeps the
+//     (delayed-retry and delay.HeldRetries, delivery-time: a backend that keeps the
 //     delivery).
 //   - the parking queue: <Prefix>.parking, where a retry whose work queue is gone when
 //     it comes due waits; the poison queue: where a message that failed for good goes.

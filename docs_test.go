@@ -69,7 +69,7 @@ func expectedFigures(t *testing.T) map[string]string {
 		return len(tp.Queues), len(tp.Exchanges), len(tp.Bindings)
 	}
 	perWorkQueue := -1
-	for _, name := range []delay.Backend{delay.TTLTiers{}, delay.BinaryLevels{}} {
+	for _, name := range []delay.Backend{delay.TTLTiers(), delay.BinaryLevels(0)} {
 		q, x, b := plan(name)
 		want[name.Name()+".queues"] = strconv.Itoa(q)
 		want[name.Name()+".exchanges"] = strconv.Itoa(x)
@@ -77,7 +77,7 @@ func expectedFigures(t *testing.T) map[string]string {
 		// RabbitMQ 3.x reserves 3 file handles per single-node quorum queue
 		// (docs/broker-resources.md, measured).
 		want[name.Name()+".handles"] = strconv.Itoa(3 * q)
-		for _, n := range []delay.Backend{delay.TTLTiers{}, delay.BinaryLevels{}, delay.DelayedExchange{}} {
+		for _, n := range []delay.Backend{delay.TTLTiers(), delay.BinaryLevels(0), delay.DelayedExchange()} {
 			_, _, b0 := plan(n)
 			_, _, b1 := plan(n, "work")
 			if perWorkQueue >= 0 && b1-b0 != perWorkQueue {
@@ -87,15 +87,15 @@ func expectedFigures(t *testing.T) map[string]string {
 		}
 	}
 	want["bindings-per-work-queue"] = strconv.Itoa(perWorkQueue)
-	want["ttl-tiers.tiers"] = strconv.Itoa(len(delay.DefaultTiers()))
-	want["binary-levels.levels"] = strconv.Itoa(delay.DefaultLevels)
+	want["ttl-tiers.tiers"] = strconv.Itoa(len(backend.DefaultTiers()))
+	want["binary-levels.levels"] = strconv.Itoa(backend.DefaultLevels)
 	// A 1,024-fd RabbitMQ 3.x broker's file handle budget (ulimit -n - 97, measured).
-	q, _, _ := plan(delay.TTLTiers{})
+	q, _, _ := plan(delay.TTLTiers())
 	want["ttl-tiers.ladders-per-broker"] = strconv.Itoa(927 / (3 * q))
 
-	want["ttl-tiers.longest"] = figureDuration(slices.Max(delay.DefaultTiers()))
-	want["binary-levels.longest"] = fmt.Sprintf("%.1f years", longest(t, def, delay.BinaryLevels{}, time.Second).Hours()/24/365.25)
-	want["delayed-exchange.longest"] = fmt.Sprintf("%.1f days", longest(t, def, delay.DelayedExchange{}, time.Millisecond).Hours()/24)
+	want["ttl-tiers.longest"] = figureDuration(slices.Max(backend.DefaultTiers()))
+	want["binary-levels.longest"] = fmt.Sprintf("%.1f years", longest(t, def, delay.BinaryLevels(0), time.Second).Hours()/24/365.25)
+	want["delayed-exchange.longest"] = fmt.Sprintf("%.1f days", longest(t, def, delay.DelayedExchange(), time.Millisecond).Hours()/24)
 
 	want["handoff-attempts"] = strconv.Itoa(backend.HandoffAttempts)
 	want["handoff-pause-first"] = figureDuration(backend.HandoffPause(1))
@@ -110,7 +110,7 @@ func expectedFigures(t *testing.T) map[string]string {
 // backend's Effective accepts it and refuses one step more.
 func longest(t *testing.T, c amqpretry.Config, name delay.Backend, step time.Duration) time.Duration {
 	t.Helper()
-	b, err := delay.Open(name, backend.Setup{Prefix: c.Prefix})
+	b, err := backend.Open(name, backend.Setup{Prefix: c.Prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +248,7 @@ func versionLess(a, b string) bool {
 }
 
 // TestDocsNameEveryBackend: Config.Backend's doc, package delay's table and the
-// README's table of backends name every backend of delay's parse table (delay.Names),
+// README's table of backends name every backend of delay's parse table (backend.All),
 // so a backend added there is documented, or this fails saying where.
 func TestDocsNameEveryBackend(t *testing.T) {
 	fset := token.NewFileSet()
@@ -257,9 +257,12 @@ func TestDocsNameEveryBackend(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = f
-	backends := delay.Names()
+	var backends []string
+	for _, b := range backend.All(delay.TTLTiers()) {
+		backends = append(backends, b.Name())
+	}
 	if len(backends) < 6 {
-		t.Fatalf("found only %v in delay.Names()", backends)
+		t.Fatalf("found only %v in delay's parse table", backends)
 	}
 	cfg, err := parser.ParseFile(fset, "config.go", nil, parser.ParseComments)
 	if err != nil {
@@ -381,9 +384,6 @@ func TestGoDocDefaults(t *testing.T) {
 		"Config": reflect.ValueOf(def),
 		"Policy": reflect.ValueOf(def.Policy),
 		"Outage": reflect.ValueOf(def.Outage),
-		// The backend settings' docs, on their values.
-		"TTLTiers":     reflect.ValueOf(delay.TTLTiers{Tiers: delay.DefaultTiers()}),
-		"BinaryLevels": reflect.ValueOf(delay.BinaryLevels{Levels: delay.DefaultLevels}),
 	}
 	defaultRe := regexp.MustCompile(`Default: ("[^"]*"|[0-9][0-9.]*[a-z]*)`)
 	fset := token.NewFileSet()
@@ -394,6 +394,27 @@ func TestGoDocDefaults(t *testing.T) {
 			t.Fatal(err)
 		}
 		ast.Inspect(f, func(n ast.Node) bool {
+			// The backend settings' docs, on their constructors.
+			if fd, ok := n.(*ast.FuncDecl); ok && fd.Recv == nil && fd.Doc != nil {
+				doc := strings.Join(strings.Fields(fd.Doc.Text()), " ")
+				switch where := "delay." + fd.Name.Name; fd.Name.Name {
+				case "TTLTiers":
+					checked++
+					if m := regexp.MustCompile(`(\d+) tiers`).FindStringSubmatch(doc); m == nil || m[1] != strconv.Itoa(len(backend.DefaultTiers())) {
+						t.Errorf("%s's doc gives %v tiers by default, the default ladder %d", where, m, len(backend.DefaultTiers()))
+					}
+					if last := figureDuration(slices.Max(backend.DefaultTiers())); !strings.Contains(doc, strings.ReplaceAll(last, " ", "")) {
+						t.Errorf("%s's doc does not end the default ladder at %s", where, last)
+					}
+				case "BinaryLevels":
+					checked++
+					years := fmt.Sprintf("about %.1f years", longest(t, def, delay.BinaryLevels(0), time.Second).Hours()/24/365.25)
+					if !strings.Contains(doc, years) || !strings.Contains(doc, "default, "+strconv.Itoa(backend.DefaultLevels)) {
+						t.Errorf("%s's doc does not say the default, %d levels, keeps %s", where, backend.DefaultLevels, years)
+					}
+				}
+				return true
+			}
 			ts, ok := n.(*ast.TypeSpec)
 			if !ok || values[ts.Name.Name] == (reflect.Value{}) {
 				return true
@@ -409,14 +430,14 @@ func TestGoDocDefaults(t *testing.T) {
 				where := ts.Name.Name + "." + name
 				switch name {
 				case "Tiers":
-					if m := regexp.MustCompile(`(\d+) tiers`).FindStringSubmatch(doc); m == nil || m[1] != strconv.Itoa(len(delay.DefaultTiers())) {
-						t.Errorf("%s's doc gives %v tiers by default, the default ladder %d", where, m, len(delay.DefaultTiers()))
+					if m := regexp.MustCompile(`(\d+) tiers`).FindStringSubmatch(doc); m == nil || m[1] != strconv.Itoa(len(backend.DefaultTiers())) {
+						t.Errorf("%s's doc gives %v tiers by default, the default ladder %d", where, m, len(backend.DefaultTiers()))
 					}
-					if last := figureDuration(slices.Max(delay.DefaultTiers())); !strings.Contains(doc, strings.ReplaceAll(last, " ", "")) {
+					if last := figureDuration(slices.Max(backend.DefaultTiers())); !strings.Contains(doc, strings.ReplaceAll(last, " ", "")) {
 						t.Errorf("%s's doc does not end the default ladder at %s", where, last)
 					}
 				case "Levels":
-					years := fmt.Sprintf("about %.1f years", longest(t, def, delay.BinaryLevels{}, time.Second).Hours()/24/365.25)
+					years := fmt.Sprintf("about %.1f years", longest(t, def, delay.BinaryLevels(0), time.Second).Hours()/24/365.25)
 					if !strings.Contains(doc, years) {
 						t.Errorf("%s's doc does not say the default keeps %s", where, years)
 					}
@@ -502,7 +523,7 @@ func folded(t *testing.T, doc string) string {
 func inProcess(t *testing.T, cfg amqpretry.Config, handler message.NoPublishHandlerFunc, middlewares ...message.HandlerMiddleware) (stop func()) {
 	t.Helper()
 	pubsub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
-	cfg.Backend = delay.Memory{Publisher: pubsub}
+	cfg.Backend = delay.Memory(pubsub)
 	r, err := wamqp3.New(wamqpv3.Config{}, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -136,14 +136,14 @@ func ExampleConfig_classify() {
 func ExampleConfig_backends() {
 	_ = []amqpretry.Config{
 		// A ladder of delay queues; a delay snaps up to the next tier.
-		{Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second, 10 * time.Second, time.Minute, 10 * time.Minute}}},
+		{Backend: delay.TTLTiers(time.Second, 10*time.Second, time.Minute, 10*time.Minute)},
 		// Any delay up to 2^Levels-1 seconds, in 1 s steps.
-		{Backend: delay.BinaryLevels{Levels: 20}},
+		{Backend: delay.BinaryLevels(20)},
 		// RabbitMQ 4.3: retries held in the (quorum) work queue, 2s apart, no copy.
-		{Backend: delay.DelayedRetry{Delay: 2 * time.Second}, Policy: amqpretry.Policy{MaxAttempts: 4}},
+		{Backend: delay.DelayedRetry(2 * time.Second), Policy: amqpretry.Policy{MaxAttempts: 4}},
 		// RabbitMQ 4.3: the first two retries held in the work queue, later ones on
 		// ttl-tiers with exponential backoff.
-		{Backend: delay.TTLTiers{}, HeldRetries: 2, DelayedRetryDelay: 200 * time.Millisecond},
+		{Backend: delay.HeldRetries(2, 200*time.Millisecond, delay.TTLTiers())},
 	}
 	// The backend named by the environment ("" for ttl-tiers), with the settings it
 	// has among those given.
@@ -157,7 +157,7 @@ func ExampleConfig_backends() {
 // Plan lists what a configuration needs on the broker, without a broker: for an
 // administrator, or for a definitions file.
 func ExampleConfig_Plan() {
-	plan, err := amqpretry.Config{Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second, time.Minute}}}.Plan("orders")
+	plan, err := amqpretry.Config{Backend: delay.TTLTiers(time.Second, time.Minute)}.Plan("orders")
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/backend"
 )
 
 // TestPlanRoles: every queue of a plan says what the library keeps in it, so that the
@@ -15,9 +16,9 @@ func TestPlanRoles(t *testing.T) {
 		backend delay.Backend
 		want    map[string]int // role → queues (the work queue is in a plan when it needs arguments)
 	}{
-		{delay.TTLTiers{}, map[string]int{"delay": len(delay.DefaultTiers()), "parking": 1, "poison": 1, "work": 0}},
-		{delay.BinaryLevels{}, map[string]int{"delay": delay.DefaultLevels, "parking": 1, "poison": 1, "work": 0}},
-		{delay.DelayedRetry{}, map[string]int{"delay": 0, "parking": 0, "poison": 1, "work": 1}},
+		{delay.TTLTiers(), map[string]int{"delay": len(backend.DefaultTiers()), "parking": 1, "poison": 1, "work": 0}},
+		{delay.BinaryLevels(0), map[string]int{"delay": backend.DefaultLevels, "parking": 1, "poison": 1, "work": 0}},
+		{delay.DelayedRetry(0), map[string]int{"delay": 0, "parking": 0, "poison": 1, "work": 1}},
 	} {
 		t.Run(c.backend.Name(), func(t *testing.T) {
 			cfg := amqpretry.Config{Backend: c.backend, Prefix: "roles"}
@@ -53,16 +54,16 @@ func TestApplyCommand(t *testing.T) {
 		want   string
 	}{
 		{amqpretry.Config{}, nil, "amqpretry topology apply --backend ttl-tiers"},
-		{amqpretry.Config{Prefix: "shop", Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second, 90 * time.Second}}}, []string{"q1", "q2"},
+		{amqpretry.Config{Prefix: "shop", Backend: delay.TTLTiers(time.Second, 90*time.Second)}, []string{"q1", "q2"},
 			"amqpretry topology apply --backend ttl-tiers --prefix shop --tiers 1s,1m30s --queue q1 --queue q2"},
-		{amqpretry.Config{Backend: delay.BinaryLevels{Levels: 10}}, nil, "amqpretry topology apply --backend binary-levels --levels 10"},
-		{amqpretry.Config{Backend: delay.BinaryLevels{}}, nil, "amqpretry topology apply --backend binary-levels"},
-		{amqpretry.Config{Backend: delay.DelayedExchange{}, Prefix: "x"}, []string{"q"}, "amqpretry topology apply --backend delayed-exchange --prefix x --queue q"},
-		{amqpretry.Config{HeldRetries: 2, DelayedRetryDelay: 5 * time.Second, PoisonQueue: "dead"}, []string{"q"},
+		{amqpretry.Config{Backend: delay.BinaryLevels(10)}, nil, "amqpretry topology apply --backend binary-levels --levels 10"},
+		{amqpretry.Config{Backend: delay.BinaryLevels(0)}, nil, "amqpretry topology apply --backend binary-levels"},
+		{amqpretry.Config{Backend: delay.DelayedExchange(), Prefix: "x"}, []string{"q"}, "amqpretry topology apply --backend delayed-exchange --prefix x --queue q"},
+		{amqpretry.Config{Backend: delay.HeldRetries(2, 5*time.Second, nil), PoisonQueue: "dead"}, []string{"q"},
 			"amqpretry topology apply --backend ttl-tiers --held-retries 2 --retry-delay 5s --poison-queue dead --queue q"},
-		{amqpretry.Config{HeldRetries: 2}, nil, "amqpretry topology apply --backend ttl-tiers --held-retries 2"},
-		{amqpretry.Config{Backend: delay.DelayedRetry{}}, nil, "amqpretry topology apply --backend delayed-retry"},
-		{amqpretry.Config{Backend: delay.DelayedRetry{Delay: 2500 * time.Millisecond}}, nil, "amqpretry topology apply --backend delayed-retry --retry-delay 2.5s"},
+		{amqpretry.Config{Backend: delay.HeldRetries(2, 0, nil)}, nil, "amqpretry topology apply --backend ttl-tiers --held-retries 2"},
+		{amqpretry.Config{Backend: delay.DelayedRetry(0)}, nil, "amqpretry topology apply --backend delayed-retry"},
+		{amqpretry.Config{Backend: delay.DelayedRetry(2500 * time.Millisecond)}, nil, "amqpretry topology apply --backend delayed-retry --retry-delay 2.5s"},
 	} {
 		if got := tt.cfg.ApplyCommand(tt.queues...); got != tt.want {
 			t.Errorf("ApplyCommand(%+v) = %q, want %q", tt.cfg, got, tt.want)

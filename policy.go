@@ -99,7 +99,7 @@ func (p Policy) validate() error {
 }
 
 // longest is the longest delay p can ask of the copying backend, after stages retries
-// held in the work queue (Config.HeldRetries), jitter's upper bound included (never
+// held in the work queue (delay.HeldRetries), jitter's upper bound included (never
 // past the longest entry), and the entry of Delays that decides it, i ("Delays[i]"),
 // the longest within reach. 0 and -1 when it asks for none. Config.Validate checks it against the backend's limits, and
 // the middleware logs it at start. p has its defaults.

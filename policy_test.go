@@ -36,7 +36,7 @@ func schedule(t testing.TB, policy amqpretry.Policy, attempt, n int) []time.Dura
 	)
 	// Every message fails: outage detection off, or the failures of retries would begin
 	// an outage and keep the messages instead of scheduling them.
-	cfg := amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Policy: policy, Outage: amqpretry.Outage{Consecutive: -1},
+	cfg := amqpretry.Config{Backend: delay.Memory(discard{}), Policy: policy, Outage: amqpretry.Outage{Consecutive: -1},
 		Observe: func(ev amqpretry.Event) {
 			if ev.Kind == amqpretry.EventRetryScheduled {
 				mu.Lock()
@@ -146,25 +146,25 @@ func TestPolicyValidateNamesTheField(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.field, func(t *testing.T) {
-			err := amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Policy: tt.policy}.Validate()
+			err := amqpretry.Config{Backend: delay.Memory(discard{}), Policy: tt.policy}.Validate()
 			if err == nil || !strings.Contains(err.Error(), "Policy."+tt.field+": ") {
 				t.Fatalf("Validate() = %v, want an error naming Policy.%s", err, tt.field)
 			}
 		})
 	}
 	// Several invalid fields: each is named.
-	err := amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Policy: amqpretry.Policy{MaxAttempts: -1, Jitter: 2}}.Validate()
+	err := amqpretry.Config{Backend: delay.Memory(discard{}), Policy: amqpretry.Policy{MaxAttempts: -1, Jitter: 2}}.Validate()
 	for _, field := range []string{"MaxAttempts", "Jitter"} {
 		if err == nil || !strings.Contains(err.Error(), field) {
 			t.Errorf("Validate() = %v, does not name %s", err, field)
 		}
 	}
 	// Jitter 1 or more is refused with the fix; a negative one means none.
-	err = amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Policy: amqpretry.Policy{Jitter: 1.5}}.Validate()
+	err = amqpretry.Config{Backend: delay.Memory(discard{}), Policy: amqpretry.Policy{Jitter: 1.5}}.Validate()
 	if want := "Policy.Jitter: 1.5, must be below 1 (a fraction of the delay, either way): set it below 1, 0 for the default 0.2, or -1 for no jitter"; err == nil || err.Error() != want {
 		t.Errorf("Jitter 1.5: %v, want %q", err, want)
 	}
-	if err := (amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Policy: amqpretry.Policy{Jitter: -1}}).Validate(); err != nil {
+	if err := (amqpretry.Config{Backend: delay.Memory(discard{}), Policy: amqpretry.Policy{Jitter: -1}}).Validate(); err != nil {
 		t.Errorf("Jitter -1 (none): %v", err)
 	}
 }
@@ -172,15 +172,15 @@ func TestPolicyValidateNamesTheField(t *testing.T) {
 // TestPolicyMustFitTheBackend: a policy whose longest delay the backend refuses is
 // refused up front, naming the delay; one the backend keeps shorter is accepted.
 func TestPolicyMustFitTheBackend(t *testing.T) {
-	err := amqpretry.Config{Backend: delay.BinaryLevels{Levels: 4}, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second, 20 * time.Second}, Jitter: -1}}.Validate()
+	err := amqpretry.Config{Backend: delay.BinaryLevels(4), Policy: amqpretry.Policy{Delays: []time.Duration{time.Second, 20 * time.Second}, Jitter: -1}}.Validate()
 	if !errors.Is(err, delay.ErrDelayTooLong) || !strings.Contains(err.Error(), "Policy.Delays[1]: delay too long: with 5 attempts the policy asks for up to 20s") {
 		t.Errorf("binary-levels with 4 levels and a 20s delay: %v", err)
 	}
 	if err := (amqpretry.Config{Policy: amqpretry.Policy{Delays: amqpretry.Exponential(time.Second, 2, 3*time.Hour)}}).Validate(); err != nil {
 		t.Errorf("ttl-tiers with delays past its longest tier: %v, want accepted (they are parked again until due)", err)
 	}
-	err = errors.Join(amqpretry.Config{Backend: delay.DelayedRetry{}, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second, 2 * time.Second}}}.Validate(),
-		amqpretry.Config{Backend: delay.DelayedRetry{}, Policy: amqpretry.Policy{Jitter: 0.1}}.Validate())
+	err = errors.Join(amqpretry.Config{Backend: delay.DelayedRetry(0), Policy: amqpretry.Policy{Delays: []time.Duration{time.Second, 2 * time.Second}}}.Validate(),
+		amqpretry.Config{Backend: delay.DelayedRetry(0), Policy: amqpretry.Policy{Jitter: 0.1}}.Validate())
 	for _, field := range []string{"Policy.Delays", "Policy.Jitter"} {
 		if err == nil || !strings.Contains(err.Error(), field) {
 			t.Errorf("delayed-retry with a schedule: %v, does not name %s", err, field)
@@ -239,11 +239,11 @@ func TestDecisionOf(t *testing.T) {
 // topology mode among them (once topology.ParseMode's test).
 func TestConfigValidateNamesTheField(t *testing.T) {
 	err := amqpretry.Config{
-		Topology: "passive", Backend: delay.BinaryLevels{Levels: 30}, PoisonQueue: strings.Repeat("p", 256), HeldRetries: -1,
+		Topology: "passive", Backend: delay.HeldRetries(-1, 0, delay.BinaryLevels(30)), PoisonQueue: strings.Repeat("p", 256),
 	}.Validate()
 	for _, want := range []string{
 		`Topology: unknown mode "passive" (known: declare, verify, none)`, "Levels: 30 is outside 1 to 29",
-		"PoisonQueue:", "HeldRetries: -1 is negative",
+		"PoisonQueue:", "delay.HeldRetries(n): -1 is negative",
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v, does not say %q", err, want)

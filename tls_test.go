@@ -40,7 +40,7 @@ func TestTLSRetry(t *testing.T) {
 	amqpCfg := amqp3.NewDurableQueueConfig(env.URI)
 	amqpCfg.Connection.TLSConfig = tlsCfg
 	cfg := amqpretry.Config{
-		Prefix: prefix, Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second}},
+		Prefix: prefix, Backend: delay.TTLTiers(time.Second),
 		Policy: amqpretry.Policy{MaxAttempts: 3, Delays: amqpretry.Exponential(time.Second, 2, 10*time.Minute), Jitter: -1},
 	}
 	plan, err := cfg.Plan(topic)

@@ -24,7 +24,7 @@ import (
 // field to change.
 func TestLimitCheckedAgainstTheSchedule(t *testing.T) {
 	levels := func(n int, p amqpretry.Policy) amqpretry.Config {
-		return amqpretry.Config{Backend: delay.BinaryLevels{Levels: n}, Policy: p}
+		return amqpretry.Config{Backend: delay.BinaryLevels(n), Policy: p}
 	}
 	for _, tt := range []struct {
 		name string
@@ -49,10 +49,10 @@ func TestLimitCheckedAgainstTheSchedule(t *testing.T) {
 			[]string{"Policy.Delays[1]: ", "20s", "15s", "shorten Policy.Delays[1] to at most 15s"}},
 		// Immediate retries and held retries come first: they leave fewer for the schedule.
 		{"immediate retries take the attempts", levels(4, amqpretry.Policy{MaxAttempts: 3, Immediate: 2, Delays: []time.Duration{time.Hour}}), nil},
-		{"held retries take the attempts", amqpretry.Config{Backend: delay.BinaryLevels{Levels: 4}, HeldRetries: 2,
+		{"held retries take the attempts", amqpretry.Config{Backend: delay.HeldRetries(2, 0, delay.BinaryLevels(4)),
 			Policy: amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{time.Second, time.Hour}}}, nil},
 		{"one attempt asks for nothing", levels(1, amqpretry.Policy{MaxAttempts: 1, Delays: []time.Duration{time.Hour}}), nil},
-		{"delayed-exchange", amqpretry.Config{Backend: delay.DelayedExchange{}, Policy: amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{60 * 24 * time.Hour}}},
+		{"delayed-exchange", amqpretry.Config{Backend: delay.DelayedExchange(), Policy: amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{60 * 24 * time.Hour}}},
 			[]string{"Policy.Delays[0]: ", "shorten Policy.Delays[0] to at most 1193h2m47.295s"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -83,7 +83,7 @@ func TestLimitCheckedAgainstTheSchedule(t *testing.T) {
 // came back after 1s on 4.3, not 2s).
 func TestDelayedRetryRefusesOnlyWhatChangesBehaviour(t *testing.T) {
 	dr := func(p amqpretry.Policy) amqpretry.Config {
-		return amqpretry.Config{Backend: delay.DelayedRetry{}, Policy: p}
+		return amqpretry.Config{Backend: delay.DelayedRetry(0), Policy: p}
 	}
 	for _, tt := range []struct {
 		name string
@@ -92,17 +92,17 @@ func TestDelayedRetryRefusesOnlyWhatChangesBehaviour(t *testing.T) {
 	}{
 		{"zero defaults", dr(amqpretry.Policy{}), nil},
 		{"values its one delay honours", dr(amqpretry.Policy{Delays: amqpretry.Exponential(time.Second, 1, 10*time.Minute)}), nil},
-		{"a delay past the default schedule's longest", amqpretry.Config{Backend: delay.DelayedRetry{Delay: 20 * time.Minute}}, nil},
+		{"a delay past the default schedule's longest", amqpretry.Config{Backend: delay.DelayedRetry(20 * time.Minute)}, nil},
 		{"the default schedule, set", dr(amqpretry.Policy{Delays: amqpretry.Exponential(time.Second, 2, 10*time.Minute)}),
 			[]string{"Policy.Delays: ", "one constant delay, every 1s (its Delay)", "cannot grow it: leave Policy.Delays empty and set its Delay, or use a copying Backend", "HeldRetries"}},
 		{"Jitter 0.2", dr(amqpretry.Policy{Jitter: 0.2}), []string{"Policy.Jitter: 0.2, ", "set Policy.Jitter to 0 (or -1)"}},
 		{"Jitter with constant delays", dr(amqpretry.Policy{Delays: []time.Duration{time.Second}, Jitter: 0.1}), []string{"Policy.Jitter: 0.1, "}},
-		{"a first delay of another length", amqpretry.Config{Backend: delay.DelayedRetry{Delay: 3 * time.Second}, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}}},
+		{"a first delay of another length", amqpretry.Config{Backend: delay.DelayedRetry(3 * time.Second), Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}}},
 			[]string{"Policy.Delays: [1s], ", "every 3s (its Delay): set its Delay to 1s instead"}},
 		{"no jitter", dr(amqpretry.Policy{Jitter: -1}), nil},
 		{"constant delays", dr(amqpretry.Policy{Delays: []time.Duration{time.Second, time.Second}}), nil},
 		{"delays of another constant", dr(amqpretry.Policy{Delays: []time.Duration{3 * time.Second}}),
-			[]string{"Policy.Delays: ", "3s", "every 1s (its Delay)", "set its Delay to 3s"}},
+			[]string{"Policy.Delays: ", "3s", "every 1s (its delay)", "set its delay to 3s"}},
 		{"a growing schedule", dr(amqpretry.Policy{Delays: []time.Duration{time.Second, 5 * time.Second}}),
 			[]string{"Policy.Delays: ", "cannot grow", "HeldRetries"}},
 		{"immediate retries", dr(amqpretry.Policy{Immediate: 1}), []string{"Policy.Immediate: 1", "set Policy.Immediate to 0, or use a copying Backend"}},
@@ -128,7 +128,7 @@ func TestDelayedRetryRefusesOnlyWhatChangesBehaviour(t *testing.T) {
 // validation error names its field the same way, "Policy.Jitter: 1.5, must be in
 // [0, 1)".
 func TestValidationLinesNameTheirField(t *testing.T) {
-	err := amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Policy: amqpretry.Policy{
+	err := amqpretry.Config{Backend: delay.Memory(discard{}), Policy: amqpretry.Policy{
 		MaxAttempts: -1, Delays: []time.Duration{-time.Second}, Jitter: 1.5, Immediate: -1,
 	}}.Validate()
 	if err == nil {
@@ -190,7 +190,7 @@ func (g logger) With(watermill.LogFields) watermill.LoggerAdapter   { return g }
 // the backend's limits.
 func TestEffectivePolicyLoggedAtStart(t *testing.T) {
 	l := &logged{}
-	cfg := amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Logger: logger{l}}
+	cfg := amqpretry.Config{Backend: delay.Memory(discard{}), Logger: logger{l}}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +230,7 @@ func TestTTLTiersLogsOnlyWhatThePolicyAsks(t *testing.T) {
 		{amqpretry.Policy{MaxAttempts: 5}, "policy_longest_delay=9.6s"},
 	} {
 		l := &logged{}
-		cfg := amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second, 2 * time.Second, 3 * time.Second}}, Policy: tt.policy, Logger: logger{l}}
+		cfg := amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers(time.Second, 2*time.Second, 3*time.Second), Policy: tt.policy, Logger: logger{l}}
 		if err := cfg.Validate(); err != nil {
 			t.Fatal(err)
 		}
@@ -258,7 +258,7 @@ func TestTTLTiersLogsOnlyWhatThePolicyAsks(t *testing.T) {
 // transport is refused naming the transport as what is wrong, not the broker, and the
 // fix: the AMQP 1.0 transport, or a backend of 0-9-1.
 func TestDeliveryTimeNamesTheTransport(t *testing.T) {
-	_, err := wamqp3.New(wamqpv3.NewDurableQueueConfig("amqp://guest:guest@127.0.0.1:1/"), amqpretry.Config{Backend: delay.DeliveryTime{}})
+	_, err := wamqp3.New(wamqpv3.NewDurableQueueConfig("amqp://guest:guest@127.0.0.1:1/"), amqpretry.Config{Backend: delay.DeliveryTime()})
 	if !errors.Is(err, delay.ErrUnsupported) {
 		t.Fatalf("New = %v, want ErrUnsupported", err)
 	}

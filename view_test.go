@@ -23,11 +23,11 @@ func TestConfiguredView(t *testing.T) {
 		schedule string // the start of the description
 	}{
 		{"default", amqpretry.Config{}, false, 9600 * time.Millisecond, "1s, ×2 per retry up to 10m0s, jitter ±20%"},
-		{"held retries", amqpretry.Config{HeldRetries: 2, DelayedRetryDelay: 3 * time.Second}, true, 2400 * time.Millisecond,
+		{"held retries", amqpretry.Config{Backend: delay.HeldRetries(2, 3*time.Second, nil)}, true, 2400 * time.Millisecond,
 			"2 retries held in the work queue 3s apart, then 1s, ×2 per retry"},
-		{"delayed-retry", amqpretry.Config{Backend: delay.DelayedRetry{Delay: 2 * time.Second}}, false, 2 * time.Second,
-			"every retry held in the work queue 2s (its Delay)"},
-		{"binary-levels", amqpretry.Config{Backend: delay.BinaryLevels{Levels: 12}, Prefix: "p", Policy: amqpretry.Policy{Delays: []time.Duration{time.Minute}}},
+		{"delayed-retry", amqpretry.Config{Backend: delay.DelayedRetry(2 * time.Second)}, false, 2 * time.Second,
+			"every retry held in the work queue 2s (its delay)"},
+		{"binary-levels", amqpretry.Config{Backend: delay.BinaryLevels(12), Prefix: "p", Policy: amqpretry.Policy{Delays: []time.Duration{time.Minute}}},
 			false, time.Minute, "delays [1m0s], the last repeating"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -39,8 +39,8 @@ func TestConfiguredView(t *testing.T) {
 			if got := v.Held != nil; got != c.held {
 				t.Fatalf("Held = %+v, want one: %v", v.Held, c.held)
 			}
-			if c.held && (v.Held.Name() != (delay.DelayedRetry{}).Name() || v.Held.Caps().Longest != cfg.DelayedRetryDelay) {
-				t.Errorf("Held = %s holding %s, want delayed-retry every %s", v.Held.Name(), v.Held.Caps().Longest, cfg.DelayedRetryDelay)
+			if c.held && (v.Held.Name() != (delay.DelayedRetry(0)).Name() || v.Held.Caps().Longest != 3*time.Second || v.HeldRetries != 2) {
+				t.Errorf("Held = %s holding %s (%d), want delayed-retry every 3s (2)", v.Held.Name(), v.Held.Caps().Longest, v.HeldRetries)
 			}
 			if v.Longest != c.longest {
 				t.Errorf("Longest = %s, want %s", v.Longest, c.longest)

@@ -236,7 +236,7 @@ func (e *wuEnv) cleanup(cfg amqpretry.Config) {
 // classicUnderDelayedRetry is a delayed-retry config for e in topology mode m.
 func classicUnderDelayedRetry(m topology.Mode) func(e *wuEnv) amqpretry.Config {
 	return func(e *wuEnv) amqpretry.Config {
-		return amqpretry.Config{Backend: delay.DelayedRetry{}, Prefix: e.Prefix, Topology: m, Logger: logger{e.Logs}}
+		return amqpretry.Config{Backend: delay.DelayedRetry(0), Prefix: e.Prefix, Topology: m, Logger: logger{e.Logs}}
 	}
 }
 
@@ -294,23 +294,23 @@ var quorumBackFix = []string{
 // names.
 func classicFix(queue string) []string {
 	return []string{
-		fmt.Sprintf("work queue %q is a classic queue, and delayed retries (Backend delayed-retry or HeldRetries) need a quorum queue", queue),
+		fmt.Sprintf("work queue %q is a classic queue, and delayed retries (Backend delayed-retry or delay.HeldRetries) need a quorum queue", queue),
 		"a queue's type cannot change, not even by a policy",
 		"move to a new quorum queue", "move the messages to it",
-		"or keep it as it is and use a copying Backend (ttl-tiers or binary-levels) without HeldRetries",
+		"or keep it as it is and use a copying Backend (ttl-tiers or binary-levels) without delay.HeldRetries",
 	}
 }
 
 func TestWrongUsage(t *testing.T) {
 	memory := func(p amqpretry.Policy) func(*wuEnv) amqpretry.Config {
 		return func(*wuEnv) amqpretry.Config {
-			return amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Policy: p}
+			return amqpretry.Config{Backend: delay.Memory(discard{}), Policy: p}
 		}
 	}
 	cases := []wrongUsage{
 		{
 			name: "Backend setting out of range",
-			cfg:  func(*wuEnv) amqpretry.Config { return amqpretry.Config{Backend: delay.BinaryLevels{Levels: 30}} },
+			cfg:  func(*wuEnv) amqpretry.Config { return amqpretry.Config{Backend: delay.BinaryLevels(30)} },
 			want: []string{"Levels: 30 is outside 1 to 29"},
 		},
 		{
@@ -326,13 +326,13 @@ func TestWrongUsage(t *testing.T) {
 		{
 			name: "binary-levels limit checked against the schedule, not its longest entry",
 			cfg: func(*wuEnv) amqpretry.Config {
-				return amqpretry.Config{Backend: delay.BinaryLevels{Levels: 5}, Policy: amqpretry.Policy{MaxAttempts: 3}}
+				return amqpretry.Config{Backend: delay.BinaryLevels(5), Policy: amqpretry.Policy{MaxAttempts: 3}}
 			},
 		},
 		{
 			name: "binary-levels schedule past its limit",
 			cfg: func(*wuEnv) amqpretry.Config {
-				return amqpretry.Config{Backend: delay.BinaryLevels{Levels: 5}, Policy: amqpretry.Policy{MaxAttempts: 10}}
+				return amqpretry.Config{Backend: delay.BinaryLevels(5), Policy: amqpretry.Policy{MaxAttempts: 10}}
 			},
 			want: []string{"Policy.Delays: delay too long", "set Policy.Delays to a schedule of at most 31s (Exponential(time.Second, 2, 31s)), or lower Policy.MaxAttempts, or raise Levels"},
 			is:   delay.ErrDelayTooLong,
@@ -340,27 +340,27 @@ func TestWrongUsage(t *testing.T) {
 		{
 			name: "delayed-retry with the defaults left zero",
 			cfg: func(*wuEnv) amqpretry.Config {
-				return amqpretry.Config{Backend: delay.DelayedRetry{}, Policy: amqpretry.Policy{MaxAttempts: 3}}
+				return amqpretry.Config{Backend: delay.DelayedRetry(0), Policy: amqpretry.Policy{MaxAttempts: 3}}
 			},
 		},
 		{
 			name: "delayed-retry with a copying backend's default schedule",
 			cfg: func(*wuEnv) amqpretry.Config {
-				return amqpretry.Config{Backend: delay.DelayedRetry{}, Policy: amqpretry.Policy{Delays: amqpretry.Exponential(time.Second, 2, 4*time.Second)}}
+				return amqpretry.Config{Backend: delay.DelayedRetry(0), Policy: amqpretry.Policy{Delays: amqpretry.Exponential(time.Second, 2, 4*time.Second)}}
 			},
 			want: []string{"Policy.Delays: [1s 2s 4s], the delayed-retry backend holds every retry of a work queue for one constant delay, every 1s (its Delay), and cannot grow it: leave Policy.Delays empty and set its Delay, or use a copying Backend"},
 		},
 		{
 			name: "delayed-retry with a schedule it cannot keep",
 			cfg: func(*wuEnv) amqpretry.Config {
-				return amqpretry.Config{Backend: delay.DelayedRetry{}, Policy: amqpretry.Policy{Delays: []time.Duration{5 * time.Second}}}
+				return amqpretry.Config{Backend: delay.DelayedRetry(0), Policy: amqpretry.Policy{Delays: []time.Duration{5 * time.Second}}}
 			},
 			want: []string{"Policy.Delays: [5s], the delayed-retry backend holds every retry of a work queue for one constant delay, every 1s (its Delay): set its Delay to 5s instead"},
 		},
 		{
 			name: "MaxAttempts 0 is logged as what it means",
 			cfg: func(e *wuEnv) amqpretry.Config {
-				return amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}, Logger: logger{e.Logs}}
+				return amqpretry.Config{Backend: delay.Memory(discard{}), Logger: logger{e.Logs}}
 			},
 			do: func(e *wuEnv, cfg amqpretry.Config) string {
 				r, err := wamqp3.New(wamqpv3.Config{}, cfg)
@@ -374,34 +374,36 @@ func TestWrongUsage(t *testing.T) {
 		},
 		{
 			name: "delivery-time on the 0-9-1 transport",
-			cfg:  func(*wuEnv) amqpretry.Config { return amqpretry.Config{Backend: delay.DeliveryTime{}} },
+			cfg:  func(*wuEnv) amqpretry.Config { return amqpretry.Config{Backend: delay.DeliveryTime()} },
 			do:   newRetry,
 			want: []string{"Backend: delivery-time is not supported on the AMQP 0-9-1 transport (watermill-amqp)",
 				"use the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1, or another Backend (ttl-tiers, binary-levels, delayed-retry)"},
 			is: delay.ErrUnsupported,
 		},
 		{
-			// Only the held retries' delay: delayed-retry's is its own Delay.
-			name: "DelayedRetryDelay on delayed-retry",
+			// Held retries in front of a backend that holds every retry already.
+			name: "HeldRetries in front of delayed-retry",
 			cfg: func(*wuEnv) amqpretry.Config {
-				return amqpretry.Config{Backend: delay.DelayedRetry{}, DelayedRetryDelay: 3 * time.Second}
+				return amqpretry.Config{Backend: delay.HeldRetries(2, 3*time.Second, delay.DelayedRetry(0))}
 			},
-			want: []string{"DelayedRetryDelay: 3s, unused: the delayed-retry backend holds every retry for its own Delay, 1s: set delay.DelayedRetry{Delay: 3s} and leave DelayedRetryDelay 0"},
+			want: []string{"delay.HeldRetries(then): retries held in the work queue (RabbitMQ 4.3) cannot stand in front of the delayed-retry backend: give a copying backend, delay.TTLTiers() or delay.BinaryLevels(0)"},
 		},
 		{
-			name: "negative DelayedRetryDelay, unused by ttl-tiers",
-			cfg:  func(*wuEnv) amqpretry.Config { return amqpretry.Config{DelayedRetryDelay: -time.Second} },
-			want: []string{"DelayedRetryDelay: -1s, must not be negative (the ttl-tiers backend without HeldRetries does not use it: leave it 0)"},
+			name: "negative delay of HeldRetries",
+			cfg: func(*wuEnv) amqpretry.Config {
+				return amqpretry.Config{Backend: delay.HeldRetries(1, -time.Second, nil)}
+			},
+			want: []string{"delay.HeldRetries(delay): -1s must be a whole number of milliseconds, at least 1ms"},
 		},
 		{
 			// The user is on ttl-tiers already: the field that asked for 4.3 is HeldRetries.
 			name:   "HeldRetries before RabbitMQ 4.3",
 			broker: brokerBefore43,
 			cfg: func(e *wuEnv) amqpretry.Config {
-				return amqpretry.Config{Prefix: e.Prefix, HeldRetries: 2, Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second}}}
+				return amqpretry.Config{Prefix: e.Prefix, Backend: delay.HeldRetries(2, 0, delay.TTLTiers(time.Second))}
 			},
 			do:   newRetry,
-			want: []string{"HeldRetries: 2: delayed-retry is not supported by this broker", "retries held in the work queue need RabbitMQ 4.3 or later", "on this broker set HeldRetries to 0 (Backend ttl-tiers then takes every retry), or move to RabbitMQ 4.3 or later"},
+			want: []string{"delay.HeldRetries(n): 2: delayed-retry is not supported by this broker", "retries held in the work queue need RabbitMQ 4.3 or later", "on this broker drop delay.HeldRetries (Backend ttl-tiers then takes every retry), or move to RabbitMQ 4.3 or later"},
 			not:  []string{"set Backend", "use ttl-tiers or binary-levels there"},
 			is:   delay.ErrUnsupported,
 		},
@@ -409,7 +411,7 @@ func TestWrongUsage(t *testing.T) {
 			name:   "Backend delayed-retry before RabbitMQ 4.3",
 			broker: brokerBefore43,
 			cfg: func(e *wuEnv) amqpretry.Config {
-				return amqpretry.Config{Prefix: e.Prefix, Backend: delay.DelayedRetry{}}
+				return amqpretry.Config{Prefix: e.Prefix, Backend: delay.DelayedRetry(0)}
 			},
 			do:   newRetry,
 			want: []string{"Backend: delayed-retry is not supported by this broker", "(the copying backends, ttl-tiers and binary-levels, run on any broker)", "on this broker set Backend to a copying backend, or move to RabbitMQ 4.3 or later"},
@@ -607,7 +609,7 @@ func classicAtRuntime(e *wuEnv, cfg amqpretry.Config) string {
 // poisonGoneConfig is a ttl-tiers config for e in topology mode m, with a short tier.
 func poisonGoneConfig(m topology.Mode) func(e *wuEnv) amqpretry.Config {
 	return func(e *wuEnv) amqpretry.Config {
-		return amqpretry.Config{Prefix: e.Prefix, Topology: m, Backend: delay.TTLTiers{Tiers: []time.Duration{200 * time.Millisecond}}, Logger: logger{e.Logs}}
+		return amqpretry.Config{Prefix: e.Prefix, Topology: m, Backend: delay.TTLTiers(200 * time.Millisecond), Logger: logger{e.Logs}}
 	}
 }
 

@@ -36,14 +36,14 @@ type Retry struct {
 
 // NewRetry validates sub and cfg, and only if both are valid connects to the broker at
 // sub.URI, refuses a broker older than 4.3, declares the poison queue and builds the
-// middleware. cfg.Backend must be delay.DeliveryTime{} (the default here) or nil; the
+// middleware. cfg.Backend must be delay.DeliveryTime() (the default here) or nil; the
 // subscriber's queues must be quorum queues (sub.Queue.Type, the default), and
 // cfg.Policy.MaxAttempts must not exceed their delivery limit (x-delivery-limit in
 // sub.Queue.Arguments, RabbitMQ 4's default 20 when unset; -1 for none), past which
 // the broker drops or dead-letters a message instead of delivering it again.
 func NewRetry(sub SubscriberConfig, cfg amqpretry.Config) (*Retry, error) {
 	if cfg.Backend == nil {
-		cfg.Backend = delay.DeliveryTime{}
+		cfg.Backend = delay.DeliveryTime()
 	}
 	sub.setDefaults()
 	if cfg.OrderKey != nil {
@@ -76,10 +76,6 @@ func (sub SubscriberConfig) validateFor(cfg amqpretry.Config) error {
 	if err := sub.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if !cfg.Derived().AMQP1 {
-		errs = append(errs, fmt.Errorf("Backend: %q: the AMQP 1.0 transport retries only with a backend that settles a failed delivery with an AMQP 1.0 outcome (%s): leave Backend empty for its default",
-			cfg.Backend.Name(), strings.Join(amqp1Backends(), ", ")))
-	}
 	if sub.Queue.Type != "quorum" {
 		errs = append(errs, fmt.Errorf("Subscriber: Queue.Type %q: the broker holds a retry (x-opt-delivery-time) in a quorum queue only: set Queue.Type to \"quorum\", its default", sub.Queue.Type))
 	}
@@ -89,22 +85,7 @@ func (sub SubscriberConfig) validateFor(cfg amqpretry.Config) error {
 	if sac, ok := sub.Queue.Arguments[singleActiveConsumerArg]; ok && cfg.OrderKey != nil && sac != true {
 		errs = append(errs, fmt.Errorf("Subscriber: Queue.Arguments: %s %v: with Config.OrderKey a work queue has one active consumer, or competing consumers would break each key's order: leave it out (NewRetry sets it), or set it true", singleActiveConsumerArg, sac))
 	}
-	if cfg.HeldRetries != 0 {
-		errs = append(errs, fmt.Errorf("HeldRetries: %d: the AMQP 1.0 transport holds every retry in the work queue already: leave HeldRetries 0", cfg.HeldRetries))
-	}
 	return errors.Join(errs...)
-}
-
-// amqp1Backends are the backends this transport retries with: those that settle a
-// failed delivery with an AMQP 1.0 outcome, each with its defaults.
-func amqp1Backends() []string {
-	var out []string
-	for _, b := range delay.Backends() {
-		if (amqpretry.Config{Backend: b}).Derived().AMQP1 {
-			out = append(out, b.Name())
-		}
-	}
-	return out
 }
 
 // defaultDeliveryLimit is the x-delivery-limit RabbitMQ 4 gives a quorum queue
@@ -191,10 +172,16 @@ func (r *Retry) AddHandler(router *message.Router, handlerName, topic string, ha
 	return h, nil
 }
 
+// annotationPrefix starts AMQP 1.0's non-standard message annotations, the ones the
+// delivery-time backend carries the failure envelope in (package delay writes them
+// with the same prefix; the retry tests on the broker read the envelope back through
+// it).
+const annotationPrefix = "x-opt-"
+
 // envelopeAnnotation starts the message annotations the failure envelope travels in:
-// delay.AnnotationPrefix, then the envelope's keys (the library's internal/keys; a
-// test pins the copy).
-const envelopeAnnotation = delay.AnnotationPrefix + "amqpretry-"
+// annotationPrefix, then the envelope's keys (the library's internal/keys; a test pins
+// the copy).
+const envelopeAnnotation = annotationPrefix + "amqpretry-"
 
 // retryView writes into msg's metadata what the retry middleware reads of delivery m:
 // the failure envelope carried in annotations, and, through r.Delivered, that it is r's
@@ -206,7 +193,7 @@ func retryView(msg *message.Message, m *amqp.Message, r *middleware.Retry) {
 			name = string(sym)
 		}
 		if s, ok := v.(string); ok && strings.HasPrefix(name, envelopeAnnotation) {
-			msg.Metadata[strings.TrimPrefix(name, delay.AnnotationPrefix)] = s
+			msg.Metadata[strings.TrimPrefix(name, annotationPrefix)] = s
 		}
 	}
 	count := uint32(0)

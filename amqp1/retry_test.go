@@ -513,10 +513,10 @@ func TestNewRetryInvalidConfig(t *testing.T) {
 		cfg   amqpretry.Config
 		names []string
 	}{
-		{"another backend", SubscriberConfig{URI: uri}, amqpretry.Config{Backend: delay.TTLTiers{}}, []string{"Backend", delay.TTLTiers{}.Name(), delay.DeliveryTime{}.Name()}},
-		{"memory backend", SubscriberConfig{URI: uri}, amqpretry.Config{Backend: delay.Memory{}}, []string{"Backend", delay.Memory{}.Name()}},
+		{"another backend", SubscriberConfig{URI: uri}, amqpretry.Config{Backend: delay.TTLTiers()}, []string{"Backend", delay.TTLTiers().Name(), delay.DeliveryTime().Name()}},
+		{"memory backend", SubscriberConfig{URI: uri}, amqpretry.Config{Backend: delay.Memory(nil)}, []string{"Backend", delay.Memory(nil).Name()}},
 		{"classic queue", SubscriberConfig{URI: uri, Queue: QueueConfig{Type: "classic"}}, amqpretry.Config{}, []string{"Queue.Type", "classic", "quorum"}},
-		{"held retries", SubscriberConfig{URI: uri}, amqpretry.Config{HeldRetries: 2}, []string{"HeldRetries"}},
+		{"held retries", SubscriberConfig{URI: uri}, amqpretry.Config{Backend: delay.HeldRetries(2, 0, delay.DeliveryTime())}, []string{"delay.HeldRetries(then)", "delivery-time"}},
 		{"policy", SubscriberConfig{URI: uri}, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: -1}}, []string{"MaxAttempts"}},
 		{"no URI", SubscriberConfig{}, amqpretry.Config{}, []string{"URI"}},
 		{"above the default delivery limit", SubscriberConfig{URI: uri}, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 21}},
@@ -525,8 +525,8 @@ func TestNewRetryInvalidConfig(t *testing.T) {
 			amqpretry.Config{}, []string{"Policy.MaxAttempts", "5", "x-delivery-limit 3"}},
 		{"delivery limit not an integer", SubscriberConfig{URI: uri, Queue: QueueConfig{Arguments: map[string]any{"x-delivery-limit": "30"}}},
 			amqpretry.Config{}, []string{"x-delivery-limit", "integer"}},
-		{"all at once", SubscriberConfig{URI: uri, Queue: QueueConfig{Type: "classic"}}, amqpretry.Config{Backend: delay.TTLTiers{}, HeldRetries: 1},
-			[]string{"Backend", "Queue.Type", "HeldRetries"}},
+		{"all at once", SubscriberConfig{URI: uri, Queue: QueueConfig{Type: "classic"}}, amqpretry.Config{Backend: delay.HeldRetries(1, 0, delay.TTLTiers())},
+			[]string{"Backend", "Queue.Type"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, err := NewRetry(tc.sub, tc.cfg)

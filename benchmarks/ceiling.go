@@ -230,7 +230,7 @@ func (e *env) plainRun(ctx context.Context, n int, work time.Duration) (*runStat
 		return nil, fmt.Errorf("prefill %s: %w", topic, err)
 	}
 	prefix := e.name("tp-delay")
-	b, err := delay.Open(delay.TTLTiers{Tiers: throughputTiers}, backend.Setup{Prefix: prefix})
+	b, err := backend.Open(delay.TTLTiers(throughputTiers...), backend.Setup{Prefix: prefix})
 	if err != nil {
 		return nil, err
 	}

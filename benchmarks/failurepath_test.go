@@ -117,7 +117,7 @@ func delivered(tb testing.TB, extra amqp.Table) *message.Message {
 func failingRetry(tb testing.TB, pub capture, d time.Duration) message.HandlerFunc {
 	tb.Helper()
 	cfg := amqpretry.Config{
-		Backend: delay.Memory{Publisher: pub},
+		Backend: delay.Memory(pub),
 		Policy:  amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{d}, Jitter: -1},
 	}.WithDefaults()
 	r, err := middleware.New(cfg, middleware.Transport{Queue: func(string) string { return benchQueue }})

@@ -49,8 +49,8 @@ import (
 //     path without any success).
 //   - library: one Watermill router, wamqp3 (watermill-amqp v3, Consume.Qos.PrefetchCount
 //     1 or 50), the same messages. delayed-retry: Config{Backend:
-//     delay.DelayedRetry{Delay: 1ms}}; two-stage: Config{HeldRetries: 1, ttl-tiers with one
-//     1 ms tier behind}; ttl-tiers: the copying backend, one 1 ms tier; ceiling-copy:
+//     delay.DelayedRetry(1ms)}; two-stage: Config{Backend: delay.HeldRetries(1, 1ms, ttl-tiers with one
+//     1 ms tier)}; ttl-tiers: the copying backend, one 1 ms tier; ceiling-copy:
 //     the ceiling middleware of ceiling.go (a confirmed copy to the same tier, nothing
 //     else) with the ttl-tiers subscriber; ceiling-envelope: the same carrying the
 //     envelope of one of our copies, mandatory and with a MessageId as ours are
@@ -734,13 +734,13 @@ func (e *env) setup43(ctx context.Context, o run43opts, msgs []*message.Message)
 		rcfg := amqpretry.Config{Prefix: prefix, PoisonQueue: prefix + ".poison", Observe: o.observe}
 		switch o.kind {
 		case "delayed-retry", "ceiling-native":
-			rcfg.Backend = delay.DelayedRetry{Delay: o.delay}
+			rcfg.Backend = delay.DelayedRetry(o.delay)
 			rcfg.Policy = amqpretry.Policy{MaxAttempts: 100}
 		default:
-			rcfg.Backend = delay.TTLTiers{Tiers: []time.Duration{o.delay}}
+			rcfg.Backend = delay.TTLTiers(o.delay)
 			rcfg.Policy = amqpretry.Policy{MaxAttempts: 100, Delays: []time.Duration{o.delay}, Jitter: -1}
 			if o.kind == "two-stage" {
-				rcfg.HeldRetries, rcfg.DelayedRetryDelay = 1, o.delay
+				rcfg.Backend = delay.HeldRetries(1, o.delay, rcfg.Backend)
 			}
 		}
 		e.reg.queue(rcfg.PoisonQueue) // whatever Plan says

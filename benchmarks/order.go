@@ -60,7 +60,7 @@ const orderRounds = 3
 
 // orderBackends are the backends the order scenario runs (-order-backends); one this
 // broker cannot run is skipped.
-var orderBackends = []string{delay.TTLTiers{}.Name(), delay.DelayedRetry{}.Name()}
+var orderBackends = []string{delay.TTLTiers().Name(), delay.DelayedRetry(0).Name()}
 
 var errLockTimeout = errors.New("lock timeout")
 
@@ -439,11 +439,11 @@ func (e *env) orderRun(ctx context.Context, backendName, mode string, accounts, 
 		prefix := e.name("order-delay", strconv.Itoa(runSeq))
 		rcfg := amqpretry.Config{Prefix: prefix, PoisonQueue: prefix + ".poison", Observe: ev.observe}
 		switch backendName {
-		case delay.DelayedRetry{}.Name():
-			rcfg.Backend = delay.DelayedRetry{Delay: orderDelay}
+		case delay.DelayedRetry(0).Name():
+			rcfg.Backend = delay.DelayedRetry(orderDelay)
 			rcfg.Policy = amqpretry.Policy{MaxAttempts: 5}
-		case delay.TTLTiers{}.Name():
-			rcfg.Backend = delay.TTLTiers{Tiers: []time.Duration{orderDelay}}
+		case delay.TTLTiers().Name():
+			rcfg.Backend = delay.TTLTiers(orderDelay)
 			rcfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{orderDelay}, Jitter: -1}
 		default:
 			return nil, fmt.Errorf("backend %q: the order scenario runs %s", backendName, strings.Join(orderBackends, ", "))

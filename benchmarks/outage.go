@@ -290,12 +290,12 @@ func (e *env) outageRun(ctx context.Context, length time.Duration, detect bool, 
 		rcfg.Outage.Consecutive = -1 // detection off
 	}
 	switch b.Name() {
-	case delay.DelayedRetry{}.Name():
+	case delay.DelayedRetry(0).Name():
 		rcfg.Policy = amqpretry.Policy{MaxAttempts: 3}
-		rcfg.Backend = delay.DelayedRetry{Delay: 500 * time.Millisecond}
+		rcfg.Backend = delay.DelayedRetry(500 * time.Millisecond)
 		amqpCfg.Queue.Arguments = backend.WorkQueueArgs(500 * time.Millisecond)
-	case delay.TTLTiers{}.Name():
-		rcfg.Backend = delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond, time.Second}}
+	case delay.TTLTiers().Name():
+		rcfg.Backend = delay.TTLTiers(500*time.Millisecond, time.Second)
 		rcfg.Policy = amqpretry.Policy{MaxAttempts: 3, Delays: amqpretry.Exponential(500*time.Millisecond, 2, time.Second), Jitter: -1}
 	default:
 		rcfg.Policy = amqpretry.Policy{MaxAttempts: 3, Delays: amqpretry.Exponential(500*time.Millisecond, 2, time.Second), Jitter: -1}
@@ -856,7 +856,7 @@ func (e *env) falseTripRun(ctx context.Context, shape, pattern string, rnd int) 
 	}
 	st := &tripState{rng: rand.New(rand.NewPCG(49, uint64(rnd))), runs: map[int][]int{}, succeeded: map[int]bool{}}
 	rcfg := amqpretry.Config{
-		Backend:     delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond, time.Second}},
+		Backend:     delay.TTLTiers(500*time.Millisecond, time.Second),
 		Policy:      amqpretry.Policy{MaxAttempts: tripMaxAttempt, Delays: amqpretry.Exponential(500*time.Millisecond, 2, time.Second), Jitter: -1},
 		Prefix:      prefix,
 		PoisonQueue: prefix + ".poison",

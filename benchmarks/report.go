@@ -52,9 +52,9 @@ func (r *report) noteFailure(err error) { r.failures = append(r.failures, err) }
 // latenessGoal is the p99 goal per backend, in ms; 0 means none.
 func latenessGoal(backend string) float64 {
 	switch backend {
-	case delay.TTLTiers{}.Name(), delay.DelayedExchange{}.Name():
+	case delay.TTLTiers().Name(), delay.DelayedExchange().Name():
 		return 100
-	case delay.BinaryLevels{}.Name():
+	case delay.BinaryLevels(0).Name():
 		return 1000
 	}
 	return 0

@@ -153,7 +153,7 @@ func (e *env) oursRetryPath(ctx context.Context, round, n, handlers int, ceil bo
 	poison := e.name("rp-poison")
 	e.reg.queue(poison)
 	rcfg := amqpretry.Config{
-		Backend:     delay.TTLTiers{Tiers: []time.Duration{retryPathDelay}},
+		Backend:     delay.TTLTiers(retryPathDelay),
 		Prefix:      prefix,
 		Policy:      amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{retryPathDelay}, Jitter: -1},
 		PoisonQueue: poison,

@@ -13,6 +13,7 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/topology"
@@ -31,8 +32,8 @@ type rig struct {
 // RabbitMQ 4.3 experiments (-broker43).
 func benchBackends() []string {
 	var out []string
-	for _, value := range delay.Backends() {
-		b, err := delay.Open(value, backend.Setup{Prefix: "x"})
+	for _, value := range backend.All(delay.TTLTiers()) {
+		b, err := backend.Open(value, backend.Setup{Prefix: "x"})
 		if _, held := b.(backend.Holder); err == nil && held {
 			continue
 		}
@@ -42,12 +43,12 @@ func benchBackends() []string {
 }
 
 // newRig builds the backend called name as the library does for any backend
-// (delay.Open, then delay.Prepare: refuse what the broker cannot run, declare),
+// (backend.Open, then backend.Prepare: refuse what the broker cannot run, declare),
 // changing nothing but the name. A backend that cannot run on this broker returns a
 // non-empty skip reason (delayed-exchange without its plugin: delay.ErrPluginMissing;
 // delayed-retry before 4.3: delay.ErrUnsupported). err is for everything else.
 func (e *env) newRig(name, scope string, tiers []time.Duration) (r *rig, skip string, err error) {
-	h, err := delay.Dial(backend.HandoffConfig{URI: e.uri, Topology: topology.ModeDeclare})
+	h, err := handoff.Dial(backend.HandoffConfig{URI: e.uri, Topology: topology.ModeDeclare})
 	if err != nil {
 		return nil, "", err
 	}
@@ -55,11 +56,11 @@ func (e *env) newRig(name, scope string, tiers []time.Duration) (r *rig, skip st
 	value, err := delay.Parse(name, delay.Settings{Tiers: tiers, Publisher: queuePublisher{h}})
 	var b backend.Backend
 	if err == nil {
-		b, err = delay.Open(value, backend.Setup{Prefix: prefix, Env: backend.Env{Handoff: h}})
+		b, err = backend.Open(value, backend.Setup{Prefix: prefix, Env: backend.Env{Handoff: h}})
 	}
 	if err == nil {
 		e.reg.topology(b.Topology())
-		if err = delay.Prepare(b, h, topology.ModeDeclare); err != nil {
+		if err = backend.Prepare(b, h, topology.ModeDeclare); err != nil {
 			_ = b.Close()
 		}
 	}

@@ -23,7 +23,7 @@ const mib = 1 << 20
 func runRSS(ctx context.Context, e *env, rep *report) error {
 	n := e.sz.rssN
 	long := 10 * time.Minute
-	r, skip, err := e.newRig(delay.TTLTiers{}.Name(), "rss", []time.Duration{long})
+	r, skip, err := e.newRig(delay.TTLTiers().Name(), "rss", []time.Duration{long})
 	if err != nil {
 		return err
 	}
@@ -50,7 +50,7 @@ func runRSS(ctx context.Context, e *env, rep *report) error {
 	if err != nil {
 		return err
 	}
-	tier := e.name("rss", delay.TTLTiers{}.Name(), "delay", tierName(long))
+	tier := e.name("rss", delay.TTLTiers().Name(), "delay", tierName(long))
 	depth, err := queueDepth(conn, tier)
 	if err != nil {
 		return err

@@ -116,7 +116,7 @@ func runScale(ctx context.Context, e *env, ctl []string, only string) (*ScaleRes
 	}
 	res.DeadLetterRate = round(rate, 0)
 	for _, name := range benchBackends() {
-		if name == (delay.Memory{}).Name() {
+		if name == (delay.Memory(nil)).Name() {
 			continue // no broker side: its retries wait in this process
 		}
 		if only != "" && !slices.Contains(strings.Split(only, ","), name) {
@@ -148,7 +148,7 @@ func runScale(ctx context.Context, e *env, ctl []string, only string) (*ScaleRes
 
 func (e *env) scaleOne(ctx context.Context, name string, ctl []string) (*ScaleResult, string, error) {
 	var tiers []time.Duration
-	if name == (delay.TTLTiers{}).Name() {
+	if name == (delay.TTLTiers()).Name() {
 		for d := time.Second; d <= scaleMaxTier; d += time.Second {
 			tiers = append(tiers, d)
 		}
@@ -201,13 +201,13 @@ func (e *env) scaleOne(ctx context.Context, name string, ctl []string) (*ScaleRe
 	fmt.Printf("   hand-off rate, none waiting: %.0f/s (%d)\n", res.HandoffRateNone, scaleRateN)
 	fill := batch
 	res.FillPath = "the backend's Publish"
-	if name == (delay.BinaryLevels{}).Name() {
+	if name == (delay.BinaryLevels(0)).Name() {
 		res.FillPath = "straight to the exchange of the first level the retry waits in (levelPublish), also for the same-second retries"
 		fill = func(n int) (float64, error) { return e.fillLevel(ctx, r, &seq, n) }
 	}
 	t0 := time.Now()
 	fillRate := res.HandoffRateNone // the same-second retries go in as the fill does
-	if name == (delay.BinaryLevels{}).Name() {
+	if name == (delay.BinaryLevels(0)).Name() {
 		fillRate = math.Inf(1)
 	}
 	for seq < scaleWaiting {
@@ -354,7 +354,7 @@ func (e *env) sameSecond(ctx context.Context, r *rig, rate float64) (any, float6
 	}
 	defer c.close()
 	ahead := time.Duration(1.5*float64(n)/rate*float64(time.Second)) + 5*time.Second
-	if r.b.Name() == (delay.TTLTiers{}).Name() && ahead > scaleMaxTier-5*time.Second {
+	if r.b.Name() == (delay.TTLTiers()).Name() && ahead > scaleMaxTier-5*time.Second {
 		return nil, 0, fmt.Errorf("%d hand-offs at %.0f/s would not fit in the %s tiers", n, rate, scaleMaxTier)
 	}
 	T := time.Now().Add(ahead)
@@ -368,7 +368,7 @@ func (e *env) sameSecond(ctx context.Context, r *rig, rate float64) (any, float6
 			outside++
 			mu.Unlock()
 		}
-		if r.b.Name() == (delay.BinaryLevels{}).Name() {
+		if r.b.Name() == (delay.BinaryLevels(0)).Name() {
 			return levelPublish(ctx, r, fmt.Sprintf("same-%06d", i), d)
 		}
 		return r.schedule(fmt.Sprintf("same-%06d", i), d)

@@ -313,7 +313,7 @@ func (e *env) routerRun(ctx context.Context, v variant, n, handlers int, work ti
 	switch v {
 	case brokerRetry, ceilingRetry:
 		rcfg := amqpretry.Config{
-			Backend:     delay.TTLTiers{Tiers: throughputTiers},
+			Backend:     delay.TTLTiers(throughputTiers...),
 			Prefix:      e.name("tp-delay"),
 			Policy:      throughputPolicy,
 			PoisonQueue: e.name("tp-poison"),

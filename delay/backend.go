@@ -4,10 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
-
-	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
@@ -16,14 +13,39 @@ import (
 )
 
 // backends is the parse table, the default first: adding a backend is a file of its
-// own in this package (a value type implementing Backend) and its line here.
+// own in this package (an unexported value type embedding lib, and its constructor)
+// and its line here.
 var backends = []Backend{
-	TTLTiers{},
-	BinaryLevels{},
-	DelayedExchange{},
-	DelayedRetry{},
-	DeliveryTime{},
-	Memory{},
+	ttlTiersValue{},
+	binaryLevelsValue{},
+	delayedExchangeValue{},
+	delayedRetryValue{},
+	deliveryTimeValue{},
+	memoryValue{},
+}
+
+// lib is embedded in every backend value: it seals Backend (isBackend), and lists the
+// backends for the library (backend.Opener's Backends).
+type lib struct{}
+
+func (lib) isBackend() {}
+
+// Backends lists every backend, each with its defaults, the default first.
+func (lib) Backends() []backend.Opener {
+	out := make([]backend.Opener, len(backends))
+	for i, b := range backends {
+		out[i] = b.(backend.Opener)
+	}
+	return out
+}
+
+// names lists the names of the backends, the default first: what Parse takes.
+func knownNames() []string {
+	out := make([]string, len(backends))
+	for i, b := range backends {
+		out[i] = b.Name()
+	}
+	return out
 }
 
 // maxTTL is the longest TTL RabbitMQ accepts (315,360,000,000 ms, ten years).
@@ -31,54 +53,7 @@ const maxTTL = 315_360_000_000 * time.Millisecond
 
 var errDetached = errors.New("backend built for planning cannot park messages")
 
-// Open validates b's settings and s.Prefix and opens b, parking through s.Env (without
-// a hand-off it only plans and sizes). Errors name the configuration field at fault.
-func Open(b Backend, s backend.Setup) (backend.Backend, error) {
-	if b == nil {
-		return nil, errors.New("Backend: nil; leave it nil in amqpretry.Config for the default, or use delay.Parse")
-	}
-	if s.Env.Logger == nil {
-		s.Env.Logger = watermill.NopLogger{}
-	}
-	if strings.ContainsAny(s.Prefix, "*# ") {
-		return nil, fmt.Errorf("Prefix: %q must not contain '*', '#' or spaces", s.Prefix)
-	}
-	opened, err := b.Open(s)
-	if err != nil {
-		return nil, err
-	}
-	for _, name := range allNames(opened.Topology()) {
-		if len(name) > names.MaxBytes {
-			return nil, fmt.Errorf("Prefix: makes the name %q %d bytes long, over AMQP's %d", name, len(name), names.MaxBytes)
-		}
-	}
-	return opened, nil
-}
-
-// Dial connects a hand-off to the broker and opens its confirm channel.
-func Dial(cfg backend.HandoffConfig) (backend.Handoff, error) {
-	p, err := dial(cfg)
-	if err != nil {
-		return nil, err // a nil interface, not a nil *publisher
-	}
-	return p, nil
-}
-
-func allNames(t topology.Topology) []string {
-	var out []string
-	for _, e := range t.Exchanges {
-		out = append(out, e.Name)
-	}
-	for _, q := range t.Queues {
-		out = append(out, q.Name)
-	}
-	return out
-}
-
 func validateTiers(tiers []time.Duration) error {
-	if len(tiers) == 0 {
-		return errors.New("Tiers: empty; leave it nil for the default ladder")
-	}
 	for i, t := range tiers {
 		switch {
 		case t < time.Millisecond || t > maxTTL:
@@ -128,3 +103,16 @@ func wholeMillis(d time.Duration) time.Duration {
 	}
 	return max(ms, 1) * time.Millisecond
 }
+
+// Every value opens, through backend.Open; HeldRetries also fronts its backend.
+var (
+	_ backend.Opener  = ttlTiersValue{}
+	_ backend.Opener  = binaryLevelsValue{}
+	_ backend.Opener  = delayedExchangeValue{}
+	_ backend.Opener  = delayedRetryValue{}
+	_ backend.Opener  = deliveryTimeValue{}
+	_ backend.Opener  = memoryValue{}
+	_ backend.Opener  = heldRetriesValue{}
+	_ backend.Fronted = heldRetriesValue{}
+	_ backend.AMQP1   = deliveryTime{}
+)

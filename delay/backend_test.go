@@ -36,10 +36,10 @@ func levels(n int) *binaryLevels { return &binaryLevels{names: names.Names{Prefi
 
 // TestEffective: what each backend applies for a requested delay.
 func TestEffective(t *testing.T) {
-	tiers := lookup(t, Spec{Name: TTLTiers{}.Name(), Prefix: "p", Tiers: []time.Duration{5 * time.Second, time.Second, 2 * time.Second}})
-	dx := lookup(t, Spec{Name: DelayedExchange{}.Name(), Prefix: "p"})
-	dr := lookup(t, Spec{Name: DelayedRetry{}.Name(), RetryDelay: 3 * time.Second})
-	mem := lookup(t, Spec{Name: Memory{}.Name()})
+	tiers := lookup(t, Spec{Name: TTLTiers().Name(), Prefix: "p", Tiers: []time.Duration{5 * time.Second, time.Second, 2 * time.Second}})
+	dx := lookup(t, Spec{Name: DelayedExchange().Name(), Prefix: "p"})
+	dr := lookup(t, Spec{Name: DelayedRetry(0).Name(), RetryDelay: 3 * time.Second})
+	mem := lookup(t, Spec{Name: Memory(nil).Name()})
 	maxPlugin := (1<<32 - 1) * time.Millisecond
 	for _, tt := range []struct {
 		backend   backend.Backend
@@ -188,7 +188,7 @@ func checkDelayQueue(t *testing.T, q topology.Queue) {
 }
 
 func TestTTLTiersTopology(t *testing.T) {
-	b := lookup(t, Spec{Name: TTLTiers{}.Name(), Prefix: "p", Tiers: []time.Duration{90 * time.Second, time.Second}})
+	b := lookup(t, Spec{Name: TTLTiers().Name(), Prefix: "p", Tiers: []time.Duration{90 * time.Second, time.Second}})
 	topo := b.Topology()
 	var queues []string
 	for _, q := range topo.Queues {
@@ -229,7 +229,7 @@ func TestTTLTiersTopology(t *testing.T) {
 
 func TestBinaryLevelsWorkQueue(t *testing.T) {
 	b := levels(4)
-	b.env.Handoff = &publisher{} // never reached: Park refuses the name first
+	b.env.Handoff = &nopHandoff{} // never reached: Park refuses the name first
 	tooLong := strings.Repeat("q", names.MaxBytes-2*4+1)
 	for _, tt := range []struct {
 		queue string
@@ -353,7 +353,7 @@ func topicMatch(pattern, key []string) bool {
 }
 
 func TestDelayedExchangeTopology(t *testing.T) {
-	b := lookup(t, Spec{Name: DelayedExchange{}.Name(), Prefix: "p"})
+	b := lookup(t, Spec{Name: DelayedExchange().Name(), Prefix: "p"})
 	wq := b.WorkQueue("orders")
 	if len(wq.Exchanges) != 1 || len(wq.Queues) != 0 || len(wq.Bindings) != 1 {
 		t.Fatalf("WorkQueue: %+v, want the exchange and one binding", wq)
@@ -418,22 +418,21 @@ func TestValidationNamesTheField(t *testing.T) {
 		spec Spec
 		want string
 	}{
-		{Spec{Name: TTLTiers{}.Name(), Prefix: "a*b", Tiers: backend.DefaultTiers()}, `Prefix: "a*b" must not contain`},
-		{Spec{Name: TTLTiers{}.Name(), Prefix: "a b", Tiers: backend.DefaultTiers()}, "Prefix:"},
-		{Spec{Name: TTLTiers{}.Name(), Prefix: "p", Tiers: []time.Duration{}}, "Tiers: empty"},
-		{Spec{Name: TTLTiers{}.Name(), Prefix: "p", Tiers: []time.Duration{time.Second, 0}}, "Tiers[1]: 0s is outside 1ms to"},
-		{Spec{Name: TTLTiers{}.Name(), Prefix: "p", Tiers: []time.Duration{11 * 365 * 24 * time.Hour}}, "Tiers[0]:"},
-		{Spec{Name: TTLTiers{}.Name(), Prefix: "p", Tiers: []time.Duration{time.Second, 1500 * time.Microsecond}}, "Tiers[1]: 1.5ms is not a whole number of milliseconds"},
-		{Spec{Name: TTLTiers{}.Name(), Prefix: "p", Tiers: []time.Duration{time.Second, 2 * time.Second, time.Second}}, "Tiers[2]: 1s appears twice"},
-		{Spec{Name: BinaryLevels{}.Name(), Prefix: "p", Levels: -1}, "Levels: -1 is outside 1 to 29"},
-		{Spec{Name: BinaryLevels{}.Name(), Prefix: "p", Levels: 30}, "Levels: 30"},
-		{Spec{Name: DelayedRetry{}.Name(), RetryDelay: -time.Second}, "Backend.Delay: -1s must be a whole number of milliseconds, at least 1ms"},
-		{Spec{Name: DelayedRetry{}.Name(), RetryDelay: 1500 * time.Microsecond}, "Backend.Delay:"},
+		{Spec{Name: TTLTiers().Name(), Prefix: "a*b", Tiers: backend.DefaultTiers()}, `Prefix: "a*b" must not contain`},
+		{Spec{Name: TTLTiers().Name(), Prefix: "a b", Tiers: backend.DefaultTiers()}, "Prefix:"},
+		{Spec{Name: TTLTiers().Name(), Prefix: "p", Tiers: []time.Duration{time.Second, 0}}, "Tiers[1]: 0s is outside 1ms to"},
+		{Spec{Name: TTLTiers().Name(), Prefix: "p", Tiers: []time.Duration{11 * 365 * 24 * time.Hour}}, "Tiers[0]:"},
+		{Spec{Name: TTLTiers().Name(), Prefix: "p", Tiers: []time.Duration{time.Second, 1500 * time.Microsecond}}, "Tiers[1]: 1.5ms is not a whole number of milliseconds"},
+		{Spec{Name: TTLTiers().Name(), Prefix: "p", Tiers: []time.Duration{time.Second, 2 * time.Second, time.Second}}, "Tiers[2]: 1s appears twice"},
+		{Spec{Name: BinaryLevels(0).Name(), Prefix: "p", Levels: -1}, "Levels: -1 is outside 1 to 29"},
+		{Spec{Name: BinaryLevels(0).Name(), Prefix: "p", Levels: 30}, "Levels: 30"},
+		{Spec{Name: DelayedRetry(0).Name(), RetryDelay: -time.Second}, "delay.DelayedRetry(delay): -1s must be a whole number of milliseconds, at least 1ms"},
+		{Spec{Name: DelayedRetry(0).Name(), RetryDelay: 1500 * time.Microsecond}, "delay.DelayedRetry(delay):"},
 		{Spec{Name: string("rabbit")}, `Backend: unknown backend "rabbit" (known: ttl-tiers, binary-levels, delayed-exchange, delayed-retry, delivery-time, memory)`},
 		// Names longer than AMQP carries.
-		{Spec{Name: TTLTiers{}.Name(), Prefix: strings.Repeat("p", 247), Tiers: []time.Duration{time.Second}}, "Prefix: makes the name"},
-		{Spec{Name: BinaryLevels{}.Name(), Prefix: strings.Repeat("p", 245), Levels: 10}, "over AMQP's 255"},
-		{Spec{Name: DelayedExchange{}.Name(), Prefix: strings.Repeat("p", 248)}, "Prefix: makes the name"},
+		{Spec{Name: TTLTiers().Name(), Prefix: strings.Repeat("p", 247), Tiers: []time.Duration{time.Second}}, "Prefix: makes the name"},
+		{Spec{Name: BinaryLevels(0).Name(), Prefix: strings.Repeat("p", 245), Levels: 10}, "over AMQP's 255"},
+		{Spec{Name: DelayedExchange().Name(), Prefix: strings.Repeat("p", 248)}, "Prefix: makes the name"},
 	} {
 		_, err := Lookup(tt.spec)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
@@ -442,11 +441,11 @@ func TestValidationNamesTheField(t *testing.T) {
 	}
 	// At the limits: accepted.
 	for _, s := range []Spec{
-		{Name: TTLTiers{}.Name(), Prefix: strings.Repeat("p", names.MaxBytes-len(".delay.1s")), Tiers: []time.Duration{time.Second}},
-		{Name: BinaryLevels{}.Name(), Prefix: "p", Levels: 29},
-		{Name: BinaryLevels{}.Name(), Prefix: "p", Levels: 1},
-		{Name: DelayedRetry{}.Name(), RetryDelay: time.Millisecond},
-		{Name: TTLTiers{}.Name(), Prefix: "p", Tiers: []time.Duration{time.Millisecond, 315_360_000_000 * time.Millisecond}},
+		{Name: TTLTiers().Name(), Prefix: strings.Repeat("p", names.MaxBytes-len(".delay.1s")), Tiers: []time.Duration{time.Second}},
+		{Name: BinaryLevels(0).Name(), Prefix: "p", Levels: 29},
+		{Name: BinaryLevels(0).Name(), Prefix: "p", Levels: 1},
+		{Name: DelayedRetry(0).Name(), RetryDelay: time.Millisecond},
+		{Name: TTLTiers().Name(), Prefix: "p", Tiers: []time.Duration{time.Millisecond, 315_360_000_000 * time.Millisecond}},
 	} {
 		if _, err := Lookup(s); err != nil {
 			t.Errorf("Lookup(%s): %v", s.Name, err)
@@ -454,17 +453,19 @@ func TestValidationNamesTheField(t *testing.T) {
 	}
 	// The parse table: the default first, each name once (a backend added there needs
 	// no edit here).
-	if got := Names(); len(got) == 0 || got[0] != (TTLTiers{}).Name() {
-		t.Errorf("Names() = %v, want the default, %s, first", got, TTLTiers{})
+	if got := knownNames(); len(got) == 0 || got[0] != (TTLTiers()).Name() {
+		t.Errorf("knownNames() = %v, want the default, %s, first", got, TTLTiers())
 	}
-	for i, name := range Names() {
-		if slices.Index(Names(), name) != i {
-			t.Errorf("Names() = %v: %s twice", Names(), name)
+	for i, name := range knownNames() {
+		if slices.Index(knownNames(), name) != i {
+			t.Errorf("knownNames() = %v: %s twice", knownNames(), name)
 		}
 	}
-	for i, b := range Backends() {
-		if b.Name() != Names()[i] {
-			t.Errorf("Backends()[%d] is %s, Names()[%d] %s", i, b, i, Names()[i])
+	for _, v := range backends {
+		for i, b := range v.(backend.Opener).Backends() {
+			if b.Name() != knownNames()[i] {
+				t.Errorf("%s's Backends()[%d] is %s, knownNames()[%d] %s", v, i, b.Name(), i, knownNames()[i])
+			}
 		}
 	}
 }
@@ -472,7 +473,7 @@ func TestValidationNamesTheField(t *testing.T) {
 // TestParse: a name gives its value with default settings, "" the default backend; an
 // unknown name is refused, naming the known ones.
 func TestParse(t *testing.T) {
-	for _, name := range Names() {
+	for _, name := range knownNames() {
 		b, err := Parse(name)
 		if err != nil || b.Name() != name {
 			t.Errorf("Parse(%q) = %v, %v", name, b, err)
@@ -486,35 +487,39 @@ func TestParse(t *testing.T) {
 		t.Errorf(`Parse("ttl-tier") = %v, want %q`, err, want)
 	}
 	// A value's own setting is named as its own.
-	if _, err := Open(DelayedRetry{Delay: 1500 * time.Microsecond}, backend.Setup{}); err == nil || !strings.HasPrefix(err.Error(), "Backend.Delay: 1.5ms must be a whole number of milliseconds") {
-		t.Errorf("DelayedRetry{Delay: 1.5ms}: %v, want the error naming Backend.Delay", err)
+	if _, err := backend.Open(DelayedRetry(1500*time.Microsecond), backend.Setup{}); err == nil || !strings.HasPrefix(err.Error(), "delay.DelayedRetry(delay): 1.5ms must be a whole number of milliseconds") {
+		t.Errorf("DelayedRetry(1.5ms): %v, want the error naming delay.DelayedRetry's delay", err)
 	}
-	if b, err := Parse("delayed-retry", Settings{Delay: 3 * time.Second, Levels: 4}); err != nil || b != (DelayedRetry{Delay: 3 * time.Second}) {
-		t.Errorf(`Parse("delayed-retry", Settings{Delay: 3s, Levels: 4}) = %v, %v, want DelayedRetry{Delay: 3s}`, b, err)
+	// Held retries in front of the backend named, Delay apart.
+	if b, err := Parse("binary-levels", Settings{Levels: 4, Delay: 2 * time.Second, HeldRetries: 3}); err != nil || b != HeldRetries(3, 2*time.Second, BinaryLevels(4)) {
+		t.Errorf(`Parse("binary-levels", Settings{Levels: 4, Delay: 2s, HeldRetries: 3}) = %v, %v`, b, err)
+	}
+	if b, err := Parse("delayed-retry", Settings{Delay: 3 * time.Second, Levels: 4}); err != nil || b != (DelayedRetry(3*time.Second)) {
+		t.Errorf(`Parse("delayed-retry", Settings{Delay: 3s, Levels: 4}) = %v, %v, want DelayedRetry(3s)`, b, err)
 	}
 }
 
 func TestPlanWithoutBroker(t *testing.T) {
-	b := lookup(t, Spec{Name: TTLTiers{}.Name(), Prefix: "p", Tiers: []time.Duration{5 * time.Second, time.Second}})
+	b := lookup(t, Spec{Name: TTLTiers().Name(), Prefix: "p", Tiers: []time.Duration{5 * time.Second, time.Second}})
 	p := backend.Plan(b, "a", "b", "a")
 	if len(p.Exchanges) != 3 || len(p.Queues) != 3 || len(p.Bindings) != 5 {
 		t.Errorf("ttl-tiers plan: %d exchanges, %d queues, %d bindings; want 3, 3, 5 (no duplicates)", len(p.Exchanges), len(p.Queues), len(p.Bindings))
 	}
-	if got := lookup(t, Spec{Name: BinaryLevels{}.Name(), Prefix: "p", Levels: 3}).DelayQueues(); len(got) != 3 || got[2] != (backend.DelayQueue{Name: "p.level.2", TTL: 4 * time.Second}) {
+	if got := lookup(t, Spec{Name: BinaryLevels(0).Name(), Prefix: "p", Levels: 3}).DelayQueues(); len(got) != 3 || got[2] != (backend.DelayQueue{Name: "p.level.2", TTL: 4 * time.Second}) {
 		t.Errorf("binary-levels delay queues: %v", got)
 	}
-	for _, name := range []Backend{Memory{}, DelayedRetry{}} {
+	for _, name := range []Backend{Memory(nil), DelayedRetry(0)} {
 		if p := backend.Plan(lookup(t, Spec{Name: name.Name(), RetryDelay: time.Second}), "a"); p.Queues != nil || p.Exchanges != nil || p.Bindings != nil {
 			t.Errorf("%s plans %+v, want nothing on the broker", name, p)
 		}
 	}
-	if p := backend.Plan(lookup(t, Spec{Name: DelayedExchange{}.Name(), Prefix: "p"}), "a", "b"); len(p.Exchanges) != 1 || len(p.Bindings) != 2 {
+	if p := backend.Plan(lookup(t, Spec{Name: DelayedExchange().Name(), Prefix: "p"}), "a", "b"); len(p.Exchanges) != 1 || len(p.Bindings) != 2 {
 		t.Errorf("delayed-exchange plan %+v", p)
 	}
 }
 
 func TestDelayedRetry(t *testing.T) {
-	b := lookup(t, Spec{Name: DelayedRetry{}.Name(), RetryDelay: 2 * time.Second})
+	b := lookup(t, Spec{Name: DelayedRetry(0).Name(), RetryDelay: 2 * time.Second})
 	if _, ok := b.(backend.Holder); !ok {
 		t.Fatal("delayed-retry does not hold retries")
 	}
@@ -539,11 +544,11 @@ func TestDelayedRetry(t *testing.T) {
 }
 
 func TestMemory(t *testing.T) {
-	if err := lookup(t, Spec{Name: Memory{}.Name()}).Park(context.Background(), "q", message.NewMessage("m", nil), 0); !errors.Is(err, errDetached) {
+	if err := lookup(t, Spec{Name: Memory(nil).Name()}).Park(context.Background(), "q", message.NewMessage("m", nil), 0); !errors.Is(err, errDetached) {
 		t.Errorf("memory backend without a publisher: %v", err)
 	}
 	rec := brokertest.NewRecorder(2)
-	b, err := New(Spec{Name: Memory{}.Name(), Memory: rec}, backend.Env{})
+	b, err := New(Spec{Name: Memory(nil).Name(), Memory: rec}, backend.Env{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -657,7 +662,7 @@ func TestSchedulerRefuses(t *testing.T) {
 	if err := (backend.Scheduler{Backend: &fake{}}).Publish("", message.NewMessage("m", nil)); err == nil || !strings.Contains(err.Error(), "empty destination queue") {
 		t.Errorf("empty queue: %v", err)
 	}
-	if err := (backend.Scheduler{Backend: lookup(t, Spec{Name: DelayedRetry{}.Name(), RetryDelay: time.Second})}).Publish("q", message.NewMessage("m", nil)); err == nil || !strings.Contains(err.Error(), "holds failed deliveries") {
+	if err := (backend.Scheduler{Backend: lookup(t, Spec{Name: DelayedRetry(0).Name(), RetryDelay: time.Second})}).Publish("q", message.NewMessage("m", nil)); err == nil || !strings.Contains(err.Error(), "holds failed deliveries") {
 		t.Errorf("holding backend: %v", err)
 	}
 	f := &fake{parkErr: backend.ErrReturned}
@@ -667,7 +672,7 @@ func TestSchedulerRefuses(t *testing.T) {
 
 	// A delay the backend refuses, refused before anything is published.
 	b := levels(4)
-	b.env.Handoff = &publisher{} // publishing would fail: never reached
+	b.env.Handoff = &nopHandoff{} // publishing would fail: never reached
 	msg := message.NewMessage("m", nil)
 	wdelay.Message(msg, wdelay.For(15500*time.Millisecond))
 	before := maps.Clone(msg.Metadata)
@@ -683,10 +688,10 @@ func TestSchedulerRefuses(t *testing.T) {
 // TestBackendsBuiltForPlanningDoNotPark: Lookup's backends plan and size only.
 func TestBackendsBuiltForPlanningDoNotPark(t *testing.T) {
 	for _, s := range []Spec{
-		{Name: TTLTiers{}.Name(), Prefix: "p", Tiers: backend.DefaultTiers()},
-		{Name: BinaryLevels{}.Name(), Prefix: "p", Levels: 4},
-		{Name: DelayedExchange{}.Name(), Prefix: "p"},
-		{Name: Memory{}.Name()},
+		{Name: TTLTiers().Name(), Prefix: "p", Tiers: backend.DefaultTiers()},
+		{Name: BinaryLevels(0).Name(), Prefix: "p", Levels: 4},
+		{Name: DelayedExchange().Name(), Prefix: "p"},
+		{Name: Memory(nil).Name()},
 	} {
 		if err := lookup(t, s).Park(context.Background(), "q", message.NewMessage("m", nil), time.Second); !errors.Is(err, errDetached) {
 			t.Errorf("%s: Park = %v, want errDetached", s.Name, err)
@@ -734,7 +739,7 @@ func TestVersionRules(t *testing.T) {
 			t.Errorf("warning %q does not name the version", w)
 		}
 	}
-	for v, want := range map[string][4]bool{ // DelayedRetry{}, NoPlugins, CountsNacks, DefaultDeliveryLimit
+	for v, want := range map[string][4]bool{ // DelayedRetry(0), NoPlugins, CountsNacks, DefaultDeliveryLimit
 		"3.10.8": {false, false, false, false},
 		"3.13.7": {false, false, false, false},
 		"4.0.5":  {false, false, true, true},
@@ -746,14 +751,14 @@ func TestVersionRules(t *testing.T) {
 	} {
 		got := [4]bool{version.DelayedRetry(v), version.NoPlugins(v), version.CountsNacks(v), version.DefaultDeliveryLimit(v)}
 		if got != want {
-			t.Errorf("version %q: DelayedRetry{}, NoPlugins, CountsNacks, DefaultDeliveryLimit = %v, want %v", v, got, want)
+			t.Errorf("version %q: DelayedRetry(0), NoPlugins, CountsNacks, DefaultDeliveryLimit = %v, want %v", v, got, want)
 		}
 	}
 }
 
 // TestContractNames: each backend is named as package delay names it.
 func TestContractNames(t *testing.T) {
-	for _, name := range Backends() {
+	for _, name := range backends {
 		b, err := Lookup(Spec{Name: name.Name(), Prefix: "p", Tiers: backend.DefaultTiers(), Levels: backend.DefaultLevels, RetryDelay: time.Second})
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
@@ -769,7 +774,7 @@ func TestContractNames(t *testing.T) {
 // messages_delayed for the exchange and vhost it is given (quoted as Erlang binaries),
 // and reads what rabbitmqctl eval printed: a count, or why there is none.
 func TestDelayedExchangeCountsItsPlugin(t *testing.T) {
-	b, err := Lookup(Spec{Name: DelayedExchange{}.Name(), Prefix: "p"})
+	b, err := Lookup(Spec{Name: DelayedExchange().Name(), Prefix: "p"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,26 +45,26 @@ type binaryLevels struct {
 }
 
 // BinaryLevels ("binary-levels") parks a retry in a cascade of quorum queues of 2^L
-// seconds: any delay up to 2^Levels - 1 s, in 1 s steps, without a plugin.
-type BinaryLevels struct {
-	// Levels is the number of levels, which keep delays up to 2^Levels - 1 s: 1 to 29.
-	// Change the Config's Prefix with it: New refuses a prefix that has a ladder of
-	// other Levels (docs/switching-backends.md). Default (0): 28 (about 8.5 years).
-	Levels int
+// seconds: any delay up to 2^levels - 1 s, in 1 s steps, without a plugin. levels is 1
+// to 29; 0 is the default, 28 (about 8.5 years). Change the Config's Prefix with it:
+// New refuses a prefix that has a ladder of other levels
+// (docs/switching-backends.md).
+func BinaryLevels(levels int) Backend { return binaryLevelsValue{levels: levels} }
+
+// binaryLevelsValue is BinaryLevels as configured.
+type binaryLevelsValue struct {
+	lib
+	levels int // 0: the default
 }
 
-// DefaultLevels is the number of levels of BinaryLevels when its Levels is left 0:
-// delays up to 2^28 - 1 s, about 8.5 years.
-const DefaultLevels = backend.DefaultLevels
-
 // Name is "binary-levels".
-func (BinaryLevels) Name() string { return "binary-levels" }
+func (binaryLevelsValue) Name() string { return "binary-levels" }
 
-func (b BinaryLevels) String() string { return b.Name() }
+func (b binaryLevelsValue) String() string { return b.Name() }
 
-// Open validates Levels and opens the backend.
-func (b BinaryLevels) Open(s backend.Setup) (backend.Backend, error) {
-	levels := b.Levels
+// Open validates the levels and opens the backend.
+func (b binaryLevelsValue) Open(s backend.Setup) (backend.Backend, error) {
+	levels := b.levels
 	if levels == 0 {
 		levels = backend.DefaultLevels
 	}
@@ -74,7 +74,7 @@ func (b BinaryLevels) Open(s backend.Setup) (backend.Backend, error) {
 	return &binaryLevels{env: s.Env, names: names.Names{Prefix: s.Prefix}, levels: levels}, nil
 }
 
-func (b *binaryLevels) Name() string { return BinaryLevels{}.Name() }
+func (b *binaryLevels) Name() string { return binaryLevelsValue{}.Name() }
 
 // Flags give Levels other than the default.
 func (b *binaryLevels) Flags() []string {
@@ -155,7 +155,7 @@ func (b *binaryLevels) maxDelay() time.Duration { return (time.Second << b.level
 // Effective rounds requested up to whole seconds, and refuses it past the maximum.
 func (b *binaryLevels) Effective(requested time.Duration) (time.Duration, error) {
 	if requested > b.maxDelay() {
-		return 0, fmt.Errorf("%s: %w: %s is longer than the maximum %s (2^%d - 1 s)", BinaryLevels{}, ErrDelayTooLong, requested, b.maxDelay(), b.levels)
+		return 0, fmt.Errorf("%s: %w: %s is longer than the maximum %s (2^%d - 1 s)", binaryLevelsValue{}, ErrDelayTooLong, requested, b.maxDelay(), b.levels)
 	}
 	secs := max(requested, 0) / time.Second
 	if requested%time.Second > 0 {
@@ -184,11 +184,11 @@ func (b *binaryLevels) routingKey(effective time.Duration, queue string) string 
 func (b *binaryLevels) checkQueue(queue string) error {
 	switch {
 	case queue == "":
-		return fmt.Errorf("%s: empty destination queue", BinaryLevels{})
+		return fmt.Errorf("%s: empty destination queue", binaryLevelsValue{})
 	case strings.ContainsAny(queue, "*#"):
-		return fmt.Errorf("%s: queue %q: a name with '*' or '#' cannot be bound literally on topic exchange %q", BinaryLevels{}, queue, b.names.LevelsDeliver())
+		return fmt.Errorf("%s: queue %q: a name with '*' or '#' cannot be bound literally on topic exchange %q", binaryLevelsValue{}, queue, b.names.LevelsDeliver())
 	case 2*b.levels+len(queue) > names.MaxBytes:
-		return fmt.Errorf("%s: queue %q: name longer than %d bytes, the routing key would exceed %d bytes", BinaryLevels{}, queue, names.MaxBytes-2*b.levels, names.MaxBytes)
+		return fmt.Errorf("%s: queue %q: name longer than %d bytes, the routing key would exceed %d bytes", binaryLevelsValue{}, queue, names.MaxBytes-2*b.levels, names.MaxBytes)
 	}
 	return nil
 }
@@ -211,9 +211,9 @@ func (b *binaryLevels) Park(ctx context.Context, queue string, msg *message.Mess
 
 func (b *binaryLevels) Close() error { return nil }
 
-func (b BinaryLevels) with(s Settings) Backend {
+func (b binaryLevelsValue) with(s Settings) Backend {
 	if s.Levels != 0 {
-		b.Levels = s.Levels
+		b.levels = s.Levels
 	}
 	return b
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/amqperr"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
@@ -44,8 +45,8 @@ const conformanceLevels = 12
 // tighterPrecision lists the backends that claim to be on time within less than a
 // second; every other is allowed a second.
 var tighterPrecision = map[string]time.Duration{
-	delay.DelayedExchange{}.Name(): 500 * time.Millisecond,
-	delay.Memory{}.Name():          500 * time.Millisecond,
+	delay.DelayedExchange().Name(): 500 * time.Millisecond,
+	delay.Memory(nil).Name():       500 * time.Millisecond,
 }
 
 // caseOf is backend b under the conformance suite.
@@ -61,8 +62,8 @@ func caseOf(b delay.Backend) backendCase {
 // default settings: a backend added there is under the suite with no edit here.
 func backendCases() []backendCase {
 	var out []backendCase
-	for _, b := range delay.Backends() {
-		out = append(out, caseOf(b))
+	for _, b := range backend.All(delay.TTLTiers()) {
+		out = append(out, caseOf(b.(delay.Backend)))
 	}
 	return out
 }
@@ -86,7 +87,7 @@ func (queuePublisher) Close() error { return nil }
 func dialHandoff(t *testing.T) backend.Handoff {
 	t.Helper()
 	brokertest.Dial(t)
-	h, err := delay.Dial(backend.HandoffConfig{URI: brokertest.URI()})
+	h, err := handoff.Dial(backend.HandoffConfig{URI: brokertest.URI()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +145,7 @@ func prepareRig(t *testing.T, bc backendCase) (*rig, string) {
 	if b.Caps().Keeps != backend.KeepsCopy {
 		return nil, fmt.Sprintf("the %s backend parks no copy (the broker holds the failed delivery itself): the suite, which parks copies, does not apply", bc.name)
 	}
-	if err := delay.Prepare(b, h, topology.ModeDeclare); err != nil {
+	if err := backend.Prepare(b, h, topology.ModeDeclare); err != nil {
 		if why := pluginMissing(h, err); why != "" {
 			return nil, why
 		}
@@ -396,7 +397,7 @@ func TestConformanceParksWhenTheWorkQueueIsGone(t *testing.T) {
 func TestBinaryLevelsLongDelays(t *testing.T) {
 	skipShort(t)
 	t.Parallel()
-	bc := caseOf(delay.BinaryLevels{})
+	bc := caseOf(delay.BinaryLevels(0))
 	r := newRig(t, bc)
 	delays := map[string]time.Duration{"3s": 3 * time.Second, "17s": 17 * time.Second, "65s": 65 * time.Second}
 	for id, d := range delays {
@@ -413,12 +414,12 @@ func TestBinaryLevelsRefusesDelayPastMaximum(t *testing.T) {
 	t.Parallel()
 	h := dialHandoff(t)
 	prefix := brokertest.Prefix(t)
-	b, err := delay.New(delay.Spec{Name: delay.BinaryLevels{}.Name(), Prefix: prefix, Levels: 4}, backend.Env{Handoff: h})
+	b, err := delay.New(delay.Spec{Name: delay.BinaryLevels(0).Name(), Prefix: prefix, Levels: 4}, backend.Env{Handoff: h})
 	if err != nil {
 		t.Fatal(err)
 	}
 	brokertest.CleanupTopology(t, b.Topology())
-	if err := delay.Prepare(b, h, topology.ModeDeclare); err != nil {
+	if err := backend.Prepare(b, h, topology.ModeDeclare); err != nil {
 		t.Fatal(err)
 	}
 	queue := prefix + ".orders"
@@ -456,13 +457,13 @@ func TestBackendsShareAPrefix(t *testing.T) {
 	t.Parallel()
 	h := dialHandoff(t)
 	prefix := brokertest.Prefix(t)
-	for _, name := range []delay.Backend{delay.TTLTiers{}, delay.BinaryLevels{}, delay.TTLTiers{}} {
+	for _, name := range []delay.Backend{delay.TTLTiers(), delay.BinaryLevels(0), delay.TTLTiers()} {
 		b, err := delay.New(delay.Spec{Name: name.Name(), Prefix: prefix, Tiers: []time.Duration{time.Second, time.Minute}, Levels: 4}, backend.Env{Handoff: h})
 		if err != nil {
 			t.Fatal(err)
 		}
 		brokertest.CleanupTopology(t, b.Topology())
-		if err := delay.Prepare(b, h, topology.ModeDeclare); err != nil {
+		if err := backend.Prepare(b, h, topology.ModeDeclare); err != nil {
 			t.Fatalf("%s under a prefix shared with the other backend: %v", name, err)
 		}
 	}
@@ -478,14 +479,14 @@ func TestBinaryLevelsRefusesAnotherLadderUnderItsPrefix(t *testing.T) {
 	h := dialHandoff(t)
 	prefix, other := brokertest.Prefix(t), brokertest.Prefix(t)+"-b"
 	ladder := func(prefix string, levels int) backend.Backend {
-		b, err := delay.New(delay.Spec{Name: delay.BinaryLevels{}.Name(), Prefix: prefix, Levels: levels}, backend.Env{Handoff: h})
+		b, err := delay.New(delay.Spec{Name: delay.BinaryLevels(0).Name(), Prefix: prefix, Levels: levels}, backend.Env{Handoff: h})
 		if err != nil {
 			t.Fatal(err)
 		}
 		brokertest.CleanupTopology(t, b.Topology())
 		return b
 	}
-	if err := delay.Prepare(ladder(prefix, 3), h, topology.ModeDeclare); err != nil {
+	if err := backend.Prepare(ladder(prefix, 3), h, topology.ModeDeclare); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
@@ -496,7 +497,7 @@ func TestBinaryLevelsRefusesAnotherLadderUnderItsPrefix(t *testing.T) {
 		{2, prefix + ".level.2", "more levels"},
 	} {
 		b := ladder(prefix, c.levels)
-		err := delay.Prepare(b, h, topology.ModeDeclare)
+		err := backend.Prepare(b, h, topology.ModeDeclare)
 		if !errors.Is(err, topology.ErrMismatch) {
 			t.Fatalf("Levels %d under a prefix with 3: %v, want ErrMismatch", c.levels, err)
 		}
@@ -505,7 +506,7 @@ func TestBinaryLevelsRefusesAnotherLadderUnderItsPrefix(t *testing.T) {
 				t.Errorf("Levels %d: error %q does not say %q", c.levels, err, want)
 			}
 		}
-		if err := delay.Prepare(b, h, topology.ModeVerify); !errors.Is(err, topology.ErrMismatch) {
+		if err := backend.Prepare(b, h, topology.ModeVerify); !errors.Is(err, topology.ErrMismatch) {
 			t.Errorf("Levels %d in verify mode: %v, want ErrMismatch", c.levels, err)
 		}
 	}
@@ -518,7 +519,7 @@ func TestBinaryLevelsRefusesAnotherLadderUnderItsPrefix(t *testing.T) {
 		t.Errorf("queue %s.level.3 after the refusal: %v, want 404", prefix, err)
 	}
 	for _, b := range []backend.Backend{ladder(prefix, 3), ladder(other, 4)} {
-		if err := delay.Prepare(b, h, topology.ModeDeclare); err != nil {
+		if err := backend.Prepare(b, h, topology.ModeDeclare); err != nil {
 			t.Errorf("%v", err)
 		}
 	}
@@ -534,11 +535,11 @@ func TestPrepare(t *testing.T) {
 	v := h.Version()
 	prefix := brokertest.Prefix(t)
 
-	dr, err := delay.New(delay.Spec{Name: delay.DelayedRetry{}.Name(), RetryDelay: time.Second}, backend.Env{Handoff: h})
+	dr, err := delay.New(delay.Spec{Name: delay.DelayedRetry(0).Name(), RetryDelay: time.Second}, backend.Env{Handoff: h})
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = delay.Prepare(dr, h, topology.ModeDeclare)
+	err = backend.Prepare(dr, h, topology.ModeDeclare)
 	switch at43 := version.DelayedRetry(v); {
 	case at43 && err != nil:
 		t.Errorf("delayed-retry on RabbitMQ %s: %v", v, err)
@@ -546,12 +547,12 @@ func TestPrepare(t *testing.T) {
 		t.Errorf("delayed-retry on RabbitMQ %s: %v, want ErrUnsupported naming 4.3 and the version", v, err)
 	}
 
-	dx, err := delay.New(delay.Spec{Name: delay.DelayedExchange{}.Name(), Prefix: prefix}, backend.Env{Handoff: h})
+	dx, err := delay.New(delay.Spec{Name: delay.DelayedExchange().Name(), Prefix: prefix}, backend.Env{Handoff: h})
 	if err != nil {
 		t.Fatal(err)
 	}
 	brokertest.CleanupTopology(t, dx.Topology())
-	err = delay.Prepare(dx, h, topology.ModeDeclare)
+	err = backend.Prepare(dx, h, topology.ModeDeclare)
 	switch {
 	case version.NoPlugins(v):
 		if !errors.Is(err, delay.ErrPluginMissing) || !strings.Contains(err.Error(), "RabbitMQ "+v+" cannot run the rabbitmq_delayed_message_exchange plugin (4.3 and later") {
@@ -571,22 +572,22 @@ func TestPrepare(t *testing.T) {
 		}
 	}
 
-	tt, err := delay.New(delay.Spec{Name: delay.TTLTiers{}.Name(), Prefix: prefix, Tiers: []time.Duration{time.Second}}, backend.Env{Handoff: h})
+	tt, err := delay.New(delay.Spec{Name: delay.TTLTiers().Name(), Prefix: prefix, Tiers: []time.Duration{time.Second}}, backend.Env{Handoff: h})
 	if err != nil {
 		t.Fatal(err)
 	}
 	brokertest.CleanupTopology(t, tt.Topology())
-	if err := delay.Prepare(tt, h, topology.ModeNone); err != nil {
+	if err := backend.Prepare(tt, h, topology.ModeNone); err != nil {
 		t.Fatal(err)
 	}
-	err = delay.Prepare(tt, h, topology.ModeVerify)
+	err = backend.Prepare(tt, h, topology.ModeVerify)
 	if !errors.Is(err, topology.ErrMissing) || !strings.Contains(err.Error(), "ttl-tiers topology (mode verify)") {
 		t.Fatalf("verify before declaring: %v", err)
 	}
-	if err := delay.Prepare(tt, h, topology.ModeDeclare); err != nil {
+	if err := backend.Prepare(tt, h, topology.ModeDeclare); err != nil {
 		t.Fatal(err)
 	}
-	if err := delay.Prepare(tt, h, topology.ModeVerify); err != nil {
+	if err := backend.Prepare(tt, h, topology.ModeVerify); err != nil {
 		t.Fatalf("verify after declaring: %v", err)
 	}
 	// The hand-off still publishes after every refusal.
@@ -601,7 +602,7 @@ func TestPrepare(t *testing.T) {
 // first publish proves the queue exists, since the plugin cannot return a publish.
 func TestDelayedExchangeRefusesMissingQueue(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, caseOf(delay.DelayedExchange{}))
+	r := newRig(t, caseOf(delay.DelayedExchange()))
 	msg := message.NewMessage("lost", nil)
 	wdelay.Message(msg, wdelay.For(time.Second))
 	missing := r.prefix + ".missing"
@@ -738,7 +739,7 @@ func collectIDs(t *testing.T, queue string, want []string, timeout time.Duration
 // (TestConformanceSurvivesBrokerRestart and the no-loss test).
 func TestDelayedExchangeShutdownWindow(t *testing.T) {
 	brokertest.RequireRestart(t)
-	r := newRig(t, backendCase{name: delay.DelayedExchange{}, precision: time.Second}) // skips without the plugin
+	r := newRig(t, backendCase{name: delay.DelayedExchange(), precision: time.Second}) // skips without the plugin
 	const n = 3000
 	// Due one per millisecond from 3 s on: the restart begins while they come due.
 	first := time.Now().Add(3 * time.Second)

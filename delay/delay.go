@@ -7,35 +7,38 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/amqpretry/amqpretry/internal/backend"
 )
 
-// Backend is a delay backend as configured, the type of amqpretry.Config.Backend: a
-// value of TTLTiers (the default), BinaryLevels, DelayedExchange, DelayedRetry,
-// DeliveryTime or Memory, each with its own settings:
+// Backend is a delay backend as configured, the type of amqpretry.Config.Backend: the
+// value of a constructor of this package, TTLTiers (the default), BinaryLevels,
+// DelayedExchange, DelayedRetry, DeliveryTime, Memory or HeldRetries, with its own
+// settings,
 //
-//	Backend: delay.BinaryLevels{Levels: 20}
+//	Backend: delay.BinaryLevels(20)
 //
-// A name read from configuration gives its value, with default settings, through
-// Parse. The value owns its decisions: it validates its settings, and the backend it
-// opens says what it can do (its Caps, and the optional interfaces of the library's
-// internal/backend it implements), so that nothing else asks which backend it is.
-// Only this module's types implement it.
+// or, for a name read from configuration, of Parse. The interface is sealed: the
+// backends are the library's, and only this package implements Backend. A backend is
+// more than a publisher: what it declares on the broker, how it sizes a delay, what
+// the middleware settles, what ops counts, brings back and tears down, and how a
+// change of backend leaves nothing behind are one contract between this package and
+// the rest of the library, which it keeps internal so that it can change without a
+// breaking release. The value validates its settings when the Retry starts (New and
+// Config.Validate name the argument at fault).
 type Backend interface {
 	// Name is the backend's name, as Parse takes it: for configuration, logs, events
 	// and errors.
 	Name() string
-	// Open validates the settings (errors name the field at fault) and opens the
-	// backend under s.Prefix, parking through s.Env. Use the function Open, which
-	// also checks the prefix and the names.
-	Open(s backend.Setup) (backend.Backend, error)
+	// String describes the backend with its settings, for logs.
+	String() string
+
+	isBackend()
 }
 
 // Parse returns the backend named name: "ttl-tiers" (also for ""), "binary-levels",
 // "delayed-exchange", "delayed-retry", "delivery-time" or "memory", with the settings
-// it has among those given (its defaults for the others). It is how a deployment
-// switches backends by configuration alone:
+// it has among those given (its defaults for the others), behind s.HeldRetries held
+// retries if that is set. It is how a deployment switches backends by configuration
+// alone:
 //
 //	Backend: must(delay.Parse(os.Getenv("DELAY_BACKEND"))),
 func Parse(name string, settings ...Settings) (Backend, error) {
@@ -46,37 +49,33 @@ func Parse(name string, settings ...Settings) (Backend, error) {
 		if b.Name() != name {
 			continue
 		}
+		held := 0
+		var heldDelay time.Duration
 		for _, s := range settings {
 			if t, ok := b.(interface{ with(Settings) Backend }); ok {
 				b = t.with(s)
 			}
+			held, heldDelay = s.HeldRetries, s.Delay
+		}
+		if held != 0 {
+			b = HeldRetries(held, heldDelay, b)
 		}
 		return b, nil
 	}
-	return nil, fmt.Errorf("Backend: unknown backend %q (known: %s)", name, strings.Join(Names(), ", "))
+	return nil, fmt.Errorf("Backend: unknown backend %q (known: %s)", name, strings.Join(knownNames(), ", "))
 }
 
 // Settings are backend settings read from configuration by name (a command line, the
 // environment), for Parse: the backend named takes those it has, and ignores the
-// others. A zero field is the backend's default.
+// others. A zero field is the default.
 type Settings struct {
-	Tiers     []time.Duration   // TTLTiers.Tiers
-	Levels    int               // BinaryLevels.Levels
-	Delay     time.Duration     // DelayedRetry.Delay
-	Publisher message.Publisher // Memory.Publisher
-}
-
-// Backends lists the delay backends, each with its default settings, the default
-// first: TTLTiers, BinaryLevels, DelayedExchange, DelayedRetry, DeliveryTime, Memory.
-func Backends() []Backend { return append([]Backend(nil), backends...) }
-
-// Names lists the names of the delay backends, the default first: what Parse takes.
-func Names() []string {
-	out := make([]string, len(backends))
-	for i, b := range backends {
-		out[i] = b.Name()
-	}
-	return out
+	Tiers     []time.Duration   // TTLTiers' tiers
+	Levels    int               // BinaryLevels' levels
+	Delay     time.Duration     // DelayedRetry's delay, and that of the HeldRetries
+	Publisher message.Publisher // Memory's publisher
+	// HeldRetries, if set, holds the first retries in the work queue, Delay apart, in
+	// front of the backend named (the HeldRetries constructor).
+	HeldRetries int
 }
 
 var (

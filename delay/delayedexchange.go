@@ -50,15 +50,18 @@ const maxPluginDelay = (1<<32 - 1) * time.Millisecond
 // DelayedExchange ("delayed-exchange") hands a retry to the
 // rabbitmq_delayed_message_exchange plugin: 1 ms steps up to 49.7 days, stored on one
 // node. The plugin cannot run on RabbitMQ 4.3 or later. It has no settings.
-type DelayedExchange struct{}
+func DelayedExchange() Backend { return delayedExchangeValue{} }
+
+// delayedExchangeValue is DelayedExchange as configured.
+type delayedExchangeValue struct{ lib }
 
 // Name is "delayed-exchange".
-func (DelayedExchange) Name() string { return "delayed-exchange" }
+func (delayedExchangeValue) Name() string { return "delayed-exchange" }
 
-func (b DelayedExchange) String() string { return b.Name() }
+func (b delayedExchangeValue) String() string { return b.Name() }
 
 // Open opens the backend.
-func (DelayedExchange) Open(s backend.Setup) (backend.Backend, error) {
+func (delayedExchangeValue) Open(s backend.Setup) (backend.Backend, error) {
 	return &delayedExchange{env: s.Env, names: names.Names{Prefix: s.Prefix}, bound: map[string]bool{}}, nil
 }
 
@@ -69,7 +72,7 @@ var (
 	_ backend.Preparer    = (*delayedExchange)(nil)
 )
 
-func (b *delayedExchange) Name() string { return DelayedExchange{}.Name() }
+func (b *delayedExchange) Name() string { return delayedExchangeValue{}.Name() }
 
 // SealedIn: the plugin offers no way to read, bring back or drop what it keeps in the
 // exchange.
@@ -184,7 +187,7 @@ func (b *delayedExchange) binding(queue string) topology.Binding {
 // past 2^32-1 ms.
 func (b *delayedExchange) Effective(requested time.Duration) (time.Duration, error) {
 	if requested > maxPluginDelay {
-		return 0, fmt.Errorf("%s: %w: %s is longer than the plugin's maximum %s (2^32-1 ms)", DelayedExchange{}, ErrDelayTooLong, requested, maxPluginDelay)
+		return 0, fmt.Errorf("%s: %w: %s is longer than the plugin's maximum %s (2^32-1 ms)", delayedExchangeValue{}, ErrDelayTooLong, requested, maxPluginDelay)
 	}
 	return wholeMillis(requested), nil
 }
@@ -198,7 +201,7 @@ func (b *delayedExchange) bind(queue string) error {
 		return nil
 	}
 	if err := b.env.Handoff.Ensure(topology.ModeDeclare, topology.Topology{Bindings: []topology.Binding{b.binding(queue)}}); err != nil {
-		return fmt.Errorf("%s: queue %q cannot receive from exchange %q (does it exist?): %w", DelayedExchange{}, queue, b.names.Delayed(), err)
+		return fmt.Errorf("%s: queue %q cannot receive from exchange %q (does it exist?): %w", delayedExchangeValue{}, queue, b.names.Delayed(), err)
 	}
 	b.mu.Lock()
 	b.bound[queue] = true
@@ -232,10 +235,10 @@ const pluginName = "rabbitmq_delayed_message_exchange"
 func (b *delayedExchange) errPluginMissing(brokerVersion string, cause error) error {
 	if version.NoPlugins(brokerVersion) {
 		return fmt.Errorf("%s: %w: RabbitMQ %s cannot run the %s plugin (4.3 and later keep their metadata in Khepri only, which the plugin does not support; it is archived); use %s (any delay, 1 s steps), %s, or %s (4.3 keeps the retry in the work queue, one delay per queue)",
-			DelayedExchange{}, ErrPluginMissing, brokerVersion, pluginName, BinaryLevels{}, TTLTiers{}, DelayedRetry{})
+			delayedExchangeValue{}, ErrPluginMissing, brokerVersion, pluginName, binaryLevelsValue{}, ttlTiersValue{}, delayedRetryValue{})
 	}
 	err := fmt.Errorf("%s: cannot declare exchange %q of type %s: %w on the broker; enable it on every node with `rabbitmq-plugins enable %s`, or use the %s backend, which needs no plugin",
-		DelayedExchange{}, b.names.Delayed(), declare.ExchangeDelayedMessage, ErrPluginMissing, pluginName, BinaryLevels{})
+		delayedExchangeValue{}, b.names.Delayed(), declare.ExchangeDelayedMessage, ErrPluginMissing, pluginName, binaryLevelsValue{})
 	if cause != nil {
 		return fmt.Errorf("%w: %w", err, cause)
 	}

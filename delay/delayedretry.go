@@ -23,39 +23,43 @@ type delayedRetry struct{ delay time.Duration }
 
 // DelayedRetry ("delayed-retry") has RabbitMQ 4.3+ hold the failed delivery in the
 // work queue itself (its delayed retry of quorum queues): no copy, no publish, one
-// constant delay per work queue, without jitter. Policy.Delays and Policy.Jitter left
-// zero mean that delay; a value set that it would ignore (Delays other than Delay, a
-// positive Jitter, Immediate) is refused, even one that is the default on a copying
-// backend (Exponential(time.Second, 2, 10*time.Minute), Jitter 0.2). The work queue must be a quorum queue: an
-// existing queue of another type is refused by the transport's AddHandler, or else at
-// the first subscribe. Every retry is held, so the Config's HeldRetries is unused.
-type DelayedRetry struct {
-	// Delay is the constant delay (the work queue's x-delayed-retry-min and -max), a
-	// whole number of milliseconds. A longer delay of the error's own (a RetryAfter)
-	// is never cut short: the retry is held again, as many times as it takes, so it
-	// comes back at the first multiple of Delay past the one asked for. Default (0):
-	// 1s.
-	Delay time.Duration
+// constant delay per work queue, without jitter. delay is that delay (the work queue's
+// x-delayed-retry-min and -max), a whole number of milliseconds; 0 is the default, 1s.
+// A longer delay of the error's own (a RetryAfter) is never cut short: the retry is
+// held again, as many times as it takes, so it comes back at the first multiple of
+// delay past the one asked for. Policy.Delays and Policy.Jitter left zero mean that
+// delay; a value set that it would ignore (Delays other than delay, a positive Jitter,
+// Immediate) is refused, even one that is the default on a copying backend
+// (Exponential(time.Second, 2, 10*time.Minute), Jitter 0.2). The work queue must be a quorum queue: an existing queue
+// of another type is refused by the transport's AddHandler, or else at the first
+// subscribe. To hold only the first retries, in front of a copying backend, see
+// HeldRetries.
+func DelayedRetry(delay time.Duration) Backend { return delayedRetryValue{delay: delay} }
+
+// delayedRetryValue is DelayedRetry as configured.
+type delayedRetryValue struct {
+	lib
+	delay time.Duration // 0: the default
 }
 
 // Name is "delayed-retry".
-func (DelayedRetry) Name() string { return "delayed-retry" }
+func (delayedRetryValue) Name() string { return "delayed-retry" }
 
-func (b DelayedRetry) String() string { return b.Name() }
+func (b delayedRetryValue) String() string { return b.Name() }
 
-// Open validates Delay and opens the backend.
-func (b DelayedRetry) Open(backend.Setup) (backend.Backend, error) {
-	d := b.Delay
+// Open validates the delay and opens the backend.
+func (b delayedRetryValue) Open(backend.Setup) (backend.Backend, error) {
+	d := b.delay
 	if d == 0 {
 		d = backend.DefaultRetryDelay
 	}
-	if err := backend.CheckRetryDelay("Backend.Delay", d); err != nil {
+	if err := backend.CheckRetryDelay("delay.DelayedRetry(delay)", d); err != nil {
 		return nil, err
 	}
 	return delayedRetry{delay: d}, nil
 }
 
-func (b delayedRetry) Name() string { return DelayedRetry{}.Name() }
+func (b delayedRetry) Name() string { return delayedRetryValue{}.Name() }
 
 // OneDelay is the queue's delay, whatever is asked.
 func (b delayedRetry) OneDelay() time.Duration { return b.delay }
@@ -78,7 +82,7 @@ func (b delayedRetry) Flags() []string {
 // longer delay is held again.
 func (b delayedRetry) Caps() backend.Caps {
 	return backend.Caps{Keeps: backend.KeepsDelivery, Longest: b.delay, PastLongest: backend.HoldAgain,
-		Text: fmt.Sprintf("one constant delay, %s (its Delay), whatever is asked", b.delay)}
+		Text: fmt.Sprintf("one constant delay, %s (its delay), whatever is asked", b.delay)}
 }
 
 // Effective is the queue's delay, whatever was asked: the broker knows no other.
@@ -100,13 +104,9 @@ func (b delayedRetry) Settle(*message.Message, time.Duration, message.Metadata) 
 
 func (b delayedRetry) Close() error { return nil }
 
-// HoldsEveryRetry tells that the work queue holds every retry: the Config's
-// HeldRetries are this backend's own.
-func (DelayedRetry) HoldsEveryRetry() bool { return true }
-
-func (b DelayedRetry) with(s Settings) Backend {
+func (b delayedRetryValue) with(s Settings) Backend {
 	if s.Delay != 0 {
-		b.Delay = s.Delay
+		b.delay = s.Delay
 	}
 	return b
 }

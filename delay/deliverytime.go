@@ -21,35 +21,38 @@ type deliveryTime struct {
 	redeliver func(msg *message.Message, at time.Time, annotations map[string]any) error
 }
 
-// AnnotationPrefix starts the message annotations the failure envelope travels in on
-// delivery-time: the prefix, then the envelope's metadata key. The AMQP 1.0 transport
-// reads them back with it.
-const AnnotationPrefix = "x-opt-"
+// annotationPrefix starts the message annotations the failure envelope travels in on
+// delivery-time: the prefix of AMQP 1.0's non-standard annotations, then the
+// envelope's metadata key. The AMQP 1.0 transport reads them back with it.
+const annotationPrefix = "x-opt-"
 
 // DeliveryTime ("delivery-time") has RabbitMQ 4.3+ hold a failed delivery received
 // over AMQP 1.0 in its quorum queue until an exact time (the modified outcome with
 // x-opt-delivery-time): any delay per message, no copy. It needs the AMQP 1.0
 // transport, github.com/amqpretry/amqpretry/amqp1. It has no settings.
-type DeliveryTime struct{}
+func DeliveryTime() Backend { return deliveryTimeValue{} }
+
+// deliveryTimeValue is DeliveryTime as configured.
+type deliveryTimeValue struct{ lib }
 
 // Name is "delivery-time".
-func (DeliveryTime) Name() string { return "delivery-time" }
+func (deliveryTimeValue) Name() string { return "delivery-time" }
 
-func (b DeliveryTime) String() string { return b.Name() }
+func (b deliveryTimeValue) String() string { return b.Name() }
 
 // Open opens the backend, settling through s.Env.Redeliver.
-func (DeliveryTime) Open(s backend.Setup) (backend.Backend, error) {
+func (deliveryTimeValue) Open(s backend.Setup) (backend.Backend, error) {
 	return deliveryTime{redeliver: s.Env.Redeliver}, nil
 }
 
-func (deliveryTime) Name() string { return DeliveryTime{}.Name() }
+func (deliveryTime) Name() string { return deliveryTimeValue{}.Name() }
 
 func (deliveryTime) Caps() backend.Caps {
 	return backend.Caps{Keeps: backend.KeepsDelivery, CarriesEnvelope: true, Text: "1ms steps, any delay"}
 }
 
-// SettlesAMQP1: it settles with the AMQP 1.0 modified outcome.
-func (deliveryTime) SettlesAMQP1() bool { return true }
+// OnAMQP091: it settles with the AMQP 1.0 modified outcome, which AMQP 0-9-1 lacks.
+func (b deliveryTime) OnAMQP091() error { return needsAMQP1(b.Name()) }
 
 // CheckVersion refuses RabbitMQ older than 4.3, which does not hold such a delivery.
 func (b deliveryTime) CheckVersion(v string) error { return needs43(b.Name(), v) }
@@ -64,17 +67,17 @@ func (deliveryTime) WorkQueue(string) topology.Topology { return topology.Topolo
 func (deliveryTime) DelayQueues() []backend.DelayQueue  { return nil }
 
 func (deliveryTime) Park(context.Context, string, *message.Message, time.Duration) error {
-	return fmt.Errorf("%s: holds the failed delivery, it parks no copy", DeliveryTime{})
+	return fmt.Errorf("%s: holds the failed delivery, it parks no copy", deliveryTimeValue{})
 }
 
-// NeedsAMQP1 is the error of a backend (name) that needs the AMQP 1.0 transport (the
+// needsAMQP1 is the error of a backend (name) that needs the AMQP 1.0 transport (the
 // AMQP1 trait) configured with an AMQP 0-9-1 one (watermill-amqp).
-func NeedsAMQP1(name string) error {
+func needsAMQP1(name string) error {
 	return fmt.Errorf("Backend: %s is %w on the AMQP 0-9-1 transport (watermill-amqp): it settles a failed delivery with an AMQP 1.0 outcome; use the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1, or another Backend (%s, %s, %s)",
-		name, ErrUnsupported, TTLTiers{}, BinaryLevels{}, DelayedRetry{})
+		name, ErrUnsupported, ttlTiersValue{}, binaryLevelsValue{}, delayedRetryValue{})
 }
 
-var errNoTransport = fmt.Errorf("%s is %w on the AMQP 0-9-1 transport: it needs the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1", DeliveryTime{}, ErrUnsupported)
+var errNoTransport = fmt.Errorf("%s is %w on the AMQP 0-9-1 transport: it needs the AMQP 1.0 transport, package github.com/amqpretry/amqpretry/amqp1", deliveryTimeValue{}, ErrUnsupported)
 
 // Settle asks the transport to settle msg modified, due after effective, with the
 // envelope as annotations, when the middleware nacks it.
@@ -84,10 +87,10 @@ func (b deliveryTime) Settle(msg *message.Message, effective time.Duration, enve
 	}
 	ann := make(map[string]any, len(envelope))
 	for k, v := range envelope {
-		ann[AnnotationPrefix+k] = v
+		ann[annotationPrefix+k] = v
 	}
 	if err := b.redeliver(msg, time.Now().Add(effective), ann); err != nil {
-		return fmt.Errorf("%s: settle message %s: %w", DeliveryTime{}, msg.UUID, err)
+		return fmt.Errorf("%s: settle message %s: %w", deliveryTimeValue{}, msg.UUID, err)
 	}
 	return nil
 }

@@ -1,22 +1,21 @@
 // Package delay has the delay backends: Backend, the interface of a backend as
-// configured (the type of amqpretry.Config.Backend), its values TTLTiers (the default),
-// BinaryLevels, DelayedExchange, DelayedRetry, DeliveryTime and Memory, each with
-// its own settings, Parse for a backend named by configuration, the errors they
-// return, and their implementations, one file per backend (ttltiers.go,
-// binarylevels.go, delayedexchange.go, delayedretry.go, deliverytime.go, memory.go),
-// each saying what it declares, how it sizes a delay and how it parks a message or
-// holds the failed delivery, and what it alone does (the optional interfaces of the
-// library's internal/backend: a version gate, work queue arguments, command-line
-// flags, its storage as ops reads it); prepare.go readies a backend on the broker at
-// start-up; and handoff.go is the hand-off, the delay publisher: the confirmed
-// publish, on a connection of its own, through which every copy reaches the broker
-// before its original is acked. Open opens a backend, Dial a hand-off; the middleware,
-// the Config and package ops decide from what a backend implements alone. Adding a
-// backend is a file here and its line in the parse table of backend.go.
+// configured (the type of amqpretry.Config.Backend), sealed, and the constructors of
+// its values, each with its own settings: TTLTiers (the default), BinaryLevels,
+// DelayedExchange, DelayedRetry, DeliveryTime, Memory, and HeldRetries, which holds the
+// first retries in the work queue in front of another; Parse for a backend named by
+// configuration; and the errors they return. The backends are the library's: their
+// implementations, one file per backend (ttltiers.go, binarylevels.go,
+// delayedexchange.go, delayedretry.go, deliverytime.go, memory.go, heldretries.go),
+// implement the contract of the library's internal/backend (what a backend declares,
+// how it sizes a delay, parks a message or holds the failed delivery, and the optional
+// interfaces of what it alone does: a version gate, work queue arguments, command-line
+// flags, its storage as ops reads it), which the middleware, the Config and package ops
+// decide from alone. Adding a backend is a file here and its line in the parse table of
+// backend.go.
 //
 // Import it to configure a backend in code,
 //
-//	Backend: delay.BinaryLevels{Levels: 20},
+//	Backend: delay.BinaryLevels(20),
 //
 // to read one from configuration (a deployment switches backends by configuration
 // alone),
@@ -41,9 +40,8 @@
 // (<prefix>.parking), except on delayed-exchange, whose plugin drops it.
 //
 // delayed-retry copies nothing: the middleware settles the failed delivery with a
-// requeue and RabbitMQ 4.3 holds it aside in the work queue for the queue's delay. It
-// can also take the first retries only, in front of a copying backend (see
-// amqpretry.Config.HeldRetries).
+// requeue and RabbitMQ 4.3 holds it aside in the work queue for the queue's delay.
+// HeldRetries has it take the first retries only, in front of a copying backend.
 //
 // delivery-time copies nothing either: over AMQP 1.0 (the transport of package
 // github.com/amqpretry/amqpretry/amqp1) the middleware settles the failed delivery with

@@ -24,8 +24,11 @@ func (s Spec) open(env backend.Env) (backend.Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Open(v, backend.Setup{Prefix: s.Prefix, Env: env})
+	return backend.Open(v, backend.Setup{Prefix: s.Prefix, Env: env})
 }
+
+// nopHandoff is a hand-off that is never reached: any call panics.
+type nopHandoff struct{ backend.Handoff }
 
 // New opens the backend s names, parking through env.
 func New(s Spec, env backend.Env) (backend.Backend, error) { return s.open(env) }

@@ -26,24 +26,27 @@ type memory struct {
 	closed bool
 }
 
-// Memory ("memory") keeps a retry in a timer of this process and publishes it to
-// Publisher when its delay is over: not durable, for tests and demos only.
-type Memory struct {
-	// Publisher is where a retry is published when its delay is over, with the queue
-	// as topic; in-process (no broker URI), also where poisoned messages go, and, if
-	// it is a message.Subscriber (a GoChannel), what AddHandler subscribes to.
-	// Required.
-	Publisher message.Publisher
+// Memory ("memory") keeps a retry in a timer of this process and publishes it to pub,
+// with the queue as topic, when its delay is over: not durable, for tests and demos
+// only. In-process (no broker URI), pub is also where poisoned messages go, and, if it
+// is a message.Subscriber (a GoChannel), what AddHandler subscribes to. pub is
+// required (Config.Validate refuses nil).
+func Memory(pub message.Publisher) Backend { return memoryValue{pub: pub} }
+
+// memoryValue is Memory as configured.
+type memoryValue struct {
+	lib
+	pub message.Publisher
 }
 
 // Name is "memory".
-func (Memory) Name() string { return "memory" }
+func (memoryValue) Name() string { return "memory" }
 
-func (b Memory) String() string { return b.Name() }
+func (b memoryValue) String() string { return b.Name() }
 
-// Open opens the backend; without a Publisher it only plans (Validate refuses it).
-func (b Memory) Open(s backend.Setup) (backend.Backend, error) {
-	return newMemory(b.Publisher, s.Env.Logger), nil
+// Open opens the backend; without a publisher it only plans (Validate refuses it).
+func (b memoryValue) Open(s backend.Setup) (backend.Backend, error) {
+	return newMemory(b.pub, s.Env.Logger), nil
 }
 
 func newMemory(pub message.Publisher, logger watermill.LoggerAdapter) *memory {
@@ -55,7 +58,7 @@ func newMemory(pub message.Publisher, logger watermill.LoggerAdapter) *memory {
 
 var errMemoryClosed = errors.New("memory delay backend is closed")
 
-func (m *memory) Name() string { return Memory{}.Name() }
+func (m *memory) Name() string { return memoryValue{}.Name() }
 
 func (m *memory) Caps() backend.Caps {
 	return backend.Caps{Keeps: backend.KeepsCopy, CarriesEnvelope: true, Text: "any delay, kept in this process"}
@@ -64,7 +67,7 @@ func (m *memory) Caps() backend.Caps {
 // Validate refuses a memory backend without a publisher.
 func (m *memory) Validate() error {
 	if m.pub == nil {
-		return errors.New("Backend.Publisher: required for the memory backend: set delay.Memory{Publisher: ...}")
+		return errors.New("Backend.Publisher: required for the memory backend: set delay.Memory(pub)")
 	}
 	return nil
 }
@@ -124,9 +127,9 @@ func (m *memory) Close() error {
 	return nil
 }
 
-func (b Memory) with(s Settings) Backend {
+func (b memoryValue) with(s Settings) Backend {
 	if s.Publisher != nil {
-		b.Publisher = s.Publisher
+		b.pub = s.Publisher
 	}
 	return b
 }

@@ -18,14 +18,22 @@ import (
 	"github.com/amqpretry/amqpretry/topology"
 )
 
-// step is a backend value defined in a test: it opens stepBackend, which keeps a copy
-// in this process for one step of 20ms, and refuses a delay past one second. The
-// middleware takes it through its Caps and the traits it implements alone.
-type stepValue struct{ pub message.Publisher }
+// step is a backend value defined in a test inside the module (delay.Backend is sealed:
+// it embeds one for its unexported method, and implements the internal
+// backend.Opener): it opens stepBackend, which keeps a copy in this process for one
+// step of 20ms, and refuses a delay past one second. The middleware takes it through
+// its Caps and the traits it implements alone.
+type stepValue struct {
+	delay.Backend
+	pub message.Publisher
+}
 
-func (stepValue) Name() string { return "step" }
+func (v stepValue) Backends() []backend.Opener { return nil }
+
+func (stepValue) Name() string   { return "step" }
+func (stepValue) String() string { return "step" }
 func (v stepValue) Open(backend.Setup) (backend.Backend, error) {
-	return stepBackend(v), nil
+	return stepBackend{v.pub}, nil
 }
 
 type stepBackend struct{ pub message.Publisher }
@@ -60,7 +68,7 @@ func (b stepBackend) Park(_ context.Context, queue string, msg *message.Message,
 func TestBackendDefinedInATest(t *testing.T) {
 	pubsub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 16}, watermill.NopLogger{})
 	defer pubsub.Close()
-	cfg := amqpretry.Config{Backend: stepValue{pubsub}, Policy: amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{10 * time.Millisecond}, Jitter: -1}}
+	cfg := amqpretry.Config{Backend: stepValue{pub: pubsub}, Policy: amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{10 * time.Millisecond}, Jitter: -1}}
 	r, err := middleware.New(cfg, middleware.Transport{})
 	if err != nil {
 		t.Fatal(err)

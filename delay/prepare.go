@@ -11,34 +11,6 @@ import (
 	"github.com/amqpretry/amqpretry/topology"
 )
 
-// Prepare readies b on the broker at start-up, as mode says: it refuses a backend the
-// broker's version cannot run (backend.VersionGate), then declares (or, in
-// topology.ModeVerify, checks) b's publishing side, through b's own Prepare if it has
-// one (backend.Preparer). A backend that keeps retries in this process needs nothing
-// there.
-func Prepare(b backend.Backend, h backend.Handoff, mode topology.Mode) error {
-	if _, ok := b.(backend.InProcess); ok {
-		return nil
-	}
-	if g, ok := b.(backend.VersionGate); ok {
-		if err := g.CheckVersion(h.Version()); err != nil {
-			return err
-		}
-	}
-	if p, ok := b.(backend.Preparer); ok {
-		return p.Prepare(h, mode)
-	}
-	return ensure(b, h, mode)
-}
-
-// ensure declares (or checks) b's publishing side, as mode says.
-func ensure(b backend.Backend, h backend.Handoff, mode topology.Mode) error {
-	if err := h.Ensure(mode, b.Topology()); err != nil {
-		return fmt.Errorf("%s topology (mode %s): %w", b.Name(), mode, err)
-	}
-	return nil
-}
-
 // Prepare refuses a prefix that has a ladder of other Levels, then declares (or
 // checks) the ladder.
 func (b *binaryLevels) Prepare(h backend.Handoff, mode topology.Mode) error {
@@ -47,7 +19,7 @@ func (b *binaryLevels) Prepare(h backend.Handoff, mode topology.Mode) error {
 			return err
 		}
 	}
-	return ensure(b, h, mode)
+	return backend.Ensure(b, h, mode)
 }
 
 // checkLadder refuses a prefix that has a binary-levels ladder of another number of
@@ -85,14 +57,14 @@ func (b *binaryLevels) checkLadder(h backend.Handoff) error {
 	const fix = "the level exchanges' bindings depend on Levels, and sharing them would duplicate retries and bring copies back late: keep Levels, or change Prefix with it (the old ladder keeps delivering its retries until it is empty; remove it then)"
 	above := b.names.Level(b.levels)
 	if ok, err := exists(queue(above)); err != nil {
-		return fmt.Errorf("%s: check queue %q: %w", BinaryLevels{}, above, err)
+		return fmt.Errorf("%s: check queue %q: %w", binaryLevelsValue{}, above, err)
 	} else if ok {
 		return fmt.Errorf("Levels: %d, but queue %q exists: prefix %q has a binary-levels ladder of more levels: %w: %s", b.levels, above, b.names.Prefix, topology.ErrMismatch, fix)
 	}
 	bottom, top := b.names.Level(0), b.names.Level(b.levels-1)
 	ok, err := exists(queue(bottom))
 	if err != nil {
-		return fmt.Errorf("%s: check queue %q: %w", BinaryLevels{}, bottom, err)
+		return fmt.Errorf("%s: check queue %q: %w", binaryLevelsValue{}, bottom, err)
 	}
 	if !ok {
 		return nil
@@ -101,7 +73,7 @@ func (b *binaryLevels) checkLadder(h backend.Handoff) error {
 		return ch.ExchangeDeclarePassive(top, amqp.ExchangeTopic, true, false, false, false, nil)
 	})
 	if err != nil {
-		return fmt.Errorf("%s: check exchange %q: %w", BinaryLevels{}, top, err)
+		return fmt.Errorf("%s: check exchange %q: %w", binaryLevelsValue{}, top, err)
 	}
 	if !ok {
 		return fmt.Errorf("Levels: %d, but queue %q exists without exchange %q: prefix %q has a binary-levels ladder of fewer levels: %w: %s", b.levels, bottom, top, b.names.Prefix, topology.ErrMismatch, fix)
@@ -117,11 +89,11 @@ func unsupportedError(name, brokerVersion string) error {
 		brokerVersion = "of unknown version"
 	}
 	why := "it would ignore the work queue's x-delayed-retry-* arguments and redeliver every nacked message at once, a hot loop"
-	if name == (DeliveryTime{}).Name() {
+	if name == (deliveryTimeValue{}).Name() {
 		why = "it does not hold a delivery settled with x-opt-delivery-time"
 	}
 	return fmt.Errorf("%s is %w by this broker: retries held in the work queue need RabbitMQ 4.3 or later, and the broker is %s: %s (the copying backends, %s and %s, run on any broker)",
-		name, ErrUnsupported, brokerVersion, why, TTLTiers{}, BinaryLevels{})
+		name, ErrUnsupported, brokerVersion, why, ttlTiersValue{}, binaryLevelsValue{})
 }
 
 // needs43 refuses, for a backend that holds retries (name), a broker older than 4.3.

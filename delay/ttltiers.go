@@ -40,26 +40,29 @@ type ttlTiers struct {
 }
 
 // TTLTiers (the default backend, "ttl-tiers") parks a retry in one of a ladder of
-// quorum queues with queue-level TTLs; a delay snaps up to the next tier, and one
-// longer than the longest tier waits the longest, then is parked again when it comes
-// back, until it is due: never early.
-type TTLTiers struct {
-	// Tiers is the ladder: one queue per delay, each a whole number of milliseconds
-	// from 1ms to ten years. Default (nil): 34 tiers about 25% apart, 1s 1.25s 1.6s 2s
-	// 2.5s 3.15s 4s 5s 6.3s 8s, the same times 10 and 100 (10s to 8m20s), then 10m 15m
-	// 20m 30m 45m 1h. An empty, non-nil list is refused.
-	Tiers []time.Duration
+// quorum queues with queue-level TTLs, one queue per tier; a delay snaps up to the
+// next tier, and one longer than the longest tier waits the longest, then is parked
+// again when it comes back, until it is due: never early. Each tier is a whole number
+// of milliseconds from 1ms to ten years. With no tiers, the default ladder: 34 tiers
+// about 25% apart, 1s 1.25s 1.6s 2s 2.5s 3.15s 4s 5s 6.3s 8s, the same times 10 and 100
+// (10s to 8m20s), then 10m 15m 20m 30m 45m 1h.
+func TTLTiers(tiers ...time.Duration) Backend { return ttlTiersValue{tiers: tiers} }
+
+// ttlTiersValue is TTLTiers as configured.
+type ttlTiersValue struct {
+	lib
+	tiers []time.Duration // nil: the default ladder
 }
 
 // Name is "ttl-tiers".
-func (TTLTiers) Name() string { return "ttl-tiers" }
+func (ttlTiersValue) Name() string { return "ttl-tiers" }
 
-func (b TTLTiers) String() string { return b.Name() }
+func (b ttlTiersValue) String() string { return b.Name() }
 
-// Open validates the tiers (nil takes the default ladder) and opens the backend.
-func (b TTLTiers) Open(s backend.Setup) (backend.Backend, error) {
-	tiers := b.Tiers
-	if tiers == nil {
+// Open validates the tiers (none takes the default ladder) and opens the backend.
+func (b ttlTiersValue) Open(s backend.Setup) (backend.Backend, error) {
+	tiers := b.tiers
+	if len(tiers) == 0 {
 		tiers = backend.DefaultTiers()
 	}
 	return openTTLTiers(tiers, s.Env, names.Names{Prefix: s.Prefix})
@@ -78,7 +81,7 @@ func openTTLTiers(given []time.Duration, env backend.Env, n names.Names) (*ttlTi
 	return &ttlTiers{env: env, names: n, tiers: tiers, tierKeys: tierKeys, exchange: n.DelayExchange()}, nil
 }
 
-func (b *ttlTiers) Name() string { return TTLTiers{}.Name() }
+func (b *ttlTiers) Name() string { return ttlTiersValue{}.Name() }
 
 // Flags give a ladder other than the default one.
 func (b *ttlTiers) Flags() []string {
@@ -163,15 +166,9 @@ func (b *ttlTiers) Park(ctx context.Context, queue string, msg *message.Message,
 
 func (b *ttlTiers) Close() error { return nil }
 
-func (b TTLTiers) with(s Settings) Backend {
+func (b ttlTiersValue) with(s Settings) Backend {
 	if s.Tiers != nil {
-		b.Tiers = s.Tiers
+		b.tiers = s.Tiers
 	}
 	return b
 }
-
-// DefaultTiers returns the default ladder of TTLTiers (its Tiers left nil): 34 tiers
-// from 1s to 1h. A longer ladder extends it:
-//
-//	delay.TTLTiers{Tiers: append(delay.DefaultTiers(), 2*time.Hour)}
-func DefaultTiers() []time.Duration { return backend.DefaultTiers() }

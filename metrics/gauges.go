@@ -2,7 +2,6 @@ package metrics
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -33,10 +32,8 @@ func QueuesOf(cfg amqpretry.Config) (Queues, error) {
 	if err := cfg.Validate(); err != nil {
 		return Queues{}, fmt.Errorf("metrics: invalid amqpretry config: %w", err)
 	}
-	if cfg.Derived().InProcess {
-		return Queues{}, errors.New("metrics: the memory backend has no queues on the broker")
-	}
-	plan, err := cfg.Plan()
+	plan, err := cfg.Plan() // refuses the memory backend, which has nothing on the broker
+
 	if err != nil {
 		return Queues{}, fmt.Errorf("metrics: %w", err)
 	}

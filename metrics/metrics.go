@@ -282,7 +282,7 @@ func orUnknown(s string) string {
 
 // tookBy remembers, per work queue and failed attempt, the backend that took the last
 // retry scheduled from there, so that a delivered retry whose event does not name its
-// backend is labelled with the one that held it: with Config.HeldRetries, the first
+// backend is labelled with the one that held it: with delay.HeldRetries, the first
 // retries are held in the work queue and the later ones copied, by attempt. It is
 // bounded by the queues and attempts the application has (maxTook entries at most).
 type tookBy struct {

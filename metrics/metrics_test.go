@@ -140,7 +140,7 @@ func TestMetricsCountWhatHappened(t *testing.T) {
 	var retriesReceived, done atomic.Int64
 	r := start(t, brokertest.URI(), amqpretry.Config{
 		Prefix:  brokertest.Prefix(t),
-		Backend: delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}},
+		Backend: delay.TTLTiers(500 * time.Millisecond),
 		Policy:  amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1},
 	}, func(msg *message.Message) error {
 		if amqpretry.Attempt(msg) > 1 {
@@ -247,11 +247,9 @@ func TestDelayedRetryMetrics(t *testing.T) {
 	uri := uri43(t)
 	var done atomic.Int64
 	r := start(t, uri, amqpretry.Config{
-		Prefix:            brokertest.Prefix(t),
-		HeldRetries:       1,
-		DelayedRetryDelay: 200 * time.Millisecond,
-		Backend:           delay.TTLTiers{Tiers: []time.Duration{300 * time.Millisecond}},
-		Policy:            amqpretry.Policy{Delays: []time.Duration{300 * time.Millisecond}, Jitter: -1},
+		Prefix:  brokertest.Prefix(t),
+		Backend: delay.HeldRetries(1, 200*time.Millisecond, delay.TTLTiers(300*time.Millisecond)),
+		Policy:  amqpretry.Policy{Delays: []time.Duration{300 * time.Millisecond}, Jitter: -1},
 		// Every message fails its first two attempts, all published together: new
 		// messages and retries failing, which is what an outage looks like
 		// (docs/outage.md). This test counts the retries' metrics.
@@ -302,11 +300,11 @@ func TestObserveLabelsAHeldRetryWithoutItsBackend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mx.Observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: "q", Backend: delay.DelayedRetry{}.Name(), Attempt: 1, Effective: time.Second})
+	mx.Observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: "q", Backend: delay.DelayedRetry(0).Name(), Attempt: 1, Effective: time.Second})
 	mx.Observe(amqpretry.Event{Kind: amqpretry.EventDelivered, Queue: "q", Attempt: 2, Late: true, Lateness: 3 * time.Millisecond})
-	mx.Observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: "q", Backend: delay.TTLTiers{}.Name(), Attempt: 2, Handoff: time.Millisecond})
+	mx.Observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: "q", Backend: delay.TTLTiers().Name(), Attempt: 2, Handoff: time.Millisecond})
 	mx.Observe(amqpretry.Event{Kind: amqpretry.EventDelivered, Queue: "q", Attempt: 3, Late: true, Lateness: 5 * time.Millisecond})
-	mx.Observe(amqpretry.Event{Kind: amqpretry.EventDelivered, Queue: "q", Attempt: 3, Backend: delay.BinaryLevels{}.Name(), Late: true})
+	mx.Observe(amqpretry.Event{Kind: amqpretry.EventDelivered, Queue: "q", Attempt: 3, Backend: delay.BinaryLevels(0).Name(), Late: true})
 	mx.Observe(amqpretry.Event{Kind: amqpretry.EventDelivered, Queue: "other", Attempt: 2, Late: true})
 	got := flatten(mustGather(t, reg))
 	for k, want := range map[string]float64{
@@ -362,16 +360,16 @@ func TestQueuesOf(t *testing.T) {
 		want    metrics.Queues
 		wantErr string
 	}{
-		{"ttl-tiers", amqpretry.Config{Prefix: "p", Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second, time.Minute}}},
+		{"ttl-tiers", amqpretry.Config{Prefix: "p", Backend: delay.TTLTiers(time.Second, time.Minute)},
 			metrics.Queues{Delay: []string{"p.delay.1s", "p.delay.1m"}, Parking: "p.parking", Poison: "p.poison"}, ""},
-		{"binary-levels", amqpretry.Config{Backend: delay.BinaryLevels{Levels: 2}, Prefix: "p", PoisonQueue: "dead", Policy: amqpretry.Policy{Delays: amqpretry.Exponential(time.Second, 2, 2*time.Second), Jitter: -1}},
+		{"binary-levels", amqpretry.Config{Backend: delay.BinaryLevels(2), Prefix: "p", PoisonQueue: "dead", Policy: amqpretry.Policy{Delays: amqpretry.Exponential(time.Second, 2, 2*time.Second), Jitter: -1}},
 			metrics.Queues{Delay: []string{"p.level.0", "p.level.1"}, Parking: "p.parking", Poison: "dead"}, ""},
-		{"delayed-retry", amqpretry.Config{Backend: delay.DelayedRetry{}},
+		{"delayed-retry", amqpretry.Config{Backend: delay.DelayedRetry(0)},
 			metrics.Queues{Poison: "amqpretry.poison"}, ""},
-		{"two-stage", amqpretry.Config{Prefix: "p", HeldRetries: 2, Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second}}},
+		{"two-stage", amqpretry.Config{Prefix: "p", Backend: delay.HeldRetries(2, 0, delay.TTLTiers(time.Second))},
 			metrics.Queues{Delay: []string{"p.delay.1s"}, Parking: "p.parking", Poison: "p.poison"}, ""},
-		{"memory", amqpretry.Config{Backend: delay.Memory{Publisher: nopPublisher{}}}, metrics.Queues{}, "memory backend"},
-		{"invalid", amqpretry.Config{Backend: delay.BinaryLevels{Levels: 40}}, metrics.Queues{}, "Levels: 40"},
+		{"memory", amqpretry.Config{Backend: delay.Memory(nopPublisher{})}, metrics.Queues{}, "memory backend"},
+		{"invalid", amqpretry.Config{Backend: delay.BinaryLevels(40)}, metrics.Queues{}, "Levels: 40"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, err := metrics.QueuesOf(c.cfg)

@@ -96,7 +96,7 @@ func TestOutageMetricsOnTheBroker(t *testing.T) {
 	var done atomic.Int64
 	r := start(t, brokertest.URI(), amqpretry.Config{
 		Prefix:  brokertest.Prefix(t),
-		Backend: delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}},
+		Backend: delay.TTLTiers(500 * time.Millisecond),
 		Policy:  amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1},
 		Outage:  amqpretry.Outage{ProbeInterval: 50 * time.Millisecond},
 	}, func(*message.Message) error {

@@ -26,7 +26,7 @@ func TestTLSGauges(t *testing.T) {
 	const m = 2
 	env := tlstest.Get(t)
 	withCA := tlstest.WithQuery(t, env.URI, "cacertfile", env.File("ca.pem"))
-	r := start(t, withCA, amqpretry.Config{Prefix: brokertest.Prefix(t), Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second}}},
+	r := start(t, withCA, amqpretry.Config{Prefix: brokertest.Prefix(t), Backend: delay.TTLTiers(time.Second)},
 		func(*message.Message) error { return amqpretry.Permanent(errors.New("malformed")) })
 	r.publish(t, 0, m)
 	poisoned := fmt.Sprintf(`amqpretry_poisoned_total{queue=%q,reason="permanent"}`, r.topic)

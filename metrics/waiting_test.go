@@ -16,6 +16,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
 	"github.com/amqpretry/amqpretry/metrics"
 	"github.com/amqpretry/amqpretry/middleware"
@@ -32,7 +33,7 @@ func TestRefreshWaiting(t *testing.T) {
 	}
 	prefix := brokertest.Prefix(t)
 	busy, idle := prefix+".orders", prefix+".invoices"
-	cfg := amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers{Tiers: []time.Duration{10 * time.Minute}}}
+	cfg := amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers(10 * time.Minute)}
 	plan, err := cfg.Plan(busy, idle)
 	if err != nil {
 		t.Fatal(err)
@@ -47,7 +48,7 @@ func TestRefreshWaiting(t *testing.T) {
 	if _, err := o.Apply(context.Background(), busy, idle); err != nil {
 		t.Fatal(err)
 	}
-	h, err := delay.Dial(backend.HandoffConfig{URI: brokertest.URI()})
+	h, err := handoff.Dial(backend.HandoffConfig{URI: brokertest.URI()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,7 @@ func TestVerifyModeNamesWhatIsMissing(t *testing.T) {
 	conn := brokertest.Dial(t)
 	prefix := brokertest.Prefix(t)
 	orders := prefix + ".orders"
-	cfg := amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second, 2 * time.Second}}, Topology: topology.ModeVerify}
+	cfg := amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers(time.Second, 2*time.Second), Topology: topology.ModeVerify}
 	plan, err := cfg.Plan()
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +91,7 @@ func TestStartWarnsAboutTheDeliveryLimit(t *testing.T) {
 	brokertest.Dial(t)
 	prefix := brokertest.Prefix(t)
 	logs := &countingLogger{}
-	cfg := amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second}}, Logger: logs}
+	cfg := amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers(time.Second), Logger: logs}
 	plan, err := cfg.Plan()
 	if err != nil {
 		t.Fatal(err)

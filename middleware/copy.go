@@ -82,7 +82,7 @@ func (e *engine) plan(f *failure, werr error, dec amqpretry.Decision) (retryPlan
 	// The one home of the retry's attempt numbers. The schedule starts after the
 	// retries before the copying backend's: the immediate ones, or those held in the
 	// work queue.
-	r := retryPlan{dec: dec, next: f.attempt + 1, nth: f.attempt - min(e.cfg.Policy.Immediate+e.cfg.HeldRetries, f.attempt-1)}
+	r := retryPlan{dec: dec, next: f.attempt + 1, nth: f.attempt - min(e.cfg.Policy.Immediate+e.heldRetries, f.attempt-1)}
 	switch {
 	case werr != nil:
 		// Where its retry must go is unknown, now as at every redelivery: poisoned at
@@ -272,7 +272,7 @@ func (e *engine) checkWiring(d delivery) error {
 // holdsRetry tells whether the retry after d's failed attempt is held in the work
 // queue. A holder of any delay (delivery-time) holds every retry; one with a constant
 // delay, the queue's (delayed-retry), holds every retry when it is alone, else the
-// first HeldRetries, and neither when the queue was found not to hold them or the
+// first delay.HeldRetries, and neither when the queue was found not to hold them or the
 // error asks for a delay of its own (the copying backend can keep it).
 func (e *engine) holdsRetry(d delivery, dec amqpretry.Decision) bool {
 	switch {
@@ -283,7 +283,7 @@ func (e *engine) holdsRetry(d delivery, dec amqpretry.Decision) bool {
 	case e.held.anyBroken.Load() && e.held.isBroken(d.queue):
 		return false
 	}
-	return dec.Delay <= 0 && (e.backend == nil || d.attempt <= e.cfg.HeldRetries)
+	return dec.Delay <= 0 && (e.backend == nil || d.attempt <= e.heldRetries)
 }
 
 // scheduled reports r, a retry its backend keeps now, a confirmed copy (handoff is

@@ -34,9 +34,12 @@ import (
 type engine struct {
 	cfg     amqpretry.Config // with defaults
 	backend *kept            // parks copies: nil when a holder takes every retry
-	holder  *kept            // holds retries (backend.Holder): the first HeldRetries, or every one; nil for none
-	poisonQ func(ctx context.Context, msg *message.Message) error
-	wiring  wiring
+	holder  *kept            // holds retries (backend.Holder): the first heldRetries, or every one; nil for none
+	// heldRetries is how many retries, from the first, the work queue holds in front
+	// of backend (delay.HeldRetries); 0 for none.
+	heldRetries int
+	poisonQ     func(ctx context.Context, msg *message.Message) error
+	wiring      wiring
 
 	failures failureCounts
 	// handoffLimit is how many hand-offs of a message may fail in a row before it is

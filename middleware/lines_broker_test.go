@@ -21,7 +21,7 @@ import (
 func TestBrokerLinesMarkTheHead(t *testing.T) {
 	conn := brokertest.Dial(t)
 	prefix := brokertest.Prefix(t)
-	cfg := amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second}},
+	cfg := amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers(time.Second),
 		OrderKey: func(msg *message.Message) string { return msg.Metadata.Get("key") }}
 	plan, err := cfg.Plan()
 	if err != nil {

@@ -28,7 +28,7 @@ func TestOrderReadsWhatOthersPutBehind(t *testing.T) {
 	var mu sync.Mutex
 	var blocked, released int
 	retry, err := New(amqpretry.Config{
-		Backend:  delay.Memory{Publisher: pubsub},
+		Backend:  delay.Memory(pubsub),
 		Policy:   amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{200 * time.Millisecond}},
 		OrderKey: func(msg *message.Message) string { return msg.Metadata.Get("key") },
 		Observe: func(ev amqpretry.Event) {

@@ -57,7 +57,7 @@ func TestOrderInProcess(t *testing.T) {
 	var blocked, released int
 	var mu sync.Mutex
 	retry, err := New(amqpretry.Config{
-		Backend:  delay.Memory{Publisher: pubsub},
+		Backend:  delay.Memory(pubsub),
 		Policy:   amqpretry.Policy{MaxAttempts: 30, Delays: []time.Duration{20 * time.Millisecond}},
 		Outage:   amqpretry.Outage{Consecutive: 3, ProbeInterval: 5 * time.Millisecond},
 		OrderKey: func(msg *message.Message) string { return msg.Metadata.Get("key") },
@@ -185,7 +185,7 @@ func TestOrderKeyPanics(t *testing.T) {
 	defer pubsub.Close()
 	logs := watermill.NewCaptureLogger()
 	retry, err := New(amqpretry.Config{
-		Backend:  delay.Memory{Publisher: pubsub},
+		Backend:  delay.Memory(pubsub),
 		OrderKey: func(*message.Message) string { panic("no key") },
 		Logger:   logs,
 	}, Transport{})

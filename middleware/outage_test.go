@@ -446,7 +446,7 @@ func TestOutageOnTheMemoryBackend(t *testing.T) {
 	var runsDown, runsDownBefore atomic.Int64
 	rec := &outageRecorder{}
 	retry, err := New(amqpretry.Config{
-		Backend: delay.Memory{Publisher: pubsub},
+		Backend: delay.Memory(pubsub),
 		Policy:  amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{20 * time.Millisecond}},
 		Outage:  amqpretry.Outage{ProbeInterval: 5 * time.Millisecond},
 		Observe: func(ev amqpretry.Event) {

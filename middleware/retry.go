@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -67,7 +68,7 @@ type Retry struct{ r *retry }
 // and builds the middleware. An invalid config touches nothing on the broker.
 //
 // With the memory backend and no URI, everything stays in this process:
-// delay.Memory{Publisher: ...} (a GoChannel, say) receives the retries and the poisoned messages.
+// delay.Memory(...) (a GoChannel, say) receives the retries and the poisoned messages.
 func New(cfg amqpretry.Config, t Transport) (*Retry, error) {
 	// Derived once, from cfg as given (its policy is checked apart from its
 	// defaults), and handed down with the Config.
@@ -76,6 +77,9 @@ func New(cfg amqpretry.Config, t Transport) (*Retry, error) {
 	var errs []error
 	if t.Validate != nil {
 		errs = append(errs, t.Validate(withDefaults))
+	}
+	if t.Redeliver != nil && v.Backend != nil && !v.AMQP1 {
+		errs = append(errs, amqp1Only(withDefaults))
 	}
 	errs = append(errs, v.Invalid)
 	if err := errors.Join(errs...); err != nil {
@@ -92,6 +96,22 @@ func New(cfg amqpretry.Config, t Transport) (*Retry, error) {
 	// A Retry dropped without Close says so at WARN, and closes its connection.
 	runtime.SetFinalizer(h, func(h *Retry) { h.r.forgotten() })
 	return h, nil
+}
+
+// amqp1Only is the error of cfg's backend on the AMQP 1.0 transport (Transport.Redeliver
+// set) when it does not settle a failed delivery with an AMQP 1.0 outcome (the AMQP1
+// trait), naming those that do.
+func amqp1Only(cfg amqpretry.Config) error {
+	var fits []string
+	for _, o := range backend.All(cfg.Backend) {
+		if b, err := backend.Open(o, backend.Setup{Prefix: cfg.Prefix}); err == nil {
+			if _, ok := b.(backend.AMQP1); ok {
+				fits = append(fits, b.Name())
+			}
+		}
+	}
+	return fmt.Errorf("Backend: %q: the AMQP 1.0 transport retries only with a backend that settles a failed delivery with an AMQP 1.0 outcome (%s): leave Backend empty for its default",
+		cfg.Backend.Name(), strings.Join(fits, ", "))
 }
 
 // Middleware implements message.HandlerMiddleware: add it to the handler, or to the
@@ -172,7 +192,7 @@ func (r *Retry) Bind(ch *amqp.Channel, queue string) error { return r.r.bind(ch,
 
 // CheckWorkQueue refuses queue as a work queue of this Retry when it already exists
 // and cannot hold its retries: with delayed retries (Backend delayed-retry or
-// HeldRetries), a queue of another type than quorum. The error names the queue and
+// delay.HeldRetries), a queue of another type than quorum. The error names the queue and
 // the fix, and wraps topology.ErrMismatch. It checks passively, over the hand-off's
 // connection, in topology modes declare and verify (mode none checks nothing); a
 // queue that does not exist yet passes. A transport's AddHandler calls it when the

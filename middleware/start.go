@@ -14,6 +14,7 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/internal/names"
@@ -44,7 +45,7 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 	}
 	v := cfg.Derived()
 	r := &retry{cfg: cfg, view: v, t: t}
-	e := &engine{cfg: cfg, wiring: wiring{Queue: t.Queue}, outages: newOutages(cfg.Outage), dedup: newDedup(cfg), handoffLimit: backend.HandoffLimit()}
+	e := &engine{cfg: cfg, heldRetries: v.HeldRetries, wiring: wiring{Queue: t.Queue}, outages: newOutages(cfg.Outage), dedup: newDedup(cfg), handoffLimit: backend.HandoffLimit()}
 	r.engine = e
 	if t.URI == "" {
 		b, err := v.Open(backend.Env{Logger: cfg.Logger})
@@ -64,7 +65,7 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 	e.wiring.ID, e.wiring.Bound = r.id, &queueSet{}
 	e.reads = &marshal.Reads{Refuse: r.refuseUnread}
 	r.view.Reads = e.reads
-	h, err := delay.Dial(backend.HandoffConfig{URI: t.URI, AMQP: t.AMQP, ConfirmTimeout: backend.DefaultConfirmTimeout,
+	h, err := handoff.Dial(backend.HandoffConfig{URI: t.URI, AMQP: t.AMQP, ConfirmTimeout: backend.DefaultConfirmTimeout,
 		Marshal:  marshal.Options{MessageUUIDHeaderKey: t.UUIDHeader, NotPersistentDeliveryMode: t.NotPersistent, PostprocessPublishing: t.Postprocess},
 		Topology: cfg.Topology, Logger: cfg.Logger})
 	if err != nil {
@@ -84,9 +85,9 @@ func (r *retry) prepare() error {
 	held := r.view.Held // the first retries, held in the work queue
 	if held != nil {
 		// Refuses a broker older than 4.3, before anything is declared.
-		if err := delay.Prepare(held, r.handoff, cfg.Topology); err != nil {
+		if err := backend.Prepare(held, r.handoff, cfg.Topology); err != nil {
 			if errors.Is(err, delay.ErrUnsupported) {
-				return fmt.Errorf("HeldRetries: %d: %w; on this broker set HeldRetries to 0 (Backend %s then takes every retry), or move to RabbitMQ 4.3 or later", cfg.HeldRetries, err, cfg.Backend)
+				return fmt.Errorf("delay.HeldRetries(n): %d: %w; on this broker drop delay.HeldRetries (Backend %s then takes every retry), or move to RabbitMQ 4.3 or later", r.view.HeldRetries, err, cfg.Backend.Name())
 			}
 			return err
 		}
@@ -100,7 +101,7 @@ func (r *retry) prepare() error {
 	}
 	// The backend first: a broker that cannot run it is refused before anything is
 	// declared.
-	if err := delay.Prepare(b, r.handoff, cfg.Topology); err != nil {
+	if err := backend.Prepare(b, r.handoff, cfg.Topology); err != nil {
 		if errors.Is(err, delay.ErrUnsupported) {
 			return fmt.Errorf("Backend: %w; on this broker set Backend to a copying backend, or move to RabbitMQ 4.3 or later", err)
 		}
@@ -181,7 +182,7 @@ func (r *retry) checkPoisonQueue() error {
 func (r *retry) logReady() {
 	cfg, e, longest := r.cfg, r.engine, r.view.Longest
 	fields := watermill.LogFields{
-		"delay_backend": cfg.Backend, "held_retries": cfg.HeldRetries, "poison_queue": cfg.PoisonQueue,
+		"delay_backend": cfg.Backend, "held_retries": r.view.HeldRetries, "poison_queue": cfg.PoisonQueue,
 		"max_attempts": cfg.Policy.MaxAttempts, "schedule": r.view.Schedule, "longest_delay": longest.String(),
 	}
 	if r.t.URI != "" {

@@ -95,7 +95,7 @@ func TestDeadLetterWarning(t *testing.T) {
 // the poison queue's topic.
 func TestStartInProcess(t *testing.T) {
 	rec := brokertest.NewRecorder(10)
-	cfg := amqpretry.Config{Backend: delay.Memory{Publisher: rec}, Policy: amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{time.Millisecond}}}
+	cfg := amqpretry.Config{Backend: delay.Memory(rec), Policy: amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{time.Millisecond}}}
 	retry, err := New(cfg, Transport{})
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +136,7 @@ type fakeHolder struct {
 }
 
 func newFakeHolder(d time.Duration) *fakeHolder {
-	return &fakeHolder{fakeBackend: fakeBackend{name: (delay.DelayedRetry{}).Name(), effective: func(time.Duration) (time.Duration, error) { return d, nil },
+	return &fakeHolder{fakeBackend: fakeBackend{name: (delay.DelayedRetry(0)).Name(), effective: func(time.Duration) (time.Duration, error) { return d, nil },
 		caps: backend.Caps{Keeps: backend.KeepsDelivery, Longest: d, PastLongest: backend.HoldAgain}}}
 }
 
@@ -162,7 +162,7 @@ func TestHeldRetries(t *testing.T) {
 	b := &fakeBackend{}
 	var events []amqpretry.Event
 	logs := &countingLogger{}
-	e, _ := newEngine(t, amqpretry.Config{HeldRetries: 3, DelayedRetryDelay: time.Minute, Logger: logs,
+	e, _ := newEngine(t, amqpretry.Config{Backend: delay.HeldRetries(3, time.Minute, nil), Logger: logs,
 		Policy:  amqpretry.Policy{MaxAttempts: 6, Delays: []time.Duration{7 * time.Second}, Jitter: -1},
 		Observe: func(ev amqpretry.Event) { events = append(events, ev) }}, b)
 	holder := newFakeHolder(time.Minute)
@@ -178,7 +178,7 @@ func TestHeldRetries(t *testing.T) {
 	if holder.settled[0] != nil {
 		t.Errorf("an envelope was built for a nack, which cannot carry it: %v", holder.settled[0])
 	}
-	if last := events[len(events)-1]; last.Backend != (delay.DelayedRetry{}).Name() || last.Effective != time.Minute {
+	if last := events[len(events)-1]; last.Backend != (delay.DelayedRetry(0)).Name() || last.Effective != time.Minute {
 		t.Errorf("event %+v", last)
 	}
 	back := func(attempt int) {
@@ -219,7 +219,7 @@ func TestHeldRetryBackEarlyOnceIsNotJudged(t *testing.T) {
 	logs := &countingLogger{}
 	// Every run fails, retries included: outage detection would stop the queue at the
 	// tenth failure; this test is about held retries' early returns.
-	e, _ := newEngine(t, amqpretry.Config{Backend: delay.DelayedRetry{Delay: time.Second}, Logger: logs,
+	e, _ := newEngine(t, amqpretry.Config{Backend: delay.DelayedRetry(time.Second), Logger: logs,
 		Policy: amqpretry.Policy{MaxAttempts: 10}, Outage: amqpretry.Outage{Consecutive: -1}}, nil)
 	e.backend = nil
 	e.holder = keep(newFakeHolder(time.Second))
@@ -263,7 +263,7 @@ func TestHeldRetryBackEarlyOnceIsNotJudged(t *testing.T) {
 // middleware's nack; the handler chain then returns nil, and the router's Ack that
 // follows does nothing: the delivery stays nacked, for the broker to hold.
 func TestHeldSettlesOnce(t *testing.T) {
-	e, _ := newEngine(t, amqpretry.Config{Backend: delay.DelayedRetry{Delay: time.Second},
+	e, _ := newEngine(t, amqpretry.Config{Backend: delay.DelayedRetry(time.Second),
 		Policy: amqpretry.Policy{MaxAttempts: 3}}, nil)
 	e.backend = nil
 	holder := newFakeHolder(time.Second)
@@ -312,7 +312,7 @@ func (l *countingLogger) With(watermill.LogFields) watermill.LoggerAdapter { ret
 // delay asked for (the quickstart printed 3.935251574s→1s).
 func TestHeldDelayIsTheQueues(t *testing.T) {
 	var events []amqpretry.Event
-	e, _ := newEngine(t, amqpretry.Config{HeldRetries: 2, DelayedRetryDelay: time.Second,
+	e, _ := newEngine(t, amqpretry.Config{Backend: delay.HeldRetries(2, time.Second, nil),
 		Observe: func(ev amqpretry.Event) { events = append(events, ev) }}, &fakeBackend{})
 	e.holder = keep(newFakeHolder(time.Second))
 	h := e.Middleware(failing(errFlaky))

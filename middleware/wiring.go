@@ -111,7 +111,7 @@ func (r *retry) checkWorkQueueType(queue string) error {
 	return r.checkWorkQueue(queue)
 }
 
-// checkWorkQueue refuses, with delayed retries (Backend delayed-retry or HeldRetries),
+// checkWorkQueue refuses, with delayed retries (Backend delayed-retry or delay.HeldRetries),
 // a work queue that exists as another type than quorum, read passively over the
 // hand-off's connection, in topology modes declare and verify; mode none checks
 // nothing. A queue that does not exist yet passes (the subscriber declares it), and so

@@ -68,12 +68,12 @@ func TestParkedQueueFromRoutingKey(t *testing.T) {
 		key     string
 		want    string
 	}{
-		{delay.TTLTiers{}, 0, "shop.orders", "shop.orders"},
-		{delay.BinaryLevels{Levels: 3}, 3, "0.1.1.shop.orders", "shop.orders"},
-		{delay.BinaryLevels{Levels: 3}, 3, "1.0.0.1.0.queue", "1.0.queue"}, // a queue named like levels
-		{delay.BinaryLevels{Levels: 3}, 3, "0.1.", ""},                     // too short: unknown
+		{delay.TTLTiers(), 0, "shop.orders", "shop.orders"},
+		{delay.BinaryLevels(3), 3, "0.1.1.shop.orders", "shop.orders"},
+		{delay.BinaryLevels(3), 3, "1.0.0.1.0.queue", "1.0.queue"}, // a queue named like levels
+		{delay.BinaryLevels(3), 3, "0.1.", ""},                     // too short: unknown
 	} {
-		b, err := delay.Open(tt.backend, backend.Setup{Prefix: "x"})
+		b, err := backend.Open(tt.backend, backend.Setup{Prefix: "x"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -87,7 +87,7 @@ func TestParkedQueueFromRoutingKey(t *testing.T) {
 		}
 	}
 	// The envelope's queue wins.
-	b, err := delay.Open(delay.BinaryLevels{Levels: 3}, backend.Setup{Prefix: "x"})
+	b, err := backend.Open(delay.BinaryLevels(3), backend.Setup{Prefix: "x"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,17 +101,16 @@ func TestParkedQueueFromRoutingKey(t *testing.T) {
 // business (binary-levels with 5 levels reaches 31 s, less than the default policy's
 // 10 min), but a broken broker side is refused, naming the field.
 func TestTopologyConfig(t *testing.T) {
-	if _, err := topologyConfig(amqpretry.Config{Backend: delay.BinaryLevels{Levels: 5}}); err != nil {
+	if _, err := topologyConfig(amqpretry.Config{Backend: delay.BinaryLevels(5)}); err != nil {
 		t.Errorf("binary-levels with 5 levels: %v", err)
 	}
-	if _, err := topologyConfig(amqpretry.Config{Backend: delay.DelayedRetry{}}); err != nil {
+	if _, err := topologyConfig(amqpretry.Config{Backend: delay.DelayedRetry(0)}); err != nil {
 		t.Errorf("delayed-retry: %v", err)
 	}
 	for cfg, want := range map[*amqpretry.Config]string{
-		{Backend: delay.Memory{}}:                             "memory backend has nothing on the broker",
-		{Backend: delay.BinaryLevels{Levels: 40}}:             "Levels: 40",
-		{Backend: delay.TTLTiers{Tiers: []time.Duration{}}}:   "Tiers: empty",
-		{DelayedRetryDelay: time.Microsecond, HeldRetries: 1}: "DelayedRetryDelay",
+		{Backend: delay.Memory(nil)}:                           "memory backend has nothing on the broker",
+		{Backend: delay.BinaryLevels(40)}:                      "Levels: 40",
+		{Backend: delay.HeldRetries(1, time.Microsecond, nil)}: "delay.HeldRetries(delay)",
 	} {
 		_, err := topologyConfig(*cfg)
 		if err == nil || !strings.Contains(err.Error(), want) {
@@ -124,9 +123,9 @@ func TestTopologyConfig(t *testing.T) {
 // others none, whatever the prefix; a Config naming no valid backend has none.
 func TestHasParking(t *testing.T) {
 	want := map[string]bool{"ttl-tiers": true, "binary-levels": true}
-	for _, b := range delay.Backends() {
+	for _, b := range backend.All(delay.TTLTiers()) {
 		for _, prefix := range []string{"", "orders"} {
-			if got := HasParking(amqpretry.Config{Backend: b, Prefix: prefix}); got != want[b.Name()] {
+			if got := HasParking(amqpretry.Config{Backend: b.(delay.Backend), Prefix: prefix}); got != want[b.Name()] {
 				t.Errorf("%s, prefix %q: HasParking = %v, want %v", b, prefix, got, want[b.Name()])
 			}
 		}
@@ -134,7 +133,7 @@ func TestHasParking(t *testing.T) {
 	if !HasParking(amqpretry.Config{}) {
 		t.Error("the default backend: HasParking = false, want true")
 	}
-	if HasParking(amqpretry.Config{Backend: delay.BinaryLevels{Levels: 40}}) {
+	if HasParking(amqpretry.Config{Backend: delay.BinaryLevels(40)}) {
 		t.Error("an invalid backend: HasParking = true")
 	}
 }
@@ -142,7 +141,7 @@ func TestHasParking(t *testing.T) {
 // TestNewValidatesBeforeDialling: an invalid config never dials (the URI names no
 // broker that could answer).
 func TestNewValidatesBeforeDialling(t *testing.T) {
-	_, err := New(Config{URI: "amqp://u:p@192.0.2.1:1/", Retry: amqpretry.Config{Backend: delay.BinaryLevels{Levels: 40}}})
+	_, err := New(Config{URI: "amqp://u:p@192.0.2.1:1/", Retry: amqpretry.Config{Backend: delay.BinaryLevels(40)}})
 	if err == nil || !strings.HasPrefix(err.Error(), "invalid config:") {
 		t.Errorf("New: %v", err)
 	}
@@ -155,9 +154,9 @@ func TestNewValidatesBeforeDialling(t *testing.T) {
 // installed here; RabbitMQ 4.3 cannot run it), its count is an error that says so,
 // never a number; without rabbitmqctl, an error that says what is needed.
 func TestPluginCountFailsLoudly(t *testing.T) {
-	o := &Ops{retry: amqpretry.Config{Backend: delay.DelayedExchange{}, Prefix: "amqpretry-test-plugin"}.WithDefaults(), vhost: "/"}
+	o := &Ops{retry: amqpretry.Config{Backend: delay.DelayedExchange(), Prefix: "amqpretry-test-plugin"}.WithDefaults(), vhost: "/"}
 	o.names.Prefix = o.retry.Prefix
-	b, err := delay.Open(o.retry.Backend, backend.Setup{Prefix: o.retry.Prefix})
+	b, err := backend.Open(o.retry.Backend, backend.Setup{Prefix: o.retry.Prefix})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,14 +24,21 @@ import (
 // only: ttl-tiers' machinery under a name of its own and names of its own on the broker
 // (<prefix>.ladder.delay.<tier>, <prefix>.ladder.deliver, ...). Nothing else in the
 // module knows it: the Config, its validation, the middleware and ops take it as the
-// value it is, through what its backend implements.
-type ladder struct{ Tiers []time.Duration }
+// value it is, through what its backend implements. (delay.Backend is sealed: a test
+// inside the module embeds one for its unexported method, and implements the internal
+// backend.Opener.)
+type ladder struct {
+	delay.Backend
+	Tiers []time.Duration
+}
 
-func (ladder) Name() string { return "ladder" }
+func (ladder) Name() string               { return "ladder" }
+func (ladder) String() string             { return "ladder" }
+func (ladder) Backends() []backend.Opener { return backend.All(delay.TTLTiers()) }
 
 func (l ladder) Open(s backend.Setup) (backend.Backend, error) {
 	s.Prefix += ".ladder"
-	b, err := delay.Open(delay.TTLTiers{Tiers: l.Tiers}, s)
+	b, err := backend.Open(delay.TTLTiers(l.Tiers...), s)
 	if err != nil {
 		return nil, err
 	}
@@ -54,7 +61,7 @@ func (b ladderBackend) Unenumerable() string      { return b.Backend.(backend.St
 func TestBackendDefinedOutsideDelay(t *testing.T) {
 	t.Parallel()
 	skipShort(t)
-	if err := (amqpretry.Config{Backend: ladder{Tiers: []time.Duration{}}}).Validate(); err == nil || !strings.Contains(err.Error(), "Tiers: empty") {
+	if err := (amqpretry.Config{Backend: ladder{Tiers: []time.Duration{time.Microsecond}}}).Validate(); err == nil || !strings.Contains(err.Error(), "Tiers[0]") {
 		t.Errorf("Validate of a ladder without tiers: %v, want its own refusal", err)
 	}
 	cfg := amqpretry.Config{Backend: ladder{Tiers: []time.Duration{time.Second, waitDelay}},

@@ -10,9 +10,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/amqperr"
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/internal/redact"
 	"github.com/amqpretry/amqpretry/topology"
@@ -28,7 +28,7 @@ type Config struct {
 	AMQP amqp.Config
 	// Retry is the application's retry configuration, its defaults from
 	// Retry.WithDefaults(). Only what names and shapes the broker side counts: Backend
-	// (with its settings), Prefix, HeldRetries, DelayedRetryDelay, PoisonQueue, and
+	// (with its settings, held retries included), Prefix, PoisonQueue, and
 	// nothing else. Policy, Classify, Topology and the
 	// rest are not used (a policy the backend cannot keep is the application's error,
 	// not the topology's). The memory backend has nothing on the broker and is
@@ -97,7 +97,7 @@ func New(cfg Config) (*Ops, error) {
 	}
 	o.holds = v.WorkQueueArgs != nil
 	o.parking = hasParking(b, o.names)
-	h, err := delay.Dial(backend.HandoffConfig{
+	h, err := handoff.Dial(backend.HandoffConfig{
 		URI: cfg.URI, AMQP: cfg.AMQP, ConfirmTimeout: backend.DefaultConfirmTimeout,
 		// A redrive never declares: a message whose queue is gone stays where it is.
 		Topology: topology.ModeNone, Logger: cfg.Logger,
@@ -156,7 +156,7 @@ func hasParking(b backend.Backend, n names.Names) bool {
 }
 
 // holdsRetries tells whether the work queues hold retries (RabbitMQ 4.3's delayed
-// retry: the delayed-retry backend, or HeldRetries), and so must be quorum queues, and
+// retry: the delayed-retry backend, or delay.HeldRetries), and so must be quorum queues, and
 // retries may wait in them: ops's one answer to that.
 func (o *Ops) holdsRetries() bool { return o.holds }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/amqperr"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
 	"github.com/amqpretry/amqpretry/internal/version"
@@ -44,7 +45,7 @@ type rig struct {
 
 func newRig(t *testing.T, workQueues ...string) *rig {
 	t.Helper()
-	return newRigWith(t, amqpretry.Config{Backend: delay.TTLTiers{Tiers: testTiers}}, workQueues...)
+	return newRigWith(t, amqpretry.Config{Backend: delay.TTLTiers(testTiers...)}, workQueues...)
 }
 
 // newRigWith is newRig with retry (its Prefix is set here).
@@ -59,7 +60,7 @@ func newRigWith(t *testing.T, retry amqpretry.Config, workQueues ...string) *rig
 		r.queues = append(r.queues, prefix+"."+q)
 	}
 	planned := retry
-	if planned.WithDefaults().Backend != (delay.DelayedRetry{}) {
+	if planned.WithDefaults().Backend != (delay.DelayedRetry(0)) {
 		planned.Policy = amqpretry.Policy{Delays: []time.Duration{time.Second}, Jitter: -1}
 	}
 	p, err := planned.Plan(r.queues...)
@@ -74,7 +75,7 @@ func newRigWith(t *testing.T, retry amqpretry.Config, workQueues ...string) *rig
 	}
 	t.Cleanup(func() { _ = o.Close() })
 	r.ops = o
-	h, err := delay.Dial(backend.HandoffConfig{URI: brokertest.URI()})
+	h, err := handoff.Dial(backend.HandoffConfig{URI: brokertest.URI()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +194,7 @@ func TestTopologyVerifyThenApply(t *testing.T) {
 
 	// A tier queue declared with another TTL is a mismatch naming the argument.
 	other := r.cfg
-	other.Retry.Backend = delay.TTLTiers{Tiers: []time.Duration{time.Second, 3 * time.Second}}
+	other.Retry.Backend = delay.TTLTiers(time.Second, 3*time.Second)
 	ch, err := brokertest.Dial(t).Channel()
 	if err != nil {
 		t.Fatal(err)
@@ -274,7 +275,7 @@ func TestVerifyWithoutConfigurePermission(t *testing.T) {
 // queue its arguments; Apply creates a missing one with them (a quorum queue), and a
 // work queue declared otherwise is a mismatch.
 func TestApplyHeldRetriesWorkQueue(t *testing.T) {
-	r := newRigWith(t, amqpretry.Config{Backend: delay.TTLTiers{Tiers: testTiers}, HeldRetries: 1, DelayedRetryDelay: 500 * time.Millisecond}, "orders", "classic")
+	r := newRigWith(t, amqpretry.Config{Backend: delay.HeldRetries(1, 500*time.Millisecond, delay.TTLTiers(testTiers...))}, "orders", "classic")
 	ch, err := brokertest.Dial(t).Channel()
 	if err != nil {
 		t.Fatal(err)
@@ -663,8 +664,8 @@ func (r *rig) schedule(cfg amqpretry.Config, queue string, msg *message.Message,
 // key before the queue.
 func TestParkingRedrive(t *testing.T) {
 	for _, cfg := range []amqpretry.Config{
-		{Backend: delay.TTLTiers{Tiers: testTiers}},
-		{Backend: delay.BinaryLevels{Levels: 2}, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}, Jitter: -1}},
+		{Backend: delay.TTLTiers(testTiers...)},
+		{Backend: delay.BinaryLevels(2), Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}, Jitter: -1}},
 	} {
 		t.Run(cfg.WithDefaults().Backend.Name(), func(t *testing.T) {
 			r := newRigWith(t, cfg, "orders")
@@ -822,7 +823,7 @@ func TestStatusHealthy(t *testing.T) {
 	if len(s.Flags) != 0 {
 		t.Errorf("flags on a healthy topology: %+v", s.Flags)
 	}
-	if s.Broker == "" || s.Backend != (delay.TTLTiers{}).Name() || s.Prefix != r.prefix || s.Counted {
+	if s.Broker == "" || s.Backend != (delay.TTLTiers()).Name() || s.Prefix != r.prefix || s.Counted {
 		t.Errorf("status: %+v", s)
 	}
 	var roles []string
@@ -953,7 +954,7 @@ func TestUnderReplicated(t *testing.T) {
 // TestStatusDelayedExchange: the plugin is known only from the backend's own
 // exchange; a broker that cannot run it (4.3+) is flagged so.
 func TestStatusDelayedExchange(t *testing.T) {
-	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedExchange{}})
+	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedExchange()})
 	s, err := r.ops.Status(context.Background(), ops.StatusOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -979,7 +980,7 @@ func TestStatusDelayedExchange(t *testing.T) {
 // count in the broker's messages but in neither ready nor unacked (a passive declare
 // shows 0): status reports them held, and does not call the queue stuck.
 func TestStatusHeldRetries(t *testing.T) {
-	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedRetry{Delay: 20 * time.Second}}, "orders")
+	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedRetry(20 * time.Second)}, "orders")
 	s, err := r.ops.Status(context.Background(), ops.StatusOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -1065,7 +1066,7 @@ func TestPasswordNeverInErrors(t *testing.T) {
 // work queue is created a quorum queue with the delayed-retry arguments (the broker's
 // version does not matter to Apply: on 3.10.8 the arguments are accepted and unused).
 func TestApplyDelayedRetryBackend(t *testing.T) {
-	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedRetry{}}, "orders")
+	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedRetry(0)}, "orders")
 	created, err := r.ops.Apply(context.Background(), r.queues...)
 	if err != nil || !slices.Equal(created, r.queues) {
 		t.Fatalf("apply: %v %v", created, err)

@@ -18,7 +18,7 @@ import (
 // type, and Verify's finding carries the fix that can work (a new quorum queue, or a
 // copying backend), not apply, which fails with the same 406.
 func TestClassicWorkQueueUnderDelayedRetry(t *testing.T) {
-	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedRetry{}}, "orders")
+	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedRetry(0)}, "orders")
 	queue := r.queues[0]
 	if v, _ := brokertest.Dial(t).Properties["version"].(string); !version.DelayedRetry(v) {
 		t.Skipf("RabbitMQ %s has no delayed retry (4.3+)", v)

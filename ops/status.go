@@ -222,7 +222,7 @@ const (
 	FlagUnderReplicated FlagKind = "under-replicated"
 	// FlagQueueType: a work queue is of type Flag.QueueType ("classic", or "not
 	// quorum" when only the broker's counts tell) where delayed retries (Backend delayed-retry,
-	// HeldRetries) need a quorum queue: the broker redelivers its nacked messages at
+	// delay.HeldRetries) need a quorum queue: the broker redelivers its nacked messages at
 	// once. A queue's type cannot change: move to a new quorum queue, or use a copying
 	// backend.
 	FlagQueueType FlagKind = "queue-type"

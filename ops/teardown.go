@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/topology"
 )
@@ -384,8 +383,8 @@ func (o *Ops) everyBackend() (t topology.Topology, sealed map[string]backend.Bac
 	}
 	add(o.backend)
 	setup := o.retry.Derived().Setup
-	for _, value := range delay.Backends() {
-		b, err := delay.Open(value, setup)
+	for _, value := range backend.All(o.retry.Backend) {
+		b, err := backend.Open(value, setup)
 		if err != nil {
 			return t, nil, fmt.Errorf("teardown: the names the %s backend declares under prefix %q: %w", value.Name(), o.retry.Prefix, err)
 		}
@@ -410,8 +409,8 @@ func (o *Ops) unenumerable() ([]string, error) {
 	}
 	add(o.backend)
 	setup := o.retry.Derived().Setup
-	for _, value := range delay.Backends() {
-		b, err := delay.Open(value, setup)
+	for _, value := range backend.All(o.retry.Backend) {
+		b, err := backend.Open(value, setup)
 		if err != nil {
 			return nil, fmt.Errorf("teardown: the names the %s backend declares under prefix %q: %w", value.Name(), o.retry.Prefix, err)
 		}

@@ -42,10 +42,10 @@ func exists(t *testing.T, name string, exchange bool) bool {
 // and leaves the new backend, the parking and poison queues and the work queue.
 func TestTeardownAfterBackendChange(t *testing.T) {
 	t.Parallel()
-	old := amqpretry.Config{Backend: delay.TTLTiers{Tiers: []time.Duration{waitDelay}}}
+	old := amqpretry.Config{Backend: delay.TTLTiers(waitDelay)}
 	r := waitingRig(t, old, "orders")
 	queue := r.queues[0]
-	now := amqpretry.Config{Backend: delay.BinaryLevels{Levels: 3}, Prefix: r.prefix, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}, Jitter: -1}}
+	now := amqpretry.Config{Backend: delay.BinaryLevels(3), Prefix: r.prefix, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}, Jitter: -1}}
 	keep, err := now.Plan(queue)
 	if err != nil {
 		t.Fatal(err)
@@ -126,7 +126,7 @@ func TestTeardownAfterBackendChange(t *testing.T) {
 // removes the queue with what waits in it.
 func TestTeardownForceAndUnknown(t *testing.T) {
 	t.Parallel()
-	r := waitingRig(t, amqpretry.Config{Backend: delay.TTLTiers{Tiers: []time.Duration{waitDelay}}}, "orders")
+	r := waitingRig(t, amqpretry.Config{Backend: delay.TTLTiers(waitDelay)}, "orders")
 	blind, err := ops.New(ops.Config{URI: brokertest.URI(), Retry: r.cfg.Retry})
 	if err != nil {
 		t.Fatal(err)
@@ -163,7 +163,7 @@ func TestTeardownCountsOnlyWhatItFinds(t *testing.T) {
 		}
 	}
 
-	r = newRigWith(t, amqpretry.Config{Backend: delay.TTLTiers{Tiers: []time.Duration{waitDelay}}}, "orders")
+	r = newRigWith(t, amqpretry.Config{Backend: delay.TTLTiers(waitDelay)}, "orders")
 	r.apply()
 	tier := r.prefix + ".delay.10m"
 	opts := ops.TeardownOptions{DryRun: true, Force: true} // no rabbitmqctl: forced, as what waits is unknown
@@ -212,7 +212,7 @@ func TestTeardownCountsOnlyWhatItFinds(t *testing.T) {
 // application bound to it; both stay, and the binding is gone.
 func TestTeardownNamesTheApplications(t *testing.T) {
 	t.Parallel()
-	r := waitingRig(t, amqpretry.Config{Backend: delay.TTLTiers{Tiers: []time.Duration{waitDelay}}}, "orders")
+	r := waitingRig(t, amqpretry.Config{Backend: delay.TTLTiers(waitDelay)}, "orders")
 	queue := r.queues[0]
 	topic := r.prefix + ".topic.orders" // as watermill-amqp's pub/sub config declares one
 	brokertest.Cleanup(t, nil, []string{topic})
@@ -260,7 +260,7 @@ func TestTeardownNamesTheApplications(t *testing.T) {
 // now and purge of the waiting retries reported "0 of 0" (or asked for rabbitmqctl).
 // They refuse, saying why, naming the backend's exchange and what to do.
 func TestWaitingOnDelayedExchangeRefuses(t *testing.T) {
-	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedExchange{}}, "orders")
+	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedExchange()}, "orders")
 	if _, err := brokertest.Ctl(context.Background(), "-q", "list_queues", "name"); err == nil {
 		r.cfg.Rabbitmqctl = brokertest.Ctl
 		o, err := ops.New(r.cfg)
@@ -292,7 +292,7 @@ func TestWaitingOnDelayedExchangeRefuses(t *testing.T) {
 // them with the rest. Without rabbitmqctl, Shared says they could not be looked for.
 func TestTeardownBehindQueues(t *testing.T) {
 	t.Parallel()
-	r := waitingRig(t, amqpretry.Config{Backend: delay.TTLTiers{Tiers: []time.Duration{waitDelay}}}, "orders")
+	r := waitingRig(t, amqpretry.Config{Backend: delay.TTLTiers(waitDelay)}, "orders")
 	queue := r.queues[0]
 	full := names.Names{Prefix: r.prefix}.Behind(queue, "acc-1")
 	empty := names.Names{Prefix: r.prefix}.Behind(queue, "acc-2")

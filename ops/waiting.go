@@ -11,7 +11,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 )
@@ -20,7 +19,7 @@ import (
 // queue: in the delay queues of ttl-tiers and binary-levels under Config.Retry.Prefix
 // (those of the configured backend and any other such queue found under the prefix,
 // left by a change of Backend, Tiers or Levels), and, on RabbitMQ 4.3, in the delayed
-// retry of the work queue named by Filter.Queue (delayed-retry, or HeldRetries).
+// retry of the work queue named by Filter.Queue (delayed-retry, or delay.HeldRetries).
 // Filter.Queue selects the retries of one work queue.
 //
 //   - List reads them without changing anything a later delivery sees (see
@@ -83,8 +82,8 @@ func (o *Ops) storagePattern() (string, error) {
 	}
 	add(o.backend)
 	setup := o.retry.Derived().Setup
-	for _, value := range delay.Backends() {
-		b, err := delay.Open(value, setup)
+	for _, value := range backend.All(o.retry.Backend) {
+		b, err := backend.Open(value, setup)
 		if err != nil {
 			return "", fmt.Errorf("the queues the %s backend declares under prefix %q: %w", value.Name(), o.retry.Prefix, err)
 		}

@@ -23,8 +23,8 @@ import (
 // waitingBackends are the copying backends whose retries wait in delay queues, each
 // with a delay that keeps them waiting through a test (10 minutes).
 var waitingBackends = []amqpretry.Config{
-	{Backend: delay.TTLTiers{Tiers: []time.Duration{10 * time.Minute}}},
-	{Backend: delay.BinaryLevels{Levels: 12}, Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}, Jitter: -1}},
+	{Backend: delay.TTLTiers(10 * time.Minute)},
+	{Backend: delay.BinaryLevels(12), Policy: amqpretry.Policy{Delays: []time.Duration{time.Second}, Jitter: -1}},
 }
 
 const waitDelay = 10 * time.Minute
@@ -325,7 +325,7 @@ func TestRetryNowSurvivesConnectionKill(t *testing.T) {
 // them; retry now takes no filter but a limit, and brings back the first due through
 // the broker's retry_delayed; purge says it cannot drop them.
 func TestWaitingDelayedRetry(t *testing.T) {
-	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedRetry{Delay: waitDelay}}, "orders")
+	r := newRigWith(t, amqpretry.Config{Backend: delay.DelayedRetry(waitDelay)}, "orders")
 	s, err := r.ops.Status(context.Background(), ops.StatusOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -26,7 +26,7 @@ func TestRealRetriesThenRedrive(t *testing.T) {
 	r.apply()
 	queue := r.queues[0]
 	retry, err := wamqp3.New(amqp3.NewDurableQueueConfig(r.cfg.URI), amqpretry.Config{
-		Prefix: r.prefix, Backend: delay.TTLTiers{Tiers: testTiers}, Policy: amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{time.Second}, Jitter: -1},
+		Prefix: r.prefix, Backend: delay.TTLTiers(testTiers...), Policy: amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{time.Second}, Jitter: -1},
 	})
 	if err != nil {
 		t.Fatal(err)

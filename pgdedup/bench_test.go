@@ -21,7 +21,7 @@ import (
 func BenchmarkDedup(b *testing.B) {
 	for _, store := range []string{"off", "memory", "postgres"} {
 		b.Run(store, func(b *testing.B) {
-			cfg := amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}}
+			cfg := amqpretry.Config{Backend: delay.Memory(discard{})}
 			switch store {
 			case "memory":
 				cfg.Dedup = time.Hour

@@ -143,7 +143,7 @@ func TestTwoRetriesShareTheTable(t *testing.T) {
 	}
 	newRetry := func() message.HandlerFunc {
 		r, err := middleware.New(amqpretry.Config{
-			Backend: delay.Memory{Publisher: discard{}}, Dedup: time.Hour, DedupStore: s,
+			Backend: delay.Memory(discard{}), Dedup: time.Hour, DedupStore: s,
 		}, middleware.Transport{Queue: func(string) string { return "work" }})
 		if err != nil {
 			t.Fatal(err)

@@ -185,9 +185,9 @@ cmd/amqpretry/go.sh run "$staticcheck" ./...
 
 # A ratchet: the count may fall, never rise (lower -max with it). The first release's
 # goal is 100 in the library's packages (ops aside).
-# 207: amqpretry.Exponential, the one way to build a growing Policy.Delays (issue 50).
-step "API size: exported identifiers per public package, at most 207 (internal/cmd/apicount -max)"
-go run ./internal/cmd/apicount -max 207
+# 180 (124 without ops): the backends sealed, built by their constructors (issue 50).
+step "API size: exported identifiers per public package, at most 180 (internal/cmd/apicount -max)"
+go run ./internal/cmd/apicount -max 180
 
 step "backends by what they can do: no name compared outside delay/; config.go compares none; no type switch on a backend outside its own file; ops spells no backend's names; no init-time registration"
 # Production code, the sibling modules' included (the root module without its test
@@ -204,7 +204,7 @@ mapfile -t opsFiles < <(git ls-files 'ops/*.go' ':!:*_test.go')
 backendNames='ttl-tiers|binary-levels|delayed-exchange|delayed-retry|delivery-time|memory'
 backendTypes='ttlTiers|binaryLevels|delayedExchange|delayedRetry|deliveryTime|memory|TTLTiers|BinaryLevels|DelayedExchange|DelayedRetry|DeliveryTime|Memory'
 names=$(grep -nE "delay\.(TTLTiers|BinaryLevels|DelayedExchange|DelayedRetry|DeliveryTime|Memory)\b|\"($backendNames)\"|nameOf\(" "${lib[@]}" |
-  grep -vE '^\S+:[0-9]+:\s*//' | grep -vE '^\S+:[0-9]+:\s*[A-Za-z_][A-Za-z0-9_.]*\s*=\s*delay\.[A-Za-z]+(\{\})?\s*(//.*)?$' || true)
+  grep -vE '^\S+:[0-9]+:\s*//' | grep -vE '^\S+:[0-9]+:\s*[A-Za-z_][A-Za-z0-9_.]*\s*=\s*delay\.[A-Za-z]+(\(\))?\s*(//.*)?$' || true)
 # config.go builds the default and the held retries' backend, and compares none.
 names+=$'\n'$(grep -nE "(==|!=)\s*\(?delay\.|\.Name\(\)\s*(==|!=)|(==|!=)\s*\"($backendNames)\"" config.go | sed 's/^/config.go:/' || true)
 # A type switch or assertion on a backend's type stays in the backend's own file (the

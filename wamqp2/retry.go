@@ -31,7 +31,7 @@ type Retry struct {
 // queue, and builds the middleware. An invalid config touches nothing on the broker.
 //
 // With the memory backend and no URI in sub, everything stays in this process:
-// delay.Memory{Publisher: ...} (a GoChannel, say) receives the retries and the poisoned messages.
+// delay.Memory(...) (a GoChannel, say) receives the retries and the poisoned messages.
 func New(sub amqp.Config, cfg amqpretry.Config) (*Retry, error) {
 	m := sub.Marshaler
 	if d, ok := m.(amqp.DefaultMarshaler); ok {

@@ -21,7 +21,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill"
 	amqp2 "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
@@ -45,15 +44,13 @@ func main() {
 
 func run() error {
 	logger := newLogger()
-	if os.Getenv("DELAY_BACKEND") == (delay.DeliveryTime{}).Name() {
+	if os.Getenv("DELAY_BACKEND") == (delay.DeliveryTime()).Name() {
 		return runAMQP1()
 	}
 	uri := os.Getenv("AMQP_URI")
 	runID := watermill.NewShortUUID()[:8]
 	cfg := scenarioConfig(runID, logger)
-	cfg.HeldRetries, _ = strconv.Atoi(os.Getenv("HELD_RETRIES"))
-	_, delayedRetry := cfg.Backend.(delay.DelayedRetry)
-	if delayedRetry {
+	if cfg.Backend.Name() == delay.DelayedRetry(0).Name() {
 		cfg.Policy = amqpretry.Policy{MaxAttempts: 4} // one delay per work queue: the backend's Delay
 	}
 	topic := scenarioTopic(cfg)
@@ -64,7 +61,7 @@ func run() error {
 	)
 	if uri == "" {
 		goChannel := gochannel.NewGoChannel(gochannel.Config{}, logger)
-		cfg.Backend = delay.Memory{Publisher: goChannel}
+		cfg.Backend = delay.Memory(goChannel)
 		s.Retry, err = wamqp3.New(amqp3.Config{}, cfg)
 		s.Publisher, s.Poison = goChannel, goChannel
 		fmt.Println("AMQP_URI is unset: running in-process on GoChannel with the memory delay backend (not durable).")
@@ -109,8 +106,8 @@ func withV3(uri string, cfg amqpretry.Config) (setup, error) {
 	if err != nil {
 		return setup{}, err
 	}
-	if _, ok := cfg.Backend.(delay.Memory); ok {
-		cfg.Backend = delay.Memory{Publisher: pub} // the retry waits in this process, then is published to its queue
+	if cfg.Backend.Name() == delay.Memory(nil).Name() {
+		cfg.Backend = delay.Memory(pub) // the retry waits in this process, then is published to its queue
 	}
 	retry, err := wamqp3.New(amqpCfg, cfg)
 	if err != nil {
@@ -130,8 +127,8 @@ func withV2(uri string, cfg amqpretry.Config) (setup, error) {
 	if err != nil {
 		return setup{}, err
 	}
-	if _, ok := cfg.Backend.(delay.Memory); ok {
-		cfg.Backend = delay.Memory{Publisher: pub} // the retry waits in this process, then is published to its queue
+	if cfg.Backend.Name() == delay.Memory(nil).Name() {
+		cfg.Backend = delay.Memory(pub) // the retry waits in this process, then is published to its queue
 	}
 	retry, err := wamqp2.New(amqpCfg, cfg)
 	if err != nil {
@@ -148,7 +145,7 @@ func withV2(uri string, cfg amqpretry.Config) (setup, error) {
 // exchange of its plan, and says so.
 func removeTopology(uri string, cfg amqpretry.Config, queue string) {
 	plan, err := cfg.Plan(queue)
-	if _, ok := cfg.Backend.(delay.Memory); ok { // nothing of the backend's on the broker
+	if cfg.Backend.Name() == delay.Memory(nil).Name() { // nothing of the backend's on the broker
 		plan, err = topology.Topology{Queues: []topology.Queue{{Name: cfg.WithDefaults().PoisonQueue}}}, nil
 	}
 	if err != nil {

@@ -54,7 +54,7 @@ func newBlockedRig(t *testing.T) *blockedRig {
 	r.flags = append([]string{"--prefix", prefix, "--tiers", "1s,10m"}, ctl...)
 	cfg := amqpretry.Config{
 		Prefix:        prefix,
-		Backend:       delay.TTLTiers{Tiers: []time.Duration{time.Second, 10 * time.Minute}},
+		Backend:       delay.TTLTiers(time.Second, 10*time.Minute),
 		Policy:        amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{time.Second}, Jitter: -1},
 		OrderKey:      func(msg *message.Message) string { return msg.Metadata.Get(account) },
 		BlockOnPoison: true,

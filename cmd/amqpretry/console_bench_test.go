@@ -56,7 +56,7 @@ func BenchmarkConsolePoisonFirstPage(b *testing.B) {
 	const fill = 100_000
 	brokertest.Dial(b)
 	prefix := brokertest.Prefix(b)
-	cfg := amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers{Tiers: testTiers}}
+	cfg := amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers(testTiers...)}
 	plan, err := cfg.Plan()
 	if err != nil {
 		b.Fatal(err)

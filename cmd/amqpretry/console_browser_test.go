@@ -204,7 +204,7 @@ func TestConsoleBrowser(t *testing.T) {
 	}
 	e := newEnv(t, "orders")
 	queue := e.queues[0]
-	cfg := amqpretry.Config{Prefix: e.prefix, Backend: delay.TTLTiers{Tiers: []time.Duration{time.Minute, 10 * time.Minute}}}
+	cfg := amqpretry.Config{Prefix: e.prefix, Backend: delay.TTLTiers(time.Minute, 10*time.Minute)}
 	p, err := cfg.Plan(queue)
 	if err != nil {
 		t.Fatal(err)
@@ -380,7 +380,7 @@ func TestConsoleBrowserDelayedRetry(t *testing.T) {
 	}
 	e := newEnv(t, "orders")
 	queue := e.queues[0]
-	cfg := amqpretry.Config{Prefix: e.prefix, Backend: delay.DelayedRetry{Delay: 10 * time.Minute}}
+	cfg := amqpretry.Config{Prefix: e.prefix, Backend: delay.DelayedRetry(10 * time.Minute)}
 	p, err := cfg.Plan(queue)
 	if err != nil {
 		t.Fatal(err)

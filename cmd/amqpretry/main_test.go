@@ -22,6 +22,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
 	"github.com/amqpretry/amqpretry/middleware"
 )
@@ -67,13 +68,13 @@ func newEnv(t *testing.T, queues ...string) *env {
 	for _, q := range queues {
 		e.queues = append(e.queues, e.prefix+"."+q)
 	}
-	p, err := amqpretry.Config{Prefix: e.prefix, Backend: delay.TTLTiers{Tiers: testTiers}}.Plan(e.queues...)
+	p, err := amqpretry.Config{Prefix: e.prefix, Backend: delay.TTLTiers(testTiers...)}.Plan(e.queues...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	brokertest.CleanupTopology(t, p)
 	brokertest.Cleanup(t, e.queues, nil)
-	h, err := delay.Dial(backend.HandoffConfig{URI: brokertest.URI()})
+	h, err := handoff.Dial(backend.HandoffConfig{URI: brokertest.URI()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,7 +37,7 @@ func newOverviewScene(t *testing.T) *overviewScene {
 	t.Helper()
 	e := newEnv(t, "backlog", "idle")
 	tiers := []time.Duration{1250 * time.Millisecond, 3150 * time.Millisecond}
-	p, err := amqpretry.Config{Prefix: e.prefix, Backend: delay.TTLTiers{Tiers: tiers}}.Plan(e.queues...)
+	p, err := amqpretry.Config{Prefix: e.prefix, Backend: delay.TTLTiers(tiers...)}.Plan(e.queues...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,7 @@ func TestClassicWorkQueueUnderDelayedRetry(t *testing.T) {
 	if code, out, errOut := e.run(append([]string{"topology", "apply"}, dr...)...); code != exitOK {
 		t.Fatalf("apply without work queues exited %d:\n%s%s", code, out, errOut)
 	}
-	fix := `work queue "` + e.queues[0] + `" is a classic queue, and delayed retries (Backend delayed-retry or HeldRetries) need a quorum queue`
+	fix := `work queue "` + e.queues[0] + `" is a classic queue, and delayed retries (Backend delayed-retry or delay.HeldRetries) need a quorum queue`
 	code, out, errOut := e.run(append(append([]string{"status", "--rabbitmqctl", "off"}, dr...), e.queueFlags()...)...)
 	if code != exitFailed || !strings.Contains(out, "QUEUE-TYPE "+fix) || strings.Contains(out, "nothing flagged") {
 		t.Errorf("status exited %d, want %d flagging the type:\n%s%s", code, exitFailed, out, errOut)

@@ -162,9 +162,9 @@ func TestWaitingOnDelayedExchange(t *testing.T) {
 func TestStatusShowsPluginCount(t *testing.T) {
 	var stdout bytes.Buffer
 	a := &app{stdout: &stdout, uri: "amqp://guest:guest@127.0.0.1:5672/"}
-	s := ops.Status{Broker: "3.10.8", Backend: delay.DelayedExchange{}.Name(), Prefix: "shop", DelayedExchange: true, DelayedExchangeName: "shop.delayed",
+	s := ops.Status{Broker: "3.10.8", Backend: delay.DelayedExchange().Name(), Prefix: "shop", DelayedExchange: true, DelayedExchangeName: "shop.delayed",
 		PluginCounted: true, PluginWaiting: 3, Flags: []ops.Flag{}}
-	a.printStatus(s, amqpretry.Config{Backend: delay.DelayedExchange{}, Prefix: "shop"}, nil, "auto", false, false, false)
+	a.printStatus(s, amqpretry.Config{Backend: delay.DelayedExchange(), Prefix: "shop"}, nil, "auto", false, false, false)
 	out := stdout.String()
 	if !strings.Contains(out, "waiting in the plugin: 3 retries, by its own count") || strings.Contains(out, "nothing flagged") ||
 		!strings.Contains(out, "3 retries wait in the delayed-message plugin (exchange shop.delayed) until due") {
@@ -172,7 +172,7 @@ func TestStatusShowsPluginCount(t *testing.T) {
 	}
 	stdout.Reset()
 	s.PluginCounted, s.PluginWaiting = false, 0
-	a.printStatus(s, amqpretry.Config{Backend: delay.DelayedExchange{}, Prefix: "shop"}, nil, "auto", false, false, false)
+	a.printStatus(s, amqpretry.Config{Backend: delay.DelayedExchange(), Prefix: "shop"}, nil, "auto", false, false, false)
 	if out := stdout.String(); !strings.Contains(out, "waiting in the plugin: unknown") {
 		t.Errorf("status text, the plugin's count unread:\n%s", out)
 	}
@@ -188,7 +188,7 @@ func TestDelayedExchangeWithPlugin(t *testing.T) {
 		t.Skipf("needs rabbitmqctl: %v", err)
 	}
 	e := newEnv(t, "orders")
-	cfg := amqpretry.Config{Backend: delay.DelayedExchange{}, Prefix: e.prefix}
+	cfg := amqpretry.Config{Backend: delay.DelayedExchange(), Prefix: e.prefix}
 	p, err := cfg.Plan(e.queues...)
 	if err != nil {
 		t.Fatal(err)
@@ -199,7 +199,7 @@ func TestDelayedExchangeWithPlugin(t *testing.T) {
 	if code, out, errOut := runArgs("topology", "apply", "--backend", "delayed-exchange", "--prefix", e.prefix, "--queue", e.queues[0]); code != exitOK {
 		t.Skipf("needs the rabbitmq_delayed_message_exchange plugin, which this broker does not run (topology apply: %d %s%s)", code, out, errOut)
 	}
-	b, err := delay.Open(delay.DelayedExchange{}, backend.Setup{Prefix: e.prefix, Env: backend.Env{Handoff: e.h}})
+	b, err := backend.Open(delay.DelayedExchange(), backend.Setup{Prefix: e.prefix, Env: backend.Env{Handoff: e.h}})
 	if err != nil {
 		t.Fatal(err)
 	}

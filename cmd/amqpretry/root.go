@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -119,7 +120,6 @@ func runWith(ctx context.Context, args []string, stdin io.Reader, terminal bool,
 // root builds the command tree.
 func (a *app) root() *cobra.Command {
 	defaults := amqpretry.Config{}.WithDefaults()
-	a.tiers = durationList(delay.DefaultTiers())
 	root := &cobra.Command{
 		Use:   "amqpretry",
 		Short: "Operate the broker side of amqpretry: status, topology, poison and parking queues",
@@ -151,13 +151,13 @@ their defaults are the library's. --json gives machine-readable output everywher
 	pf := root.PersistentFlags()
 	a.flags = pf
 	pf.BoolVar(&a.json, "json", false, "machine-readable output (JSON, snake_case keys)")
-	pf.StringVar(&a.backend, "backend", defaults.Backend.Name(), "delay backend: "+strings.Join(brokerBackends(), ", "))
+	pf.StringVar(&a.backend, "backend", defaults.Backend.Name(), "delay backend, by the name delay.Parse takes (one with something on the broker)")
 	pf.StringVar(&a.prefix, "prefix", defaults.Prefix, "prefix of every queue and exchange the library declares")
-	pf.Var(&a.tiers, "tiers", "ttl-tiers: the ladder of delays, comma-separated")
-	pf.IntVar(&a.levels, "levels", delay.DefaultLevels, "binary-levels: number of levels (delays up to 2^levels - 1 s)")
-	pf.IntVar(&a.heldRetries, "held-retries", defaults.HeldRetries, "retries RabbitMQ 4.3+ holds in the work queue itself before the backend takes the next")
+	pf.Var(&a.tiers, "tiers", "ttl-tiers: the ladder of delays, comma-separated (default: the library's ladder)")
+	pf.IntVar(&a.levels, "levels", 0, "binary-levels: number of levels, delays up to 2^levels - 1 s (0: the library's default)")
+	pf.IntVar(&a.heldRetries, "held-retries", 0, "retries RabbitMQ 4.3+ holds in the work queue itself before the backend takes the next")
 	// The flag's old name: a hidden, deprecated alias, so that scripts keep working.
-	pf.DurationVar(&a.retryDelay, "retry-delay", defaults.DelayedRetryDelay, "delay of the retries held in the work queue (held-retries, delayed-retry backend)")
+	pf.DurationVar(&a.retryDelay, "retry-delay", 0, "delay of the retries held in the work queue (held-retries, delayed-retry backend; 0: the library's default)")
 	pf.StringVar(&a.poisonQueue, "poison-queue", "", "poison queue (default <prefix>.poison: "+defaults.PoisonQueue+")")
 
 	root.AddCommand(a.statusCmd(), a.topologyCmd(), a.poisonCmd(), a.parkingCmd(), a.waitingCmd(), a.blockedCmd(), a.teardownCmd(), a.versionCmd(), a.consoleCmd())
@@ -263,24 +263,6 @@ func buildVersion() string {
 	return fmt.Sprintf("%s (library %s, %s)", info.Main.Version, lib, info.GoVersion)
 }
 
-// brokerBackends are the backends with something on the broker: all but those that
-// keep their retries in the application's process.
-func brokerBackends() []string {
-	var out []string
-	for _, b := range delay.Backends() {
-		if !inProcess(amqpretry.Config{Backend: b}) {
-			out = append(out, b.Name())
-		}
-	}
-	return out
-}
-
-// inProcess tells whether cfg's backend keeps its retries in the application's
-// process, with nothing on the broker for the command to see.
-func inProcess(cfg amqpretry.Config) bool {
-	return cfg.Derived().InProcess
-}
-
 // retryConfig is the application's retry configuration from the common flags: the
 // command knows the broker side only.
 func (a *app) retryConfig() (amqpretry.Config, error) {
@@ -294,20 +276,27 @@ func (a *app) retryConfig() (amqpretry.Config, error) {
 		return amqpretry.Config{}, usagef("%s", flagNames(err.Error()))
 	}
 	cfg := amqpretry.Config{
-		Backend: b, Prefix: a.prefix, HeldRetries: a.heldRetries, DelayedRetryDelay: a.retryDelay, PoisonQueue: a.poisonQueue,
+		Backend: delay.HeldRetries(a.heldRetries, a.retryDelay, b), Prefix: a.prefix, PoisonQueue: a.poisonQueue,
 	}
-	if inProcess(cfg) {
-		return cfg, usagef("--backend: the %s backend has nothing on the broker (known: %s)", cfg.Backend, strings.Join(brokerBackends(), ", "))
-	}
-	if _, err := cfg.Plan(); err != nil { // checks what decides the topology
+	// Plan checks what decides the topology, and refuses a backend with nothing on the
+	// broker (memory).
+	if _, err := cfg.Plan(); err != nil {
 		return cfg, usagef("invalid retry configuration: %s", flagNames(strings.TrimPrefix(err.Error(), "invalid config: ")))
 	}
 	return cfg, nil
 }
 
-// flagNames names the flags behind the amqpretry.Config fields in a validation error.
+// backendArg is a backend constructor's argument named in a validation error, as
+// "delay.<Constructor>(<argument>):".
+var backendArg = regexp.MustCompile(`delay\.[A-Za-z]+\((n|delay|then)\):`)
+
+// flagNames names the flags behind the amqpretry.Config fields (and the backend
+// constructors' arguments) in a validation error.
 func flagNames(s string) string {
-	return strings.NewReplacer("Backend.Delay:", "--retry-delay:", "Backend:", "--backend:", "Prefix:", "--prefix:", "Tiers:", "--tiers:", "Tiers[", "--tiers[",
+	s = backendArg.ReplaceAllStringFunc(s, func(m string) string {
+		return map[string]string{"n": "--held-retries:", "delay": "--retry-delay:", "then": "--backend:"}[backendArg.FindStringSubmatch(m)[1]]
+	})
+	return strings.NewReplacer("Backend:", "--backend:", "Prefix:", "--prefix:", "Tiers:", "--tiers:", "Tiers[", "--tiers[",
 		"Levels:", "--levels:", "HeldRetries:", "--held-retries:", "DelayedRetryDelay:", "--retry-delay:",
 		"PoisonQueue:", "--poison-queue:").Replace(s)
 }

@@ -121,7 +121,7 @@ func TestTeardownEveryBackend(t *testing.T) {
 	ctl := ctlFlag(t)
 	e := newEnv(t, "orders")
 	e.apply() // ttl-tiers, tiers 1s and 2s
-	levels := amqpretry.Config{Backend: delay.BinaryLevels{Levels: 4}, Prefix: e.prefix}
+	levels := amqpretry.Config{Backend: delay.BinaryLevels(4), Prefix: e.prefix}
 	p, err := levels.Plan(e.queues...)
 	if err != nil {
 		t.Fatal(err)
@@ -207,7 +207,7 @@ func TestNameListsShortened(t *testing.T) {
 	for i := 1; i <= 6; i++ {
 		tiers = append(tiers, time.Duration(i)*time.Second)
 	}
-	p, err := amqpretry.Config{Prefix: e.prefix, Backend: delay.TTLTiers{Tiers: tiers}}.Plan(e.queues...)
+	p, err := amqpretry.Config{Prefix: e.prefix, Backend: delay.TTLTiers(tiers...)}.Plan(e.queues...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -368,7 +368,7 @@ more; --verbose names them all.
 				if err != nil {
 					return usagef("invalid --keep-backend: %s", err)
 				}
-				keep := amqpretry.Config{Backend: kb, Prefix: cfg.Prefix, HeldRetries: keepRetry, PoisonQueue: cfg.PoisonQueue}
+				keep := amqpretry.Config{Backend: delay.HeldRetries(keepRetry, 0, kb), Prefix: cfg.Prefix, PoisonQueue: cfg.PoisonQueue}
 				plan, err := keep.Plan()
 				if err != nil {
 					return usagef("invalid --keep-* configuration: %s", strings.TrimPrefix(err.Error(), "invalid config: "))
@@ -416,7 +416,7 @@ more; --verbose names them all.
 	f.BoolVar(&opts.Shared, "shared", false, "also remove the parking queue and exchange and the poison queue, which every backend under the prefix shares")
 	f.StringVar(&keepBackend, "keep-backend", "", "the backend in use now under the same prefix: what its plan declares stays")
 	f.Var(&keepTiers, "keep-tiers", "ttl-tiers in use now: its tier ladder")
-	f.IntVar(&keepLevels, "keep-levels", delay.DefaultLevels, "binary-levels in use now: its levels")
+	f.IntVar(&keepLevels, "keep-levels", 0, "binary-levels in use now: its levels (0: the library's default)")
 	f.IntVar(&keepRetry, "keep-held-retries", 0, "the held retries in use now (--held-retries)")
 	src.ctlFlags(c)
 	return c

@@ -27,7 +27,7 @@ func TestWaitingAndTeardown(t *testing.T) {
 		t.Skipf("needs rabbitmqctl: %v", err)
 	}
 	e := newEnv(t, "orders")
-	cfg := amqpretry.Config{Prefix: e.prefix, Backend: delay.TTLTiers{Tiers: []time.Duration{10 * time.Minute}}}
+	cfg := amqpretry.Config{Prefix: e.prefix, Backend: delay.TTLTiers(10 * time.Minute)}
 	p, err := cfg.Plan(e.queues...)
 	if err != nil {
 		t.Fatal(err)

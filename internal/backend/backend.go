@@ -1,6 +1,6 @@
 // Package backend is the contract between the delay backends and the hand-off, which
-// package delay implements (one file per backend, and handoff.go; a delay.Backend
-// value opens a backend, delay.Dial a hand-off), and the packages that use them: the
+// package delay implements (one file per backend; a delay.Backend value, through
+// Opener, opens a backend, and internal/handoff dials a hand-off), and the packages that use them: the
 // middleware, its transports, the root package's Config (validation, plan) and ops.
 // What a backend can do is its Caps (caps.go) and the optional interfaces it
 // implements (traits.go): its users decide from those alone, never from its name or

@@ -35,9 +35,10 @@ type Derived struct {
 	// its waiting retries can only be counted. What the sibling modules ask.
 	InProcess, AMQP1, Sealed bool
 	Local                    message.Publisher
-	// Held is the backend that holds the first HeldRetries retries in the work queue,
-	// in front of Backend; nil without held retries.
-	Held Backend
+	// Held is the backend that holds the first delay.HeldRetries retries in the work queue,
+	// in front of Backend (delay.HeldRetries); nil and 0 without held retries.
+	Held        Backend
+	HeldRetries int
 	// Fix is how to fix a topology error of this Config.
 	Fix declare.Fix
 	// WorkQueueArgs are the arguments every work queue needs, or nil: with delayed

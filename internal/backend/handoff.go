@@ -22,7 +22,7 @@ import (
 // Handoff is the one way the library moves a message into RabbitMQ: a confirmed
 // publish on a connection of its own, never the consuming one. Only when the broker
 // has confirmed a copy, and not returned it, may the caller ack the original. Package
-// delay implements it (handoff.go; delay.Dial connects one): the backends park through it, the middleware
+// internal/handoff implements it (handoff.Dial connects one): the backends park through it, the middleware
 // publishes poisoned messages through it, and ops its moves. Every publish is
 // persistent, carries a fresh MessageId and no expiration. It is safe for concurrent
 // use. After a channel or connection failure the next publish opens a new one.

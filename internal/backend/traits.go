@@ -24,8 +24,9 @@ type InProcess interface {
 // AMQP1 is implemented by a backend that settles a failed delivery with an AMQP 1.0
 // outcome: it needs the AMQP 1.0 transport (package amqp1).
 type AMQP1 interface {
-	// SettlesAMQP1 tells that it does (true for every implementation).
-	SettlesAMQP1() bool
+	// OnAMQP091 is the error of the backend configured with an AMQP 0-9-1 transport
+	// (watermill-amqp), wrapping delay.ErrUnsupported and naming the fix.
+	OnAMQP091() error
 }
 
 // WorkQueueArgser is implemented by a backend whose work queues hold its retries
@@ -57,7 +58,7 @@ type Flagger interface {
 }
 
 // Storage is implemented by a backend whose retries wait on the broker in queues of
-// its own (its DelayQueues), for ops to count, list, bring back and tear down.
+// its own (its delayQueues), for ops to count, list, bring back and tear down.
 type Storage interface {
 	// StoragePattern is a regular expression matching the names of every delay queue
 	// it may have declared under its prefix, whatever its settings were: ops finds

@@ -69,10 +69,10 @@ func WrongQueueTypeFix(queue, current string) string {
 	if current == NotQuorum {
 		is = "not a quorum queue"
 	}
-	return fmt.Sprintf("work queue %q is %s, and delayed retries (Backend delayed-retry or HeldRetries) need a quorum queue: "+
+	return fmt.Sprintf("work queue %q is %s, and delayed retries (Backend delayed-retry or delay.HeldRetries) need a quorum queue: "+
 		"a queue's type cannot change, not even by a policy. Either move to a new quorum queue: declare it under another name "+
 		"(`amqpretry topology apply` with that name creates it with the arguments delayed retries need), move the messages to it "+
 		"(a shovel, or consume and republish), and subscribe to it; or, once %q is empty and its publishers stopped, delete it and "+
-		"let the library declare it again; or keep it as it is and use a copying Backend (ttl-tiers or binary-levels) without HeldRetries",
+		"let the library declare it again; or keep it as it is and use a copying Backend (ttl-tiers or binary-levels) without delay.HeldRetries",
 		queue, is, queue)
 }

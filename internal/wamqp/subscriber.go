@@ -14,7 +14,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry"
-	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/marshal"
@@ -127,8 +126,8 @@ func (sub Sub) validate(cfg amqpretry.Config) error {
 		return nil
 	}
 	var errs []error
-	if v.AMQP1 {
-		errs = append(errs, delay.NeedsAMQP1(v.Name))
+	if a, ok := v.Backend.(backend.AMQP1); ok {
+		errs = append(errs, a.OnAMQP091())
 	}
 	if sub.QueueName == nil {
 		errs = append(errs, errors.New("Subscriber: Queue.GenerateName: required"))
@@ -154,9 +153,9 @@ func (sub Sub) validate(cfg amqpretry.Config) error {
 			name, _, _ := strings.Cut(c, " ")
 			set := ""
 			if name == declare.DelayedRetryMinArg || name == declare.DelayedRetryMaxArg {
-				set = " (Config.DelayedRetryDelay sets it)"
+				set = " (delay.HeldRetries's delay sets it)"
 				if _, ok := v.Backend.(backend.Constant); ok {
-					set = " (the delayed-retry backend's Delay sets it)"
+					set = " (the delayed-retry backend's delay sets it)"
 				}
 			}
 			errs = append(errs, fmt.Errorf("Subscriber: Queue.Arguments: %s: a work queue that holds delayed retries needs %s %s, which the subscriber config adds%s: leave it out of Queue.Arguments",

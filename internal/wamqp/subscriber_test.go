@@ -23,7 +23,7 @@ func TestNewValidatesEveryField(t *testing.T) {
 		Marshaler:       otherMarshaler{},
 		QueueArgs:       amqp.Table{"x-queue-type": "classic"},
 	}
-	_, err := New(sub, amqpretry.Config{HeldRetries: 2, Policy: amqpretry.Policy{MaxAttempts: -2}})
+	_, err := New(sub, amqpretry.Config{Backend: delay.HeldRetries(2, 0, nil), Policy: amqpretry.Policy{MaxAttempts: -2}})
 	for _, want := range []string{
 		"invalid config", "Subscriber: Queue.GenerateName: required", "Subscriber: Consume.NoRequeueOnNack", "Subscriber: Marshaler: wamqp.otherMarshaler",
 		"Subscriber: Queue.Arguments: x-queue-type classic", "Policy.MaxAttempts: -2",
@@ -39,7 +39,7 @@ func TestNewValidatesEveryField(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "Subscriber: Connection.AmqpURI: required for the ttl-tiers backend") {
 		t.Errorf("no URI: %v", err)
 	}
-	_, err = New(Sub{}, amqpretry.Config{Backend: delay.Memory{}})
+	_, err = New(Sub{}, amqpretry.Config{Backend: delay.Memory(nil)})
 	if err == nil || !strings.Contains(err.Error(), "Backend.Publisher: required for the memory backend") {
 		t.Errorf("memory backend without Memory: %v", err)
 	}
@@ -49,7 +49,7 @@ func TestNewValidatesEveryField(t *testing.T) {
 // nothing of the Retry; the marshaler still marks deliveries, and the queue arguments
 // are left as they are when the work queues hold no retries.
 func TestInProcessLeavesTheSubscriberAlone(t *testing.T) {
-	w, err := New(Sub{QueueName: func(topic string) string { return topic }}, amqpretry.Config{Backend: delay.Memory{Publisher: discard{}}})
+	w, err := New(Sub{QueueName: func(topic string) string { return topic }}, amqpretry.Config{Backend: delay.Memory(discard{})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,21 +75,23 @@ func (discard) Close() error                              { return nil }
 
 // counted is a backend value that counts how often it is opened.
 type counted struct {
-	delay.Memory
+	delay.Backend
 	opens *int
 }
 
 func (c counted) Open(s backend.Setup) (backend.Backend, error) {
 	*c.opens++
-	return c.Memory.Open(s)
+	return c.Backend.(backend.Opener).Open(s)
 }
+
+func (c counted) Backends() []backend.Opener { return c.Backend.(backend.Opener).Backends() }
 
 // TestNewDerivesOnce: the transport's New derives the Config once and hands it down:
 // the backend is opened once to plan and validate and once to run, whatever the
 // transport, the middleware and the wiring read of it.
 func TestNewDerivesOnce(t *testing.T) {
 	opens := 0
-	w, err := New(Sub{QueueName: func(topic string) string { return topic }}, amqpretry.Config{Backend: counted{delay.Memory{Publisher: discard{}}, &opens}})
+	w, err := New(Sub{QueueName: func(topic string) string { return topic }}, amqpretry.Config{Backend: counted{delay.Memory(discard{}), &opens}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +125,7 @@ func TestPoisonQueueNamedLikeTheOneWorkQueue(t *testing.T) {
 // argument of the user's that gives one of them another value is refused by New,
 // named (issue 51).
 func TestWorkQueueArgsOfHeldRetries(t *testing.T) {
-	cfg := amqpretry.Config{Prefix: "app", Backend: delay.DelayedRetry{Delay: 2 * time.Second}}
+	cfg := amqpretry.Config{Prefix: "app", Backend: delay.DelayedRetry(2 * time.Second)}
 	needed := cfg.Derived().WorkQueueArgs
 	want := amqp.Table{"x-queue-type": "quorum", "x-delayed-retry-type": "returned", "x-delayed-retry-min": int64(2000), "x-delayed-retry-max": int64(2000),
 		"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "app.poison"}
@@ -146,7 +148,7 @@ func TestWorkQueueArgsOfHeldRetries(t *testing.T) {
 		QueueArgs: amqp.Table{"x-delayed-retry-type": "all", "x-delayed-retry-max": int64(60000), "x-dead-letter-routing-key": "mine"}}
 	_, err := New(sub, cfg)
 	for _, w := range []string{
-		`Subscriber: Queue.Arguments: x-delayed-retry-max 60000: a work queue that holds delayed retries needs x-delayed-retry-max 2000, which the subscriber config adds (the delayed-retry backend's Delay sets it): leave it out of Queue.Arguments`,
+		`Subscriber: Queue.Arguments: x-delayed-retry-max 60000: a work queue that holds delayed retries needs x-delayed-retry-max 2000, which the subscriber config adds (the delayed-retry backend's delay sets it): leave it out of Queue.Arguments`,
 		`Subscriber: Queue.Arguments: x-delayed-retry-type all: a work queue that holds delayed retries needs x-delayed-retry-type "returned", which the subscriber config adds: leave it out of Queue.Arguments`,
 	} {
 		if err == nil || !strings.Contains(err.Error(), w) {

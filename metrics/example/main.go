@@ -86,9 +86,15 @@ func run() error {
 		amqpCfg = amqp3.Config{}
 	}
 	settings := delay.Settings{Tiers: []time.Duration{time.Second, 2 * time.Second}, Delay: time.Second}
+	if v := os.Getenv("HELD_RETRIES"); v != "" {
+		var err error
+		if settings.HeldRetries, err = strconv.Atoi(v); err != nil {
+			return fmt.Errorf("HELD_RETRIES: %w", err)
+		}
+	}
 	name := os.Getenv("DELAY_BACKEND")
 	if goChannel != nil {
-		name, settings.Publisher = delay.Memory{}.Name(), goChannel
+		name, settings.Publisher = delay.Memory(nil).Name(), goChannel
 	}
 	backend, err := delay.Parse(name, settings)
 	if err != nil {
@@ -100,13 +106,7 @@ func run() error {
 		Policy:  amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{time.Second, 2 * time.Second}, Jitter: -1},
 		Logger:  logger,
 	}
-	if v := os.Getenv("HELD_RETRIES"); v != "" {
-		var err error
-		if cfg.HeldRetries, err = strconv.Atoi(v); err != nil {
-			return fmt.Errorf("HELD_RETRIES: %w", err)
-		}
-	}
-	if name == (delay.DelayedRetry{}).Name() {
+	if name == (delay.DelayedRetry(0)).Name() {
 		// One constant delay per work queue: RabbitMQ 4.3 holds every retry for it.
 		cfg.Policy = amqpretry.Policy{MaxAttempts: 4}
 	}

@@ -33,7 +33,7 @@ func run() error {
 	}
 	runID := watermill.NewShortUUID()[:8]
 	cfg := scenarioConfig(runID, logger)
-	cfg.Backend = delay.DeliveryTime{}
+	cfg.Backend = delay.DeliveryTime()
 	topic := scenarioTopic(cfg)
 
 	retry, err := amqp1.NewRetry(amqp1.SubscriberConfig{URI: uri}, cfg)
@@ -49,7 +49,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("RabbitMQ at %s over AMQP 1.0, delay backend %s.\n", redactURI(uri), delay.DeliveryTime{})
+	fmt.Printf("RabbitMQ at %s over AMQP 1.0, delay backend %s.\n", redactURI(uri), delay.DeliveryTime())
 	return runScenario(runID, topic, setup{
 		Retry: retry, Publisher: pub, Poison: poison,
 		PoisonQueue: cfg.WithDefaults().PoisonQueue,

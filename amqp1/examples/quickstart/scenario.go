@@ -7,11 +7,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -69,7 +71,11 @@ func scenarioConfig(runID string, logger watermill.LoggerAdapter) amqpretry.Conf
 		prefix = p
 	}
 	return amqpretry.Config{
-		Backend:  must(delay.Parse(os.Getenv("DELAY_BACKEND"), delay.Settings{Tiers: []time.Duration{time.Second, 2 * time.Second, 4 * time.Second}})),
+		// HELD_RETRIES (RabbitMQ 4.3): the first retries held in the work queue, 1s apart.
+		Backend: must(delay.Parse(os.Getenv("DELAY_BACKEND"), delay.Settings{
+			Tiers:       []time.Duration{time.Second, 2 * time.Second, 4 * time.Second},
+			HeldRetries: must(strconv.Atoi(cmp.Or(os.Getenv("HELD_RETRIES"), "0"))),
+		})),
 		Prefix:   prefix,
 		Policy:   amqpretry.Policy{MaxAttempts: 4, Delays: amqpretry.Exponential(time.Second, 2, 10*time.Minute), Jitter: -1},
 		Topology: topology.Mode(os.Getenv("TOPOLOGY")),

@@ -55,7 +55,7 @@ func run(prefix string, handlers, sabotage int) error {
 	}
 	logger := watermill.NewStdLoggerWithOut(os.Stderr, false, false)
 	retry, err := amqp1.NewRetry(amqp1.SubscriberConfig{URI: uri, ContainerID: noloss1.ContainerID(prefix)}, amqpretry.Config{
-		Backend: delay.DeliveryTime{},
+		Backend: delay.DeliveryTime(),
 		Prefix:  prefix,
 		Policy:  amqpretry.Policy{MaxAttempts: noloss1.MaxAttempts, Delays: []time.Duration{noloss1.RetryDelay}, Jitter: -1},
 		// Its fates fail messages by attempt, in waves, which can look like an outage

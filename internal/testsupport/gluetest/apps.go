@@ -30,7 +30,7 @@ import (
 // handled. (Before, the panic went through the middleware to Recoverer, whose error
 // the router nacked with requeue: redelivered at wire speed, the queue blocked.)
 func PanicUnderRecovererIsRetriedThenPoisonedWithItsStack(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{time.Millisecond}, Jitter: -1}
 	logs := &logCapture{}
 	s.cfg.Logger = logs
@@ -97,7 +97,7 @@ type orderPlaced struct {
 // one that fails once is handled again, and its handler, which gets a context and not
 // the message, reads each attempt from it (amqpretry.AttemptFromContext).
 func CQRSEventsUndecodableAtOnceAttemptFromContext(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{time.Millisecond}, Jitter: -1}
 	r := newRetry(t, m, s.sub, s.cfg)
 	var mu sync.Mutex

@@ -49,7 +49,7 @@ type (
 // On RabbitMQ 4.3 it runs with delayed-retry too: the broker holds the failed delivery
 // in the handler's queue, and the event's two handlers get the same message UUID.
 func CQRSHandlersShareOneRetry(t *testing.T, m Major) {
-	for _, backend := range []delay.Backend{delay.TTLTiers{}, delay.DelayedRetry{}} {
+	for _, backend := range []delay.Backend{delay.TTLTiers(), delay.DelayedRetry(0)} {
 		t.Run(backend.Name(), func(t *testing.T) { cqrsHandlersShareOneRetry(t, m, backend) })
 	}
 }
@@ -60,9 +60,9 @@ func cqrsHandlersShareOneRetry(t *testing.T, m Major, backend delay.Backend) {
 	handoffName, subName := prefix+".handoff", prefix+".sub"
 	s := Sub{URI: brokertest.URI(), Group: "bookings", Connection: &amqp.Config{Properties: amqp.Table{"connection_name": handoffName}}}
 	cfg := amqpretry.Config{Backend: withTiers(backend, 500*time.Millisecond), Prefix: prefix, Policy: amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}, Logger: Logger()}
-	if backend == (delay.DelayedRetry{}) {
+	if backend == (delay.DelayedRetry(0)) {
 		need43(t)
-		s.QueueArgs, cfg.Backend = quorum, delay.DelayedRetry{Delay: 400 * time.Millisecond}
+		s.QueueArgs, cfg.Backend = quorum, delay.DelayedRetry(400*time.Millisecond)
 		cfg.Policy = amqpretry.Policy{} // the queue's one delay
 	}
 	r := newRetry(t, m, s, cfg)
@@ -261,7 +261,7 @@ func mapsEqual(a, b map[string]int) bool {
 func MiswiredSubscriberIsRefusedAtSubscribe(t *testing.T, m Major) {
 	brokertest.Dial(t)
 	prefix := brokertest.Prefix(t)
-	r := newRetry(t, m, Sub{URI: brokertest.URI(), Group: "bookings"}, amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second}}, Logger: Logger()})
+	r := newRetry(t, m, Sub{URI: brokertest.URI(), Group: "bookings"}, amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers(time.Second), Logger: Logger()})
 	topic := prefix + ".main.roomBooked"
 	perHandler := func(topic string) string { return topic + "_invoice" }
 	brokertest.Cleanup(t, []string{prefix + ".poison", topic + "_invoice", topic + "_invoice.v2", topic + "_bookings"}, []string{topic, prefix + ".poison"})
@@ -343,7 +343,7 @@ func queueExists(t *testing.T, queue string) bool {
 // subscriber built from PoisonSubscriberConfig(), whatever the topic: each message
 // carries its Envelope, and an acked one is gone.
 func PoisonQueueReadFromGo(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	r := newRetry(t, m, s.sub, s.cfg)
 	rec := newRecorder(func(*message.Message) error { return amqpretry.Permanent(errors.New("room does not exist")) })
 	run(t, m, r, s.topic, rec.handle, rec.settle)
@@ -385,7 +385,7 @@ func CQRSWarmingHandlerNeverStallsItsQueue(t *testing.T, m Major) {
 	prefix := brokertest.Prefix(t)
 	obs := &events{}
 	cfg := amqpretry.Config{
-		Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second}},
+		Backend: delay.TTLTiers(time.Second),
 		Prefix:  prefix,
 		Policy:  amqpretry.Policy{Delays: []time.Duration{time.Second}, Jitter: -1},
 		Observe: obs.observe,

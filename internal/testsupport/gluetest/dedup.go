@@ -63,9 +63,9 @@ func DedupDropsDuplicatesNeverRetries(t *testing.T, m Major) {
 		need43  bool
 		modes   []dedupMode
 	}{
-		{delay.TTLTiers{}, false, append(modes, controls...)},
-		{delay.BinaryLevels{}, false, modes},
-		{delay.DelayedRetry{}, true, append(modes, controls[1])},
+		{delay.TTLTiers(), false, append(modes, controls...)},
+		{delay.BinaryLevels(0), false, modes},
+		{delay.DelayedRetry(0), true, append(modes, controls[1])},
 	} {
 		for _, mode := range b.modes {
 			t.Run(b.backend.Name()+"/"+mode.name, func(t *testing.T) {
@@ -116,9 +116,9 @@ func (h *dedupHandler) counts() (handled, runs int) {
 func dedupScenario(t *testing.T, m Major, backend delay.Backend, mode dedupMode) {
 	const total, failing = 300, 60
 	s := newSetup(t, m, backend)
-	if backend == (delay.DelayedRetry{}) {
+	if backend == (delay.DelayedRetry(0)) {
 		s.sub.QueueArgs = quorum
-		s.cfg.Backend = delay.DelayedRetry{Delay: 500 * time.Millisecond}
+		s.cfg.Backend = delay.DelayedRetry(500 * time.Millisecond)
 		s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3}
 	} else {
 		s.cfg.Backend = withTiers(s.cfg.Backend, 500*time.Millisecond, time.Second)

@@ -2,7 +2,7 @@ package gluetest
 
 // Tests of retries RabbitMQ 4.3 holds in the work queue itself (delayed retry of
 // quorum queues): the delayed-retry backend, and its first stage in front of a copying
-// backend (Config.HeldRetries).
+// backend (delay.HeldRetries).
 
 import (
 	"context"
@@ -84,10 +84,10 @@ func (e *events) of(kind amqpretry.EventKind) []amqpretry.Event {
 // but the poison queue (no delay queue, no exchange).
 func DelayedRetry(t *testing.T, m Major) {
 	need43(t)
-	s := newSetup(t, m, delay.DelayedRetry{})
+	s := newSetup(t, m, delay.DelayedRetry(0))
 	const held = 400 * time.Millisecond
 	s.sub.QueueArgs = quorum
-	s.cfg.Backend = delay.DelayedRetry{Delay: held}
+	s.cfg.Backend = delay.DelayedRetry(held)
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3}
 	obs := &events{}
 	s.cfg.Observe = obs.observe
@@ -141,7 +141,7 @@ func DelayedRetry(t *testing.T, m Major) {
 		t.Errorf("poisoned %v, want doomed for max-attempts and perm for permanent", reasons)
 	}
 	for _, ev := range obs.of(amqpretry.EventRetryScheduled) {
-		if ev.Backend != (delay.DelayedRetry{}).Name() || ev.Effective != held {
+		if ev.Backend != (delay.DelayedRetry(0)).Name() || ev.Effective != held {
 			t.Errorf("retry event %+v, want backend delayed-retry, effective %s", ev, held)
 		}
 	}
@@ -170,17 +170,17 @@ func DelayedRetry(t *testing.T, m Major) {
 	}
 }
 
-// HeldRetriesThenCopies: the first HeldRetries retries wait in the work queue
+// HeldRetriesThenCopies: the first delay.HeldRetries retries wait in the work queue
 // (no copy; the envelope the process kept is in the metadata when they come back, as
 // on a copy), the later ones go through ttl-tiers with the policy's schedule started
 // again from its first delay; a RetryAfter skips the first stage, to the copying
 // backend at once.
 func HeldRetriesThenCopies(t *testing.T, m Major) {
 	need43(t)
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	const held = 300 * time.Millisecond
 	s.sub.QueueArgs = quorum
-	s.cfg.HeldRetries, s.cfg.DelayedRetryDelay = 2, held
+	s.cfg.Backend = delay.HeldRetries(2, held, s.cfg.Backend)
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{500 * time.Millisecond, 2 * time.Second}, Jitter: -1}
 	r := newRetry(t, m, s.sub, s.cfg)
 	rec := newRecorder(func(msg *message.Message) error {
@@ -248,7 +248,7 @@ func HeldRetriesThenCopies(t *testing.T, m Major) {
 // backend alone the message is poisoned, saying why.
 func DelayedRetryOnAQueueWithoutItFallsBackLoudly(t *testing.T, m Major) {
 	need43(t)
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	s.sub.QueueArgs = quorum
 	ch, err := brokertest.Dial(t).Channel()
 	if err != nil {
@@ -257,7 +257,7 @@ func DelayedRetryOnAQueueWithoutItFallsBackLoudly(t *testing.T, m Major) {
 	if _, err := ch.QueueDeclare(s.topic, true, false, false, false, quorum); err != nil {
 		t.Fatal(err)
 	}
-	s.cfg.HeldRetries, s.cfg.DelayedRetryDelay = 2, 2*time.Second
+	s.cfg.Backend = delay.HeldRetries(2, 2*time.Second, s.cfg.Backend)
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 
 	t.Run("declare", func(t *testing.T) {
@@ -267,8 +267,9 @@ func DelayedRetryOnAQueueWithoutItFallsBackLoudly(t *testing.T, m Major) {
 			t.Fatalf("Subscribe = %v, want the argument clash with the policy fix", err)
 		}
 	})
-	// ttl-tiers with newSetup's tiers; delayed-retry holding for DelayedRetryDelay.
-	held := delay.DelayedRetry{Delay: s.cfg.DelayedRetryDelay}
+	// ttl-tiers with newSetup's tiers behind the held retries; delayed-retry holding
+	// for the held retries' delay.
+	held := delay.DelayedRetry(2 * time.Second)
 	for _, name := range []delay.Backend{s.cfg.Backend, held} {
 		t.Run("none/"+name.Name(), func(t *testing.T) {
 			cfg := s.cfg
@@ -319,12 +320,12 @@ func DelayedRetryRefusedBefore43(t *testing.T, m Major) {
 	sub := Sub{URI: brokertest.URI(), QueueArgs: quorum}
 	if !version.DelayedRetry(v) {
 		for _, cfg := range []amqpretry.Config{
-			{Prefix: prefix, Backend: delay.DelayedRetry{}},
-			{Prefix: prefix, HeldRetries: 2, Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second}}},
+			{Prefix: prefix, Backend: delay.DelayedRetry(0)},
+			{Prefix: prefix, Backend: delay.HeldRetries(2, 0, delay.TTLTiers(time.Second))},
 		} {
 			_, err := m.New(sub, cfg)
 			if !errors.Is(err, delay.ErrUnsupported) || !strings.Contains(err.Error(), "4.3") || !strings.Contains(err.Error(), v) {
-				t.Errorf("New(%s, %d held retries) on %s = %v, want ErrUnsupported naming 4.3", cfg.Backend, cfg.HeldRetries, v, err)
+				t.Errorf("New(%s) on %s = %v, want ErrUnsupported naming 4.3", cfg.Backend, v, err)
 			}
 		}
 		// Refused before anything was declared.
@@ -337,8 +338,8 @@ func DelayedRetryRefusedBefore43(t *testing.T, m Major) {
 		}
 		return
 	}
-	_, err := m.New(sub, amqpretry.Config{Prefix: prefix, Backend: delay.DelayedExchange{}})
-	if !errors.Is(err, delay.ErrPluginMissing) || !strings.Contains(err.Error(), "cannot run") || !strings.Contains(err.Error(), delay.BinaryLevels{}.Name()) {
+	_, err := m.New(sub, amqpretry.Config{Prefix: prefix, Backend: delay.DelayedExchange()})
+	if !errors.Is(err, delay.ErrPluginMissing) || !strings.Contains(err.Error(), "cannot run") || !strings.Contains(err.Error(), delay.BinaryLevels(0).Name()) {
 		t.Errorf("delayed-exchange on %s: %v, want ErrPluginMissing saying the plugin cannot run and naming what to use", v, err)
 	}
 }
@@ -357,9 +358,9 @@ func DelayedRetryWaitsThroughFaults(t *testing.T, m Major) {
 	need43(t)
 	for _, fault := range [][]string{{"close_all_connections", "test"}, {"stop_app"}} {
 		t.Run(fault[0], func(t *testing.T) {
-			s := newSetup(t, m, delay.DelayedRetry{})
+			s := newSetup(t, m, delay.DelayedRetry(0))
 			s.sub.QueueArgs = quorum
-			s.cfg.Backend = delay.DelayedRetry{Delay: 5 * time.Second}
+			s.cfg.Backend = delay.DelayedRetry(5 * time.Second)
 			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3}
 			r := newRetry(t, m, s.sub, s.cfg)
 			rec := newRecorder(failFirst(1))
@@ -380,10 +381,10 @@ func DelayedRetryWaitsThroughFaults(t *testing.T, m Major) {
 			} else if out, err := brokertest.Ctl(ctx, fault...); err != nil {
 				t.Fatalf("%v\n%s", err, out)
 			}
-			// The held retries come due DelayedRetryDelay after their failure, and are
+			// The held retries come due their delay (5s) after their failure, and are
 			// delivered once the subscriber is back: bound both, with a margin for a
 			// loaded machine.
-			bound := s.cfg.DelayedRetryDelay + reconnectBound(outage) + 30*time.Second
+			bound := 5*time.Second + reconnectBound(outage) + 30*time.Second
 			calls := rec.waitCalls(t, 2*n, bound)
 			t.Logf("%s: broker out %s; all %d retries handled %s after the fault (bound %s)", fault[0],
 				outage.Round(time.Millisecond), n, time.Since(faulted).Round(time.Millisecond), bound.Round(time.Millisecond))
@@ -411,9 +412,9 @@ func DelayedRetryWaitsThroughFaults(t *testing.T, m Major) {
 // and a retry the queue held for the delayed-retry config comes back to it.
 func CopyingBackendOnADelayedRetryQueueKeepsIt(t *testing.T, m Major) {
 	need43(t)
-	s := newSetup(t, m, delay.DelayedRetry{})
+	s := newSetup(t, m, delay.DelayedRetry(0))
 	s.sub.QueueArgs = quorum
-	s.cfg.Backend = delay.DelayedRetry{Delay: 2 * time.Second}
+	s.cfg.Backend = delay.DelayedRetry(2 * time.Second)
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 4}
 	old := newRetry(t, m, s.sub, s.cfg)
 	oldRec := newRecorder(failFirst(1))
@@ -431,7 +432,7 @@ func CopyingBackendOnADelayedRetryQueueKeepsIt(t *testing.T, m Major) {
 	}
 
 	cfg := s.cfg
-	cfg.Backend, cfg.Policy = delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}}, amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
+	cfg.Backend, cfg.Policy = delay.TTLTiers(500*time.Millisecond), amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 	_, err = m.Subscriber(t, newRetry(t, m, s.sub, cfg)).Subscribe(context.Background(), s.topic)
 	if err == nil || !strings.Contains(err.Error(), "x-delayed-retry") || !strings.Contains(err.Error(), "Queue.Arguments") || strings.Contains(err.Error(), "delete it and") {
 		t.Fatalf("Subscribe = %v, want the argument clash with the fix: keep the arguments", err)

@@ -56,14 +56,14 @@ func PoisonQueueGoneNeverRerunsTheHandler(t *testing.T, m Major) {
 		mode    topology.Mode
 		backend delay.Backend
 	}{
-		{topology.ModeVerify, delay.TTLTiers{}},
-		{topology.ModeDeclare, delay.TTLTiers{}},
+		{topology.ModeVerify, delay.TTLTiers()},
+		{topology.ModeDeclare, delay.TTLTiers()},
 		// Held in place: set aside in the work queue itself (RabbitMQ 4.3).
-		{topology.ModeNone, delay.DelayedRetry{}},
+		{topology.ModeNone, delay.DelayedRetry(0)},
 	} {
 		mode := tc.mode
 		t.Run(string(mode)+" "+tc.backend.Name(), func(t *testing.T) {
-			if tc.backend == (delay.DelayedRetry{}) {
+			if tc.backend == (delay.DelayedRetry(0)) {
 				need43(t)
 			}
 			s := newSetup(t, m, tc.backend)
@@ -78,7 +78,7 @@ func PoisonQueueGoneNeverRerunsTheHandler(t *testing.T, m Major) {
 				t.Fatal(err)
 			}
 			if mode == topology.ModeNone {
-				s.cfg.Backend = delay.DelayedRetry{Delay: 300 * time.Millisecond}
+				s.cfg.Backend = delay.DelayedRetry(300 * time.Millisecond)
 			}
 			plan, err := s.cfg.Plan(s.topic)
 			if err != nil {
@@ -195,10 +195,10 @@ func PoisonQueueGoneNeverRerunsTheHandler(t *testing.T, m Major) {
 // logged, naming the order to close in; Close logged what it did before, and a second
 // Close does nothing.
 func CloseBeforeTheRouterHandsNothingOff(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	logs := &logCapture{}
 	s.cfg.Logger = logs
-	s.cfg.Backend = delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}}
+	s.cfg.Backend = delay.TTLTiers(500 * time.Millisecond)
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 	r := newRetry(t, m, s.sub, s.cfg)
 	rec := newRecorder(func(*message.Message) error { return errFlaky })
@@ -276,7 +276,7 @@ func CloseBeforeTheRouterHandsNothingOff(t *testing.T, m Major) {
 // ForgottenCloseIsWarnedAndClosed: a Retry dropped without Close is found by the
 // garbage collector: a WARN says so, and its hand-off connection is closed.
 func ForgottenCloseIsWarnedAndClosed(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	logs := &logCapture{}
 	s.cfg.Logger = logs
 	plan, err := s.cfg.Plan()
@@ -309,10 +309,10 @@ func ForgottenCloseIsWarnedAndClosed(t *testing.T, m Major) {
 // due: it never comes back early. The adjustment is logged below ERROR.
 func RetryAfterIsNeverUndercutOnDelayedRetry(t *testing.T, m Major) {
 	need43(t)
-	s := newSetup(t, m, delay.DelayedRetry{})
+	s := newSetup(t, m, delay.DelayedRetry(0))
 	const held, after = 400 * time.Millisecond, 700 * time.Millisecond
 	s.sub.QueueArgs = quorumToPoison(s) // no ERROR about a quorum queue that drops
-	s.cfg.Backend = delay.DelayedRetry{Delay: held}
+	s.cfg.Backend = delay.DelayedRetry(held)
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3}
 	logs := &logCapture{}
 	s.cfg.Logger = logs
@@ -342,9 +342,9 @@ func RetryAfterIsNeverUndercutOnDelayedRetry(t *testing.T, m Major) {
 // parked again when it comes back, until it is due: the handler never sees it early.
 // The adjustment is logged below ERROR.
 func RetryAfterIsNeverUndercutOnTTLTiers(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	const after = 1200 * time.Millisecond
-	s.cfg.Backend = delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}}
+	s.cfg.Backend = delay.TTLTiers(500 * time.Millisecond)
 	logs := &logCapture{}
 	s.cfg.Logger = logs
 	r := newRetry(t, m, s.sub, s.cfg)
@@ -378,9 +378,9 @@ func RetryAfterIsNeverUndercutOnTTLTiers(t *testing.T, m Major) {
 // back after the longest tier). Validate accepts it, start-up says so at INFO, and
 // nothing is logged at ERROR.
 func PolicyDelayPastTheLongestTierIsNeverEarly(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	const tier, asked = time.Second, 3 * time.Second
-	s.cfg.Backend = delay.TTLTiers{Tiers: []time.Duration{tier}}
+	s.cfg.Backend = delay.TTLTiers(tier)
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{asked}, Jitter: -1}
 	if err := s.cfg.Validate(); err != nil {
 		t.Fatalf("Validate() = %v, want accepted (parked again until due)", err)

@@ -52,7 +52,7 @@ func RouterWideMiddlewaresOfTwoGroupsEachRetryTheirOwn(t *testing.T, m Major) {
 			recs := map[string]*recorder{}
 			for _, group := range groups {
 				retries[group] = newRetry(t, m, Sub{URI: brokertest.URI(), Group: group},
-					amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}}, Policy: amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}, Logger: Logger()})
+					amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers(500 * time.Millisecond), Policy: amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}, Logger: Logger()})
 				recs[group] = newRecorder(failFirst(1))
 				brokertest.Cleanup(t, []string{topic + "_" + group}, nil)
 			}
@@ -116,7 +116,7 @@ func RouterWideMiddlewaresOfTwoGroupsEachRetryTheirOwn(t *testing.T, m Major) {
 // one line is logged at ERROR (the router's logger shares the Retry's: no "Handler
 // returned error" either). A canary behind it is handled.
 func SubscriberNotBuiltFromSubscriberConfigIsPoisonedAtOnce(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	logs := &logCapture{}
 	s.cfg.Logger = logs
 	r := newRetry(t, m, s.sub, s.cfg)
@@ -180,7 +180,7 @@ func SubscriberNotBuiltFromSubscriberConfigIsPoisonedAtOnce(t *testing.T, m Majo
 // The refused message stays in its queue, at its head: a canary published behind it
 // is handled because the prefetch lets it through.
 func SubscriberWithoutTheMiddlewareIsRefusedNotLooped(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	logs := &logCapture{}
 	s.cfg.Logger = logs
 	s.sub.Prefetch = 10
@@ -236,7 +236,7 @@ func SubscriberWithoutTheMiddlewareIsRefusedNotLooped(t *testing.T, m Major) {
 // runs. The first poisoning is returned unroutable, declares the queue again and goes
 // through: the handler runs once, no hot loop, and a canary flows.
 func DeletedPoisonQueueIsDeclaredAgain(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	r := newRetry(t, m, s.sub, s.cfg)
 	poison := s.prefix + ".poison"
 	ch, err := brokertest.Dial(t).Channel()
@@ -271,8 +271,8 @@ func DeletedPoisonQueueIsDeclaredAgain(t *testing.T, m Major) {
 // redelivered at wire speed: it runs backend.HandoffAttempts times with growing pauses, then
 // lands in the poison queue, once, while a canary is handled.
 func HandoffThatKeepsFailingBacksOffThenPoisons(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
-	s.cfg.Backend = delay.TTLTiers{Tiers: []time.Duration{10 * time.Second}}
+	s := newSetup(t, m, delay.TTLTiers())
+	s.cfg.Backend = delay.TTLTiers(10 * time.Second)
 	s.cfg.Policy = amqpretry.Policy{Delays: []time.Duration{10 * time.Second}, Jitter: -1}
 	r := newRetry(t, m, s.sub, s.cfg)
 	ctx := context.Background()
@@ -393,7 +393,7 @@ func UndecodableHeadersReachTheHandlerAndSurviveEveryHop(t *testing.T, m Major) 
 	} else {
 		t.Log("this amqp091-go cannot read a header nested 70 deep: tested without it")
 	}
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 	r := newRetry(t, m, s.sub, s.cfg)
 	rec := newRecorder(func(msg *message.Message) error {
@@ -442,7 +442,7 @@ func UnreadableHeadersEndInThePoisonQueue(t *testing.T, m Major) {
 		t.Skip("this amqp091-go cannot read the header, so watermill-amqp reconnects, which races with itself (ConnectionWrapper, v2.1.3 and v3.0.2): run without -race (scripts/newest.sh does)")
 	}
 	const limit = 3
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	s.sub.QueueArgs = quorumToPoison(s)
 	s.sub.QueueArgs["x-delivery-limit"] = int32(limit)
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: limit}
@@ -503,7 +503,7 @@ func poisonedMetadata(t *testing.T, d amqp.Delivery) message.Metadata {
 // trimmed, then the message is poisoned without the oversized header, which is named.
 // Other hand-offs keep working: a canary fails once and is retried.
 func HeadersNearFrameMaxArePoisonedWithTheHeadersThatFit(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	s.cfg.Policy = amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 	r := newRetry(t, m, s.sub, s.cfg)
 	rec := newRecorder(func(msg *message.Message) error {
@@ -541,7 +541,7 @@ func HeadersNearFrameMaxArePoisonedWithTheHeadersThatFit(t *testing.T, m Major) 
 // is logged at ERROR (alerting on errors sees it; a logger with a Warn method gets it at
 // WARN), and Close logs what the Retry did.
 func PoisoningIsLoggedAtError(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	logs := &logCapture{}
 	s.cfg.Logger = logs
 	r := newRetry(t, m, s.sub, s.cfg)
@@ -576,7 +576,7 @@ func PoisoningIsLoggedAtError(t *testing.T, m Major) {
 // TraceContextSurvivesRetryAndPoison: W3C trace context in the metadata travels with
 // every retry and with the poisoned copy, so a trace spans the whole story.
 func TraceContextSurvivesRetryAndPoison(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 	r := newRetry(t, m, s.sub, s.cfg)
 	rec := newRecorder(func(*message.Message) error { return errFlaky })
@@ -605,7 +605,7 @@ func TraceContextSurvivesRetryAndPoison(t *testing.T, m Major) {
 // back; the broker's x-death on the retry is not encoded at all (the retry subscriber
 // leaves it out). The headers reach the second attempt as they reached the first.
 func WorkPerCopyIsEncodeOnReceipt(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 	r := newRetry(t, m, s.sub, s.cfg)
 	rec := newRecorder(failFirst(1))

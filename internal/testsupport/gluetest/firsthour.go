@@ -62,7 +62,7 @@ func runHandler(t *testing.T, r Retry, topic string, h message.NoPublishHandlerF
 // runs. And where the work queue exists already, New refuses the poison queue's name
 // before it declares anything.
 func PoisonQueueNamedLikeTheWorkQueue(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	logs := &logCapture{}
 	s.cfg.Logger = logs
 	wrong := s.cfg
@@ -141,7 +141,7 @@ func exchangeExists(t *testing.T, exchange string) bool {
 
 // HeldRetriesStartWithNoError: on RabbitMQ 4.3, delayed retries on the setups the docs
 // give: the README's durable queue config (no queue arguments), docs/cqrs.md's
-// x-queue-type quorum, and ttl-tiers with HeldRetries. The subscriber config gives the
+// x-queue-type quorum, and ttl-tiers with delay.HeldRetries. The subscriber config gives the
 // work queue every argument it needs, the poison queue as its dead-letter target
 // included, so that nothing is logged at ERROR from New to Close, a failed message
 // retried included (before: "Work queues drop what they cannot deliver" at start).
@@ -154,19 +154,19 @@ func HeldRetriesStartWithNoError(t *testing.T, m Major) {
 		args    amqp.Table
 		policy  amqpretry.Policy
 	}{
-		{"delayed-retry, durable queue config", delay.DelayedRetry{}, 0, nil, amqpretry.Policy{MaxAttempts: 3}},
-		{"delayed-retry, x-queue-type quorum", delay.DelayedRetry{}, 0, quorum, amqpretry.Policy{MaxAttempts: 3}},
-		{"ttl-tiers with HeldRetries", delay.TTLTiers{}, 1, nil, amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}},
+		{"delayed-retry, durable queue config", delay.DelayedRetry(0), 0, nil, amqpretry.Policy{MaxAttempts: 3}},
+		{"delayed-retry, x-queue-type quorum", delay.DelayedRetry(0), 0, quorum, amqpretry.Policy{MaxAttempts: 3}},
+		{"ttl-tiers with HeldRetries", delay.TTLTiers(), 1, nil, amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			need43(t)
 			s := newSetup(t, m, tc.backend)
 			logs := &logCapture{}
-			s.cfg.Logger, s.cfg.HeldRetries = logs, tc.held
+			s.cfg.Logger = logs
 			if tc.held > 0 {
-				s.cfg.DelayedRetryDelay = 300 * time.Millisecond
+				s.cfg.Backend = delay.HeldRetries(tc.held, 300*time.Millisecond, s.cfg.Backend)
 			} else {
-				s.cfg.Backend = delay.DelayedRetry{Delay: 300 * time.Millisecond}
+				s.cfg.Backend = delay.DelayedRetry(300 * time.Millisecond)
 			}
 			s.cfg.Policy = tc.policy
 			s.sub.QueueArgs = tc.args
@@ -190,10 +190,10 @@ func HeldRetriesStartWithNoError(t *testing.T, m Major) {
 		})
 	}
 	t.Run("conflicting queue arguments", func(t *testing.T) {
-		s := newSetup(t, m, delay.DelayedRetry{})
+		s := newSetup(t, m, delay.DelayedRetry(0))
 		s.sub.QueueArgs = amqp.Table{"x-queue-type": "quorum", "x-delayed-retry-min": int64(5000), "x-dead-letter-exchange": "app.dlx"}
 		_, err := m.New(s.sub, s.cfg)
-		want := `Subscriber: Queue.Arguments: x-delayed-retry-min 5000: a work queue that holds delayed retries needs x-delayed-retry-min 1000, which the subscriber config adds (the delayed-retry backend's Delay sets it): leave it out of Queue.Arguments`
+		want := `Subscriber: Queue.Arguments: x-delayed-retry-min 5000: a work queue that holds delayed retries needs x-delayed-retry-min 1000, which the subscriber config adds (the delayed-retry backend's delay sets it): leave it out of Queue.Arguments`
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Fatalf("New = %v, want %s", err, want)
 		}

@@ -299,8 +299,8 @@ func newSetup(t *testing.T, m Major, backend delay.Backend) setup {
 	brokertest.Dial(t)
 	prefix := brokertest.Prefix(t)
 	s := setup{prefix: prefix, topic: prefix + ".work", sub: Sub{URI: brokertest.URI()}}
-	if backend.Name() == (delay.Memory{}).Name() { // the scenarios give it no publisher
-		backend = delay.Memory{Publisher: m.Publisher(t, s.sub)}
+	if backend.Name() == (delay.Memory(nil)).Name() { // the scenarios give it no publisher
+		backend = delay.Memory(m.Publisher(t, s.sub))
 	}
 	s.cfg = amqpretry.Config{
 		Backend: withTiers(backend, 500*time.Millisecond, 2*time.Second, 4*time.Second),
@@ -314,8 +314,8 @@ func newSetup(t *testing.T, m Major, backend delay.Backend) setup {
 // withTiers returns b with the given tiers if it is ttl-tiers, else b: the other
 // backends have no tiers.
 func withTiers(b delay.Backend, tiers ...time.Duration) delay.Backend {
-	if b.Name() == (delay.TTLTiers{}).Name() {
-		return delay.TTLTiers{Tiers: tiers}
+	if b.Name() == (delay.TTLTiers()).Name() {
+		return delay.TTLTiers(tiers...)
 	}
 	return b
 }

@@ -51,7 +51,7 @@ func LeastPrivilegeAfterTopologyApply(t *testing.T, m Major) {
 	queue := prefix + ".orders"
 	cfg := amqpretry.Config{
 		Prefix:   prefix,
-		Backend:  delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}},
+		Backend:  delay.TTLTiers(500 * time.Millisecond),
 		Policy:   amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1},
 		Topology: topology.ModeVerify,
 		Logger:   Logger(),
@@ -121,7 +121,7 @@ func LeastPrivilegeAfterTopologyApply(t *testing.T, m Major) {
 
 	// The quickstart runs the same way: TOPOLOGY=verify on what the admin created.
 	qsPrefix, qsQueue := prefix+"-qs", prefix+"-qs.orders"
-	qsPlan, err := amqpretry.Config{Prefix: qsPrefix, Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second, 2 * time.Second, 4 * time.Second}}}.Plan(qsQueue)
+	qsPlan, err := amqpretry.Config{Prefix: qsPrefix, Backend: delay.TTLTiers(time.Second, 2*time.Second, 4*time.Second)}.Plan(qsQueue)
 	if err != nil {
 		t.Fatal(err)
 	}

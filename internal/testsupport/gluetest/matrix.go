@@ -326,7 +326,7 @@ func newMatrixSetup(t *testing.T, rows []matrixMiddleware) matrixSetup {
 	// attempts: the Retrys of this matrix are built while the hook is set.
 	t.Cleanup(backend.SetHandoffAttemptsForTest(matrixAttempts))
 	s.cfg = amqpretry.Config{
-		Backend:  delay.TTLTiers{Tiers: []time.Duration{200 * time.Millisecond, 3 * time.Second}},
+		Backend:  delay.TTLTiers(200*time.Millisecond, 3*time.Second),
 		Prefix:   prefix,
 		Policy:   amqpretry.Policy{MaxAttempts: matrixAttempts, Delays: []time.Duration{200 * time.Millisecond}, Jitter: -1},
 		Topology: topology.ModeNone,

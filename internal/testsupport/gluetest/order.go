@@ -187,12 +187,12 @@ func OrderKeepsEachKeysOrder(t *testing.T, m Major) {
 		held    int
 	}
 	for _, v := range []variant{
-		{"ttl-tiers", delay.TTLTiers{}, 0},
-		{"binary-levels", delay.BinaryLevels{}, 0},
-		{"delayed-exchange", delay.DelayedExchange{}, 0},
-		{"memory", delay.Memory{}, 0},
-		{"delayed-retry", delay.DelayedRetry{}, 0},
-		{"held-retries", delay.TTLTiers{}, 2},
+		{"ttl-tiers", delay.TTLTiers(), 0},
+		{"binary-levels", delay.BinaryLevels(0), 0},
+		{"delayed-exchange", delay.DelayedExchange(), 0},
+		{"memory", delay.Memory(nil), 0},
+		{"delayed-retry", delay.DelayedRetry(0), 0},
+		{"held-retries", delay.TTLTiers(), 2},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			if testing.Short() && v.name != "ttl-tiers" {
@@ -203,7 +203,7 @@ func OrderKeepsEachKeysOrder(t *testing.T, m Major) {
 			if v.name == "delayed-retry" {
 				s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5}
 			}
-			s.cfg.HeldRetries = v.held
+			s.cfg.Backend = delay.HeldRetries(v.held, 0, s.cfg.Backend)
 			s.cfg.OrderKey = accountOf
 			ev := newOrderEvents()
 			s.cfg.Observe = ev.observe
@@ -269,7 +269,7 @@ func assertNoBehindQueues(t *testing.T, prefix, queue string, accounts int) {
 // the key's later messages wait on the broker, in its behind queue.
 func OrderOtherKeysFlow(t *testing.T, m Major) {
 	const others, seqs = 4, 5
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 	s.cfg.OrderKey = accountOf
 	cleanupBehind(t, s.prefix, s.topic, others+1)
@@ -328,7 +328,7 @@ func OrderPoisonedHead(t *testing.T, m Major) {
 		{"blocked until its head is redriven", true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newSetup(t, m, delay.TTLTiers{})
+			s := newSetup(t, m, delay.TTLTiers())
 			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 2, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 			s.cfg.OrderKey = accountOf
 			s.cfg.BlockOnPoison = tc.blockOnPoison
@@ -450,7 +450,7 @@ func queueReady(t *testing.T, queue string) int {
 // the fix.
 func OrderNeedsOneActiveConsumer(t *testing.T, m Major) {
 	t.Run("declared with one active consumer", func(t *testing.T) {
-		s := newSetup(t, m, delay.TTLTiers{})
+		s := newSetup(t, m, delay.TTLTiers())
 		s.cfg.OrderKey = accountOf
 		r := newRetry(t, m, s.sub, s.cfg)
 		rec := newRecorder(nil)
@@ -465,7 +465,7 @@ func OrderNeedsOneActiveConsumer(t *testing.T, m Major) {
 		}
 	})
 	t.Run("an existing queue without one is refused", func(t *testing.T) {
-		s := newSetup(t, m, delay.TTLTiers{})
+		s := newSetup(t, m, delay.TTLTiers())
 		ch, err := brokertest.Dial(t).Channel()
 		if err != nil {
 			t.Fatal(err)
@@ -497,7 +497,7 @@ func OrderNeedsOneActiveConsumer(t *testing.T, m Major) {
 		}
 	})
 	t.Run("competing consumers asked for are refused", func(t *testing.T) {
-		s := newSetup(t, m, delay.TTLTiers{})
+		s := newSetup(t, m, delay.TTLTiers())
 		s.cfg.OrderKey = accountOf
 		s.sub.QueueArgs = amqp.Table{"x-single-active-consumer": false}
 		_, err := m.New(s.sub, s.cfg)

@@ -37,10 +37,10 @@ func OutageIsNotAPoison(t *testing.T, m Major) {
 		quorum  bool
 		variant string
 	}{
-		{name: delay.TTLTiers{}},
-		{name: delay.BinaryLevels{}},
-		{name: delay.DelayedRetry{}, need43: true, quorum: true},
-		{name: delay.TTLTiers{}, held: 2, need43: true, quorum: true, variant: "+held"},
+		{name: delay.TTLTiers()},
+		{name: delay.BinaryLevels(0)},
+		{name: delay.DelayedRetry(0), need43: true, quorum: true},
+		{name: delay.TTLTiers(), held: 2, need43: true, quorum: true, variant: "+held"},
 	} {
 		t.Run(tc.name.Name()+tc.variant, func(t *testing.T) {
 			if tc.need43 {
@@ -50,14 +50,14 @@ func OutageIsNotAPoison(t *testing.T, m Major) {
 			if tc.quorum {
 				s.sub.QueueArgs = quorum
 			}
-			s.cfg.HeldRetries = tc.held
+			s.cfg.Backend = delay.HeldRetries(tc.held, 0, s.cfg.Backend)
 			// MaxAttempts 4: a fail-once message may lose two attempts to the outage
 			// (a run as it began, a probe) and still have one to spare. Each run is
 			// an attempt.
 			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 4, Delays: amqpretry.Exponential(500*time.Millisecond, 2, time.Second), Jitter: -1}
-			if tc.name == (delay.DelayedRetry{}) {
+			if tc.name == (delay.DelayedRetry(0)) {
 				s.cfg.Policy = amqpretry.Policy{MaxAttempts: 4}
-				s.cfg.Backend = delay.DelayedRetry{Delay: 500 * time.Millisecond}
+				s.cfg.Backend = delay.DelayedRetry(500 * time.Millisecond)
 			} else {
 				s.cfg.Backend = withTiers(s.cfg.Backend, 500*time.Millisecond, time.Second)
 			}
@@ -233,8 +233,8 @@ func OutageBeginsAtOnceOnUnavailableAndAnOpenBreaker(t *testing.T, m Major) {
 			name = "circuit-breaker"
 		}
 		t.Run(name, func(t *testing.T) {
-			s := newSetup(t, m, delay.TTLTiers{})
-			s.cfg.Backend = delay.TTLTiers{Tiers: []time.Duration{300 * time.Millisecond}}
+			s := newSetup(t, m, delay.TTLTiers())
+			s.cfg.Backend = delay.TTLTiers(300 * time.Millisecond)
 			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: amqpretry.Exponential(300*time.Millisecond, 2, 10*time.Minute), Jitter: -1}
 			// Consecutive is far above what the test fails: only the one error (or
 			// refusal) can begin the outage.
@@ -373,27 +373,27 @@ func CloseDuringAnOutageLosesNothing(t *testing.T, m Major) {
 		held    int
 		variant string
 	}{
-		{name: delay.TTLTiers{}},
-		{name: delay.DelayedRetry{}},
-		{name: delay.TTLTiers{}, held: 2, variant: "+held"},
+		{name: delay.TTLTiers()},
+		{name: delay.DelayedRetry(0)},
+		{name: delay.TTLTiers(), held: 2, variant: "+held"},
 	} {
-		counted := tc.name == (delay.DelayedRetry{}) || tc.held > 0 // the broker counts returns as attempts
+		counted := tc.name == (delay.DelayedRetry(0)) || tc.held > 0 // the broker counts returns as attempts
 		t.Run(tc.name.Name()+tc.variant, func(t *testing.T) {
 			if counted {
 				need43(t)
 			}
 			s := newSetup(t, m, tc.name)
 			s.sub.Prefetch = 4
-			s.cfg.HeldRetries = tc.held
+			s.cfg.Backend = delay.HeldRetries(tc.held, 0, s.cfg.Backend)
 			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3, Delays: amqpretry.Exponential(300*time.Millisecond, 2, 10*time.Minute), Jitter: -1}
 			if counted {
 				s.sub.QueueArgs = quorum
 			}
-			if tc.name == (delay.DelayedRetry{}) {
+			if tc.name == (delay.DelayedRetry(0)) {
 				s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3}
-				s.cfg.Backend = delay.DelayedRetry{Delay: 300 * time.Millisecond}
+				s.cfg.Backend = delay.DelayedRetry(300 * time.Millisecond)
 			} else {
-				s.cfg.Backend = delay.TTLTiers{Tiers: []time.Duration{300 * time.Millisecond}}
+				s.cfg.Backend = delay.TTLTiers(300 * time.Millisecond)
 			}
 			// No probe comes while the test looks: the messages only wait.
 			s.cfg.Outage = amqpretry.Outage{ProbeInterval: time.Hour}

@@ -28,15 +28,15 @@ import (
 func ScenarioFailThreeTimesThenSucceed(t *testing.T, m Major) {
 	policyDelays := []time.Duration{300 * time.Millisecond, 1500 * time.Millisecond, 3 * time.Second}
 	const precision = 1500 * time.Millisecond
-	for _, name := range []delay.Backend{delay.TTLTiers{}, delay.BinaryLevels{}, delay.DelayedExchange{}, delay.Memory{}} {
+	for _, name := range []delay.Backend{delay.TTLTiers(), delay.BinaryLevels(0), delay.DelayedExchange(), delay.Memory(nil)} {
 		t.Run(name.Name(), func(t *testing.T) {
-			if testing.Short() && name.Name() != (delay.TTLTiers{}).Name() {
+			if testing.Short() && name.Name() != (delay.TTLTiers()).Name() {
 				t.Skip("one backend in the quick loop (go test -short)")
 			}
 			s := newSetup(t, m, name)
 			s.cfg.Policy = amqpretry.Policy{MaxAttempts: 5, Delays: policyDelays, Jitter: -1}
 			r := newRetry(t, m, s.sub, s.cfg)
-			sized, err := delay.Open(s.cfg.Backend, backend.Setup{Prefix: s.prefix})
+			sized, err := backend.Open(s.cfg.Backend, backend.Setup{Prefix: s.prefix})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -71,7 +71,7 @@ func ScenarioFailThreeTimesThenSucceed(t *testing.T, m Major) {
 					t.Errorf("retry %d came %s after the failure, want %s (+ up to %s)", i, gap, want, precision)
 				}
 			}
-			if name.Name() == (delay.TTLTiers{}).Name() {
+			if name.Name() == (delay.TTLTiers()).Name() {
 				// The retries were dead-lettered by the broker: the subscriber consumed
 				// them (instead of nacking them forever for their x-death array), and
 				// the first death is there for diagnostics.
@@ -91,7 +91,7 @@ func ScenarioFailThreeTimesThenSucceed(t *testing.T, m Major) {
 }
 
 func PoisonAfterMaxAttemptsWithEnvelope(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	s.cfg.Policy = amqpretry.Policy{MaxAttempts: 3, Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 	r := newRetry(t, m, s.sub, s.cfg)
 	rec := newRecorder(func(*message.Message) error { return fmt.Errorf("charge card: %w", errFlaky) })
@@ -128,7 +128,7 @@ func PoisonAfterMaxAttemptsWithEnvelope(t *testing.T, m Major) {
 }
 
 func PermanentErrorPoisonsOnFirstFailure(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	r := newRetry(t, m, s.sub, s.cfg)
 	rec := newRecorder(func(*message.Message) error { return amqpretry.Permanent(errors.New("malformed order")) })
 	run(t, m, r, s.topic, rec.handle, rec.settle)
@@ -146,7 +146,7 @@ func PermanentErrorPoisonsOnFirstFailure(t *testing.T, m Major) {
 }
 
 func RetryAfterIsHonoured(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	s.cfg.Policy = amqpretry.Policy{Delays: []time.Duration{time.Millisecond}, Jitter: -1}
 	r := newRetry(t, m, s.sub, s.cfg)
 	rec := newRecorder(func(msg *message.Message) error {
@@ -177,7 +177,7 @@ func FanoutRetryReachesOnlyTheFailingQueue(t *testing.T, m Major) {
 	recs := map[string]*recorder{}
 	retries := map[string]Retry{}
 	for _, group := range []string{"billing", "shipping"} {
-		cfg := amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers{Tiers: []time.Duration{500 * time.Millisecond}}, Policy: amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}, Logger: Logger()}
+		cfg := amqpretry.Config{Prefix: prefix, Backend: delay.TTLTiers(500 * time.Millisecond), Policy: amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}, Logger: Logger()}
 		r := newRetry(t, m, Sub{URI: brokertest.URI(), Group: group}, cfg)
 		recs[group] = newRecorder(failFirst(0))
 		if group == "billing" {
@@ -213,7 +213,7 @@ func FanoutRetryReachesOnlyTheFailingQueue(t *testing.T, m Major) {
 // backend's topology again and goes through, so the message is retried once, as if
 // nothing had happened, and nothing is parked.
 func DeletedDelayExchangeIsDeclaredAgainAtTheFirstHandoff(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	s.cfg.Policy = amqpretry.Policy{Delays: []time.Duration{500 * time.Millisecond}, Jitter: -1}
 	r := newRetry(t, m, s.sub, s.cfg)
 
@@ -246,7 +246,7 @@ func DeletedDelayExchangeIsDeclaredAgainAtTheFirstHandoff(t *testing.T, m Major)
 // delayed message through the backend with Watermill's delay metadata; it arrives at
 // its queue after the delay, without that metadata (which would delay it again).
 func SchedulerParksAMessageFromOtherCode(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	r := newRetry(t, m, s.sub, s.cfg)
 	rec := newRecorder(nil)
 	run(t, m, r, s.topic, rec.handle)
@@ -274,7 +274,7 @@ func SchedulerParksAMessageFromOtherCode(t *testing.T, m Major) {
 // ours, retries in-process only what this Retry would retry at once: not a permanent
 // error, nor one asking for a delay, by its mark or by Classify.
 func RetryableFollowsTheRetrysDecision(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	errSlow := errors.New("503 slow down")
 	s.cfg.Classify = func(p amqpretry.ClassifyParams) amqpretry.Decision {
 		if errors.Is(p.Err, errSlow) {
@@ -301,7 +301,7 @@ func RetryableFollowsTheRetrysDecision(t *testing.T, m Major) {
 }
 
 func TopologyClashNamesQueueAndArgument(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	ch, err := brokertest.Dial(t).Channel()
 	if err != nil {
 		t.Fatal(err)
@@ -358,18 +358,17 @@ func InvalidConfigNamesTheField(t *testing.T, m Major) {
 		{"no broker", Sub{}, amqpretry.Config{}, "Subscriber: Connection.AmqpURI"},
 		{"no requeue", Sub{URI: uri, NoRequeueOnNack: true}, amqpretry.Config{}, "Subscriber: Consume.NoRequeueOnNack"},
 		{"bad policy", queue, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: -1}}, "MaxAttempts"},
-		{"backend setting", queue, amqpretry.Config{Backend: delay.BinaryLevels{Levels: 30}}, "Levels: 30"},
-		{"duplicate tier", queue, amqpretry.Config{Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second, time.Second}}}, "Tiers[1]"},
-		{"empty tiers", queue, amqpretry.Config{Backend: delay.TTLTiers{Tiers: []time.Duration{}}}, "Tiers: empty"},
+		{"backend setting", queue, amqpretry.Config{Backend: delay.BinaryLevels(30)}, "Levels: 30"},
+		{"duplicate tier", queue, amqpretry.Config{Backend: delay.TTLTiers(time.Second, time.Second)}, "Tiers[1]"},
 		{"prefix too long", queue, amqpretry.Config{Prefix: strings.Repeat("p", 250)}, "Prefix"},
 		{"poison queue too long", queue, amqpretry.Config{PoisonQueue: strings.Repeat("q", 256)}, "PoisonQueue"},
-		{"policy past the backend", queue, amqpretry.Config{Backend: delay.BinaryLevels{Levels: 3}}, "Policy.Delays: delay too long"},
-		{"memory without publisher", Sub{}, amqpretry.Config{Backend: delay.Memory{}}, "Backend.Publisher"},
+		{"policy past the backend", queue, amqpretry.Config{Backend: delay.BinaryLevels(3)}, "Policy.Delays: delay too long"},
+		{"memory without publisher", Sub{}, amqpretry.Config{Backend: delay.Memory(nil)}, "Backend.Publisher"},
 		{"unknown topology mode", queue, amqpretry.Config{Topology: "passive"}, "Topology"},
-		{"schedule on delayed-retry", queue, amqpretry.Config{Backend: delay.DelayedRetry{}, Policy: amqpretry.Policy{Delays: amqpretry.Exponential(2*time.Second, 2, 10*time.Minute), Jitter: -1}}, "Policy.Delays"},
-		{"held retries with immediate", queue, amqpretry.Config{HeldRetries: 2, Policy: amqpretry.Policy{Immediate: 1}}, "HeldRetries"},
-		{"held retries on a classic work queue", Sub{URI: uri, QueueArgs: amqp.Table{"x-queue-type": "classic"}}, amqpretry.Config{HeldRetries: 1}, "Queue.Arguments"},
-		{"delayed retry delay below 1ms", queue, amqpretry.Config{Backend: delay.DelayedRetry{Delay: time.Microsecond}}, "Backend.Delay"},
+		{"schedule on delayed-retry", queue, amqpretry.Config{Backend: delay.DelayedRetry(0), Policy: amqpretry.Policy{Delays: amqpretry.Exponential(2*time.Second, 2, 10*time.Minute), Jitter: -1}}, "Policy.Delays"},
+		{"held retries with immediate", queue, amqpretry.Config{Backend: delay.HeldRetries(2, 0, nil), Policy: amqpretry.Policy{Immediate: 1}}, "HeldRetries"},
+		{"held retries on a classic work queue", Sub{URI: uri, QueueArgs: amqp.Table{"x-queue-type": "classic"}}, amqpretry.Config{Backend: delay.HeldRetries(1, 0, nil)}, "Queue.Arguments"},
+		{"delayed retry delay below 1ms", queue, amqpretry.Config{Backend: delay.DelayedRetry(time.Microsecond)}, "Backend.Delay"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -384,7 +383,7 @@ func InvalidConfigNamesTheField(t *testing.T, m Major) {
 // InvalidConfigTouchesNothingOnTheBroker: a policy the backend cannot serve is refused
 // before New connects, so no queue or exchange is declared.
 func InvalidConfigTouchesNothingOnTheBroker(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.BinaryLevels{Levels: 4}) // up to 15 s
+	s := newSetup(t, m, delay.BinaryLevels(4)) // up to 15 s
 	s.cfg.Policy = amqpretry.Policy{Delays: []time.Duration{time.Second, 20 * time.Second}, Jitter: -1}
 	_, err := m.New(s.sub, s.cfg)
 	if !errors.Is(err, delay.ErrDelayTooLong) || !strings.Contains(err.Error(), "invalid config") || !strings.Contains(err.Error(), "Policy") || !strings.Contains(err.Error(), "20s") {
@@ -407,7 +406,7 @@ func InvalidConfigTouchesNothingOnTheBroker(t *testing.T, m Major) {
 // counts every nack against its delivery limit; a limit below the attempts is logged.
 // 4.3 counts nacks apart: nothing is logged there.
 func LowDeliveryLimitOnQuorumWorkQueueIsWarned(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	logs := &logCapture{}
 	s.cfg.Logger = logs
 	s.sub.QueueArgs = amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int32(2)}
@@ -434,14 +433,14 @@ func QuorumWorkQueueWithoutDeadLetterIsWarned(t *testing.T, m Major) {
 		args    amqp.Table
 		warned  bool
 	}{
-		{"limit without dead-letter exchange", delay.TTLTiers{}, amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int32(5)}, true},
-		{"limit with dead-letter exchange", delay.TTLTiers{}, amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int32(5), "x-dead-letter-exchange": ""}, false},
+		{"limit without dead-letter exchange", delay.TTLTiers(), amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int32(5)}, true},
+		{"limit with dead-letter exchange", delay.TTLTiers(), amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int32(5), "x-dead-letter-exchange": ""}, false},
 		// The subscriber config gives the work queue the poison queue as its
 		// dead-letter target (issue 51: logged at ERROR before).
-		{"delayed-retry, its subscriber config's dead-letter target", delay.DelayedRetry{}, nil, false},
+		{"delayed-retry, its subscriber config's dead-letter target", delay.DelayedRetry(0), nil, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.backend == (delay.DelayedRetry{}) {
+			if tc.backend == (delay.DelayedRetry(0)) {
 				need43(t)
 			}
 			s := newSetup(t, m, tc.backend)

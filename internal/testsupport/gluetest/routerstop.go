@@ -21,7 +21,7 @@ import (
 // Run has returned and the Retry is closed, no connection of the subscriber's
 // connection_name is left.
 func AddHandlersSubscriberClosesWhenRunsContextEnds(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers{})
+	s := newSetup(t, m, delay.TTLTiers())
 	name := fmt.Sprintf("%s.conn", s.prefix)
 	s.sub.Connection = &amqp.Config{Properties: amqp.Table{"connection_name": name}}
 	r := newRetry(t, m, s.sub, s.cfg)

@@ -74,7 +74,7 @@ const (
 // others.
 func clusterDefaultVariants() []noloss.Variant {
 	var out []noloss.Variant
-	for _, name := range []string{delay.TTLTiers{}.Name(), delay.BinaryLevels{}.Name()} {
+	for _, name := range []string{delay.TTLTiers().Name(), delay.BinaryLevels(0).Name()} {
 		v, _ := noloss.VariantNamed(name)
 		out = append(out, v)
 	}
@@ -659,7 +659,7 @@ type downProbe struct {
 func startProbe(g *group, node int) *downProbe {
 	t := g.t
 	c := g.b.(*cluster)
-	v, _ := noloss.VariantNamed(delay.TTLTiers{}.Name())
+	v, _ := noloss.VariantNamed(delay.TTLTiers().Name())
 	s := c.setup()
 	s.Variant, s.Major, s.Prefix = v, g.o.major, brokertest.Prefix(t)+".probe"
 	p := &downProbe{s: s, node: node}

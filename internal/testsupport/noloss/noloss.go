@@ -79,7 +79,7 @@ type Variant struct {
 	// "ttl-tiers+held-retries" for the two-stage form.
 	Name    string
 	Backend delay.Backend
-	// HeldRetries is amqpretry.Config.HeldRetries.
+	// delay.HeldRetries is amqpretry.delay.HeldRetries.
 	HeldRetries int
 	// Failures is how many attempts of a fates.Transient message fail: every retry of
 	// the variant's stages is used (the two-stage form needs one more failure than
@@ -97,16 +97,16 @@ type Variant struct {
 // Variants lists every variant, in the order the test runs them.
 func Variants() []Variant {
 	return []Variant{
-		{Name: delay.TTLTiers{}.Name(), Backend: delay.TTLTiers{}, Failures: 2},
-		{Name: delay.BinaryLevels{}.Name(), Backend: delay.BinaryLevels{}, Failures: 2},
-		{Name: delay.DelayedExchange{}.Name(), Backend: delay.DelayedExchange{}, Failures: 2},
-		{Name: delay.DelayedRetry{}.Name(), Backend: delay.DelayedRetry{}, Failures: 2},
-		{Name: delay.TTLTiers{}.Name() + "+held-retries", Backend: delay.TTLTiers{}, HeldRetries: 2, Failures: 3},
-		{Name: delay.TTLTiers{}.Name() + "+ordered", Backend: delay.TTLTiers{}, Failures: 2, Ordered: true},
+		{Name: delay.TTLTiers().Name(), Backend: delay.TTLTiers(), Failures: 2},
+		{Name: delay.BinaryLevels(0).Name(), Backend: delay.BinaryLevels(0), Failures: 2},
+		{Name: delay.DelayedExchange().Name(), Backend: delay.DelayedExchange(), Failures: 2},
+		{Name: delay.DelayedRetry(0).Name(), Backend: delay.DelayedRetry(0), Failures: 2},
+		{Name: delay.TTLTiers().Name() + "+held-retries", Backend: delay.TTLTiers(), HeldRetries: 2, Failures: 3},
+		{Name: delay.TTLTiers().Name() + "+ordered", Backend: delay.TTLTiers(), Failures: 2, Ordered: true},
 		// A key's transient message holds the key back for two held delays (16 s), and
 		// about one message in five of each key is transient: 1,000 messages, about 21
 		// per key, keep each key's chain of retries near a minute and a half.
-		{Name: delay.DelayedRetry{}.Name() + "+ordered", Backend: delay.DelayedRetry{}, Failures: 2, Ordered: true, N: 1000},
+		{Name: delay.DelayedRetry(0).Name() + "+ordered", Backend: delay.DelayedRetry(0), Failures: 2, Ordered: true, N: 1000},
 	}
 }
 
@@ -136,11 +136,11 @@ func VariantNamed(name string) (Variant, bool) {
 
 // HoldsRetries tells whether retries of v wait in the work queue itself (RabbitMQ 4.3's
 // delayed retry of quorum queues).
-func (v Variant) HoldsRetries() bool { return v.Backend == delay.DelayedRetry{} || v.HeldRetries > 0 }
+func (v Variant) HoldsRetries() bool { return v.Backend == delay.DelayedRetry(0) || v.HeldRetries > 0 }
 
 // Copies tells whether retries of v are copies parked in delay queues (some of them
 // at least).
-func (v Variant) Copies() bool { return v.Backend != delay.DelayedRetry{} }
+func (v Variant) Copies() bool { return v.Backend != delay.DelayedRetry(0) }
 
 // Policy is the retry policy of the run: short, so that a run takes a minute or two.
 // MaxAttempts leaves one attempt spare after the transient failures: a message
@@ -153,7 +153,7 @@ func (s Setup) Policy() amqpretry.Policy {
 	v := s.Variant
 	p := amqpretry.Policy{MaxAttempts: v.Failures + 2}
 	switch {
-	case v.Backend == delay.DelayedRetry{}:
+	case v.Backend == delay.DelayedRetry(0):
 	case len(s.Nodes) > 0:
 		p.Delays = []time.Duration{5 * time.Second, 10 * time.Second}
 	default:
@@ -213,7 +213,7 @@ type Setup struct {
 func (s Setup) Quorum() bool { return len(s.Nodes) > 0 || s.Variant.HoldsRetries() || s.QuorumWork }
 
 // HeldDelay is how long RabbitMQ 4.3 holds a retry in the work queue
-// (Config.DelayedRetryDelay, or delay.DelayedRetry's Delay): long enough for the test to see retries waiting there
+// (delay.HeldRetries's delay, or delay.DelayedRetry's): long enough for the test to see retries waiting there
 // through rabbitmqctl, whose every run takes seconds, before and while a fault is
 // injected (each retry of a transient message is held twice in a row). 8 s against
 // one broker; 15 s in a cluster, where rabbitmqctl answers slower while a node
@@ -268,10 +268,9 @@ func (s Setup) QueueArgs() amqp.Table {
 func (s Setup) Config() amqpretry.Config {
 	v := s.Variant
 	cfg := amqpretry.Config{
-		Backend:     v.Backend,
-		Prefix:      s.Prefix,
-		HeldRetries: v.HeldRetries,
-		Policy:      s.Policy(),
+		Backend: delay.HeldRetries(v.HeldRetries, s.HeldDelay(), v.Backend),
+		Prefix:  s.Prefix,
+		Policy:  s.Policy(),
 		// The fates fail messages by attempt, in waves (a transient message fails its
 		// first two attempts): a first delivery failing and the wave of retries behind
 		// it failing again is what an outage looks like (docs/outage.md), and the
@@ -281,20 +280,20 @@ func (s Setup) Config() amqpretry.Config {
 		Logger: s.Logger,
 	}
 	switch v.Backend.Name() {
-	case delay.TTLTiers{}.Name():
+	case delay.TTLTiers().Name():
 		tiers := cfg.Policy.Delays // one tier per delay of the policy
 		if s.Tiers != nil {
 			tiers = s.Tiers
 		}
-		cfg.Backend = delay.TTLTiers{Tiers: tiers}
-	case delay.BinaryLevels{}.Name():
+		cfg.Backend = delay.TTLTiers(tiers...)
+	case delay.BinaryLevels(0).Name():
 		levels := s.Levels()
 		if s.LevelsOf != 0 {
 			levels = s.LevelsOf
 		}
-		cfg.Backend = delay.BinaryLevels{Levels: levels}
-	case delay.DelayedRetry{}.Name():
-		cfg.Backend = delay.DelayedRetry{Delay: s.HeldDelay()}
+		cfg.Backend = delay.BinaryLevels(levels)
+	case delay.DelayedRetry(0).Name():
+		cfg.Backend = delay.DelayedRetry(s.HeldDelay())
 	}
 	if s.StoragePrefix != "" {
 		cfg.Prefix, cfg.PoisonQueue = s.StoragePrefix, s.Prefix+".poison"
@@ -302,9 +301,6 @@ func (s Setup) Config() amqpretry.Config {
 	cfg.Topology = s.Topology
 	if v.Ordered {
 		cfg.OrderKey = OrderKeyOf
-	}
-	if v.HeldRetries > 0 {
-		cfg.DelayedRetryDelay = s.HeldDelay()
 	}
 	return cfg
 }

@@ -612,7 +612,7 @@ func (r *run) waitingQueues() []string {
 
 // countable tells whether every retry of the run waits where the test can count it
 // (not inside the delayed-message plugin).
-func (r *run) countable() bool { return r.v.Backend != delay.DelayedExchange{} }
+func (r *run) countable() bool { return r.v.Backend != delay.DelayedExchange() }
 
 func (r *run) faults() []faultRecord { return r.g.faults }
 
@@ -670,7 +670,7 @@ func (r *run) finish() *account {
 		}
 		report := fmt.Sprintf("%s: %d of %d messages lost (neither handled nor poisoned as permanent); first %d:\n%s",
 			r.v.Name, lost, r.n, len(shown), strings.Join(lines, "\n"))
-		if r.v.Backend == (delay.DelayedExchange{}) && lost*100 < r.n && r.sabotage == 0 {
+		if r.v.Backend == (delay.DelayedExchange()) && lost*100 < r.n && r.sabotage == 0 {
 			// The plugin may drop retries that come due while the broker stops (README,
 			// Reliability): such a loss cannot be told apart from another one, so the
 			// test bounds it below 1% and prints it.

@@ -63,7 +63,7 @@ func TestOrderPartitions(t *testing.T) {
 	}
 	brokertest.Dial(t) // fails under CI=true when no broker answers
 	bin := buildConsumer(t)
-	v, ok := noloss.VariantNamed(delay.TTLTiers{}.Name() + "+ordered")
+	v, ok := noloss.VariantNamed(delay.TTLTiers().Name() + "+ordered")
 	if !ok {
 		t.Fatal("no ttl-tiers+ordered variant")
 	}

@@ -160,7 +160,7 @@ func TestPartition(t *testing.T) {
 	bin := buildConsumer(t)
 
 	var def []noloss.Variant
-	for _, name := range []string{delay.TTLTiers{}.Name(), delay.BinaryLevels{}.Name(), delay.DelayedRetry{}.Name()} {
+	for _, name := range []string{delay.TTLTiers().Name(), delay.BinaryLevels(0).Name(), delay.DelayedRetry(0).Name()} {
 		v, _ := noloss.VariantNamed(name)
 		def = append(def, v)
 	}

@@ -59,11 +59,11 @@ func (st switchStage) String() string {
 // queues next to the old ones on one delay exchange), to another prefix with other
 // levels, then to another backend under that prefix.
 var copyingSwitches = []switchStage{
-	{backend: delay.TTLTiers{}},
-	{backend: delay.BinaryLevels{}},
-	{backend: delay.TTLTiers{}, tiers: []time.Duration{1200 * time.Millisecond, 2500 * time.Millisecond}},
-	{backend: delay.BinaryLevels{}, prefix: "b", levels: 4},
-	{backend: delay.TTLTiers{}, prefix: "b"},
+	{backend: delay.TTLTiers()},
+	{backend: delay.BinaryLevels(0)},
+	{backend: delay.TTLTiers(), tiers: []time.Duration{1200 * time.Millisecond, 2500 * time.Millisecond}},
+	{backend: delay.BinaryLevels(0), prefix: "b", levels: 4},
+	{backend: delay.TTLTiers(), prefix: "b"},
 }
 
 // delayedRetrySwitches (RabbitMQ 4.3): to and from delayed-retry, twice. The work queue
@@ -75,11 +75,11 @@ var copyingSwitches = []switchStage{
 // (The test applies it at the start, as an operator may ahead of a switch: rabbitmqctl
 // takes seconds, in which the retries waiting for the change would come back.)
 var delayedRetrySwitches = []switchStage{
-	{backend: delay.TTLTiers{}},
-	{backend: delay.DelayedRetry{}},
-	{backend: delay.BinaryLevels{}},
-	{backend: delay.DelayedRetry{}},
-	{backend: delay.TTLTiers{}, prefix: "b", tiers: []time.Duration{1200 * time.Millisecond, 2500 * time.Millisecond}},
+	{backend: delay.TTLTiers()},
+	{backend: delay.DelayedRetry(0)},
+	{backend: delay.BinaryLevels(0)},
+	{backend: delay.DelayedRetry(0)},
+	{backend: delay.TTLTiers(), prefix: "b", tiers: []time.Duration{1200 * time.Millisecond, 2500 * time.Millisecond}},
 }
 
 // TestNoLossSwitch changes backends while retries wait, as an operator would: each
@@ -129,7 +129,7 @@ func playSwitches(t *testing.T, bin string, o options, stages []switchStage) {
 	quorum := false
 	for _, st := range stages {
 		names = append(names, st.String())
-		quorum = quorum || st.backend == delay.DelayedRetry{}
+		quorum = quorum || st.backend == delay.DelayedRetry(0)
 	}
 	r.scenario = "switch:" + strings.Join(names, ">")
 	heldLog := filepath.Join(t.TempDir(), "held.log")
@@ -211,7 +211,7 @@ func (r *run) use(st switchStage, quorum bool, heldLog string) {
 	if st.levels != 0 {
 		args = append(args, "-levels", strconv.Itoa(st.levels))
 	}
-	if st.backend == (delay.DelayedRetry{}) {
+	if st.backend == (delay.DelayedRetry(0)) {
 		// The work queue exists without the delayed-retry arguments: a policy gives
 		// them, and nothing is declared (it would be refused).
 		s.Topology = topology.ModeVerify
@@ -246,7 +246,7 @@ func (r *run) switchTo(st switchStage, kill, quorum bool, heldLog, policy string
 	g := r.g
 	// The policy first: applying it takes seconds, while retries wait.
 	note := ""
-	if st.backend == (delay.DelayedRetry{}) && !r.policyOn {
+	if st.backend == (delay.DelayedRetry(0)) && !r.policyOn {
 		for deadline := time.Now().Add(30 * time.Second); !r.policyApplied(policy); time.Sleep(200 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				r.fatal("policy %s not on %s after 30 s", policy, r.work)

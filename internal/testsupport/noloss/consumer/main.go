@@ -228,7 +228,7 @@ func (c *consumer) handle(queue string, msg *message.Message) error {
 			return nil
 		}
 		c.mu.Lock()
-		if c.variant.Backend == (delay.DelayedRetry{}) || attempt <= c.variant.HeldRetries {
+		if c.variant.Backend == (delay.DelayedRetry(0)) || attempt <= c.variant.HeldRetries {
 			c.held[msg.UUID] = arrived.Add(c.heldDelay)
 			if c.heldLog != nil {
 				fmt.Fprintf(c.heldLog, "held %s %d\n", msg.UUID, arrived.Add(c.heldDelay).UnixMilli())

@@ -45,12 +45,12 @@ func run(backend, uri string) (string, error) {
 	amqpCfg := amqp3.NewDurableQueueConfig(uri)
 	switch backend {
 	case "ttl-tiers":
-		cfg.Backend = delay.TTLTiers{Tiers: []time.Duration{time.Second}}
+		cfg.Backend = delay.TTLTiers(time.Second)
 		// The delay is the tier's, exactly: with jitter it would pass the tier about
 		// half the time, and the walk would then stamp a re-park (keys.ParkUntil).
 		cfg.Policy = amqpretry.Policy{MaxAttempts: 3, Delays: amqpretry.Exponential(time.Second, 2, 10*time.Minute), Jitter: -1}
 	case "delayed-retry":
-		cfg.Backend = delay.DelayedRetry{Delay: time.Second}
+		cfg.Backend = delay.DelayedRetry(time.Second)
 		cfg.Policy = amqpretry.Policy{MaxAttempts: 3}
 		amqpCfg.Queue.Arguments = map[string]any{"x-queue-type": "quorum"}
 	default:

@@ -51,7 +51,7 @@ func amqpretryRetry(cfg amqp.Config, logger watermill.LoggerAdapter) (*wamqp2.Re
 	}
 	return wamqp2.New(cfg, amqpretry.Config{
 		Prefix:  prefix,
-		Backend: delay.TTLTiers{Tiers: []time.Duration{time.Second}},
+		Backend: delay.TTLTiers(time.Second),
 		Logger:  logger,
 	})
 }

@@ -1,4 +1,8 @@
-package delay
+// Package handoff is the hand-off, the delay publisher: the confirmed publish, on a
+// connection of its own, through which every copy reaches the broker before its
+// original is acked (backend.Handoff). The middleware and ops dial it (Dial); the
+// delay backends park through it.
+package handoff
 
 import (
 	"context"
@@ -54,6 +58,15 @@ type pubChannel struct {
 const returnsBuffer = 4096
 
 // dial connects to the broker and opens the confirm channel.
+// Dial connects a hand-off to the broker and opens its confirm channel.
+func Dial(cfg backend.HandoffConfig) (backend.Handoff, error) {
+	p, err := dial(cfg)
+	if err != nil {
+		return nil, err // a nil interface, not a nil *publisher
+	}
+	return p, nil
+}
+
 func dial(cfg backend.HandoffConfig) (*publisher, error) {
 	if cfg.ConfirmTimeout <= 0 {
 		cfg.ConfirmTimeout = backend.DefaultConfirmTimeout
