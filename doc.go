@@ -59,7 +59,7 @@
 // Config.Validate refuses a schedule the backend cannot keep, naming the entry and the
 // fix: on binary-levels and delayed-exchange a delay, jitter included, longer than they
 // keep; on delayed-retry, which holds every retry for its one Delay, a Delays that asks
-// for another delay or a growth, or a positive Jitter (Delays nil means its Delay). On
+// for another delay or a growth, or a positive Jitter (Delays nil means its delay). On
 // ttl-tiers a delay longer than the longest tier is parked again when it comes back,
 // until it is due: never early.
 //

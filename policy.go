@@ -17,7 +17,7 @@ type Policy struct {
 	MaxAttempts int
 	// Delays is the schedule: the delay before attempt n+1 is Delays[n-1], the last
 	// repeating (the package doc, The schedule). Default: Exponential(time.Second, 2,
-	// 10*time.Minute); on delayed-retry, its Delay (another is refused).
+	// 10*time.Minute); on delayed-retry, its delay (another is refused).
 	Delays []time.Duration
 	// Jitter randomises each delay by up to this fraction either way (below 1), never
 	// past the longest of Delays; a negative Jitter (-1) means none. Default: 0.2.

@@ -348,14 +348,14 @@ func TestWrongUsage(t *testing.T) {
 			cfg: func(*wuEnv) amqpretry.Config {
 				return amqpretry.Config{Backend: delay.DelayedRetry(0), Policy: amqpretry.Policy{Delays: amqpretry.Exponential(time.Second, 2, 4*time.Second)}}
 			},
-			want: []string{"Policy.Delays: [1s 2s 4s], the delayed-retry backend holds every retry of a work queue for one constant delay, every 1s (its Delay), and cannot grow it: leave Policy.Delays empty and set its Delay, or use a copying Backend"},
+			want: []string{"Policy.Delays: [1s 2s 4s], the delayed-retry backend holds every retry of a work queue for one constant delay, every 1s (its delay), and cannot grow it: leave Policy.Delays empty and set its delay, or use a copying Backend"},
 		},
 		{
 			name: "delayed-retry with a schedule it cannot keep",
 			cfg: func(*wuEnv) amqpretry.Config {
 				return amqpretry.Config{Backend: delay.DelayedRetry(0), Policy: amqpretry.Policy{Delays: []time.Duration{5 * time.Second}}}
 			},
-			want: []string{"Policy.Delays: [5s], the delayed-retry backend holds every retry of a work queue for one constant delay, every 1s (its Delay): set its Delay to 5s instead"},
+			want: []string{"Policy.Delays: [5s], the delayed-retry backend holds every retry of a work queue for one constant delay, every 1s (its delay): set its delay to 5s instead"},
 		},
 		{
 			name: "MaxAttempts 0 is logged as what it means",

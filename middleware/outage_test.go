@@ -447,7 +447,7 @@ func TestOutageOnTheMemoryBackend(t *testing.T) {
 	rec := &outageRecorder{}
 	retry, err := New(amqpretry.Config{
 		Backend: delay.Memory(pubsub),
-		Policy:  amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{20 * time.Millisecond}},
+		Policy:  amqpretry.Policy{MaxAttempts: 4, Delays: []time.Duration{20 * time.Millisecond}, Jitter: -1},
 		Outage:  amqpretry.Outage{ProbeInterval: 5 * time.Millisecond},
 		Observe: func(ev amqpretry.Event) {
 			if ev.Kind == amqpretry.EventOutageStarted {

@@ -368,7 +368,7 @@ func InvalidConfigNamesTheField(t *testing.T, m Major) {
 		{"schedule on delayed-retry", queue, amqpretry.Config{Backend: delay.DelayedRetry(0), Policy: amqpretry.Policy{Delays: amqpretry.Exponential(2*time.Second, 2, 10*time.Minute), Jitter: -1}}, "Policy.Delays"},
 		{"held retries with immediate", queue, amqpretry.Config{Backend: delay.HeldRetries(2, 0, nil), Policy: amqpretry.Policy{Immediate: 1}}, "HeldRetries"},
 		{"held retries on a classic work queue", Sub{URI: uri, QueueArgs: amqp.Table{"x-queue-type": "classic"}}, amqpretry.Config{Backend: delay.HeldRetries(1, 0, nil)}, "Queue.Arguments"},
-		{"delayed retry delay below 1ms", queue, amqpretry.Config{Backend: delay.DelayedRetry(time.Microsecond)}, "Backend.Delay"},
+		{"delayed retry delay below 1ms", queue, amqpretry.Config{Backend: delay.DelayedRetry(time.Microsecond)}, "delay.DelayedRetry(delay)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
