@@ -80,7 +80,7 @@ func run() error {
 	cfg := amqpretry.Config{
 		Backend: backend,
 		Prefix:  prefix,
-		Policy:  amqpretry.Policy{MaxAttempts: 4, Delays: amqpretry.Exponential(time.Second, 2, 10*time.Minute), Jitter: -1},
+		Policy:  amqpretry.Policy{MaxAttempts: 4, Jitter: -1},
 		Logger:  logger,
 	}
 	topic := func(name string) string { return prefix + "." + name }

@@ -77,7 +77,7 @@ func scenarioConfig(runID string, logger watermill.LoggerAdapter) amqpretry.Conf
 			HeldRetries: must(strconv.Atoi(cmp.Or(os.Getenv("HELD_RETRIES"), "0"))),
 		})),
 		Prefix:   prefix,
-		Policy:   amqpretry.Policy{MaxAttempts: 4, Delays: amqpretry.Exponential(time.Second, 2, 10*time.Minute), Jitter: -1},
+		Policy:   amqpretry.Policy{MaxAttempts: 4, Jitter: -1},
 		Topology: topology.Mode(os.Getenv("TOPOLOGY")),
 		Logger:   logger,
 	}

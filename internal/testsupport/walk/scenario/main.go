@@ -48,7 +48,7 @@ func run(backend, uri string) (string, error) {
 		cfg.Backend = delay.TTLTiers(time.Second)
 		// The delay is the tier's, exactly: with jitter it would pass the tier about
 		// half the time, and the walk would then stamp a re-park (keys.ParkUntil).
-		cfg.Policy = amqpretry.Policy{MaxAttempts: 3, Delays: amqpretry.Exponential(time.Second, 2, 10*time.Minute), Jitter: -1}
+		cfg.Policy = amqpretry.Policy{MaxAttempts: 3, Jitter: -1}
 	case "delayed-retry":
 		cfg.Backend = delay.DelayedRetry(time.Second)
 		cfg.Policy = amqpretry.Policy{MaxAttempts: 3}
