@@ -12,6 +12,7 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/derived"
 )
 
 // TestNewValidatesEveryField: New names every invalid field of the subscriber config
@@ -126,7 +127,7 @@ func TestPoisonQueueNamedLikeTheOneWorkQueue(t *testing.T) {
 // named (issue 51).
 func TestWorkQueueArgsOfHeldRetries(t *testing.T) {
 	cfg := amqpretry.Config{Prefix: "app", Backend: delay.DelayedRetry(2 * time.Second)}
-	needed := cfg.Derived().WorkQueueArgs
+	needed := derived.Of(cfg).WorkQueueArgs
 	want := amqp.Table{"x-queue-type": "quorum", "x-delayed-retry-type": "returned", "x-delayed-retry-min": int64(2000), "x-delayed-retry-max": int64(2000),
 		"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "app.poison"}
 	for _, user := range []amqp.Table{nil, {"x-queue-type": "quorum"}, {"x-delayed-retry-min": int32(2000)}} {
