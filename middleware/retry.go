@@ -71,8 +71,8 @@ type Retry struct{ r *retry }
 // With the memory backend and no URI, everything stays in this process:
 // delay.Memory(...) (a GoChannel, say) receives the retries and the poisoned messages.
 func New(cfg amqpretry.Config, t Transport) (*Retry, error) {
-	// Derived once, and handed down with the Config; the policy is checked as cfg
-	// gives it (Validate).
+	// What cfg derives (internal/derived), once, handed down with the Config; the
+	// policy is checked as cfg gives it (Validate).
 	v := derived.Of(cfg)
 	withDefaults := cfg.WithDefaults()
 	var errs []error
