@@ -57,7 +57,6 @@ func Derive(in Input) Derived {
 	if b := v.Backend; b != nil {
 		v.Caps = b.Caps()
 		_, v.AMQP1 = b.(AMQP1)
-		_, v.Sealed = b.(Sealed)
 		if l, ok := b.(InProcess); ok {
 			v.InProcess, v.Local = true, l.Local()
 		}

@@ -31,9 +31,8 @@ type Derived struct {
 	// other backends with it to find what they declared under the prefix.
 	Setup Setup
 	// InProcess: the backend keeps its retries in this process (the InProcess trait),
-	// Local is where they come back. AMQP1: it needs the AMQP 1.0 transport. Sealed:
-	// its waiting retries can only be counted. What the sibling modules ask.
-	InProcess, AMQP1, Sealed bool
+	// Local is where they come back. AMQP1: it needs the AMQP 1.0 transport.
+	InProcess, AMQP1 bool
 	Local                    message.Publisher
 	// Held is the backend that holds the first delay.HeldRetries retries in the work queue,
 	// in front of Backend (delay.HeldRetries); nil and 0 without held retries.
