@@ -33,7 +33,7 @@ type Derived struct {
 	// InProcess: the backend keeps its retries in this process (the InProcess trait),
 	// Local is where they come back. AMQP1: it needs the AMQP 1.0 transport.
 	InProcess, AMQP1 bool
-	Local                    message.Publisher
+	Local            message.Publisher
 	// Held is the backend that holds the first delay.HeldRetries retries in the work queue,
 	// in front of Backend (delay.HeldRetries); nil and 0 without held retries.
 	Held        Backend
