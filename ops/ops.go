@@ -143,6 +143,22 @@ func HasParking(retry amqpretry.Config) bool {
 	return hasParking(v.Backend, names.Names{Prefix: retry.Prefix})
 }
 
+// HasPluginWaiting tells whether the backend retry names (with retry's defaults) keeps
+// its waiting retries where only its plugin counts them (delayed-exchange's
+// delayed-message plugin): List, Redrive and Purge of Waiting then refuse
+// (ErrPluginWaiting), and Status counts them (Status.PluginWaiting). False for a
+// Config naming no valid backend. It touches no broker: a caller that needs
+// rabbitmqctl for the other backends' waiting retries asks this before it connects,
+// and gets the answer New's Ops gets.
+func HasPluginWaiting(retry amqpretry.Config) bool {
+	v := derived.Of(retry)
+	if v.Err != nil {
+		return false
+	}
+	_, ok := v.Backend.(backend.Sealed)
+	return ok
+}
+
 // BehindQueues is the name pattern of the queues where the later messages of a blocked
 // order key wait (amqpretry.Config.OrderKey), "<prefix>.behind.*", for a caller that
 // looks for them among queue names before it asks for Blocked. It touches no broker.

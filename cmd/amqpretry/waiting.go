@@ -112,18 +112,18 @@ counters; then a histogram of their due times.
 				opts.Limit = -1
 			}
 			ctl := src.ctlRunner(a.uri)
+			// On delayed-exchange ops refuses, with the plugin's reason (and its count,
+			// when rabbitmqctl reads it): no retry can be listed there. Elsewhere,
+			// without rabbitmqctl, the fix is the flag, given before anything is dialled.
+			if ctl == nil && !a.pluginWaiting() {
+				return usagef("waiting list needs rabbitmqctl (--rabbitmqctl): AMQP cannot read waiting retries without changing them")
+			}
 			o, err := a.openCtl(ctl)
 			if err != nil {
 				return err
 			}
 			defer o.Close()
 			r, err := o.List(a.ctx, ops.Waiting, opts)
-			// On delayed-exchange ops refuses, with the plugin's reason (and its count,
-			// when rabbitmqctl reads it): no retry can be listed there. Elsewhere,
-			// without rabbitmqctl, the fix is the flag.
-			if err != nil && ctl == nil && !errors.Is(err, ops.ErrPluginWaiting) {
-				return usagef("waiting list needs rabbitmqctl (--rabbitmqctl): AMQP cannot read waiting retries without changing them")
-			}
 			if err != nil {
 				return err
 			}
@@ -589,4 +589,13 @@ func waitingNote(r ops.TeardownResult, name string) string {
 		return fmt.Sprintf(": %d messages waiting", n)
 	}
 	return fmt.Sprintf(": %d messages waiting, lost with it", n)
+}
+
+// pluginWaiting tells whether the configured backend's waiting retries can only be
+// counted (the delayed-message plugin's), as ops answers it (ops.HasPluginWaiting):
+// ops then refuses to list or move them, with the reason, and needs no rabbitmqctl to
+// say so.
+func (a *app) pluginWaiting() bool {
+	cfg, err := a.retryConfig()
+	return err == nil && ops.HasPluginWaiting(cfg)
 }
