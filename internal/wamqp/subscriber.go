@@ -65,7 +65,14 @@ type Wiring struct {
 // New validates sub and cfg, every invalid field named, and only then builds the
 // Retry (middleware.New) with the subscriber config's connection and marshaling.
 func New(sub Sub, cfg amqpretry.Config) (*Wiring, error) {
-	t := middleware.Transport{URI: sub.URI, Queue: sub.QueueName, QueueArgs: sub.QueueArgs, Validate: sub.validate}
+	// What the Config derives, once for the transport: read by its checks (New calls
+	// Validate with the Config, defaults applied) and kept for the wiring.
+	var view backend.Derived
+	validate := func(cfg amqpretry.Config) error {
+		view = derived.Of(cfg)
+		return sub.validate(cfg, view)
+	}
+	t := middleware.Transport{URI: sub.URI, Queue: sub.QueueName, QueueArgs: sub.QueueArgs, Validate: validate}
 	m := sub.marshalOptions()
 	if m != nil {
 		t.UUIDHeader, t.NotPersistent, t.Postprocess = m.MessageUUIDHeaderKey, m.NotPersistentDeliveryMode, m.PostprocessPublishing
@@ -80,9 +87,8 @@ func New(sub Sub, cfg amqpretry.Config) (*Wiring, error) {
 	if err != nil {
 		return nil, err
 	}
-	// With its defaults, and what it derives (as New derived it).
-	w := &Wiring{Retry: r, cfg: r.Config(), sub: sub, amqp: t.AMQP}
-	w.view = derived.Of(w.cfg)
+	// With its defaults, and what it derives.
+	w := &Wiring{Retry: r, cfg: r.Config(), sub: sub, view: view, amqp: t.AMQP}
 	if m != nil {
 		w.marshal = *m
 	}
@@ -119,9 +125,9 @@ func (w *Wiring) WorkQueueArgs(args amqp.Table) amqp.Table {
 	return out
 }
 
-// validate reports every invalid field of sub, for cfg (with defaults).
-func (sub Sub) validate(cfg amqpretry.Config) error {
-	v := derived.Of(cfg)
+// validate reports every invalid field of sub, for cfg (with defaults), v what cfg
+// derives.
+func (sub Sub) validate(cfg amqpretry.Config, v backend.Derived) error {
 	if sub.URI == "" {
 		if !v.InProcess {
 			return fmt.Errorf("Subscriber: Connection.AmqpURI: required for the %s backend", v.Name)

@@ -87,9 +87,13 @@ func (c counted) Open(s backend.Setup) (backend.Backend, error) {
 
 func (c counted) Backends() []backend.Opener { return c.Backend.(backend.Opener).Backends() }
 
-// TestNewDerivesOnce: the transport's New derives the Config once and hands it down:
-// the backend is opened once to plan and validate and once to run, whatever the
-// transport, the middleware and the wiring read of it.
+// TestNewDerivesOnce: each of the transport's New, the middleware's New and
+// Config.Validate derives the Config once (internal/derived.Of, backend.Derive),
+// opening the backend to plan, and the middleware opens it once more to run, whatever
+// the transport, the middleware and the wiring read of it: the transport's checks and
+// its wiring share one derivation, as the middleware's checks and its start do. No
+// public method hands a derivation from one package to the next (its type is
+// internal); opening to plan parks nothing.
 func TestNewDerivesOnce(t *testing.T) {
 	opens := 0
 	w, err := New(Sub{QueueName: func(topic string) string { return topic }}, amqpretry.Config{Backend: counted{delay.Memory(discard{}), &opens}})
@@ -99,8 +103,8 @@ func TestNewDerivesOnce(t *testing.T) {
 	defer w.Retry.Close()
 	_ = w.Marshaler()
 	_ = w.WorkQueueArgs(nil)
-	if opens != 2 {
-		t.Errorf("the backend was opened %d times by New, want 2: once to plan, once to run", opens)
+	if opens != 4 {
+		t.Errorf("the backend was opened %d times by New, want 4: to plan by the transport, the middleware and Validate, once to run", opens)
 	}
 }
 
