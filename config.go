@@ -73,15 +73,10 @@ type Config struct {
 	// failed hand-offs at ERROR (poisonings at WARN where the logger has a Warn
 	// method). Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
-
-	// derived is what New derived from this Config, once (WithDerived); nil for a
-	// Config as the user gives it.
-	derived *backend.Derived
 }
 
 // WithDefaults returns c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	c.derived = nil
 	if c.Backend == nil {
 		c.Backend = delay.TTLTiers()
 	}
@@ -110,7 +105,7 @@ func (c Config) WithDefaults() Config {
 // a schedule value that delay would ignore. On ttl-tiers a delay longer than the
 // longest tier is not refused: the retry is parked again when it comes back, until it
 // is due, so it never comes back early.
-func (c Config) Validate() error { return c.Derived().Invalid }
+func (c Config) Validate() error { return c.WithDefaults().invalid(c.derive(), c) }
 
 // invalid is every invalid field of c, with its defaults, v what it derives; user is
 // c as given, before defaults.
@@ -173,17 +168,17 @@ func (c Config) fits(v backend.Derived, user Policy) []error {
 		return c.fitsConstant(v.Name, k.OneDelay(), user)
 	}
 	// A delay the backend refuses could never be handed off.
-	longest, at := c.Policy.longest(v.HeldRetries)
+	longest, at := c.Policy.values().Longest(v.HeldRetries)
 	if longest <= 0 {
 		return nil
 	}
 	if _, err := v.Backend.Effective(longest); err != nil {
 		// The longest the entry may be: the backend's longest, less the jitter when
 		// a longer entry (out of reach) leaves room for it.
-		j, most := c.Policy.jitter(), lim.Longest
+		j, most := c.Policy.values().JitterOf(), lim.Longest
 		if longest > c.Policy.Delays[at] {
 			most = time.Duration(float64(lim.Longest) / (1 + j))
-			for most > 0 && jittered(most, j) > lim.Longest {
+			for most > 0 && backend.Jittered(most, j) > lim.Longest {
 				most--
 			}
 		}
@@ -234,81 +229,14 @@ func (c Config) fitsConstant(name string, d time.Duration, user Policy) []error 
 	return errs
 }
 
-// setup is what c's backend value is opened with, for planning: the prefix. c has its
-// defaults.
-func (c Config) setup() backend.Setup {
-	return backend.Setup{Prefix: c.Prefix}
-}
-
-// Derived returns what c derives beyond its fields, each fact computed here only, once:
-// the backend c's value opens and what it can do, the one held in front of it, how to
-// fix a topology error, what its work queues need, the schedule, and every invalid
-// field (Validate). It is for this module's middleware, transports and ops (its type is
-// internal). Defaults are applied first; the policy is checked as c gives it. It derives
-// afresh, also on the Config a started Retry gives (middleware.Retry.Config, which
-// carries none); what New derived is middleware.Retry.Derived.
-func (c Config) Derived() backend.Derived {
-	if c.derived != nil {
-		return *c.derived
-	}
-	user := c
+// derive returns what c derives beyond its fields (backend.Derive, the one place each
+// fact is computed), defaults applied first. It derives afresh on each call. The
+// middleware, its transports and ops derive through internal/derived.Of, which reads
+// the same fields.
+func (c Config) derive() backend.Derived {
 	c = c.WithDefaults()
-	s := c.setup()
-	var value any = c.Backend
-	v := backend.Derived{Name: c.Backend.Name(), Schedule: c.Policy.describe(), Setup: s}
-	v.Backend, v.Err = backend.Open(value, s)
-	var held backend.Opener
-	if f, ok := value.(backend.Fronted); ok && v.Err == nil {
-		v.HeldRetries, held, value = f.Front()
-	}
-	v.Open = func(env backend.Env) (backend.Backend, error) {
-		s := s
-		s.Env = env
-		return backend.Open(value, s)
-	}
-	if b := v.Backend; b != nil {
-		v.Caps = b.Caps()
-		_, v.AMQP1 = b.(backend.AMQP1)
-		_, v.Sealed = b.(backend.Sealed)
-		if l, ok := b.(backend.InProcess); ok {
-			v.InProcess, v.Local = true, l.Local()
-		}
-		if w, ok := b.(backend.WorkQueueArgser); ok {
-			v.WorkQueueArgs = w.WorkQueueArgs()
-		}
-	}
-	v.Longest, _ = c.Policy.longest(v.HeldRetries)
-	var retryDelay time.Duration
-	if held != nil {
-		if h, err := backend.Open(held, backend.Setup{}); err == nil {
-			v.Held = h
-			v.WorkQueueArgs = h.(backend.WorkQueueArgser).WorkQueueArgs()
-			retryDelay = h.(backend.Constant).OneDelay()
-		}
-		v.Schedule = fmt.Sprintf("%d retries held in the work queue %s apart, then %s", v.HeldRetries, retryDelay, v.Schedule)
-	}
-	if v.WorkQueueArgs != nil {
-		// Past its delivery limit a quorum queue drops a message it cannot deliver,
-		// unless it has a dead-letter target: the poison queue.
-		v.WorkQueueArgs = backend.WithDeadLetter(v.WorkQueueArgs, c.PoisonQueue)
-	}
-	if k, ok := v.Backend.(backend.Constant); ok {
-		retryDelay = k.OneDelay()
-		v.Schedule = fmt.Sprintf("every retry held in the work queue %s (its delay)", retryDelay)
-		v.Longest = retryDelay
-	}
-	v.Fix = declare.Fix{Mode: c.Topology, HoldsRetries: v.WorkQueueArgs != nil, RetryDelay: retryDelay, Backend: v.Name, PoisonQueue: c.PoisonQueue, Apply: c.ApplyCommand, Ordered: c.OrderKey != nil}
-	v.Invalid = c.invalid(v, user)
-	return v
-}
-
-// WithDerived returns c, with its defaults, carrying v, what c derives (Derived): the
-// middleware's New derives once and hands the Config down with it. For this module's
-// use; WithDefaults drops it.
-func (c Config) WithDerived(v backend.Derived) Config {
-	c = c.WithDefaults()
-	c.derived = &v
-	return c
+	return backend.Derive(backend.Input{Backend: c.Backend, Prefix: c.Prefix, PoisonQueue: c.PoisonQueue, Topology: c.Topology,
+		Ordered: c.OrderKey != nil, Policy: c.Policy.values(), Apply: c.ApplyCommand})
 }
 
 // Plan returns everything c needs on the broker for the given work queues, without a
@@ -317,7 +245,7 @@ func (c Config) WithDerived(v backend.Derived) Config {
 // delayed retries, the work queue itself with the arguments they need). The `amqpretry
 // topology` command applies and checks it.
 func (c Config) Plan(workQueues ...string) (topology.Topology, error) {
-	v := c.Derived()
+	v := c.derive()
 	c = c.WithDefaults()
 	if err := errors.Join(c.topologyErrors(v)...); err != nil {
 		return topology.Topology{}, fmt.Errorf("invalid config: %w", err)
@@ -346,7 +274,7 @@ func (c Config) ApplyCommand(workQueues ...string) string {
 	if c.Prefix != names.DefaultPrefix {
 		args = append(args, "--prefix", c.Prefix)
 	}
-	v := c.Derived()
+	v := c.derive()
 	if b := v.Backend; b != nil {
 		if f, ok := b.(backend.Flagger); ok {
 			args = append(args, f.Flags()...)

@@ -3,9 +3,9 @@ package amqpretry
 import (
 	"errors"
 	"fmt"
-	"math"
-	"slices"
 	"time"
+
+	"github.com/amqpretry/amqpretry/internal/backend"
 )
 
 // Policy says how often and how long apart a message is retried. The zero value, after
@@ -33,26 +33,11 @@ type Policy struct {
 // 8m32s, 10m. A multiplier of 1 or less, an initial of 0 or less, or one of max or
 // more, gives the one delay min(initial, max); past 64 growing steps it ends at max.
 func Exponential(initial time.Duration, multiplier float64, max time.Duration) []time.Duration {
-	if multiplier <= 1 || initial >= max || initial <= 0 {
-		return []time.Duration{min(initial, max)}
-	}
-	var ds []time.Duration
-	for d := initial; d < max && len(ds) < maxExponentialSteps; {
-		ds = append(ds, d)
-		next := float64(d) * multiplier
-		if next >= float64(max) {
-			break
-		}
-		d = time.Duration(next)
-	}
-	return append(ds, max)
+	return backend.Exponential(initial, multiplier, max)
 }
 
-// maxExponentialSteps bounds the schedule Exponential returns.
-const maxExponentialSteps = 64
-
 // defaultDelays is Delays' default.
-func defaultDelays() []time.Duration { return Exponential(time.Second, 2, 10*time.Minute) }
+func defaultDelays() []time.Duration { return backend.DefaultDelays() }
 
 // defaultMaxAttempts is MaxAttempts' default.
 const defaultMaxAttempts = 5
@@ -72,10 +57,6 @@ func (p Policy) withDefaults() Policy {
 
 // defaultJitter is Jitter's default.
 const defaultJitter = 0.2
-
-// jitter is the fraction p randomises each delay by: Jitter, or 0 for a negative one
-// (none). p has its defaults.
-func (p Policy) jitter() float64 { return max(p.Jitter, 0) }
 
 // validate reports every invalid field of p, which has its defaults, each line
 // naming its field as "Policy.MaxAttempts: -1, must be at least 1".
@@ -98,52 +79,8 @@ func (p Policy) validate() error {
 	return errors.Join(errs...)
 }
 
-// longest is the longest delay p can ask of the copying backend, after stages retries
-// held in the work queue (delay.HeldRetries), jitter's upper bound included (never
-// past the longest entry), and the entry of Delays that decides it, i ("Delays[i]"),
-// the longest within reach. 0 and -1 when it asks for none. Config.Validate checks it against the backend's limits, and
-// the middleware logs it at start. p has its defaults.
-func (p Policy) longest(stages int) (time.Duration, int) {
-	// The copying backend's retries: every retry but those run in this process
-	// (Immediate) or held in the work queue. The engine sizes the retry after attempt
-	// a with the schedule's delay a - min(stages, a-1), so the last, attempt
-	// MaxAttempts - 1, gets delay MaxAttempts - 1 - stages.
-	n := max(p.MaxAttempts-1-max(p.Immediate+stages, 0), 0)
-	if n < 1 || len(p.Delays) == 0 {
-		return 0, -1
-	}
-	var longest time.Duration
-	at := -1
-	for i, d := range p.Delays[:min(n, len(p.Delays))] {
-		if at < 0 || d > longest {
-			longest, at = d, i
-		}
-	}
-	return min(jittered(longest, p.jitter()), slices.Max(p.Delays)), at
-}
-
-// jittered is the longest delay d gives with jitter j before the cap: the engine draws
-// from [d - j·d, d + j·d], in whole nanoseconds, then caps it at the longest entry.
-func jittered(d time.Duration, j float64) time.Duration {
-	return time.Duration(math.Floor(float64(d) + j*float64(d)))
-}
-
-// describe describes p's schedule, for the log at start: "1s, ×2 per retry up to
-// 10m0s, jitter ±20%" (the default), or "delays [1s 5s], the last repeating", after
-// "2 immediate retries, then " when it has them. p has its defaults.
-func (p Policy) describe() string {
-	var s string
-	switch {
-	case slices.Equal(p.Delays, defaultDelays()):
-		s = "1s, ×2 per retry up to 10m0s"
-	default:
-		s = fmt.Sprintf("delays %v, the last repeating", p.Delays)
-	}
-	if p.Jitter > 0 {
-		s += fmt.Sprintf(", jitter ±%g%%", p.Jitter*100)
-	}
-	if p.Immediate > 0 {
-		s = fmt.Sprintf("%d immediate retries, then %s", p.Immediate, s)
-	}
-	return s
+// values is p, with its defaults, as internal/backend takes it (backend.Policy: the
+// schedule's longest delay and its description are computed there).
+func (p Policy) values() backend.Policy {
+	return backend.Policy{MaxAttempts: p.MaxAttempts, Delays: p.Delays, Jitter: p.Jitter, Immediate: p.Immediate}
 }

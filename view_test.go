@@ -8,10 +8,11 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
+	"github.com/amqpretry/amqpretry/internal/derived"
 )
 
 // TestConfiguredView: what the middleware, its transports and ops derive from a
-// Config (Config.Derived) agrees with what the Config itself plans and validates: the
+// Config (internal/derived.Of) agrees with what the Config itself plans and validates: the
 // backend it names, the one held in front of it, the work queues' arguments (the
 // plan's), the longest delay and the fix's command.
 func TestConfiguredView(t *testing.T) {
@@ -32,7 +33,7 @@ func TestConfiguredView(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := c.cfg.WithDefaults()
-			v := cfg.Derived()
+			v := derived.Of(cfg)
 			if v.Backend == nil || v.Name != cfg.Backend.Name() || v.Backend.Name() != v.Name || v.Err != nil {
 				t.Errorf("Backend = %v (%q, %v), want %s opened", v.Backend, v.Name, v.Err, cfg.Backend.Name())
 			}

@@ -16,6 +16,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/derived"
 	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
 	"github.com/amqpretry/amqpretry/metrics"
@@ -53,7 +54,7 @@ func TestRefreshWaiting(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	b, err := cfg.Derived().Open(backend.Env{Handoff: h})
+	b, err := derived.Of(cfg).Open(backend.Env{Handoff: h})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -59,7 +59,7 @@ func BenchmarkBareHandler(b *testing.B) {
 func BenchmarkRetrySuccessPath(b *testing.B) {
 	// In-process, as retry.Start builds it on the memory backend.
 	b.Run("in-process", func(b *testing.B) {
-		r, err := start(amqpretry.Config{Backend: delay.Memory(discard{})}.WithDefaults(), Transport{})
+		r, err := startTest(amqpretry.Config{Backend: delay.Memory(discard{})}.WithDefaults(), Transport{})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -101,7 +101,7 @@ func BenchmarkDedup(b *testing.B) {
 			name = "memory"
 		}
 		b.Run(name, func(b *testing.B) {
-			r, err := start(amqpretry.Config{Backend: delay.Memory(discard{}), Dedup: keep}.WithDefaults(),
+			r, err := startTest(amqpretry.Config{Backend: delay.Memory(discard{}), Dedup: keep}.WithDefaults(),
 				Transport{Queue: func(string) string { return "work" }})
 			if err != nil {
 				b.Fatal(err)

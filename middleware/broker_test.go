@@ -32,7 +32,7 @@ func TestVerifyModeNamesWhatIsMissing(t *testing.T) {
 	apply := "amqpretry topology apply --backend ttl-tiers --prefix " + prefix + " --tiers 1s,2s"
 
 	// Before apply: Start names what is missing and the command.
-	_, err = start(cfg.WithDefaults(), Transport{URI: brokertest.URI()})
+	_, err = startTest(cfg.WithDefaults(), Transport{URI: brokertest.URI()})
 	if !errors.Is(err, topology.ErrMissing) || !strings.Contains(err.Error(), "`"+apply+"`") {
 		t.Fatalf("verify mode before apply: %v", err)
 	}
@@ -44,7 +44,7 @@ func TestVerifyModeNamesWhatIsMissing(t *testing.T) {
 	if err := plan.Apply(ch, topology.ModeDeclare); err != nil {
 		t.Fatal(err)
 	}
-	r, err := start(cfg.WithDefaults(), Transport{URI: brokertest.URI()})
+	r, err := startTest(cfg.WithDefaults(), Transport{URI: brokertest.URI()})
 	if err != nil {
 		t.Fatalf("verify mode after apply: %v", err)
 	}
@@ -74,7 +74,7 @@ func TestVerifyModeNamesWhatIsMissing(t *testing.T) {
 
 	none := cfg
 	none.Topology = topology.ModeNone
-	rn, err := start(none.WithDefaults(), Transport{URI: brokertest.URI()})
+	rn, err := startTest(none.WithDefaults(), Transport{URI: brokertest.URI()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestStartWarnsAboutTheDeliveryLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	brokertest.CleanupTopology(t, plan)
-	r, err := start(cfg.WithDefaults(), Transport{URI: brokertest.URI(), QueueArgs: amqp.Table{declare.QueueTypeArg: declare.QueueTypeQuorum, declare.DeliveryLimitArg: int64(2)}})
+	r, err := startTest(cfg.WithDefaults(), Transport{URI: brokertest.URI(), QueueArgs: amqp.Table{declare.QueueTypeArg: declare.QueueTypeQuorum, declare.DeliveryLimitArg: int64(2)}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/derived"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -118,7 +119,7 @@ func newEngine(t testing.TB, cfg amqpretry.Config, b backend.Backend) (*engine, 
 		t.Fatal(err)
 	}
 	p := &poisonQueue{}
-	e := &engine{cfg: cfg.WithDefaults(), heldRetries: cfg.Derived().HeldRetries, poisonQ: p.send, wiring: wiring{Queue: func(string) string { return "work" }}}
+	e := &engine{cfg: cfg.WithDefaults(), heldRetries: derived.Of(cfg).HeldRetries, poisonQ: p.send, wiring: wiring{Queue: func(string) string { return "work" }}}
 	e.outages = newOutages(e.cfg.Outage)
 	e.dedup = newDedup(e.cfg)
 	if b != nil {
@@ -152,4 +153,9 @@ func tooLarge(limit int) func(*message.Message) error {
 		}
 		return nil
 	}
+}
+
+// startTest is start with what cfg derives.
+func startTest(cfg amqpretry.Config, t Transport) (*retry, error) {
+	return start(cfg, derived.Of(cfg), t)
 }

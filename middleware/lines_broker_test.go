@@ -32,7 +32,7 @@ func TestBrokerLinesMarkTheHead(t *testing.T) {
 	work := prefix + ".orders"
 	k := orderKey{work, "acc-1"}
 	brokertest.Cleanup(t, []string{nm.Behind(work, k.key)}, []string{nm.BehindHead(work, k.key, "m1"), nm.BehindHead(work, k.key, "m2"), nm.BehindHead(work, k.key, "m4")})
-	r, err := start(cfg.WithDefaults(), Transport{URI: brokertest.URI()})
+	r, err := startTest(cfg.WithDefaults(), Transport{URI: brokertest.URI()})
 	if err != nil {
 		t.Fatal(err)
 	}

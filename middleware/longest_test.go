@@ -5,9 +5,10 @@ import (
 	"time"
 
 	"github.com/amqpretry/amqpretry"
+	"github.com/amqpretry/amqpretry/internal/derived"
 )
 
-// TestLongestBoundsEveryDelay: the policy's longest delay (Config.Derived().Longest),
+// TestLongestBoundsEveryDelay: the policy's longest delay (derived.Of(cfg).Longest),
 // which Config.Validate checks against the backend's limits and the start logs, bounds every delay the engine asks for (delayOf) in the
 // retries it counts, and is reached without jitter.
 func TestLongestBoundsEveryDelay(t *testing.T) {
@@ -22,7 +23,7 @@ func TestLongestBoundsEveryDelay(t *testing.T) {
 		{MaxAttempts: 6, Jitter: -1},
 	} {
 		cfg := amqpretry.Config{Policy: p}.WithDefaults()
-		p, longest := cfg.Policy, cfg.Derived().Longest
+		p, longest := cfg.Policy, derived.Of(cfg).Longest
 		n := p.MaxAttempts - 1 // the retries: none run in this process, none held
 		var seen time.Duration
 		for i := 1; i <= n; i++ {

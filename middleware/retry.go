@@ -12,6 +12,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/derived"
 )
 
 // Transport is what the retry middleware needs of the transport its messages come
@@ -70,10 +71,10 @@ type Retry struct{ r *retry }
 // With the memory backend and no URI, everything stays in this process:
 // delay.Memory(...) (a GoChannel, say) receives the retries and the poisoned messages.
 func New(cfg amqpretry.Config, t Transport) (*Retry, error) {
-	// Derived once, from cfg as given (its policy is checked apart from its
-	// defaults), and handed down with the Config.
-	v := cfg.Derived()
-	withDefaults := cfg.WithDerived(v)
+	// What cfg derives (internal/derived), once, handed down with the Config; the
+	// policy is checked as cfg gives it (Validate).
+	v := derived.Of(cfg)
+	withDefaults := cfg.WithDefaults()
 	var errs []error
 	if t.Validate != nil {
 		errs = append(errs, t.Validate(withDefaults))
@@ -81,14 +82,14 @@ func New(cfg amqpretry.Config, t Transport) (*Retry, error) {
 	if t.Redeliver != nil && v.Backend != nil && !v.AMQP1 {
 		errs = append(errs, amqp1Only(withDefaults))
 	}
-	errs = append(errs, v.Invalid)
+	errs = append(errs, cfg.Validate())
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("invalid config: %w", err)
 	}
 	if t.URI == "" && !v.InProcess {
 		return nil, fmt.Errorf("invalid config: Transport.URI: required for the %s backend", v.Name)
 	}
-	r, err := start(withDefaults, t)
+	r, err := start(withDefaults, v, t)
 	if err != nil {
 		return nil, err
 	}
@@ -174,10 +175,6 @@ func (r *Retry) DeliveredFor(queue func(topic string) string) func(msg *message.
 // Config returns the configuration this Retry runs with, defaults applied: its poison
 // queue, prefix, backend and policy. A copy changed and planned again derives afresh.
 func (r *Retry) Config() amqpretry.Config { return r.r.cfg.WithDefaults() }
-
-// Derived is what New derived from the Config, once: for this module's transports
-// (its type is internal).
-func (r *Retry) Derived() backend.Derived { return r.r.view }
 
 // Bind gives queue its way back from the delay backend on ch, as Config.Topology says
 // (declares it, checks it, or nothing), and records that retries can come back to

@@ -13,6 +13,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/ctxkey"
 	"github.com/amqpretry/amqpretry/internal/declare"
 	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/keys"
@@ -36,14 +37,13 @@ type retry struct {
 	id      string
 }
 
-// start builds a retry from cfg, valid and with its defaults, and t: it connects
+// start builds a retry from cfg, valid and with its defaults, v what it derives, and t: it connects
 // (unless in-process), refuses a backend the broker cannot run, declares (or checks)
 // the poison queue and the backend's topology, and logs what could lose retries.
-func start(cfg amqpretry.Config, t Transport) (*retry, error) {
+func start(cfg amqpretry.Config, v backend.Derived, t Transport) (*retry, error) {
 	if t.Queue == nil {
 		t.Queue = func(topic string) string { return topic }
 	}
-	v := cfg.Derived()
 	r := &retry{cfg: cfg, view: v, t: t}
 	e := &engine{cfg: cfg, heldRetries: v.HeldRetries, wiring: wiring{Queue: t.Queue}, outages: newOutages(cfg.Outage), dedup: newDedup(cfg), handoffLimit: backend.HandoffLimit()}
 	r.engine = e
@@ -64,7 +64,6 @@ func start(cfg amqpretry.Config, t Transport) (*retry, error) {
 	r.id = watermill.NewShortUUID()
 	e.wiring.ID, e.wiring.Bound = r.id, &queueSet{}
 	e.reads = &marshal.Reads{Refuse: r.refuseUnread}
-	r.view.Reads = e.reads
 	h, err := handoff.Dial(backend.HandoffConfig{URI: t.URI, AMQP: t.AMQP, ConfirmTimeout: backend.DefaultConfirmTimeout,
 		Marshal:  marshal.Options{MessageUUIDHeaderKey: t.UUIDHeader, NotPersistentDeliveryMode: t.NotPersistent, PostprocessPublishing: t.Postprocess},
 		Topology: cfg.Topology, Logger: cfg.Logger})
@@ -207,6 +206,11 @@ func (r *retry) logReady() {
 func (r *retry) delivered(msg *message.Message, attempt, fn int) {
 	if r.id != "" {
 		msg.Metadata[keys.Subscriber] = mark(r.id, fn)
+		// A subscriber's guard not attached yet (marshal.NewGuard) gets this Retry's
+		// record of reads.
+		if g, ok := msg.Context().Value(ctxkey.Guard{}).(*marshal.Guard); ok {
+			g.Attach(r.engine.reads)
+		}
 	}
 	if attempt > 0 {
 		msg.Metadata[keys.Attempt] = strconv.Itoa(attempt)

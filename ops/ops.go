@@ -12,6 +12,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/amqperr"
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/derived"
 	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/internal/redact"
@@ -86,7 +87,7 @@ func New(cfg Config) (*Ops, error) {
 	if cfg.URI == "" {
 		return nil, errors.New("invalid config: URI: required")
 	}
-	v := retry.Derived()
+	v := derived.Of(retry)
 	if v.Err != nil {
 		return nil, fmt.Errorf("invalid config: %w", v.Err)
 	}
@@ -118,7 +119,7 @@ func New(cfg Config) (*Ops, error) {
 // that decide the topology (Config.Plan checks those, not the policy).
 func topologyConfig(r amqpretry.Config) (amqpretry.Config, error) {
 	r = r.WithDefaults()
-	if v := r.Derived(); v.InProcess {
+	if v := derived.Of(r); v.InProcess {
 		return r, fmt.Errorf("invalid config: Retry.Backend: the %s backend has nothing on the broker (it keeps its retries in the application's process)", v.Name)
 	}
 	if _, err := r.Plan(); err != nil {
@@ -135,11 +136,27 @@ func topologyConfig(r amqpretry.Config) (amqpretry.Config, error) {
 // answer New gets.
 func HasParking(retry amqpretry.Config) bool {
 	retry = retry.WithDefaults()
-	v := retry.Derived()
+	v := derived.Of(retry)
 	if v.Err != nil {
 		return false
 	}
 	return hasParking(v.Backend, names.Names{Prefix: retry.Prefix})
+}
+
+// HasPluginWaiting tells whether the backend retry names (with retry's defaults) keeps
+// its waiting retries where only its plugin counts them (delayed-exchange's
+// delayed-message plugin): List, Redrive and Purge of Waiting then refuse
+// (ErrPluginWaiting), and Status counts them (Status.PluginWaiting). False for a
+// Config naming no valid backend. It touches no broker: a caller that needs
+// rabbitmqctl for the other backends' waiting retries asks this before it connects,
+// and gets the answer New's Ops gets.
+func HasPluginWaiting(retry amqpretry.Config) bool {
+	v := derived.Of(retry)
+	if v.Err != nil {
+		return false
+	}
+	_, ok := v.Backend.(backend.Sealed)
+	return ok
 }
 
 // BehindQueues is the name pattern of the queues where the later messages of a blocked

@@ -21,6 +21,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/amqperr"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/derived"
 	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/keys"
 	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
@@ -647,7 +648,7 @@ func TestRedriveInterrupted(t *testing.T) {
 // middleware does (backend.Scheduler, from Watermill's delay metadata).
 func (r *rig) schedule(cfg amqpretry.Config, queue string, msg *message.Message, d time.Duration) {
 	r.t.Helper()
-	b, err := cfg.Derived().Open(backend.Env{Handoff: r.h})
+	b, err := derived.Of(cfg).Open(backend.Env{Handoff: r.h})
 	if err != nil {
 		r.t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/derived"
 	"github.com/amqpretry/amqpretry/topology"
 )
 
@@ -382,7 +383,7 @@ func (o *Ops) everyBackend() (t topology.Topology, sealed map[string]backend.Bac
 		}
 	}
 	add(o.backend)
-	setup := o.retry.Derived().Setup
+	setup := derived.Of(o.retry).Setup
 	for _, value := range backend.All(o.retry.Backend) {
 		b, err := backend.Open(value, setup)
 		if err != nil {
@@ -408,7 +409,7 @@ func (o *Ops) unenumerable() ([]string, error) {
 		}
 	}
 	add(o.backend)
-	setup := o.retry.Derived().Setup
+	setup := derived.Of(o.retry).Setup
 	for _, value := range backend.All(o.retry.Backend) {
 		b, err := backend.Open(value, setup)
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/derived"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 )
 
@@ -81,7 +82,7 @@ func (o *Ops) storagePattern() (string, error) {
 		}
 	}
 	add(o.backend)
-	setup := o.retry.Derived().Setup
+	setup := derived.Of(o.retry).Setup
 	for _, value := range backend.All(o.retry.Backend) {
 		b, err := backend.Open(value, setup)
 		if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/derived"
 	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/xdeath"
@@ -224,7 +225,7 @@ func TestConsoleBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := cfg.WithDefaults()
-	b, err := c.Derived().Open(backend.Env{Handoff: e.h})
+	b, err := derived.Of(c).Open(backend.Env{Handoff: e.h})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -113,8 +113,9 @@ counters; then a histogram of their due times.
 			}
 			ctl := src.ctlRunner(a.uri)
 			// On delayed-exchange ops refuses, with the plugin's reason (and its count,
-			// when rabbitmqctl reads it): no retry can be listed there.
-			if ctl == nil && !a.sealed() {
+			// when rabbitmqctl reads it): no retry can be listed there. Elsewhere,
+			// without rabbitmqctl, the fix is the flag, given before anything is dialled.
+			if ctl == nil && !a.pluginWaiting() {
 				return usagef("waiting list needs rabbitmqctl (--rabbitmqctl): AMQP cannot read waiting retries without changing them")
 			}
 			o, err := a.openCtl(ctl)
@@ -590,10 +591,11 @@ func waitingNote(r ops.TeardownResult, name string) string {
 	return fmt.Sprintf(": %d messages waiting, lost with it", n)
 }
 
-// sealed tells whether the configured backend's waiting retries can only be counted
-// (the delayed-message plugin's): ops then refuses to list or move them, with the
-// reason, and needs no rabbitmqctl to say so.
-func (a *app) sealed() bool {
+// pluginWaiting tells whether the configured backend's waiting retries can only be
+// counted (the delayed-message plugin's), as ops answers it (ops.HasPluginWaiting):
+// ops then refuses to list or move them, with the reason, and needs no rabbitmqctl to
+// say so.
+func (a *app) pluginWaiting() bool {
 	cfg, err := a.retryConfig()
-	return err == nil && cfg.Derived().Sealed
+	return err == nil && ops.HasPluginWaiting(cfg)
 }

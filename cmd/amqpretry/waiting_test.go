@@ -12,6 +12,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
+	"github.com/amqpretry/amqpretry/internal/derived"
 	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
 	"github.com/amqpretry/amqpretry/middleware"
 )
@@ -49,7 +50,7 @@ func TestWaitingAndTeardown(t *testing.T) {
 		t.Fatalf("apply: %d %s%s", code, out, errOut)
 	}
 	c := cfg.WithDefaults()
-	b, err := c.Derived().Open(backend.Env{Handoff: e.h})
+	b, err := derived.Of(c).Open(backend.Env{Handoff: e.h})
 	if err != nil {
 		t.Fatal(err)
 	}

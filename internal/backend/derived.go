@@ -7,14 +7,14 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/declare"
-	"github.com/amqpretry/amqpretry/internal/marshal"
 )
 
 // Derived is what an amqpretry.Config, with its defaults, derives beyond its exported
 // fields: the backend it names, opened once, the one held in front of it, how to fix a
-// topology error, what its work queues need, and its policy's schedule. The root
-// package computes all of it, in one place (amqpretry.Config.Derived), once per New;
-// the middleware, its transports and ops read it there.
+// topology error, what its work queues need, and its policy's schedule. Derive computes
+// all of it, in one place, from the Config's exported fields: the root package for
+// Validate, Plan and ApplyCommand, the middleware (once per New), its transports and
+// ops through internal/derived.Of. Its invalid fields are Config.Validate's.
 type Derived struct {
 	// Name is the backend's name, for logs and errors.
 	Name string
@@ -31,10 +31,9 @@ type Derived struct {
 	// other backends with it to find what they declared under the prefix.
 	Setup Setup
 	// InProcess: the backend keeps its retries in this process (the InProcess trait),
-	// Local is where they come back. AMQP1: it needs the AMQP 1.0 transport. Sealed:
-	// its waiting retries can only be counted. What the sibling modules ask.
-	InProcess, AMQP1, Sealed bool
-	Local                    message.Publisher
+	// Local is where they come back. AMQP1: it needs the AMQP 1.0 transport.
+	InProcess, AMQP1 bool
+	Local            message.Publisher
 	// Held is the backend that holds the first delay.HeldRetries retries in the work queue,
 	// in front of Backend (delay.HeldRetries); nil and 0 without held retries.
 	Held        Backend
@@ -49,10 +48,4 @@ type Derived struct {
 	Longest time.Duration
 	// Schedule describes the retries, for the log at start.
 	Schedule string
-	// Invalid is every invalid field, as amqpretry.Config.Validate reports them.
-	Invalid error
-	// Reads is not derived: a started Retry's record of the subscriber marks its
-	// middleware has read a message of, which its subscribers' marshalers guard with
-	// (marshal.Reads). Set by the middleware's New; nil elsewhere.
-	Reads *marshal.Reads
 }

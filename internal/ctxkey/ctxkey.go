@@ -9,3 +9,8 @@ package ctxkey
 // HandlerRan() and HandlerFailed(error) (the handler added through a transport's
 // AddHandler is below, ran, and failed).
 type Chain struct{}
+
+// Guard is the key under which a subscriber's marshaler hands its guard
+// (*marshal.Guard) to the Retry's Delivered, in the context of the message it passes,
+// until the Retry has attached its record of reads to it (marshal.NewGuard).
+type Guard struct{}

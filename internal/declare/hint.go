@@ -40,7 +40,7 @@ type Fix struct {
 }
 
 // heldArgs are the arguments a work queue that holds delayed retries needs besides its
-// type (amqpretry.Config.Derived adds the dead-letter target to the backend's).
+// type (backend.Derive adds the dead-letter target to the backend's).
 var heldArgs = []string{DelayedRetryTypeArg, DelayedRetryMinArg, DelayedRetryMaxArg, DeadLetterExchangeArg, DeadLetterKeyArg}
 
 // Hint adds the fix to an error of the topology checks: the command that creates what

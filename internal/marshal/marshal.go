@@ -156,7 +156,15 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	}
 	switch {
 	case m.Retry && m.Delivered != nil:
-		m.Delivered(msg, attempt)
+		if g := m.Guard; g != nil && g.reads.Load() == nil {
+			// The guard, carried to the Retry's Delivered, which attaches its Reads.
+			ctx := msg.Context()
+			msg.SetContext(g.ask)
+			m.Delivered(msg, attempt)
+			msg.SetContext(ctx)
+		} else {
+			m.Delivered(msg, attempt)
+		}
 		if m.Guard != nil {
 			if err := m.Guard.admit(msg, d.Redelivered); err != nil {
 				return nil, err

@@ -1,6 +1,7 @@
 package marshal
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 
@@ -71,12 +72,35 @@ func (r *Reads) Read(mark string) {
 	}
 }
 
-// Guard returns the guard of one subscriber config.
-func (r *Reads) Guard() *Guard { return &Guard{reads: r} }
+// Guard returns the guard of one subscriber config, attached to r.
+func (r *Reads) Guard() *Guard {
+	g := NewGuard()
+	g.Attach(r)
+	return g
+}
+
+// NewGuard returns the guard of one subscriber config, not attached yet: the Retry
+// attaches its Reads (Attach) when its Delivered gets the first message the guard's
+// marshaler unmarshals, which carries the guard in its context (ctxkey.Guard) for
+// that call. A transport thus guards with the Retry's Reads without the Retry's public
+// API naming them. A message goes through a guard not attached.
+func NewGuard() *Guard {
+	g := &Guard{}
+	g.ask = context.WithValue(context.Background(), ctxkey.Guard{}, g)
+	return g
+}
+
+// Attach attaches g to r, the Retry's Reads, unless it is attached already.
+func (g *Guard) Attach(r *Reads) {
+	if r != nil {
+		g.reads.CompareAndSwap(nil, r)
+	}
+}
 
 // Guard is a subscriber config's side of Reads.
 type Guard struct {
-	reads *Reads
+	reads atomic.Pointer[Reads]     // Attach's
+	ask   context.Context           // carries the guard (ctxkey.Guard) until it is attached
 	mark  atomic.Pointer[markReads] // its mark's, found once
 	// routed: a message of the config's subscribers went through a router's
 	// handler, seen on last, the message let through last, once it was settled.
@@ -136,7 +160,7 @@ func (g *Guard) outside(msg *message.Message, redelivered bool) error {
 	first := !g.said
 	g.said = true
 	g.mu.Unlock()
-	return g.reads.Refuse(msg, n, first, true)
+	return g.reads.Load().Refuse(msg, n, first, true)
 }
 
 // admit lets msg, just unmarshalled and marked (keys.Subscriber), through, or refuses
@@ -145,11 +169,15 @@ func (g *Guard) outside(msg *message.Message, redelivered bool) error {
 // of the Retry has read a message of its mark. A message without a UUID cannot be told
 // from another and goes through.
 func (g *Guard) admit(msg *message.Message, redelivered bool) error {
+	reads := g.reads.Load()
+	if reads == nil {
+		return nil
+	}
 	m := g.mark.Load()
 	if m == nil {
-		v, loaded := g.reads.marks.LoadOrStore(msg.Metadata[keys.Subscriber], &markReads{})
+		v, loaded := reads.marks.LoadOrStore(msg.Metadata[keys.Subscriber], &markReads{})
 		if !loaded {
-			g.reads.unread.Add(1)
+			reads.unread.Add(1)
 		}
 		m = v.(*markReads)
 		g.mark.Store(m)
@@ -180,7 +208,7 @@ func (g *Guard) admit(msg *message.Message, redelivered bool) error {
 		first := !m.logged
 		m.logged = true
 		m.mu.Unlock()
-		return g.reads.Refuse(msg, u.refusals, first, false)
+		return reads.Refuse(msg, u.refusals, first, false)
 	}
 	if m.delivered == nil || len(m.delivered) >= maxUnread {
 		m.delivered = map[string]unread{}

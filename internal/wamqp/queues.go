@@ -33,8 +33,9 @@ type Queues struct {
 // given to New.
 func (w *Wiring) For(name func(topic string) string) *Queues {
 	q := &Queues{w: w, name: w.sub.QueueName, delivered: w.Retry.Delivered, named: map[string]bool{}}
-	if w.view.Reads != nil {
-		q.guard = w.view.Reads.Guard()
+	if !w.InProcess() {
+		// Attached to the Retry's record of reads by its first message (marshal.NewGuard).
+		q.guard = marshal.NewGuard()
 	}
 	if name != nil {
 		q.name, q.delivered = name, w.Retry.DeliveredFor(name)
@@ -122,7 +123,7 @@ func (w *Wiring) BuildPoisonTopology(ch *amqp.Channel, queue string) error {
 	}
 	t := topology.Topology{Queues: []topology.Queue{{Name: name, Role: "poison", Args: args}}}
 	if err := t.Apply(ch, w.cfg.Topology); err != nil {
-		return fmt.Errorf("poison queue (topology mode %s): %w", w.cfg.Topology, w.view.Fix.Hint(err, ""))
+		return fmt.Errorf("poison queue (topology mode %s): %w", w.cfg.Topology, w.hint(err, ""))
 	}
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/derived"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/middleware"
@@ -55,6 +56,7 @@ type Wiring struct {
 	cfg   amqpretry.Config // with defaults
 	sub   Sub
 	view  backend.Derived // what cfg derives
+	amqp  amqp.Config     // the hand-off's connection's, for hint
 	// marshal has the options of the subscriber config's marshaler; none where the Retry
 	// cannot use it (in-process, where it is not validated).
 	marshal marshal.Options
@@ -63,7 +65,14 @@ type Wiring struct {
 // New validates sub and cfg, every invalid field named, and only then builds the
 // Retry (middleware.New) with the subscriber config's connection and marshaling.
 func New(sub Sub, cfg amqpretry.Config) (*Wiring, error) {
-	t := middleware.Transport{URI: sub.URI, Queue: sub.QueueName, QueueArgs: sub.QueueArgs, Validate: sub.validate}
+	// What the Config derives, once for the transport: read by its checks (New calls
+	// Validate with the Config, defaults applied) and kept for the wiring.
+	var view backend.Derived
+	validate := func(cfg amqpretry.Config) error {
+		view = derived.Of(cfg)
+		return sub.validate(cfg, view)
+	}
+	t := middleware.Transport{URI: sub.URI, Queue: sub.QueueName, QueueArgs: sub.QueueArgs, Validate: validate}
 	m := sub.marshalOptions()
 	if m != nil {
 		t.UUIDHeader, t.NotPersistent, t.Postprocess = m.MessageUUIDHeaderKey, m.NotPersistentDeliveryMode, m.PostprocessPublishing
@@ -78,8 +87,8 @@ func New(sub Sub, cfg amqpretry.Config) (*Wiring, error) {
 	if err != nil {
 		return nil, err
 	}
-	// With its defaults, and what New derived, once.
-	w := &Wiring{Retry: r, cfg: r.Config(), sub: sub, view: r.Derived()}
+	// With its defaults, and what it derives.
+	w := &Wiring{Retry: r, cfg: r.Config(), sub: sub, view: view, amqp: t.AMQP}
 	if m != nil {
 		w.marshal = *m
 	}
@@ -116,9 +125,9 @@ func (w *Wiring) WorkQueueArgs(args amqp.Table) amqp.Table {
 	return out
 }
 
-// validate reports every invalid field of sub, for cfg (with defaults).
-func (sub Sub) validate(cfg amqpretry.Config) error {
-	v := cfg.Derived()
+// validate reports every invalid field of sub, for cfg (with defaults), v what cfg
+// derives.
+func (sub Sub) validate(cfg amqpretry.Config, v backend.Derived) error {
 	if sub.URI == "" {
 		if !v.InProcess {
 			return fmt.Errorf("Subscriber: Connection.AmqpURI: required for the %s backend", v.Name)
@@ -163,4 +172,22 @@ func (sub Sub) validate(cfg amqpretry.Config) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// hint adds the fix to a topology error of a subscriber (backend.Derived's Fix). A work
+// queue whose declaration clashed is read over a connection of its own to the broker,
+// as the hand-off's (the Retry's own Fix reads it over the hand-off's), closed after.
+func (w *Wiring) hint(err error, queue string) error {
+	f := w.view.Fix
+	var conn *amqp.Connection
+	f.Conn = func() (*amqp.Connection, error) {
+		c, err := backend.DialConn(w.sub.URI, w.amqp)
+		conn = c
+		return c, err
+	}
+	err = f.Hint(err, queue)
+	if conn != nil {
+		_ = conn.Close()
+	}
+	return err
 }

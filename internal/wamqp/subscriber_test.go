@@ -12,6 +12,7 @@ import (
 	"github.com/amqpretry/amqpretry/delay"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/derived"
 )
 
 // TestNewValidatesEveryField: New names every invalid field of the subscriber config
@@ -86,9 +87,13 @@ func (c counted) Open(s backend.Setup) (backend.Backend, error) {
 
 func (c counted) Backends() []backend.Opener { return c.Backend.(backend.Opener).Backends() }
 
-// TestNewDerivesOnce: the transport's New derives the Config once and hands it down:
-// the backend is opened once to plan and validate and once to run, whatever the
-// transport, the middleware and the wiring read of it.
+// TestNewDerivesOnce: each of the transport's New, the middleware's New and
+// Config.Validate derives the Config once (internal/derived.Of, backend.Derive),
+// opening the backend to plan, and the middleware opens it once more to run, whatever
+// the transport, the middleware and the wiring read of it: the transport's checks and
+// its wiring share one derivation, as the middleware's checks and its start do. No
+// public method hands a derivation from one package to the next (its type is
+// internal); opening to plan parks nothing.
 func TestNewDerivesOnce(t *testing.T) {
 	opens := 0
 	w, err := New(Sub{QueueName: func(topic string) string { return topic }}, amqpretry.Config{Backend: counted{delay.Memory(discard{}), &opens}})
@@ -98,8 +103,8 @@ func TestNewDerivesOnce(t *testing.T) {
 	defer w.Retry.Close()
 	_ = w.Marshaler()
 	_ = w.WorkQueueArgs(nil)
-	if opens != 2 {
-		t.Errorf("the backend was opened %d times by New, want 2: once to plan, once to run", opens)
+	if opens != 4 {
+		t.Errorf("the backend was opened %d times by New, want 4: to plan by the transport, the middleware and Validate, once to run", opens)
 	}
 }
 
@@ -126,7 +131,7 @@ func TestPoisonQueueNamedLikeTheOneWorkQueue(t *testing.T) {
 // named (issue 51).
 func TestWorkQueueArgsOfHeldRetries(t *testing.T) {
 	cfg := amqpretry.Config{Prefix: "app", Backend: delay.DelayedRetry(2 * time.Second)}
-	needed := cfg.Derived().WorkQueueArgs
+	needed := derived.Of(cfg).WorkQueueArgs
 	want := amqp.Table{"x-queue-type": "quorum", "x-delayed-retry-type": "returned", "x-delayed-retry-min": int64(2000), "x-delayed-retry-max": int64(2000),
 		"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "app.poison"}
 	for _, user := range []amqp.Table{nil, {"x-queue-type": "quorum"}, {"x-delayed-retry-min": int32(2000)}} {

@@ -49,11 +49,11 @@ func (w *Wiring) BuildTopology(ch *amqp.Channel, s Subscribed, declareInner func
 	case topology.ModeNone:
 	case topology.ModeVerify:
 		if err := s.topology().Apply(ch, topology.ModeVerify); err != nil {
-			return w.view.Fix.Hint(err, s.Queue)
+			return w.hint(err, s.Queue)
 		}
 	default:
 		if err := declareInner(); err != nil {
-			return w.view.Fix.Hint(err, s.Queue)
+			return w.hint(err, s.Queue)
 		}
 	}
 	return w.Retry.Bind(ch, s.Queue)
@@ -68,7 +68,7 @@ func (w *Wiring) DeclareExchange(ch *amqp.Channel, exchange, kind string, args a
 	case topology.ModeVerify:
 		t := topology.Topology{Exchanges: []topology.Exchange{{Name: exchange, Kind: kind, Args: args}}}
 		if err := t.Apply(ch, topology.ModeVerify); err != nil {
-			return w.view.Fix.Hint(err, "")
+			return w.hint(err, "")
 		}
 		return nil
 	}
