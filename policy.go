@@ -36,9 +36,6 @@ func Exponential(initial time.Duration, multiplier float64, max time.Duration) [
 	return backend.Exponential(initial, multiplier, max)
 }
 
-// defaultDelays is Delays' default.
-func defaultDelays() []time.Duration { return backend.DefaultDelays() }
-
 // defaultMaxAttempts is MaxAttempts' default.
 const defaultMaxAttempts = 5
 
@@ -47,7 +44,7 @@ func (p Policy) withDefaults() Policy {
 		p.MaxAttempts = defaultMaxAttempts
 	}
 	if len(p.Delays) == 0 {
-		p.Delays = defaultDelays()
+		p.Delays = backend.DefaultDelays() // Delays' default
 	}
 	if p.Jitter == 0 {
 		p.Jitter = defaultJitter
