@@ -68,10 +68,9 @@ type Decision struct {
 type ClassifyParams struct {
 	// Err is the handler's error.
 	Err error
-	// Message is the message that failed. Do not modify it. Nil when asked by a
-	// Retry's Retryable method, which knows only the error.
+	// Message is the message that failed. Do not modify it.
 	Message *message.Message
-	// Attempt is the attempt that failed, from 1 (0 when Message is nil).
+	// Attempt is the attempt that failed, from 1.
 	Attempt int
 	// Default is DecisionOf(Err): the decision of the error's own marks and of a
 	// decode error in its chain. Permanent (a Permanent mark, or an error of a payload

@@ -52,9 +52,10 @@
 // default is Exponential(time.Second, 2, 10*time.Minute): 1s, 2s, 4s … 8m32s, 10m. Jitter
 // (±20% by default, -1 for none) randomises every delay, never past the longest entry,
 // so that messages that failed together do not come back together. The schedule is the
-// delayed stage's: after Policy.Immediate retries (run at once, in this process) or
-// Config.HeldRetries, it starts again at Delays[0]. A delay of the error's own
-// (RetryAfter, Classify's) replaces the schedule's for that retry.
+// delayed stage's: after Policy.Immediate retries (run at once, in this process, for an
+// error that is not Permanent, asks for no delay and, with outage detection on, is not
+// Unavailable) or delay.HeldRetries, it starts again at Delays[0]. A delay of the
+// error's own (RetryAfter, Classify's) replaces the schedule's for that retry.
 //
 // Config.Validate refuses a schedule the backend cannot keep, naming the entry and the
 // fix: on binary-levels and delayed-exchange a delay, jitter included, longer than they

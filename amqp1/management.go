@@ -143,7 +143,7 @@ func (m *management) declareQueue(ctx context.Context, queue, queueType string, 
 	}
 	if status != 200 && status != 201 {
 		err := &errManagement{status: status, reason: fmt.Sprint(value)}
-		if c, ok := topology.ParseClash(err.reason); ok {
+		if c, ok := parseClash(err.reason); ok {
 			return clashError(queue, c, err)
 		}
 		return err
@@ -153,17 +153,17 @@ func (m *management) declareQueue(ctx context.Context, queue, queueType string, 
 
 // clashError names, for a queue declared with other arguments than the existing
 // queue's, what it has, what the config asks for, and the fix.
-func clashError(queue string, c topology.Clash, err error) error {
-	fix := fmt.Sprintf("SubscriberConfig.Queue.Arguments %s: %q", c.Arg, c.Has)
+func clashError(queue string, c clash, err error) error {
+	fix := fmt.Sprintf("SubscriberConfig.Queue.Arguments %s: %q", c.arg, c.has)
 	switch {
-	case c.Arg == "x-queue-type":
-		fix = fmt.Sprintf("SubscriberConfig.Queue.Type %q", c.Has)
-	case c.Has == "none":
-		fix = "SubscriberConfig.Queue.Arguments without " + c.Arg
+	case c.arg == "x-queue-type":
+		fix = fmt.Sprintf("SubscriberConfig.Queue.Type %q", c.has)
+	case c.has == "none":
+		fix = "SubscriberConfig.Queue.Arguments without " + c.arg
 	}
 	return fmt.Errorf("work queue %q: %w: it has %s %s, the subscriber config asks for %s (%w); an existing queue's arguments cannot change: "+
 		"give the subscriber config the queue's own, %s, or set SubscriberConfig.Queue.NoDeclare so that it is not declared; see docs/switching-backends.md",
-		queue, topology.ErrMismatch, c.Arg, c.Has, c.Asked, err, fix)
+		queue, topology.ErrMismatch, c.arg, c.has, c.asked, err, fix)
 }
 
 // deleteQueue deletes a queue; a queue that does not exist is not an error.

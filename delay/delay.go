@@ -23,13 +23,12 @@ import (
 // change of backend leaves nothing behind are one contract between this package and
 // the rest of the library, which it keeps internal so that it can change without a
 // breaking release. The value validates its settings when the Retry starts (New and
-// Config.Validate name the argument at fault).
+// Config.Validate name the argument at fault); printed with fmt, it describes itself
+// with its settings, for logs.
 type Backend interface {
 	// Name is the backend's name, as Parse takes it: for configuration, logs, events
 	// and errors.
 	Name() string
-	// String describes the backend with its settings, for logs.
-	String() string
 
 	isBackend()
 }

@@ -13,7 +13,7 @@ package middleware
 //     into a success, with Watermill's PoisonQueue metadata on the message: PoisonQueue
 //     inside takes every failure, so nothing is retried;
 //   - the handler run again after an error marked Permanent or RetryAfter, in one
-//     delivery (Watermill's Retry inside, without ShouldRetry: retry.Retryable).
+//     delivery (Watermill's Retry inside, where Policy.Immediate would not).
 //
 // And a delivery run through the Retry again after it handed it off or poisoned it
 // (Watermill's Duplicator outside) does nothing the second time (chainSettled).
@@ -108,6 +108,6 @@ func (e *engine) rerun(d delivery, err error) {
 		return
 	}
 	warn(e.cfg.Logger, "A middleware inside the Retry ran the handler again after an error marked Permanent or RetryAfter: Watermill's Retry does, without ShouldRetry",
-		fmt.Errorf("message %s, handler %q, last error %v: give Watermill's Retry ShouldRetry: func(p wmiddleware.RetryParams) bool { return retry.Retryable(p.Err) }, or remove it and set Policy.Immediate", d.msg.UUID, d.handler, err),
+		fmt.Errorf("message %s, handler %q, last error %v: remove Watermill's Retry and set Policy.Immediate, which retries in this process only what this Retry would retry at once", d.msg.UUID, d.handler, err),
 		watermill.LogFields{"message_uuid": d.msg.UUID, "handler": d.handler, "queue": d.queue, "middleware": "inside the Retry (a handler middleware added after it)", "said": "once"})
 }

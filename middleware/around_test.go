@@ -183,8 +183,8 @@ func TestPoisonQueueInsideIsSaidOnce(t *testing.T) {
 
 // TestRerunAfterPermanentIsSaidOnce: Watermill's Retry inside the Retry, without
 // ShouldRetry, runs the handler again after a Permanent error: said once at WARN (here
-// at ERROR: the logger has no WARN). With ShouldRetry: retry.Retryable it does not;
-// outside, it runs the Retry again after a failed hand-off, which is not said either.
+// at ERROR: the logger has no WARN). Outside, it runs the Retry again after a failed
+// hand-off, which is not said.
 func TestRerunAfterPermanentIsSaidOnce(t *testing.T) {
 	for _, tt := range []struct {
 		name  string
@@ -196,9 +196,6 @@ func TestRerunAfterPermanentIsSaidOnce(t *testing.T) {
 		{"inside", func(e *engine, h message.HandlerFunc) message.HandlerFunc {
 			return addHandler(e.Middleware, h, wmiddleware.Retry{MaxRetries: 2}.Middleware)
 		}, nil, []string{"bad", "slow", "bad2"}, 1},
-		{"inside with Retryable", func(e *engine, h message.HandlerFunc) message.HandlerFunc {
-			return addHandler(e.Middleware, h, wmiddleware.Retry{MaxRetries: 2, ShouldRetry: func(p wmiddleware.RetryParams) bool { return e.Retryable(p.Err) }}.Middleware)
-		}, nil, []string{"bad", "slow"}, 0},
 		{"outside, a failed hand-off", func(e *engine, h message.HandlerFunc) message.HandlerFunc {
 			return wmiddleware.Retry{MaxRetries: 2}.Middleware(addHandler(e.Middleware, h))
 		}, errors.New("not confirmed"), []string{"slow"}, 0},
@@ -217,8 +214,8 @@ func TestRerunAfterPermanentIsSaidOnce(t *testing.T) {
 			for _, id := range tt.ids {
 				_, _ = h(message.NewMessage(id, nil))
 			}
-			if said := saidOnce(logs); len(said) != tt.wantN || tt.wantN == 1 && !strings.Contains(said[0].Err.Error(), "retry.Retryable") {
-				t.Errorf("said %v, want %d line naming retry.Retryable", said, tt.wantN)
+			if said := saidOnce(logs); len(said) != tt.wantN || tt.wantN == 1 && !strings.Contains(said[0].Err.Error(), "Policy.Immediate") {
+				t.Errorf("said %v, want %d line naming Policy.Immediate", said, tt.wantN)
 			}
 		})
 	}

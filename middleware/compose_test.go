@@ -24,14 +24,13 @@ func (c *counting) handle(msg *message.Message) ([]*message.Message, error) {
 	return nil, c.do(len(c.attempts))
 }
 
-// TestCompositionWithWatermillRetryAndRecoverer wires the order the docs give: this
-// Retry outermost, Watermill's Retry with Retryable, Recoverer nearest the handler.
-func TestCompositionWithWatermillRetryAndRecoverer(t *testing.T) {
+// TestCompositionWithImmediateAndRecoverer wires what the docs give for in-process
+// retries: this Retry with Policy.Immediate, Recoverer nearest the handler.
+func TestCompositionWithImmediateAndRecoverer(t *testing.T) {
 	chain := func(h message.HandlerFunc) (message.HandlerFunc, *fakeBackend, *poisonQueue) {
 		b := &fakeBackend{}
-		e, poison := newEngine(t, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{time.Second}}}, b)
-		inner := wmiddleware.Retry{MaxRetries: 2, ShouldRetry: func(p wmiddleware.RetryParams) bool { return e.Retryable(p.Err) }}
-		return e.Middleware(inner.Middleware(wmiddleware.Recoverer(h))), b, poison
+		e, poison := newEngine(t, amqpretry.Config{Policy: amqpretry.Policy{MaxAttempts: 5, Delays: []time.Duration{time.Second}, Immediate: 2}}, b)
+		return e.Middleware(wmiddleware.Recoverer(h)), b, poison
 	}
 
 	// A Permanent error is not run again in-process: poisoned after one call.
@@ -52,34 +51,6 @@ func TestCompositionWithWatermillRetryAndRecoverer(t *testing.T) {
 	}
 	if len(c.attempts) != 3 || len(b.parked) != 1 || len(poison.got()) != 0 {
 		t.Errorf("panic: %d calls, %d parked, %d poisoned; want 3, 1, 0", len(c.attempts), len(b.parked), len(poison.got()))
-	}
-}
-
-func TestRetryable(t *testing.T) {
-	e, _ := newEngine(t, amqpretry.Config{}, &fakeBackend{})
-	for _, tt := range []struct {
-		err  error
-		want bool
-	}{
-		{nil, false},
-		{amqpretry.Permanent(errors.New("x")), false},
-		{amqpretry.RetryAfter(errors.New("x"), time.Second), false},
-		{amqpretry.RetryAfter(errors.New("x"), 0), true},
-		{errors.Join(errors.New("x"), amqpretry.ErrHandoff), false},
-		{errors.New("x"), true},
-	} {
-		if got := e.Retryable(tt.err); got != tt.want {
-			t.Errorf("Retryable(%v) = %v, want %v", tt.err, got, tt.want)
-		}
-	}
-	// Classify is asked, without a message.
-	var seen []amqpretry.ClassifyParams
-	e, _ = newEngine(t, amqpretry.Config{Classify: func(p amqpretry.ClassifyParams) amqpretry.Decision {
-		seen = append(seen, p)
-		return amqpretry.Decision{Permanent: true}
-	}}, &fakeBackend{})
-	if e.Retryable(errFlaky) || len(seen) != 1 || seen[0].Message != nil || seen[0].Attempt != 0 {
-		t.Errorf("Retryable with Classify: asked %+v", seen)
 	}
 }
 
@@ -212,6 +183,30 @@ func TestClassifyRunsOncePerFailure(t *testing.T) {
 			}
 			if len(b.parked)+len(poison.got()) != 1 {
 				t.Errorf("%d parked + %d poisoned, want exactly one copy", len(b.parked), len(poison.got()))
+			}
+		})
+	}
+}
+
+// TestImmediateLeavesUnavailableToTheOutage: with outage detection on, an error marked
+// Unavailable is not rerun in the process (the queue's outage deals with it); with
+// detection off it is a plain failure, rerun like any other.
+func TestImmediateLeavesUnavailableToTheOutage(t *testing.T) {
+	policy := amqpretry.Policy{MaxAttempts: 5, Immediate: 2, Delays: []time.Duration{time.Second}, Jitter: -1}
+	for _, tt := range []struct {
+		name   string
+		outage amqpretry.Outage
+		runs   int
+	}{
+		{"detection on", amqpretry.Outage{}, 1},
+		{"detection off", amqpretry.Outage{Consecutive: -1}, 3},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e, _ := newEngine(t, amqpretry.Config{Policy: policy, Outage: tt.outage}, &fakeBackend{})
+			c := &counting{do: func(int) error { return amqpretry.Unavailable(errors.New("connection refused")) }}
+			_, _ = e.Middleware(c.handle)(message.NewMessage("down", nil))
+			if len(c.attempts) != tt.runs {
+				t.Errorf("runs %v, want %d", c.attempts, tt.runs)
 			}
 		})
 	}

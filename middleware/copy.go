@@ -350,7 +350,7 @@ func (e *engine) envelope(d delivery, err error) Envelope {
 	env := Envelope{
 		FirstFailure: was.FirstFailure, OriginalExchange: was.OriginalExchange, OriginalRoutingKey: was.OriginalRoutingKey,
 		DroppedHeaders: was.DroppedHeaders, RedrivenAt: was.RedrivenAt, Redriven: was.Redriven, RedrivenFrom: was.RedrivenFrom,
-		LastFailure: d.at, Error: err.Error(),
+		LastFailure: time.Now(), Error: err.Error(), // when the handler's failure came back
 		Handler: d.handler, Topic: d.topic, Queue: d.queue,
 	}
 	// err's chain, depth first, outermost first, as errors.As walks it: the Go types
@@ -380,7 +380,7 @@ func (e *engine) envelope(d delivery, err error) Envelope {
 		}
 	}
 	if env.FirstFailure.IsZero() {
-		env.FirstFailure = d.at
+		env.FirstFailure = env.LastFailure
 		env.OriginalExchange, env.OriginalRoutingKey = d.exchange, d.key
 	}
 	return env

@@ -31,11 +31,11 @@
 // github.com/amqpretry/amqpretry/wamqp3 or wamqp2, whose New also gives the
 // subscriber config it needs; github.com/amqpretry/amqpretry/amqp1 builds it for AMQP
 // 1.0. Each of them calls New with a Transport: the seam a transport of your own uses
-// too. Its subscriber calls Retry.Delivered on each message (or the function
-// Retry.DeliveredFor returns, for subscribers that name their queues otherwise), and,
-// where retries come back through the broker, Retry.Bind on each subscribe; adding a
-// handler, it calls Retry.CheckWorkQueue, which refuses a work queue that cannot hold
-// the retries.
+// too. Its subscriber calls Retry.Delivered on each message and, where retries come
+// back through the broker, Retry.Bind on each subscribe. The transport packages also
+// mark the deliveries of subscribers that name their queues otherwise (a queue per
+// handler, SubscriberConfigFor), and refuse, when a handler is added, a work queue that
+// cannot hold the retries.
 //
 // Read a poisoned message's Envelope with ReadEnvelope.
 package middleware

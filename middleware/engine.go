@@ -559,9 +559,11 @@ func (e *engine) handle(h message.HandlerFunc, msg *message.Message, d delivery)
 
 // retryNow tells whether run, which failed with err on attempt (within
 // Policy.Immediate), gets an immediate in-process retry: on its first delivery, within
-// MaxAttempts, if it is this Retry's and its error asks for no delay and is not
-// permanent. decided is err's decision if classified already; it returns the decision
-// when it classified err, so that Classify runs once per failure.
+// MaxAttempts, if it is this Retry's and its error asks for no delay, is not permanent
+// and, with outage detection on, says no dependency is down (Unavailable: the queue's
+// outage deals with it, not a rerun). decided is err's decision if classified already;
+// it returns the decision when it classified err, so that Classify runs once per
+// failure.
 func (e *engine) retryNow(d delivery, run *message.Message, attempt int, err error, decided *amqpretry.Decision) (bool, *amqpretry.Decision) {
 	if attempt >= e.cfg.Policy.MaxAttempts || !d.owned || errors.Is(err, amqpretry.ErrHandoff) {
 		return false, decided
@@ -570,18 +572,5 @@ func (e *engine) retryNow(d delivery, run *message.Message, attempt int, err err
 		dec := e.decide(run, err, attempt)
 		decided = &dec
 	}
-	return !decided.Permanent && decided.Delay <= 0, decided
-}
-
-// Retryable tells whether running the handler again in this process could help after
-// err, as this Retry would decide: not for a failed hand-off, nor when the error's
-// decision poisons it or asks for a delay, nor, with outage detection on, when it says
-// a dependency is down (Unavailable). Classify is asked with no message.
-func (e *engine) Retryable(err error) bool {
-	if err == nil || errors.Is(err, amqpretry.ErrHandoff) {
-		return false
-	}
-	dec := e.decide(nil, err, 0)
-	// A dependency down (Unavailable): the queue's outage deals with it, not a rerun.
-	return !dec.Permanent && dec.Delay <= 0 && (!dec.Unavailable || e.outages == nil)
+	return !decided.Permanent && decided.Delay <= 0 && (!decided.Unavailable || e.outages == nil), decided
 }

@@ -669,23 +669,6 @@ func TestOutageEndForgetsItsFailures(t *testing.T) {
 	}
 }
 
-// Retryable says no to a dependency that is down while outage detection is on: the
-// outage deals with it, not Watermill's in-process Retry.
-func TestOutageRetryableRefusesUnavailable(t *testing.T) {
-	down := amqpretry.Unavailable(errors.New("connection refused"))
-	on, _ := newEngine(t, amqpretry.Config{}, &fakeBackend{})
-	if on.Retryable(down) {
-		t.Error("Retryable(Unavailable) with outage detection on: true, want false")
-	}
-	if !on.Retryable(errors.New("deadlock")) {
-		t.Error("Retryable(a plain error): false, want true")
-	}
-	off, _ := newEngine(t, amqpretry.Config{Outage: amqpretry.Outage{Consecutive: -1}}, &fakeBackend{})
-	if !off.Retryable(down) {
-		t.Error("Retryable(Unavailable) with outage detection off: false, want true (a plain failure then)")
-	}
-}
-
 // Issue 49: a wave of retries that fail again (messages that fail their first two
 // attempts), with a few first deliveries failing among them, is not an outage: most
 // new messages succeed. It is one once Consecutive new messages fail in a row, and a

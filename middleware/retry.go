@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -13,6 +14,7 @@ import (
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/backend"
 	"github.com/amqpretry/amqpretry/internal/derived"
+	"github.com/amqpretry/amqpretry/internal/hooks"
 )
 
 // Transport is what the retry middleware needs of the transport its messages come
@@ -21,8 +23,7 @@ import (
 // how to settle one to come back later. The transport packages wamqp3, wamqp2 and amqp1
 // build one from their subscriber config; a transport of your own builds its own, and
 // its subscriber calls Retry.Delivered on each delivery and, where retries come back
-// through the broker, Retry.Bind on each subscribe (and Retry.CheckWorkQueue when a
-// handler is added).
+// through the broker, Retry.Bind on each subscribe.
 type Transport struct {
 	// URI of the broker, over AMQP 0-9-1: the hand-off publishes retries and
 	// poisoned messages through it, confirmed, on a connection of its own. It never
@@ -71,6 +72,7 @@ type Retry struct{ r *retry }
 // With the memory backend and no URI, everything stays in this process:
 // delay.Memory(...) (a GoChannel, say) receives the retries and the poisoned messages.
 func New(cfg amqpretry.Config, t Transport) (*Retry, error) {
+	setHooks()
 	// What cfg derives (internal/derived), once, handed down with the Config; the
 	// policy is checked as cfg gives it (Validate).
 	v := derived.Of(cfg)
@@ -119,26 +121,6 @@ func amqp1Only(cfg amqpretry.Config) error {
 // router.
 func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc { return r.r.Middleware(h) }
 
-// Retryable tells whether running the handler again in this process could help after
-// err, as this Retry decides: not for a failed hand-off (amqpretry.ErrHandoff), nor
-// when the error is Permanent or asks for a delay (RetryAfter, or Config.Classify
-// deciding so; Classify is asked without a message), nor, with Config.Outage on, when
-// it says a dependency is down (Unavailable, an open CircuitBreaker): the work queue's
-// outage deals with that. Give it to Watermill's
-// middleware.Retry if you keep that inside this one for in-process retries:
-//
-//	wmiddleware.Retry{MaxRetries: 2, ShouldRetry: func(p wmiddleware.RetryParams) bool { return retry.Retryable(p.Err) }}
-//
-// Policy.Immediate does the same without a second middleware.
-func (r *Retry) Retryable(err error) bool { return r.r.Retryable(err) }
-
-// Scheduler returns a message.Publisher through which any code can schedule a delayed
-// message to a queue a subscriber of this Retry consumes: it reads Watermill's delay
-// metadata (components/delay) and parks the message in the backend. Nil for the
-// delayed-retry and delivery-time backends, which hold only the deliveries that
-// failed.
-func (r *Retry) Scheduler() message.Publisher { return r.r.scheduler() }
-
 // Stats returns what the middleware did since New.
 func (r *Retry) Stats() Stats { return r.r.Stats() }
 
@@ -158,24 +140,6 @@ func (r *Retry) Close() error { return r.r.close() }
 // Retry waits for it.
 func (r *Retry) Delivered(msg *message.Message, attempt int) { r.r.delivered(msg, attempt, 0) }
 
-// DeliveredFor returns the Delivered of the subscribers whose queues queue names, the
-// queue of each topic they subscribe to, when Transport.Queue does not: the middleware
-// sends the retries of the messages it marks to queue(topic). A transport whose
-// subscribers name their queues in several ways (a queue per handler) calls it once
-// per way, and builds each way's subscribers with its own: the transport packages'
-// SubscriberConfigFor does. Each call is remembered as long as the Retry lives.
-func (r *Retry) DeliveredFor(queue func(topic string) string) func(msg *message.Message, attempt int) {
-	if queue == nil {
-		return r.Delivered
-	}
-	fn := r.r.engine.wiring.more.add(queue)
-	return func(msg *message.Message, attempt int) { r.r.delivered(msg, attempt, fn) }
-}
-
-// Config returns the configuration this Retry runs with, defaults applied: its poison
-// queue, prefix, backend and policy. A copy changed and planned again derives afresh.
-func (r *Retry) Config() amqpretry.Config { return r.r.cfg.WithDefaults() }
-
 // Bind gives queue its way back from the delay backend on ch, as Config.Topology says
 // (declares it, checks it, or nothing), and records that retries can come back to
 // queue: a transport's subscriber calls it after declaring queue, on every subscribe
@@ -187,11 +151,18 @@ func (r *Retry) Config() amqpretry.Config { return r.r.cfg.WithDefaults() }
 // ch.
 func (r *Retry) Bind(ch *amqp.Channel, queue string) error { return r.r.bind(ch, queue) }
 
-// CheckWorkQueue refuses queue as a work queue of this Retry when it already exists
-// and cannot hold its retries: with delayed retries (Backend delayed-retry or
-// delay.HeldRetries), a queue of another type than quorum. The error names the queue and
-// the fix, and wraps topology.ErrMismatch. It checks passively, over the hand-off's
-// connection, in topology modes declare and verify (mode none checks nothing); a
-// queue that does not exist yet passes. A transport's AddHandler calls it when the
-// handler is added, so that the refusal comes before the router runs.
-func (r *Retry) CheckWorkQueue(queue string) error { return r.r.checkWorkQueue(queue) }
+// setHooks gives internal/hooks its functions, for the root module's own transport
+// and tests, once, on the first New: what they reach is a Retry's, so none is called
+// before a Retry exists.
+var setHooks = sync.OnceFunc(func() {
+	hooks.CheckWorkQueue = func(r any, queue string) error { return r.(*Retry).r.checkWorkQueue(queue) }
+	hooks.DeliveredFor = func(r any, queue func(topic string) string) func(msg *message.Message, attempt int) {
+		h := r.(*Retry)
+		if queue == nil {
+			return h.Delivered
+		}
+		fn := h.r.engine.wiring.more.add(queue)
+		return func(msg *message.Message, attempt int) { h.r.delivered(msg, attempt, fn) }
+	}
+	hooks.Scheduler = func(r any) message.Publisher { return r.(*Retry).r.scheduler() }
+})

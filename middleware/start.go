@@ -161,8 +161,7 @@ func (r *retry) checkPoisonQueue() error {
 		return nil // the declarations that follow say why
 	}
 	want := declare.ReviewQueue(r.cfg.PoisonQueue, "poison")
-	f, err := topology.Topology{Queues: []topology.Queue{want}}.Check(conn, false)
-	if err != nil || len(f) != 1 || f[0].Status != topology.VerdictMismatch {
+	if o, err := declare.CheckQueue(conn, want, true); err != nil || o.Status != declare.Mismatch {
 		return nil
 	}
 	has := "other arguments"

@@ -102,7 +102,7 @@ func TestStartInProcess(t *testing.T) {
 	}
 	defer retry.Close()
 	r := retry.r
-	if r.handoff != nil || r.id != "" || retry.Scheduler() == nil || r.cfg.PoisonQueue != "amqpretry.poison" {
+	if r.handoff != nil || r.id != "" || r.scheduler() == nil || r.cfg.PoisonQueue != "amqpretry.poison" {
 		t.Errorf("in-process Retry: hand-off %v, id %q, config %+v", r.handoff, r.id, r.cfg)
 	}
 	r.engine.wiring.Queue = func(string) string { return "work" } // no router: no topic in the context

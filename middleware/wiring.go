@@ -35,7 +35,7 @@ type wiring struct {
 	// Nil: not checked.
 	Bound *queueSet
 	// more are the queue-name functions of subscribers that name queues otherwise
-	// than Queue (Retry.DeliveredFor): the n-th (from 1) marks its deliveries
+	// than Queue (hooks.DeliveredFor): the n-th (from 1) marks its deliveries
 	// "<ID>/<n>".
 	more queueFuncs
 }

@@ -14,7 +14,7 @@
 //     backlog and no consumer, what is flagged, the other work queues, then the delay
 //     queues summed up in one line.
 //   - Apply, Verify: the topology amqpretry.Config.Plan returns, declared idempotently or
-//     checked without declaring anything (topology.Finding per declaration).
+//     checked without declaring anything (a Finding per declaration).
 //   - List, Redrive (retry now), Purge on the retries waiting in the delay backend
 //     (Source Waiting), read without changing anything through Config.Rabbitmqctl
 //     (refused on delayed-exchange: its plugin offers no way; Status counts what it

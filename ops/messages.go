@@ -133,7 +133,7 @@ func (o *Ops) message(d amqp.Delivery, full bool) (Message, error) {
 		// handler may never have seen it (docs/troubleshooting.md).
 		// The latest death: x-last-death-* from RabbitMQ 3.13, x-death's first entry
 		// before.
-		if info, err := xdeath.Parse(d.Headers); err == nil && len(info.Deaths) > 0 && info.Deaths[0].Reason == xdeath.ReasonDeliveryLimit {
+		if info, err := xdeath.Parse(d.Headers); err == nil && len(info.Deaths) > 0 && info.Deaths[0].Reason == "delivery_limit" {
 			m.Reason = amqpretry.ReasonDeliveryLimit
 			if m.Queue == "" {
 				m.Queue = info.Deaths[0].Queue

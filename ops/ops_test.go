@@ -142,10 +142,10 @@ func (r *rig) list(source ops.Source) []string {
 	return ids
 }
 
-func problems(findings []topology.Finding) []topology.Finding {
-	var out []topology.Finding
+func problems(findings []ops.Finding) []ops.Finding {
+	var out []ops.Finding
 	for _, f := range findings {
-		if f.Status != topology.VerdictOK && f.Status != topology.VerdictUnchecked {
+		if f.Status != ops.VerdictOK && f.Status != ops.VerdictUnchecked {
 			out = append(out, f)
 		}
 	}
@@ -161,7 +161,7 @@ func TestTopologyVerifyThenApply(t *testing.T) {
 	}
 	missing := map[string]bool{}
 	for _, f := range findings {
-		if f.Status == topology.VerdictMissing {
+		if f.Status == ops.VerdictMissing {
 			missing[f.Kind+" "+f.Name] = true
 		}
 	}
@@ -182,13 +182,13 @@ func TestTopologyVerifyThenApply(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, f := range findings {
-		if f.Status != topology.VerdictOK {
+		if f.Status != ops.VerdictOK {
 			t.Errorf("after apply, with --bind and configure permission: %+v", f)
 		}
 	}
 	findings, _ = r.ops.Verify(ctx, ops.VerifyOptions{}, r.queues...)
 	for _, f := range findings {
-		if f.Kind == "binding" && f.Status != topology.VerdictUnchecked {
+		if f.Kind == "binding" && f.Status != ops.VerdictUnchecked {
 			t.Errorf("binding not asserted but %s", f.Status)
 		}
 	}
@@ -219,7 +219,7 @@ func TestTopologyVerifyThenApply(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := problems(findings)
-	if len(p) != 1 || p[0].Name != bad || p[0].Status != topology.VerdictMismatch || p[0].Arg != declare.MessageTTLArg {
+	if len(p) != 1 || p[0].Name != bad || p[0].Status != ops.VerdictMismatch || p[0].Arg != declare.MessageTTLArg {
 		t.Fatalf("want one mismatch on %s naming an argument, got %+v", bad, p)
 	}
 	if _, err := o2.Apply(ctx, r.queues...); !errors.Is(err, topology.ErrMismatch) || !strings.Contains(err.Error(), bad) {
@@ -260,13 +260,13 @@ func TestVerifyWithoutConfigurePermission(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, f := range findings {
-		if f.Kind == "queue" && f.Name == tier && f.Status != topology.VerdictUnchecked {
+		if f.Kind == "queue" && f.Name == tier && f.Status != ops.VerdictUnchecked {
 			t.Errorf("mismatched %s checked by a user without configure permission: %+v, want unchecked", tier, f)
 		}
-		if f.Kind == "queue" && f.Status == topology.VerdictOK {
+		if f.Kind == "queue" && f.Status == ops.VerdictOK {
 			t.Errorf("%s ok although its arguments could not be compared", f.Name)
 		}
-		if f.Kind == "binding" && f.Status != topology.VerdictOK {
+		if f.Kind == "binding" && f.Status != ops.VerdictOK {
 			t.Errorf("binding asserted without configure permission: %+v", f)
 		}
 	}

@@ -10,7 +10,6 @@ import (
 	"github.com/amqpretry/amqpretry/internal/testsupport/brokertest"
 	"github.com/amqpretry/amqpretry/internal/version"
 	"github.com/amqpretry/amqpretry/ops"
-	"github.com/amqpretry/amqpretry/topology"
 )
 
 // TestClassicWorkQueueUnderDelayedRetry (issue 25 §3): a work queue that exists as a
@@ -55,7 +54,7 @@ func TestClassicWorkQueueUnderDelayedRetry(t *testing.T) {
 			continue
 		}
 		found = true
-		if f.Status != topology.VerdictMismatch || f.Arg != "x-queue-type" ||
+		if f.Status != ops.VerdictMismatch || f.Arg != "x-queue-type" ||
 			!strings.Contains(f.Fix, `is a classic queue, and delayed retries`) || !strings.Contains(f.Fix, "move to a new quorum queue") ||
 			!strings.Contains(f.Fix, "use a copying Backend") {
 			t.Errorf("verify finding %+v, want a mismatch on x-queue-type with the fix", f)

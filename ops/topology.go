@@ -56,7 +56,7 @@ type VerifyOptions struct {
 	// Bind asserts each binding: queue.bind and exchange.bind are idempotent and need
 	// write permission on the destination and read on the source, no configure; a
 	// binding whose ends both exist is created if it was missing. Without it bindings
-	// are topology.VerdictUnchecked: AMQP 0-9-1 has no way to read them.
+	// are VerdictUnchecked: AMQP 0-9-1 has no way to read them.
 	Bind bool
 	// Counts, if set, reads the broker's counts (as StatusOptions.Counts) once the
 	// declarations are checked, to report each existing quorum queue's members and
@@ -69,12 +69,12 @@ type VerifyOptions struct {
 // queue (Finding.Kind "work queue"). Every exchange and queue is declared passively
 // (does it exist?) and, where it exists, again with the expected arguments on a
 // throwaway channel: a no-op when they are equal, a 406 naming the argument when not
-// (topology.VerdictMismatch). That comparison needs configure permission: where it is
-// refused the finding is topology.VerdictUnchecked, never VerdictOK. A work queue is
+// (VerdictMismatch). That comparison needs configure permission: where it is
+// refused the finding is VerdictUnchecked, never VerdictOK. A work queue is
 // compared only when the plan gives it arguments (delayed retries); otherwise only its
 // existence is checked. It returns an error only when it cannot check; the problems
 // are in the findings.
-func (o *Ops) Verify(ctx context.Context, opts VerifyOptions, workQueues ...string) ([]topology.Finding, error) {
+func (o *Ops) Verify(ctx context.Context, opts VerifyOptions, workQueues ...string) ([]Finding, error) {
 	plan, err := o.retry.Plan(workQueues...)
 	if err != nil {
 		return nil, err
@@ -96,7 +96,7 @@ func (o *Ops) Verify(ctx context.Context, opts VerifyOptions, workQueues ...stri
 			work.Queues = append(work.Queues, topology.Queue{Name: q, Role: "work"})
 		}
 	}
-	var out []topology.Finding
+	var out []Finding
 	for _, step := range []struct {
 		t    topology.Topology
 		bind bool
@@ -104,7 +104,7 @@ func (o *Ops) Verify(ctx context.Context, opts VerifyOptions, workQueues ...stri
 		if err := ctx.Err(); err != nil {
 			return out, err
 		}
-		f, err := step.t.Check(o.conn, step.bind)
+		f, err := check(o.conn, step.t, step.bind)
 		out = append(out, f...)
 		if err != nil {
 			return out, fmt.Errorf("verify: %w", o.redact(err))
@@ -124,7 +124,7 @@ func (o *Ops) Verify(ctx context.Context, opts VerifyOptions, workQueues ...stri
 		return out, fmt.Errorf("verify: broker counts: %w", o.redact(err))
 	}
 	for i, f := range out {
-		if (f.Kind == "queue" || f.Kind == "work queue") && f.Status != topology.VerdictMissing {
+		if (f.Kind == "queue" || f.Kind == "work queue") && f.Status != VerdictMissing {
 			out[i].Members, out[i].Online = c.Members[f.Name], c.Online[f.Name]
 		}
 	}

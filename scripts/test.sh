@@ -183,13 +183,15 @@ go run "$staticcheck" ./...
 for m in metrics pgdedup amqp1 internal/testsupport/watermillsuite internal/testsupport/netdelay _examples/quickstart _examples/cqrs amqp1/examples/quickstart; do (cd "$m" && go run "$staticcheck" ./...); done
 cmd/amqpretry/go.sh run "$staticcheck" ./...
 
-# A ratchet: the count may fall, never rise (lower -max with it). The first release's
-# goal is 100 in the library's packages (ops aside).
-# 180 (124 without ops): the backends sealed, built by their constructors (issue 50).
-# 178 (121 without ops): no exported identifier names an internal type (Config.Derived,
-# Config.WithDerived, Retry.Derived gone; ops.HasPluginWaiting answers the CLI; issue 50).
-step "API size: exported identifiers per public package, at most 178 (internal/cmd/apicount -max)"
-go run ./internal/cmd/apicount -max 178
+# The first release's budget (issue 50): at most 100 in the library's packages (root,
+# delay, middleware, topology, xdeath, wamqp2, wamqp3); ops, the operations API the
+# command is built on, is a ratchet of its own. Both may fall, never rise.
+# 124 then 121 in the library: the backends sealed; no exported identifier names an
+# internal type. 100: Topology.Check and its Finding and Verdict moved to ops (Verify's);
+# Clash, xdeath.Header and its Reason constants, Backend.String, Retry.Config,
+# Retryable, Scheduler, DeliveredFor and CheckWorkQueue gone from the API.
+step "API size: exported identifiers per public package, at most 100 in the library and 64 in ops (internal/cmd/apicount)"
+go run ./internal/cmd/apicount -max 100 -ops-max 64
 
 step "backends by what they can do: no name compared outside delay/; config.go compares none; no type switch on a backend outside its own file; ops spells no backend's names; no init-time registration"
 # Production code, the sibling modules' included (the root module without its test
@@ -578,8 +580,13 @@ lane_4x() {
     # (internal/testsupport/gluetest/race.go).
     step "retries held in the work queue through connection loss and a broker restart, both majors (without -race)"
     AMQP_URI=$uri AMQPRETRY_RABBITMQCTL=$ctl go test -count=1 -timeout 10m -run '^TestSuite$/^DelayedRetryWaitsThroughFaults$' ./wamqp3 ./wamqp2
+    # Its refusal on 4.0 runs in the 4.0 lane, which restarts that node at times.
     step "amqp1 module (AMQP 1.0): go test -race on RabbitMQ 4.3"
-    (cd amqp1 && AMQP1_URI=$uri AMQP1_URI_40=$uri40 AMQP1_RABBITMQCTL="$ctl" AMQPRETRY_RABBITMQCTL="$ctl" go test -race -count=1 -timeout 20m ./...)
+    (cd amqp1 && AMQP1_URI=$uri AMQP1_RABBITMQCTL="$ctl" AMQPRETRY_RABBITMQCTL="$ctl" go test -race -count=1 -timeout 20m -skip '^TestRetryRefusedBefore43$' ./...)
+  fi
+  if [ "$series" = 4.0 ]; then
+    step "amqp1 module (AMQP 1.0): the retry is refused on RabbitMQ 4.0"
+    (cd amqp1 && AMQP1_URI_40=$uri go test -race -count=1 -run '^TestRetryRefusedBefore43$' -v . | grep -v '\[watermill\]')
   fi
   if [ "$TLS" = 1 ]; then
     local tlsport=5676

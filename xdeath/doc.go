@@ -18,10 +18,10 @@
 //	cfg.Marshaler = xdeath.Marshaler{}
 //
 // String headers become metadata unchanged. Every other header is stored in a typed
-// JSON encoding, so that Marshal sends it back with its AMQP type and Header reads it
-// (an int64 for x-delivery-count); a header that encoding cannot carry (a non-string
-// value under a name that is not UTF-8, nesting deeper than 64) is kept losslessly. A
-// delivery is never refused for its headers.
+// JSON encoding, so that Marshal sends it back with its AMQP type (an int32 stays an
+// int32); a header that encoding cannot carry (a non-string value under a name that is
+// not UTF-8, nesting deeper than 64) is kept losslessly. A delivery is never refused
+// for its headers.
 //
 // # What Marshal leaves out
 //

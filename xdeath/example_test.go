@@ -58,11 +58,6 @@ func ExampleMarshaler() {
 		panic(err)
 	}
 	fmt.Println("tenant:", msg.Metadata.Get("tenant"))
-	attempt, _, err := xdeath.Header(msg.Metadata, "attempt")
-	if err != nil {
-		panic(err)
-	}
-	fmt.Printf("attempt: %v (%T)\n", attempt, attempt)
 
 	info, err := xdeath.FromMetadata(msg.Metadata)
 	if err != nil {
@@ -84,21 +79,8 @@ func ExampleMarshaler() {
 	}
 	// Output:
 	// tenant: acme
-	// attempt: 3 (int32)
 	// deaths: 1 from orders
 	// published _watermill_message_uuid: string
 	// published attempt: int32
 	// published tenant: string
-}
-
-func ExampleHeader() {
-	d := amqp.Delivery{Headers: amqp.Table{"x-delivery-count": int64(4)}}
-	msg, err := xdeath.Marshaler{}.Unmarshal(d)
-	if err != nil {
-		panic(err)
-	}
-	v, ok, err := xdeath.Header(msg.Metadata, "x-delivery-count")
-	fmt.Printf("%v %T %v %v\n", v, v, ok, err)
-	// Output:
-	// 4 int64 true <nil>
 }

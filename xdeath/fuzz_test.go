@@ -25,7 +25,7 @@ func mustEncode(tb testing.TB, v interface{}) string {
 // must carry no broker-owned header nor any of the marshaler's reserved keys.
 func FuzzFromMetadata(f *testing.F) {
 	death := mustEncode(f, []interface{}{rejectedOnce(), amqp.Table{fieldCount: int64(2), "extra": 1.5}})
-	f.Add(`["x-death"]`, death, ReasonRejected)
+	f.Add(`["x-death"]`, death, "rejected")
 	f.Add(`["x-death","x-first-death-reason"]`, death, `{"string":"expired"}`)
 	f.Add(`["x-first-death-reason"]`, `{"array":[]}`, `{"int64":1}`)
 	f.Add(`[]`, death, "")

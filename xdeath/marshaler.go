@@ -31,9 +31,9 @@ func (m Marshaler) impl() marshal.Marshaler {
 
 // Unmarshal converts a delivery to a message. String headers become metadata as they
 // are. Every other header is stored in the metadata in a typed JSON encoding, so that
-// Marshal sends it back with its AMQP type and Header reads it; a header that encoding
-// cannot carry (a non-string value under a name that is not UTF-8, nesting deeper than
-// 64) is kept losslessly in a metadata key of its own. Unmarshal never fails for a
+// Marshal sends it back with its AMQP type; a header that encoding cannot carry (a
+// non-string value under a name that is not UTF-8, nesting deeper than 64) is kept
+// losslessly in a metadata key of its own. Unmarshal never fails for a
 // header: a delivery is never nacked and redelivered forever for one.
 //
 // It refuses only the zero amqp.Delivery, which no broker sends: watermill-amqp

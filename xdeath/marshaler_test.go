@@ -52,10 +52,10 @@ func deliveryHeaders() amqp.Table {
 	h := userHeaders()
 	h[headerDeath] = []interface{}{rejectedOnce()}
 	h[headerFirstDeathQueue] = "orders"
-	h[headerFirstDeathReason] = ReasonRejected
+	h[headerFirstDeathReason] = "rejected"
 	h[headerFirstDeathExchange] = "shop"
 	h[headerLastDeathQueue] = "orders"
-	h[headerLastDeathReason] = ReasonRejected
+	h[headerLastDeathReason] = "rejected"
 	h[headerLastDeathExchange] = "shop"
 	h[keys.XDelay] = int32(-5000)
 	h[keys.XDeliveryCount] = int64(2)

@@ -35,19 +35,14 @@ const (
 	fieldOriginalExpiration = "original-expiration"
 )
 
-// Dead-letter reasons, as found in fieldReason and the *DeathReason headers.
-const (
-	ReasonRejected      = "rejected"       // rejected or nacked with requeue=false
-	ReasonExpired       = "expired"        // message or queue TTL elapsed
-	ReasonMaxLen        = "maxlen"         // queue length limit exceeded
-	ReasonDeliveryLimit = "delivery_limit" // quorum queue delivery-limit exceeded
-)
-
 // Death is one entry of the x-death header: how often the message was
 // dead-lettered from Queue for Reason.
 type Death struct {
-	Queue    string
-	Reason   string // one of the Reason constants
+	Queue string
+	// Reason is why: "rejected" (rejected or nacked without requeue), "expired" (a
+	// message or queue TTL), "maxlen" (a length limit) or "delivery_limit" (a quorum
+	// queue's delivery limit).
+	Reason   string
 	Exchange string // exchange the message was published to before this death
 	Count    int64  // times dead-lettered from Queue for Reason
 	// Time is when the message was first dead-lettered from Queue for

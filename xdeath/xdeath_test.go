@@ -25,7 +25,7 @@ func rejectedOnce() amqp.Table {
 		fieldCount:       int64(1),
 		fieldExchange:    "shop",
 		fieldQueue:       "orders",
-		fieldReason:      ReasonRejected,
+		fieldReason:      "rejected",
 		fieldRoutingKeys: []interface{}{"order.created"},
 		fieldTime:        t1,
 	}
@@ -36,7 +36,7 @@ func TestParse(t *testing.T) {
 		fieldCount:              int64(2),
 		fieldExchange:           "",
 		fieldQueue:              "orders.wait",
-		fieldReason:             ReasonExpired,
+		fieldReason:             "expired",
 		fieldRoutingKeys:        []interface{}{"orders.wait", "cc-key"},
 		fieldTime:               t2,
 		fieldOriginalExpiration: "5000",
@@ -53,15 +53,15 @@ func TestParse(t *testing.T) {
 			headers: amqp.Table{
 				headerDeath:              []interface{}{rejectedOnce()},
 				headerFirstDeathQueue:    "orders",
-				headerFirstDeathReason:   ReasonRejected,
+				headerFirstDeathReason:   "rejected",
 				headerFirstDeathExchange: "shop",
 			},
 			want: Info{
 				Deaths: []Death{{
-					Queue: "orders", Reason: ReasonRejected, Exchange: "shop", Count: 1,
+					Queue: "orders", Reason: "rejected", Exchange: "shop", Count: 1,
 					Time: t1.UTC(), RoutingKeys: []string{"order.created"},
 				}},
-				FirstQueue: "orders", FirstReason: ReasonRejected, FirstExchange: "shop",
+				FirstQueue: "orders", FirstReason: "rejected", FirstExchange: "shop",
 			},
 		},
 		{
@@ -69,25 +69,25 @@ func TestParse(t *testing.T) {
 			headers: amqp.Table{
 				headerDeath:              []interface{}{expiredTwice, rejectedOnce()},
 				headerFirstDeathQueue:    "orders",
-				headerFirstDeathReason:   ReasonRejected,
+				headerFirstDeathReason:   "rejected",
 				headerFirstDeathExchange: "shop",
 				headerLastDeathQueue:     "orders.wait",
-				headerLastDeathReason:    ReasonExpired,
+				headerLastDeathReason:    "expired",
 				headerLastDeathExchange:  "",
 			},
 			want: Info{
 				Deaths: []Death{
 					{
-						Queue: "orders.wait", Reason: ReasonExpired, Count: 2, Time: t2.UTC(),
+						Queue: "orders.wait", Reason: "expired", Count: 2, Time: t2.UTC(),
 						RoutingKeys: []string{"orders.wait", "cc-key"}, OriginalExpiration: "5000",
 					},
 					{
-						Queue: "orders", Reason: ReasonRejected, Exchange: "shop", Count: 1,
+						Queue: "orders", Reason: "rejected", Exchange: "shop", Count: 1,
 						Time: t1.UTC(), RoutingKeys: []string{"order.created"},
 					},
 				},
-				FirstQueue: "orders", FirstReason: ReasonRejected, FirstExchange: "shop",
-				LastQueue: "orders.wait", LastReason: ReasonExpired,
+				FirstQueue: "orders", FirstReason: "rejected", FirstExchange: "shop",
+				LastQueue: "orders.wait", LastReason: "expired",
 			},
 		},
 		{
@@ -191,7 +191,7 @@ func TestFromMetadata(t *testing.T) {
 	headers := amqp.Table{
 		headerDeath:            []interface{}{rejectedOnce()},
 		headerFirstDeathQueue:  "orders",
-		headerFirstDeathReason: ReasonRejected,
+		headerFirstDeathReason: "rejected",
 		headerLastDeathQueue:   "orders",
 		"unrelated":            int32(1),
 	}

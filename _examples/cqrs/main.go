@@ -95,7 +95,7 @@ func run() error {
 		return err
 	}
 	defer retry.Close() // after the router
-	resolved := retry.Config()
+	resolved := cfg.WithDefaults()
 	fmt.Printf("RabbitMQ, delay backend %s, poison queue %s.\n", resolved.Backend, resolved.PoisonQueue)
 
 	pub, err := amqp.NewPublisher(amqp.NewDurablePubSubConfig(uri, nil), logger)

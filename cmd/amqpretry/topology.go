@@ -238,20 +238,20 @@ func args(a amqp.Table) string {
 }
 
 // describeFinding renders a finding as one line.
-func describeFinding(f topology.Finding) string {
+func describeFinding(f ops.Finding) string {
 	what := fmt.Sprintf("%s %q", f.Kind, f.Name)
 	if f.Kind == "binding" {
 		what = fmt.Sprintf("binding of %q to exchange %q with key %q", f.Name, f.Source, f.Key)
 	}
 	var s string
 	switch f.Status {
-	case topology.VerdictMismatch:
+	case ops.VerdictMismatch:
 		arg := "arguments differ"
 		if f.Arg != "" {
 			arg = "argument " + f.Arg + " differs"
 		}
 		s = fmt.Sprintf("%s: mismatch, %s", what, arg)
-	case topology.VerdictUnchecked:
+	case ops.VerdictUnchecked:
 		if f.Kind == "binding" {
 			s = what + ": unchecked, not asserted (--bind asserts it)"
 		} else {
@@ -271,15 +271,15 @@ func describeFinding(f topology.Finding) string {
 
 // printFindings prints the findings of verify and returns errFlagged when something is
 // missing, mismatched or in error.
-func (a *app) printFindings(findings []topology.Finding, applyCmd string) error {
-	counts := map[topology.Verdict]int{}
+func (a *app) printFindings(findings []ops.Finding, applyCmd string) error {
+	counts := map[ops.Verdict]int{}
 	bad := 0
 	under := 0
 	applyFixes := 0 // the bad findings apply can fix (not those that carry a fix of their own)
 	for _, f := range findings {
 		counts[f.Status]++
 		switch {
-		case f.Status == topology.VerdictMissing, f.Status == topology.VerdictMismatch, f.Status == topology.VerdictError:
+		case f.Status == ops.VerdictMissing, f.Status == ops.VerdictMismatch, f.Status == ops.VerdictError:
 			bad++
 			if f.Fix == "" {
 				applyFixes++
@@ -290,7 +290,7 @@ func (a *app) printFindings(findings []topology.Finding, applyCmd string) error 
 	}
 	if a.json {
 		if findings == nil {
-			findings = []topology.Finding{}
+			findings = []ops.Finding{}
 		}
 		if err := a.emit(verifyJSON{OK: bad == 0 && under == 0, ApplyCommand: applyCmd, Findings: findings, Counts: counts}); err != nil {
 			return err
@@ -299,8 +299,8 @@ func (a *app) printFindings(findings []topology.Finding, applyCmd string) error 
 		uncheckedBindings := 0
 		for _, f := range findings {
 			switch {
-			case f.Status == topology.VerdictOK:
-			case f.Status == topology.VerdictUnchecked && f.Kind == "binding":
+			case f.Status == ops.VerdictOK:
+			case f.Status == ops.VerdictUnchecked && f.Kind == "binding":
 				uncheckedBindings++
 			default:
 				a.printf("%s\n", describeFinding(f))
@@ -310,11 +310,11 @@ func (a *app) printFindings(findings []topology.Finding, applyCmd string) error 
 			}
 		}
 		a.printf("%d ok, %d missing, %d mismatched, %d errors, %d unchecked\n",
-			counts[topology.VerdictOK], counts[topology.VerdictMissing], counts[topology.VerdictMismatch], counts[topology.VerdictError], counts[topology.VerdictUnchecked])
+			counts[ops.VerdictOK], counts[ops.VerdictMissing], counts[ops.VerdictMismatch], counts[ops.VerdictError], counts[ops.VerdictUnchecked])
 		if uncheckedBindings > 0 {
 			a.printf("%d bindings unchecked: AMQP 0-9-1 cannot read them (--bind asserts them, idempotently)\n", uncheckedBindings)
 		}
-		if n := counts[topology.VerdictUnchecked] - uncheckedBindings; n > 0 {
+		if n := counts[ops.VerdictUnchecked] - uncheckedBindings; n > 0 {
 			a.printf("%d exchanges or queues exist but their arguments were not compared: the user may not configure them (run verify as one who may)\n", n)
 		}
 		if applyFixes > 0 {
@@ -328,8 +328,8 @@ func (a *app) printFindings(findings []topology.Finding, applyCmd string) error 
 }
 
 type verifyJSON struct {
-	OK           bool                     `json:"ok"`
-	ApplyCommand string                   `json:"apply_command"`
-	Counts       map[topology.Verdict]int `json:"counts"`
-	Findings     []topology.Finding       `json:"findings"`
+	OK           bool                `json:"ok"`
+	ApplyCommand string              `json:"apply_command"`
+	Counts       map[ops.Verdict]int `json:"counts"`
+	Findings     []ops.Finding       `json:"findings"`
 }

@@ -1,8 +1,8 @@
 // Package declare has what the library's packages share about declarations: the
 // arguments RabbitMQ gives meaning to, named once; the review queues (poison,
-// parking); the queue-type probe; and the fix each topology error suggests (Fix). A
-// topology is applied with topology.Topology.Apply, and checked with
-// topology.Topology.Check.
+// parking); the queue-type probe; the check of one declaration (check.go, ops.Verify's);
+// the broker's clash text (clash.go); and the fix each topology error suggests (Fix). A
+// topology is applied with topology.Topology.Apply.
 package declare
 
 import (

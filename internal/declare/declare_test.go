@@ -186,29 +186,31 @@ func TestLeastPrivilege(t *testing.T) {
 		t.Fatalf("verify after apply: %v", err)
 	}
 
-	findings, err := top.Check(lp, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []topology.Finding{
-		{Kind: "exchange", Name: prefix + ".x", Status: topology.VerdictUnchecked},
-		{Kind: "queue", Name: prefix + ".q", Status: topology.VerdictUnchecked},
-		{Kind: "binding", Name: prefix + ".q", Source: prefix + ".x", Key: "k", Status: topology.VerdictOK},
-	}
-	for i, f := range findings {
-		if i < 2 && !strings.Contains(f.Detail, "ACCESS_REFUSED") {
-			t.Errorf("%s: detail %q, want the refusal", f.Name, f.Detail)
+	var got []declare.Outcome
+	for _, check := range []func() (declare.Outcome, error){
+		func() (declare.Outcome, error) { return declare.CheckExchange(lp, top.Exchanges[0], true) },
+		func() (declare.Outcome, error) { return declare.CheckQueue(lp, top.Queues[0], true) },
+		func() (declare.Outcome, error) { return declare.CheckBinding(lp, top.Bindings[0]) },
+	} {
+		o, err := check()
+		if err != nil {
+			t.Fatal(err)
 		}
-		findings[i].Detail = ""
+		got = append(got, o)
 	}
-	if !reflect.DeepEqual(findings, want) {
-		t.Fatalf("least-privilege check:\n%+v\nwant\n%+v", findings, want)
+	want := []declare.Outcome{{Status: declare.Unchecked}, {Status: declare.Unchecked}, {Status: declare.OK}}
+	for i, o := range got {
+		if i < 2 && !strings.Contains(o.Detail, "ACCESS_REFUSED") {
+			t.Errorf("check %d: detail %q, want the refusal", i, o.Detail)
+		}
+		got[i].Detail = ""
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("least-privilege check:\n%+v\nwant\n%+v", got, want)
 	}
 	// A missing object is still missing, whatever the permissions.
-	missing := topology.Topology{Queues: []topology.Queue{{Name: prefix + ".absent"}}}
-	findings, err = missing.Check(lp, false)
-	if err != nil || len(findings) != 1 || findings[0].Status != topology.VerdictMissing {
-		t.Fatalf("missing queue, least privilege: %+v, %v", findings, err)
+	if o, err := declare.CheckQueue(lp, topology.Queue{Name: prefix + ".absent"}, false); err != nil || o.Status != declare.Missing {
+		t.Fatalf("missing queue, least privilege: %+v, %v", o, err)
 	}
 	if lp.IsClosed() {
 		t.Fatal("a refused check closed the connection")

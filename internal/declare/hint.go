@@ -56,9 +56,9 @@ func (f Fix) Hint(err error, queue string) error {
 		queues = []string{queue}
 	}
 	clash := queue != "" && amqperr.IsCode(err, amqp.PreconditionFailed)
-	c, parsed := topology.Clash{}, false
+	c, parsed := Clash{}, false
 	if clash {
-		c, parsed = topology.ParseClash(amqperr.Reason(err))
+		c, parsed = ParseClash(amqperr.Reason(err))
 	}
 	var has amqp.Table // the existing work queue's arguments, when known
 	if clash && queue != f.PoisonQueue && f.Conn != nil && amqperr.InequivalentArg.MatchString(amqperr.Reason(err)) {
@@ -119,7 +119,7 @@ func (f Fix) Hint(err error, queue string) error {
 
 // argFix says what the subscriber config's queue arguments must have for the existing
 // queue of clash c.
-func argFix(c topology.Clash) string {
+func argFix(c Clash) string {
 	if c.Has == "none" {
 		return "no " + c.Arg
 	}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/amqpretry/amqpretry/internal/amqperr"
 	"github.com/amqpretry/amqpretry/internal/wire"
-	"github.com/amqpretry/amqpretry/topology"
 )
 
 // maxProbes bounds the declarations QueueArgs makes: one per argument the queue has,
@@ -56,7 +55,7 @@ func QueueArgs(conn *amqp.Connection, queue string, likely amqp.Table) (args amq
 			return nil, false
 		}
 		reason := amqperr.Reason(err)
-		c, ok := topology.ParseClash(reason)
+		c, ok := ParseClash(reason)
 		short := false
 		if !ok {
 			c.Arg, ok = cutShort(reason, likely)
@@ -95,17 +94,6 @@ func cutShort(reason string, likely amqp.Table) (arg string, ok bool) {
 	}
 	v, isString := likely[m[1]].(string)
 	return m[1], isString && strings.HasPrefix(v, m[2])
-}
-
-// withChannel runs fn on a new channel of conn and closes it.
-func withChannel(conn *amqp.Connection, fn func(*amqp.Channel) error) error {
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	err = fn(ch)
-	_ = ch.Close() // already closed by the broker after a refusal
-	return err
 }
 
 // typedValue is the value RabbitMQ quotes as s, of its type typ ("" when it gives

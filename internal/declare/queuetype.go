@@ -26,7 +26,7 @@ func QueueTypeClash(err error) (current string, ok bool) {
 }
 
 // CurrentQueueType reads the existing queue's type from the text of RabbitMQ's 406 on
-// x-queue-type (a finding's Detail), or "".
+// x-queue-type (an Outcome's Detail), or "".
 func CurrentQueueType(text string) string {
 	if m := queueTypeClash.FindStringSubmatch(text); m != nil {
 		return m[1]
@@ -35,21 +35,20 @@ func CurrentQueueType(text string) string {
 }
 
 // QueueType checks on conn that the existing queue is a quorum queue, by checking it
-// (topology.Topology.Check) with x-queue-type quorum as its only argument: a quorum
-// queue matches (a clash on another argument tells nothing about the type), another
-// type is a mismatch on x-queue-type whose text names the type. Comparing needs
-// configure permission; without it, or when the queue does not exist (nothing is
-// created), known is false.
+// (CheckQueue) with x-queue-type quorum as its only argument: a quorum queue matches (a
+// clash on another argument tells nothing about the type), another type is a mismatch
+// on x-queue-type whose text names the type. Comparing needs configure permission;
+// without it, or when the queue does not exist (nothing is created), known is false.
 func QueueType(conn *amqp.Connection, queue string) (current string, known bool, err error) {
-	f, err := topology.Topology{Queues: []topology.Queue{{Name: queue, Args: amqp.Table{QueueTypeArg: QueueTypeQuorum}}}}.Check(conn, false)
-	if err != nil || len(f) != 1 {
+	o, err := CheckQueue(conn, topology.Queue{Name: queue, Args: amqp.Table{QueueTypeArg: QueueTypeQuorum}}, true)
+	if err != nil {
 		return "", false, err
 	}
-	switch f[0].Status {
-	case topology.VerdictOK:
+	switch o.Status {
+	case OK:
 		return QueueTypeQuorum, true, nil
-	case topology.VerdictMismatch:
-		if t := CurrentQueueType(f[0].Detail); t != "" {
+	case Mismatch:
+		if t := CurrentQueueType(o.Detail); t != "" {
 			return t, true, nil
 		}
 		return QueueTypeQuorum, true, nil

@@ -330,10 +330,8 @@ func TestDeletedOwnedRouteIsDeclaredAgain(t *testing.T) {
 	if err := h.ToQueue(ctx, poison, message.NewMessage("p", nil)); err != nil {
 		t.Fatal(err)
 	}
-	check := topology.Topology{Queues: []topology.Queue{declare.ReviewQueue(poison, "poison")}}
-	findings, err := check.Check(brokertest.Dial(t), false)
-	if err != nil || len(findings) != 1 || findings[0].Status != topology.VerdictOK {
-		t.Fatalf("poison queue declared again: %+v, %v", findings, err)
+	if o, err := declare.CheckQueue(brokertest.Dial(t), declare.ReviewQueue(poison, "poison"), true); err != nil || o.Status != declare.OK {
+		t.Fatalf("poison queue declared again: %+v, %v", o, err)
 	}
 }
 

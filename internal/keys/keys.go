@@ -85,7 +85,7 @@ const (
 	DeliveryRoutingKey = "amqpretry-delivery-routing-key"
 	// Subscriber identifies the Retry whose subscriber config delivered the message:
 	// its id, followed by "/<n>" for the n-th queue-name function registered with
-	// Retry.DeliveredFor.
+	// hooks.DeliveredFor.
 	Subscriber = "amqpretry-subscriber"
 	// GivenBack is the times the Retry gave the delivery back to the broker unhandled
 	// before (a failed hand-off, a Close, an outage), written on receipt only when

@@ -9,6 +9,7 @@ import (
 
 	"github.com/amqpretry/amqpretry"
 	"github.com/amqpretry/amqpretry/internal/declare"
+	"github.com/amqpretry/amqpretry/internal/hooks"
 	"github.com/amqpretry/amqpretry/internal/marshal"
 	"github.com/amqpretry/amqpretry/internal/names"
 	"github.com/amqpretry/amqpretry/topology"
@@ -16,7 +17,7 @@ import (
 
 // Queues is one way of naming queues, a Queue.GenerateName, as a subscriber config the
 // Retry made uses it: the Retry marks the deliveries of the config's subscribers as
-// coming from a queue it names (middleware.Retry.DeliveredFor), and the config's
+// coming from a queue it names (hooks.DeliveredFor), and the config's
 // topology builder refuses a queue its GenerateName did not name, which the Retry
 // would send no retry to.
 type Queues struct {
@@ -38,7 +39,7 @@ func (w *Wiring) For(name func(topic string) string) *Queues {
 		q.guard = marshal.NewGuard()
 	}
 	if name != nil {
-		q.name, q.delivered = name, w.Retry.DeliveredFor(name)
+		q.name, q.delivered = name, hooks.DeliveredFor(w.Retry, name)
 	}
 	return q
 }

@@ -88,7 +88,7 @@ func New(sub Sub, cfg amqpretry.Config) (*Wiring, error) {
 		return nil, err
 	}
 	// With its defaults, and what it derives.
-	w := &Wiring{Retry: r, cfg: r.Config(), sub: sub, view: view, amqp: t.AMQP}
+	w := &Wiring{Retry: r, cfg: cfg.WithDefaults(), sub: sub, view: view, amqp: t.AMQP}
 	if m != nil {
 		w.marshal = *m
 	}

@@ -8,6 +8,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/ctxkey"
+	"github.com/amqpretry/amqpretry/internal/hooks"
 	"github.com/amqpretry/amqpretry/internal/subclose"
 	"github.com/amqpretry/amqpretry/topology"
 )
@@ -79,7 +80,7 @@ func (w *Wiring) DeclareExchange(ch *amqp.Channel, exchange, kind string, args a
 // newSubscriber builds, closed when its subscription ends (in-process: the memory backend's publisher,
 // which must be a message.Subscriber, and is left open), with this Retry's middleware
 // on it. It first refuses the poison queue as the handler's queue, and a work queue
-// that exists and cannot hold the retries (Retry.CheckWorkQueue): refused here, not
+// that exists and cannot hold the retries (hooks.CheckWorkQueue): refused here, not
 // when the router runs.
 func (w *Wiring) AddHandler(router *message.Router, handlerName, topic string, handler message.NoPublishHandlerFunc, newSubscriber func(watermill.LoggerAdapter) (message.Subscriber, error)) (*message.Handler, error) {
 	queue := topic
@@ -89,7 +90,7 @@ func (w *Wiring) AddHandler(router *message.Router, handlerName, topic string, h
 	if queue == w.cfg.PoisonQueue {
 		return nil, fmt.Errorf("handler %q: %w", handlerName, w.poisonAsWorkQueue(queue))
 	}
-	if err := w.Retry.CheckWorkQueue(queue); err != nil {
+	if err := hooks.CheckWorkQueue(w.Retry, queue); err != nil {
 		return nil, fmt.Errorf("handler %q: %w", handlerName, err)
 	}
 	var sub message.Subscriber

@@ -66,8 +66,8 @@ func cqrsHandlersShareOneRetry(t *testing.T, m Major, backend delay.Backend) {
 		cfg.Policy = amqpretry.Policy{} // the queue's one delay
 	}
 	r := newRetry(t, m, s, cfg)
-	if got, want := r.(interface{ Config() amqpretry.Config }).Config().PoisonQueue, prefix+".poison"; got != want {
-		t.Errorf("Config().PoisonQueue %q, want %q", got, want)
+	if got, want := cfg.WithDefaults().PoisonQueue, prefix+".poison"; got != want {
+		t.Errorf("WithDefaults().PoisonQueue %q, want %q", got, want)
 	}
 
 	topic := func(name string) string { return prefix + "." + name }
@@ -351,7 +351,7 @@ func PoisonQueueReadFromGo(t *testing.T, m Major) {
 	rec.waitSettled(t, 1, 30*time.Second)
 	wantStats(t, r, 0, 1)
 
-	poison := r.(interface{ Config() amqpretry.Config }).Config().PoisonQueue
+	poison := s.cfg.WithDefaults().PoisonQueue
 	sub := m.PoisonSubscriber(t, r)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -243,28 +243,10 @@ func matrixCells() []matrixMiddleware {
 			want: [2]cellWant{
 				{works, "works, and does little: the Retry returns success for a failure it hands off; Watermill's Retry runs it again only after a failed hand-off"},
 				{outcome{Lost: 0, Retried: true, PoisonOnce: "once", Said: saidRerun},
-					"works, with runs to spare: retries in this process first (`MaxRetries` + 1 runs per delivery), a `Permanent` or `RetryAfter` error included: give it `ShouldRetry` (next row), or use `Policy.Immediate`"},
+					"works, with runs to spare: retries in this process first (`MaxRetries` + 1 runs per delivery), a `Permanent` or `RetryAfter` error included: use `Policy.Immediate` instead, which retries in this process only what the Retry would retry at once"},
 			},
 			check: func(t *testing.T, sd side, c *cellRun) {
 				want := map[side][2]int{outside: {2, 1}, inside: {1, 2}}[sd]
-				if got := [2]int{c.msgs["flaky"].deliveries, c.msgs["perm"].runs}; got != want {
-					t.Errorf("%s: flaky delivered %d times, perm run %d times; want %v", sd, got[0], got[1], want)
-				}
-			},
-		},
-		{
-			key:  "Retry Retryable",
-			name: "`wmiddleware.Retry{MaxRetries: 1, ShouldRetry: retry.Retryable}`",
-			build: func(env *cellEnv) message.HandlerMiddleware {
-				return wmiddleware.Retry{MaxRetries: 1, InitialInterval: 10 * time.Millisecond,
-					ShouldRetry: func(p wmiddleware.RetryParams) bool { return env.r.Retryable(p.Err) }}.Middleware
-			},
-			want: [2]cellWant{
-				{works, "works, and does little (as above)"},
-				{works, "works: it retries in this process what the Retry would retry at once, and gives it a `Permanent` or `RetryAfter` error at once"},
-			},
-			check: func(t *testing.T, sd side, c *cellRun) {
-				want := map[side][2]int{outside: {2, 1}, inside: {1, 1}}[sd]
 				if got := [2]int{c.msgs["flaky"].deliveries, c.msgs["perm"].runs}; got != want {
 					t.Errorf("%s: flaky delivered %d times, perm run %d times; want %v", sd, got[0], got[1], want)
 				}

@@ -79,7 +79,7 @@ func ScenarioFailThreeTimesThenSucceed(t *testing.T, m Major) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if info.FirstReason != xdeath.ReasonExpired {
+				if info.FirstReason != "expired" {
 					t.Errorf("retry carries no expired first death: %+v", info)
 				}
 				if _, ok := calls[1].msg.Metadata[keys.XDeath]; ok {
@@ -253,7 +253,7 @@ func SchedulerParksAMessageFromOtherCode(t *testing.T, m Major) {
 	msg := message.NewMessage("scheduled", []byte("later"))
 	wdelay.Message(msg, wdelay.For(1500*time.Millisecond))
 	start := time.Now()
-	if err := r.Scheduler().Publish(s.topic, msg); err != nil {
+	if err := scheduler(r).Publish(s.topic, msg); err != nil {
 		t.Fatal(err)
 	}
 	calls := rec.waitCalls(t, 1, 30*time.Second)
@@ -267,36 +267,6 @@ func SchedulerParksAMessageFromOtherCode(t *testing.T, m Major) {
 	}
 	if len(msg.Metadata[wdelay.DelayedForKey]) == 0 {
 		t.Error("Publish modified the caller's message")
-	}
-}
-
-// RetryableFollowsTheRetrysDecision: Retryable, given to Watermill's own Retry inside
-// ours, retries in-process only what this Retry would retry at once: not a permanent
-// error, nor one asking for a delay, by its mark or by Classify.
-func RetryableFollowsTheRetrysDecision(t *testing.T, m Major) {
-	s := newSetup(t, m, delay.TTLTiers())
-	errSlow := errors.New("503 slow down")
-	s.cfg.Classify = func(p amqpretry.ClassifyParams) amqpretry.Decision {
-		if errors.Is(p.Err, errSlow) {
-			return amqpretry.Decision{Delay: 3 * time.Second}
-		}
-		return p.Default
-	}
-	r := newRetry(t, m, s.sub, s.cfg)
-	for _, tt := range []struct {
-		err  error
-		want bool
-	}{
-		{errFlaky, true},
-		{amqpretry.Permanent(errFlaky), false},
-		{amqpretry.RetryAfter(errFlaky, 3*time.Second), false},
-		{fmt.Errorf("upstream: %w", errSlow), false},
-		{fmt.Errorf("%w: %w", amqpretry.ErrHandoff, errFlaky), false},
-		{nil, false},
-	} {
-		if got := r.Retryable(tt.err); got != tt.want {
-			t.Errorf("Retryable(%v) = %v, want %v", tt.err, got, tt.want)
-		}
 	}
 }
 

@@ -1,4 +1,4 @@
-package topology_test
+package ops
 
 import (
 	"reflect"
@@ -11,7 +11,7 @@ import (
 	"github.com/amqpretry/amqpretry/topology"
 )
 
-// TestCheck: Check reports on each declaration without creating any; compares the
+// TestCheck: check reports on each declaration without creating any; compares the
 // arguments of what exists (not those of a work queue given none); asserts bindings
 // only when asked; and its failed checks never close the connection.
 func TestCheck(t *testing.T) {
@@ -32,14 +32,14 @@ func TestCheck(t *testing.T) {
 		return fn(ch)
 	}
 
-	findings, err := top.Check(conn, true)
+	findings, err := check(conn, top, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []topology.Finding{
-		{Kind: "exchange", Name: prefix + ".x", Status: topology.VerdictMissing},
-		{Kind: "work queue", Name: prefix + ".q", Status: topology.VerdictMissing},
-		{Kind: "binding", Name: prefix + ".q", Source: prefix + ".x", Key: "k", Status: topology.VerdictMissing},
+	want := []Finding{
+		{Kind: "exchange", Name: prefix + ".x", Status: VerdictMissing},
+		{Kind: "work queue", Name: prefix + ".q", Status: VerdictMissing},
+		{Kind: "binding", Name: prefix + ".q", Source: prefix + ".x", Key: "k", Status: VerdictMissing},
 	}
 	for i, f := range findings {
 		if !strings.Contains(f.Detail, "NOT_FOUND") {
@@ -50,22 +50,22 @@ func TestCheck(t *testing.T) {
 	if !reflect.DeepEqual(findings, want) {
 		t.Fatalf("before declare:\n%+v\nwant\n%+v", findings, want)
 	}
-	// Check never creates what it checks.
+	// check never creates what it checks.
 	if err := onChannel(func(ch *amqp.Channel) error {
 		return (topology.Topology{Queues: top.Queues}).Apply(ch, topology.ModeVerify)
 	}); err == nil {
-		t.Fatal("Check created the queue")
+		t.Fatal("check created the queue")
 	}
 
 	if err := onChannel(func(ch *amqp.Channel) error { return top.Apply(ch, topology.ModeDeclare) }); err != nil {
 		t.Fatal(err)
 	}
-	findings, err = top.Check(conn, true)
+	findings, err = check(conn, top, true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range want {
-		want[i].Status = topology.VerdictOK
+		want[i].Status = VerdictOK
 	}
 	if !reflect.DeepEqual(findings, want) {
 		t.Fatalf("after declare:\n%+v\nwant\n%+v", findings, want)
@@ -74,21 +74,21 @@ func TestCheck(t *testing.T) {
 	// Other arguments: a mismatch naming the argument; a work queue given no
 	// arguments is only checked to exist.
 	other := topology.Topology{Queues: []topology.Queue{{Name: prefix + ".q", Args: amqp.Table{"x-message-ttl": int64(1000)}}}}
-	findings, err = other.Check(conn, false)
+	findings, err = check(conn, other, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(findings) != 1 || findings[0].Kind != "queue" || findings[0].Status != topology.VerdictMismatch || findings[0].Arg != "x-message-ttl" || !strings.Contains(findings[0].Detail, "PRECONDITION_FAILED") {
+	if len(findings) != 1 || findings[0].Kind != "queue" || findings[0].Status != VerdictMismatch || findings[0].Arg != "x-message-ttl" || !strings.Contains(findings[0].Detail, "PRECONDITION_FAILED") {
 		t.Fatalf("mismatch: %+v", findings)
 	}
 	bare := topology.Topology{Queues: []topology.Queue{{Name: prefix + ".q", Role: "work"}}}
-	findings, err = bare.Check(conn, false)
-	if err != nil || len(findings) != 1 || findings[0].Status != topology.VerdictOK {
+	findings, err = check(conn, bare, false)
+	if err != nil || len(findings) != 1 || findings[0].Status != VerdictOK {
 		t.Fatalf("a work queue given no arguments: %+v, %v", findings, err)
 	}
 	// Bindings are not asserted unless asked.
-	findings, err = topology.Topology{Bindings: top.Bindings}.Check(conn, false)
-	if err != nil || len(findings) != 1 || findings[0].Status != topology.VerdictUnchecked {
+	findings, err = check(conn, topology.Topology{Bindings: top.Bindings}, false)
+	if err != nil || len(findings) != 1 || findings[0].Status != VerdictUnchecked {
 		t.Fatalf("binding without bind: %+v, %v", findings, err)
 	}
 	// The connection survives every failed check.
