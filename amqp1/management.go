@@ -178,15 +178,20 @@ func (m *management) deleteQueue(ctx context.Context, queue string) error {
 	return nil
 }
 
+// managementAttempts is how many link pairs withManagement opens at most: the broker
+// refuses a request that reaches it before the reply link's credit ("insufficient
+// credit"), which a loaded machine can delay past the sending link's attach.
+const managementAttempts = 5
+
 // withManagement opens a management link pair on conn, runs fn and closes the pair.
-// A first attempt that fails on the links (not on the broker's answer) is tried again
-// once on a new pair after a short pause.
+// An attempt that fails on the links (not on the broker's answer) is tried again on a
+// new pair, after a pause that doubles from 50 ms, up to managementAttempts in all.
 func withManagement(ctx context.Context, conn *amqp.Conn, fn func(*management) error) error {
 	var err error
-	for attempt := 0; attempt < 2; attempt++ {
+	for attempt := 0; attempt < managementAttempts; attempt++ {
 		if attempt > 0 {
 			select {
-			case <-time.After(50 * time.Millisecond):
+			case <-time.After(50 * time.Millisecond << (attempt - 1)):
 			case <-ctx.Done():
 				return err
 			}
