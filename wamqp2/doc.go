@@ -30,4 +30,4 @@
 // queue.
 package wamqp2
 
-//go:generate go run ../internal/cmd/majorgen ../wamqp3/retry.go retry.go
+//go:generate go run ../internal/cmd/majorgen ../internal/cmd/majorgen/retry.go.in retry.go

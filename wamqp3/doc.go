@@ -29,3 +29,5 @@
 // subscribes, with amqpretry.ErrNotWired. PoisonSubscriberConfig reads the poison
 // queue.
 package wamqp3
+
+//go:generate go run ../internal/cmd/majorgen ../internal/cmd/majorgen/retry.go.in retry.go

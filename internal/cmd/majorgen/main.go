@@ -1,14 +1,16 @@
-// Command majorgen writes a file of one watermill-amqp transport package from its
-// source in the other: wamqp2 and wamqp3 are the same code but for their major's types,
-// so that code is written once, in wamqp3, and generated into wamqp2 with the major's
-// import path, package name and mentions rewritten, under a "Code generated" header.
-// A //go:generate line in the generated package runs it from that package's directory:
+// Command majorgen writes the watermill-amqp transport packages' retry.go from their
+// one source: wamqp2 and wamqp3 are the same code but for their major's types, so that
+// code is written once, in retry.go.in beside this command (as the v3 package), and
+// generated into each package with its major's import path, package name and mentions
+// rewritten, under a "Code generated" header. A //go:generate line in each package runs
+// it from that package's directory:
 //
-//	go run ../internal/cmd/majorgen ../wamqp3/retry.go retry.go
+//	go run ../internal/cmd/majorgen ../internal/cmd/majorgen/retry.go.in retry.go
 //
-// The packages' directories name their majors. The command refuses a source that still
-// mentions its major after the rewrite: a mention it does not know how to rewrite. Its
-// test fails when a generated file differs from what it would write now.
+// The source's package clause names the major it is written for; the destination's
+// directory names the destination's. The command refuses a source that still mentions
+// its major after the rewrite: a mention it does not know how to rewrite. Its test
+// fails when a generated file differs from what it would write now.
 package main
 
 import (
@@ -23,7 +25,7 @@ import (
 
 func main() {
 	if len(os.Args) != 3 {
-		fmt.Fprintln(os.Stderr, "usage: majorgen SOURCE DESTINATION (e.g. ../wamqp3/retry.go retry.go, from the destination package's directory)")
+		fmt.Fprintln(os.Stderr, "usage: majorgen SOURCE DESTINATION (e.g. ../internal/cmd/majorgen/retry.go.in retry.go, from the destination package's directory)")
 		os.Exit(2)
 	}
 	out, err := generate(os.Args[1], os.Args[2])
@@ -39,24 +41,27 @@ func main() {
 // packageDir matches the directory of a transport package, naming its major.
 var packageDir = regexp.MustCompile(`^wamqp([0-9]+)$`)
 
-// generate returns what majorgen writes to dst from src: src's package and dst's are
-// named by their directories.
+// generate returns what majorgen writes to dst from src: src is written for the major
+// its package clause names, dst's package is named by its directory.
 func generate(src, dst string) ([]byte, error) {
-	from, err := major(src)
-	if err != nil {
-		return nil, err
-	}
-	to, err := major(dst)
-	if err != nil {
-		return nil, err
-	}
 	code, err := os.ReadFile(src)
 	if err != nil {
 		return nil, err
 	}
-	name := "wamqp" + from + "/" + filepath.Base(src)
-	return rewrite(code, name, from, to)
+	m := packageClause.FindSubmatch(code)
+	if m == nil {
+		return nil, fmt.Errorf("%s: no package clause of a transport package (package wamqp2, package wamqp3)", src)
+	}
+	from := string(m[1])
+	to, err := major(dst)
+	if err != nil {
+		return nil, err
+	}
+	return rewrite(code, "internal/cmd/majorgen/"+filepath.Base(src), from, to)
 }
+
+// packageClause matches a transport package's package clause, naming its major.
+var packageClause = regexp.MustCompile(`(?m)^package wamqp([0-9]+)$`)
 
 // major is the major of the transport package whose directory holds file.
 func major(file string) (string, error) {
@@ -80,6 +85,9 @@ func rewrite(code []byte, name, from, to string) ([]byte, error) {
 	out := strings.NewReplacer(rules...).Replace(string(code))
 	left := regexp.MustCompile(`\b(wamqp|v)` + from + `\b`)
 	for i, line := range strings.Split(out, "\n") {
+		if from == to {
+			break // the source's own major: nothing to rewrite
+		}
 		if l := left.FindString(line); l != "" {
 			return nil, fmt.Errorf("%s:%d: %q is left after the rewrite to v%s: a mention of v%s that majorgen does not rewrite; reword it in the source, or teach majorgen", name, i+1, l, to, from)
 		}

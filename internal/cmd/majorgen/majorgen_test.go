@@ -8,46 +8,48 @@ import (
 	"testing"
 )
 
-// TestGeneratedIsCurrent: each file a //go:generate line of wamqp2 writes with majorgen
-// is what majorgen writes now, so that the two transport packages cannot drift apart.
+// TestGeneratedIsCurrent: each file a //go:generate line of wamqp2 or wamqp3 writes
+// with majorgen is what majorgen writes now, so that the two transport packages cannot
+// drift apart.
 func TestGeneratedIsCurrent(t *testing.T) {
-	const dir = "../../../wamqp2"
 	const directive = "//go:generate go run ../internal/cmd/majorgen "
-	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	checked := 0
-	for _, f := range files {
-		code, err := os.ReadFile(f)
+	for _, dir := range []string{"../../../wamqp2", "../../../wamqp3"} {
+		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, line := range strings.Split(string(code), "\n") {
-			args, ok := strings.CutPrefix(line, directive)
-			if !ok {
-				continue
-			}
-			src, dst, ok := strings.Cut(args, " ")
-			if !ok {
-				t.Fatalf("%s: %q: want a source and a destination", f, line)
-			}
-			want, err := generate(filepath.Join(dir, src), filepath.Join(dir, dst))
+		checked := 0
+		for _, f := range files {
+			code, err := os.ReadFile(f)
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := os.ReadFile(filepath.Join(dir, dst))
-			if err != nil {
-				t.Fatal(err)
+			for _, line := range strings.Split(string(code), "\n") {
+				args, ok := strings.CutPrefix(line, directive)
+				if !ok {
+					continue
+				}
+				src, dst, ok := strings.Cut(args, " ")
+				if !ok {
+					t.Fatalf("%s: %q: want a source and a destination", f, line)
+				}
+				want, err := generate(filepath.Join(dir, src), filepath.Join(dir, dst))
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := os.ReadFile(filepath.Join(dir, dst))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got, want) {
+					t.Errorf("%s/%s is not what majorgen writes from %s now: run go generate ./wamqp2 ./wamqp3 (and edit the source, not the generated file)", filepath.Base(dir), dst, src)
+				}
+				checked++
 			}
-			if !bytes.Equal(got, want) {
-				t.Errorf("wamqp2/%s is not what majorgen writes from %s now: run go generate ./wamqp2 (and edit the source, not the generated file)", dst, src)
-			}
-			checked++
 		}
-	}
-	if checked == 0 {
-		t.Fatalf("no %q line in %s", directive, dir)
+		if checked == 0 {
+			t.Fatalf("no %q line in %s", directive, dir)
+		}
 	}
 }
 
