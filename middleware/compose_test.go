@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
@@ -209,5 +210,25 @@ func TestImmediateLeavesUnavailableToTheOutage(t *testing.T) {
 				t.Errorf("runs %v, want %d", c.attempts, tt.runs)
 			}
 		})
+	}
+}
+
+// TestDebugsOnlyWhereALineCanBeWritten: the retry's DEBUG line is built only for a
+// logger that may write it.
+func TestDebugsOnlyWhereALineCanBeWritten(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		l    watermill.LoggerAdapter
+		want bool
+	}{
+		{"NopLogger", watermill.NopLogger{}, false},
+		{"NewStdLogger without debug", watermill.NewStdLogger(false, false), false},
+		{"NewStdLogger with debug", watermill.NewStdLogger(true, false), true},
+		{"with fields, without debug", watermill.NewStdLogger(false, false).With(watermill.LogFields{"a": 1}), false},
+		{"a logger of another type", watermill.NewCaptureLogger(), true},
+	} {
+		if got := debugs(tt.l); got != tt.want {
+			t.Errorf("%s: debugs = %v, want %v", tt.name, got, tt.want)
+		}
 	}
 }

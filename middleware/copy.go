@@ -305,6 +305,9 @@ func (e *engine) scheduled(f *failure, r retryPlan, handoff time.Duration) {
 		e.cfg.Observe(amqpretry.Event{Kind: amqpretry.EventRetryScheduled, Queue: f.queue, Backend: r.target.name, Attempt: f.attempt, Err: f.err,
 			Requested: r.requested, Effective: r.effective, Handoff: handoff})
 	}
+	if !e.debug {
+		return
+	}
 	fields := f.log().Add(watermill.LogFields{"requested_delay": r.requested.String(), "effective_delay": r.effective.String()})
 	if r.target.caps.Keeps == backend.KeepsDelivery {
 		fields["delay_backend"] = r.target.name

@@ -45,8 +45,10 @@ type engine struct {
 	// handoffLimit is how many hand-offs of a message may fail in a row before it is
 	// poisoned (handoffAttempts): 0 for backend.HandoffAttempts.
 	handoffLimit int
-	held         heldRetries
-	stats        struct{ retries, poisoned, failures atomic.Int64 }
+	// debug tells whether the logger may write DEBUG lines (debugs).
+	debug bool
+	held  heldRetries
+	stats struct{ retries, poisoned, failures atomic.Int64 }
 
 	// reads records the subscriber marks this engine read a message of, for the
 	// subscribers' marshalers (marshal.Reads); nil in-process.

@@ -119,7 +119,7 @@ func newEngine(t testing.TB, cfg amqpretry.Config, b backend.Backend) (*engine, 
 		t.Fatal(err)
 	}
 	p := &poisonQueue{}
-	e := &engine{cfg: cfg.WithDefaults(), heldRetries: derived.Of(cfg).HeldRetries, poisonQ: p.send, wiring: wiring{Queue: func(string) string { return "work" }}}
+	e := &engine{cfg: cfg.WithDefaults(), heldRetries: derived.Of(cfg).HeldRetries, debug: debugs(cfg.WithDefaults().Logger), poisonQ: p.send, wiring: wiring{Queue: func(string) string { return "work" }}}
 	e.outages = newOutages(e.cfg.Outage)
 	e.dedup = newDedup(e.cfg)
 	if b != nil {

@@ -46,3 +46,17 @@ func withErr(fields watermill.LogFields, err error) watermill.LogFields {
 	}
 	return fields
 }
+
+// debugs tells whether l may write a DEBUG line: not watermill's NopLogger (the
+// default), nor a StdLoggerAdapter without a DebugLogger (NewStdLogger with debug
+// false), whose Debug drops it. The line every retry logs at DEBUG is not built for
+// them: its fields cost a dozen allocations per retry (BenchmarkFailurePath).
+func debugs(l watermill.LoggerAdapter) bool {
+	switch l := l.(type) {
+	case watermill.NopLogger:
+		return false
+	case *watermill.StdLoggerAdapter:
+		return l.DebugLogger != nil
+	}
+	return true
+}

@@ -45,7 +45,7 @@ func start(cfg amqpretry.Config, v backend.Derived, t Transport) (*retry, error)
 		t.Queue = func(topic string) string { return topic }
 	}
 	r := &retry{cfg: cfg, view: v, t: t}
-	e := &engine{cfg: cfg, heldRetries: v.HeldRetries, wiring: wiring{Queue: t.Queue}, outages: newOutages(cfg.Outage), dedup: newDedup(cfg), handoffLimit: backend.HandoffLimit()}
+	e := &engine{cfg: cfg, heldRetries: v.HeldRetries, wiring: wiring{Queue: t.Queue}, outages: newOutages(cfg.Outage), dedup: newDedup(cfg), handoffLimit: backend.HandoffLimit(), debug: debugs(cfg.Logger)}
 	r.engine = e
 	if t.URI == "" {
 		b, err := v.Open(backend.Env{Logger: cfg.Logger})
