@@ -558,12 +558,16 @@ func TestOutageOnTheMemoryBackend(t *testing.T) {
 	}
 	rec.mu.Unlock()
 	// Before the outage: the down batch's first attempts (those not Permanent) and
-	// the retry that tripped it; in the outage: the failed probes only.
-	if before := runsDownBefore.Load(); before > batch-1+1 {
-		t.Errorf("handler ran %d times while down before the outage began, want at most the %d first attempts and the retry that began it", before, batch-1)
+	// their retries, at most one each (GoChannel hands its subscriber the messages in
+	// the order their sending goroutines take its lock, not in publish order, so a retry
+	// can fail before the rule's run of first deliveries is complete, and begin nothing);
+	// in the outage: the failed probes, and at most one delivery that passed the outage
+	// check just before another's failure began the outage (seen 1 in 40 runs with -race).
+	if before := runsDownBefore.Load(); before > 2*(batch-1) {
+		t.Errorf("handler ran %d times while down before the outage began, want at most the %d first attempts and a retry of each", before, batch-1)
 	}
-	if in := runsDown.Load() - runsDownBefore.Load(); in != failedProbes {
-		t.Errorf("handler ran %d times while down in the outage, want the %d failed probes", in, failedProbes)
+	if in := runsDown.Load() - runsDownBefore.Load(); in < failedProbes || in > failedProbes+1 {
+		t.Errorf("handler ran %d times while down in the outage, want the %d failed probes (and at most one delivery already past the outage check)", in, failedProbes)
 	}
 	ranMu.Lock()
 	defer ranMu.Unlock()
